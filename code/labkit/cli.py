@@ -1,0 +1,63 @@
+"""Command-line parsing for starters: one-line errors, and no kernel argv.
+
+Every starter runs two ways: as a script (``python forward_noise.py --seed 1``)
+and as a notebook page that the site executes at build time. Inside a Jupyter
+kernel ``sys.argv`` holds the kernel's own flags (``-f connection.json``), which
+must not reach the lab's parser, so there the defaults are used.
+
+Bad input gets ``<prog>: error: <message>`` on one line and exit code 2 (the
+argparse convention), never a usage dump or a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+class LabArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (the build executes starters there)."""
+    return "ipykernel" in sys.modules
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None):
+    """Parse ``argv`` (default: the command line, or nothing inside a kernel)."""
+    if argv is None:
+        argv = [] if in_notebook() else sys.argv[1:]
+    return parser.parse_args(list(argv))
+
+
+def int_at_least(minimum: int):
+    """argparse ``type=`` for an integer >= ``minimum``."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return convert
+
+
+def int_list(text: str) -> list[int]:
+    """argparse ``type=`` for a comma-separated list of integers, e.g. ``0,250,999``."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
