@@ -1,0 +1,5 @@
+"""MkDocs entry point for the project's hooks; the code lives in tools/infralens_docs/hooks.py."""
+
+from infralens_docs.hooks import on_config, on_files, on_page_content, on_page_markdown
+
+__all__ = ["on_config", "on_files", "on_page_content", "on_page_markdown"]

@@ -1,0 +1,129 @@
+"""The lab registry: the one list of labs, read from lab page front matter.
+
+Each lab page ``docs/labs/lab-NN-slug.md`` opens with YAML front matter::
+
+    ---
+    title: "Lab 01: Forward Noise Process"
+    description: One sentence for search engines and link previews.
+    lab:
+      number: 1
+      slug: forward-noise-process
+      title: Forward Noise Process
+      question: How fast does the forward process destroy the signal?
+      starters:
+        - file: forward_noise.py
+          runnable: true
+      sections: [objective, forward-reverse]
+    ---
+
+The site nav, the generated labs index and the contract tests all call
+:func:`load_labs`; nothing else lists the labs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE_RE = re.compile(r"^lab-(\d{2})-([a-z0-9]+(?:-[a-z0-9]+)*)\.md$")
+FRONT_MATTER_RE = re.compile(r"\A---\n(.*?)\n---\n", re.DOTALL)
+
+
+class RegistryError(ValueError):
+    """A lab page's front matter breaks the contract."""
+
+
+@dataclass(frozen=True)
+class Starter:
+    """One starter file of a lab. ``path`` is relative to the repository root."""
+
+    path: Path
+    runnable: bool
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: int
+    slug: str
+    title: str
+    question: str
+    starters: tuple[Starter, ...]
+    sections: tuple[str, ...]
+    page: Path  # relative to docs/
+
+    @property
+    def id(self) -> str:
+        """``lab-01-forward-noise-process``: the page stem and the code folder name."""
+        return f"lab-{self.number:02d}-{self.slug}"
+
+    @property
+    def folder(self) -> Path:
+        """The starter folder, relative to the repository root."""
+        return Path("code") / self.id
+
+    @property
+    def label(self) -> str:
+        return f"{self.number:02d} · {self.title}"
+
+
+def read_front_matter(path: Path) -> dict:
+    match = FRONT_MATTER_RE.match(path.read_text(encoding="utf-8"))
+    if not match:
+        raise RegistryError(f"{path}: no YAML front matter")
+    data = yaml.safe_load(match.group(1)) or {}
+    if not isinstance(data, dict):
+        raise RegistryError(f"{path}: front matter is not a mapping")
+    return data
+
+
+def _parse_lab(path: Path, root: Path) -> Lab:
+    name_match = PAGE_RE.match(path.name)
+    if not name_match:
+        raise RegistryError(f"{path}: lab pages are named lab-NN-slug.md")
+    meta = read_front_matter(path).get("lab")
+    if not isinstance(meta, dict):
+        raise RegistryError(f"{path}: front matter has no 'lab' mapping")
+    missing = {"number", "slug", "title", "question", "starters", "sections"} - meta.keys()
+    if missing:
+        raise RegistryError(f"{path}: lab front matter misses {sorted(missing)}")
+    number, slug = int(name_match.group(1)), name_match.group(2)
+    if meta["number"] != number or meta["slug"] != slug:
+        raise RegistryError(
+            f"{path}: front matter says lab {meta['number']} '{meta['slug']}', "
+            f"file name says {number} '{slug}'"
+        )
+    folder = Path("code") / path.stem
+    starters = []
+    for entry in meta["starters"]:
+        if not isinstance(entry, dict) or "file" not in entry:
+            raise RegistryError(f"{path}: each starter needs a 'file'")
+        starters.append(Starter(folder / entry["file"], bool(entry.get("runnable", False))))
+    if not starters:
+        raise RegistryError(f"{path}: a lab needs at least one starter")
+    sections = tuple(meta["sections"])
+    for section in sections:
+        if not (root / "docs" / "handbook" / f"{section}.md").is_file():
+            raise RegistryError(f"{path}: unknown handbook section '{section}'")
+    return Lab(
+        number=number,
+        slug=slug,
+        title=str(meta["title"]),
+        question=str(meta["question"]),
+        starters=tuple(starters),
+        sections=sections,
+        page=path.relative_to(root / "docs"),
+    )
+
+
+def load_labs(root: Path = ROOT) -> list[Lab]:
+    """Every lab, in number order. Raises :class:`RegistryError` on a broken contract."""
+    pages = sorted((root / "docs" / "labs").glob("lab-*.md"))
+    labs = [_parse_lab(page, root) for page in pages]
+    numbers = [lab.number for lab in labs]
+    if len(set(numbers)) != len(numbers):
+        raise RegistryError(f"lab numbers must be unique, got {numbers}")
+    return labs
