@@ -1,0 +1,186 @@
+"""Lab 02: what exactly happens in one reverse step?
+
+One update is two separate jobs. The denoiser (here: the exact posterior-mean
+denoiser of the toy mixture) turns the noisy ``latent`` at ``timestep`` into a
+prediction, ``noise_pred``. The scheduler's math turns that prediction into
+``latent_prev``, the state one inference step earlier. The trap: the
+scheduler must read the prediction as the type the model was trained on
+(``epsilon``, ``sample`` or ``v_prediction``); read it as another type and the
+step is silently wrong.
+
+Run it:  python code/lab-02-denoising-step/denoising_step.py --timestep 500
+"""
+
+import numpy as np
+
+from labkit import BETA_SCHEDULES, ExactDenoiser, alphas_cumprod, canonical_betas, default_mixture
+from labkit.cli import LabArgumentParser, int_at_least, parse_args
+from labkit.denoiser import PREDICTION_TYPES
+
+# %% [markdown]
+# ## 1. Setup / contract
+#
+# The state entering the step is `latent`, a batch of noisy points `(N, 2)`
+# float64, made exactly as training makes them, so the clean `x0` behind
+# each one is known. `timestep` is an integer on the training axis 0..999.
+# `--num-inference-steps` sets the stride to the previous timestep, the way
+# `scheduler.set_timesteps(num_inference_steps)` does in diffusers.
+
+# %%
+# --8<-- [start:setup]
+parser = LabArgumentParser(prog="denoising_step.py", description=__doc__.splitlines()[0])
+parser.add_argument("--timestep", type=int_at_least(1), default=500)
+parser.add_argument("--num-inference-steps", type=int_at_least(1), default=10)
+parser.add_argument("--schedule", choices=BETA_SCHEDULES, default="linear")
+parser.add_argument("--num-samples", type=int_at_least(100), default=20_000)
+parser.add_argument("--seed", type=int, default=0)
+args = parse_args(parser)
+
+num_train_timesteps = 1000
+if args.timestep >= num_train_timesteps:
+    parser.error(f"--timestep must be < {num_train_timesteps}, got {args.timestep}")
+if args.num_inference_steps > num_train_timesteps:
+    parser.error(f"--num-inference-steps must be <= {num_train_timesteps}")
+
+alphas_cumprod_ = alphas_cumprod(canonical_betas(args.schedule, num_train_timesteps))  # (T,)
+mixture = default_mixture()
+rng = np.random.default_rng(args.seed)
+
+timestep = args.timestep
+# One inference step back. DDIMScheduler.step computes exactly this; DDPMScheduler
+# takes the next entry of its `timesteps`, the same number with the default
+# "leading" spacing. Below 0 means this is the last step (alpha_bar_prev = 1).
+prev_timestep = timestep - num_train_timesteps // args.num_inference_steps
+alpha_prod_t = alphas_cumprod_[timestep]  # alpha_bar_t
+alpha_prod_t_prev = alphas_cumprod_[prev_timestep] if prev_timestep >= 0 else 1.0
+beta_prod_t = 1.0 - alpha_prod_t  # noise variance in latent
+
+x0, _ = mixture.sample(args.num_samples, rng)  # (N, 2) the clean points behind the batch
+noise = rng.standard_normal(x0.shape)  # (N, 2) the noise actually added
+latent = np.sqrt(alpha_prod_t) * x0 + np.sqrt(beta_prod_t) * noise  # (N, 2) model input
+print(f"timestep={timestep} -> prev_timestep={prev_timestep}  schedule={args.schedule}")
+print(f"alpha_bar_t={alpha_prod_t:.6f}  alpha_bar_prev={alpha_prod_t_prev:.6f}")
+# --8<-- [end:setup]
+
+# %% [markdown]
+# ## 2. The model call: `noise_pred = unet(latent, timestep, ...)`
+#
+# The denoiser is trained with `prediction_type="epsilon"`, the Stable
+# Diffusion 1.x default. Its output has the input's shape `(N, 2)`. It is
+# E[eps | latent]: the best guess of the noise, not the noise that was added.
+
+# %%
+# --8<-- [start:model]
+unet = ExactDenoiser(mixture, alphas_cumprod_, prediction_type="epsilon")
+noise_pred = unet(latent, timestep)  # (N, 2), same shape as latent
+
+mse_vs_added = np.mean((noise_pred - noise) ** 2)
+mse_vs_zero = np.mean(noise**2)
+print(f"E|noise_pred - noise|^2 = {mse_vs_added:.4f}  (guessing zero: {mse_vs_zero:.4f})")
+# --8<-- [end:model]
+
+# %% [markdown]
+# ## 3. Convert the prediction: epsilon → x0 and v
+#
+# Inverting x_t = sqrt(ab) x0 + sqrt(1 - ab) eps gives the clean-sample
+# estimate `pred_original_sample`, the name diffusers' `step` uses.
+# v = sqrt(ab) eps - sqrt(1 - ab) x0 follows from the two. A model trained
+# on `sample` or `v_prediction` must produce the same numbers directly.
+
+# %%
+# --8<-- [start:convert]
+pred_original_sample = (latent - beta_prod_t**0.5 * noise_pred) / alpha_prod_t**0.5  # x0_hat
+v_pred = alpha_prod_t**0.5 * noise_pred - beta_prod_t**0.5 * pred_original_sample
+
+for prediction_type, converted in [("sample", pred_original_sample), ("v_prediction", v_pred)]:
+    direct = ExactDenoiser(mixture, alphas_cumprod_, prediction_type)(latent, timestep)
+    print(
+        f"{prediction_type:>13}: max |converted - direct| = {np.abs(converted - direct).max():.1e}"
+    )
+# --8<-- [end:convert]
+
+# %% [markdown]
+# ## 4. Main transition: DDPM and DDIM updates from the same prediction
+#
+# DDPM samples the posterior q(x_prev | x_t, x0) with x0 replaced by the
+# estimate: a mean that mixes `pred_original_sample` and `latent`, plus fresh
+# noise of variance (1 - ab_prev)/(1 - ab_t) * beta_t ("fixed_small").
+# DDIM with eta = 0 adds no noise: it re-noises x0_hat to the previous level
+# with the *predicted* noise, so the update is deterministic.
+
+# %%
+# --8<-- [start:step]
+current_alpha_t = alpha_prod_t / alpha_prod_t_prev  # alpha for this (possibly strided) step
+current_beta_t = 1.0 - current_alpha_t
+
+# DDPM: posterior mean coefficients (Ho et al. 2020, eq. 7), then add noise
+pred_original_sample_coeff = alpha_prod_t_prev**0.5 * current_beta_t / beta_prod_t
+current_sample_coeff = current_alpha_t**0.5 * (1.0 - alpha_prod_t_prev) / beta_prod_t
+pred_prev_sample = pred_original_sample_coeff * pred_original_sample + current_sample_coeff * latent
+variance = (1.0 - alpha_prod_t_prev) / beta_prod_t * current_beta_t
+variance_noise = rng.standard_normal(latent.shape)  # (N, 2) fresh noise for this step
+latent_prev_ddpm = pred_prev_sample + variance**0.5 * variance_noise
+
+# DDIM, eta = 0 (Song et al. 2021, eq. 12): no fresh noise
+latent_prev_ddim = (
+    alpha_prod_t_prev**0.5 * pred_original_sample + (1.0 - alpha_prod_t_prev) ** 0.5 * noise_pred
+)
+# --8<-- [end:step]
+
+# %% [markdown]
+# ## 5. Check: does `latent_prev` have the statistics of x at `prev_timestep`?
+#
+# If the step is right, the batch after it is distributed like fresh data
+# noised to `prev_timestep`: mean sqrt(ab_prev) E[x0], covariance
+# ab_prev Cov[x0] + (1 - ab_prev) I (closed form, from the mixture).
+
+
+# %%
+# --8<-- [start:check]
+def moment_error(x: np.ndarray, alpha_bar: float) -> float:
+    """Largest deviation of the batch's mean and covariance from q(x_t) at this alpha_bar."""
+    mean = np.sqrt(alpha_bar) * mixture.mean()
+    cov = alpha_bar * mixture.covariance() + (1.0 - alpha_bar) * np.eye(2)
+    return max(np.abs(x.mean(axis=0) - mean).max(), np.abs(np.cov(x, rowvar=False) - cov).max())
+
+
+print(f"{'state':>16} {'alpha_bar':>10} {'moment err':>11}")
+print(f"{'latent':>16} {alpha_prod_t:>10.4f} {moment_error(latent, alpha_prod_t):>11.4f}")
+for name, x in [("latent_prev_ddpm", latent_prev_ddpm), ("latent_prev_ddim", latent_prev_ddim)]:
+    print(f"{name:>16} {alpha_prod_t_prev:>10.4f} {moment_error(x, alpha_prod_t_prev):>11.4f}")
+# --8<-- [end:check]
+
+# %% [markdown]
+# ## 6. The trap: a prediction-type mismatch
+#
+# Same latent, same perfect model, but the scheduler is told the wrong
+# `prediction_type`. Rows: what the model was trained to output. Columns: what
+# the scheduler assumes. Each cell is the error of the resulting x0 estimate
+# against the correct one (zero on the diagonal), and the moment error of the
+# DDIM step taken with it.
+
+
+# %%
+# --8<-- [start:mismatch]
+def x0_from(model_output: np.ndarray, assumed_type: str) -> np.ndarray:
+    """What the scheduler computes as pred_original_sample, given its prediction_type."""
+    if assumed_type == "epsilon":
+        return (latent - beta_prod_t**0.5 * model_output) / alpha_prod_t**0.5
+    if assumed_type == "sample":
+        return model_output
+    return alpha_prod_t**0.5 * latent - beta_prod_t**0.5 * model_output  # v_prediction
+
+
+print("cells: x0 error / step moment error")
+print(f"{'trained (row) / assumed':>24}" + "".join(f"{t:>15}" for t in PREDICTION_TYPES))
+for trained_type in PREDICTION_TYPES:
+    model_output = ExactDenoiser(mixture, alphas_cumprod_, trained_type)(latent, timestep)
+    cells = []
+    for assumed_type in PREDICTION_TYPES:
+        x0_hat = x0_from(model_output, assumed_type)
+        eps_hat = (latent - alpha_prod_t**0.5 * x0_hat) / beta_prod_t**0.5
+        x_prev = alpha_prod_t_prev**0.5 * x0_hat + (1 - alpha_prod_t_prev) ** 0.5 * eps_hat
+        x0_err = np.sqrt(np.mean((x0_hat - pred_original_sample) ** 2))
+        cells.append(f"{x0_err:.2f} / {moment_error(x_prev, alpha_prod_t_prev):.2f}")
+    print(f"{trained_type:>24}" + "".join(f"{c:>15}" for c in cells))
+# --8<-- [end:mismatch]
