@@ -1,0 +1,62 @@
+# InfraLens Diffusion Handbook. `make help` lists the targets.
+# Every target installs what it needs into .venv first (Python 3.11).
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+export NO_MKDOCS_2_WARNING := 1
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.DEFAULT_GOAL := help
+.PHONY: help install serve build test lint format verify verify-refresh bench lighthouse clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(STAMP) ## Create .venv and install the project with its dev tools
+
+serve: $(STAMP) ## Serve the site with live reload on http://127.0.0.1:8000
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
+build: $(STAMP) ## Strict build into site/
+	$(BIN)/mkdocs build --strict
+
+test: $(STAMP) ## Run everything: lint, contracts, starters, labs, strict build, browser, verify (if installed)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP) ## ruff check + format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP) ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+verify: $(STAMP) ## Install the verify extra (CPU torch 2.13.0 + diffusers) and run the verify tests
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev,verify]'
+	$(BIN)/python -m pytest tests/verify
+
+verify-refresh: verify ## After upgrading diffusers: rerun verify and record the versions the pages state
+	INFRALENS_REFRESH_VERSIONS=1 $(BIN)/python -m pytest tests/verify
+
+bench: $(STAMP) ## Cold/warm build time, starter wall times, lab page weight
+	$(BIN)/python bench/run.py
+
+lighthouse: $(STAMP) ## Lighthouse scores of a lab page (needs npm and Debian's chromium)
+	$(BIN)/python bench/lighthouse.py
+
+clean: ## Remove site/, caches and .venv
+	rm -rf site .cache .pytest_cache .ruff_cache $(VENV)
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

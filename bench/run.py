@@ -1,0 +1,107 @@
+"""Benchmarks against the budgets in the issues (not timed tests: numbers to read).
+
+Prints:
+- cold build time (empty caches, fresh site dir) and warm rebuild time;
+- each runnable starter's wall time (median of 5 runs, as a subprocess);
+- the byte size of each lab page with the assets it loads (raw and gzip).
+
+Budgets: each starter <= 0.5 s, warm rebuild <= 3 s.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+from infralens_docs.registry import ROOT, load_labs
+from infralens_docs.runner import starter_env
+
+STARTER_BUDGET_S = 0.5
+WARM_BUILD_BUDGET_S = 3.0
+ASSET_RE = re.compile(r"""<(?:script|link|img)\b[^>]*\b(?:src|href)=["']([^"'#?]+)""", re.I)
+
+
+def build(site_dir: Path) -> float:
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site_dir)],
+        cwd=ROOT, env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    return time.perf_counter() - start
+
+
+def starter_time(path: Path, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, str(ROOT / path)], cwd=ROOT, env=starter_env(),
+                       check=True, capture_output=True)  # fmt: skip
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def page_weight(site: Path, page_dir: Path) -> tuple[int, int, int]:
+    """(raw bytes, gzip bytes, asset count) of index.html plus the local assets it loads."""
+    html_path = page_dir / "index.html"
+    html = html_path.read_bytes()
+    base = "/" + page_dir.relative_to(site).as_posix() + "/"
+    files = {html_path}
+    for ref in ASSET_RE.findall(html.decode("utf-8")):
+        if urlparse(ref).scheme or ref.startswith("data:") or ref.endswith("/"):
+            continue
+        target = site / urljoin(base, ref).lstrip("/")
+        if target.is_file():
+            files.add(target)
+    raw = sum(f.stat().st_size for f in files)
+    gz = sum(len(gzip.compress(f.read_bytes(), 6)) for f in files)
+    return raw, gz, len(files) - 1
+
+
+def main() -> int:
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        site = Path(tmp) / "site"
+        for cache in [ROOT / ".cache" / "mkdocs-jupyter", ROOT / ".cache" / "infralens-run"]:
+            shutil.rmtree(cache, ignore_errors=True)
+        cold = build(site)
+        warm = build(site)
+        print(
+            f"build  cold {cold:6.2f} s   warm {warm:6.2f} s   (warm budget {WARM_BUILD_BUDGET_S} s)"
+        )
+        ok &= warm <= WARM_BUILD_BUDGET_S
+
+        print("\nstarter wall time (median of 5, subprocess incl. interpreter start)")
+        for lab in load_labs():
+            for starter in lab.starters:
+                if starter.runnable:
+                    t = starter_time(starter.path)
+                    flag = "ok" if t <= STARTER_BUDGET_S else "OVER BUDGET"
+                    print(f"  {starter.path.as_posix():58s} {t:6.3f} s  {flag}")
+                    ok &= t <= STARTER_BUDGET_S
+
+        print("\npage weight (HTML + local CSS/JS/images it loads)")
+        for lab in load_labs():
+            pages = [lab.page.with_suffix("")] + [
+                s.path.with_suffix("") for s in lab.starters if s.runnable
+            ]
+            for rel in pages:
+                raw, gz, n = page_weight(site, site / rel)
+                print(
+                    f"  {rel.as_posix():58s} {raw / 1024:7.1f} KiB raw {gz / 1024:7.1f} KiB gzip ({n} assets)"
+                )
+    print("\nwithin budget" if ok else "\nOVER BUDGET")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

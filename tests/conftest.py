@@ -1,0 +1,76 @@
+"""Shared fixtures: run a starter in-process (for its variables) or as a reader would."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from infralens_docs.registry import ROOT, Lab, load_labs
+from infralens_docs.runner import Run, run_starter
+
+
+@pytest.fixture(scope="session")
+def labs() -> list[Lab]:
+    return load_labs()
+
+
+@pytest.fixture
+def run_lab(monkeypatch, capsys) -> Callable[..., dict]:
+    """Execute a starter in this process with the given argv; return its globals.
+
+    Tests read the starter's own variables (``latent``, ``noise_pred``...) instead
+    of re-deriving them, so a test checks the code the page shows.
+    """
+
+    def run(relpath: str, *argv: str) -> dict:
+        path = ROOT / relpath
+        monkeypatch.setattr(sys, "argv", [path.name, *argv])
+        namespace = runpy.run_path(str(path), run_name="__main__")
+        namespace["__stdout__"] = capsys.readouterr().out
+        return namespace
+
+    return run
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., Run]:
+    """Run a starter as a subprocess, exactly as a reader types it (no cache)."""
+
+    def run(relpath: str | Path, *argv: str) -> Run:
+        return run_starter(relpath, list(argv), cache=False)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory) -> Path:
+    """One strict build per test session, into a temporary site_dir.
+
+    Runs ``mkdocs build --strict`` as a subprocess, as `make serve`/CI do, and
+    fails on a non-zero exit or on any WARNING line (strict mode would also
+    abort, but this names the warning in the test report).
+    """
+    import os
+    import subprocess
+
+    site = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    warnings = [
+        line for line in log.splitlines() if "WARNING" in line and "IPKernelApp" not in line
+    ]
+    if proc.returncode != 0 or warnings:
+        pytest.fail(f"mkdocs build --strict failed (exit {proc.returncode}):\n{log[-6000:]}")
+    return site

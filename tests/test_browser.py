@@ -1,0 +1,135 @@
+"""Real-browser checks: every built page in headless Chromium (Debian's), served
+over HTTP from this machine. No console errors, no request to another host,
+math and figures render, and the reader-facing controls work."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+    if os.environ.get("CI"):
+        pytest.fail("Chromium is required in CI (apt-get install chromium)", pytrace=False)
+    pytest.skip(
+        "no Chromium at /usr/bin/chromium (apt-get install chromium)", allow_module_level=True
+    )
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(built_site):
+    handler = functools.partial(QuietHandler, directory=str(built_site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def page_urls(site: Path) -> list[str]:
+    urls = []
+    for html in sorted(site.rglob("index.html")):
+        rel = html.parent.relative_to(site).as_posix()
+        urls.append("/" if rel == "." else f"/{rel}/")
+    return urls
+
+
+def visit(browser, url):
+    """Open ``url``; return the page and what went wrong (console errors, foreign hosts)."""
+    context = browser.new_context()
+    page = context.new_page()
+    problems: list[str] = []
+    page.on(
+        "console",
+        lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+
+    def on_request(request):
+        host = urlparse(request.url).hostname
+        if request.url.startswith(("http://", "https://")) and host != "127.0.0.1":
+            problems.append(f"request to another host: {request.url}")
+
+    page.on("request", on_request)
+    response = page.goto(url, wait_until="networkidle")
+    assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
+    return page, problems
+
+
+def test_every_page_loads_clean(built_site, server, browser):
+    failures = {}
+    for path in page_urls(built_site):
+        page, problems = visit(browser, server + path)
+        if problems:
+            failures[path] = problems
+        page.context.close()
+    assert failures == {}
+
+
+def test_mathml_renders_with_size(server, browser):
+    page, problems = visit(browser, server + "/handbook/objective/")
+    box = page.locator("math").first.bounding_box()
+    assert box and box["width"] > 5 and box["height"] > 5
+    assert problems == []
+    page.context.close()
+
+
+def test_lab01_notebook_shows_its_figure(server, browser):
+    page, _ = visit(browser, server + "/code/lab-01-forward-noise-process/forward_noise/")
+    img = page.locator(".jp-OutputArea-output img").first
+    assert img.evaluate("i => i.complete && i.naturalWidth > 100")
+    assert page.locator("button.nb-copy").count() > 3
+    page.context.close()
+
+
+def test_palette_toggle_switches_to_dark(server, browser):
+    page, _ = visit(browser, server + "/labs/")
+    before = page.locator("body").get_attribute("data-md-color-scheme")
+    page.locator("label.md-header__button[for^='__palette']:visible").first.click()
+    after = page.locator("body").get_attribute("data-md-color-scheme")
+    assert {before, after} == {"default", "slate"}
+    page.context.close()
+
+
+def test_search_finds_a_lab(server, browser):
+    page, problems = visit(browser, server + "/")
+    page.locator("label[for='__search']").first.click()
+    page.locator("input.md-search__input").fill("alphas_cumprod")
+    page.wait_for_selector(".md-search-result__item", timeout=10_000)
+    assert page.locator(".md-search-result__item").count() > 0
+    assert problems == []
+    page.context.close()

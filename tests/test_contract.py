@@ -1,0 +1,124 @@
+"""Contract tests over the lab registry: pages, folders and starters agree both ways.
+
+FastAPI-style: every example file is referenced by a page, every page's files
+exist, and every runnable starter runs cleanly and deterministically.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from infralens_docs.registry import PAGE_RE, ROOT, load_labs
+
+LABS = load_labs()
+RUNNABLE = [s.path for lab in LABS for s in lab.starters if s.runnable]
+SNIPPET_RE = re.compile(r'--8<-- "([^":]+)(?::([\w-]+))?"')
+RUN_RE = re.compile(r"<!-- infralens:run (\S+)")
+
+
+def test_registry_is_not_empty_and_numbered_in_order():
+    numbers = [lab.number for lab in LABS]
+    assert numbers, "no labs registered"
+    assert numbers == sorted(numbers)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_page_name_folder_and_front_matter_agree(lab):
+    page = ROOT / "docs" / lab.page
+    match = PAGE_RE.match(page.name)
+    assert match and int(match.group(1)) == lab.number and match.group(2) == lab.slug
+    assert (ROOT / lab.folder).is_dir(), f"{lab.folder} is missing"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_every_starter_listed_exists(lab):
+    for starter in lab.starters:
+        assert (ROOT / starter.path).is_file(), f"{lab.page} lists missing {starter.path}"
+
+
+def test_every_file_under_code_labs_is_referenced_by_its_lab():
+    listed = {s.path.as_posix() for lab in LABS for s in lab.starters}
+    on_disk = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "code").glob("lab-*/**/*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert on_disk - listed == set(), "files under code/lab-* that no lab page lists"
+
+
+def test_every_lab_folder_has_a_page():
+    folders = {p.name for p in (ROOT / "code").glob("lab-*") if p.is_dir()}
+    assert folders == {lab.id for lab in LABS}
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_lab_page_pulls_code_from_its_own_starters(lab):
+    """Code on the page is included from the starter (never pasted), and every
+    snippet section it names exists in that file."""
+    text = (ROOT / "docs" / lab.page).read_text(encoding="utf-8")
+    snippets = SNIPPET_RE.findall(text)
+    assert snippets, f"{lab.page} includes no code from its starter"
+    for path, section in snippets:
+        assert path in {s.path.as_posix() for s in lab.starters}, f"{path} is not this lab's"
+        source = (ROOT / path).read_text(encoding="utf-8")
+        if section:
+            assert f"--8<-- [start:{section}]" in source and f"--8<-- [end:{section}]" in source
+    runs = RUN_RE.findall(text)
+    assert runs, f"{lab.page} shows no executed output"
+    assert set(runs) <= {s.path.as_posix() for s in lab.starters if s.runnable}
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_lab_page_has_the_full_anatomy(lab):
+    text = (ROOT / "docs" / lab.page).read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    for required in [
+        "Concept goal",
+        "Mental model",
+        "Annotated code",
+        "Line-by-line explanation",
+        "What to notice",
+        "Common misunderstandings",
+        "How to say it out loud",
+        "Run it",
+        "Further reading",
+    ]:
+        assert required in headings, f"{lab.page} lacks '## {required}'"
+
+
+@pytest.mark.parametrize("starter", RUNNABLE, ids=lambda p: p.name)
+def test_runnable_starter_runs_cleanly_and_deterministically(run_cli, starter):
+    first, second = run_cli(starter), run_cli(starter)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == "", f"stderr noise: {first.stderr!r}"
+    assert first.stdout.strip(), "a runnable starter must print its result"
+    assert first.stdout == second.stdout, "two runs with the same seed differ"
+
+
+@pytest.mark.parametrize("starter", RUNNABLE, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "argv", [["--seed", "x"], ["--no-such-flag"], ["--num-samples", "0"]], ids=" ".join
+)
+def test_bad_input_is_one_line_and_exit_2(run_cli, starter, argv):
+    run = run_cli(starter, *argv)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("starter", RUNNABLE, ids=lambda p: p.name)
+def test_starter_needs_numpy_alone(starter):
+    """Starters import numpy and labkit only (matplotlib only inside the notebook branch)."""
+    source = (ROOT / starter).read_text(encoding="utf-8")
+    top_level = re.findall(r"^(?:import|from) (\w+)", source, re.MULTILINE)
+    assert set(top_level) <= {"numpy", "labkit", "__future__"}, top_level
+
+
+@pytest.mark.parametrize("starter", RUNNABLE, ids=lambda p: p.name)
+def test_starter_opens_with_its_question(starter):
+    source = (ROOT / starter).read_text(encoding="utf-8")
+    assert re.match(r'"""Lab \d{2}: .+\?', source), "docstring must open with 'Lab NN: <question>?'"

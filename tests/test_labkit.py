@@ -1,0 +1,122 @@
+"""The shared scaffolding: schedules against their closed forms, the exact
+denoiser against Monte-Carlo estimates of the same conditional expectations."""
+
+import math
+
+import numpy as np
+import pytest
+
+from labkit import BETA_SCHEDULES, ExactDenoiser, alphas_cumprod, default_mixture, make_betas
+from labkit.cli import LabArgumentParser, int_at_least, int_list, parse_args
+from labkit.data import GaussianMixture
+from labkit.denoiser import exact_prediction
+
+
+def test_linear_schedule_closed_form():
+    betas = make_betas("linear", 1000, 1e-4, 0.02)
+    assert betas.shape == (1000,) and betas.dtype == np.float64
+    assert betas[0] == pytest.approx(1e-4) and betas[-1] == pytest.approx(0.02)
+    np.testing.assert_allclose(np.diff(betas), (0.02 - 1e-4) / 999)
+
+
+def test_scaled_linear_is_linear_in_sqrt_beta():
+    betas = make_betas("scaled_linear", 1000, 0.00085, 0.012)
+    np.testing.assert_allclose(np.diff(np.sqrt(betas)), (0.012**0.5 - 0.00085**0.5) / 999)
+
+
+def test_cosine_schedule_reproduces_its_alpha_bar():
+    """prod(1 - beta) must equal alpha_bar(t)/alpha_bar(0) where the 0.999 cap is inactive."""
+    T = 1000
+    ab = alphas_cumprod(make_betas("squaredcos_cap_v2", T))
+    f = [math.cos((t / T + 0.008) / 1.008 * math.pi / 2) ** 2 for t in range(T + 1)]
+    expected = np.array(f[1:]) / f[0]
+    uncapped = slice(0, 990)
+    np.testing.assert_allclose(ab[uncapped], expected[uncapped], rtol=1e-9)
+    assert make_betas("squaredcos_cap_v2", T).max() <= 0.999
+
+
+@pytest.mark.parametrize("schedule", BETA_SCHEDULES)
+def test_alphas_cumprod_decreases_and_stays_positive(schedule):
+    ab = alphas_cumprod(make_betas(schedule))
+    assert np.all(np.diff(ab) < 0) and ab[-1] > 0 and ab[0] < 1
+
+
+def test_unknown_schedule_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown beta_schedule 'cosine'"):
+        make_betas("cosine")
+
+
+def test_mixture_moments_match_samples():
+    mixture = default_mixture()
+    x0, component = mixture.sample(200_000, np.random.default_rng(0))
+    np.testing.assert_allclose(x0.mean(axis=0), mixture.mean(), atol=0.01)
+    np.testing.assert_allclose(np.cov(x0, rowvar=False), mixture.covariance(), atol=0.02)
+    np.testing.assert_allclose(np.bincount(component) / len(component), mixture.weights, atol=0.005)
+
+
+@pytest.mark.parametrize(("alpha_t", "sigma_t"), [(0.95, 0.3), (0.5, 0.87), (0.1, 0.995)])
+def test_posterior_mean_matches_monte_carlo(alpha_t, sigma_t):
+    """E[x0 | x_t] in closed form vs a kernel-free Monte-Carlo estimate: draw many
+    (x0, x_t) pairs, keep those whose x_t lands in a small ball around a query."""
+    mixture = default_mixture()
+    rng = np.random.default_rng(1)
+    x0, _ = mixture.sample(2_000_000, rng)
+    x_t = alpha_t * x0 + sigma_t * rng.standard_normal(x0.shape)
+    for query in x_t[:3]:  # queries where x_t has mass, so the ball is populated
+        near = np.sum((x_t - query) ** 2, axis=1) < 0.04**2
+        assert near.sum() > 200
+        mc = x0[near].mean(axis=0)
+        exact = mixture.posterior_mean(query[None], alpha_t, sigma_t)[0]
+        tolerance = 4 * x0[near].std(axis=0).max() / np.sqrt(near.sum()) + 0.02
+        np.testing.assert_allclose(exact, mc, atol=tolerance)
+
+
+def test_epsilon_prediction_is_the_conditional_mean_of_the_noise():
+    """E[eps | x_t] from the denoiser vs Monte Carlo, and the epsilon/x0/v identities."""
+    mixture = default_mixture()
+    ab = alphas_cumprod(make_betas("linear"))
+    t = 300
+    a, s = np.sqrt(ab[t]), np.sqrt(1 - ab[t])
+    rng = np.random.default_rng(2)
+    x0, _ = mixture.sample(1_000_000, rng)
+    eps = rng.standard_normal(x0.shape)
+    x_t = a * x0 + s * eps
+    query = np.array([[0.9, 0.8]])
+    near = np.sum((x_t - query) ** 2, axis=1) < 0.02**2
+    eps_hat = ExactDenoiser(mixture, ab, "epsilon")(query, t)[0]
+    np.testing.assert_allclose(eps_hat, eps[near].mean(axis=0), atol=0.05)
+
+    batch = x_t[:1000]
+    e = exact_prediction(mixture, batch, a, s, "epsilon")
+    x = exact_prediction(mixture, batch, a, s, "sample")
+    v = exact_prediction(mixture, batch, a, s, "v_prediction")
+    np.testing.assert_allclose(batch, a * x + s * e, atol=1e-12)
+    np.testing.assert_allclose(v, a * e - s * x, atol=1e-12)
+
+
+def test_conditional_denoiser_uses_one_class():
+    mixture = default_mixture()
+    cond = mixture.restrict(1)
+    assert set(cond.classes) == {1} and cond.weights.sum() == pytest.approx(1.0)
+    ab = alphas_cumprod(make_betas("linear"))
+    denoiser = ExactDenoiser(mixture, ab, "sample")
+    x0_hat = denoiser(np.zeros((1, 2)), 999, class_label=1)
+    assert denoiser.calls == 1
+    # At t=999 the data is forgotten: x0_hat is the class mean, a mix of its two modes.
+    np.testing.assert_allclose(x0_hat[0], cond.mean(), atol=0.05)
+
+
+def test_mixture_validates_shapes():
+    with pytest.raises(ValueError):
+        GaussianMixture(np.zeros((2, 2)), np.ones(3), np.array([0.5, 0.5]), np.zeros(2))
+
+
+def test_cli_parser_errors_and_kernel_argv(capsys):
+    parser = LabArgumentParser(prog="x.py")
+    parser.add_argument("--steps", type=int_at_least(1), default=3)
+    parser.add_argument("--ts", type=int_list, default=[1])
+    assert parse_args(parser, ["--ts", "1,2"]).ts == [1, 2]
+    with pytest.raises(SystemExit) as exc:
+        parse_args(parser, ["--steps", "0"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "x.py: error: argument --steps: must be >= 1, got 0\n"
