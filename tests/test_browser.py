@@ -127,8 +127,8 @@ def test_palette_toggle_switches_to_dark(server, browser):
 
 def test_search_finds_a_lab(server, browser):
     page, problems = visit(browser, server + "/")
-    page.locator("label[for='__search']").first.click()
-    page.locator("input.md-search__input").fill("alphas_cumprod")
+    page.locator("input.md-search__input").click()
+    page.locator("input.md-search__input").press_sequentially("alphas_cumprod", delay=20)
     page.wait_for_selector(".md-search-result__item", timeout=10_000)
     assert page.locator(".md-search-result__item").count() > 0
     assert problems == []

@@ -29,7 +29,7 @@ from labkit.denoiser import PREDICTION_TYPES
 # %%
 # --8<-- [start:setup]
 parser = LabArgumentParser(prog="denoising_step.py", description=__doc__.splitlines()[0])
-parser.add_argument("--timestep", type=int_at_least(1), default=500)
+parser.add_argument("--timestep", type=int_at_least(0), default=500)
 parser.add_argument("--num-inference-steps", type=int_at_least(1), default=10)
 parser.add_argument("--schedule", choices=BETA_SCHEDULES, default="linear")
 parser.add_argument("--num-samples", type=int_at_least(100), default=20_000)
@@ -63,7 +63,7 @@ print(f"alpha_bar_t={alpha_prod_t:.6f}  alpha_bar_prev={alpha_prod_t_prev:.6f}")
 # --8<-- [end:setup]
 
 # %% [markdown]
-# ## 2. The model call: `noise_pred = unet(latent, timestep, ...)`
+# ## 2. The model call: noise_pred = unet(latent, timestep)
 #
 # The denoiser is trained with `prediction_type="epsilon"`, the Stable
 # Diffusion 1.x default. Its output has the input's shape `(N, 2)`. It is
@@ -128,7 +128,7 @@ latent_prev_ddim = (
 # --8<-- [end:step]
 
 # %% [markdown]
-# ## 5. Check: does `latent_prev` have the statistics of x at `prev_timestep`?
+# ## 5. Check: does latent_prev have the statistics of x at prev_timestep?
 #
 # If the step is right, the batch after it is distributed like fresh data
 # noised to `prev_timestep`: mean sqrt(ab_prev) E[x0], covariance
@@ -172,7 +172,7 @@ def x0_from(model_output: np.ndarray, assumed_type: str) -> np.ndarray:
 
 
 print("cells: x0 error / step moment error")
-print(f"{'trained (row) / assumed':>24}" + "".join(f"{t:>15}" for t in PREDICTION_TYPES))
+print(f"{'trained (row) / assumed':>24}" + "".join(f" | {t:>18}" for t in PREDICTION_TYPES))
 for trained_type in PREDICTION_TYPES:
     model_output = ExactDenoiser(mixture, alphas_cumprod_, trained_type)(latent, timestep)
     cells = []
@@ -182,5 +182,5 @@ for trained_type in PREDICTION_TYPES:
         x_prev = alpha_prod_t_prev**0.5 * x0_hat + (1 - alpha_prod_t_prev) ** 0.5 * eps_hat
         x0_err = np.sqrt(np.mean((x0_hat - pred_original_sample) ** 2))
         cells.append(f"{x0_err:.2f} / {moment_error(x_prev, alpha_prod_t_prev):.2f}")
-    print(f"{trained_type:>24}" + "".join(f"{c:>15}" for c in cells))
+    print(f"{trained_type:>24}" + "".join(f" | {c:>18}" for c in cells))
 # --8<-- [end:mismatch]

@@ -230,7 +230,13 @@ NOTEBOOK_STRIP = [
     # copy widget's custom element (instant navigation would define it twice).
     # The pages run no notebook JavaScript; copy.js drives the copy buttons.
     re.compile(r"<script\b[^>]*>.*?</script>", re.DOTALL),
+    # and the comments those templates leave behind ("Load mathjax", ...)
+    re.compile(r"<!--.*?-->", re.DOTALL),
 ]
+# The starters' snippet-section markers are for the lab pages, not for readers of the notebook.
+SNIPPET_MARKER_RE = re.compile(
+    r'(?:<span class="c1">)?# --8&lt;-- \[(?:start|end):[\w-]+\](?:</span>)?\n?'
+)
 COPY_WIDGET_RE = re.compile(
     r'<clipboard-copy[^>]*for="(cell-\d+)"[^>]*>.*?</clipboard-copy>', re.DOTALL
 )
@@ -241,6 +247,7 @@ def clean_notebook_html(html: str, title: str) -> str:
     """Make an nbconvert page a good citizen of the site: no inline CSS, no CDN script."""
     for pattern in NOTEBOOK_STRIP:
         html = pattern.sub("", html)
+    html = SNIPPET_MARKER_RE.sub("", html)
     html = COPY_WIDGET_RE.sub(
         r'<button type="button" class="nb-copy" data-copy-target="\1" '
         r'title="Copy cell" aria-label="Copy this code cell"></button>',
