@@ -6,7 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from labkit import BETA_SCHEDULES, ExactDenoiser, alphas_cumprod, default_mixture, make_betas
+from labkit import (
+    BETA_SCHEDULES,
+    ExactDenoiser,
+    FlowMatchDenoiser,
+    alphas_cumprod,
+    default_mixture,
+    make_betas,
+)
 from labkit.cli import LabArgumentParser, int_at_least, int_list, parse_args
 from labkit.data import GaussianMixture
 from labkit.denoiser import exact_prediction
@@ -100,7 +107,7 @@ def test_conditional_denoiser_uses_one_class():
     assert set(cond.classes) == {1} and cond.weights.sum() == pytest.approx(1.0)
     ab = alphas_cumprod(make_betas("linear"))
     denoiser = ExactDenoiser(mixture, ab, "sample")
-    x0_hat = denoiser(np.zeros((1, 2)), 999, class_label=1)
+    x0_hat = denoiser(np.zeros((1, 2)), 999, class_labels=1)
     assert denoiser.calls == 1
     # At t=999 the data is forgotten: x0_hat is the class mean, a mix of its two modes.
     np.testing.assert_allclose(x0_hat[0], cond.mean(), atol=0.05)
@@ -120,3 +127,67 @@ def test_cli_parser_errors_and_kernel_argv(capsys):
         parse_args(parser, ["--steps", "0"])
     assert exc.value.code == 2
     assert capsys.readouterr().err == "x.py: error: argument --steps: must be >= 1, got 0\n"
+
+
+def test_fractional_timesteps_interpolate_between_training_steps():
+    ab = alphas_cumprod(make_betas("scaled_linear", 1000, 0.00085, 0.012))
+    denoiser = ExactDenoiser(default_mixture(), ab, "epsilon")
+    assert denoiser.alpha_bar_at(500) == ab[500]
+    mid = denoiser.alpha_bar_at(500.5)
+    assert ab[501] < mid < ab[500]
+    # log-sigma interpolation: the inverse of diffusers' _sigma_to_t
+    sigma = lambda a: np.sqrt((1 - a) / a)  # noqa: E731
+    assert np.log(sigma(mid)) == pytest.approx(
+        0.5 * (np.log(sigma(ab[500])) + np.log(sigma(ab[501])))
+    )
+
+
+def test_per_row_class_labels_equal_separate_calls():
+    """A CFG batch [uncond rows; cond rows] in one call == one call per condition."""
+    mixture = default_mixture()
+    ab = alphas_cumprod(make_betas("linear"))
+    denoiser = ExactDenoiser(mixture, ab, "epsilon")
+    x = np.random.default_rng(3).standard_normal((8, 2))
+    labels = np.array([-1] * 4 + [1] * 4)
+    batched = denoiser(np.concatenate([x[:4], x[4:]]), 400, class_labels=labels)
+    np.testing.assert_allclose(batched[:4], denoiser(x[:4], 400))
+    np.testing.assert_allclose(batched[4:], denoiser(x[4:], 400, class_labels=1))
+    assert denoiser.rows == 16 and denoiser.calls == 3
+
+
+def test_flow_denoiser_predicts_the_velocity():
+    mixture = default_mixture()
+    rng = np.random.default_rng(4)
+    s = 0.3  # timestep 300 on the flow axis
+    x_s = (1 - s) * mixture.sample(5, rng)[0] + s * rng.standard_normal((5, 2))
+    v = FlowMatchDenoiser(mixture)(x_s, 300.0)
+    x0_hat = mixture.posterior_mean(x_s, 1 - s, s)
+    eps_hat = (x_s - (1 - s) * x0_hat) / s
+    np.testing.assert_allclose(v, eps_hat - x0_hat, atol=1e-12)
+    # one Euler step to s = 0 along v lands on x0_hat: x_s - s v = x0_hat
+    np.testing.assert_allclose(x_s - s * v, x0_hat, atol=1e-12)
+
+
+def test_sample_quality_of_true_data_is_the_reference():
+    from labkit.metrics import purity, sample_quality
+
+    mixture = default_mixture()
+    x, component = mixture.sample(50_000, np.random.default_rng(5))
+    q = sample_quality(mixture, x)
+    assert q.on_mode == pytest.approx(1 - np.exp(-4.5), abs=0.003)
+    assert q.weight_error < 0.01 and q.spread == pytest.approx(1.0, abs=0.01)
+    assert purity(mixture, x[component == 1], 1) > 0.99
+    squeezed = mixture.means[component] + 0.5 * (x - mixture.means[component])
+    assert sample_quality(mixture, squeezed).spread == pytest.approx(0.5, abs=0.02)
+
+
+def test_float_list_rejects_non_finite_and_small_values():
+    import argparse
+
+    from labkit.cli import float_list
+
+    convert = float_list(minimum=0.0)
+    assert convert("1,7.5") == [1.0, 7.5]
+    for bad in ["nan", "inf,1", "-1", "x", ""]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            convert(bad)

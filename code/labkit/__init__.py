@@ -15,12 +15,13 @@ NumPy is the only dependency.
 """
 
 from labkit.data import GaussianMixture, default_mixture
-from labkit.denoiser import ExactDenoiser
+from labkit.denoiser import ExactDenoiser, FlowMatchDenoiser
 from labkit.schedules import BETA_SCHEDULES, alphas_cumprod, canonical_betas, make_betas
 
 __all__ = [
     "BETA_SCHEDULES",
     "ExactDenoiser",
+    "FlowMatchDenoiser",
     "GaussianMixture",
     "alphas_cumprod",
     "canonical_betas",

@@ -12,6 +12,7 @@ argparse convention), never a usage dump or a traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -61,3 +62,24 @@ def int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
     return values
+
+
+def float_list(minimum: float):
+    """argparse ``type=`` for comma-separated numbers >= ``minimum``, e.g. ``1,3,7.5``."""
+
+    def convert(text: str) -> list[float]:
+        try:
+            values = [float(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated numbers, got {text!r}"
+            ) from None
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one number")
+        if not all(math.isfinite(v) for v in values):
+            raise argparse.ArgumentTypeError(f"values must be finite, got {text!r}")
+        if min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"values must be >= {minimum:g}, got {text!r}")
+        return values
+
+    return convert

@@ -75,22 +75,34 @@ class GaussianMixture:
         w = self.weights[keep]
         return GaussianMixture(self.means[keep], self.stds[keep], w / w.sum(), self.classes[keep])
 
+    def _log_joint(self, x_t: np.ndarray, alpha_t: float, sigma_t: float):
+        """log(w_k N(x_t; alpha_t mean_k, var_k I)) up to a constant, (N, K), and the
+        residuals x_t - alpha_t mean_k, (N, K, D), which the posterior mean reuses."""
+        var = alpha_t**2 * self.stds**2 + sigma_t**2  # (K,) marginal variance per component
+        resid = x_t[:, None, :] - alpha_t * self.means[None]  # (N, K, D)
+        sq = np.einsum("nkd,nkd->nk", resid, resid)  # (N, K) squared distances
+        log_p = np.log(self.weights) - 0.5 * self.dim * np.log(var) - 0.5 * sq / var
+        return log_p, resid
+
     def responsibilities(self, x_t: np.ndarray, alpha_t: float, sigma_t: float) -> np.ndarray:
         """p(component k | x_t), shape (N, K). Computed in log space for stability."""
-        var = alpha_t**2 * self.stds**2 + sigma_t**2  # (K,) marginal variance per component
-        sq = np.sum((x_t[:, None, :] - alpha_t * self.means[None]) ** 2, axis=-1)  # (N, K)
-        log_p = np.log(self.weights) - 0.5 * self.dim * np.log(var) - 0.5 * sq / var
+        log_p, _ = self._log_joint(x_t, alpha_t, sigma_t)
         log_p -= log_p.max(axis=1, keepdims=True)
         p = np.exp(log_p)
         return p / p.sum(axis=1, keepdims=True)
 
     def posterior_mean(self, x_t: np.ndarray, alpha_t: float, sigma_t: float) -> np.ndarray:
-        """E[x0 | x_t] for x_t = alpha_t x0 + sigma_t eps; ``x_t`` (N, D) -> (N, D)."""
-        r = self.responsibilities(x_t, alpha_t, sigma_t)  # (N, K)
+        """E[x0 | x_t] for x_t = alpha_t x0 + sigma_t eps; ``x_t`` (N, D) -> (N, D).
+
+        sum_k r_k (mean_k + gain_k (x_t - alpha_t mean_k)), with
+        gain_k = alpha_t std_k^2 / (alpha_t^2 std_k^2 + sigma_t^2).
+        """
+        log_p, resid = self._log_joint(x_t, alpha_t, sigma_t)
+        log_p -= log_p.max(axis=1, keepdims=True)
+        r = np.exp(log_p)
+        r /= r.sum(axis=1, keepdims=True)  # (N, K) responsibilities
         gain = alpha_t * self.stds**2 / (alpha_t**2 * self.stds**2 + sigma_t**2)  # (K,)
-        resid = x_t[:, None, :] - alpha_t * self.means[None]  # (N, K, D)
-        x0_k = self.means[None] + gain[None, :, None] * resid  # (N, K, D)
-        return np.einsum("nk,nkd->nd", r, x0_k)
+        return r @ self.means + np.einsum("nk,nkd->nd", r * gain, resid)
 
 
 def default_mixture() -> GaussianMixture:
