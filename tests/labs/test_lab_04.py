@@ -1,0 +1,84 @@
+"""Lab 04 CFG Code Reading: batch doubling, its cost, and the measured effects of the scale."""
+
+import numpy as np
+import pytest
+
+STARTER = "code/lab-04-cfg-code-reading/cfg_guidance.py"
+
+
+def sweep(stdout: str) -> dict[str, dict[str, float]]:
+    table = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[1].endswith("%"):
+            purity, sx, sy, mean_x, rows = parts[1:]
+            table[parts[0]] = {
+                "purity": float(purity.rstrip("%")) / 100,
+                "std_x": float(sx),
+                "std_y": float(sy),
+                "mean_x": float(mean_x),
+                "rows": float(rows),
+            }
+    return table
+
+
+@pytest.fixture(scope="module")
+def table():
+    from infralens_docs.runner import run_starter
+
+    run = run_starter(STARTER, ["--guidance-scales", "1,2,4,8"], cache=False)
+    assert run.returncode == 0, run.stderr
+    return sweep(run.stdout)
+
+
+def test_purity_rises_with_the_scale(table):
+    assert table["uncond"]["purity"] < 0.6  # two equal classes: about half
+    purities = [table[s]["purity"] for s in ["1", "2", "4", "8"]]
+    assert purities == sorted(purities) and purities[0] < 0.95 and purities[-1] > 0.99
+
+
+def test_diversity_falls_only_along_the_class_axis(table):
+    std_x = [table[s]["std_x"] for s in ["1", "2", "4", "8"]]
+    assert std_x == sorted(std_x, reverse=True) and std_x[-1] < 0.6 * std_x[0]
+    std_y = [table[s]["std_y"] for s in ["uncond", "1", "2", "4", "8"]]
+    assert max(std_y) - min(std_y) < 0.02  # the orthogonal axis is untouched
+
+
+def test_high_scale_overshoots_the_class_mean(table):
+    assert abs(table["1"]["mean_x"] - 0.7) < 0.1  # scale 1 = the conditional model
+    assert table["8"]["mean_x"] > 1.5  # far past the class mean at x = 0.7
+
+
+def test_guiding_doubles_the_rows_per_step(table):
+    assert table["1"]["rows"] == 2000  # guidance_scale <= 1: cond branch only, as diffusers
+    assert table["2"]["rows"] == 4000
+
+
+def test_batch_doubling_matches_two_separate_calls(run_lab):
+    """cat([latents] * 2) + one call + split == two calls, one per branch."""
+    g = run_lab(STARTER, "--guidance-scales", "3", "--num-samples", "200", "--steps", "5")
+    latents = g["noise"][:50]
+    t = g["scheduler"].timesteps[2]
+    guided = g["guided_noise_pred"](latents, t, 3.0)
+    unet, uncond, cond = g["unet"], g["UNCOND"], g["target_class"]
+    e_u = unet(latents, t, class_labels=uncond)
+    e_c = unet(latents, t, class_labels=cond)
+    np.testing.assert_allclose(guided, e_u + 3.0 * (e_c - e_u), atol=1e-12)
+
+
+def test_negative_prompt_pushes_further(run_lab):
+    g = run_lab(STARTER, "--guidance-scales", "1")
+    lines = [line for line in g["__stdout__"].splitlines() if "uncond = " in line]
+    empty, negative = (float(line.split("mean x")[1]) for line in lines)
+    assert negative > empty
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--guidance-scales", "-1"], ["--guidance-scales", "x"], ["--steps", "0"]],
+    ids=" ".join,
+)
+def test_bad_arguments(run_cli, argv):
+    run = run_cli(STARTER, *argv)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("cfg_guidance.py: error: ")
