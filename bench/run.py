@@ -3,7 +3,8 @@
 Prints:
 - cold build time (empty caches, fresh site dir) and warm rebuild time;
 - each runnable starter's wall time (median of 5 runs, as a subprocess);
-- the byte size of each lab page with the assets it loads (raw and gzip).
+- the byte size of each lab page with the assets it loads (raw and gzip);
+- lab 11's loop table (steps vs sample quality vs denoiser calls).
 
 Budgets: each starter <= 0.5 s, warm rebuild <= 3 s.
 """
@@ -99,6 +100,12 @@ def main() -> int:
                 print(
                     f"  {rel.as_posix():58s} {raw / 1024:7.1f} KiB raw {gz / 1024:7.1f} KiB gzip ({n} assets)"
                 )
+    print("\nlab 11 loop table: sample quality and denoiser calls against the step count")
+    loop = subprocess.run(
+        [sys.executable, str(ROOT / "code/lab-11-scheduler-loop-reading/scheduler_loop.py")],
+        cwd=ROOT, env=starter_env(), check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    print("  " + loop.stdout.rstrip().replace("\n", "\n  "))
     print("\nwithin budget" if ok else "\nOVER BUDGET")
     return 0 if ok else 1
 

@@ -117,3 +117,90 @@ def test_generated_output_is_ignored_by_git():
     ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
     for entry in ["site/", ".venv/", ".cache/"]:
         assert entry in ignored
+
+
+@pytest.mark.parametrize(
+    "starter",
+    [s.path for lab in LABS for s in lab.starters if s.runnable],
+    ids=lambda p: p.name,
+)
+def test_notebook_page_prints_what_the_script_prints(built_site, starter):
+    """Executed as a notebook (defaults, kernel argv ignored) the starter prints exactly
+    what `python <starter>` prints: one file, two ways of running it, one result."""
+    import html
+
+    from infralens_docs.runner import run_starter
+
+    page = (built_site / starter.with_suffix("") / "index.html").read_text(encoding="utf-8")
+    outputs = re.findall(
+        r'<div class="jp-RenderedText jp-OutputArea-output[^"]*"[^>]*>\s*<pre>(.*?)</pre>',
+        page,
+        re.DOTALL,
+    )
+    notebook_text = "".join(html.unescape(re.sub(r"<[^>]+>", "", o)) for o in outputs)
+    script_text = run_starter(starter).stdout
+    assert notebook_text.split() == script_text.split()
+
+
+#: Numbers lab prose may quote that no run prints: constants, each with its reason.
+PROSE_CONSTANTS = {
+    "98.9%",  # on_mode of true data: 1 - exp(-4.5), stated in labkit.metrics
+    "1.00",  # spread of true data, by construction of labkit.metrics.sample_quality
+    "0.1",  # the lightest mode weight of labkit.default_mixture (0.4 / 0.3 / 0.2 / 0.1)
+    "0.18215",  # SD 1.x vae.config.scaling_factor (AutoencoderKL default in diffusers)
+}
+
+
+def quoted_numbers(markdown_path: Path) -> set[str]:
+    """Decimals in a page's prose: not in code, math, link targets or version strings."""
+    md = markdown_path.read_text(encoding="utf-8")
+    md = re.sub(r"\A---\n.*?\n---\n", "", md, flags=re.DOTALL)  # front matter
+    for pattern in [r"```.*?```", r"`[^`]*`", r"\$\$.*?\$\$", r"\$[^$]*\$", r"\]\([^)]*\)"]:
+        md = re.sub(pattern, " ", md, flags=re.DOTALL)  # code, math, link targets
+    md = re.sub(r"\b\d+\.\d+\.\d+\b|Section \d+\.\d+|arXiv:\s*\d+\.\d+", " ", md)
+    return set(re.findall(r"(?<![\w.])\d+\.\d+(?:e-\d+)?%?", md)) - PROSE_CONSTANTS
+
+
+def shown_output(built_page: Path) -> str:
+    """The text of a built page's code and console blocks (included code, real runs)."""
+    import html
+
+    page = built_page.read_text(encoding="utf-8")
+    blocks = re.findall(
+        r'<div class="language-(?:console|python|text) highlight">(.*?)</div>', page, re.DOTALL
+    )
+    return html.unescape(re.sub(r"<[^>]+>", "", " ".join(blocks)))
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_numbers_in_lab_prose_come_from_the_page_runs(built_site, lab):
+    """Every decimal a lab page's prose quotes appears in that page's executed output or
+    included code. A starter change that moves a number fails here instead of leaving
+    the prose quoting a value the page no longer shows."""
+    quoted = quoted_numbers(ROOT / "docs" / lab.page)
+    shown = shown_output(built_site / lab.page.with_suffix("") / "index.html")
+    assert sorted(n for n in quoted if n.rstrip("%") not in shown) == []
+
+
+#: Handbook passages that quote diffusers' own numbers; tests/verify/test_handbook_claims.py
+#: recomputes each of them with the installed diffusers.
+VERIFIED_ELSEWHERE = re.compile(
+    r"^\s*\| (`(?:leading|trailing|linspace)`|`linspace` \(default\)|`use_karras_sigmas=True`|\d\.\d) \|.*$"
+    r"|fractional \([\d., ]+, …\)",
+    re.MULTILINE,
+)
+
+
+@pytest.mark.parametrize(
+    "page", sorted((ROOT / "docs" / "handbook").glob("*.md")), ids=lambda p: p.stem
+)
+def test_numbers_in_handbook_prose_come_from_a_run(built_site, page, tmp_path):
+    """Handbook sections may quote a lab's measured numbers: each must appear in some
+    lab page's executed output (or the section's own code blocks). Quoted diffusers
+    grids are checked against diffusers by the verify suite instead."""
+    stripped = tmp_path / page.name
+    stripped.write_text(VERIFIED_ELSEWHERE.sub(" ", page.read_text(encoding="utf-8")))
+    shown = shown_output(built_site / "handbook" / page.stem / "index.html") + "".join(
+        shown_output(built_site / lab.page.with_suffix("") / "index.html") for lab in LABS
+    )
+    assert sorted(n for n in quoted_numbers(stripped) if n.rstrip("%") not in shown) == []
