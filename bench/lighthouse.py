@@ -68,6 +68,7 @@ def main() -> int:
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # nginx's workers drop root and must read the site
         site = Path(tmp) / "site"
         env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
         subprocess.run(
@@ -88,9 +89,16 @@ def main() -> int:
                      f"--chrome-flags={CHROME_FLAGS}"],
                     env=dict(os.environ, CHROME_PATH=chromium), check=True,
                 )  # fmt: skip
-                categories = json.loads(report.read_text())["categories"]
+                result = json.loads(report.read_text())
+                categories = result["categories"]
                 scores = {k: round(v["score"] * 100) for k, v in categories.items()}
                 print(f"{lab.id:40s} " + "  ".join(f"{k} {v}" for k, v in scores.items()))
+                for key in ("performance", "accessibility", "best-practices", "seo"):
+                    for ref in categories[key]["auditRefs"]:
+                        audit = result["audits"][ref["id"]]
+                        if ref["weight"] and audit["score"] is not None and audit["score"] < 1:
+                            shown = audit.get("displayValue", "")
+                            print(f"    {key}: {ref['id']} score {audit['score']:.2f} {shown}")
                 ok &= scores["performance"] >= 98 and all(
                     scores[k] == 100 for k in ("accessibility", "best-practices", "seo")
                 )

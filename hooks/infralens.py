@@ -1,5 +1,11 @@
 """MkDocs entry point for the project's hooks; the code lives in tools/infralens_docs/hooks.py."""
 
-from infralens_docs.hooks import on_config, on_files, on_page_content, on_page_markdown
+from infralens_docs.hooks import (
+    on_config,
+    on_files,
+    on_page_content,
+    on_page_markdown,
+    on_post_page,
+)
 
-__all__ = ["on_config", "on_files", "on_page_content", "on_page_markdown"]
+__all__ = ["on_config", "on_files", "on_page_content", "on_page_markdown", "on_post_page"]

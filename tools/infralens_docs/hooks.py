@@ -11,7 +11,7 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   ``run`` (execute a starter, show command and real output), ``lab-card``,
   ``labs-table``, ``labs-for SECTION`` and ``verified-versions``.
 - ``on_page_content``: TeX to MathML; strips the notebook pages' inline
-  CSS and their MathJax / Mermaid CDN scripts (styles come from notebook.css).
+  CSS and their MathJax / Mermaid CDN scripts (styles come from site.css).
 
 Any directive it does not know, any starter that exits non-zero and any TeX it
 cannot render fails the build.
@@ -224,7 +224,7 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
 # --------------------------------------------------------------------------- html
 
 NOTEBOOK_STRIP = [
-    # ~600 kB of JupyterLab CSS inlined per page; notebook.css styles the cells instead.
+    # ~600 kB of JupyterLab CSS inlined per page; site.css styles the cells instead.
     re.compile(r"<style[^>]*>.*?</style>", re.DOTALL),
     # Every script nbconvert emits: MathJax and Mermaid loaders (from a CDN) and the
     # copy widget's custom element (instant navigation would define it twice).
@@ -263,3 +263,25 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
         return render_math(html)
     except MathError as exc:
         raise PluginError(f"{page.file.src_uri}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- page
+
+BUNDLE_RE = re.compile(
+    r'<script src="([^"]*assets/javascripts/bundle\.[0-9a-f]+\.min\.js)"></script>'
+)
+
+
+def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
+    """Two fixes to Material's page template, applied to its output (no template copy):
+
+    - the search overlay is a ``role="dialog"`` without a name; give it one (axe
+      ``aria-dialog-name``);
+    - load the theme bundle with ``defer``: it sits at the end of ``<body>`` and
+      needs the parsed DOM only, so deferring keeps it off the render path.
+    """
+    output = output.replace(
+        '<div class="md-search" data-md-component="search" role="dialog">',
+        '<div class="md-search" data-md-component="search" role="dialog" aria-label="Search">',
+    )
+    return BUNDLE_RE.sub(r'<script defer src="\1"></script>', output)
