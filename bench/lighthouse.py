@@ -2,8 +2,8 @@
 
 Needs: npm (installs lighthouse into .cache/lighthouse on first use), Debian's
 nginx and chromium (`apt-get install nginx chromium`). Builds the site, serves
-it on 127.0.0.1, audits each lab page (mobile preset, Lighthouse defaults) and
-prints the four category scores. Targets: accessibility, best practices and SEO
+it on 127.0.0.1, audits each lab page three times (mobile preset, Lighthouse
+defaults) and prints the four category scores of the median-performance run. Targets: accessibility, best practices and SEO
 100; performance >= 98.
 """
 
@@ -51,6 +51,20 @@ http {{
 """
 
 
+RUNS = 3  # audits per page; the median performance run is reported
+
+
+def audit(lighthouse: Path, url: str, tmp: Path, chromium: str) -> dict:
+    """One Lighthouse run (mobile preset, Lighthouse defaults); the parsed JSON report."""
+    report = tmp / "report.json"
+    subprocess.run(
+        [str(lighthouse), url, "--quiet", "--output=json", f"--output-path={report}",
+         f"--chrome-flags={CHROME_FLAGS}"],
+        env=dict(os.environ, CHROME_PATH=chromium), check=True,
+    )  # fmt: skip
+    return json.loads(report.read_text())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,22 +97,19 @@ def main() -> int:
             time.sleep(0.5)
             for lab in load_labs():
                 url = f"http://127.0.0.1:{port}/{lab.page.with_suffix('').as_posix()}/"
-                report = Path(tmp) / "report.json"
-                subprocess.run(
-                    [str(lighthouse), url, "--quiet", "--output=json", f"--output-path={report}",
-                     f"--chrome-flags={CHROME_FLAGS}"],
-                    env=dict(os.environ, CHROME_PATH=chromium), check=True,
-                )  # fmt: skip
-                result = json.loads(report.read_text())
+                runs = [audit(lighthouse, url, Path(tmp), chromium) for _ in range(RUNS)]
+                # Lighthouse's own advice: performance varies run to run; report the median run.
+                runs.sort(key=lambda r: r["categories"]["performance"]["score"])
+                result = runs[len(runs) // 2]
                 categories = result["categories"]
                 scores = {k: round(v["score"] * 100) for k, v in categories.items()}
                 print(f"{lab.id:40s} " + "  ".join(f"{k} {v}" for k, v in scores.items()))
                 for key in ("performance", "accessibility", "best-practices", "seo"):
                     for ref in categories[key]["auditRefs"]:
-                        audit = result["audits"][ref["id"]]
-                        if ref["weight"] and audit["score"] is not None and audit["score"] < 1:
-                            shown = audit.get("displayValue", "")
-                            print(f"    {key}: {ref['id']} score {audit['score']:.2f} {shown}")
+                        check = result["audits"][ref["id"]]
+                        if ref["weight"] and check["score"] is not None and check["score"] < 1:
+                            shown = check.get("displayValue", "")
+                            print(f"    {key}: {ref['id']} score {check['score']:.2f} {shown}")
                 ok &= scores["performance"] >= 98 and all(
                     scores[k] == 100 for k in ("accessibility", "best-practices", "seo")
                 )

@@ -112,7 +112,9 @@ def test_lab01_notebook_shows_its_figure(server, browser):
     page, _ = visit(browser, server + "/code/lab-01-forward-noise-process/forward_noise/")
     img = page.locator(".jp-OutputArea-output img").first
     assert img.evaluate("i => i.complete && i.naturalWidth > 100")
-    assert page.locator("button.nb-copy").count() > 3
+    assert (
+        page.locator(".jp-InputArea-editor button.md-code__button[data-md-type=copy]").count() > 3
+    )
     page.context.close()
 
 

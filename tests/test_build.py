@@ -83,7 +83,11 @@ def test_runnable_starters_render_as_executed_notebooks(built_site, lab):
         out = built_site / starter.path.with_suffix("") / "index.html"
         text = out.read_text(encoding="utf-8")
         assert "jp-OutputArea-output" in text, f"{starter.path} shows no executed output"
-        assert "<style" not in text.split("<article")[1], "inline notebook CSS was not stripped"
+        article = text.split("<article")[1].split("</article>")[0]
+        assert "<style" not in article, "inline notebook CSS was not stripped"
+        assert "<script" not in article, "nbconvert scripts were not stripped"
+        assert "clipboard-copy" not in article, "nbconvert's copy widget leaked"
+        assert "--8&lt;--" not in article, "snippet markers leaked into the notebook"
         assert (out.parent / starter.path.name).is_file(), "the source download is missing"
 
 

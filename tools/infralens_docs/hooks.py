@@ -11,7 +11,10 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   ``run`` (execute a starter, show command and real output), ``lab-card``,
   ``labs-table``, ``labs-for SECTION`` and ``verified-versions``.
 - ``on_page_content``: TeX to MathML; strips the notebook pages' inline
-  CSS and their MathJax / Mermaid CDN scripts (styles come from site.css).
+  CSS and their MathJax / Mermaid CDN scripts (styles come from site.css) and
+  turns their code cells into Material code blocks.
+- ``on_post_page``: names Material's search dialog and defers its bundle
+  (accessibility and render-blocking fixes, without copying a template).
 
 Any directive it does not know, any starter that exits non-zero and any TeX it
 cannot render fails the build.
@@ -20,7 +23,6 @@ cannot render fails the build.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import posixpath
 import re
@@ -35,10 +37,8 @@ from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
 from infralens_docs.mathml import MathError, render_math
-from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
+from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs, read_front_matter
 from infralens_docs.runner import labkit_digest, run_starter
-
-log = logging.getLogger("mkdocs.hooks.infralens")
 
 DIRECTIVE_RE = re.compile(r"^<!-- infralens:(?P<name>[a-z-]+)(?P<args>[^\n]*?)-->$", re.MULTILINE)
 VERSIONS_FILE = ROOT / "tests" / "verify" / "verified_versions.json"
@@ -119,10 +119,6 @@ def _rel(page: Page, target: str) -> str:
     return posixpath.relpath(target, posixpath.dirname(page.file.src_uri))
 
 
-def _lab_link(page: Page, lab: Lab) -> str:
-    return f"[{lab.label}]({_rel(page, lab.page.as_posix())})"
-
-
 def _starter_links(page: Page, lab: Lab) -> str:
     return ", ".join(
         f"[`{s.path.name}`]({_rel(page, s.path.as_posix())})"
@@ -133,8 +129,6 @@ def _starter_links(page: Page, lab: Lab) -> str:
 
 
 def _section_title(section: str) -> str:
-    from infralens_docs.registry import read_front_matter
-
     meta = read_front_matter(ROOT / "docs" / "handbook" / f"{section}.md")
     return str(meta.get("title", section))
 
@@ -228,7 +222,7 @@ NOTEBOOK_STRIP = [
     re.compile(r"<style[^>]*>.*?</style>", re.DOTALL),
     # Every script nbconvert emits: MathJax and Mermaid loaders (from a CDN) and the
     # copy widget's custom element (instant navigation would define it twice).
-    # The pages run no notebook JavaScript; copy.js drives the copy buttons.
+    # The pages run no notebook JavaScript; Material gives code cells its copy button.
     re.compile(r"<script\b[^>]*>.*?</script>", re.DOTALL),
     # and the comments those templates leave behind ("Load mathjax", ...)
     re.compile(r"<!--.*?-->", re.DOTALL),
@@ -237,22 +231,28 @@ NOTEBOOK_STRIP = [
 SNIPPET_MARKER_RE = re.compile(
     r'(?:<span class="c1">)?# --8&lt;-- \[(?:start|end):[\w-]+\](?:</span>)?\n?'
 )
+# nbconvert's copy widget and the hidden copy of each cell's source it reads from.
 COPY_WIDGET_RE = re.compile(
-    r'<clipboard-copy[^>]*for="(cell-\d+)"[^>]*>.*?</clipboard-copy>', re.DOTALL
+    r'<div class="zeroclipboard-container">.*?</clipboard-copy>\s*</div>'
+    r'|<div (?:id="cell-\d+" class="clipboard-copy-txt"|class="clipboard-copy-txt" id="cell-\d+")>'
+    r".*?</div>",
+    re.DOTALL,
 )
+CELL_PRE_RE = re.compile(r'(<div class="highlight-ipynb[^"]*"><pre>)(.*?)(</pre>)', re.DOTALL)
 NO_ALT = 'alt="No description has been provided for this image"'
 
 
 def clean_notebook_html(html: str, title: str) -> str:
-    """Make an nbconvert page a good citizen of the site: no inline CSS, no CDN script."""
+    """Make an nbconvert page a good citizen of the site: no inline CSS, no CDN script.
+
+    Code cells become ``pre > code`` blocks inside ``.highlight``, so Material styles
+    them and gives them its own copy button, like every other code block on the site.
+    """
+    html = COPY_WIDGET_RE.sub("", html)
     for pattern in NOTEBOOK_STRIP:
         html = pattern.sub("", html)
     html = SNIPPET_MARKER_RE.sub("", html)
-    html = COPY_WIDGET_RE.sub(
-        r'<button type="button" class="nb-copy" data-copy-target="\1" '
-        r'title="Copy cell" aria-label="Copy this code cell"></button>',
-        html,
-    )
+    html = CELL_PRE_RE.sub(r"\1<code>\2</code>\3", html)
     return html.replace(NO_ALT, f'alt="Figure drawn by the cell above ({title})"')
 
 
