@@ -9,7 +9,7 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   mkdocs-jupyter renders them as executed notebook pages.
 - ``on_page_markdown``: expands ``<!-- infralens:... -->`` directives:
   ``run`` (execute a starter, show command and real output), ``lab-card``,
-  ``labs-table``, ``labs-for SECTION`` and ``verified-versions``.
+  ``labs-table``, ``labs-for SECTION``, ``sections-table`` and ``verified-versions``.
 - ``on_page_content``: TeX to MathML; strips the notebook pages' inline
   CSS and their MathJax / Mermaid CDN scripts (styles come from site.css) and
   turns their code cells into Material code blocks.
@@ -185,6 +185,30 @@ def _directive_labs_table(page: Page, labs: list[Lab]) -> str:
     return "\n".join(rows)
 
 
+def _directive_sections_table(page: Page, config: MkDocsConfig) -> str:
+    """Handbook section -> the labs that serve it, in the nav's section order."""
+    handbook = next(
+        (
+            item["Handbook"]
+            for item in config.nav or []
+            if isinstance(item, dict) and "Handbook" in item
+        ),
+        [],
+    )
+    rows = ["| Handbook section | Labs that serve it |", "|---|---|"]
+    for entry in handbook:
+        target = entry if isinstance(entry, str) else next(iter(entry.values()))
+        section = posixpath.splitext(posixpath.basename(target))[0]
+        labs = [lab for lab in _labs if section in lab.sections]
+        links = ", ".join(
+            f"[Lab {lab.number:02d}]({_rel(page, lab.page.as_posix())})" for lab in labs
+        )
+        rows.append(
+            f"| [{_section_title(section)}]({_rel(page, target)}) | {links or '(none yet)'} |"
+        )
+    return "\n".join(rows)
+
+
 def _directive_verified_versions(page: Page) -> str:
     if not VERSIONS_FILE.is_file():
         raise PluginError(f"{VERSIONS_FILE.relative_to(ROOT)} is missing; run the verify tests")
@@ -210,6 +234,8 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
             return _directive_labs_table(page, labs)
         if name == "verified-versions":
             return _directive_verified_versions(page)
+        if name == "sections-table":
+            return _directive_sections_table(page, config)
         raise PluginError(f"{page.file.src_uri}: unknown directive infralens:{name}")
 
     return DIRECTIVE_RE.sub(expand, markdown)
