@@ -67,12 +67,28 @@ def test_lab_page_shows_code_and_real_output(built_site, lab):
     assert "infralens:" not in text, "an unexpanded directive leaked into the page"
     assert 'class="language-python highlight"' in text
     assert 'class="language-console highlight"' in text
-    # The first run block's output is what the starter prints today.
+    # Every run directive became a console block holding what the starter prints
+    # today: rerun each one (no cache) and find its command and output on the page.
+    import html
+    import shlex
+
     from infralens_docs.runner import run_starter
 
-    starter = next(s for s in lab.starters if s.runnable)
-    first_line = run_starter(starter.path).stdout.splitlines()[0]
-    assert first_line.split()[0] in text
+    consoles = [
+        html.unescape(re.sub(r"<[^>]+>", "", block))
+        for block in re.findall(
+            r'<div class="language-console highlight">(.*?)</div>', text, re.DOTALL
+        )
+    ]
+    source = (ROOT / "docs" / lab.page).read_text(encoding="utf-8")
+    directives = re.findall(r"^<!-- infralens:run (.+?) -->$", source, re.MULTILINE)
+    assert directives, f"{lab.page} shows no executed output"
+    for directive in directives:
+        path, *flags = shlex.split(directive)
+        expect_error = flags[:1] == ["--expect-error"]
+        run = run_starter(path, flags[1:] if expect_error else flags, cache=False)
+        shown = (run.stderr if expect_error else run.stdout).strip()
+        assert any(f"$ {run.command}" in c and shown in c for c in consoles), directive
 
 
 @pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)

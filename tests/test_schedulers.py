@@ -30,6 +30,25 @@ MIXTURE = default_mixture()
 # ----------------------------------------------------------------------------- timesteps
 
 
+@pytest.mark.parametrize("spacing", SPACINGS)
+@pytest.mark.parametrize("steps_offset", [0, 1])
+def test_repeated_spacing_rules_stay_in_sync(spacing, steps_offset):
+    """Each scheduler file writes the spacing rules out again (the single-file policy,
+    as diffusers does with "# Copied from"). This keeps the copies in step: DDPM and
+    DDIM agree everywhere, and Euler too wherever its grid is integer (it leaves
+    linspace unrounded, as diffusers does)."""
+    for n in [1, 3, 7, 10, 50, 999]:
+        grids = []
+        for cls in DDPM_FAMILY:
+            scheduler = cls(timestep_spacing=spacing, steps_offset=steps_offset)
+            scheduler.set_timesteps(n)
+            grids.append(scheduler.timesteps)
+        ddpm, ddim, euler = grids
+        np.testing.assert_array_equal(ddpm, ddim)
+        if spacing != "linspace":
+            np.testing.assert_array_equal(euler, ddim)
+
+
 @pytest.mark.parametrize("cls", DDPM_FAMILY)
 @pytest.mark.parametrize("spacing", SPACINGS)
 @pytest.mark.parametrize("n", [1, 7, 10, 50, 1000])

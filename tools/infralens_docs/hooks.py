@@ -200,12 +200,12 @@ def _directive_sections_table(page: Page, config: MkDocsConfig) -> str:
         target = entry if isinstance(entry, str) else next(iter(entry.values()))
         section = posixpath.splitext(posixpath.basename(target))[0]
         labs = [lab for lab in _labs if section in lab.sections]
+        if not labs:
+            raise PluginError(f"{page.file.src_uri}: no lab serves section '{section}'")
         links = ", ".join(
             f"[Lab {lab.number:02d}]({_rel(page, lab.page.as_posix())})" for lab in labs
         )
-        rows.append(
-            f"| [{_section_title(section)}]({_rel(page, target)}) | {links or '(none yet)'} |"
-        )
+        rows.append(f"| [{_section_title(section)}]({_rel(page, target)}) | {links} |")
     return "\n".join(rows)
 
 
