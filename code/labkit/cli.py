@@ -83,3 +83,13 @@ def float_list(minimum: float):
         return values
 
     return convert
+
+
+def add_figures_argument(parser: argparse.ArgumentParser) -> None:
+    """``--figures DIR``: also write the lab's figures there (the site build uses it)."""
+    parser.add_argument(
+        "--figures",
+        metavar="DIR",
+        default=None,
+        help="also write this lab's figures (SVG charts, PNG images) into DIR",
+    )

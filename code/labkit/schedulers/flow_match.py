@@ -2,8 +2,11 @@
 
 A NumPy mirror of diffusers' ``FlowMatchEulerDiscreteScheduler``
 (``schedulers/scheduling_flow_match_euler_discrete.py``, checked against diffusers 0.42.1),
-the sampler of Stable Diffusion 3: Esser et al., *Scaling Rectified Flow Transformers for
-High-Resolution Image Synthesis* (2024), arXiv:2403.03206 (rectified flow).
+the sampler of Stable Diffusion 3. Rectified flow is Liu, Gong & Liu, *Flow Straight and
+Fast* (2022), arXiv:2209.03003; flow matching is Lipman et al., *Flow Matching for Generative
+Modeling* (2022), arXiv:2210.02747. Esser et al., *Scaling Rectified Flow Transformers for
+High-Resolution Image Synthesis* (2024), arXiv:2403.03206, scaled them up for SD3 and added
+the resolution-dependent timestep shift.
 
 Rectified flow noises data along a straight line, ``x_sigma = (1 - sigma) x0 + sigma eps`` for
 sigma in [0, 1], and the model predicts the velocity ``v = dx/dsigma = eps - x0``. Sampling is

@@ -1,0 +1,141 @@
+"""Real model sizes: parameter counts and weight bytes of the pipelines readers run.
+
+``model_sizes.json`` (next to this file) holds, for the SD 1.5, SDXL, SD3 Medium and
+Flux.1-dev denoisers, VAEs and text encoders, the parameter count of the real
+diffusers/transformers class built from its published config on the meta device
+(no weights downloaded), its weight bytes in fp32/fp16/bf16, the config's source and
+the published figure it was checked against. ``tests/verify/test_model_sizes.py``
+regenerates and checks it (``make verify-refresh``); this module only reads it.
+
+Bytes count parameters only (no buffers): params x 4 for fp32, x 2 for fp16 and bf16.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from importlib import resources
+from typing import Any
+
+DATA_FILE = "model_sizes.json"
+#: tables print bytes in GB = 10**9 bytes (not GiB)
+GB = 10**9
+
+
+def load() -> dict[str, Any]:
+    """The whole data file: versions, bytes_per_element, published_rtol, components."""
+    text = resources.files("labkit").joinpath(DATA_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def rows(pipelines: str | Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """One dict per component, in file order; optionally only the named pipelines."""
+    components = load()["components"]
+    if pipelines is None:
+        return components
+    wanted = [pipelines] if isinstance(pipelines, str) else list(pipelines)
+    known = list(dict.fromkeys(row["pipeline"] for row in components))
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise ValueError(f"unknown pipeline(s) {unknown}; the data file has {known}")
+    return [row for row in components if row["pipeline"] in wanted]
+
+
+def format_params(n: int) -> str:
+    """859520964 -> '859.5 M'; 2567463684 -> '2.57 B'."""
+    if n >= 10**9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 10**6:
+        return f"{n / 1e6:.1f} M"
+    return f"{n:,}"
+
+
+def format_gb(n_bytes: int) -> str:
+    """Bytes in GB (10**9 bytes), two decimals: 3438083856 -> '3.44 GB'."""
+    return f"{n_bytes / GB:.2f} GB"
+
+
+def published_agreement(row: dict[str, Any], components: list[dict[str, Any]]) -> float | None:
+    """Counted / published - 1 for the row's published figure (None if it has none).
+
+    A figure may total several components of the same pipeline (``published_covers``),
+    e.g. SDXL's 817M for both text encoders.
+    """
+    if row.get("published_params") is None:
+        return None
+    counted = sum(
+        other["params"]
+        for other in components
+        if other["pipeline"] == row["pipeline"] and other["component"] in row["published_covers"]
+    )
+    return counted / row["published_params"] - 1
+
+
+def _published_cell(row: dict[str, Any], components: list[dict[str, Any]]) -> str:
+    diff = published_agreement(row, components)
+    if diff is None:
+        return "none published"
+    sign = "+" if diff >= 0 else "−"
+    figure = row["published"].split(" (", 1)[0]
+    return f"{figure} ({row['published_cite']}); counted {sign}{abs(diff) * 100:.2f} %"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table(
+    pipelines: str | Iterable[str] | None = None, notes: bool = True, totals: bool = False
+) -> str:
+    """A Markdown table of the recorded sizes, with a caption line and (optionally) notes.
+
+    Columns: Pipeline | Component | Class | Parameters | fp32 | fp16 / bf16 | Published.
+    ``pipelines`` picks pipelines by name ("SD 1.5", "SDXL", "SD3 Medium", "Flux.1-dev");
+    ``totals`` adds a row per pipeline summing its components; ``notes`` lists the rows'
+    notes (shared architectures, what is not counted) under the table.
+    """
+    data = load()
+    selected = rows(pipelines)
+    versions = data["versions"]
+    rtol = data["published_rtol"]
+    caption = (
+        "Parameters of the real classes built from their published configs on the meta "
+        "device (no weights), with diffusers {diffusers}, transformers {transformers}, "
+        "torch {torch}. Bytes count parameters only, not buffers: × 4 for fp32, × 2 for "
+        "fp16 and bf16; GB = 10⁹ bytes. Published figures are rounded; counts agree with "
+        "them within {pct:g} %."
+    ).format(pct=rtol * 100, **versions)
+    lines = [
+        caption,
+        "",
+        "| Pipeline | Component | Class | Parameters | fp32 | fp16 / bf16 | Published |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    size = data["bytes_per_element"]
+    for i, row in enumerate(selected):
+        cells = [
+            row["pipeline"],
+            f"`{row['component']}`",
+            f"`{row['class']}`",
+            format_params(row["params"]),
+            format_gb(row["bytes"]["fp32"]),
+            format_gb(row["bytes"]["fp16"]),
+            _published_cell(row, data["components"]),
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        last_of_pipeline = i + 1 == len(selected) or selected[i + 1]["pipeline"] != row["pipeline"]
+        if totals and last_of_pipeline:
+            total = sum(r["params"] for r in selected if r["pipeline"] == row["pipeline"])
+            bold = [
+                format_params(total),
+                format_gb(total * size["fp32"]),
+                format_gb(total * size["fp16"]),
+            ]
+            cells = [row["pipeline"], "**total**", "", *(f"**{b}**" for b in bold), ""]
+            lines.append("| " + " | ".join(cells) + " |")
+    noted = [row for row in selected if notes and row.get("note")]
+    if noted:
+        lines.append("")
+        lines.extend(f"- {row['pipeline']} `{row['component']}`: {row['note']}" for row in noted)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,668 @@
+"""The real components' configs, each with the official source it was read from.
+
+Every config is the keyword set the real class takes (diffusers ``Cls(**config)``,
+transformers ``Cls(ConfigCls(**config))``). ``count_params`` builds a component
+under ``torch.device("meta")``: shapes only, no memory, no weights, no hub.
+
+Sources are public repositories at the commit they were read at (``repo@commit path``);
+no config here comes from the Hugging Face hub, which is not reachable from this repo's
+tests. Where diffusers names a setting differently from the original code, the original
+parameters are transcribed below too (``*_ORIGINAL``) and test_model_sizes.py checks that
+diffusers' own conversion (``single_file_utils``) or the documented mapping gives the
+config used here.
+
+Published totals are rounded figures from the named paper, README or docs; each covers
+one or more components of the same pipeline and must agree within ``PUBLISHED_RTOL``.
+``labkit/model_sizes.json`` records the result; ``make verify-refresh`` rewrites it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+
+# Where each source was read (the snapshot's commit).
+SD1 = "runwayml/stable-diffusion@08ab4d326c96"  # CompVis/stable-diffusion@21f890f9da3c: same YAML
+SGM = "Stability-AI/generative-models@0ad7de9a5cb5"
+SD3 = "Stability-AI/sd3.5@fbf8f483f992"
+FLUX = "black-forest-labs/flux@802fb4713906"
+DIFFUSERS = "huggingface/diffusers@58eb52c0803e"
+OPEN_CLIP = "mlfoundations/open_clip@89fb801f1e60"
+OPENAI_CLIP = "openai/CLIP@d05afc436d78"
+T5_REPO = "google-research/text-to-text-transfer-transformer@e081111ccd51"
+
+#: a published total is a rounded number: counts must agree within this relative tolerance
+PUBLISHED_RTOL = 0.03
+
+BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class Component:
+    pipeline: str
+    component: str  # the pipeline attribute diffusers gives it (unet, vae, text_encoder_2...)
+    cls: str
+    library: str  # "diffusers" or "transformers"
+    config: dict
+    source: str
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Published:
+    figure: str  # as published: "860M", "817M for both text encoders"
+    params: int  # the figure as a number
+    cite: str  # a short name for the table: "Stable Diffusion v1 README"
+    source: str  # where exactly: repository@commit path and quote, or paper and table
+    covers: tuple[str, ...]  # components of the same pipeline the figure totals
+
+
+# --- The original parameters, transcribed --------------------------------------------
+
+#: runwayml/stable-diffusion configs/stable-diffusion/v1-inference.yaml (model.params),
+#: the keys diffusers' create_*_diffusers_config_from_ldm read
+SD15_LDM_ORIGINAL = {
+    "model": {
+        "params": {
+            "scale_factor": 0.18215,
+            "unet_config": {
+                "params": {
+                    "image_size": 32,
+                    "in_channels": 4,
+                    "out_channels": 4,
+                    "model_channels": 320,
+                    "attention_resolutions": [4, 2, 1],
+                    "num_res_blocks": 2,
+                    "channel_mult": [1, 2, 4, 4],
+                    "num_heads": 8,
+                    "use_spatial_transformer": True,
+                    "transformer_depth": 1,
+                    "context_dim": 768,
+                    "legacy": False,
+                }
+            },
+            "first_stage_config": {
+                "params": {
+                    "embed_dim": 4,
+                    "ddconfig": {
+                        "double_z": True,
+                        "z_channels": 4,
+                        "resolution": 256,
+                        "in_channels": 3,
+                        "out_ch": 3,
+                        "ch": 128,
+                        "ch_mult": [1, 2, 4, 4],
+                        "num_res_blocks": 2,
+                        "attn_resolutions": [],
+                    },
+                }
+            },
+        }
+    }
+}
+
+#: Stability-AI/generative-models configs/inference/sd_xl_base.yaml (model.params)
+SDXL_SGM_ORIGINAL = {
+    "model": {
+        "params": {
+            "scale_factor": 0.13025,
+            "network_config": {
+                "params": {
+                    "adm_in_channels": 2816,
+                    "num_classes": "sequential",
+                    "in_channels": 4,
+                    "out_channels": 4,
+                    "model_channels": 320,
+                    "attention_resolutions": [4, 2],
+                    "num_res_blocks": 2,
+                    "channel_mult": [1, 2, 4],
+                    "num_head_channels": 64,
+                    "use_linear_in_transformer": True,
+                    "transformer_depth": [1, 2, 10],
+                    "context_dim": 2048,
+                }
+            },
+            "first_stage_config": {
+                "params": {
+                    "embed_dim": 4,
+                    "ddconfig": {
+                        "double_z": True,
+                        "z_channels": 4,
+                        "resolution": 256,
+                        "in_channels": 3,
+                        "out_ch": 3,
+                        "ch": 128,
+                        "ch_mult": [1, 2, 4, 4],
+                        "num_res_blocks": 2,
+                        "attn_resolutions": [],
+                    },
+                }
+            },
+        }
+    }
+}
+
+#: black-forest-labs/flux src/flux/util.py configs["flux-dev"].params and .ae_params
+FLUX_DEV_ORIGINAL = {
+    "in_channels": 64,
+    "out_channels": 64,
+    "vec_in_dim": 768,
+    "context_in_dim": 4096,
+    "hidden_size": 3072,
+    "mlp_ratio": 4.0,
+    "num_heads": 24,
+    "depth": 19,
+    "depth_single_blocks": 38,
+    "axes_dim": [16, 56, 56],
+    "theta": 10_000,
+    "qkv_bias": True,
+    "guidance_embed": True,
+}
+FLUX_AE_ORIGINAL = {
+    "resolution": 256,
+    "in_channels": 3,
+    "ch": 128,
+    "out_ch": 3,
+    "ch_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "z_channels": 16,
+    "scale_factor": 0.3611,
+    "shift_factor": 0.1159,
+}
+
+#: SD3 Medium's MMDiT. Stability-AI/sd3.5 sd3_impls.py BaseModel reads the shape from the
+#: checkpoint: depth = hidden // 64, num_heads = depth, hidden = 64 * depth, patch 2,
+#: 16 latent channels, adm_in_channels (pooled CLIP-L 768 + CLIP-G 1280 = 2048),
+#: context_embedder Linear(4096 -> hidden). diffusers' single_file_utils.py identifies
+#: SD3 Medium ("sd3") by these two checkpoint shapes:
+SD3_MEDIUM_CHECKPOINT_SHAPES = {
+    # joint_blocks.0.context_block.adaLN_modulation.1.bias: 6 modulations x hidden
+    "adaLN_modulation_width": 9216,
+    # pos_embed.shape[1]: pos_embed_max_size ** 2 patches
+    "pos_embed_patches": 36864,
+}
+
+#: Stability-AI/sd3.5 sd3_infer.py: the text encoders as SD3 (and SD3.5) load them.
+#: other_impls.py adds vocab 49408, 77 positions and a square text_projection (no bias)
+#: to both CLIPs; T5 uses d_kv = d_model // num_heads = 64, gated-GELU, no biases.
+SD3_CLIPL_CONFIG_ORIGINAL = {
+    "hidden_act": "quick_gelu",
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+}
+SD3_CLIPG_CONFIG_ORIGINAL = {
+    "hidden_act": "gelu",
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "num_attention_heads": 20,
+    "num_hidden_layers": 32,
+}
+SD3_T5_CONFIG_ORIGINAL = {
+    "d_ff": 10240,
+    "d_model": 4096,
+    "num_heads": 64,
+    "num_layers": 24,
+    "vocab_size": 32128,
+}
+
+#: mlfoundations/open_clip src/open_clip/model_configs/*.json text_cfg (+ embed_dim);
+#: CLIPTextCfg defaults mlp_ratio 4.0, proj_bias False
+OPEN_CLIP_TEXT_ORIGINAL = {
+    "ViT-L-14": {
+        "embed_dim": 768,
+        "context_length": 77,
+        "vocab_size": 49408,
+        "width": 768,
+        "heads": 12,
+        "layers": 12,
+    },
+    "ViT-bigG-14": {
+        "embed_dim": 1280,
+        "context_length": 77,
+        "vocab_size": 49408,
+        "width": 1280,
+        "heads": 20,
+        "layers": 32,
+    },
+}
+
+# --- The configs the real classes are built from -------------------------------------
+
+SD15_UNET = {
+    "sample_size": 64,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": [
+        "CrossAttnDownBlock2D",
+        "CrossAttnDownBlock2D",
+        "CrossAttnDownBlock2D",
+        "DownBlock2D",
+    ],
+    "up_block_types": [
+        "UpBlock2D",
+        "CrossAttnUpBlock2D",
+        "CrossAttnUpBlock2D",
+        "CrossAttnUpBlock2D",
+    ],
+    "block_out_channels": [320, 640, 1280, 1280],
+    "layers_per_block": 2,
+    "cross_attention_dim": 768,
+    "attention_head_dim": 8,
+    "transformer_layers_per_block": 1,
+    "use_linear_projection": False,
+}
+
+SDXL_UNET = {
+    "sample_size": 128,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "block_out_channels": [320, 640, 1280],
+    "layers_per_block": 2,
+    "cross_attention_dim": 2048,
+    # diffusers' historical name: these are head counts (channels // num_head_channels 64)
+    "attention_head_dim": [5, 10, 20],
+    "transformer_layers_per_block": [1, 2, 10],
+    "use_linear_projection": True,
+    "addition_embed_type": "text_time",
+    "addition_time_embed_dim": 256,
+    "projection_class_embeddings_input_dim": 2816,
+}
+
+#: the KL-f8 autoencoder of SD 1.x and SDXL (4 latent channels, with quant convs)
+KL_F8_VAE = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 4,
+}
+SD15_VAE = {**KL_F8_VAE, "sample_size": 512, "scaling_factor": 0.18215}
+SDXL_VAE = {**KL_F8_VAE, "sample_size": 1024, "scaling_factor": 0.13025}
+
+#: the 16-channel autoencoder of SD3 and Flux.1: no quant_conv / post_quant_conv
+SD3_VAE = {
+    **KL_F8_VAE,
+    "sample_size": 1024,
+    "latent_channels": 16,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+    "scaling_factor": 1.5305,
+    "shift_factor": 0.0609,
+}
+FLUX_VAE = {**SD3_VAE, "scaling_factor": 0.3611, "shift_factor": 0.1159}
+
+SD3_MEDIUM_TRANSFORMER = {
+    "sample_size": 128,
+    "patch_size": 2,
+    "in_channels": 16,
+    "out_channels": 16,
+    "num_layers": 24,
+    "attention_head_dim": 64,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "caption_projection_dim": 1536,
+    "pooled_projection_dim": 2048,
+    "pos_embed_max_size": 192,
+}
+
+FLUX_DEV_TRANSFORMER = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": True,
+    "axes_dims_rope": [16, 56, 56],
+}
+
+#: OpenAI CLIP ViT-L/14 text tower (QuickGELU, openai/CLIP clip/model.py)
+CLIP_L_TEXT = {
+    "vocab_size": 49408,
+    "max_position_embeddings": 77,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "hidden_act": "quick_gelu",
+    "projection_dim": 768,
+}
+
+#: OpenCLIP ViT-bigG/14 text tower (GELU), with its 1280 x 1280 text projection
+CLIP_BIGG_TEXT = {
+    "vocab_size": 49408,
+    "max_position_embeddings": 77,
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 20,
+    "hidden_act": "gelu",
+    "projection_dim": 1280,
+}
+
+#: T5 v1.1 XXL (t5.1.1.xxl.gin: d_model 4096, 24 layers, d_ff 10240, 64 heads; d_kv 64 from
+#: bi_bert_base.gin; GEGLU feed-forward; no embedding/classifier sharing)
+T5_XXL = {
+    "vocab_size": 32128,
+    "d_model": 4096,
+    "d_kv": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "num_heads": 64,
+    "feed_forward_proj": "gated-gelu",
+    "tie_word_embeddings": False,
+}
+
+_SD15_YAML = f"{SD1} configs/stable-diffusion/v1-inference.yaml"
+_SDXL_YAML = f"{SGM} configs/inference/sd_xl_base.yaml"
+_LDM_MAPPING = f"mapped by diffusers' create_unet_diffusers_config_from_ldm ({DIFFUSERS} src/diffusers/loaders/single_file_utils.py)"
+_VAE_MAPPING = f"mapped by diffusers' create_vae_diffusers_config_from_ldm ({DIFFUSERS} src/diffusers/loaders/single_file_utils.py)"
+_CLIP_L_SOURCE = (
+    f"{OPEN_CLIP} src/open_clip/model_configs/ViT-L-14.json text_cfg (width 768, 12 heads, "
+    f"12 layers, 77 tokens, vocab 49408, mlp_ratio 4 -> 3072); QuickGELU per {OPENAI_CLIP} "
+    f"clip/model.py; confirmed by {SD3} sd3_infer.py CLIPL_CONFIG"
+)
+_CLIP_BIGG_SOURCE = (
+    f"{OPEN_CLIP} src/open_clip/model_configs/ViT-bigG-14.json text_cfg (width 1280, 20 heads, "
+    f"32 layers, 77 tokens, vocab 49408, embed_dim 1280 -> text_projection 1280x1280 without "
+    f"bias, mlp_ratio 4 -> 5120, GELU); confirmed by {SD3} sd3_infer.py CLIPG_CONFIG"
+)
+_T5_SOURCE = (
+    f"{SD3} sd3_infer.py T5_CONFIG (d_model 4096, d_ff 10240, 64 heads, 24 layers, vocab 32128) "
+    f"and other_impls.py T5 (gated-GELU, no biases); {T5_REPO} t5/models/gin/models/"
+    f"t5.1.1.xxl.gin (same shape; d_kv 64 from bi_bert_base.gin)"
+)
+
+COMPONENTS: list[Component] = [
+    Component(
+        "SD 1.5",
+        "unet",
+        "UNet2DConditionModel",
+        "diffusers",
+        SD15_UNET,
+        f"{_SD15_YAML} unet_config (model_channels 320, channel_mult [1,2,4,4], "
+        f"attention_resolutions [4,2,1], num_res_blocks 2, num_heads 8, context_dim 768), "
+        f"{_LDM_MAPPING}",
+    ),
+    Component(
+        "SD 1.5",
+        "vae",
+        "AutoencoderKL",
+        "diffusers",
+        SD15_VAE,
+        f"{_SD15_YAML} first_stage_config (ch 128, ch_mult [1,2,4,4], num_res_blocks 2, "
+        f"z_channels 4, embed_dim 4), {_VAE_MAPPING}",
+        note="Same architecture as the SDXL VAE (SDXL retrained the weights); includes quant_conv and post_quant_conv.",
+    ),
+    Component(
+        "SD 1.5",
+        "text_encoder",
+        "CLIPTextModel",
+        "transformers",
+        CLIP_L_TEXT,
+        f"{SD1} ldm/modules/encoders/modules.py FrozenCLIPEmbedder loads "
+        f"openai/clip-vit-large-patch14 as transformers CLIPTextModel; {_CLIP_L_SOURCE}",
+    ),
+    Component(
+        "SDXL",
+        "unet",
+        "UNet2DConditionModel",
+        "diffusers",
+        SDXL_UNET,
+        f"{_SDXL_YAML} network_config (model_channels 320, channel_mult [1,2,4], "
+        f"attention_resolutions [4,2], transformer_depth [1,2,10], num_head_channels 64, "
+        f"context_dim 2048, adm_in_channels 2816, use_linear_in_transformer), {_LDM_MAPPING}",
+    ),
+    Component(
+        "SDXL",
+        "vae",
+        "AutoencoderKL",
+        "diffusers",
+        SDXL_VAE,
+        f"{_SDXL_YAML} first_stage_config (ch 128, ch_mult [1,2,4,4], num_res_blocks 2, "
+        f"z_channels 4, embed_dim 4), {_VAE_MAPPING}",
+        note="Same architecture as the SD 1.5 VAE (new weights); includes quant_conv and post_quant_conv.",
+    ),
+    Component(
+        "SDXL",
+        "text_encoder",
+        "CLIPTextModel",
+        "transformers",
+        CLIP_L_TEXT,
+        f"{_SDXL_YAML} conditioner emb_models[0] FrozenCLIPEmbedder ({SGM} "
+        f"sgm/modules/encoders/modules.py: openai/clip-vit-large-patch14 as CLIPTextModel); "
+        f"{_CLIP_L_SOURCE}",
+    ),
+    Component(
+        "SDXL",
+        "text_encoder_2",
+        "CLIPTextModelWithProjection",
+        "transformers",
+        CLIP_BIGG_TEXT,
+        f"{_SDXL_YAML} conditioner emb_models[1] FrozenOpenCLIPEmbedder2 (arch ViT-bigG-14, "
+        f"laion2b_s39b_b160k, text tower only); {_CLIP_BIGG_SOURCE}",
+    ),
+    Component(
+        "SD3 Medium",
+        "transformer",
+        "SD3Transformer2DModel",
+        "diffusers",
+        SD3_MEDIUM_TRANSFORMER,
+        f"{SD3} sd3_impls.py BaseModel (hidden = 64 x depth, heads = depth, patch 2, 16 latent "
+        f"channels, adm_in_channels 2048, context 4096) with {DIFFUSERS} "
+        f"scripts/convert_sd3_to_diffusers.py (SD3Transformer2DModel arguments); depth 24 and "
+        f"pos_embed_max_size 192 from {DIFFUSERS} src/diffusers/loaders/single_file_utils.py, "
+        f"which identifies SD3 Medium by adaLN width 9216 = 6 x 1536 and pos_embed 36864 = 192^2",
+        note="Not counted: pos_embed, a fixed sin-cos table of 192 × 192 × 1536 = 56,623,104 values that diffusers keeps as a persistent buffer and the checkpoint stores.",
+    ),
+    Component(
+        "SD3 Medium",
+        "vae",
+        "AutoencoderKL",
+        "diffusers",
+        SD3_VAE,
+        f"{DIFFUSERS} scripts/convert_sd3_to_diffusers.py (the SDXL VAE config with "
+        f"latent_channels 16, use_quant_conv False, use_post_quant_conv False, scaling 1.5305, "
+        f"shift 0.0609); {SD3} sd3_impls.py SDVAE (ch 128, ch_mult (1,2,4,4), "
+        f"num_res_blocks 2, z_channels 16, no quant convs)",
+        note="Same architecture as the Flux.1 VAE: 16 latent channels, no quant_conv or post_quant_conv.",
+    ),
+    Component(
+        "SD3 Medium",
+        "text_encoder",
+        "CLIPTextModelWithProjection",
+        "transformers",
+        CLIP_L_TEXT,
+        f"{SD3} sd3_infer.py CLIPL_CONFIG and other_impls.py CLIPTextModel (vocab 49408, "
+        f"77 positions, 768x768 text_projection without bias); {_CLIP_L_SOURCE}",
+        note="The SD 1.5 CLIP ViT-L/14 text tower plus its 768 × 768 text projection (589,824 parameters).",
+    ),
+    Component(
+        "SD3 Medium",
+        "text_encoder_2",
+        "CLIPTextModelWithProjection",
+        "transformers",
+        CLIP_BIGG_TEXT,
+        f"{SD3} sd3_infer.py CLIPG_CONFIG and other_impls.py CLIPTextModel; {_CLIP_BIGG_SOURCE}",
+        note="Identical to SDXL's text_encoder_2.",
+    ),
+    Component(
+        "SD3 Medium",
+        "text_encoder_3",
+        "T5EncoderModel",
+        "transformers",
+        T5_XXL,
+        _T5_SOURCE,
+        note="The encoder half of T5 v1.1 XXL; its token embedding is counted once.",
+    ),
+    Component(
+        "Flux.1-dev",
+        "transformer",
+        "FluxTransformer2DModel",
+        "diffusers",
+        FLUX_DEV_TRANSFORMER,
+        f"{FLUX} src/flux/util.py configs['flux-dev'].params (hidden 3072 = 24 heads x 128, "
+        f"depth 19, depth_single_blocks 38, in_channels 64, context_in_dim 4096, vec_in_dim 768, "
+        f"axes_dim [16,56,56], guidance_embed True), mapped as {DIFFUSERS} "
+        f"scripts/convert_flux_to_diffusers.py does",
+    ),
+    Component(
+        "Flux.1-dev",
+        "vae",
+        "AutoencoderKL",
+        "diffusers",
+        FLUX_VAE,
+        f"{FLUX} src/flux/util.py configs['flux-dev'].ae_params (ch 128, ch_mult [1,2,4,4], "
+        f"num_res_blocks 2, z_channels 16; src/flux/modules/autoencoder.py has no quant convs); "
+        f"{DIFFUSERS} scripts/convert_flux_to_diffusers.py uses the SD3 VAE config with "
+        f"scaling 0.3611, shift 0.1159",
+        note="Same architecture as the SD3 VAE.",
+    ),
+    Component(
+        "Flux.1-dev",
+        "text_encoder",
+        "CLIPTextModel",
+        "transformers",
+        CLIP_L_TEXT,
+        f"{FLUX} src/flux/util.py load_clip and src/flux/modules/conditioner.py "
+        f"(openai/clip-vit-large-patch14 as CLIPTextModel); {_CLIP_L_SOURCE}",
+    ),
+    Component(
+        "Flux.1-dev",
+        "text_encoder_2",
+        "T5EncoderModel",
+        "transformers",
+        T5_XXL,
+        f"{FLUX} src/flux/util.py load_t5 and src/flux/modules/conditioner.py "
+        f"(google/t5-v1_1-xxl as T5EncoderModel); {_T5_SOURCE}",
+        note="Same T5 v1.1 XXL encoder as SD3's text_encoder_3.",
+    ),
+]
+
+_SD1_README = f'{SD1} README.md: "With its 860M UNet and 123M text encoder"'
+_SDXL_TABLE = "Podell et al. 2023, SDXL, arXiv:2307.01952, Table 1"
+_T5_DOCS = (
+    f"{DIFFUSERS} docs/source/en/api/pipelines/stable_diffusion/stable_diffusion_3.md: "
+    f'"the memory-intensive 4.7B parameter T5-XXL text encoder"'
+)
+_CLIP_L_123M = Published(
+    "123M", 123_000_000, "Stable Diffusion v1 README", _SD1_README, ("text_encoder",)
+)
+
+
+def _t5_xxl_47b(component: str) -> Published:
+    return Published("4.7B", 4_700_000_000, "diffusers SD3 docs", _T5_DOCS, (component,))
+
+
+#: (pipeline, component) -> the published figure shown on that row
+PUBLISHED: dict[tuple[str, str], Published] = {
+    ("SD 1.5", "unet"): Published(
+        "860M", 860_000_000, "Stable Diffusion v1 README", _SD1_README, ("unet",)
+    ),
+    ("SD 1.5", "text_encoder"): _CLIP_L_123M,
+    ("SDXL", "unet"): Published(
+        "2.6B", 2_600_000_000, "SDXL paper, Table 1", f"{_SDXL_TABLE}: UNet", ("unet",)
+    ),
+    ("SDXL", "text_encoder"): _CLIP_L_123M,
+    ("SDXL", "text_encoder_2"): Published(
+        "817M for both text encoders",
+        817_000_000,
+        "SDXL paper, Table 1",
+        f"{_SDXL_TABLE}: text encoders CLIP ViT-L & OpenCLIP ViT-bigG, 817M",
+        ("text_encoder", "text_encoder_2"),
+    ),
+    ("SD3 Medium", "transformer"): Published(
+        "2B",
+        2_000_000_000,
+        "Hugging Face SD3 release blog",
+        'huggingface/blog@04fdd03d5565 sd3.md: "Stable Diffusion 3 Medium, with 2B parameters"',
+        ("transformer",),
+    ),
+    ("SD3 Medium", "text_encoder_3"): _t5_xxl_47b("text_encoder_3"),
+    ("Flux.1-dev", "transformer"): Published(
+        "12B",
+        12_000_000_000,
+        "FLUX.1-dev model card",
+        f'{FLUX} model_cards/FLUX.1-dev.md: "a 12 billion parameter rectified flow transformer"',
+        ("transformer",),
+    ),
+    ("Flux.1-dev", "text_encoder"): _CLIP_L_123M,
+    ("Flux.1-dev", "text_encoder_2"): _t5_xxl_47b("text_encoder_2"),
+}
+
+
+def build(component: Component):
+    """The real class built from ``component.config`` on the meta device (no memory)."""
+    import torch
+
+    cls = getattr(importlib.import_module(component.library), component.cls)
+    with torch.device("meta"):
+        if component.library == "transformers":
+            return cls(cls.config_class(**component.config))
+        return cls(**component.config)
+
+
+def count_params(component: Component) -> int:
+    """Parameters of the real class (each tensor once, tied ones once); buffers excluded."""
+    return sum(p.numel() for p in build(component).parameters())
+
+
+def installed_versions() -> dict[str, str]:
+    import diffusers
+    import torch
+    import transformers
+
+    return {
+        "diffusers": diffusers.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+    }
+
+
+def record() -> dict:
+    """What ``labkit/model_sizes.json`` should hold, counted now from the real classes."""
+    counts = {(c.pipeline, c.component): count_params(c) for c in COMPONENTS}
+    rows = []
+    for c in COMPONENTS:
+        params = counts[(c.pipeline, c.component)]
+        published = PUBLISHED.get((c.pipeline, c.component))
+        rows.append(
+            {
+                "pipeline": c.pipeline,
+                "component": c.component,
+                "class": c.cls,
+                "library": c.library,
+                "params": params,
+                "bytes": {dtype: params * n for dtype, n in BYTES_PER_ELEMENT.items()},
+                "config": c.config,
+                "source": c.source,
+                "note": c.note,
+                "published": f"{published.figure} ({published.source})" if published else None,
+                "published_params": published.params if published else None,
+                "published_cite": published.cite if published else None,
+                "published_covers": list(published.covers) if published else None,
+            }
+        )
+    data = {
+        "description": (
+            "Parameter counts and weight bytes of the real components of four diffusion "
+            "pipelines, counted by instantiating the real diffusers/transformers classes from "
+            "their published configs on the meta device (no weights downloaded). Bytes count "
+            "parameters only, not buffers: params x 4 (fp32) or x 2 (fp16, bf16). Configs and "
+            "sources: tests/verify/model_configs.py. Regenerate with `make verify-refresh`."
+        ),
+        "bytes_per_element": BYTES_PER_ELEMENT,
+        "published_rtol": PUBLISHED_RTOL,
+        "versions": installed_versions(),
+        "components": rows,
+    }
+    return json.loads(json.dumps(data))  # as the file will hold it (tuples become lists)

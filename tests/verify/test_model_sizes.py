@@ -1,0 +1,208 @@
+"""The real-model size table: counted from the real classes, not copied from a model card.
+
+Each component in ``model_configs.COMPONENTS`` is built on the meta device from its
+published config (no weights, no hub) and its parameters counted. The counts, bytes,
+configs and sources must equal ``labkit/model_sizes.json``, which the pages render.
+After a deliberate change (a config, a diffusers or transformers upgrade) rewrite it with
+``make verify-refresh`` (which sets INFRALENS_REFRESH_VERSIONS=1).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from pathlib import Path
+
+import pytest
+from model_configs import (
+    COMPONENTS,
+    FLUX_AE_ORIGINAL,
+    FLUX_DEV_ORIGINAL,
+    FLUX_DEV_TRANSFORMER,
+    FLUX_VAE,
+    OPEN_CLIP_TEXT_ORIGINAL,
+    PUBLISHED,
+    PUBLISHED_RTOL,
+    SD3_CLIPG_CONFIG_ORIGINAL,
+    SD3_CLIPL_CONFIG_ORIGINAL,
+    SD3_MEDIUM_CHECKPOINT_SHAPES,
+    SD3_MEDIUM_TRANSFORMER,
+    SD3_T5_CONFIG_ORIGINAL,
+    SD15_LDM_ORIGINAL,
+    SD15_UNET,
+    SD15_VAE,
+    SDXL_SGM_ORIGINAL,
+    SDXL_UNET,
+    SDXL_VAE,
+    T5_XXL,
+    installed_versions,
+    record,
+)
+
+from labkit import model_sizes
+
+RECORD = Path(model_sizes.__file__).with_name(model_sizes.DATA_FILE)
+IDS = [f"{c.pipeline}/{c.component}" for c in COMPONENTS]
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict:
+    """Counted now; written to the data file under INFRALENS_REFRESH_VERSIONS=1."""
+    counted = record()
+    if os.environ.get("INFRALENS_REFRESH_VERSIONS") == "1":
+        RECORD.write_text(
+            json.dumps(counted, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+    return counted
+
+
+@pytest.fixture(scope="module")
+def recorded(fresh) -> dict:
+    return model_sizes.load()
+
+
+def _row(data: dict, pipeline: str, component: str) -> dict:
+    (row,) = [
+        r for r in data["components"] if (r["pipeline"], r["component"]) == (pipeline, component)
+    ]
+    return row
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=IDS)
+def test_recorded_sizes_match_the_real_classes(component, fresh, recorded):
+    """Each component built from its config on the meta device has exactly the parameter count the data file records, and its bytes are params × 4 (fp32) or × 2 (fp16, bf16)."""
+    now = _row(fresh, component.pipeline, component.component)
+    then = _row(recorded, component.pipeline, component.component)
+    assert then["params"] == now["params"], "run `make verify-refresh`"
+    assert then["bytes"] == {
+        k: now["params"] * n for k, n in {"fp32": 4, "fp16": 2, "bf16": 2}.items()
+    }
+    assert then == now, "config, source or published figure changed: run `make verify-refresh`"
+
+
+def test_data_file_lists_exactly_the_configured_components(fresh, recorded):
+    """The data file (`labkit/model_sizes.json`) holds one row per configured component, in the same order, and nothing else."""
+    assert [(r["pipeline"], r["component"]) for r in recorded["components"]] == [
+        (r["pipeline"], r["component"]) for r in fresh["components"]
+    ]
+    assert {k: v for k, v in recorded.items() if k != "components"} == {
+        k: v for k, v in fresh.items() if k != "components"
+    }
+
+
+@pytest.mark.parametrize("key", list(PUBLISHED), ids=[f"{p}/{c}" for p, c in PUBLISHED])
+def test_counts_agree_with_published_totals(key, fresh):
+    """Each counted size agrees with its published, rounded total (paper, README, model card or docs) within the stated relative tolerance."""
+    pipeline, _ = key
+    published = PUBLISHED[key]
+    counted = sum(_row(fresh, pipeline, name)["params"] for name in published.covers)
+    assert counted == pytest.approx(published.params, rel=PUBLISHED_RTOL), (
+        f"{key}: counted {counted:,} vs published {published.figure} ({published.source})"
+    )
+
+
+def test_recorded_versions_match_installed(fresh, recorded):
+    """The data file names the diffusers, transformers and torch versions that are installed."""
+    assert recorded["versions"] == installed_versions(), (
+        f"recorded {recorded['versions']} but {installed_versions()} is installed: "
+        "run `make verify-refresh`"
+    )
+
+
+def _with_defaults(cls, config: dict) -> dict:
+    """``config`` completed with the class's defaults, tuples as lists, sample_size dropped."""
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    full = {**defaults, **config}
+    full.pop("sample_size", None)  # no learned positions in these models: counts ignore it
+    return json.loads(json.dumps(full))  # tuples -> lists
+
+
+@pytest.mark.parametrize(
+    ("original", "unet", "vae"),
+    [(SD15_LDM_ORIGINAL, SD15_UNET, SD15_VAE), (SDXL_SGM_ORIGINAL, SDXL_UNET, SDXL_VAE)],
+    ids=["SD 1.5", "SDXL"],
+)
+def test_unet_and_vae_configs_are_diffusers_conversion_of_the_original_yaml(original, unet, vae):
+    """diffusers' own single-file conversion of the original SD 1.5 and SDXL YAML configs gives the UNet and VAE configs counted in the table."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from diffusers.loaders.single_file_utils import (
+        create_unet_diffusers_config_from_ldm,
+        create_vae_diffusers_config_from_ldm,
+    )
+
+    derived_unet = create_unet_diffusers_config_from_ldm(original, {})
+    derived_vae = create_vae_diffusers_config_from_ldm(original, {})
+    assert _with_defaults(UNet2DConditionModel, derived_unet) == _with_defaults(
+        UNet2DConditionModel, unet
+    )
+    assert _with_defaults(AutoencoderKL, derived_vae) == _with_defaults(AutoencoderKL, vae)
+
+
+def test_flux_and_sd3_configs_follow_the_reference_parameters():
+    """The Flux.1-dev configs follow from Black Forest Labs' `FluxParams` and `AutoEncoderParams`, and the SD3 Medium transformer's from the checkpoint shapes diffusers recognises it by."""
+    f, flux = FLUX_DEV_ORIGINAL, FLUX_DEV_TRANSFORMER
+    assert flux["num_attention_heads"] == f["num_heads"]
+    assert flux["num_attention_heads"] * flux["attention_head_dim"] == f["hidden_size"]
+    assert (flux["num_layers"], flux["num_single_layers"]) == (f["depth"], f["depth_single_blocks"])
+    assert flux["in_channels"] == f["in_channels"] == f["out_channels"]
+    assert flux["joint_attention_dim"] == f["context_in_dim"]
+    assert flux["pooled_projection_dim"] == f["vec_in_dim"]
+    assert (
+        flux["axes_dims_rope"] == f["axes_dim"] and flux["guidance_embeds"] == f["guidance_embed"]
+    )
+    ae = FLUX_AE_ORIGINAL
+    assert FLUX_VAE["block_out_channels"] == [ae["ch"] * m for m in ae["ch_mult"]]
+    assert FLUX_VAE["layers_per_block"] == ae["num_res_blocks"]
+    assert FLUX_VAE["latent_channels"] == ae["z_channels"]
+    assert (FLUX_VAE["scaling_factor"], FLUX_VAE["shift_factor"]) == (
+        ae["scale_factor"],
+        ae["shift_factor"],
+    )
+
+    sd3 = SD3_MEDIUM_TRANSFORMER
+    hidden = SD3_MEDIUM_CHECKPOINT_SHAPES["adaLN_modulation_width"] // 6
+    depth = hidden // 64  # sd3_impls.py BaseModel
+    assert (sd3["num_layers"], sd3["num_attention_heads"], sd3["caption_projection_dim"]) == (
+        depth,
+        depth,
+        hidden,
+    )
+    assert sd3["num_attention_heads"] * sd3["attention_head_dim"] == hidden
+    assert sd3["pos_embed_max_size"] ** 2 == SD3_MEDIUM_CHECKPOINT_SHAPES["pos_embed_patches"]
+    assert sd3["pooled_projection_dim"] == 768 + 1280  # pooled CLIP-L + CLIP-G
+
+
+def test_text_encoder_configs_follow_open_clip_and_sd3():
+    """The CLIP text configs match OpenCLIP's ViT-L-14 and ViT-bigG-14 model configs, and the CLIP and T5 configs match Stability AI's SD3 reference code."""
+    from model_configs import CLIP_BIGG_TEXT, CLIP_L_TEXT
+
+    for ours, name, sd3 in [
+        (CLIP_L_TEXT, "ViT-L-14", SD3_CLIPL_CONFIG_ORIGINAL),
+        (CLIP_BIGG_TEXT, "ViT-bigG-14", SD3_CLIPG_CONFIG_ORIGINAL),
+    ]:
+        oc = OPEN_CLIP_TEXT_ORIGINAL[name]
+        assert (
+            ours["hidden_size"],
+            ours["num_attention_heads"],
+            ours["num_hidden_layers"],
+            ours["max_position_embeddings"],
+            ours["vocab_size"],
+            ours["projection_dim"],
+            ours["intermediate_size"],
+        ) == (
+            oc["width"],
+            oc["heads"],
+            oc["layers"],
+            oc["context_length"],
+            oc["vocab_size"],
+            oc["embed_dim"],
+            4 * oc["width"],
+        )
+        assert {k: ours[k] for k in sd3} == sd3
+    assert {k: T5_XXL[k] for k in SD3_T5_CONFIG_ORIGINAL} == SD3_T5_CONFIG_ORIGINAL
+    assert T5_XXL["d_kv"] * T5_XXL["num_heads"] == T5_XXL["d_model"]
