@@ -4,6 +4,9 @@
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
+# Two install levels: what serving the site needs, and the dev tools on top (pytest, ruff,
+# Playwright). `make serve` and `make build` take the first only, so a reader's venv stays lean.
+SITE   := $(VENV)/.installed-site
 STAMP  := $(VENV)/.installed-dev
 export NO_MKDOCS_2_WARNING := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -18,16 +21,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(SITE): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(STAMP): pyproject.toml $(SITE)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
 install: $(STAMP) ## Create .venv and install the project with its dev tools
 
-serve: $(STAMP) ## Serve the site with live reload on http://127.0.0.1:8000
+serve: $(SITE) ## Serve the site with live reload on http://127.0.0.1:8000 (site deps only)
 	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
-build: $(STAMP) ## Strict build into site/
+build: $(SITE) ## Strict build into site/ (site deps only)
 	$(BIN)/mkdocs build --strict
 
 test: $(STAMP) ## Run everything: lint, contracts, starters, labs, strict build, browser, verify (if installed)

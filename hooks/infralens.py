@@ -5,7 +5,15 @@ from infralens_docs.hooks import (
     on_files,
     on_page_content,
     on_page_markdown,
+    on_post_build,
     on_post_page,
 )
 
-__all__ = ["on_config", "on_files", "on_page_content", "on_page_markdown", "on_post_page"]
+__all__ = [
+    "on_config",
+    "on_files",
+    "on_page_content",
+    "on_page_markdown",
+    "on_post_build",
+    "on_post_page",
+]

@@ -8,6 +8,7 @@ import functools
 import http.server
 import os
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -127,6 +128,33 @@ def test_palette_toggle_switches_to_dark(server, browser):
     page.context.close()
 
 
+def test_search_index_waits_for_the_reader(server, browser):
+    """No page fetches the search index or starts the search worker at load; reaching for
+    search (hovering the field, then typing) fetches both once, and results appear."""
+    page = browser.new_context().new_page()
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(urlparse(r.url).path))
+    page.goto(server + "/labs/lab-11-scheduler-loop-reading/", wait_until="networkidle")
+    assert any("/assets/javascripts/bundle." in u for u in requested), requested
+    assert not [u for u in requested if "search" in u], requested
+    box = page.locator("input.md-search__input")
+    box.hover()
+    box.click()
+    box.press_sequentially("guidance", delay=20)
+    page.wait_for_selector(".md-search-result__item", timeout=10_000)
+    searched = [u for u in requested if "search" in u]
+    assert sum(u.endswith("/search/search_index.json") for u in searched) == 1, searched
+    assert any("/workers/search." in u for u in searched), searched
+    # Results land on sections and carry the query for highlighting on the target page.
+    links = page.locator(".md-search-result a").evaluate_all("els => els.map(e => e.href)")
+    assert any("#" in link and "h=guidance" in link for link in links), links
+    # Opened fresh (no search worker yet), a result page still highlights the query.
+    target = next(link for link in links if "#" in link and "h=guidance" in link)
+    page.goto(target, wait_until="networkidle")
+    page.wait_for_selector("mark[data-md-highlight]", timeout=10_000)
+    page.context.close()
+
+
 def test_search_finds_a_lab(server, browser):
     page, problems = visit(browser, server + "/")
     page.locator("input.md-search__input").click()
@@ -135,3 +163,54 @@ def test_search_finds_a_lab(server, browser):
     assert page.locator(".md-search-result__item").count() > 0
     assert problems == []
     page.context.close()
+
+
+AXE_VERSION = "4.14.1"
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
+
+
+@pytest.fixture(scope="module")
+def axe_source() -> str:
+    """axe-core from npm, installed into .cache/axe on first use (CI has npm)."""
+    from infralens_docs.runner import CACHE_ROOT
+
+    prefix = CACHE_ROOT / "axe"
+    script = prefix / "node_modules" / "axe-core" / "axe.min.js"
+    if not script.is_file():
+        if not shutil.which("npm"):
+            if os.environ.get("CI"):
+                pytest.fail("npm is required in CI for axe-core (apt-get install npm)")
+            pytest.skip("npm is not installed: cannot fetch axe-core")
+        subprocess.run(
+            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix),
+             f"axe-core@{AXE_VERSION}"],
+            check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+    return script.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("width", [1280, 390], ids=["desktop", "mobile"])
+def test_axe_finds_no_violation_on_any_page(built_site, server, browser, axe_source, scheme,
+                                            width):  # fmt: skip
+    """axe-core's WCAG 2.0-2.2 A/AA and best-practice rules pass on every page, in the
+    light and the dark scheme, at desktop and at mobile width."""
+    context = browser.new_context(viewport={"width": width, "height": 800}, color_scheme=scheme)
+    page = context.new_page()
+    found = {}
+    for path in page_urls(built_site):
+        page.goto(server + path, wait_until="load")  # the deferred bundle has run
+        # two frames: the bundle's first render and a11y.js's pass over it
+        page.evaluate(
+            "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+        )
+        page.add_script_tag(content=axe_source)
+        result = page.evaluate(
+            "tags => axe.run(document, {runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']})",
+            AXE_TAGS,
+        )
+        for violation in result["violations"]:
+            targets = [node["target"] for node in violation["nodes"]][:3]
+            found.setdefault(path, []).append(f"{violation['id']}: {targets}")
+    context.close()
+    assert found == {}

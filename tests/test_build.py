@@ -162,33 +162,65 @@ def test_notebook_page_prints_what_the_script_prints(built_site, starter):
     assert notebook_text.split() == script_text.split()
 
 
-#: Numbers lab prose may quote that no run prints: constants, each with its reason.
+#: Numbers any page's prose may quote that no run prints: constants, each with its source.
 PROSE_CONSTANTS = {
-    "98.9%",  # on_mode of true data: 1 - exp(-4.5), stated in labkit.metrics
-    "1.00",  # spread of true data, by construction of labkit.metrics.sample_quality
-    "0.1",  # the lightest mode weight of labkit.default_mixture (0.4 / 0.3 / 0.2 / 0.1)
-    "0.18215",  # SD 1.x vae.config.scaling_factor (AutoencoderKL default in diffusers)
+    "98.9%": "on_mode of true data: 1 - exp(-4.5), stated in labkit.metrics",
+    "1.00": "spread of true data, by construction of labkit.metrics.sample_quality",
+    "0.1": "the lightest mode weight of labkit.default_mixture (0.4 / 0.3 / 0.2 / 0.1)",
+    "0.18215": "SD 1.x vae.config.scaling_factor (AutoencoderKL default in diffusers)",
 }
 
 
+def cited_numbers(markdown_path: Path) -> dict[str, str]:
+    """A page's ``cited_numbers`` front matter: number as written -> its source (a paper's
+    table, a model card). Those numbers come from the literature, not from a run."""
+    from infralens_docs.registry import read_front_matter
+
+    cited = read_front_matter(markdown_path).get("cited_numbers") or {}
+    assert isinstance(cited, dict), f"{markdown_path}: cited_numbers must be a mapping"
+    return {str(k): str(v) for k, v in cited.items()}
+
+
 def quoted_numbers(markdown_path: Path) -> set[str]:
-    """Decimals in a page's prose: not in code, math, link targets or version strings."""
+    """Decimals in a page's prose: not in code, math, link targets or version strings,
+    nor the constants and cited numbers above."""
     md = markdown_path.read_text(encoding="utf-8")
     md = re.sub(r"\A---\n.*?\n---\n", "", md, flags=re.DOTALL)  # front matter
     for pattern in [r"```.*?```", r"`[^`]*`", r"\$\$.*?\$\$", r"\$[^$]*\$", r"\]\([^)]*\)"]:
         md = re.sub(pattern, " ", md, flags=re.DOTALL)  # code, math, link targets
     md = re.sub(r"\b\d+\.\d+\.\d+\b|Section \d+\.\d+|arXiv:\s*\d+\.\d+", " ", md)
-    return set(re.findall(r"(?<![\w.])\d+\.\d+(?:e-\d+)?%?", md)) - PROSE_CONSTANTS
+    found = set(re.findall(r"(?<![\w.])\d+\.\d+(?:e-\d+)?%?", md))
+    return found - PROSE_CONSTANTS.keys() - cited_numbers(markdown_path).keys()
+
+
+PAGES_WITH_PROSE = [ROOT / "docs" / "index.md", ROOT / "docs" / "references.md"]
+PAGES_WITH_PROSE += sorted((ROOT / "docs" / "handbook").glob("*.md"))
+PAGES_WITH_PROSE += [ROOT / "docs" / lab.page for lab in LABS]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=lambda p: p.stem)
+def test_cited_numbers_name_a_source_and_are_quoted(page):
+    """Each ``cited_numbers`` entry gives a source and is quoted in the prose where it
+    is cited (no stale exemptions)."""
+    text = page.read_text(encoding="utf-8")
+    body = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.DOTALL)
+    for number, source in cited_numbers(page).items():
+        assert len(source) > 10, f"{page.name}: cited number {number} needs its source"
+        assert re.search(rf"(?<![\w.]){re.escape(number)}(?![\w])", body), (
+            f"{page.name}: cited number {number} is not on the page"
+        )
 
 
 def shown_output(built_page: Path) -> str:
-    """The text of a built page's code and console blocks (included code, real runs)."""
+    """The text of a built page's code and console blocks (included code, real runs) and of
+    its model-sizes tables (rendered from labkit/model_sizes.json, checked by verify)."""
     import html
 
     page = built_page.read_text(encoding="utf-8")
     blocks = re.findall(
         r'<div class="language-(?:console|python|text) highlight">(.*?)</div>', page, re.DOTALL
     )
+    blocks += re.findall(r'<div class="model-sizes">(.*?)</div>', page, re.DOTALL)
     return html.unescape(re.sub(r"<[^>]+>", "", " ".join(blocks)))
 
 
@@ -202,7 +234,7 @@ def test_numbers_in_lab_prose_come_from_the_page_runs(built_site, lab):
     assert sorted(n for n in quoted if n.rstrip("%") not in shown) == []
 
 
-#: Handbook passages that quote diffusers' own numbers; tests/verify/test_handbook_claims.py
+#: Handbook passages that quote diffusers' own numbers; tests/verify/test_page_scheduler.py
 #: recomputes each of them with the installed diffusers.
 VERIFIED_ELSEWHERE = re.compile(
     r"^\s*\| (`(?:leading|trailing|linspace)`|`linspace` \(default\)|`use_karras_sigmas=True`|\d\.\d) \|.*$"
@@ -211,16 +243,137 @@ VERIFIED_ELSEWHERE = re.compile(
 )
 
 
+def built_path(site: Path, page: Path) -> Path:
+    """Where a docs page lands in the built site (directory URLs)."""
+    rel = page.relative_to(ROOT / "docs").with_suffix("")
+    return site / ("index.html" if rel.name == "index" else rel / "index.html")
+
+
 @pytest.mark.parametrize(
-    "page", sorted((ROOT / "docs" / "handbook").glob("*.md")), ids=lambda p: p.stem
+    "page", [p for p in PAGES_WITH_PROSE if "labs" not in p.parts], ids=lambda p: p.stem
 )
 def test_numbers_in_handbook_prose_come_from_a_run(built_site, page, tmp_path):
-    """Handbook sections may quote a lab's measured numbers: each must appear in some
-    lab page's executed output (or the section's own code blocks). Quoted diffusers
-    grids are checked against diffusers by the verify suite instead."""
+    """Handbook sections (and the home and references pages) may quote a lab's measured
+    numbers: each must appear in some lab page's executed output (or the page's own code
+    blocks), or be cited. Quoted diffusers grids are checked by the verify suite instead."""
     stripped = tmp_path / page.name
     stripped.write_text(VERIFIED_ELSEWHERE.sub(" ", page.read_text(encoding="utf-8")))
-    shown = shown_output(built_site / "handbook" / page.stem / "index.html") + "".join(
+    shown = shown_output(built_path(built_site, page)) + "".join(
         shown_output(built_site / lab.page.with_suffix("") / "index.html") for lab in LABS
     )
     assert sorted(n for n in quoted_numbers(stripped) if n.rstrip("%") not in shown) == []
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_lab_page_shows_a_figure_its_starter_draws(built_site, lab):
+    """Each lab page shows at least one figure made by its own starter at build time, with
+    alt text; PNG files are small, sized and lazy, SVG charts are inline (no request)."""
+    source = (ROOT / "docs" / lab.page).read_text(encoding="utf-8")
+    runnable = {s.path.as_posix() for s in lab.starters if s.runnable}
+    directives = re.findall(r"^<!-- infralens:figure (\S+) ", source, re.MULTILINE)
+    assert directives and set(directives) <= runnable, f"{lab.page} shows no figure of its own"
+    page = built_site / lab.page.with_suffix("") / "index.html"
+    text = page.read_text(encoding="utf-8")
+    found = re.findall(r'<figure class="lab-figure">(.*?)</figure>', text, re.DOTALL)
+    assert len(found) >= len(directives)
+    for figure in found:
+        assert re.search(r'(?:aria-label|alt)="[^"]{20,}"', figure), "figure without alt text"
+        assert "<figcaption>" in figure
+        for src, rest in re.findall(r'<img src="([^"]+)"([^>]*)>', figure):
+            assert 'width="' in rest and 'height="' in rest and 'loading="lazy"' in rest
+            assert (page.parent / src).resolve().stat().st_size <= 60_000, src
+        for svg in re.findall(r"<svg.*?</svg>", figure, re.DOTALL):
+            assert len(svg.encode()) <= 60_000 and " id=" not in svg
+
+
+@pytest.mark.parametrize("page", ["index.html", "handbook/loop/index.html"])
+def test_home_and_loop_pages_show_the_pipeline_diagram(built_site, page):
+    """The pipeline diagram (stages, tensors, shapes) that Lab 12's starter draws from its
+    trace is inline SVG on the home page and the inference-loop section: no script, no
+    request, with a text alternative that names every tensor."""
+    text = (built_site / page).read_text(encoding="utf-8")
+    found = [f for f in re.findall(r'<figure class="lab-figure">(.*?)</figure>', text, re.DOTALL)
+             if "A text-to-image pipeline call" in f]  # fmt: skip
+    assert len(found) == 1, f"{page} shows no pipeline diagram"
+    label = re.search(r'role="img" aria-label="([^"]+)"', found[0]).group(1)
+    for name in ["prompt_embeds", "latent_model_input", "noise_pred", "latents", "image"]:
+        assert name in label
+    assert "<script" not in found[0] and "<img" not in found[0]
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_starter_pages_link_back_and_offer_downloads(built_site, lab):
+    """A starter page is titled "Lab NN · file", links to its lab guide and offers the
+    file itself (and a .ipynb for notebooks); nbconvert's pilcrow marks are gone."""
+    import json
+
+    for starter in lab.starters:
+        out = built_site / starter.path.with_suffix("") / "index.html"
+        text = out.read_text(encoding="utf-8")
+        title = f"Lab {lab.number:02d} · {starter.path.name}"
+        assert f"<title>{title} - " in text
+        if starter.path.suffix == ".py":  # a Markdown starter keeps its own H1
+            assert f"<h1>{title}</h1>" in text
+        links = re.search(r'<p class="starter-links">(.*?)</p>', text).group(1)
+        guide = re.search(r'<a href="([^"]+)">Lab \d\d guide', links).group(1)
+        assert (out.parent / guide / "index.html").resolve().is_file(), guide
+        assert "anchor-link" not in text
+        if starter.path.suffix == ".py":
+            assert f'href="{starter.path.name}" download' in links
+            notebook = out.parent / f"{starter.path.stem}.ipynb"
+            cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+            assert any(c["cell_type"] == "code" for c in cells)
+
+
+def test_home_page_title_names_the_site_once(built_site):
+    text = (built_site / "index.html").read_text(encoding="utf-8")
+    assert "<title>InfraLens Diffusion Handbook</title>" in text
+
+
+def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
+    """A second build with empty caches gives the same files, byte for byte (the sitemap's
+    date aside): cached and fresh runs agree, and nothing depends on timing or randomness.
+    No page holds an absolute path of the build machine or a kernel's stderr output."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", INFRALENS_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site)],
+        cwd=ROOT, env=env, check=True, capture_output=True, timeout=900,
+    )  # fmt: skip
+
+    def files(root: Path) -> dict[str, Path]:
+        return {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
+
+    first, second = files(built_site), files(site)
+    assert first.keys() == second.keys()
+    dated = {"sitemap.xml", "sitemap.xml.gz"}
+    differ = [
+        name
+        for name in sorted(first)
+        if name not in dated and first[name].read_bytes() != second[name].read_bytes()
+    ]
+    assert differ == []
+    machine = [str(ROOT), str(tmp_path), str(Path.home())]
+    for name, path in second.items():
+        if path.suffix in {".html", ".json", ".ipynb", ".svg", ".xml", ".js", ".css"}:
+            text = path.read_text(encoding="utf-8")
+            assert not [m for m in machine if m in text], f"{name} holds a path of this machine"
+            assert "application/vnd.jupyter.stderr" not in text, f"{name} shows a kernel's stderr"
+
+
+def test_every_in_page_anchor_has_its_target(built_site):
+    """Every ``href="#..."`` on every built page names an id on that page: the TOC, the skip
+    link and the permalinks of the notebook pages included (mkdocs' own anchor validation
+    sees only links written in Markdown)."""
+    broken = {}
+    for page in sorted(built_site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        ids = set(re.findall(r'\bid="([^"]+)"', text))
+        missing = {a for a in re.findall(r'href="#([^"]+)"', text) if a not in ids}
+        if missing:
+            broken[page.relative_to(built_site).as_posix()] = sorted(missing)[:5]
+    assert broken == {}

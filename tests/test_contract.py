@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from infralens_docs.registry import PAGE_RE, ROOT, load_labs
+from infralens_docs.registry import PAGE_RE, ROOT, RegistryError, load_labs
 
 LABS = load_labs()
 RUNNABLE = [s.path for lab in LABS for s in lab.starters if s.runnable]
@@ -46,6 +46,17 @@ def test_every_file_under_code_labs_is_referenced_by_its_lab():
         if p.is_file() and "__pycache__" not in p.parts
     }
     assert on_disk - listed == set(), "files under code/lab-* that no lab page lists"
+
+
+def test_registry_rejects_starters_that_would_share_a_page(tmp_path):
+    """``notes.md`` beside ``notes.py`` would both render at ``code/<lab>/notes/``."""
+    (tmp_path / "docs" / "labs").mkdir(parents=True)
+    (tmp_path / "docs" / "labs" / "lab-01-x.md").write_text(
+        "---\nlab:\n  number: 1\n  slug: x\n  title: X\n  question: Q?\n"
+        "  starters:\n    - file: notes.md\n    - file: notes.py\n  sections: []\n---\n"
+    )
+    with pytest.raises(RegistryError, match="stem"):
+        load_labs(tmp_path)
 
 
 def test_every_lab_folder_has_a_page():
@@ -115,7 +126,7 @@ def test_bad_input_is_one_line_and_exit_2(run_cli, starter, argv):
 
 @pytest.mark.parametrize("starter", RUNNABLE, ids=lambda p: p.name)
 def test_starter_needs_numpy_alone(starter):
-    """Starters import numpy and labkit only (matplotlib only inside the notebook branch)."""
+    """Starters import numpy and labkit only (IPython only inside the notebook branch)."""
     source = (ROOT / starter).read_text(encoding="utf-8")
     top_level = re.findall(r"^(?:import|from) (\w+)", source, re.MULTILINE)
     assert set(top_level) <= {"numpy", "labkit", "__future__"}, top_level

@@ -7,14 +7,16 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   sources, so an edit to the shared package re-executes the notebooks.
 - ``on_files``: adds the starter files under ``code/`` (outside ``docs/``) so
   mkdocs-jupyter renders them as executed notebook pages.
-- ``on_page_markdown``: expands ``<!-- infralens:... -->`` directives:
-  ``run`` (execute a starter, show command and real output), ``lab-card``,
-  ``labs-table``, ``labs-for SECTION``, ``sections-table`` and ``verified-versions``.
+- ``on_page_markdown``: expands ``<!-- infralens:... -->`` directives, one
+  function each in ``infralens_docs.directives`` (``run``, ``lab-card``,
+  ``labs-table``, ``labs-for``, ``sections-table``, ``verified-claims``,
+  ``verified-summary``).
 - ``on_page_content``: TeX to MathML; strips the notebook pages' inline
   CSS and their MathJax / Mermaid CDN scripts (styles come from site.css) and
   turns their code cells into Material code blocks.
 - ``on_post_page``: names Material's search dialog and defers its bundle
   (accessibility and render-blocking fixes, without copying a template).
+- ``on_post_build``: copies the figure files the pages reference into the site.
 
 Any directive it does not know, any starter that exits non-zero and any TeX it
 cannot render fails the build.
@@ -22,26 +24,30 @@ cannot render fails the build.
 
 from __future__ import annotations
 
-import json
+import functools
+import hashlib
 import os
 import posixpath
 import re
 import shlex
+import shutil
 import sys
+import types
 from pathlib import Path
 
+import jupytext
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
+from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page
 from infralens_docs.mathml import MathError, render_math
-from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs, read_front_matter
-from infralens_docs.runner import labkit_digest, run_starter
+from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
+from infralens_docs.runner import BLAS_ENV, CACHE_DIR, CACHE_ROOT, labkit_digest
 
 DIRECTIVE_RE = re.compile(r"^<!-- infralens:(?P<name>[a-z-]+)(?P<args>[^\n]*?)-->$", re.MULTILINE)
-VERSIONS_FILE = ROOT / "tests" / "verify" / "verified_versions.json"
 
 _labs: list[Lab] = []
 
@@ -51,6 +57,7 @@ _labs: list[Lab] = []
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
     global _labs
+    GENERATED_FILES.clear()
     try:
         _labs = load_labs()
     except RegistryError as exc:
@@ -69,26 +76,76 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         raise PluginError("mkdocs.yml nav needs a 'Labs' section for the registry to fill")
     for lab in _labs:
         entries = [{"Lab guide": lab.page.as_posix()}]
-        entries += [{s.path.name: s.path.as_posix()} for s in lab.starters if _is_page(s.path)]
+        entries += [
+            {f"Lab {lab.number:02d} · {s.path.name}": s.path.as_posix()}
+            for s in lab.starters
+            if is_page(s.path)
+        ]
         labs_section["Labs"].append({lab.label: entries})
 
     jupyter = config.plugins.get("mkdocs-jupyter")
     if jupyter is not None:
-        # mkdocs-jupyter keys its cache on the notebook file alone; the starters
-        # import labkit, so fold labkit's digest into the cache location too.
-        base = ROOT / ".cache" / "mkdocs-jupyter"
-        jupyter.config["cache_dir"] = str(base / labkit_digest()[:16])
+        os.environ.update(BLAS_ENV)  # the kernels inherit it: same digits as run_starter
+        _configure_notebooks()
+        # mkdocs-jupyter keys its cache on the notebook file alone; the starters import
+        # labkit, and this file configures how notebooks run, so fold both into the
+        # cache location too.
+        key = hashlib.sha256((labkit_digest() + Path(__file__).read_text()).encode())
+        key = key.hexdigest()[:16]
+        base = CACHE_ROOT / "mkdocs-jupyter"
+        jupyter.config["cache_dir"] = str(base / key)
         for stale in base.glob("*") if base.is_dir() else []:
-            if stale.is_dir() and stale.name != labkit_digest()[:16]:
+            if stale.is_dir() and stale.name != key:
                 for f in stale.glob("*.json"):
                     f.unlink()
                 stale.rmdir()
     return config
 
 
-def _is_page(path: Path) -> bool:
-    """Starters that render as pages: .py notebooks (runnable) and Markdown notes."""
-    return path.suffix in {".py", ".md"}
+def _configure_notebooks() -> None:
+    """Three settings for mkdocs-jupyter's notebook runs, applied once.
+
+    - Kernels over IPC (Unix sockets under .cache/) instead of TCP: nbclient starts each
+      kernel with the exporter's traitlets config, so ``KernelManager.transport = "ipc"``
+      there keeps the build off the network and silences ipykernel's "running over TCP
+      without encryption" warning. mkdocs-jupyter builds that config in
+      ``get_nbconvert_app``; wrap it.
+    - Coalesced output streams and stable cell ids, so that two clean builds of the same
+      sources give byte-identical pages.
+    """
+    from mkdocs_jupyter import nbconvert2
+
+    if getattr(nbconvert2.get_nbconvert_app, "infralens_ipc", False):
+        return
+    original = nbconvert2.get_nbconvert_app
+    sockets = CACHE_DIR / "kernel-ipc"
+    sockets.mkdir(parents=True, exist_ok=True)
+
+    def get_nbconvert_app(*args, **kwargs):
+        app = original(*args, **kwargs)
+        app.config.update({"KernelManager": {"transport": "ipc", "ip": str(sockets / "k")}})
+        # One output block per stream per cell: how the kernel happened to flush stdout
+        # must not change the page (two builds of the same starter are byte-identical).
+        # (merged into the section mkdocs-jupyter wrote: Config.update with a bare dict
+        # replaces the whole section, its execution switch included)
+        execute = dict(app.config["ExecutePreprocessor"], coalesce_streams=True)
+        app.config.update({"ExecutePreprocessor": execute})
+        return app
+
+    get_nbconvert_app.infralens_ipc = True  # type: ignore[attr-defined]
+    nbconvert2.get_nbconvert_app = get_nbconvert_app
+    # mkdocs-jupyter reads the .py starters with jupytext; read them with stable cell ids.
+    nbconvert2.jupytext = types.SimpleNamespace(read=read_starter, writes=jupytext.writes)
+
+
+def read_starter(path):
+    """``jupytext.read`` with stable cell ids. jupytext gives each cell a random id, which
+    lands in the page's HTML and the .ipynb download, so two builds of the same starter
+    differed; ``cell-<index>`` keeps them byte-identical."""
+    notebook = jupytext.read(path)
+    for index, cell in enumerate(notebook.cells):
+        cell["id"] = f"cell-{index}"
+    return notebook
 
 
 # --------------------------------------------------------------------------- files
@@ -114,129 +171,14 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 # --------------------------------------------------------------------------- markdown
 
 
-def _rel(page: Page, target: str) -> str:
-    """A link from ``page`` to the docs-relative ``target``, as MkDocs expects."""
-    return posixpath.relpath(target, posixpath.dirname(page.file.src_uri))
-
-
-def _starter_links(page: Page, lab: Lab) -> str:
-    return ", ".join(
-        f"[`{s.path.name}`]({_rel(page, s.path.as_posix())})"
-        if _is_page(s.path)
-        else f"`{s.path.name}`"
-        for s in lab.starters
-    )
-
-
-def _section_title(section: str) -> str:
-    meta = read_front_matter(ROOT / "docs" / "handbook" / f"{section}.md")
-    return str(meta.get("title", section))
-
-
-def _directive_run(page: Page, args: list[str]) -> str:
-    if not args:
-        raise PluginError(f"{page.file.src_uri}: infralens:run needs a starter path")
-    starter, flags = args[0], args[1:]
-    expect_fail = False
-    if flags[:1] == ["--expect-error"]:
-        expect_fail, flags = True, flags[1:]
-    run = run_starter(starter, flags)
-    if expect_fail:
-        if run.returncode == 0 or run.stdout or len(run.stderr.strip().splitlines()) != 1:
-            raise PluginError(f"{page.file.src_uri}: `{run.command}` should fail with one line")
-        shown = f"$ {run.command}\n{run.stderr.rstrip()}\n$ echo $?\n{run.returncode}"
-    else:
-        if run.returncode != 0 or run.stderr:
-            raise PluginError(
-                f"{page.file.src_uri}: `{run.command}` exited {run.returncode}: {run.stderr.strip()}"
-            )
-        shown = f"$ {run.command}\n{run.stdout.rstrip()}"
-    return f"```console\n{shown}\n```"
-
-
-def _directive_lab_card(page: Page) -> str:
-    lab = next((lab for lab in _labs if lab.page.as_posix() == page.file.src_uri), None)
-    if lab is None:
-        raise PluginError(f"{page.file.src_uri}: lab-card outside a registered lab page")
-    sections = ", ".join(
-        f"[{_section_title(s)}]({_rel(page, f'handbook/{s}.md')})" for s in lab.sections
-    )
-    runnable = [s for s in lab.starters if s.runnable]
-    run_line = (
-        " ".join(f"`python {s.path.as_posix()}`" for s in runnable) if runnable else "reading only"
-    )
-    return (
-        f'!!! abstract "Lab {lab.number:02d} at a glance"\n\n'
-        f"    **Question.** {lab.question}\n\n"
-        f"    **Starter files.** {_starter_links(page, lab)} (folder `{lab.folder.as_posix()}/`)\n\n"
-        f"    **Run.** {run_line}\n\n"
-        f"    **Handbook sections.** {sections}\n"
-    )
-
-
-def _directive_labs_table(page: Page, labs: list[Lab]) -> str:
-    rows = ["| # | Lab | Question it answers | Starter files | Runs |", "|---|---|---|---|---|"]
-    for lab in labs:
-        runs = "yes" if any(s.runnable for s in lab.starters) else "reading"
-        title_link = f"[{lab.title}]({_rel(page, lab.page.as_posix())})"
-        rows.append(
-            f"| {lab.number:02d} | {title_link} | {lab.question} | {_starter_links(page, lab)} | {runs} |"
-        )
-    return "\n".join(rows)
-
-
-def _directive_sections_table(page: Page, config: MkDocsConfig) -> str:
-    """Handbook section -> the labs that serve it, in the nav's section order."""
-    handbook = next(
-        (
-            item["Handbook"]
-            for item in config.nav or []
-            if isinstance(item, dict) and "Handbook" in item
-        ),
-        [],
-    )
-    rows = ["| Handbook section | Labs that serve it |", "|---|---|"]
-    for entry in handbook:
-        target = entry if isinstance(entry, str) else next(iter(entry.values()))
-        section = posixpath.splitext(posixpath.basename(target))[0]
-        labs = [lab for lab in _labs if section in lab.sections]
-        if not labs:
-            raise PluginError(f"{page.file.src_uri}: no lab serves section '{section}'")
-        links = ", ".join(
-            f"[Lab {lab.number:02d}]({_rel(page, lab.page.as_posix())})" for lab in labs
-        )
-        rows.append(f"| [{_section_title(section)}]({_rel(page, target)}) | {links} |")
-    return "\n".join(rows)
-
-
-def _directive_verified_versions(page: Page) -> str:
-    if not VERSIONS_FILE.is_file():
-        raise PluginError(f"{VERSIONS_FILE.relative_to(ROOT)} is missing; run the verify tests")
-    v = json.loads(VERSIONS_FILE.read_text(encoding="utf-8"))
-    return f"diffusers {v['diffusers']} (with torch {v['torch']})"
-
-
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    ctx = Context(page=page, config=config, labs=_labs)
+
     def expand(match: re.Match) -> str:
         name, args = match.group("name"), shlex.split(match.group("args"))
-        if name == "run":
-            return _directive_run(page, args)
-        if name == "lab-card":
-            return _directive_lab_card(page)
-        if name == "labs-table":
-            return _directive_labs_table(page, _labs)
-        if name == "labs-for":
-            if len(args) != 1:
-                raise PluginError(f"{page.file.src_uri}: labs-for takes one section id")
-            labs = [lab for lab in _labs if args[0] in lab.sections]
-            if not labs:
-                raise PluginError(f"{page.file.src_uri}: no lab serves section '{args[0]}'")
-            return _directive_labs_table(page, labs)
-        if name == "verified-versions":
-            return _directive_verified_versions(page)
-        if name == "sections-table":
-            return _directive_sections_table(page, config)
-        raise PluginError(f"{page.file.src_uri}: unknown directive infralens:{name}")
+        if name not in DIRECTIVES:
+            raise ctx.fail(f"unknown directive infralens:{name}")
+        return DIRECTIVES[name](ctx, args)
 
     return DIRECTIVE_RE.sub(expand, markdown)
 
@@ -266,6 +208,9 @@ COPY_WIDGET_RE = re.compile(
 )
 CELL_PRE_RE = re.compile(r'(<div class="highlight-ipynb[^"]*"><pre>)(.*?)(</pre>)', re.DOTALL)
 NO_ALT = 'alt="No description has been provided for this image"'
+# nbconvert's pilcrow after every heading of a Markdown cell; the page's table of contents
+# already links each heading, and the marks only clutter the notebook.
+ANCHOR_LINK_RE = re.compile(r'<a class="anchor-link" href="#[^"]*">¶</a>')
 
 
 def clean_notebook_html(html: str, title: str) -> str:
@@ -278,13 +223,65 @@ def clean_notebook_html(html: str, title: str) -> str:
     for pattern in NOTEBOOK_STRIP:
         html = pattern.sub("", html)
     html = SNIPPET_MARKER_RE.sub("", html)
+    html = ANCHOR_LINK_RE.sub("", html)
     html = CELL_PRE_RE.sub(r"\1<code>\2</code>\3", html)
     return html.replace(NO_ALT, f'alt="Figure drawn by the cell above ({title})"')
 
 
+def _starter_header(page: Page) -> str:
+    """Above a starter page: back to its lab guide, and the file to download (.py, and
+    for notebooks a .ipynb converted with jupytext, written by ``on_post_build``)."""
+    starter = Path(page.file.src_uri)
+    lab = next((lab for lab in _labs if starter.parent == lab.folder), None)
+    if lab is None:
+        raise PluginError(f"{starter}: starter of no registered lab")
+    guide = posixpath.relpath(lab.page.with_suffix("").as_posix(), page.url) + "/"
+    links = [f'<a href="{guide}">Lab {lab.number:02d} guide: {lab.title}</a>']
+    if starter.suffix == ".py":
+        notebook = CACHE_DIR / "notebooks" / f"{lab.id}-{starter.stem}.ipynb"
+        notebook.parent.mkdir(parents=True, exist_ok=True)
+        notebook.write_text(jupytext.writes(read_starter(ROOT / starter), fmt="ipynb"))
+        GENERATED_FILES[f"{page.url}{starter.stem}.ipynb"] = notebook
+        links.append(f'<a href="{starter.name}" download>Download {starter.name}</a>')
+        links.append(f'<a href="{starter.stem}.ipynb" download>Download {starter.stem}.ipynb</a>')
+    return f'<p class="starter-links">{" · ".join(links)}</p>\n'
+
+
+HEADING_ID_RE = re.compile(r'<h([1-6])\b[^>]*\bid="([^"]+)"')
+
+
+def align_toc_with_headings(html: str, page: Page) -> None:
+    """Point a notebook page's table of contents at the ids its headings really have.
+
+    mkdocs-jupyter slugs the TOC from the markdown cells with inline code dropped, while
+    nbconvert's heading ids keep it ("1-setup-contract-pixels-latents" against
+    "1-setup-contract-b-3-32-32-pixels-b-c-4-4-latents"), so every heading with code in it
+    was a dead TOC link (and a dead skip link). Match them by order and level."""
+    headings = [(int(level), anchor) for level, anchor in HEADING_ID_RE.findall(html)]
+    entries = []
+
+    def walk(items):
+        for item in items:
+            entries.append(item)
+            walk(item.children)
+
+    walk(page.toc.items if page.toc else [])
+    position = 0
+    for entry in entries:
+        for index in range(position, len(headings)):
+            if headings[index][0] == entry.level:
+                entry.id, position = headings[index][1], index + 1
+                break
+        else:
+            raise PluginError(f"{page.file.src_uri}: no heading for TOC entry '{entry.title}'")
+
+
 def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     if page.file.src_uri.startswith("code/"):
-        html = clean_notebook_html(html, page.file.src_uri)
+        if page.file.src_uri.endswith(".py"):
+            html = clean_notebook_html(html, page.file.src_uri)
+            align_toc_with_headings(html, page)
+        html = _starter_header(page) + html
     try:
         return render_math(html)
     except MathError as exc:
@@ -299,15 +296,55 @@ BUNDLE_RE = re.compile(
 
 
 def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
-    """Two fixes to Material's page template, applied to its output (no template copy):
+    """Fixes to Material's page template, applied to its output (no template copy):
 
+    - the home page's title is the site name once, not "<site> - <site>";
     - the search overlay is a ``role="dialog"`` without a name; give it one (axe
       ``aria-dialog-name``);
     - load the theme bundle with ``defer``: it sits at the end of ``<body>`` and
-      needs the parsed DOM only, so deferring keeps it off the render path.
+      needs the parsed DOM only, so deferring keeps it off the render path;
+    - search on demand: an inline script before the bundle holds back the search index
+      and worker until the reader reaches for search (``search_on_demand.js``);
+    - accessibility fixes for what the bundle builds at run time (``a11y.js``).
     """
+    if page.is_homepage:  # Material writes "<site> - <site>" when the page title is the site name
+        output = output.replace(
+            f"<title>{config.site_name} - {config.site_name}</title>",
+            f"<title>{config.site_name}</title>",
+        )
     output = output.replace(
         '<div class="md-search" data-md-component="search" role="dialog">',
         '<div class="md-search" data-md-component="search" role="dialog" aria-label="Search">',
     )
-    return BUNDLE_RE.sub(r'<script defer src="\1"></script>', output)
+    return BUNDLE_RE.sub(
+        lambda m: f'<script>{_inline_scripts()}</script><script defer src="{m.group(1)}"></script>',
+        output,
+        count=1,
+    )
+
+
+#: Scripts inlined before Material's bundle (no extra request): see each file's header.
+INLINE_SCRIPTS = ["search_on_demand.js", "a11y.js"]
+
+
+@functools.cache
+def _inline_scripts() -> str:
+    """The inline scripts, comments and indentation stripped."""
+    out = []
+    for name in INLINE_SCRIPTS:
+        source = (Path(__file__).parent / name).read_text(encoding="utf-8")
+        lines = (line.strip() for line in source.splitlines())
+        out.append(" ".join(line for line in lines if line and not line.startswith("//")))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def on_post_build(config: MkDocsConfig) -> None:
+    """Copy the figure files the pages reference (see the ``figure`` directive)."""
+    site = Path(config.site_dir)
+    for dest, source in GENERATED_FILES.items():
+        target = site / dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)

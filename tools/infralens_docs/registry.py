@@ -104,6 +104,11 @@ def _parse_lab(path: Path, root: Path) -> Lab:
         starters.append(Starter(folder / entry["file"], bool(entry.get("runnable", False))))
     if not starters:
         raise RegistryError(f"{path}: a lab needs at least one starter")
+    # Each starter becomes a page at code/<lab>/<stem>/, so two starters sharing a stem
+    # (notes.md beside notes.py) would collide on one URL.
+    stems = [starter.path.stem for starter in starters]
+    if len(set(stems)) != len(stems):
+        raise RegistryError(f"{path}: starter file names must differ in their stem, got {stems}")
     sections = tuple(meta["sections"])
     for section in sections:
         if not (root / "docs" / "handbook" / f"{section}.md").is_file():

@@ -1,0 +1,284 @@
+"""The ``<!-- infralens:NAME args -->`` directives a page may hold, one function each.
+
+A directive stands alone on its line and is replaced by Markdown at build time:
+
+| directive | becomes |
+|---|---|
+| ``run PATH [--expect-error] FLAGS`` | the command and the starter's real output (or its one-line error) |
+| ``lab-card`` | the lab's question, starters, run command and handbook sections |
+| ``labs-table`` | every lab, from the registry |
+| ``labs-for SECTION`` | the labs that serve one handbook section |
+| ``sections-table`` | every handbook section (nav order) with the labs that serve it |
+| ``verified-claims [MODULE ...]`` | what this page's verify module checks, and against which versions |
+| ``verified-summary`` | every page's verify module, with its number of checks |
+| ``figure PATH NAME [FLAGS]`` | figure NAME that the starter saves when run with ``--figures DIR`` |
+| ``model-sizes [PIPELINE ...]`` | the real-model size table (``labkit.model_sizes``), all rows or some pipelines |
+
+``DIRECTIVES`` maps each name to its function; a name not in it fails the build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import posixpath
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.pages import Page
+
+from infralens_docs import claims
+from infralens_docs.registry import ROOT, Lab, read_front_matter
+from infralens_docs.runner import run_starter, starter_figures
+
+#: Figure files the pages use, site-relative destination -> generated source. The
+#: ``on_post_build`` hook copies them into the site (SVGs are inlined instead).
+GENERATED_FILES: dict[str, Path] = {}
+
+
+@dataclass(frozen=True)
+class Context:
+    page: Page
+    config: MkDocsConfig
+    labs: list[Lab]
+
+    @property
+    def where(self) -> str:
+        return self.page.file.src_uri
+
+    def rel(self, target: str) -> str:
+        """A link from this page to the docs-relative ``target``, as MkDocs expects."""
+        return posixpath.relpath(target, posixpath.dirname(self.page.file.src_uri))
+
+    def fail(self, message: str) -> PluginError:
+        return PluginError(f"{self.where}: {message}")
+
+
+def is_page(path) -> bool:
+    """Starters that render as pages: .py notebooks (runnable) and Markdown notes."""
+    return path.suffix in {".py", ".md"}
+
+
+def _starter_links(ctx: Context, lab: Lab) -> str:
+    return ", ".join(
+        f"[`{s.path.name}`]({ctx.rel(s.path.as_posix())})"
+        if is_page(s.path)
+        else f"`{s.path.name}`"
+        for s in lab.starters
+    )
+
+
+def _section_title(section: str) -> str:
+    meta = read_front_matter(ROOT / "docs" / "handbook" / f"{section}.md")
+    return str(meta.get("title", section))
+
+
+def _labs_rows(ctx: Context, labs: list[Lab]) -> str:
+    rows = ["| # | Lab | Question it answers | Starter files | Runs |", "|---|---|---|---|---|"]
+    for lab in labs:
+        runs = "yes" if any(s.runnable for s in lab.starters) else "reading"
+        title_link = f"[{lab.title}]({ctx.rel(lab.page.as_posix())})"
+        rows.append(
+            f"| {lab.number:02d} | {title_link} | {lab.question} | {_starter_links(ctx, lab)} | {runs} |"
+        )
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- directives
+
+
+def run(ctx: Context, args: list[str]) -> str:
+    if not args:
+        raise ctx.fail("infralens:run needs a starter path")
+    starter, flags = args[0], args[1:]
+    expect_error = flags[:1] == ["--expect-error"]
+    if expect_error:
+        flags = flags[1:]
+    result = run_starter(starter, flags)
+    if expect_error:
+        if result.returncode == 0 or result.stdout or len(result.stderr.strip().splitlines()) != 1:
+            raise ctx.fail(f"`{result.command}` should fail with one line")
+        shown = f"$ {result.command}\n{result.stderr.rstrip()}\n$ echo $?\n{result.returncode}"
+    else:
+        if result.returncode != 0 or result.stderr:
+            raise ctx.fail(
+                f"`{result.command}` exited {result.returncode}: {result.stderr.strip()}"
+            )
+        shown = f"$ {result.command}\n{result.stdout.rstrip()}"
+    return f"```console\n{shown}\n```"
+
+
+def lab_card(ctx: Context, args: list[str]) -> str:
+    lab = next((lab for lab in ctx.labs if lab.page.as_posix() == ctx.where), None)
+    if lab is None:
+        raise ctx.fail("lab-card outside a registered lab page")
+    sections = ", ".join(
+        f"[{_section_title(s)}]({ctx.rel(f'handbook/{s}.md')})" for s in lab.sections
+    )
+    runnable = [s for s in lab.starters if s.runnable]
+    run_line = (
+        " ".join(f"`python {s.path.as_posix()}`" for s in runnable) if runnable else "reading only"
+    )
+    return (
+        f'!!! abstract "Lab {lab.number:02d} at a glance"\n\n'
+        f"    **Question.** {lab.question}\n\n"
+        f"    **Starter files.** {_starter_links(ctx, lab)} (folder `{lab.folder.as_posix()}/`)\n\n"
+        f"    **Run.** {run_line}\n\n"
+        f"    **Handbook sections.** {sections}\n"
+    )
+
+
+def labs_table(ctx: Context, args: list[str]) -> str:
+    return _labs_rows(ctx, ctx.labs)
+
+
+def labs_for(ctx: Context, args: list[str]) -> str:
+    if len(args) != 1:
+        raise ctx.fail("labs-for takes one section id")
+    labs = [lab for lab in ctx.labs if args[0] in lab.sections]
+    if not labs:
+        raise ctx.fail(f"no lab serves section '{args[0]}'")
+    return _labs_rows(ctx, labs)
+
+
+def _handbook_targets(ctx: Context) -> list[str]:
+    handbook = next(
+        (i["Handbook"] for i in ctx.config.nav or [] if isinstance(i, dict) and "Handbook" in i),
+        [],
+    )
+    return [e if isinstance(e, str) else next(iter(e.values())) for e in handbook]
+
+
+def sections_table(ctx: Context, args: list[str]) -> str:
+    """Handbook section -> the labs that serve it, in the nav's section order."""
+    rows = ["| Handbook section | Labs that serve it |", "|---|---|"]
+    for target in _handbook_targets(ctx):
+        section = posixpath.splitext(posixpath.basename(target))[0]
+        labs = [lab for lab in ctx.labs if section in lab.sections]
+        # A section no lab lists must say why in its front matter (``no_lab: ...``, e.g. the
+        # interview page draws on every lab); anything else is a registry mistake.
+        no_lab = read_front_matter(ROOT / "docs" / "handbook" / f"{section}.md").get("no_lab")
+        if not labs and not no_lab:
+            raise ctx.fail(f"no lab serves section '{section}' (and it gives no 'no_lab' reason)")
+        if labs and no_lab:
+            raise ctx.fail(f"section '{section}' says no_lab, but labs list it")
+        links = ", ".join(f"[Lab {lab.number:02d}]({ctx.rel(lab.page.as_posix())})" for lab in labs)
+        links = links or str(no_lab)
+        rows.append(f"| [{_section_title(section)}]({ctx.rel(target)}) | {links} |")
+    return "\n".join(rows)
+
+
+def _versions_line() -> str:
+    v = claims.verified_versions()
+    return f"diffusers {v['diffusers']} (torch {v['torch']})"
+
+
+def verified_claims(ctx: Context, args: list[str]) -> str:
+    """The claims this page's verify module checks (plus any shared MODULE named in args)."""
+    modules = [claims.module_for_page(ctx.where)]
+    modules += [claims.VERIFY_DIR / name for name in args]
+    try:
+        found = [(m, claims.read_claims(m)) for m in modules]
+        versions = _versions_line()
+    except claims.ClaimsError as exc:
+        raise ctx.fail(str(exc)) from exc
+    count = sum(len(c) for _, c in found)
+    names = " and ".join(f"`{m.relative_to(ROOT).as_posix()}`" for m, _ in found)
+    lines = [
+        f'??? success "Checked against {versions}: {count} tests hold this page\'s claims"',
+        "",
+        f"    Each line is one test in {names}, run against the real library by `make verify`"
+        " (and in CI). Claims not listed here are about the papers or the labs' own NumPy code.",
+        "",
+    ]
+    lines += [f"    - {claim.text}" for _, found_claims in found for claim in found_claims]
+    return "\n".join(lines) + "\n"
+
+
+def verified_summary(ctx: Context, args: list[str]) -> str:
+    """Every page with a verify module, in site order, and how many checks each holds."""
+    pages = ["index.md"] + _handbook_targets(ctx) + [lab.page.as_posix() for lab in ctx.labs]
+    modules = claims.page_modules()
+    rows = ["| Page | Verify module | Tests |", "|---|---|---|"]
+    for src in pages:
+        module = modules.pop(claims.module_for_page(src).stem, None)
+        if module is None:
+            continue  # the contract test (tests/test_claims.py) requires one per claim page
+        try:
+            count = len(claims.read_claims(module))
+        except claims.ClaimsError as exc:
+            raise ctx.fail(str(exc)) from exc
+        title = read_front_matter(ROOT / "docs" / src).get("title", src)
+        rows.append(f"| [{title}]({ctx.rel(src)}) | `{module.name}` | {count} |")
+    if modules:
+        raise ctx.fail(f"verify modules that belong to no page: {sorted(modules)}")
+    return f"Checked against {_versions_line()}.\n\n" + "\n".join(rows)
+
+
+def figure(ctx: Context, args: list[str]) -> str:
+    """A figure the starter draws: SVG charts inline (they follow the colour scheme),
+    PNG images as files with their size set and lazy loading."""
+    if len(args) < 2:
+        raise ctx.fail("figure takes a starter path and a figure name")
+    starter, name, flags = args[0], args[1], args[2:]
+    try:
+        directory = starter_figures(starter, flags)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise ctx.fail(str(exc)) from exc
+    manifest = json.loads((directory / "figures.json").read_text(encoding="utf-8"))
+    if name not in manifest:
+        raise ctx.fail(f"{starter} saves no figure {name!r} (it saves {sorted(manifest)})")
+    entry = manifest[name]
+    alt, caption = html.escape(entry["alt"], quote=True), entry["caption"]
+    if len(entry["alt"]) < 20:
+        raise ctx.fail(f"figure {name!r} of {starter} needs a real alt text")
+    path = directory / entry["file"]
+    if path.suffix == ".svg":
+        body = path.read_text(encoding="utf-8").strip()
+        media = f'<div class="lab-figure__chart" role="img" aria-label="{alt}">{body}</div>'
+    else:
+        data = path.read_bytes()
+        width, height = struct.unpack(">II", data[16:24])  # the PNG IHDR chunk
+        digest = hashlib.sha256(data).hexdigest()[:10]
+        dest = f"assets/figures/{Path(starter).parent.name}/{name}-{digest}{path.suffix}"
+        GENERATED_FILES[dest] = path
+        src = posixpath.relpath(dest, ctx.page.url or ".")
+        media = (
+            f'<img src="{src}" alt="{alt}" width="{width}" height="{height}" '
+            'loading="lazy" decoding="async">'
+        )
+    return (
+        f'<figure class="lab-figure">\n{media}\n'
+        f"<figcaption>{html.escape(caption)}</figcaption>\n</figure>\n"
+    )
+
+
+def model_sizes(ctx: Context, args: list[str]) -> str:
+    """Parameter counts and weight bytes of the real models (tests/verify/test_model_sizes.py
+    instantiates each from its published config on the meta device)."""
+    from labkit import model_sizes as sizes
+
+    try:
+        # Wrapped so the build tests can read the numbers the table shows: prose may quote
+        # them (tests/test_build.py, shown_output), and they change when the data does.
+        return f'<div class="model-sizes" markdown>\n\n{sizes.markdown_table(args or None, totals=True)}\n\n</div>'
+    except (OSError, KeyError, ValueError) as exc:
+        raise ctx.fail(f"model-sizes: {exc}") from exc
+
+
+DIRECTIVES: dict[str, Callable[[Context, list[str]], str]] = {
+    "run": run,
+    "lab-card": lab_card,
+    "labs-table": labs_table,
+    "labs-for": labs_for,
+    "sections-table": sections_table,
+    "verified-claims": verified_claims,
+    "verified-summary": verified_summary,
+    "figure": figure,
+    "model-sizes": model_sizes,
+}
