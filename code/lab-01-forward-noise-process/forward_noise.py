@@ -12,8 +12,15 @@ Run it:  python code/lab-01-forward-noise-process/forward_noise.py --schedule sc
 
 import numpy as np
 
-from labkit import BETA_SCHEDULES, alphas_cumprod, canonical_betas, default_mixture
-from labkit.cli import LabArgumentParser, in_notebook, int_at_least, int_list, parse_args
+from labkit import BETA_SCHEDULES, alphas_cumprod, canonical_betas, default_mixture, figures
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    in_notebook,
+    int_at_least,
+    int_list,
+    parse_args,
+)
 
 # %% [markdown]
 # ## 1. Setup / contract
@@ -30,6 +37,7 @@ parser.add_argument("--schedule", choices=BETA_SCHEDULES, default="linear")
 parser.add_argument("--timesteps", type=int_list, default=[0, 100, 250, 500, 750, 999])
 parser.add_argument("--num-samples", type=int_at_least(100), default=20_000)
 parser.add_argument("--seed", type=int, default=0)
+add_figures_argument(parser)
 args = parse_args(parser)
 
 num_train_timesteps = 1000  # T: the training time axis, t = 0 .. T-1 (diffusers' default)
@@ -140,22 +148,36 @@ for name in BETA_SCHEDULES:
 # %% [markdown]
 # ## 6. Picture it
 #
-# Left: alpha_bar(t) for the three schedules. Right: the same 500 samples at
-# increasing t, drifting from four tight modes to one round blob. This cell
-# draws only when the site executes the file as a notebook; from the terminal
-# the lab needs NumPy alone.
+# Left: alpha_bar(t) for the three schedules. Right: the same 400 samples at
+# increasing t, coloured by the mode they came from, drifting from four tight
+# modes to one round blob. `labkit.figures` draws both with NumPy alone; the site
+# runs the starter with `--figures DIR` and shows them on the lab page.
 
 # %%
-if in_notebook():
-    import matplotlib.pyplot as plt
+# --8<-- [start:figures]
+curves = {
+    name: (np.arange(num_train_timesteps), alphas_cumprod(canonical_betas(name)))
+    for name in BETA_SCHEDULES
+}
+chart = figures.line_chart(curves, "timestep t", "alpha_bar_t (signal variance left)")
+panels = [(f"t = {t}", noised[t][:400], component[:400]) for t in args.timesteps]
+clouds = figures.scatter_panels(panels, lim=3.2, columns=len(panels), size=120)
+figures.save(
+    args.figures, "alpha-bar", chart,
+    alt="Line chart of alpha_bar against timestep for the linear, scaled_linear and "
+    "squaredcos_cap_v2 schedules: all fall from 1 toward 0, scaled_linear and the cosine "
+    "schedule more slowly than linear, and none reaches exactly 0 at t = 999.",
+    caption="Signal variance left, alpha_bar_t, per beta_schedule.",
+)  # fmt: skip
+figures.save(
+    args.figures, "samples", clouds,
+    alt=f"Scatter plots of the same 400 samples at t = {', '.join(map(str, args.timesteps))} "
+    f"under the {args.schedule} schedule: four tight coloured clusters on a ring at t = 0 "
+    "that spread and merge into one round blob by the last timestep.",
+    caption=f"x_t of the same samples, coloured by mode, under {args.schedule}.",
+)  # fmt: skip
+if in_notebook():  # the executed notebook page shows them inline; a terminal run skips this
+    from IPython.display import SVG, display
 
-    fig, (ax_ab, ax_x) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=80)
-    for name in BETA_SCHEDULES:
-        ax_ab.plot(alphas_cumprod(canonical_betas(name, num_train_timesteps)), label=name)
-    ax_ab.set(xlabel="timestep t", ylabel="alpha_bar_t", title="Signal left, by schedule")
-    ax_ab.legend()
-    for t in args.timesteps[:: max(1, len(args.timesteps) // 4)]:
-        ax_x.scatter(*noised[t][:500].T, s=3, label=f"t={t}")
-    ax_x.set(title=f"x_t under {args.schedule}", aspect="equal")
-    ax_x.legend(markerscale=5)
-    plt.show()
+    display(SVG(chart), SVG(clouds))
+# --8<-- [end:figures]

@@ -13,8 +13,21 @@ Run it:  python code/lab-02-denoising-step/denoising_step.py --timestep 500
 
 import numpy as np
 
-from labkit import BETA_SCHEDULES, ExactDenoiser, alphas_cumprod, canonical_betas, default_mixture
-from labkit.cli import LabArgumentParser, int_at_least, parse_args
+from labkit import (
+    BETA_SCHEDULES,
+    ExactDenoiser,
+    alphas_cumprod,
+    canonical_betas,
+    default_mixture,
+    figures,
+)
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    in_notebook,
+    int_at_least,
+    parse_args,
+)
 from labkit.denoiser import PREDICTION_TYPES
 
 # %% [markdown]
@@ -34,6 +47,7 @@ parser.add_argument("--num-inference-steps", type=int_at_least(1), default=10)
 parser.add_argument("--schedule", choices=BETA_SCHEDULES, default="linear")
 parser.add_argument("--num-samples", type=int_at_least(100), default=20_000)
 parser.add_argument("--seed", type=int, default=0)
+add_figures_argument(parser)
 args = parse_args(parser)
 
 num_train_timesteps = 1000
@@ -55,7 +69,7 @@ alpha_prod_t = alphas_cumprod_[timestep]  # alpha_bar_t
 alpha_prod_t_prev = alphas_cumprod_[prev_timestep] if prev_timestep >= 0 else 1.0
 beta_prod_t = 1.0 - alpha_prod_t  # noise variance in latent
 
-x0, _ = mixture.sample(args.num_samples, rng)  # (N, 2) the clean points behind the batch
+x0, component = mixture.sample(args.num_samples, rng)  # (N, 2) clean points, (N,) modes
 noise = rng.standard_normal(x0.shape)  # (N, 2) the noise actually added
 latent = np.sqrt(alpha_prod_t) * x0 + np.sqrt(beta_prod_t) * noise  # (N, 2) model input
 print(f"timestep={timestep} -> prev_timestep={prev_timestep}  schedule={args.schedule}")
@@ -184,3 +198,45 @@ for trained_type in PREDICTION_TYPES:
         cells.append(f"{x0_err:.2f} / {moment_error(x_prev, alpha_prod_t_prev):.2f}")
     print(f"{trained_type:>24}" + "".join(f" | {c:>18}" for c in cells))
 # --8<-- [end:mismatch]
+
+# %% [markdown]
+# ## 7. Picture it
+#
+# The same 400 points through the step, coloured by the mode their `x0` came
+# from: the noisy `latent`, the model's `pred_original_sample` (a posterior *mean*,
+# pulled toward the modes and between them), the batch after the DDPM and the DDIM
+# step, fresh data noised to `prev_timestep` for reference, and the x0 estimate of a
+# `v_prediction` model read as `epsilon`.
+
+# %%
+# --8<-- [start:figures]
+show = slice(0, 400)
+fresh_x0, fresh_component = mixture.sample(400, np.random.default_rng(args.seed + 1))
+fresh = alpha_prod_t_prev**0.5 * fresh_x0 + (1 - alpha_prod_t_prev) ** 0.5 * (
+    np.random.default_rng(args.seed + 2).standard_normal(fresh_x0.shape)
+)  # (400, 2) what latent_prev should look like
+v_output = ExactDenoiser(mixture, alphas_cumprod_, "v_prediction")(latent, timestep)
+panels = [
+    (f"latent, t = {timestep}", latent[show], component[show]),
+    ("pred_original_sample", pred_original_sample[show], component[show]),
+    ("latent_prev_ddpm", latent_prev_ddpm[show], component[show]),
+    ("latent_prev_ddim", latent_prev_ddim[show], component[show]),
+    (f"fresh x at t = {max(prev_timestep, 0)}", fresh, fresh_component),
+    ("x0 of v read as epsilon", x0_from(v_output, "epsilon")[show], component[show]),
+]
+step_figure = figures.scatter_panels(panels, lim=3.5, columns=3, size=170)
+figures.save(
+    args.figures, "step", step_figure,
+    alt=f"Six scatter plots of the same 400 points, coloured by mode: the noisy latent at t = "
+    f"{timestep}; the predicted x0, pulled toward the four modes and between them; the "
+    "batch after the DDPM and the DDIM step, both narrower than fresh data noised to the "
+    "previous timestep, shown next; and the x0 estimate of a v-prediction model read as "
+    "epsilon, thrown far outside the ring.",
+    caption="One step, panel by panel: input, x0 estimate, DDPM and DDIM results, the "
+    "reference they should match, and a prediction_type mismatch.",
+)  # fmt: skip
+if in_notebook():
+    from IPython.display import SVG, display
+
+    display(SVG(step_figure))
+# --8<-- [end:figures]

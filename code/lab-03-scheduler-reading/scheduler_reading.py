@@ -12,8 +12,21 @@ Run it:  python code/lab-03-scheduler-reading/scheduler_reading.py --steps 10
 
 import numpy as np
 
-from labkit import BETA_SCHEDULES, ExactDenoiser, alphas_cumprod, canonical_betas, default_mixture
-from labkit.cli import LabArgumentParser, int_at_least, parse_args
+from labkit import (
+    BETA_SCHEDULES,
+    ExactDenoiser,
+    alphas_cumprod,
+    canonical_betas,
+    default_mixture,
+    figures,
+)
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    in_notebook,
+    int_at_least,
+    parse_args,
+)
 from labkit.denoiser import PREDICTION_TYPES
 from labkit.metrics import sample_quality
 from labkit.schedulers import (
@@ -37,6 +50,7 @@ parser.add_argument("--steps", type=int_at_least(1), default=10, help="num_infer
 parser.add_argument("--beta-schedule", choices=BETA_SCHEDULES, default="scaled_linear")
 parser.add_argument("--num-samples", type=int_at_least(100), default=2000)
 parser.add_argument("--seed", type=int, default=0)
+add_figures_argument(parser)
 args = parse_args(parser)
 if args.steps > 1000:
     parser.error(f"--steps must be <= 1000 (num_train_timesteps), got {args.steps}")
@@ -166,3 +180,50 @@ for model_type, scheduler_type in [
         f"{model_type:>13} {scheduler_type:>13} {q.on_mode:>8.1%} {q.weight_error:>11.3f} {radius:>9.2f}"
     )
 # --8<-- [end:mismatch]
+
+# %% [markdown]
+# ## 6. Picture it
+#
+# Left: where each spacing puts its `args.steps` timesteps (step index on the x
+# axis). Right: the noise level `sigma` each Euler grid visits, on a log axis, and
+# flow matching's sigmas with and without `shift`, on the same index.
+
+# %%
+# --8<-- [start:figures]
+grids = {}
+for spacing, offset in [("leading", 1), ("trailing", 0), ("linspace", 0)]:
+    ddim = DDIMScheduler(timestep_spacing=spacing, steps_offset=offset, **betas_config)
+    ddim.set_timesteps(args.steps)
+    grids[f"{spacing}, steps_offset={offset}"] = (np.arange(args.steps), ddim.timesteps)
+timestep_chart = figures.line_chart(
+    grids, "step index i", "timesteps[i]", markers=args.steps <= 50
+)  # fmt: skip
+sigma_grids = {}
+for karras in (False, True):
+    euler = EulerDiscreteScheduler(use_karras_sigmas=karras, **betas_config)
+    euler.set_timesteps(args.steps)
+    label = "Euler, Karras sigmas" if karras else "Euler, linspace"
+    sigma_grids[label] = (np.arange(args.steps), euler.sigmas[:-1])  # the final 0 is off a log axis
+sigma_chart = figures.line_chart(
+    sigma_grids, "step index i", "sigmas[i], log scale", logy=True, markers=args.steps <= 50
+)  # fmt: skip
+figures.save(
+    args.figures, "timesteps", timestep_chart,
+    alt=f"Line chart of DDIM timesteps against step index for {args.steps} steps: leading with "
+    "steps_offset=1 starts below 1000 and ends at 1, trailing starts at 999 and ends above 0, "
+    "linspace runs from 999 to 0; all three fall in near-equal strides.",
+    caption=f"Which training timesteps each timestep_spacing visits ({args.steps} steps).",
+)  # fmt: skip
+figures.save(
+    args.figures, "sigmas", sigma_chart,
+    alt=f"Line chart, log scale, of Euler sigmas against step index for {args.steps} steps: "
+    "both grids start at sigma_max and end at the same smallest sigma; the Karras grid stays "
+    "higher for the first steps, then falls below the linspace grid and spends more of its "
+    "steps at low noise.",
+    caption="Noise levels visited by EulerDiscreteScheduler, linspace against Karras sigmas.",
+)  # fmt: skip
+if in_notebook():
+    from IPython.display import SVG, display
+
+    display(SVG(timestep_chart), SVG(sigma_chart))
+# --8<-- [end:figures]

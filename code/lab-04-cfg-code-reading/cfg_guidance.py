@@ -13,8 +13,15 @@ Run it:  python code/lab-04-cfg-code-reading/cfg_guidance.py --guidance-scales 1
 
 import numpy as np
 
-from labkit import ExactDenoiser, GaussianMixture, alphas_cumprod, canonical_betas
-from labkit.cli import LabArgumentParser, float_list, int_at_least, parse_args
+from labkit import ExactDenoiser, GaussianMixture, alphas_cumprod, canonical_betas, figures
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    float_list,
+    in_notebook,
+    int_at_least,
+    parse_args,
+)
 from labkit.denoiser import UNCOND
 from labkit.metrics import purity
 from labkit.schedulers import DDIMScheduler
@@ -38,6 +45,7 @@ parser.add_argument(
 parser.add_argument("--steps", type=int_at_least(1), default=30, help="num_inference_steps")
 parser.add_argument("--num-samples", type=int_at_least(100), default=2000)
 parser.add_argument("--seed", type=int, default=0)
+add_figures_argument(parser)
 args = parse_args(parser)
 if args.steps > 1000:
     parser.error(f"--steps must be <= 1000, got {args.steps}")
@@ -106,6 +114,7 @@ print(
     f"{'guidance_scale':>14} {'purity':>7} {'std x':>6} {'std y':>6} {'mean x':>7} {'rows/step':>10}"
 )
 runs = [("uncond", None)] + [(f"{s:g}", s) for s in args.guidance_scales]
+results = {}  # label -> samples (N, 2), kept for the figures below
 for label, scale in runs:
     unet.rows = 0
     if scale is None:  # no conditioning at all: every row is UNCOND
@@ -116,6 +125,7 @@ for label, scale in runs:
         samples = latents
     else:
         samples = sample(scale)
+    results[label] = samples
     sx, sy = samples.std(axis=0)
     rows_per_step = unet.rows / len(scheduler.timesteps)
     print(
@@ -141,3 +151,34 @@ for name, uncond in [("empty prompt (UNCOND)", UNCOND), ("negative prompt: class
         f"  mean x {samples[:, 0].mean():.3f}"
     )
 # --8<-- [end:negative]
+
+# %% [markdown]
+# ## 5. Picture it
+#
+# The same starting noise, sampled without a prompt and at each guidance scale:
+# 400 samples per panel, coloured by the class whose mean is nearer. Watch the
+# cloud narrow along x only and slide past class 1's mean at x = 0.7.
+
+# %%
+# --8<-- [start:figures]
+panels = []
+for label, scale in runs:
+    samples = results[label]
+    nearest = (samples[:400, 0] > 0).astype(int)  # class 1's mean is at +0.7, class 0's at -0.7
+    title = "no prompt" if scale is None else f"guidance_scale={label}"
+    panels.append((title, samples[:400], nearest))
+sweep_figure = figures.scatter_panels(panels, lim=3.6, columns=min(len(panels), 6), size=140)
+figures.save(
+    args.figures, "sweep", sweep_figure,
+    alt="Scatter plots of 400 samples without a prompt and at guidance scales "
+    f"{', '.join(f'{s:g}' for s in args.guidance_scales)}: without a prompt the samples split "
+    "between the two classes; with the prompt they move to class 1 on the right, and as the "
+    "scale grows the cloud narrows left to right and shifts further right, while its vertical "
+    "spread stays the same.",
+    caption="The CFG sweep: samples per guidance_scale, coloured by the nearer class mean.",
+)  # fmt: skip
+if in_notebook():
+    from IPython.display import SVG, display
+
+    display(SVG(sweep_figure))
+# --8<-- [end:figures]

@@ -18,8 +18,9 @@ from labkit import (
     alphas_cumprod,
     canonical_betas,
     default_mixture,
+    figures,
 )
-from labkit.cli import LabArgumentParser, int_list, parse_args
+from labkit.cli import LabArgumentParser, add_figures_argument, in_notebook, int_list, parse_args
 from labkit.metrics import sample_quality
 from labkit.schedulers import (
     DDIMScheduler,
@@ -49,6 +50,7 @@ parser.add_argument("--schedulers", default=",".join(SCHEDULERS), help="comma-se
 parser.add_argument("--class-label", type=int, choices=[0, 1], default=None)
 parser.add_argument("--num-samples", type=int, default=2000)
 parser.add_argument("--seed", type=int, default=0)
+add_figures_argument(parser)
 args = parse_args(parser)
 names = [name.strip() for name in args.schedulers.split(",") if name.strip()]
 unknown = [name for name in names if name not in SCHEDULERS]
@@ -92,12 +94,14 @@ def make(name):
 
 # %%
 # --8<-- [start:loop]
-def run_loop(scheduler, unet, num_inference_steps, seed):
+def run_loop(scheduler, unet, num_inference_steps, seed, trajectory=None):
     scheduler.set_timesteps(num_inference_steps)
     generator = np.random.default_rng(seed)  # only DDPM draws from it
     latents = noise * scheduler.init_noise_sigma  # (N, 2)
     for t in scheduler.timesteps:
         model_input = scheduler.scale_model_input(latents, t)  # identity except Euler
+        if trajectory is not None:
+            trajectory.append(model_input)  # what the denoiser sees at each step
         noise_pred = unet(model_input, t, class_labels=cond)  # one denoiser call per step
         if isinstance(scheduler, DDPMScheduler):
             latents = scheduler.step(noise_pred, t, latents, generator=generator).prev_sample
@@ -134,3 +138,37 @@ for name in names:
             f" {q.weight_error:>10.3f} {q.spread:>7.2f}"
         )
 # --8<-- [end:table]
+
+# %% [markdown]
+# ## 4. Picture it
+#
+# One panel per scheduler at the smallest step count: grey lines follow 24
+# samples through the loop, as the denoiser sees them (`scale_model_input`'s
+# output, so Euler's states are shown at the network's scale), and the dots
+# are 400 final samples, coloured by their nearest mode.
+
+# %%
+# --8<-- [start:figures]
+few = min(args.steps)
+panels = []
+for name in names:
+    scheduler, unet = make(name)
+    trajectory = []
+    samples = run_loop(scheduler, unet, few, args.seed, trajectory)
+    paths = np.stack([*trajectory, samples])[:, :24]  # (steps + 1, 24, 2)
+    nearest = np.linalg.norm(samples[:400, None] - mixture.means[None], axis=-1).argmin(1)
+    panels.append((name, samples[:400], nearest, paths))
+trajectories = figures.scatter_panels(panels, lim=3.2, columns=len(panels), size=150)
+figures.save(
+    args.figures, "trajectories", trajectories,
+    alt=f"{len(panels)} panels, one per scheduler ({', '.join(names)}) at {few} steps: grey "
+    "lines trace 24 samples from the starting noise to their final position, and coloured "
+    "dots show 400 final samples, which gather on the four modes of the ring more or less "
+    "tightly depending on the scheduler.",
+    caption=f"Sample trajectories and final samples at num_inference_steps={few}, per scheduler.",
+)  # fmt: skip
+if in_notebook():
+    from IPython.display import SVG, display
+
+    display(SVG(trajectories))
+# --8<-- [end:figures]

@@ -1,4 +1,14 @@
-"""The verify tests run only where the `verify` extra (torch + diffusers) is installed."""
+"""The verify tests run only where the `verify` extra (torch + diffusers) is installed.
+
+One module per page: ``test_page_<page>.py`` holds the tests for the claims that
+page makes about diffusers' behaviour, and each test's docstring opens with the
+claim it checks (the page lists those sentences; see infralens_docs.claims).
+
+Shared here: tiny random-config Stable Diffusion parts, built in code (no weights,
+no hub), and a recorder for what a module's forward receives.
+"""
+
+from __future__ import annotations
 
 import pytest
 
@@ -10,6 +20,53 @@ pytest.importorskip(
 )
 
 
+# One intra-op thread: the tiny models gain nothing from two, and with the other core busy
+# (the build, a browser) torch's thread pool spins and makes each call ~100x slower.
+import torch
+
+torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.verify)
+
+
+from tiny import tiny_sd_pipeline  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sd_pipe():
+    return tiny_sd_pipeline()
+
+
+class CallRecorder:
+    """Records (args, kwargs) of every forward of a module, cloned, via a pre-hook."""
+
+    def __init__(self, module):
+        self.calls: list[tuple[tuple, dict]] = []
+        self._handle = module.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        def clone(x):
+            return x.detach().clone() if hasattr(x, "detach") else x
+
+        self.calls.append((tuple(clone(a) for a in args), {k: clone(v) for k, v in kwargs.items()}))
+
+    def remove(self):
+        self._handle.remove()
+
+
+@pytest.fixture
+def record_calls():
+    """``record_calls(module) -> CallRecorder``; hooks are removed after the test."""
+    recorders = []
+
+    def attach(module):
+        recorder = CallRecorder(module)
+        recorders.append(recorder)
+        return recorder
+
+    yield attach
+    for recorder in recorders:
+        recorder.remove()

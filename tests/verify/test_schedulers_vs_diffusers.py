@@ -77,6 +77,7 @@ def random_inputs(shape=(2, 3, 4, 4), seed=0, scale=2.0):
 
 @pytest.mark.parametrize("name", SCHEDULER_NAMES)
 def test_constructor_names_and_defaults_are_diffusers(name):
+    """Every constructor keyword of labkit's `DDPMScheduler`, `DDIMScheduler`, `EulerDiscreteScheduler` and `FlowMatchEulerDiscreteScheduler` exists in diffusers' class with the same default."""
     ours_params = inspect.signature(getattr(ours, name).__init__).parameters
     theirs_params = inspect.signature(getattr(diffusers, name).__init__).parameters
     for param in list(ours_params.values())[1:]:
@@ -86,6 +87,7 @@ def test_constructor_names_and_defaults_are_diffusers(name):
 
 @pytest.mark.parametrize("name", SCHEDULER_NAMES[:3])
 def test_config_attributes_like_diffusers(name):
+    """The config attributes, `betas` and `alphas_cumprod` of labkit's DDPM, DDIM and Euler schedulers equal diffusers' for the same config."""
     mine, theirs = pair(name, prediction_type="v_prediction", steps_offset=1)
     for key in vars(mine.config):
         assert getattr(mine.config, key) == getattr(theirs.config, key), key
@@ -95,7 +97,7 @@ def test_config_attributes_like_diffusers(name):
 
 
 def test_diffusers_flow_match_has_no_scale_model_input():
-    """The page says: SD3's scheduler has no scale_model_input (ours adds an identity)."""
+    """diffusers' `FlowMatchEulerDiscreteScheduler` defines neither `scale_model_input` nor `init_noise_sigma`; labkit's adds an identity so one loop fits all four classes."""
     scheduler = diffusers.FlowMatchEulerDiscreteScheduler()
     assert not hasattr(scheduler, "scale_model_input")
     assert not hasattr(scheduler, "init_noise_sigma")
@@ -110,6 +112,7 @@ def test_diffusers_flow_match_has_no_scale_model_input():
 @pytest.mark.parametrize("n", STEP_COUNTS)
 @pytest.mark.parametrize("steps_offset", [0, 1])
 def test_integer_timesteps(name, spacing, n, steps_offset):
+    """DDPM and DDIM `timesteps` (int64) match diffusers for `leading`, `trailing` and `linspace`, `steps_offset` 0 and 1, at 1, 7, 10, 50 and 1000 steps, and so does DDPM's `previous_timestep`."""
     mine, theirs = pair(name, timestep_spacing=spacing, steps_offset=steps_offset)
     np.testing.assert_array_equal(mine.timesteps, theirs.timesteps.numpy())  # before set
     mine.set_timesteps(n)
@@ -122,6 +125,7 @@ def test_integer_timesteps(name, spacing, n, steps_offset):
 
 
 def test_ddpm_previous_timestep_before_set_timesteps():
+    """Before `set_timesteps`, DDPM's `previous_timestep(t)` is `t - 1` in both."""
     mine, theirs = pair("DDPMScheduler")
     for t in (999, 500, 0):
         assert mine.previous_timestep(t) == theirs.previous_timestep(t) == t - 1
@@ -129,6 +133,7 @@ def test_ddpm_previous_timestep_before_set_timesteps():
 
 @pytest.mark.parametrize("name", ["DDPMScheduler", "DDIMScheduler"])
 def test_set_timesteps_above_num_train_timesteps_raises_in_both(name):
+    """`set_timesteps(1001)` raises `ValueError` in both, for DDPM and DDIM."""
     mine, theirs = pair(name)
     for scheduler in (mine, theirs):
         with pytest.raises(ValueError):
@@ -142,6 +147,7 @@ def test_set_timesteps_above_num_train_timesteps_raises_in_both(name):
 @pytest.mark.parametrize("variance_type", ["fixed_small", "fixed_large"])
 @pytest.mark.parametrize("clip_sample", [False, True])
 def test_ddpm_step(prediction_type, variance_type, clip_sample):
+    """A DDPM `step` matches diffusers for every `prediction_type`, both fixed `variance_type`s, and `clip_sample` on and off."""
     config = dict(
         prediction_type=prediction_type,
         variance_type=variance_type,
@@ -169,7 +175,9 @@ def test_ddpm_step(prediction_type, variance_type, clip_sample):
 @pytest.mark.parametrize("spacing", SPACINGS)
 @pytest.mark.parametrize("steps_offset", [0, 1])
 def test_ddpm_step_every_spacing(spacing, steps_offset):
-    """Including a schedule that ends at t = 1 (leading + steps_offset = 1): diffusers
+    """A DDPM `step` matches diffusers on every spacing's grid, including one that ends at `t = 1`.
+
+    Including a schedule that ends at t = 1 (leading + steps_offset = 1): diffusers
     clamps the last variance to 1e-20 and still adds (negligible) noise."""
     mine, theirs = pair(
         "DDPMScheduler", timestep_spacing=spacing, steps_offset=steps_offset, clip_sample=False
@@ -188,7 +196,9 @@ def test_ddpm_step_every_spacing(spacing, steps_offset):
 
 
 def test_ddpm_step_before_set_timesteps():
-    """Single-step jumps t -> t - 1 near t = 0: beta_t' = 1 - alpha_bar_t / alpha_bar_prev
+    """DDPM single-step jumps `t -> t - 1` near `t = 0`, before `set_timesteps`, match diffusers.
+
+    Single-step jumps t -> t - 1 near t = 0: beta_t' = 1 - alpha_bar_t / alpha_bar_prev
     is ~1e-4, and float32 cancellation leaves diffusers ~5e-4 relative off the float64
     value. So here diffusers gets our float64 alpha_bar: the formulas agree to 1e-12."""
     mine, theirs = pair("DDPMScheduler", clip_sample=False)
@@ -211,6 +221,7 @@ def test_ddpm_step_before_set_timesteps():
 @pytest.mark.parametrize("clip_sample", [False, True])
 @pytest.mark.parametrize("eta", [0.0, 1.0])
 def test_ddim_step(prediction_type, set_alpha_to_one, clip_sample, eta):
+    """A DDIM `step` matches diffusers for every `prediction_type`, `set_alpha_to_one` both ways, `clip_sample` on and off, and `eta` 0 and 1."""
     config = dict(
         prediction_type=prediction_type,
         set_alpha_to_one=set_alpha_to_one,
@@ -235,7 +246,9 @@ def test_ddim_step(prediction_type, set_alpha_to_one, clip_sample, eta):
 @pytest.mark.parametrize("n", [7, 10, 50])
 @pytest.mark.parametrize("steps_offset", [0, 1])
 def test_ddim_step_every_spacing(spacing, n, steps_offset):
-    """prev_t = t - T // n for every spacing (diffusers' quirk), matched step by step."""
+    """DDIM steps `t -> t - 1000 // n` under every spacing, as diffusers does, matched step by step at 7, 10 and 50 steps.
+
+    prev_t = t - T // n for every spacing (diffusers' quirk), matched step by step."""
     mine, theirs = pair(
         "DDIMScheduler", timestep_spacing=spacing, steps_offset=steps_offset, clip_sample=False
     )
@@ -251,6 +264,7 @@ def test_ddim_step_every_spacing(spacing, n, steps_offset):
 @pytest.mark.parametrize("name", ["DDPMScheduler", "DDIMScheduler"])
 @pytest.mark.parametrize("schedule", ["linear", "scaled_linear", "squaredcos_cap_v2"])
 def test_add_noise_ddpm_family(name, schedule):
+    """`add_noise` of DDPM and DDIM matches diffusers for the three beta schedules."""
     start, end = CANONICAL_BETA_RANGE[schedule]
     mine, theirs = pair(name, beta_schedule=schedule, beta_start=start, beta_end=end)
     original, noise = random_inputs()
@@ -271,7 +285,9 @@ def test_add_noise_ddpm_family(name, schedule):
 @pytest.mark.parametrize("spacing", SPACINGS)
 @pytest.mark.parametrize("n", STEP_COUNTS)
 def test_euler_schedule(use_karras_sigmas, spacing, n):
-    """timesteps, sigmas, init_noise_sigma and scale_model_input at every step."""
+    """Euler `timesteps`, `sigmas`, `init_noise_sigma` and `scale_model_input` match diffusers at every step, for every spacing, with and without Karras sigmas.
+
+    timesteps, sigmas, init_noise_sigma and scale_model_input at every step."""
     config = dict(use_karras_sigmas=use_karras_sigmas, timestep_spacing=spacing)
     mine, theirs = pair("EulerDiscreteScheduler", **config)
     assert mine.init_noise_sigma == pytest.approx(float(theirs.init_noise_sigma), rel=REL, abs=REL)
@@ -294,7 +310,9 @@ def test_euler_schedule(use_karras_sigmas, spacing, n):
 
 @pytest.mark.parametrize("spacing", SPACINGS)
 def test_euler_steps_offset_and_scaled_linear(spacing):
-    """SD 1.x's Euler config: scaled_linear betas, leading + steps_offset = 1."""
+    """SD 1.x's Euler config (`scaled_linear`, `leading`, `steps_offset=1`) gives diffusers' grid.
+
+    SD 1.x's Euler config: scaled_linear betas, leading + steps_offset = 1."""
     config = dict(
         beta_schedule="scaled_linear",
         beta_start=0.00085,
@@ -313,6 +331,7 @@ def test_euler_steps_offset_and_scaled_linear(spacing):
 @pytest.mark.parametrize("prediction_type", PREDICTION_TYPES)
 @pytest.mark.parametrize("use_karras_sigmas", [False, True])
 def test_euler_step(prediction_type, use_karras_sigmas):
+    """An Euler `step` matches diffusers for every `prediction_type`, with and without Karras sigmas."""
     config = dict(prediction_type=prediction_type, use_karras_sigmas=use_karras_sigmas)
     mine, theirs = pair("EulerDiscreteScheduler", **config)
     # Karras sigmas inherit float32's ~1e-4 relative error in sigma at t = 0 (their
@@ -334,6 +353,7 @@ def test_euler_step(prediction_type, use_karras_sigmas):
 
 
 def test_euler_add_noise():
+    """Euler's `add_noise`, `x0 + sigma * noise`, matches diffusers."""
     mine, theirs = pair("EulerDiscreteScheduler", use_karras_sigmas=True)
     mine.set_timesteps(10)
     theirs.set_timesteps(10)
@@ -355,6 +375,7 @@ def test_euler_add_noise():
 @pytest.mark.parametrize("shift", [1.0, 3.0])
 @pytest.mark.parametrize("n", STEP_COUNTS)
 def test_flow_schedule(shift, n):
+    """Flow-matching `sigmas` and `timesteps` match diffusers with `shift` 1.0 and 3.0 at 1 to 1000 steps."""
     mine, theirs = pair("FlowMatchEulerDiscreteScheduler", shift=shift)
     close(mine.timesteps, theirs.timesteps.numpy())  # before set
     close(mine.sigmas, theirs.sigmas.numpy())
@@ -367,6 +388,7 @@ def test_flow_schedule(shift, n):
 
 @pytest.mark.parametrize("shift", [1.0, 3.0])
 def test_flow_step(shift):
+    """A flow-matching `step`, `sample + dt * model_output`, matches diffusers with `shift` 1.0 and 3.0."""
     mine, theirs = pair("FlowMatchEulerDiscreteScheduler", shift=shift)
     mine.set_timesteps(10)
     theirs.set_timesteps(10)
@@ -382,6 +404,7 @@ def test_flow_step(shift):
 
 @pytest.mark.parametrize("shift", [1.0, 3.0])
 def test_flow_scale_noise(shift):
+    """Flow matching's `scale_noise`, `sigma * noise + (1 - sigma) * sample`, matches diffusers."""
     mine, theirs = pair("FlowMatchEulerDiscreteScheduler", shift=shift)
     mine.set_timesteps(10)
     theirs.set_timesteps(10)
@@ -454,7 +477,9 @@ def _loop_id(case) -> str:
 
 @pytest.mark.parametrize("case", LOOPS, ids=[_loop_id(case) for case in LOOPS])
 def test_full_sampling_loop(case):
-    """The whole loop, ours and diffusers' side by side, from the same starting latents.
+    """Whole sampling loops on the toy mixture with the exact denoiser (DDPM, DDIM, Euler, Euler with Karras sigmas, flow matching) match diffusers at every step, to float32 accuracy.
+
+    The whole loop, ours and diffusers' side by side, from the same starting latents.
 
     Each scheduler gets its own scale_model_input (none for diffusers' flow class) and the
     exact denoiser's output on its own latents; DDPM / DDIM(eta > 0) get the same z per step.
@@ -510,7 +535,9 @@ def test_full_sampling_loop(case):
 @pytest.mark.parametrize("name", ["DDPMScheduler", "DDIMScheduler"])
 @pytest.mark.parametrize("prediction_type", PREDICTION_TYPES)
 def test_loop_is_exact_with_a_float64_schedule(name, prediction_type):
-    """All the disagreement above is float32 storage: give diffusers our float64 alpha_bar
+    """Given labkit's float64 `alphas_cumprod`, diffusers' DDPM and DDIM loops (DDIM with `eta=1`) agree with labkit's to 1e-12: the formulas are identical.
+
+    All the disagreement above is float32 storage: give diffusers our float64 alpha_bar
     and a stochastic 100-step loop agrees to 1e-12 (DDIM with eta = 1 and set_alpha_to_one
     False exercises every branch)."""
     config = dict(clip_sample=False, prediction_type=prediction_type)

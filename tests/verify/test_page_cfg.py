@@ -1,0 +1,716 @@
+"""Classifier-free guidance (docs/handbook/cfg.md) against the installed diffusers.
+
+Everything runs on the real classes with tiny random-config parts built in code:
+``StableDiffusionPipeline`` (tiny UNet and VAE, plus a tiny ``CLIPTextModel`` and a
+``CLIPTokenizer`` built from an in-memory vocabulary where the text path matters),
+``StableDiffusion3Pipeline`` (tiny ``SD3Transformer2DModel``),
+``StableDiffusionControlNetPipeline`` and a tiny ``CLIPVisionModelWithProjection`` for
+IP-Adapter. Hooks record what the denoiser receives and returns and what
+``scheduler.step`` is given. Only documentation text (docstrings, source comments) and
+signature defaults are read with ``inspect``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import string
+
+import numpy as np
+import pytest
+import torch
+from diffusers import (
+    ControlNetModel,
+    DDIMScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
+    StableDiffusionControlNetPipeline,
+    StableDiffusionPipeline,
+)
+from diffusers.loaders import IPAdapterMixin
+from diffusers.models.embeddings import (
+    ImageProjection,
+    IPAdapterPlusImageProjection,
+    MultiIPAdapterImageProjection,
+)
+from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
+from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import rescale_noise_cfg
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    SD_BETAS,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_sd_pipeline,
+    tiny_unet,
+    tiny_vae,
+)
+from transformers import (
+    CLIPImageProcessor,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTokenizer,
+    CLIPVisionConfig,
+    CLIPVisionModelWithProjection,
+)
+
+PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
+
+
+# ---------------------------------------------------------------- builders (this page only)
+
+
+def tiny_tokenizer():
+    """A real CLIPTokenizer over an in-memory vocabulary (letters, no merges): no files."""
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in string.ascii_lowercase:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def tiny_text_encoder():
+    torch.manual_seed(0)
+    config = CLIPTextConfig(
+        vocab_size=2 + 2 * 26,
+        hidden_size=EMBED_DIM,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    return CLIPTextModel(config).eval()
+
+
+def tiny_image_encoder():
+    torch.manual_seed(0)
+    config = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+        projection_dim=16,
+    )
+    return CLIPVisionModelWithProjection(config).eval()
+
+
+@pytest.fixture(scope="module")
+def text_pipe():
+    """The tiny StableDiffusionPipeline with a tiny CLIP text encoder and tokenizer."""
+    return tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
+
+
+def run(pipe, guidance_scale, steps=3, latents=None, **kwargs):
+    """One pipeline call on the tiny parts; returns the final latents (B, 4, 8, 8)."""
+    if "prompt" not in kwargs:
+        kwargs.setdefault("prompt_embeds", PROMPT)
+        kwargs.setdefault("negative_prompt_embeds", NEGATIVE)
+    return pipe(
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        height=HEIGHT,
+        width=WIDTH,
+        latents=start_latents() if latents is None else latents,
+        output_type="latent",
+        **kwargs,
+    ).images
+
+
+@pytest.fixture
+def step_inputs(monkeypatch):
+    """``spy(scheduler) -> list``: the (model_output, sample) of every ``scheduler.step``."""
+
+    def spy(scheduler):
+        seen = []
+        original = scheduler.step
+
+        @functools.wraps(original)
+        def step(model_output, timestep, sample, *args, **kwargs):
+            seen.append((model_output.detach().clone(), sample.detach().clone()))
+            return original(model_output, timestep, sample, *args, **kwargs)
+
+        monkeypatch.setattr(scheduler, "step", step)
+        return seen
+
+    return spy
+
+
+@pytest.fixture
+def outputs_of():
+    """``outputs_of(module) -> list``: the first output tensor of every forward."""
+    handles = []
+
+    def attach(module):
+        seen = []
+
+        def hook(mod, args, output):
+            seen.append(
+                (output[0] if isinstance(output, tuple) else output.sample).detach().clone()
+            )
+
+        handles.append(module.register_forward_hook(hook))
+        return seen
+
+    yield attach
+    for handle in handles:
+        handle.remove()
+
+
+def guided(noise_pred, guidance_scale):
+    noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
+    return noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
+
+
+# ---------------------------------------------------------------- the combination, batch doubling
+
+
+def test_scheduler_step_gets_the_guided_combination(sd_pipe, record_calls, outputs_of, step_inputs):
+    """`StableDiffusionPipeline.__call__` hands `scheduler.step` the single tensor `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` of batch `B`, built from the two halves of one UNet output, together with the undoubled `latents`: the scheduler never sees the doubled batch.
+
+    The UNet's inputs, outputs and the arguments of every ``scheduler.step`` are recorded.
+    """
+    calls, outs = record_calls(sd_pipe.unet).calls, outputs_of(sd_pipe.unet)
+    steps = step_inputs(sd_pipe.scheduler)
+    run(sd_pipe, guidance_scale=7.5, steps=3)
+    assert len(calls) == len(outs) == len(steps) == 3
+    for (args, _), out, (model_output, sample) in zip(calls, outs, steps, strict=True):
+        assert out.shape == (2, 4, 8, 8) and model_output.shape == sample.shape == (1, 4, 8, 8)
+        torch.testing.assert_close(model_output, guided(out, 7.5))
+        torch.testing.assert_close(sample, args[0][1:])  # DDIM: scale_model_input is identity
+        assert not torch.allclose(model_output, out[1:])  # not the conditional half alone
+
+
+def test_cfg_doubles_the_batch_uncond_first(sd_pipe, record_calls):
+    """With `guidance_scale > 1`, each step makes one UNet call on `torch.cat([latents] * 2)` of batch `2B`, where `B = batch_size * num_images_per_prompt`, with `encoder_hidden_states = torch.cat([negative_prompt_embeds, prompt_embeds])`: the unconditional rows come first, in the same image order as the conditional ones.
+
+    Moved from tests/verify/test_pipeline_loop.py and extended to B = 2 (one prompt,
+    ``num_images_per_prompt=2``).
+    """
+    calls = record_calls(sd_pipe.unet).calls
+    run(sd_pipe, guidance_scale=7.5, steps=4, latents=start_latents(2), num_images_per_prompt=2)
+    assert len(calls) == 4  # one UNet call per step, even with CFG
+    for args, kwargs in calls:
+        sample, hidden = args[0], kwargs["encoder_hidden_states"]
+        assert sample.shape == (4, 4, 8, 8)  # (2B, 4, H/8, W/8) with the tiny VAE's /2
+        assert hidden.shape == (4, 77, EMBED_DIM)
+        torch.testing.assert_close(hidden[:2], NEGATIVE.expand(2, -1, -1))  # uncond half first
+        torch.testing.assert_close(hidden[2:], PROMPT.expand(2, -1, -1))
+        torch.testing.assert_close(sample[:2], sample[2:])  # the same latents, same order
+        assert not torch.allclose(sample[0], sample[1])  # two different images
+
+
+def test_scale_model_input_sees_the_doubled_latents(record_calls, monkeypatch):
+    """`scheduler.scale_model_input` is applied to the already doubled `latent_model_input` of batch `2B`, and its output is what the UNet receives.
+
+    Run with `EulerDiscreteScheduler`, whose ``scale_model_input`` divides by
+    ``sqrt(sigma**2 + 1)`` (DDIM's is the identity and would not show the order).
+    """
+    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    seen = []
+    original = pipe.scheduler.scale_model_input
+
+    def scale_model_input(sample, timestep):
+        seen.append((sample.clone(), original(sample, timestep)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(pipe.scheduler, "scale_model_input", scale_model_input)
+    calls = record_calls(pipe.unet).calls
+    run(pipe, guidance_scale=7.5, steps=3)
+    assert len(seen) == len(calls) == 3
+    for (before, after), (args, _) in zip(seen, calls, strict=True):
+        assert before.shape == (2, 4, 8, 8)
+        torch.testing.assert_close(before[:1], before[1:])
+        torch.testing.assert_close(args[0], after)
+        assert not torch.allclose(after, before)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 0.5, 0.0])
+def test_guidance_scale_at_most_one_skips_the_uncond_branch(sd_pipe, record_calls, guidance_scale):
+    """With `guidance_scale` 1 or below, every UNet call gets a batch of `B` and the prompt embeddings alone: the unconditional branch is skipped and `negative_prompt_embeds` never reach the UNet.
+
+    Moved from tests/verify/test_pipeline_loop.py; 0.5 added.
+    """
+    calls = record_calls(sd_pipe.unet).calls
+    run(sd_pipe, guidance_scale=guidance_scale, steps=3)
+    assert [args[0].shape[0] for args, _ in calls] == [1, 1, 1]
+    for _, kwargs in calls:
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], PROMPT)
+
+
+def test_scales_below_one_equal_one(sd_pipe):
+    """`guidance_scale=0.5` and `guidance_scale=0.0` give exactly the latents of `guidance_scale=1`: a scale below 1 is not an interpolation towards the unconditional prediction."""
+    at_one = run(sd_pipe, guidance_scale=1.0)
+    for scale in (0.5, 0.0):
+        torch.testing.assert_close(run(sd_pipe, guidance_scale=scale), at_one, rtol=0, atol=0)
+    assert not torch.allclose(run(sd_pipe, guidance_scale=1.5), at_one)  # above 1 it acts
+
+
+def test_do_classifier_free_guidance_condition(sd_pipe):
+    """`do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
+    distilled = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+    for scale in (0.0, 0.5, 1.0, 1.0001, 7.5):
+        sd_pipe._guidance_scale = distilled._guidance_scale = scale
+        assert sd_pipe.do_classifier_free_guidance is (scale > 1)
+        assert distilled.do_classifier_free_guidance is False
+
+
+def test_guidance_distilled_unet_gets_one_pass_and_timestep_cond(record_calls):
+    """A UNet with `time_cond_proj_dim` set gets one pass per step at batch `B` even at `guidance_scale=7.5`, with `timestep_cond = get_guidance_scale_embedding(guidance_scale - 1, embedding_dim=time_cond_proj_dim)`, a sinusoidal embedding of `1000 * (guidance_scale - 1)`."""
+    pipe = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+    calls = record_calls(pipe.unet).calls
+    run(pipe, guidance_scale=7.5, steps=3)
+    expected = pipe.get_guidance_scale_embedding(torch.tensor([6.5]), embedding_dim=8)
+    angles = 6.5 * 1000 * torch.exp(-torch.log(torch.tensor(1e4)) / 3 * torch.arange(4))
+    torch.testing.assert_close(expected, torch.cat([angles.sin(), angles.cos()])[None])  # sinusoid
+    wrong = pipe.get_guidance_scale_embedding(torch.tensor([7.5]), embedding_dim=8)
+    assert len(calls) == 3
+    for args, kwargs in calls:
+        assert args[0].shape == (1, 4, 8, 8)
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], PROMPT)
+        assert kwargs["timestep_cond"].shape == (1, 8)
+        torch.testing.assert_close(kwargs["timestep_cond"], expected)
+        assert not torch.allclose(kwargs["timestep_cond"], wrong)
+
+
+def test_dynamic_cfg_callback_switches_guidance_off(sd_pipe, record_calls):
+    """`do_classifier_free_guidance` is read at every step: a `callback_on_step_end` that sets `pipe._guidance_scale = 0.0` and returns `prompt_embeds.chunk(2)[-1]` makes every later UNet call run on batch `B` with the prompt embeddings alone.
+
+    The pattern of diffusers' "dynamic classifier-free guidance" callback example.
+    """
+
+    def callback(pipe, step_index, timestep, callback_kwargs):
+        if step_index == 1:
+            pipe._guidance_scale = 0.0
+            callback_kwargs["prompt_embeds"] = callback_kwargs["prompt_embeds"].chunk(2)[-1]
+        return callback_kwargs
+
+    calls = record_calls(sd_pipe.unet).calls
+    run(
+        sd_pipe,
+        guidance_scale=7.5,
+        steps=4,
+        callback_on_step_end=callback,
+        callback_on_step_end_tensor_inputs=["prompt_embeds"],
+    )
+    assert [args[0].shape[0] for args, _ in calls] == [2, 2, 1, 1]
+    for _, kwargs in calls[2:]:
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], PROMPT)
+
+
+# ---------------------------------------------------------------- prompts and negative prompts
+
+
+def test_null_condition_is_the_encoded_empty_string(text_pipe, record_calls):
+    """With `negative_prompt=None`, `encode_prompt` runs the text encoder on `[""] * batch_size`, padded to 77 tokens like the prompt: the unconditional embedding is the CLIP encoding of the empty string, not a tensor of zeros."""
+    calls = record_calls(text_pipe.text_encoder).calls
+    prompt_embeds, negative_prompt_embeds = text_pipe.encode_prompt(
+        ["a cat", "a dog"], "cpu", 1, True, negative_prompt=None
+    )
+    empty = text_pipe.tokenizer(
+        ["", ""], padding="max_length", max_length=77, truncation=True, return_tensors="pt"
+    ).input_ids
+    assert len(calls) == 2  # the prompts, then the empty strings
+    torch.testing.assert_close(calls[1][0][0], empty)
+    with torch.no_grad():
+        torch.testing.assert_close(negative_prompt_embeds, text_pipe.text_encoder(empty)[0])
+    assert negative_prompt_embeds.shape == prompt_embeds.shape == (2, 77, EMBED_DIM)
+    assert negative_prompt_embeds.abs().min() > 0
+
+
+def test_encode_prompt_shapes_and_dtype():
+    """`encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` of shape `(batch_size * num_images_per_prompt, 77, D)` each, in `text_encoder.dtype`."""
+    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder().double(), tokenizer=tiny_tokenizer())
+    prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
+        ["a cat", "a dog"], "cpu", 3, True, negative_prompt=["x", "y"]
+    )
+    for tensor in (prompt_embeds, negative_prompt_embeds):
+        assert tensor.shape == (6, 77, EMBED_DIM) and tensor.dtype == torch.float64
+    torch.testing.assert_close(negative_prompt_embeds[0], negative_prompt_embeds[2])  # per prompt
+    assert not torch.allclose(negative_prompt_embeds[2], negative_prompt_embeds[3])
+
+
+def test_text_encoder_runs_twice_per_generation_with_cfg(text_pipe, record_calls):
+    """A full call runs the text encoder twice with CFG (prompt, then negative prompt) and once without: text encoding is per generation, not per step, and with `guidance_scale <= 1` the negative prompt is not encoded."""
+    calls = record_calls(text_pipe.text_encoder).calls
+    run(text_pipe, guidance_scale=7.5, steps=3, prompt="a cat", negative_prompt="dog")
+    assert len(calls) == 2
+    calls.clear()
+    run(text_pipe, guidance_scale=1.0, steps=3, prompt="a cat", negative_prompt="dog")
+    assert len(calls) == 1
+
+
+def test_a_negative_prompt_costs_nothing_extra(text_pipe, record_calls):
+    """A `negative_prompt` replaces the empty string in the unconditional half: the UNet calls and their batch of `2B` are the same with and without one, only the unconditional rows of `encoder_hidden_states` change."""
+    calls = record_calls(text_pipe.unet).calls
+    run(text_pipe, guidance_scale=7.5, steps=2, prompt="a cat")
+    without = [kwargs["encoder_hidden_states"] for _, kwargs in calls]
+    calls.clear()
+    run(text_pipe, guidance_scale=7.5, steps=2, prompt="a cat", negative_prompt="dog")
+    with_negative = [kwargs["encoder_hidden_states"] for _, kwargs in calls]
+    assert [h.shape for h in without] == [h.shape for h in with_negative] == [(2, 77, 32)] * 2
+    for a, b in zip(without, with_negative, strict=True):
+        torch.testing.assert_close(a[1:], b[1:])  # the prompt rows
+        assert not torch.allclose(a[:1], b[:1])  # "" vs "dog"
+
+
+def test_negative_prompt_type_and_length_must_match(text_pipe):
+    """`negative_prompt` must have the type of `prompt` (`TypeError` otherwise) and, as a list, its length (`ValueError` otherwise)."""
+    with pytest.raises(TypeError, match="same type"):
+        text_pipe.encode_prompt(["a cat", "a dog"], "cpu", 1, True, negative_prompt="bad")
+    with pytest.raises(TypeError, match="same type"):
+        text_pipe.encode_prompt("a cat", "cpu", 1, True, negative_prompt=["bad"])
+    with pytest.raises(ValueError, match="batch size"):
+        text_pipe.encode_prompt(["a cat", "a dog"], "cpu", 1, True, negative_prompt=["x"] * 3)
+    text_pipe.encode_prompt(["a cat", "a dog"], "cpu", 1, True, negative_prompt=["x", "y"])
+
+
+def test_negative_prompt_is_not_checked_without_guidance(text_pipe):
+    """With `guidance_scale <= 1`, a `negative_prompt` of the wrong type or length raises nothing: it is never encoded."""
+    two = dict(steps=1, prompt=["a cat", "a dog"], latents=start_latents(2))
+    run(text_pipe, guidance_scale=1.0, negative_prompt="x", **two)
+    run(text_pipe, guidance_scale=1.0, negative_prompt=["x"], **two)
+    with pytest.raises(TypeError):  # the same call with guidance on
+        run(text_pipe, guidance_scale=7.5, negative_prompt="x", **two)
+
+
+@pytest.mark.parametrize("guidance_scale", [7.5, 1.0])
+def test_negative_prompt_embeds_shape_must_match(sd_pipe, guidance_scale):
+    """`negative_prompt_embeds` passed directly must have the shape of `prompt_embeds`: `check_inputs` raises `ValueError` otherwise, whatever the `guidance_scale`."""
+    with pytest.raises(ValueError, match="must have the same shape"):
+        run(sd_pipe, guidance_scale, steps=1, negative_prompt_embeds=NEGATIVE[:, :70])
+    with pytest.raises(ValueError, match="must have the same shape"):
+        run(sd_pipe, guidance_scale, steps=1, negative_prompt_embeds=embeds(2, batch=2))
+
+
+# ---------------------------------------------------------------- defaults and guidance_rescale
+
+
+def test_pipeline_guidance_defaults():
+    """`StableDiffusionPipeline.__call__` defaults to `guidance_scale=7.5` and `guidance_rescale=0.0`; `StableDiffusion3Pipeline.__call__` defaults to `guidance_scale=7.0`."""
+    sd = inspect.signature(StableDiffusionPipeline.__call__).parameters
+    sd3 = inspect.signature(StableDiffusion3Pipeline.__call__).parameters
+    assert sd["guidance_scale"].default == 7.5 and sd["guidance_rescale"].default == 0.0
+    assert sd3["guidance_scale"].default == 7.0
+
+
+def test_no_guidance_rescale_on_controlnet_and_sd3(sd3_pipe, controlnet_pipe):
+    """`StableDiffusionControlNetPipeline.__call__` and `StableDiffusion3Pipeline.__call__` have no `guidance_rescale` parameter: SD3 rejects one with `TypeError`, and the ControlNet pipeline's `**kwargs` swallows it, so it changes nothing."""
+    for pipeline in (StableDiffusionControlNetPipeline, StableDiffusion3Pipeline):
+        assert "guidance_rescale" not in inspect.signature(pipeline.__call__).parameters
+    with pytest.raises(TypeError, match="guidance_rescale"):
+        sd3_pipe(guidance_rescale=0.7)
+    plain = run_controlnet(controlnet_pipe)
+    torch.testing.assert_close(run_controlnet(controlnet_pipe, guidance_rescale=0.7), plain)
+
+
+@pytest.mark.parametrize("guidance_rescale", [0.0, 0.7, 1.0])
+def test_rescale_noise_cfg_formula(guidance_rescale):
+    """`rescale_noise_cfg(noise_cfg, noise_pred_text, guidance_rescale)` rescales `noise_cfg` by the per-sample ratio `std(noise_pred_text) / std(noise_cfg)`, each taken over all non-batch axes, and returns `guidance_rescale * rescaled + (1 - guidance_rescale) * noise_cfg`.
+
+    Recomputed in float64 NumPy (``ddof=0``; the ratio does not depend on ``ddof``).
+    """
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn(3, 4, 8, 8, generator=g, dtype=torch.float64)
+    cfg = 3.0 * torch.randn(3, 4, 8, 8, generator=g, dtype=torch.float64) + 0.5
+    t, c = text.numpy(), cfg.numpy()
+    ratio = t.std(axis=(1, 2, 3), keepdims=True) / c.std(axis=(1, 2, 3), keepdims=True)
+    expected = guidance_rescale * (c * ratio) + (1 - guidance_rescale) * c
+    ours = rescale_noise_cfg(cfg, text, guidance_rescale=guidance_rescale).numpy()
+    np.testing.assert_allclose(ours, expected, rtol=1e-12, atol=1e-12)
+    if guidance_rescale == 1.0:  # fully rescaled: each sample has the text prediction's std
+        np.testing.assert_allclose(ours.std(axis=(1, 2, 3)), t.std(axis=(1, 2, 3)), rtol=1e-12)
+
+
+def test_pipeline_rescales_only_with_cfg_and_positive_guidance_rescale(
+    sd_pipe, outputs_of, step_inputs, monkeypatch
+):
+    """The pipeline applies `rescale_noise_cfg(noise_pred, noise_pred_text, guidance_rescale=guidance_rescale)` right after the combination, and only when CFG is on and `guidance_rescale > 0.0`."""
+    calls = []
+    original = sd_module.rescale_noise_cfg
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["guidance_rescale"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sd_module, "rescale_noise_cfg", counted)
+    outs, steps = outputs_of(sd_pipe.unet), step_inputs(sd_pipe.scheduler)
+    run(sd_pipe, guidance_scale=7.5, steps=3, guidance_rescale=0.7)
+    assert calls == [0.7] * 3
+    for out, (model_output, _) in zip(outs, steps, strict=True):
+        expected = original(guided(out, 7.5), out[1:], guidance_rescale=0.7)
+        torch.testing.assert_close(model_output, expected)
+        assert not torch.allclose(model_output, guided(out, 7.5))
+    calls.clear()
+    run(sd_pipe, guidance_scale=7.5, steps=3)  # default guidance_rescale=0.0
+    run(sd_pipe, guidance_scale=1.0, steps=3, guidance_rescale=0.7)  # CFG off
+    assert calls == []
+
+
+def test_rescale_noise_cfg_documentation():
+    """`rescale_noise_cfg`'s docstring cites Section 3.4 of arXiv:2305.08891, its comments say the rescale "fixes overexposure" and the mix avoids "plain looking" images, and the `__call__` docstring says `guidance_rescale` should fix overexposure "when using zero terminal SNR"."""
+    doc = " ".join(rescale_noise_cfg.__doc__.split())
+    assert re.search(r"Section 3\.4 from \[Common Diffusion Noise Schedules.*2305\.08891", doc)
+    source = inspect.getsource(rescale_noise_cfg)
+    assert "# rescale the results from guidance (fixes overexposure)" in source
+    assert 'by factor guidance_rescale to avoid "plain looking" images' in source
+    call_doc = " ".join(StableDiffusionPipeline.__call__.__doc__.split())
+    assert (
+        "Guidance rescale factor should fix overexposure when using zero terminal SNR" in call_doc
+    )
+
+
+def test_imagen_convention_comment():
+    """A source comment above `do_classifier_free_guidance` defines `guidance_scale` as the weight `w` of equation (2) of the Imagen paper and says "`guidance_scale = 1` corresponds to doing no classifier free guidance"."""
+    source = inspect.getsource(StableDiffusionPipeline)
+    head, _, _ = source.partition("def do_classifier_free_guidance")
+    comment = " ".join(re.findall(r"^\s*# ?(.*)$", head[-600:], re.MULTILINE))
+    assert (
+        "`guidance_scale` is defined analog to the guidance weight `w` of equation (2)" in comment
+    )
+    assert "Imagen paper" in comment
+    assert "`guidance_scale = 1` corresponds to doing no classifier free guidance" in comment
+
+
+# ---------------------------------------------------------------- other pipelines and inputs
+
+
+@pytest.fixture(scope="module")
+def sd3_pipe():
+    """The real StableDiffusion3Pipeline around a tiny SD3Transformer2DModel; no text encoders."""
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=EMBED_DIM,
+        caption_projection_dim=16,
+        pooled_projection_dim=16,
+        pos_embed_max_size=16,
+    ).eval()
+    none = dict.fromkeys(["text_encoder", "text_encoder_2", "text_encoder_3"])
+    none.update(dict.fromkeys(["tokenizer", "tokenizer_2", "tokenizer_3"]))
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=tiny_vae(), **none
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_sd3_guides_the_flow_velocity_the_same_way(sd3_pipe, record_calls, outputs_of, step_inputs):
+    """`StableDiffusion3Pipeline` applies the same combination to the transformer's flow-velocity output: one transformer call per step on batch `2B`, negative embeddings first, and `scheduler.step` gets `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)`."""
+    pipe, transformer = sd3_pipe, sd3_pipe.transformer
+    g = torch.Generator().manual_seed(0)
+    pos, neg = (torch.randn(1, 10, EMBED_DIM, generator=g) for _ in range(2))
+    pooled, neg_pooled = (torch.randn(1, 16, generator=g) for _ in range(2))
+    calls, outs = record_calls(transformer).calls, outputs_of(transformer)
+    steps = step_inputs(pipe.scheduler)
+    pipe(
+        prompt_embeds=pos,
+        pooled_prompt_embeds=pooled,
+        negative_prompt_embeds=neg,
+        negative_pooled_prompt_embeds=neg_pooled,
+        guidance_scale=4.0,
+        num_inference_steps=3,
+        height=HEIGHT,
+        width=WIDTH,
+        latents=start_latents(),
+        output_type="latent",
+    )
+    assert len(calls) == len(steps) == 3
+    for (_, kwargs), out, (model_output, _) in zip(calls, outs, steps, strict=True):
+        assert kwargs["hidden_states"].shape == (2, 4, 8, 8)
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], torch.cat([neg, pos]))
+        torch.testing.assert_close(kwargs["pooled_projections"], torch.cat([neg_pooled, pooled]))
+        torch.testing.assert_close(model_output, guided(out, 4.0))
+
+
+CONTROL_IMAGE = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def controlnet_pipe():
+    """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it."""
+    unet = tiny_unet()
+    torch.manual_seed(0)
+    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
+    pipe = StableDiffusionControlNetPipeline(
+        vae=tiny_vae(),
+        text_encoder=None,
+        tokenizer=None,
+        unet=unet,
+        controlnet=controlnet.eval(),
+        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_controlnet(pipe, guidance_scale=7.5, **kwargs):
+    return run(pipe, guidance_scale, steps=2, image=CONTROL_IMAGE, **kwargs)
+
+
+def test_controlnet_prepare_image_doubles_the_control_image(controlnet_pipe):
+    """`StableDiffusionControlNetPipeline.prepare_image` returns `torch.cat([image] * 2)` (batch `2B`) when CFG is on and `guess_mode` is off, and the image at batch `B` otherwise."""
+
+    def prepare(cfg, guess_mode):
+        return controlnet_pipe.prepare_image(
+            CONTROL_IMAGE, WIDTH, HEIGHT, 2, 1, "cpu", torch.float32, cfg, guess_mode
+        )
+
+    doubled = prepare(True, False)
+    assert doubled.shape == (4, 3, HEIGHT, WIDTH)
+    torch.testing.assert_close(doubled[:2], doubled[2:])
+    torch.testing.assert_close(doubled[0], CONTROL_IMAGE[0])  # do_normalize=False: in [0, 1]
+    assert prepare(True, True).shape == prepare(False, False).shape == (2, 3, HEIGHT, WIDTH)
+
+
+def test_controlnet_gets_the_doubled_batch(controlnet_pipe, record_calls):
+    """With CFG on, the ControlNet runs once per step on the doubled control image and on the same doubled `latents` and `[negative_prompt_embeds, prompt_embeds]` as the UNet."""
+    calls = record_calls(controlnet_pipe.controlnet).calls
+    unet_calls = record_calls(controlnet_pipe.unet).calls
+    run_controlnet(controlnet_pipe)
+    assert len(calls) == len(unet_calls) == 2
+    for (args, kwargs), (unet_args, _) in zip(calls, unet_calls, strict=True):
+        cond = kwargs["controlnet_cond"]
+        assert args[0].shape == (2, 4, 8, 8) and cond.shape == (2, 3, HEIGHT, WIDTH)
+        torch.testing.assert_close(args[0], unet_args[0])
+        torch.testing.assert_close(cond[:1], cond[1:])
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], torch.cat([NEGATIVE, PROMPT]))
+
+
+@pytest.fixture(scope="module")
+def ip_pipe():
+    """The tiny pipeline with a tiny CLIP image encoder (image_embeds width 16)."""
+    return tiny_sd_pipeline(unet=tiny_unet(), image_encoder=tiny_image_encoder())
+
+
+def pixels(seed=0):
+    """A CLIP-normalised pixel tensor (1, 3, 32, 32), as the feature extractor returns it."""
+    return torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def test_ip_adapter_uncond_image_embeds_are_zeros(ip_pipe):
+    """For a plain IP-Adapter (`output_hidden_states` off), `encode_image` returns `torch.zeros_like(image_embeds)` as the unconditional image embeddings."""
+    image_embeds, uncond = ip_pipe.encode_image(pixels(), "cpu", 2)
+    assert image_embeds.shape == uncond.shape == (2, 16)
+    torch.testing.assert_close(uncond, torch.zeros_like(image_embeds), rtol=0, atol=0)
+    assert image_embeds.abs().min() > 0
+
+
+def test_ip_adapter_plus_uncond_encodes_a_zero_pixel_tensor(ip_pipe):
+    """For IP-Adapter Plus (`output_hidden_states=True`), the unconditional input is the image encoder's penultimate hidden states for `torch.zeros_like(image)`, an all-zero tensor of CLIP-normalised pixels: an encoded image, not zeros."""
+    hidden, uncond = ip_pipe.encode_image(pixels(), "cpu", 1, output_hidden_states=True)
+    with torch.no_grad():
+        zero_image = ip_pipe.image_encoder(torch.zeros(1, 3, 32, 32), output_hidden_states=True)
+    assert hidden.shape == uncond.shape == (1, 17, 32)  # 16 patches + class token, width 32
+    torch.testing.assert_close(uncond, zero_image.hidden_states[-2])
+    assert not torch.allclose(uncond, zero_image.hidden_states[-1])
+    assert uncond.abs().max() > 0.1
+
+
+def test_clip_zero_pixels_are_the_mean_colour():
+    """The `CLIPImageProcessor` that `load_ip_adapter` creates when a pipeline has none normalises with the CLIP mean and std, so an all-zero pixel tensor is an image filled with the CLIP mean colour (a mid grey), not a black image.
+
+    ``CLIPImageProcessor(size=..., crop_size=...)`` in ``diffusers/loaders/ip_adapter.py``.
+    """
+    loader = inspect.getsource(IPAdapterMixin.load_ip_adapter)
+    assert "CLIPImageProcessor(size=clip_image_size, crop_size=clip_image_size)" in loader
+    processor = CLIPImageProcessor(size=32, crop_size=32)
+    mean = np.rint(255 * np.asarray(processor.image_mean)).astype(np.uint8)
+    grey = processor(np.broadcast_to(mean, (32, 32, 3)).copy(), return_tensors="pt").pixel_values
+    black = processor(np.zeros((32, 32, 3), np.uint8), return_tensors="pt").pixel_values
+    assert grey.abs().max() < 0.01  # rounding of the mean to 8 bits
+    assert black.max() < -1.4
+    assert 100 < mean.min() and mean.max() < 130  # mid grey, all three channels
+
+
+def test_ip_adapter_negative_image_embeds_come_first(ip_pipe, monkeypatch):
+    """`prepare_ip_adapter_image_embeds` puts the unconditional image embeddings in front of the positive ones when CFG is on (batch `2B`) and leaves them out when it is off; embeddings you pass yourself as `ip_adapter_image_embeds` are read as `[negative, positive]` halves.
+
+    The UNet gets two IP-Adapter projection layers, a plain ``ImageProjection`` and an
+    ``IPAdapterPlusImageProjection``, as ``load_ip_adapter`` would install them.
+    """
+    projections = MultiIPAdapterImageProjection(
+        [
+            ImageProjection(image_embed_dim=16, cross_attention_dim=EMBED_DIM),
+            IPAdapterPlusImageProjection(embed_dims=32, output_dims=EMBED_DIM, heads=4),
+        ]
+    )
+    monkeypatch.setattr(ip_pipe.unet, "encoder_hid_proj", projections)
+    image = pixels()
+    plain, plus = ip_pipe.prepare_ip_adapter_image_embeds([image, image], None, "cpu", 2, True)
+    embeds_, _ = ip_pipe.encode_image(image, "cpu", 1)
+    hidden, uncond_hidden = ip_pipe.encode_image(image, "cpu", 1, output_hidden_states=True)
+    assert plain.shape == (4, 1, 16) and plus.shape == (4, 1, 17, 32)
+    torch.testing.assert_close(plain[:2], torch.zeros(2, 1, 16), rtol=0, atol=0)
+    torch.testing.assert_close(plain[2:], embeds_[None].expand(2, -1, -1))
+    torch.testing.assert_close(plus[:2], uncond_hidden[None].expand(2, -1, -1, -1))
+    torch.testing.assert_close(plus[2:], hidden[None].expand(2, -1, -1, -1))
+    off = ip_pipe.prepare_ip_adapter_image_embeds([image, image], None, "cpu", 2, False)
+    assert [t.shape for t in off] == [(2, 1, 16), (2, 1, 17, 32)]
+    own = torch.cat([torch.full((1, 1, 16), -1.0), torch.full((1, 1, 16), 1.0)])
+    (mine,) = ip_pipe.prepare_ip_adapter_image_embeds(None, [own], "cpu", 2, True)
+    assert mine[:, 0, 0].tolist() == [-1.0, -1.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------- parameterisation
+
+
+def consistent_outputs(scheduler, t, x_t, x0):
+    """The epsilon, v and sample predictions that all mean the clean estimate ``x0`` at ``x_t``."""
+    a = scheduler.alphas_cumprod[t].double()
+    eps = (x_t - a.sqrt() * x0) / (1 - a).sqrt()
+    return {"epsilon": eps, "v_prediction": a.sqrt() * eps - (1 - a).sqrt() * x0, "sample": x0}
+
+
+def ddim_step(prediction_type, model_output, t, x_t):
+    scheduler = DDIMScheduler(prediction_type=prediction_type, set_alpha_to_one=False, **SD_BETAS)
+    scheduler.set_timesteps(10)
+    return scheduler.step(model_output, t, x_t).prev_sample
+
+
+def guided_pair(guidance_scale, rescale=None):
+    """Guide consistent (uncond, cond) outputs in each parameterisation; step DDIM with each."""
+    scheduler = DDIMScheduler(**SD_BETAS)
+    g = torch.Generator().manual_seed(0)
+    x_t, x0_u, x0_c = (torch.randn(2, 4, 8, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    t = 501
+    u = consistent_outputs(scheduler, t, x_t, x0_u)
+    c = consistent_outputs(scheduler, t, x_t, x0_c)
+    prev = {}
+    for kind in u:
+        out = u[kind] + guidance_scale * (c[kind] - u[kind])
+        if rescale is not None:
+            out = rescale_noise_cfg(out, c[kind], guidance_rescale=rescale)
+        prev[kind] = ddim_step(kind, out, t, x_t)
+    return prev
+
+
+def test_guidance_is_the_same_in_every_parameterisation():
+    """For consistent conditional and unconditional outputs, guiding the `epsilon`, `v_prediction` or `sample` output with the same `guidance_scale` gives the same `DDIMScheduler.step(...).prev_sample`: the weights `1 - s` and `s` sum to 1 and each target is an affine function of the others."""
+    prev = guided_pair(7.5)
+    torch.testing.assert_close(prev["v_prediction"], prev["epsilon"])
+    torch.testing.assert_close(prev["sample"], prev["epsilon"])
+    assert not torch.allclose(guided_pair(3.0)["epsilon"], prev["epsilon"])
+
+
+def test_guidance_rescale_depends_on_the_parameterisation():
+    """`rescale_noise_cfg` is the exception: rescaling the guided `epsilon` and the guided `v_prediction` gives different `prev_sample`, because a ratio of standard deviations is not preserved by the change of target."""
+    prev = guided_pair(7.5, rescale=0.7)
+    assert (prev["v_prediction"] - prev["epsilon"]).abs().max() > 1e-3

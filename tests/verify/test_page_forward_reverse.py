@@ -1,0 +1,372 @@
+"""Claims of the handbook page "Forward vs reverse process", checked on the installed diffusers.
+
+Schedules and steps run on the real scheduler classes; the loop claims run the real
+``StableDiffusionPipeline`` (and ``StableDiffusionImg2ImgPipeline``) around a tiny UNet
+and VAE with random weights. One pipeline uses a VAE with SD 1.x's four blocks, so its
+``vae_scale_factor`` is 8 as in SD 1.x and ``latents`` are ``(B, 4, H/8, W/8)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    DDPMScheduler,
+    EulerDiscreteScheduler,
+    StableDiffusionImg2ImgPipeline,
+)
+from tiny import SD_BETAS, embeds, start_latents, tiny_sd_pipeline, tiny_unet
+
+SCHEDULES = ["linear", "scaled_linear", "squaredcos_cap_v2"]
+#: the beta ranges Lab 01 uses per schedule (DDPM's and SD's; cosine ignores its range)
+RANGES = {
+    "linear": dict(beta_start=0.0001, beta_end=0.02),
+    "scaled_linear": dict(beta_start=0.00085, beta_end=0.012),
+    "squaredcos_cap_v2": dict(beta_start=0.0001, beta_end=0.02),
+}
+SHAPE = (2, 4, 8, 8)
+
+
+def randn(seed: int, shape=SHAPE) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def abar(scheduler, t: int) -> torch.Tensor:
+    return scheduler.alphas_cumprod[t].to(torch.float64)
+
+
+def close(a, b, tol=1e-6):
+    torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
+
+
+def posterior(scheduler, t: int, prev: int, x0, x_t):
+    """DDPM eq. 7 with the effective beta across the stride: (mean, beta_tilde, beta)."""
+    a_t, a_prev = abar(scheduler, t), abar(scheduler, prev)
+    beta = 1 - a_t / a_prev
+    mean = (a_prev.sqrt() * beta / (1 - a_t)) * x0 + (
+        (1 - beta).sqrt() * (1 - a_prev) / (1 - a_t)
+    ) * x_t
+    return mean, (1 - a_prev) / (1 - a_t) * beta, beta
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny convolutions run ~100x slower with 2 intra-op threads on the 2-core CI box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def euler_pipe():
+    """The tiny pipeline with SD's betas in EulerDiscreteScheduler: init_noise_sigma != 1."""
+    return tiny_sd_pipeline(scheduler=EulerDiscreteScheduler(**SD_BETAS))
+
+
+@pytest.fixture(scope="module")
+def sd1_shaped_pipe():
+    """The real pipeline with a VAE of SD 1.x's four blocks: vae_scale_factor 8."""
+    torch.manual_seed(0)
+    vae = AutoencoderKL(
+        block_out_channels=(32, 32, 32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        latent_channels=4,
+        sample_size=32,
+    ).eval()
+    return tiny_sd_pipeline(vae=vae, unet=tiny_unet(sample_size=4))
+
+
+# --- forward process ---------------------------------------------------------------
+
+
+def test_add_noise_one_level_per_sample():
+    r"""`scheduler.add_noise(original_samples, noise, timesteps)` with `timesteps` of shape `(B,)` noises each sample at its own level: $x_t = \sqrt{\bar\alpha_t}\, x_0 + \sqrt{1-\bar\alpha_t}\, \epsilon$ with $\bar\alpha_t$ = `alphas_cumprod[t]`, in one call."""
+    scheduler = DDPMScheduler(**SD_BETAS)
+    x0, eps = randn(0), randn(1)
+    timesteps = torch.tensor([999, 3])
+    out = scheduler.add_noise(x0, eps, timesteps)
+    assert out.shape == x0.shape
+    for i, t in enumerate(timesteps.tolist()):
+        a = abar(scheduler, t)
+        close(out[i], a.sqrt() * x0[i] + (1 - a).sqrt() * eps[i])
+
+
+def test_betas_and_alphas_cumprod_are_indexed_by_timestep():
+    r"""`betas` and `alphas_cumprod` are float32 tensors of shape `(num_train_timesteps,)` indexed by the integer timestep $0, \dots, 999$, and `alphas_cumprod[t]` is the product of `1 - betas[s]` for $s \le t$: `alphas_cumprod[0]` is `1 - betas[0]`, the paper's $\bar\alpha_1$."""
+    scheduler = DDPMScheduler()
+    for name in ["betas", "alphas_cumprod"]:
+        tensor = getattr(scheduler, name)
+        assert tensor.shape == (1000,) and tensor.dtype == torch.float32, name
+    close(scheduler.alphas_cumprod, torch.cumprod(1 - scheduler.betas.double(), 0), tol=1e-5)
+    assert scheduler.alphas_cumprod[0] == 1 - scheduler.betas[0]
+    assert scheduler.timesteps.tolist() == list(range(999, -1, -1))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_snr_falls_monotonically(schedule):
+    r"""For each `beta_schedule`, $\text{SNR}(t) = \bar\alpha_t / (1-\bar\alpha_t)$ computed from `alphas_cumprod` falls strictly as `t` grows."""
+    a = DDPMScheduler(beta_schedule=schedule, **RANGES[schedule]).alphas_cumprod.double()
+    snr = a / (1 - a)
+    assert (snr.diff() < 0).all()
+
+
+def test_ddpm_scheduler_defaults():
+    """`DDPMScheduler()` defaults to `num_train_timesteps=1000`, `beta_schedule="linear"`, `beta_start=0.0001`, `beta_end=0.02` and `variance_type="fixed_small"`."""
+    config = DDPMScheduler().config
+    assert config.num_train_timesteps == 1000
+    assert config.beta_schedule == "linear"
+    assert (config.beta_start, config.beta_end) == (0.0001, 0.02)
+    assert config.variance_type == "fixed_small"
+
+
+def test_linear_and_scaled_linear_betas():
+    r"""`beta_schedule="linear"` spaces $\beta_t$ evenly from `beta_start` to `beta_end`; `"scaled_linear"` spaces $\sqrt{\beta_t}$ evenly from the square root of `beta_start` to that of `beta_end`, then squares."""
+    linear = DDPMScheduler(beta_schedule="linear", beta_start=0.0001, beta_end=0.02)
+    close(linear.betas, torch.linspace(0.0001, 0.02, 1000, dtype=torch.float64), tol=1e-7)
+    scaled = DDPMScheduler(**SD_BETAS)
+    roots = torch.linspace(math.sqrt(0.00085), math.sqrt(0.012), 1000, dtype=torch.float64)
+    close(scaled.betas, roots**2, tol=1e-7)
+
+
+def test_cosine_schedule():
+    r"""`beta_schedule="squaredcos_cap_v2"` gives $\bar\alpha = f(t)/f(0)$ with $f(t) = \cos^2\big(\frac{t/T + 0.008}{1.008} \cdot \frac{\pi}{2}\big)$ (index `t` holding $f((t+1)/T)/f(0)$), caps each $\beta_t$ at 0.999, and ignores `beta_start` / `beta_end`."""
+    scheduler = DDPMScheduler(beta_schedule="squaredcos_cap_v2")
+    other_range = DDPMScheduler(
+        beta_schedule="squaredcos_cap_v2", beta_start=0.00085, beta_end=0.012
+    )
+    assert torch.equal(scheduler.betas, other_range.betas)
+
+    def f(x):
+        return math.cos((x + 0.008) / 1.008 * math.pi / 2) ** 2
+
+    T = 1000
+    expected = torch.tensor([f((t + 1) / T) / f(0) for t in range(T - 1)], dtype=torch.float64)
+    torch.testing.assert_close(scheduler.alphas_cumprod[:-1].double(), expected, rtol=1e-5, atol=0)
+    assert scheduler.betas.max().item() == pytest.approx(0.999)
+    assert scheduler.betas[-1].item() == pytest.approx(0.999)  # uncapped it would be ~1
+
+
+def test_lab01_numbers_are_diffusers_values():
+    r"""diffusers gives the page's numbers: $\text{SNR}(t)$ first drops below 1 at `t` = 259 (`linear`), 354 (`scaled_linear`) and 496 (`squaredcos_cap_v2`); under `linear`, `alphas_cumprod[750]` is 0.0033 and `alphas_cumprod[999]` is 4.04e-05; under `scaled_linear` (SD's betas) `alphas_cumprod[999]` is 4.66e-03, SNR about 0.0047.
+
+    Lab 01 prints these from labkit (float64); the page quotes Lab 01's output.
+    """
+    crossing = {}
+    a = {}
+    for schedule in SCHEDULES:
+        a[schedule] = DDPMScheduler(
+            beta_schedule=schedule, **RANGES[schedule]
+        ).alphas_cumprod.double()
+        snr = a[schedule] / (1 - a[schedule])
+        crossing[schedule] = int((snr < 1).nonzero()[0])
+    assert crossing == {"linear": 259, "scaled_linear": 354, "squaredcos_cap_v2": 496}
+    assert a["linear"][750].item() == pytest.approx(0.0033, abs=5e-5)
+    assert a["linear"][999].item() == pytest.approx(4.04e-05, abs=5e-8)
+    sd = a["scaled_linear"][999].item()
+    assert sd == pytest.approx(4.66e-03, abs=5e-6)
+    assert sd / (1 - sd) == pytest.approx(0.0047, abs=5e-5)
+
+
+def test_zero_terminal_snr():
+    r"""No standard `beta_schedule` reaches `alphas_cumprod[999] == 0`; with `rescale_betas_zero_snr=True` it is exactly 0 (and `alphas_cumprod[0]` is unchanged), so at `t=999` an `epsilon` output gives a non-finite `pred_original_sample`, while a `v_prediction` output $v$ gives $\hat{x}_0 = -v$."""
+    for schedule in SCHEDULES:
+        assert DDPMScheduler(beta_schedule=schedule, **RANGES[schedule]).alphas_cumprod[-1] > 0
+    plain = DDIMScheduler(**SD_BETAS)
+    x_t, out = randn(0), randn(1)
+    x0 = {}
+    for prediction_type in ["epsilon", "v_prediction"]:
+        scheduler = DDIMScheduler(
+            rescale_betas_zero_snr=True,
+            prediction_type=prediction_type,
+            timestep_spacing="trailing",
+            clip_sample=False,
+            **SD_BETAS,
+        )
+        assert scheduler.alphas_cumprod[-1] == 0
+        close(scheduler.alphas_cumprod[0], plain.alphas_cumprod[0])
+        scheduler.set_timesteps(10)
+        assert scheduler.timesteps[0] == 999
+        x0[prediction_type] = scheduler.step(out, 999, x_t).pred_original_sample
+    assert not torch.isfinite(x0["epsilon"]).any()
+    close(x0["v_prediction"], -out)
+
+
+# --- reverse process ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("spacing", ["leading", "trailing", "linspace"])
+def test_set_timesteps_picks_a_descending_subsequence(cls, spacing):
+    """`set_timesteps(num_inference_steps)` sets `scheduler.timesteps` to `num_inference_steps` distinct integer training timesteps in `[0, 1000)`, from high noise to low, for every `timestep_spacing`."""
+    scheduler = cls(timestep_spacing=spacing)
+    scheduler.set_timesteps(10)
+    ts = scheduler.timesteps
+    assert not ts.is_floating_point() and len(ts) == 10
+    assert (ts.diff() < 0).all() and 0 <= ts.min() and ts.max() < 1000
+
+
+@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
+def test_trailing_starts_at_the_last_timestep(cls):
+    """With `timestep_spacing="trailing"` the first of `scheduler.timesteps` is 999, the last training timestep; the default `"leading"` starts lower (900 for 10 steps, 901 with SD's `steps_offset=1`)."""
+    firsts = {}
+    for spacing, offset in [("trailing", 0), ("leading", 0), ("leading", 1)]:
+        scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
+        scheduler.set_timesteps(10)
+        firsts[spacing, offset] = int(scheduler.timesteps[0])
+    assert cls().config.timestep_spacing == "leading"
+    assert firsts == {("trailing", 0): 999, ("leading", 0): 900, ("leading", 1): 901}
+
+
+def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
+    r"""`StableDiffusionPipeline` starts from `latents` drawn from $\mathcal{N}(0, I)$ with the `generator` and multiplied by `scheduler.init_noise_sigma` (1.0 for `DDIMScheduler`, about 14.6 for `EulerDiscreteScheduler` with SD's betas)."""
+    for pipe in [sd_pipe, euler_pipe]:
+        sigma = pipe.scheduler.init_noise_sigma
+        got = pipe.prepare_latents(
+            2, 4, 16, 16, torch.float32, "cpu", torch.Generator().manual_seed(0)
+        )
+        noise = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+        close(got, noise * sigma)
+    assert sd_pipe.scheduler.init_noise_sigma == 1.0
+    assert float(euler_pipe.scheduler.init_noise_sigma) == pytest.approx(14.6, abs=0.05)
+
+
+def test_img2img_starts_from_a_noised_encoded_image(sd_pipe):
+    """`StableDiffusionImg2ImgPipeline` starts from `scheduler.add_noise` applied to the encoded image (`vae.encode(image)` sampled, times `vae.config.scaling_factor`) at the first timestep."""
+    pipe = StableDiffusionImg2ImgPipeline(**sd_pipe.components, requires_safety_checker=False)
+    image = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    t = torch.tensor([600])
+    got = pipe.prepare_latents(
+        image, t, 1, 1, torch.float32, "cpu", torch.Generator().manual_seed(0)
+    )
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        encoded = pipe.vae.encode(image).latent_dist.sample(g) * pipe.vae.config.scaling_factor
+    noise = torch.randn(encoded.shape, generator=g)
+    close(got, pipe.scheduler.add_noise(encoded, noise, t), tol=1e-5)
+
+
+def test_reverse_loop_is_scale_model_input_unet_step(euler_pipe, record_calls):
+    """`StableDiffusionPipeline` runs, for each `t` in `scheduler.timesteps` (high to low), `scale_model_input(latents, t)`, one UNet call with that scalar `t` for the whole batch, and `latents = scheduler.step(noise_pred, t, latents).prev_sample`."""
+    pipe, steps = euler_pipe, 4
+    prompt_embeds, latents = embeds(0, batch=2), start_latents(batch=2)
+    recorder = record_calls(pipe.unet)
+    out = pipe(
+        prompt_embeds=prompt_embeds,
+        latents=latents.clone(),
+        num_inference_steps=steps,
+        guidance_scale=1.0,
+        output_type="latent",
+    ).images
+
+    scheduler = pipe.scheduler
+    scheduler.set_timesteps(steps)
+    timesteps = scheduler.timesteps.clone()
+    assert (timesteps.diff() < 0).all()
+    seen = [args[1] for args, _ in recorder.calls]
+    assert len(seen) == steps
+    for t_seen, t in zip(seen, timesteps, strict=True):
+        assert t_seen.ndim == 0 and t_seen == t
+    assert all(args[0].shape[0] == 2 for args, _ in recorder.calls)
+
+    x = latents * scheduler.init_noise_sigma
+    with torch.no_grad():
+        for t in timesteps:
+            model_input = scheduler.scale_model_input(x, t)
+            noise_pred = pipe.unet(model_input, t, encoder_hidden_states=prompt_embeds).sample
+            x = scheduler.step(noise_pred, t, x).prev_sample
+    close(out, x, tol=1e-5)
+
+
+def test_final_latents_decode_to_pixels(sd1_shaped_pipe):
+    """With a VAE of SD 1.x's four blocks, `latents` are `(B, 4, H/8, W/8)` and the image is `vae.decode(latents / vae.config.scaling_factor)`, of shape `(B, 3, H, W)`, mapped from `[-1, 1]` to `[0, 1]` for `output_type="pt"`."""
+    pipe = sd1_shaped_pipe
+    kwargs = dict(
+        prompt_embeds=embeds(0),
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        guidance_scale=1.0,
+    )
+    start = torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(1))
+    latents = pipe(**kwargs, latents=start.clone(), output_type="latent").images
+    image = pipe(**kwargs, latents=start.clone(), output_type="pt").images
+    assert latents.shape == (1, 4, 32 // 8, 32 // 8)
+    assert image.shape == (1, 3, 32, 32)
+    with torch.no_grad():
+        decoded = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+    close(image, (decoded / 2 + 0.5).clamp(0, 1), tol=1e-5)
+
+
+@pytest.mark.parametrize("variance_type", ["fixed_small", "fixed_large"])
+def test_ddpm_step_samples_the_posterior(variance_type):
+    r"""`DDPMScheduler.step` returns $\tilde\mu_t(x_t, \hat{x}_0) + \sigma_t z$ with $z$ drawn from the `generator`, and `variance_type` sets $\sigma_t^2$: $\tilde\beta_t$ for `"fixed_small"`, $\beta_t$ for `"fixed_large"`."""
+    scheduler = DDPMScheduler(variance_type=variance_type, clip_sample=False, **SD_BETAS)
+    x_t, eps, t = randn(0), randn(1), 500
+    a = abar(scheduler, t)
+    x0 = (x_t - (1 - a).sqrt() * eps) / a.sqrt()
+    mean, beta_tilde, beta = posterior(scheduler, t, t - 1, x0, x_t)
+    close(beta, scheduler.betas[t].double(), tol=1e-4)
+    var = beta_tilde if variance_type == "fixed_small" else beta
+    got = scheduler.step(eps, t, x_t, generator=torch.Generator().manual_seed(7)).prev_sample
+    z = randn(7)
+    close(got, mean + var.sqrt() * z, tol=1e-5)
+
+
+def test_ddpm_step_across_a_stride_uses_the_effective_beta():
+    r"""After `set_timesteps(10)`, `DDPMScheduler.step` from `t` to the previous timestep `t - 100` uses $\beta = 1 - \bar\alpha_t / \bar\alpha_{t-100}$ in place of `betas[t]`, in the mean and in the variance."""
+    scheduler = DDPMScheduler(clip_sample=False, **SD_BETAS)
+    scheduler.set_timesteps(10)
+    x_t, eps, t = randn(0), randn(1), 500
+    a = abar(scheduler, t)
+    x0 = (x_t - (1 - a).sqrt() * eps) / a.sqrt()
+    mean, beta_tilde, beta = posterior(scheduler, t, t - 100, x0, x_t)
+    assert beta > 50 * scheduler.betas[t]
+    got = scheduler.step(eps, t, x_t, generator=torch.Generator().manual_seed(7)).prev_sample
+    close(got, mean + beta_tilde.sqrt() * randn(7), tol=1e-5)
+
+
+def test_ddpm_final_step_adds_no_noise():
+    """At `t=0`, `DDPMScheduler.step` adds no noise: `prev_sample` is `pred_original_sample`, whatever the `generator`."""
+    scheduler = DDPMScheduler(clip_sample=False, **SD_BETAS)
+    x_t, eps = randn(0), randn(1)
+    results = [
+        scheduler.step(eps, 0, x_t, generator=torch.Generator().manual_seed(seed))
+        for seed in (1, 2)
+    ]
+    close(results[0].prev_sample, results[1].prev_sample, tol=0)
+    close(results[0].prev_sample, results[0].pred_original_sample, tol=1e-6)
+
+
+def test_ddim_eta_zero_is_deterministic():
+    r"""`DDIMScheduler.step` with `eta=0` (the default) is deterministic and returns $\sqrt{\bar\alpha_{\text{prev}}}\, \hat{x}_0 + \sqrt{1-\bar\alpha_{\text{prev}}}\, \hat\epsilon$, where the previous timestep is `num_train_timesteps // num_inference_steps` below `t`."""
+    scheduler = DDIMScheduler(clip_sample=False, **SD_BETAS)
+    scheduler.set_timesteps(20)
+    x_t, eps, t = randn(0), randn(1), 701
+    a, a_prev = abar(scheduler, t), abar(scheduler, t - 50)
+    x0 = (x_t - (1 - a).sqrt() * eps) / a.sqrt()
+    results = [
+        scheduler.step(eps, t, x_t, generator=torch.Generator().manual_seed(seed)).prev_sample
+        for seed in (1, 2)
+    ]
+    close(results[0], results[1], tol=0)
+    close(results[0], a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps)
+
+
+def test_ddim_eta_one_is_ddpm():
+    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on the same timesteps and `generator`: stochastic DDPM-like sampling."""
+    kwargs = dict(clip_sample=False, **SD_BETAS)
+    ddim, ddpm = DDIMScheduler(**kwargs), DDPMScheduler(**kwargs)
+    ddim.set_timesteps(10)
+    ddpm.set_timesteps(10)
+    x_t, eps = randn(0), randn(1)
+    for t in [900, 500, 100]:
+        a = ddim.step(eps, t, x_t, eta=1.0, generator=torch.Generator().manual_seed(t)).prev_sample
+        b = ddpm.step(eps, t, x_t, generator=torch.Generator().manual_seed(t)).prev_sample
+        close(a, b, tol=1e-5)
+        assert (a - ddim.step(eps, t, x_t, eta=0.0).prev_sample).abs().max() > 1e-2

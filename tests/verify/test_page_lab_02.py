@@ -1,0 +1,141 @@
+"""Lab 02 (one denoising step) against the installed diffusers.
+
+The starter runs in-process and its own `latent` and `noise_pred` go to diffusers'
+``DDPMScheduler.step`` and ``DDIMScheduler.step`` (``clip_sample=False``), which must
+give the lab's numbers to float32 tolerance.
+"""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler
+
+from labkit.schedules import CANONICAL_BETA_RANGE
+
+LAB02 = "code/lab-02-denoising-step/denoising_step.py"
+
+
+def t64(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.float64)
+
+
+def _range(schedule: str) -> dict:
+    start, end = CANONICAL_BETA_RANGE[schedule]
+    return {"beta_start": start, "beta_end": end}
+
+
+STEP_CASES = [
+    ("linear", 500, 10),
+    ("linear", 500, 1000),
+    ("linear", 500, 2),
+    ("scaled_linear", 700, 10),
+    ("squaredcos_cap_v2", 300, 50),
+]
+
+
+@pytest.mark.parametrize(("schedule", "timestep", "steps"), STEP_CASES)
+def test_lab02_ddpm_step_is_ddpm_scheduler_step(run_lab, schedule, timestep, steps):
+    """The lab's DDPM step is `DDPMScheduler.step`: the same `prev_timestep`, `pred_original_sample`, posterior variance and posterior mean, for three schedules and 2 to 1000 steps."""
+    g = run_lab(
+        LAB02, "--schedule", schedule, "--timestep", str(timestep),
+        "--num-inference-steps", str(steps), "--num-samples", "500",
+    )  # fmt: skip
+    scheduler = DDPMScheduler(beta_schedule=schedule, clip_sample=False, **_range(schedule))
+    scheduler.set_timesteps(steps)
+    assert timestep in scheduler.timesteps
+    assert int(scheduler.previous_timestep(timestep)) == g["prev_timestep"]
+
+    latent, noise_pred = t64(g["latent"]), t64(g["noise_pred"])
+    out = scheduler.step(noise_pred, timestep, latent, generator=torch.Generator().manual_seed(0))
+    np.testing.assert_allclose(
+        g["pred_original_sample"], out.pred_original_sample.numpy(), atol=1e-4
+    )
+
+    # diffusers draws its own step noise; redraw it to split prev_sample into mean + noise.
+    z = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    variance = float(scheduler._get_variance(timestep))
+    np.testing.assert_allclose(g["variance"], variance, rtol=1e-4, atol=1e-7)  # float32 1 - ab
+    theirs_mean = out.prev_sample - variance**0.5 * z
+    np.testing.assert_allclose(g["pred_prev_sample"], theirs_mean.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize(("schedule", "timestep", "steps"), STEP_CASES)
+def test_lab02_ddim_step_is_ddim_scheduler_step(run_lab, schedule, timestep, steps):
+    """The lab's DDIM step (`eta=0`) is `DDIMScheduler.step`: the same `prev_sample` and `pred_original_sample`."""
+    g = run_lab(
+        LAB02, "--schedule", schedule, "--timestep", str(timestep),
+        "--num-inference-steps", str(steps), "--num-samples", "500",
+    )  # fmt: skip
+    scheduler = DDIMScheduler(beta_schedule=schedule, clip_sample=False, **_range(schedule))
+    scheduler.set_timesteps(steps)
+    out = scheduler.step(t64(g["noise_pred"]), timestep, t64(g["latent"]), eta=0.0)
+    np.testing.assert_allclose(g["latent_prev_ddim"], out.prev_sample.numpy(), atol=1e-4)
+    np.testing.assert_allclose(
+        g["pred_original_sample"], out.pred_original_sample.numpy(), atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("prediction_type", ["sample", "v_prediction"])
+def test_lab02_conversions_are_what_the_scheduler_does(run_lab, prediction_type):
+    """Given the lab's `sample` or `v_prediction` output with the matching `prediction_type`, `DDIMScheduler.step` recovers the same `pred_original_sample` and `prev_sample` as from `epsilon`.
+
+    The three targets carry the same information once `x_t` is known.
+    """
+    g = run_lab(LAB02, "--num-samples", "500")
+    model_output = g["pred_original_sample"] if prediction_type == "sample" else g["v_pred"]
+    scheduler = DDIMScheduler(clip_sample=False, prediction_type=prediction_type)
+    scheduler.set_timesteps(10)
+    out = scheduler.step(t64(model_output), g["timestep"], t64(g["latent"]), eta=0.0)
+    np.testing.assert_allclose(
+        g["pred_original_sample"], out.pred_original_sample.numpy(), atol=1e-4
+    )
+    np.testing.assert_allclose(g["latent_prev_ddim"], out.prev_sample.numpy(), atol=1e-4)
+
+
+def test_both_schedulers_clip_pred_original_sample_by_default():
+    """`DDPMScheduler` and `DDIMScheduler` default to `clip_sample=True`, which clamps `pred_original_sample` to `[-1, 1]`."""
+    sample = torch.full((1, 2), 3.0, dtype=torch.float64)  # an x0 estimate far outside [-1, 1]
+    for cls in (DDPMScheduler, DDIMScheduler):
+        scheduler = cls()
+        assert scheduler.config.clip_sample is True and scheduler.config.clip_sample_range == 1.0
+        scheduler.set_timesteps(10)
+        t = int(scheduler.timesteps[0])
+        out = scheduler.step(torch.zeros_like(sample), t, sample, generator=torch.Generator())
+        assert float(out.pred_original_sample.abs().max()) == 1.0, cls.__name__
+
+
+def test_ddpm_adds_no_noise_at_t_zero():
+    """`DDPMScheduler.step` adds fresh noise at every timestep except `t == 0`: there two different generators give the same `prev_sample`."""
+    scheduler = DDPMScheduler(clip_sample=False)
+    scheduler.set_timesteps(10)
+    sample, eps = torch.randn(4, 2, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+
+    def step(t, seed):
+        gen = torch.Generator().manual_seed(seed)
+        return scheduler.step(eps, t, sample, generator=gen).prev_sample
+
+    assert int(scheduler.timesteps[-1]) == 0
+    torch.testing.assert_close(step(0, 1), step(0, 2))
+    assert not torch.allclose(step(100, 1), step(100, 2))
+
+
+def test_from_config_carries_the_schedule_and_prediction_type():
+    """`DDIMScheduler.from_config(ddpm.config)` keeps the schedule (`betas`, `alphas_cumprod`) and `prediction_type`: swapping the sampler needs no new model."""
+    ddpm = DDPMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                         prediction_type="v_prediction")  # fmt: skip
+    ddim = DDIMScheduler.from_config(ddpm.config)
+    torch.testing.assert_close(ddim.alphas_cumprod, ddpm.alphas_cumprod)
+    assert ddim.config.prediction_type == "v_prediction"
+
+
+def test_a_prediction_type_mismatch_raises_nothing():
+    """Reading a model output with the wrong `prediction_type` raises no error: every type has the latents' shape, so the step just returns a different `prev_sample`."""
+    sample = torch.randn(4, 2, dtype=torch.float64)
+    output = torch.randn(4, 2, dtype=torch.float64)
+    results = []
+    for prediction_type in ("epsilon", "sample", "v_prediction"):
+        scheduler = DDIMScheduler(clip_sample=False, prediction_type=prediction_type)
+        scheduler.set_timesteps(10)
+        results.append(scheduler.step(output, 500, sample).prev_sample)
+    assert all(r.shape == sample.shape for r in results)
+    assert not torch.allclose(results[0], results[1]) and not torch.allclose(results[0], results[2])

@@ -1,0 +1,85 @@
+"""Lab 03 (scheduler reading): the page's claims about diffusers' schedulers.
+
+That labkit's NumPy schedulers reproduce diffusers' is held by the shared module
+``test_schedulers_vs_diffusers.py``, which the page lists too. This module holds
+what the page says about diffusers itself: DDIM's fixed stride against each
+spacing's grid, Euler's warning, and the flow-matching double shift.
+"""
+
+import itertools
+import logging
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DDIMScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler
+
+T = 1000
+
+
+def ddim_target(scheduler: DDIMScheduler, t: int) -> int:
+    """The timestep whose alphas_cumprod ``DDIMScheduler.step`` used when leaving ``t``.
+
+    With eta = 0 and an epsilon output of zeros, prev_sample = sqrt(ab_prev / ab_t) * x_t,
+    so the ratio of output to input names ab_prev, and so the target timestep.
+    """
+    sample = torch.ones(1, dtype=torch.float64)
+    out = scheduler.step(torch.zeros_like(sample), t, sample, eta=0.0).prev_sample
+    ab_prev = float(out[0]) ** 2 * float(scheduler.alphas_cumprod[t])
+    return int(np.argmin(np.abs(scheduler.alphas_cumprod.double().numpy() - ab_prev)))
+
+
+def transitions(spacing: str, n: int) -> list[tuple[int, int]]:
+    """(next grid entry, the timestep DDIM's step targets) for each step but the last."""
+    scheduler = DDIMScheduler(timestep_spacing=spacing, clip_sample=False)
+    scheduler.set_timesteps(n)
+    grid = scheduler.timesteps.tolist()
+    return [(nxt, ddim_target(scheduler, t)) for t, nxt in itertools.pairwise(grid)]
+
+
+def test_ddim_step_targets_t_minus_the_fixed_stride_under_linspace():
+    """`DDIMScheduler.step` at 999 targets 999 - 1000 // 10 = 899 under `linspace` at 10 steps, while the grid's next timestep is 888: it computes the stride, it does not read the grid."""
+    scheduler = DDIMScheduler(timestep_spacing="linspace", clip_sample=False)
+    scheduler.set_timesteps(10)
+    assert scheduler.timesteps.tolist()[:2] == [999, 888]
+    assert ddim_target(scheduler, 999) == 899
+
+
+@pytest.mark.parametrize("n", [1, 3, 7, 10, 13, 50, 64, 100, 250])
+def test_leading_always_matches_the_ddim_stride(n):
+    """Under `leading` the grid's stride is `1000 // n` by construction, so `DDIMScheduler.step` always lands on the next grid entry."""
+    assert all(nxt == target for nxt, target in transitions("leading", n))
+
+
+def test_trailing_matches_only_when_the_step_count_divides_1000():
+    """Under `trailing`, DDIM's stride matches the grid when the step count divides 1000 (10 steps: 999, 899, …); at 7 steps the grid goes 999, 856 while `step` targets 857, at five of the six transitions, one training timestep off each time."""
+    assert all(nxt == target for nxt, target in transitions("trailing", 10))
+    seven = transitions("trailing", 7)
+    assert seven[0] == (856, 857)
+    assert sum(nxt != target for nxt, target in seven) == 5
+    assert all(abs(nxt - target) <= 1 for nxt, target in seven)
+
+
+def test_euler_warns_when_scale_model_input_was_skipped(caplog):
+    """`EulerDiscreteScheduler.step` without a prior `scale_model_input` only logs a warning: the step still runs."""
+    scheduler = EulerDiscreteScheduler(
+        beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012
+    )
+    scheduler.set_timesteps(10)
+    sample = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(0))
+    t = scheduler.timesteps[0]
+    with caplog.at_level(logging.WARNING, logger="diffusers"):
+        out = scheduler.step(torch.zeros_like(sample), t, sample).prev_sample
+    assert torch.isfinite(out).all()
+    assert any("scale_model_input" in r.getMessage() for r in caplog.records)
+
+
+def test_flow_match_shifts_sigma_min_twice():
+    """`FlowMatchEulerDiscreteScheduler(shift=3.0).set_timesteps(10)` ends its non-zero sigmas at 0.0089, not the 0.0030 a single shift of 1/1000 gives: `sigma_min` is shifted once in `__init__` and again in `set_timesteps`."""
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(10)
+    last = float(scheduler.sigmas[-2])
+    once = 3.0 * 0.001 / (1 + 2.0 * 0.001)
+    twice = 3.0 * once / (1 + 2.0 * once)
+    assert last == pytest.approx(twice, rel=1e-4) and last == pytest.approx(0.0089, abs=5e-5)
+    assert once == pytest.approx(0.0030, abs=5e-5)

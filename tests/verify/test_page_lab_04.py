@@ -1,0 +1,124 @@
+"""Lab 04 (CFG code reading) against the real StableDiffusionPipeline.
+
+No weights: the UNet and VAE are tiny and random (``tiny.py``), and the prompt
+embeddings are passed in directly, so ``StableDiffusionPipeline.__call__`` runs on
+the CPU in a fraction of a second. A pre-hook on the UNet records each call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny import EMBED_DIM, HEIGHT, WIDTH, embeds, start_latents
+
+from labkit.schedulers import DDIMScheduler as NumpyDDIMScheduler
+
+LAB04 = "code/lab-04-cfg-code-reading/cfg_guidance.py"
+
+
+def run(pipe, guidance_scale: float, steps: int = 4, **kwargs):
+    return pipe(
+        prompt_embeds=embeds(1),
+        negative_prompt_embeds=embeds(2),
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        height=HEIGHT,
+        width=WIDTH,
+        latents=start_latents(),
+        output_type="latent",
+        **kwargs,
+    ).images
+
+
+def test_cfg_doubles_the_batch_uncond_first(sd_pipe, record_calls):
+    """With `guidance_scale=7.5` every UNet call gets a batch of `2B`: the same `latents` twice, with `negative_prompt_embeds` in the first half and `prompt_embeds` in the second, one call per step."""
+    unet = record_calls(sd_pipe.unet)
+    run(sd_pipe, guidance_scale=7.5, steps=4)
+    assert len(unet.calls) == 4
+    for args, kwargs in unet.calls:
+        sample, hidden = args[0], kwargs["encoder_hidden_states"]
+        assert sample.shape == (2, 4, 8, 8)  # (2B, 4, H/8, W/8) with the tiny VAE's /2
+        assert hidden.shape == (2, 77, EMBED_DIM)
+        torch.testing.assert_close(hidden[:1], embeds(2))  # negative (uncond) half first
+        torch.testing.assert_close(hidden[1:], embeds(1))
+        torch.testing.assert_close(sample[:1], sample[1:])
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 0.5, 0.0])
+def test_guidance_scale_at_most_one_runs_the_cond_branch_alone(
+    sd_pipe, record_calls, guidance_scale
+):
+    """With `guidance_scale` 1, 0.5 or 0, every UNet call gets a batch of `B` and `prompt_embeds` alone: the unconditional branch is skipped, not interpolated toward."""
+    unet = record_calls(sd_pipe.unet)
+    run(sd_pipe, guidance_scale=guidance_scale, steps=3)
+    assert [args[0].shape[0] for args, _ in unet.calls] == [1, 1, 1]
+    for _, kwargs in unet.calls:
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], embeds(1))
+
+
+def test_scales_at_most_one_give_identical_latents(sd_pipe):
+    """`guidance_scale` 0, 0.5 and 1 give bit-identical `latents`: all three are the conditional model."""
+    results = [run(sd_pipe, guidance_scale=s, steps=3) for s in (0.0, 0.5, 1.0)]
+    assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
+
+
+def test_do_classifier_free_guidance_is_scale_above_one_without_guidance_embedding(sd_pipe):
+    """`do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
+    assert sd_pipe.unet.config.time_cond_proj_dim is None
+    for scale, expected in [(0.0, False), (1.0, False), (1.0001, True), (7.5, True)]:
+        sd_pipe._guidance_scale = scale
+        assert sd_pipe.do_classifier_free_guidance is expected, scale
+
+
+def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe):
+    """The lab's guidance lines (`np.concatenate([latents] * 2)`, one call, `np.split`, the extrapolation) in a NumPy loop with labkit's DDIM reproduce the pipeline's final `latents` from the same UNet and starting noise."""
+    guidance_scale, steps = 5.0, 6
+    expected = run(sd_pipe, guidance_scale=guidance_scale, steps=steps)
+
+    c = sd_pipe.scheduler.config
+    scheduler = NumpyDDIMScheduler(
+        beta_schedule=c.beta_schedule,
+        beta_start=c.beta_start,
+        beta_end=c.beta_end,
+        set_alpha_to_one=c.set_alpha_to_one,
+        steps_offset=c.steps_offset,
+        clip_sample=c.clip_sample,
+    )
+    scheduler.set_timesteps(steps)
+    prompt_embeds = torch.cat([embeds(2), embeds(1)])  # (2B, 77, D): negative first
+    latents = start_latents().numpy().astype(np.float64) * scheduler.init_noise_sigma
+    for t in scheduler.timesteps:
+        latent_model_input = np.concatenate([latents] * 2)  # (2B, 4, 8, 8)
+        latent_model_input = scheduler.scale_model_input(latent_model_input, t)
+        with torch.no_grad():
+            noise_pred = sd_pipe.unet(
+                torch.from_numpy(latent_model_input).float(),
+                int(t),
+                encoder_hidden_states=prompt_embeds,
+            ).sample
+        noise_pred_uncond, noise_pred_text = np.split(noise_pred.double().numpy(), 2)
+        noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
+        latents = scheduler.step(noise_pred, t, latents).prev_sample
+    np.testing.assert_allclose(latents, expected.double().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_negative_prompt_embeds_replace_the_uncond_half_at_the_same_cost(sd_pipe, record_calls):
+    """A different `negative_prompt_embeds` changes only the first half of each UNet call and the result; the batch stays `2B`, one call per step."""
+    unet = record_calls(sd_pipe.unet)
+    base = run(sd_pipe, guidance_scale=1.5, steps=3)
+    other = sd_pipe(
+        prompt_embeds=embeds(1),
+        negative_prompt_embeds=embeds(3),
+        num_inference_steps=3,
+        guidance_scale=1.5,
+        height=HEIGHT,
+        width=WIDTH,
+        latents=start_latents(),
+        output_type="latent",
+    ).images
+    assert [args[0].shape[0] for args, _ in unet.calls] == [2] * 6
+    for _, kwargs in unet.calls[3:]:
+        torch.testing.assert_close(kwargs["encoder_hidden_states"][:1], embeds(3))
+        torch.testing.assert_close(kwargs["encoder_hidden_states"][1:], embeds(1))
+    assert not torch.allclose(base, other)

@@ -1,0 +1,1357 @@
+"""Inference loop step by step (docs/handbook/loop.md) against the installed diffusers.
+
+Everything runs on the real classes with tiny random-config parts built in code:
+``StableDiffusionPipeline`` (tiny UNet and VAE from ``tiny``; a tiny ``CLIPTextModel``
+and an in-memory ``CLIPTokenizer`` where the text path matters),
+``StableDiffusionControlNetPipeline`` with a ``ControlNetModel`` made from the tiny UNet,
+an IP-Adapter installed through the UNet's own loader from a random state dict, and
+``StableDiffusion3Pipeline`` with a tiny ``SD3Transformer2DModel`` and tiny CLIP text
+encoders. Hooks record what each model receives and returns. ``inspect`` is used only
+for signature defaults and for the one claim about the absence of LoRA code in the loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import math
+import string
+import typing
+
+import numpy as np
+import pytest
+import torch
+from diffusers import (
+    AutoencoderKL,
+    ControlNetModel,
+    DDIMScheduler,
+    DDPMScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    HeunDiscreteScheduler,
+    PNDMScheduler,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
+    StableDiffusionControlNetPipeline,
+    StableDiffusionPipeline,
+)
+from diffusers.models.attention_processor import AttnProcessor2_0, IPAdapterAttnProcessor2_0
+from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
+from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+from diffusers.utils import peft_utils
+from diffusers.utils.torch_utils import randn_tensor
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    SD_BETAS,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_text_encoder,
+    tiny_unet,
+    tiny_vae,
+)
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
+
+PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
+LATENT = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
+#: Stable Diffusion 1.5's shipped scheduler config, as printed on the diffusers docs page
+#: https://huggingface.co/docs/diffusers/using-diffusers/schedulers
+SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
+
+
+# ---------------------------------------------------------------- builders (this page only)
+
+
+def sd_with(pipe, **components):
+    """A new StableDiffusionPipeline sharing ``pipe``'s models, with some parts replaced."""
+    parts = dict(pipe.components)
+    parts.update(components)
+    new = StableDiffusionPipeline(**parts, requires_safety_checker=False)
+    new.set_progress_bar_config(disable=True)
+    return new
+
+
+def clip_tokenizer():
+    """A real CLIPTokenizer over an in-memory vocabulary (letters, no merges): no files."""
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in string.ascii_lowercase:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def run(pipe, guidance_scale=7.5, steps=3, latents=None, **kwargs):
+    """One call of the tiny pipeline; returns ``.images`` (the final latents by default)."""
+    if "prompt" not in kwargs:
+        kwargs.setdefault("prompt_embeds", PROMPT)
+        if guidance_scale > 1:
+            kwargs.setdefault("negative_prompt_embeds", NEGATIVE)
+    kwargs.setdefault("height", HEIGHT)
+    kwargs.setdefault("width", WIDTH)
+    kwargs.setdefault("output_type", "latent")
+    return pipe(
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        latents=start_latents() if latents is None else latents,
+        **kwargs,
+    ).images
+
+
+def guided(noise_pred, guidance_scale):
+    noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
+    return noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
+
+
+@pytest.fixture
+def outputs_of():
+    """``outputs_of(module) -> list``: the output of every forward (tuple or ``.sample``)."""
+    handles = []
+
+    def attach(module):
+        seen = []
+
+        def hook(mod, args, output):
+            seen.append(output)
+
+        handles.append(module.register_forward_hook(hook))
+        return seen
+
+    yield attach
+    for handle in handles:
+        handle.remove()
+
+
+@pytest.fixture
+def step_calls(monkeypatch):
+    """``spy(scheduler) -> list``: a dict of every ``scheduler.step`` call and its result."""
+
+    def spy(scheduler):
+        seen = []
+        original = scheduler.step
+
+        @functools.wraps(original)
+        def step(model_output, timestep, sample, *args, **kwargs):
+            out = original(model_output, timestep, sample, *args, **kwargs)
+            seen.append(
+                dict(
+                    model_output=model_output.clone(),
+                    t=timestep,
+                    sample=sample.clone(),
+                    kwargs=dict(kwargs),
+                    prev_sample=out[0].clone(),
+                )
+            )
+            return out
+
+        monkeypatch.setattr(scheduler, "step", step)
+        return seen
+
+    return spy
+
+
+class Bar:
+    """Stands in for the pipeline's tqdm bar: records ``total`` and counts ``update()``."""
+
+    def __init__(self, total):
+        self.total, self.updates = total, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        self.updates += n
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    """``spy(pipe) -> list``: the progress bars ``pipe`` opens (``Bar`` objects)."""
+
+    def spy(pipe):
+        seen = []
+
+        def progress_bar(iterable=None, total=None):
+            seen.append(Bar(total))
+            return seen[-1]
+
+        monkeypatch.setattr(pipe, "progress_bar", progress_bar)
+        return seen
+
+    return spy
+
+
+@pytest.fixture
+def calls_of(monkeypatch):
+    """``spy(obj, name) -> list``: (args, kwargs) of every call of the method ``obj.name``."""
+
+    def spy(obj, name):
+        seen = []
+        original = getattr(obj, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            seen.append((args, kwargs))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(obj, name, wrapper)
+        return seen
+
+    return spy
+
+
+@pytest.fixture(scope="module")
+def text_pipe(sd_pipe):
+    """The tiny pipeline with a tiny CLIP text encoder and tokenizer."""
+    return sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=clip_tokenizer())
+
+
+# ---------------------------------------------------------------- before the loop
+
+
+def test_default_size_is_unet_sample_size_times_vae_scale_factor(sd_pipe):
+    """If `height` and `width` are not given, each defaults to `unet.config.sample_size * vae_scale_factor`, where `vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)`: 8 for SD's four-block VAE."""
+    assert sd_pipe.vae_scale_factor == 2  # the tiny VAE has two blocks
+    torch.manual_seed(0)
+    four_blocks = AutoencoderKL(
+        block_out_channels=(32,) * 4,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+    )
+    assert sd_with(sd_pipe, vae=four_blocks).vae_scale_factor == 8
+    pipe = sd_with(sd_pipe, unet=tiny_unet(sample_size=12))
+    image = pipe(
+        prompt_embeds=PROMPT,
+        guidance_scale=1.0,
+        num_inference_steps=1,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).images
+    assert image.shape == (1, 24, 24, 3)  # 12 * 2 pixels each way
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(height=12),  # divisible by the tiny VAE's factor 2, not by 8
+        dict(width=20),
+        dict(prompt="a cat"),  # together with prompt_embeds
+        dict(prompt_embeds=None),  # neither prompt nor prompt_embeds
+        dict(negative_prompt="blurry"),  # together with negative_prompt_embeds
+        dict(negative_prompt_embeds=torch.zeros(1, 70, EMBED_DIM)),  # shape mismatch
+        dict(callback_on_step_end_tensor_inputs=["latents", "noise_pred"]),
+    ],
+    ids=["height", "width", "both-prompts", "no-prompt", "both-negatives", "shapes", "callback"],
+)
+def test_check_inputs_rejects_bad_calls_before_any_model_runs(sd_pipe, record_calls, bad):
+    """`check_inputs` raises `ValueError` before any model runs when `height` or `width` is not divisible by 8, when both or neither of `prompt` and `prompt_embeds` are given, when both `negative_prompt` and `negative_prompt_embeds` are given, when `prompt_embeds` and `negative_prompt_embeds` differ in shape, or when `callback_on_step_end_tensor_inputs` names a tensor outside `_callback_tensor_inputs`, which is `["latents", "prompt_embeds", "negative_prompt_embeds"]`."""
+    assert StableDiffusionPipeline._callback_tensor_inputs == [
+        "latents",
+        "prompt_embeds",
+        "negative_prompt_embeds",
+    ]
+    calls = record_calls(sd_pipe.unet).calls
+    kwargs = dict(prompt_embeds=PROMPT, negative_prompt_embeds=NEGATIVE, height=16, width=16)
+    kwargs.update(bad)
+    with pytest.raises(ValueError):
+        sd_pipe(guidance_scale=7.5, num_inference_steps=2, output_type="latent", **kwargs)
+    assert calls == []
+    run(sd_pipe, steps=1, callback_on_step_end_tensor_inputs=list(sd_pipe._callback_tensor_inputs))
+    assert len(calls) == 1  # the same call with valid inputs runs
+
+
+def test_batch_size_from_prompt_or_prompt_embeds(text_pipe, record_calls):
+    """`batch_size` is 1 for a string `prompt`, `len(prompt)` for a list and `prompt_embeds.shape[0]` otherwise, and the `latents` get batch `B = batch_size * num_images_per_prompt`."""
+    calls = record_calls(text_pipe.unet).calls
+
+    def batch(**kwargs):
+        calls.clear()
+        text_pipe(
+            guidance_scale=1.0,
+            num_inference_steps=1,
+            height=HEIGHT,
+            width=WIDTH,
+            output_type="latent",
+            **kwargs,
+        )
+        return calls[0][0][0].shape[0]
+
+    assert batch(prompt="a cat") == 1
+    assert batch(prompt=["a cat", "a dog", "an owl"]) == 3
+    assert batch(prompt=["a cat", "a dog"], num_images_per_prompt=2) == 4
+    assert batch(prompt_embeds=embeds(1, batch=3), num_images_per_prompt=2) == 6
+
+
+def test_encode_prompt_pads_to_77_and_puts_the_negative_first(text_pipe, record_calls):
+    """`encode_prompt` pads or truncates every prompt to `tokenizer.model_max_length` (77) tokens, int64 `input_ids` of shape `(batch_size, 77)`, and casts the text encoder's last hidden state to `text_encoder.dtype`; with CFG the negative prompt, or `""`, goes through the same text encoder, and the UNet gets `torch.cat([negative_prompt_embeds, prompt_embeds])`, each repeated `num_images_per_prompt` times: `(2B, 77, D)`."""
+    encoder_calls = record_calls(text_pipe.text_encoder).calls
+    unet_calls = record_calls(text_pipe.unet).calls
+    long_prompt = " ".join("abcdefghij") * 12  # 120 letter tokens: truncated to 77
+    run(text_pipe, prompt=long_prompt, num_images_per_prompt=2, steps=1, latents=start_latents(2))
+    assert len(encoder_calls) == 2  # the prompt, then the default negative ""
+    ids = [args[0] for args, _ in encoder_calls]
+    assert [tuple(i.shape) for i in ids] == [(1, 77), (1, 77)]
+    assert all(i.dtype == torch.int64 for i in ids)
+    tokenize = functools.partial(text_pipe.tokenizer, padding="max_length", return_tensors="pt")
+    torch.testing.assert_close(ids[1], tokenize("").input_ids)  # start token, then padding
+    torch.testing.assert_close(ids[0], tokenize(long_prompt, truncation=True).input_ids)
+    with torch.no_grad():
+        positive = text_pipe.text_encoder(ids[0])[0]
+        negative = text_pipe.text_encoder(ids[1])[0]
+    hidden = unet_calls[0][1]["encoder_hidden_states"]
+    assert hidden.shape == (4, 77, EMBED_DIM)
+    torch.testing.assert_close(hidden, torch.cat([negative, negative, positive, positive]))
+    half = sd_with(text_pipe, text_encoder=tiny_text_encoder().to(torch.bfloat16))
+    embeds_bf16, negative_bf16 = half.encode_prompt("a cat", "cpu", 1, True)
+    assert embeds_bf16.dtype == negative_bf16.dtype == torch.bfloat16  # text_encoder.dtype
+
+
+def test_custom_timesteps_and_sigmas(sd_pipe, record_calls, bars):
+    """`retrieve_timesteps` passes custom `timesteps=` or `sigmas=` to `set_timesteps` only if its signature accepts them, raising `ValueError` otherwise, and then sets `num_inference_steps = len(timesteps)`, which is what the progress bar counts."""
+    ddpm = sd_with(sd_pipe, scheduler=DDPMScheduler(**SD_BETAS))
+    calls = record_calls(ddpm.unet).calls
+    bar = bars(ddpm)
+    run(ddpm, guidance_scale=1.0, steps=50, timesteps=[900, 500, 100])
+    assert [int(args[1]) for args, _ in calls] == [900, 500, 100]
+    assert bar[0].total == 3 and bar[0].updates == 3
+    euler = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    calls.clear()
+    bar = bars(euler)
+    run(euler, guidance_scale=1.0, steps=50, sigmas=[10.0, 3.0, 1.0, 0.3, 0.0])  # ends at 0
+    assert len(calls) == 4 and bar[0].total == 4
+    torch.testing.assert_close(euler.scheduler.sigmas, torch.tensor([10.0, 3.0, 1.0, 0.3, 0.0]))
+    assert "timesteps" not in inspect.signature(DDIMScheduler.set_timesteps).parameters
+    with pytest.raises(ValueError, match="does not support custom timestep"):
+        run(sd_pipe, guidance_scale=1.0, timesteps=[900, 500, 100])
+
+
+def test_timesteps_shape_and_dtype_per_scheduler(sd_pipe, record_calls):
+    """After `set_timesteps(n)`, `scheduler.timesteps` has shape `(n,)`, int64 for `DDPMScheduler` and `DDIMScheduler` and float32 for `EulerDiscreteScheduler`, and the pipeline passes each entry `t` to the UNet as a 0-d tensor."""
+    calls = record_calls(sd_pipe.unet).calls
+    for scheduler, dtype in [
+        (DDPMScheduler(**SD_BETAS), torch.int64),
+        (DDIMScheduler(**SD_BETAS), torch.int64),
+        (EulerDiscreteScheduler(**SD_BETAS), torch.float32),
+    ]:
+        pipe = sd_with(sd_pipe, scheduler=scheduler)
+        calls.clear()
+        run(pipe, guidance_scale=1.0, steps=3)
+        assert pipe.scheduler.timesteps.shape == (3,)
+        assert pipe.scheduler.timesteps.dtype == dtype
+        ts = [args[1] for args, _ in calls]
+        assert all(torch.is_tensor(t) and t.ndim == 0 and t.dtype == dtype for t in ts)
+        torch.testing.assert_close(torch.stack(ts), pipe.scheduler.timesteps)
+
+
+def test_prepare_latents_draws_and_scales_by_init_noise_sigma(sd_pipe, record_calls, monkeypatch):
+    """`prepare_latents` draws `randn_tensor((B, unet.config.in_channels, h, w), generator=generator, dtype=prompt_embeds.dtype)`, or takes the `latents` passed in, and multiplies either by `scheduler.init_noise_sigma`: 1.0 for DDPM and DDIM, and for Euler `sigmas.max()` with its default `linspace` spacing or `sqrt(sigmas.max() ** 2 + 1)` with `leading`."""
+    calls = record_calls(sd_pipe.unet).calls
+    sd_pipe(
+        prompt_embeds=PROMPT,
+        guidance_scale=1.0,
+        num_inference_steps=1,
+        height=HEIGHT,
+        width=WIDTH,
+        generator=torch.Generator().manual_seed(5),
+        output_type="latent",
+    )
+    noise = torch.randn(LATENT, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(calls[0][0][0], noise, rtol=0, atol=0)  # DDIM: init sigma 1.0
+    monkeypatch.setattr(sd_pipe.scheduler, "init_noise_sigma", 3.0)
+    calls.clear()
+    run(sd_pipe, guidance_scale=1.0, steps=1)
+    torch.testing.assert_close(calls[0][0][0], 3.0 * start_latents())
+    drawn = sd_pipe.prepare_latents(
+        1, 4, HEIGHT, WIDTH, torch.float16, "cpu", torch.Generator().manual_seed(5)
+    )
+    assert drawn.dtype == torch.float16 and drawn.shape == LATENT
+    assert DDPMScheduler().init_noise_sigma == DDIMScheduler().init_noise_sigma == 1.0
+    for spacing, expected in [("linspace", lambda s: s), ("leading", lambda s: (s**2 + 1) ** 0.5)]:
+        euler = EulerDiscreteScheduler(timestep_spacing=spacing, **SD_BETAS)
+        euler.set_timesteps(10)
+        torch.testing.assert_close(
+            torch.as_tensor(euler.init_noise_sigma), expected(euler.sigmas.max())
+        )
+
+
+def test_extra_step_kwargs_follow_the_step_signature(sd_pipe, step_calls):
+    """`eta` and `generator` reach `scheduler.step` only if its signature has them: `DDIMScheduler.step` gets both, `EulerDiscreteScheduler.step` only `generator`, and `PNDMScheduler.step` neither."""
+    expected = {DDIMScheduler: {"eta", "generator"}, EulerDiscreteScheduler: {"generator"}}
+    for scheduler in [
+        DDIMScheduler(**SD_BETAS),
+        EulerDiscreteScheduler(**SD_BETAS),
+        PNDMScheduler(**SD15_PNDM),
+    ]:
+        cls = type(scheduler)
+        pipe = sd_with(sd_pipe, scheduler=scheduler)
+        seen = step_calls(pipe.scheduler)
+        run(pipe, guidance_scale=1.0, steps=2, eta=0.5, generator=torch.Generator())
+        assert {k for k in seen[0]["kwargs"] if k != "return_dict"} == expected.get(cls, set())
+        if cls is DDIMScheduler:
+            assert seen[0]["kwargs"]["eta"] == 0.5
+
+
+def test_guidance_distilled_unet_gets_timestep_cond_and_one_pass(sd_pipe, record_calls):
+    """A UNet with `time_cond_proj_dim` set gets `timestep_cond`, the sinusoidal embedding of `1000 * (guidance_scale - 1)`, and a single pass at batch `B` even at `guidance_scale` 7.5: `do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
+    pipe = sd_with(sd_pipe, unet=tiny_unet(time_cond_proj_dim=16))
+    calls = record_calls(pipe.unet).calls
+    run(pipe, guidance_scale=7.5, steps=2)
+    assert pipe.do_classifier_free_guidance is False
+    cond = calls[0][1]["timestep_cond"]
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(8) / 7)
+    angle = 1000 * 6.5 * freqs
+    torch.testing.assert_close(cond, torch.cat([angle.sin(), angle.cos()])[None], atol=1e-4, rtol=0)
+    assert all(args[0].shape[0] == 1 for args, _ in calls)
+    calls = record_calls(sd_pipe.unet).calls
+    run(sd_pipe, guidance_scale=1.01, steps=1)  # no guidance embedding: CFG from just above 1
+    assert calls[0][0][0].shape[0] == 2 and calls[0][1]["timestep_cond"] is None
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def test_one_unet_call_per_step_with_the_loop_arguments(sd_pipe, record_calls, step_calls):
+    """Each iteration makes one UNet call, with `torch.cat([latents] * 2)` `(2B, 4, h, w)`, `t`, `encoder_hidden_states=prompt_embeds` `(2B, 77, D)`, `timestep_cond`, `cross_attention_kwargs`, `added_cond_kwargs` and `return_dict=False`, and `scheduler.step` turns the guided prediction into the next `latents` `(B, 4, h, w)`."""
+    calls = record_calls(sd_pipe.unet).calls
+    steps = step_calls(sd_pipe.scheduler)
+    run(sd_pipe, steps=3, cross_attention_kwargs={"foo": 1})
+    assert len(calls) == len(steps) == 3
+    for (args, kwargs), step in zip(calls, steps, strict=True):
+        sample, t = args
+        assert sample.shape == (2, 4, 8, 8)
+        torch.testing.assert_close(sample, torch.cat([step["sample"]] * 2))  # DDIM: no scaling
+        assert t == step["t"]
+        assert set(kwargs) == {
+            "encoder_hidden_states",
+            "timestep_cond",
+            "cross_attention_kwargs",
+            "added_cond_kwargs",
+            "return_dict",
+        }
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], torch.cat([NEGATIVE, PROMPT]))
+        assert kwargs["cross_attention_kwargs"] == {"foo": 1}
+        assert kwargs["added_cond_kwargs"] is None and kwargs["return_dict"] is False
+        assert step["prev_sample"].shape == LATENT
+    for before, after in itertools.pairwise(steps):
+        torch.testing.assert_close(after["sample"], before["prev_sample"])
+
+
+def test_unet_expands_the_0d_timestep_to_the_batch(sd_pipe, record_calls):
+    """The UNet gets `t` as a 0-d tensor and expands it to the batch itself (`timesteps.expand(sample.shape[0])` in `get_time_embed`): its time projection sees `2B` copies of `t`."""
+    unet_calls = record_calls(sd_pipe.unet).calls
+    proj_calls = record_calls(sd_pipe.unet.time_proj).calls
+    run(sd_pipe, steps=2)
+    for (unet_args, _), (proj_args, _) in zip(unet_calls, proj_calls, strict=True):
+        t = unet_args[1]
+        assert t.ndim == 0
+        torch.testing.assert_close(proj_args[0], t.expand(2))
+
+
+class NoScaleModelInput(DDIMScheduler):
+    """DDIM without a ``scale_model_input`` attribute (``hasattr`` is False)."""
+
+    @property
+    def scale_model_input(self):
+        raise AttributeError("scale_model_input")
+
+
+def test_scale_model_input_is_guarded_and_per_class(sd_pipe, record_calls):
+    """`scale_model_input` is called only if the scheduler has it (`hasattr`), so a scheduler without it runs the same loop; it is the identity for DDPM and DDIM, and for Euler it divides by `sqrt(sigma ** 2 + 1)`."""
+    expected = run(sd_pipe, steps=3)
+    assert not hasattr(NoScaleModelInput(), "scale_model_input")
+    without = sd_with(sd_pipe, scheduler=NoScaleModelInput(set_alpha_to_one=False, **SD_BETAS))
+    torch.testing.assert_close(run(without, steps=3), expected, rtol=0, atol=0)
+    x = start_latents()
+    for cls in [DDPMScheduler, DDIMScheduler]:
+        scheduler = cls(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        assert scheduler.scale_model_input(x, scheduler.timesteps[0]) is x
+    euler = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    calls = record_calls(euler.unet).calls
+    run(euler, guidance_scale=1.0, steps=3)
+    sigma = euler.scheduler.sigmas[0]
+    torch.testing.assert_close(calls[0][0][0], x * sigma / (sigma**2 + 1) ** 0.5)
+
+
+def test_guidance_line_between_unet_and_step(sd_pipe, outputs_of, step_calls, calls_of):
+    """With CFG, `scheduler.step` gets `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` from the two `chunk(2)` halves of the UNet output, passed through `rescale_noise_cfg(noise_pred, noise_pred_text, guidance_rescale=...)` only when `guidance_rescale > 0`."""
+    outs = outputs_of(sd_pipe.unet)
+    steps = step_calls(sd_pipe.scheduler)
+    rescales = calls_of(sd_module, "rescale_noise_cfg")
+    run(sd_pipe, guidance_scale=5.0, steps=2)
+    assert rescales == []
+    for out, step in zip(outs, steps, strict=True):
+        torch.testing.assert_close(step["model_output"], guided(out[0], 5.0))
+    outs.clear(), steps.clear()
+    run(sd_pipe, guidance_scale=5.0, steps=2, guidance_rescale=0.7)
+    assert len(rescales) == 2
+    for out, step in zip(outs, steps, strict=True):
+        text = out[0].chunk(2)[1]
+        expected = sd_module.rescale_noise_cfg(guided(out[0], 5.0), text, guidance_rescale=0.7)
+        torch.testing.assert_close(step["model_output"], expected)
+
+
+@pytest.mark.parametrize("scheduler_cls", [DDIMScheduler, EulerDiscreteScheduler])
+def test_the_loop_written_out_reproduces_the_pipeline(sd_pipe, scheduler_cls):
+    """Written out from the lines on this page (`randn_tensor` times `init_noise_sigma`, `torch.cat([latents] * 2)`, `scale_model_input`, one UNet call, `chunk(2)` and the guidance line, `scheduler.step(...)[0]`, then `vae.decode(latents / scaling_factor)`), the loop reproduces the pipeline's output, with `DDIMScheduler` and with `EulerDiscreteScheduler`."""
+    config = dict(steps_offset=1, **SD_BETAS)  # explicit: the pipeline rewrites nothing
+    if scheduler_cls is DDIMScheduler:
+        config.update(clip_sample=False, set_alpha_to_one=False)
+    pipe = sd_with(sd_pipe, scheduler=scheduler_cls(**config))
+    guidance_scale, steps = 6.0, 4
+    expected = pipe(
+        prompt_embeds=PROMPT,
+        negative_prompt_embeds=NEGATIVE,
+        guidance_scale=guidance_scale,
+        num_inference_steps=steps,
+        height=HEIGHT,
+        width=WIDTH,
+        generator=torch.Generator().manual_seed(3),
+        output_type="pt",
+    ).images
+
+    scheduler = scheduler_cls(**config)  # a fresh instance
+    scheduler.set_timesteps(steps)
+    prompt_embeds = torch.cat([NEGATIVE, PROMPT])
+    generator = torch.Generator().manual_seed(3)
+    latents = randn_tensor(LATENT, generator=generator) * scheduler.init_noise_sigma
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            latent_model_input = scheduler.scale_model_input(torch.cat([latents] * 2), t)
+            noise_pred = pipe.unet(latent_model_input, t, encoder_hidden_states=prompt_embeds)[0]
+            noise_pred = guided(noise_pred, guidance_scale)
+            latents = scheduler.step(noise_pred, t, latents, generator=generator)[0]
+        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor)[0]
+    torch.testing.assert_close(expected, (image / 2 + 0.5).clamp(0, 1))
+
+
+def test_euler_step_computes_in_float32_and_casts_back():
+    """`EulerDiscreteScheduler.step` upcasts the sample to float32 and casts `prev_sample` back to the dtype of the model output."""
+    g = torch.Generator().manual_seed(0)
+    x, eps = (torch.randn(LATENT, generator=g).to(torch.bfloat16) for _ in range(2))
+
+    def step(sample, model_output):
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        return scheduler.step(model_output, scheduler.timesteps[0], sample).prev_sample
+
+    out = step(x, eps)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, step(x.float(), eps).to(torch.bfloat16), rtol=0, atol=0)
+    assert step(x.float(), eps).dtype == torch.bfloat16  # the model output's dtype decides
+    assert step(x, eps.float()).dtype == torch.float32
+
+
+def test_callback_on_step_end_runs_after_step_and_replaces_tensors(
+    sd_pipe, record_calls, step_calls
+):
+    """`callback_on_step_end(self, i, t, callback_kwargs)` runs after `scheduler.step` with the tensors named in `callback_on_step_end_tensor_inputs` (default `["latents"]`), and `latents` or `prompt_embeds` it returns replace the loop's own from the next step on."""
+    assert inspect.signature(StableDiffusionPipeline.__call__).parameters[
+        "callback_on_step_end_tensor_inputs"
+    ].default == ["latents"]
+    seen = []
+    steps = step_calls(sd_pipe.scheduler)
+
+    def callback(pipe, i, t, callback_kwargs):
+        seen.append((pipe, i, t, {k: v.clone() for k, v in callback_kwargs.items()}))
+        return {}
+
+    run(sd_pipe, steps=3, callback_on_step_end=callback)
+    assert [s[1] for s in seen] == [0, 1, 2] and all(s[0] is sd_pipe for s in seen)
+    for (_, _, t, kwargs), step in zip(seen, steps, strict=True):
+        assert set(kwargs) == {"latents"} and t == step["t"]
+        torch.testing.assert_close(kwargs["latents"], step["prev_sample"])
+
+    calls = record_calls(sd_pipe.unet).calls
+    new_latents, new_embeds = torch.full(LATENT, 0.5), embeds(7, batch=2)
+
+    def replace(pipe, i, t, callback_kwargs):
+        return {"latents": new_latents, "prompt_embeds": new_embeds} if i == 0 else {}
+
+    run(sd_pipe, steps=3, callback_on_step_end=replace)
+    torch.testing.assert_close(calls[1][0][0], torch.cat([new_latents] * 2))
+    torch.testing.assert_close(calls[0][1]["encoder_hidden_states"], torch.cat([NEGATIVE, PROMPT]))
+    torch.testing.assert_close(calls[1][1]["encoder_hidden_states"], new_embeds)
+
+
+def test_callback_sees_the_concatenated_prompt_embeds(sd_pipe, record_calls):
+    """With CFG the callback's `prompt_embeds` is the concatenated `(2B, 77, D)` tensor the UNet gets, and a returned `negative_prompt_embeds` is accepted but never read again: the concatenation happened before the loop."""
+    seen = []
+    calls = record_calls(sd_pipe.unet).calls
+
+    def callback(pipe, i, t, callback_kwargs):
+        seen.append({k: v.clone() for k, v in callback_kwargs.items()})
+        return {"negative_prompt_embeds": torch.zeros_like(NEGATIVE)}
+
+    inputs = ["latents", "prompt_embeds", "negative_prompt_embeds"]
+    run(sd_pipe, steps=2, callback_on_step_end=callback, callback_on_step_end_tensor_inputs=inputs)
+    torch.testing.assert_close(seen[0]["prompt_embeds"], torch.cat([NEGATIVE, PROMPT]))
+    torch.testing.assert_close(seen[0]["negative_prompt_embeds"], NEGATIVE)
+    for _, kwargs in calls:
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], torch.cat([NEGATIVE, PROMPT]))
+
+
+def test_interrupt_skips_the_remaining_steps(sd_pipe, record_calls):
+    """Setting `pipe._interrupt = True` (read through the `interrupt` property) makes every remaining iteration `continue`: no further UNet calls, and the pipeline returns the `latents` of the last step that ran."""
+    calls = record_calls(sd_pipe.unet).calls
+    kept = {}
+
+    def stop_after_two(pipe, i, t, callback_kwargs):
+        kept[i] = callback_kwargs["latents"].clone()
+        if i == 1:
+            pipe._interrupt = True
+        return {}
+
+    out = run(sd_pipe, steps=5, callback_on_step_end=stop_after_two)
+    assert len(calls) == 2 and sorted(kept) == [0, 1]
+    torch.testing.assert_close(out, kept[1], rtol=0, atol=0)
+    calls.clear()
+    run(sd_pipe, steps=5)  # `_interrupt` is reset to False by the next call
+    assert len(calls) == 5
+
+
+def test_progress_bar_counts_num_inference_steps(sd_pipe, record_calls, bars):
+    """The progress bar has `total=num_inference_steps` and advances when `i` is the last index or `(i + 1) > num_warmup_steps and (i + 1) % scheduler.order == 0`, with `num_warmup_steps = len(timesteps) - num_inference_steps * scheduler.order`, so it shows `n` whether the UNet ran `n` times (DDIM), `n + 1` (SD 1.5's PNDM) or `2n - 1` (Heun)."""
+    calls = record_calls(sd_pipe.unet).calls
+    n = 4
+    for scheduler, unet_calls in [
+        (DDIMScheduler(**SD_BETAS), n),
+        (PNDMScheduler(**SD15_PNDM), n + 1),
+        (HeunDiscreteScheduler(**SD_BETAS), 2 * n - 1),
+    ]:
+        pipe = sd_with(sd_pipe, scheduler=scheduler)
+        bar = bars(pipe)
+        calls.clear()
+        run(pipe, guidance_scale=1.0, steps=n)
+        assert len(calls) == unet_calls
+        assert bar[0].total == n and bar[0].updates == n
+
+
+# ---------------------------------------------------------------- after the loop
+
+
+def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
+    """Unless `output_type="latent"`, the final `latents` are decoded once, as `vae.decode(latents / vae.config.scaling_factor, return_dict=False, generator=generator)`, `run_safety_checker` gets the decoded image, and `postprocess` maps it to `(x / 2 + 0.5).clamp(0, 1)`: float32 NumPy `(B, H, W, 3)` for `"np"`, and those values times 255, rounded to uint8, as PIL images for `"pil"`."""
+    assert tiny_vae().config.scaling_factor == 0.18215  # the AutoencoderKL default, SD 1.x's
+    final = run(sd_pipe, steps=2)
+    decodes = calls_of(sd_pipe.vae, "decode")
+    checks = calls_of(sd_pipe, "run_safety_checker")
+    frees = calls_of(sd_pipe, "maybe_free_model_hooks")
+    decoder_out = outputs_of(sd_pipe.vae.decoder)
+    generator = torch.Generator()
+    image = run(sd_pipe, steps=2, output_type="np", generator=generator)
+    assert len(decodes) == 1 and len(checks) == 1 and len(frees) == 1
+    (latents,), kwargs = decodes[0]
+    torch.testing.assert_close(latents, final / 0.18215)
+    assert kwargs == {"return_dict": False, "generator": generator}
+    decoded = decoder_out[0]
+    assert decoded.shape == (1, 3, HEIGHT, WIDTH)
+    torch.testing.assert_close(checks[0][0][0], decoded)
+    assert isinstance(image, np.ndarray) and image.dtype == np.float32
+    assert image.shape == (1, HEIGHT, WIDTH, 3)
+    expected = (decoded / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(image, expected, rtol=1e-6, atol=1e-6)
+    assert image.min() >= 0 and image.max() <= 1
+    (pil,) = run(sd_pipe, steps=2, output_type="pil")
+    assert pil.mode == "RGB" and pil.size == (WIDTH, HEIGHT)
+    np.testing.assert_array_equal(np.asarray(pil), (image[0] * 255).round().astype(np.uint8))
+
+
+def test_text_encoder_and_vae_run_outside_the_loop(text_pipe, record_calls, calls_of):
+    """Whatever the number of steps, the text encoder runs only before the loop (once for the prompt, once more for the negative prompt with CFG) and the VAE decodes once after it; the UNet runs once per step."""
+    for steps in [2, 5]:
+        encoder = record_calls(text_pipe.text_encoder).calls
+        unet = record_calls(text_pipe.unet).calls
+        decodes = calls_of(text_pipe.vae, "decode")
+        run(text_pipe, prompt="a cat", steps=steps, output_type="np")
+        assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
+
+
+# ---------------------------------------------------------------- ControlNet
+
+
+CONTROL_IMAGE = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def controlnet_pipe():
+    """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it.
+
+    ``from_unet`` zero-initialises the ControlNet's output convolutions (its residuals
+    start at zero); they are re-drawn here so that the residuals are not trivially zero.
+    """
+    unet = tiny_unet()
+    torch.manual_seed(0)
+    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
+    with torch.no_grad():
+        for module in [
+            controlnet.controlnet_down_blocks,
+            controlnet.controlnet_mid_block,
+            controlnet.controlnet_cond_embedding.conv_out,
+        ]:
+            for p in module.parameters():
+                p.normal_(0, 0.2)
+    pipe = StableDiffusionControlNetPipeline(
+        vae=tiny_vae(),
+        text_encoder=None,
+        tokenizer=None,
+        unet=unet,
+        controlnet=controlnet.eval(),
+        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_controlnet_residuals_go_into_the_unet_every_step(
+    controlnet_pipe, record_calls, outputs_of
+):
+    """Each step makes one ControlNet call, `self.controlnet(control_model_input, t, encoder_hidden_states=..., controlnet_cond=image, conditioning_scale=cond_scale, guess_mode=guess_mode, return_dict=False)`, on the same doubled `latents`, `t` and embeddings as the UNet, and its `down_block_res_samples` and `mid_block_res_sample` go unchanged into that step's UNet call as `down_block_additional_residuals` and `mid_block_additional_residual`."""
+    pipe = controlnet_pipe
+    cn_calls, cn_outs = record_calls(pipe.controlnet).calls, outputs_of(pipe.controlnet)
+    unet_calls = record_calls(pipe.unet).calls
+    run(pipe, steps=3, image=CONTROL_IMAGE)
+    assert len(cn_calls) == len(cn_outs) == len(unet_calls) == 3
+    previous = None
+    for (args, kwargs), (down, mid), (unet_args, unet_kwargs) in zip(
+        cn_calls, cn_outs, unet_calls, strict=True
+    ):
+        assert set(kwargs) == {
+            "encoder_hidden_states",
+            "controlnet_cond",
+            "conditioning_scale",
+            "guess_mode",
+            "return_dict",
+        }
+        torch.testing.assert_close(args[0], unet_args[0])
+        assert args[0].shape == (2, 4, 8, 8) and args[1] == unet_args[1]
+        torch.testing.assert_close(
+            kwargs["encoder_hidden_states"], unet_kwargs["encoder_hidden_states"]
+        )
+        assert kwargs["conditioning_scale"] == 1.0 and kwargs["guess_mode"] is False
+        assert len(down) == len(unet_kwargs["down_block_additional_residuals"]) == 4
+        for ours, theirs in zip(down, unet_kwargs["down_block_additional_residuals"], strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+        torch.testing.assert_close(mid, unet_kwargs["mid_block_additional_residual"])
+        if previous is not None:  # new latents and t: new residuals, nothing to cache
+            assert not torch.allclose(mid, previous)
+        previous = mid
+
+
+def test_controlnet_control_image_is_resized_and_doubled(controlnet_pipe, record_calls):
+    """`prepare_image` resizes the control image to `(B, 3, H, W)` and, with CFG, doubles it to `2B` with `torch.cat([image] * 2)`."""
+    calls = record_calls(controlnet_pipe.controlnet).calls
+    run(controlnet_pipe, steps=1, image=CONTROL_IMAGE)  # a 32 x 32 image for a 16 x 16 output
+    cond = calls[0][1]["controlnet_cond"]
+    assert cond.shape == (2, 3, HEIGHT, WIDTH)
+    torch.testing.assert_close(cond[:1], cond[1:], rtol=0, atol=0)
+    calls.clear()
+    run(controlnet_pipe, guidance_scale=1.0, steps=1, image=CONTROL_IMAGE)
+    assert calls[0][1]["controlnet_cond"].shape == (1, 3, HEIGHT, WIDTH)
+
+
+def test_unet_adds_the_residuals_to_its_skips_and_mid_block(controlnet_pipe, record_calls):
+    """`UNet2DConditionModel` adds `down_block_additional_residuals`, one tensor per skip connection, to its skip tensors, and `mid_block_additional_residual` to the mid-block output, before the up blocks read them."""
+    unet = controlnet_pipe.unet
+    x, t, hidden = start_latents(), torch.tensor(500), PROMPT
+
+    def up_block_inputs(down=None, mid=None):
+        calls = record_calls(unet.up_blocks[0]).calls, record_calls(unet.up_blocks[1]).calls
+        with torch.no_grad():
+            unet(
+                x,
+                t,
+                encoder_hidden_states=hidden,
+                down_block_additional_residuals=down,
+                mid_block_additional_residual=mid,
+            )
+        (_, first), (_, second) = calls[0][0], calls[1][0]
+        skips = list(second["res_hidden_states_tuple"]) + list(first["res_hidden_states_tuple"])
+        return first["hidden_states"], skips
+
+    with torch.no_grad():
+        down, mid = controlnet_pipe.controlnet(
+            x,
+            t,
+            encoder_hidden_states=hidden,
+            controlnet_cond=torch.rand(1, 3, 16, 16),
+            return_dict=False,
+        )
+    zeros = [torch.zeros_like(d) for d in down]
+    plain_mid, plain_skips = up_block_inputs(zeros, torch.zeros_like(mid))
+    with_mid, with_skips = up_block_inputs(down, mid)
+    assert len(plain_skips) == len(down) == 4  # conv_in + 2 in block 0 + 1 in block 1
+    torch.testing.assert_close(with_mid, plain_mid + mid)
+    for plain, added, residual in zip(plain_skips, with_skips, down, strict=True):
+        torch.testing.assert_close(added, plain + residual)
+
+
+def test_control_guidance_window_scales_but_still_calls(controlnet_pipe, record_calls):
+    """`control_guidance_start` and `control_guidance_end` set `controlnet_keep[i]` to 1 or 0 per step, which multiplies `cond_scale`; on steps where it is 0 the ControlNet is still called, with `conditioning_scale=0.0`, and its residuals are zeros."""
+    cn_calls = record_calls(controlnet_pipe.controlnet).calls
+    unet_calls = record_calls(controlnet_pipe.unet).calls
+    run(
+        controlnet_pipe,
+        steps=4,
+        image=CONTROL_IMAGE,
+        controlnet_conditioning_scale=0.8,
+        control_guidance_end=0.5,
+    )
+    assert len(cn_calls) == 4  # a ControlNet pass on every step
+    assert [kwargs["conditioning_scale"] for _, kwargs in cn_calls] == [0.8, 0.8, 0.0, 0.0]
+    for i, (_, kwargs) in enumerate(unet_calls):
+        residuals = [
+            *kwargs["down_block_additional_residuals"],
+            kwargs["mid_block_additional_residual"],
+        ]
+        assert all((r.abs().max() == 0) == (i >= 2) for r in residuals)
+
+
+def test_guess_mode_runs_the_controlnet_on_the_conditional_half(controlnet_pipe, record_calls):
+    """In `guess_mode` with CFG, the ControlNet runs on the conditional half only (the `latents` at batch `B`, the positive `prompt_embeds` and an undoubled control image), and zeros are concatenated in front of each residual for the unconditional half."""
+    cn_calls = record_calls(controlnet_pipe.controlnet).calls
+    unet_calls = record_calls(controlnet_pipe.unet).calls
+    run(controlnet_pipe, steps=2, image=CONTROL_IMAGE, guess_mode=True)
+    for (args, kwargs), (unet_args, unet_kwargs) in zip(cn_calls, unet_calls, strict=True):
+        assert args[0].shape == (1, 4, 8, 8) and unet_args[0].shape == (2, 4, 8, 8)
+        torch.testing.assert_close(args[0], unet_args[0][1:])
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], PROMPT)
+        assert kwargs["controlnet_cond"].shape == (1, 3, HEIGHT, WIDTH)
+        assert kwargs["guess_mode"] is True
+        residuals = [
+            *unet_kwargs["down_block_additional_residuals"],
+            unet_kwargs["mid_block_additional_residual"],
+        ]
+        for r in residuals:
+            assert r.shape[0] == 2 and r[0].abs().max() == 0 and r[1].abs().max() > 0
+
+
+# ---------------------------------------------------------------- IP-Adapter
+
+
+def random_ip_adapter(unet, image_embed_dim=16, seed=0):
+    """A plain IP-Adapter state dict in the layout ``load_ip_adapter`` reads, random values.
+
+    ``image_proj``: the ``proj`` Linear and ``norm`` of ``ImageProjection`` (4 tokens);
+    ``ip_adapter``: ``to_k_ip`` / ``to_v_ip`` for each cross-attention layer, numbered
+    1, 3, 5, ... in ``unet.attn_processors`` order, as the loader counts them.
+    """
+    g = torch.Generator().manual_seed(seed)
+    dim = unet.config.cross_attention_dim
+    image_proj = {
+        "proj.weight": torch.randn(4 * dim, image_embed_dim, generator=g) * 0.2,
+        "proj.bias": torch.zeros(4 * dim),
+        "norm.weight": torch.ones(dim),
+        "norm.bias": torch.zeros(dim),
+    }
+    layers, key_id = {}, 1
+    for name in unet.attn_processors:
+        if name.endswith("attn1.processor"):
+            continue
+        inner = unet.get_submodule(name.removesuffix(".processor")).to_k.out_features
+        for kind in ["to_k_ip", "to_v_ip"]:
+            layers[f"{key_id}.{kind}.weight"] = torch.randn(inner, dim, generator=g) * 0.2
+        key_id += 2
+    return {"image_proj": image_proj, "ip_adapter": layers}
+
+
+@pytest.fixture(scope="module")
+def ip_pipe(sd_pipe):
+    """The tiny pipeline with an IP-Adapter installed by the UNet's loader (no image encoder)."""
+    unet = tiny_unet()
+    unet._load_ip_adapter_weights(random_ip_adapter(unet), low_cpu_mem_usage=False)
+    return sd_with(sd_pipe, unet=unet)
+
+
+IMAGE_EMBEDS = torch.randn(2, 1, 16, generator=torch.Generator().manual_seed(4))  # [neg, pos]
+
+
+def test_ip_adapter_embeds_enter_as_added_cond_kwargs(ip_pipe, record_calls, calls_of):
+    """With an IP-Adapter loaded, `prepare_ip_adapter_image_embeds` runs once per call, before the loop, and every UNet call gets the result as `added_cond_kwargs={"image_embeds": image_embeds}`; with CFG, passed `ip_adapter_image_embeds` are read as `[negative, positive]` halves and kept in that order at batch `2B`."""
+    assert ip_pipe.unet.config.encoder_hid_dim_type == "ip_image_proj"
+    prepares = calls_of(ip_pipe, "prepare_ip_adapter_image_embeds")
+    calls = record_calls(ip_pipe.unet).calls
+    run(
+        ip_pipe,
+        steps=3,
+        ip_adapter_image_embeds=[IMAGE_EMBEDS],
+        num_images_per_prompt=2,
+        latents=start_latents(2),
+    )
+    assert len(prepares) == 1 and len(calls) == 3
+    for _, kwargs in calls:
+        (image_embeds,) = kwargs["added_cond_kwargs"]["image_embeds"]
+        assert image_embeds.shape == (4, 1, 16)
+        torch.testing.assert_close(image_embeds, IMAGE_EMBEDS[[0, 0, 1, 1]])
+
+
+def test_ip_adapter_image_tokens_reach_attention_as_a_tuple(ip_pipe, sd_pipe, record_calls):
+    """With `encoder_hid_dim_type == "ip_image_proj"`, the UNet projects `image_embeds` with `encoder_hid_proj` and passes `encoder_hidden_states` to the cross-attention as a tuple, the text tokens and a list with the image tokens of each adapter (4 for a plain IP-Adapter), which the IP-Adapter attention processors attend to separately and add with weight `scale`."""
+    unet = ip_pipe.unet
+    attn2 = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn2
+    assert isinstance(attn2.processor, IPAdapterAttnProcessor2_0)
+    calls = record_calls(attn2).calls
+    x, t = start_latents(), torch.tensor(500)
+    image_embeds = [IMAGE_EMBEDS[1:]]
+
+    def predict(model):
+        with torch.no_grad():
+            return model(
+                x, t, encoder_hidden_states=PROMPT, added_cond_kwargs={"image_embeds": image_embeds}
+            ).sample
+
+    with_image = predict(unet)
+    text, (image_tokens,) = calls[0][1]["encoder_hidden_states"]
+    torch.testing.assert_close(text, PROMPT)
+    assert image_tokens.shape == (1, 1, 4, EMBED_DIM)
+    with torch.no_grad():
+        torch.testing.assert_close(image_tokens, unet.encoder_hid_proj(image_embeds)[0])
+    processors = [
+        p for p in unet.attn_processors.values() if isinstance(p, IPAdapterAttnProcessor2_0)
+    ]
+    assert len(processors) == 4  # one per cross-attention layer
+    try:
+        for p in processors:
+            p.scale = [0.0]
+        without_image = predict(unet)
+    finally:
+        for p in processors:
+            p.scale = [1.0]
+    plain = sd_pipe.unet  # the same seeded weights, no IP-Adapter
+    assert isinstance(
+        plain.down_blocks[0].attentions[0].transformer_blocks[0].attn2.processor, AttnProcessor2_0
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(without_image, plain(x, t, encoder_hidden_states=PROMPT).sample)
+    assert not torch.allclose(with_image, without_image)
+
+
+# ---------------------------------------------------------------- LoRA
+
+
+class RecordingProcessor(AttnProcessor2_0):
+    """The default attention processor, recording the extra keyword arguments it gets."""
+
+    seen: typing.ClassVar[list] = []
+
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        temb=None,
+        scale="not passed",
+        foo=None,
+    ):
+        RecordingProcessor.seen.append({"scale": scale, "foo": foo})
+        return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, temb)
+
+
+def test_unet_forward_pops_and_applies_the_lora_scale(monkeypatch):
+    """`UNet2DConditionModel.forward` is wrapped by `apply_lora_scale("cross_attention_kwargs")`, which pops `scale` (default 1.0) from a copy of `cross_attention_kwargs`, so the attention processors never see it, and with the PEFT backend scales the LoRA layers by it for the forward pass and unscales them afterwards."""
+    unet = tiny_unet()
+    unet.set_attn_processor(RecordingProcessor())
+    RecordingProcessor.seen = []
+    order = []
+    unet.conv_in.register_forward_pre_hook(lambda *a: order.append("forward"))
+    kwargs = {"scale": 0.5, "foo": 1}
+    with torch.no_grad():
+        unet(start_latents(), 10, encoder_hidden_states=PROMPT, cross_attention_kwargs=kwargs)
+    assert kwargs == {"scale": 0.5, "foo": 1}  # the caller's dict is untouched
+    assert RecordingProcessor.seen and all(
+        s == {"scale": "not passed", "foo": 1} for s in RecordingProcessor.seen
+    )
+    import diffusers.utils
+
+    monkeypatch.setattr(diffusers.utils, "USE_PEFT_BACKEND", True)
+    monkeypatch.setattr(
+        peft_utils, "scale_lora_layers", lambda model, w: order.append(("scale", model, w))
+    )
+    monkeypatch.setattr(
+        peft_utils, "unscale_lora_layers", lambda model, w: order.append(("unscale", model, w))
+    )
+    for cross_attention_kwargs, weight in [(kwargs, 0.5), ({"foo": 1}, 1.0), (None, 1.0)]:
+        order.clear()
+        with torch.no_grad():
+            unet(
+                start_latents(),
+                10,
+                encoder_hidden_states=PROMPT,
+                cross_attention_kwargs=cross_attention_kwargs,
+            )
+        assert order == [("scale", unet, weight), "forward", ("unscale", unet, weight)]
+
+
+def test_pipeline_passes_the_lora_scale_to_encode_prompt_and_the_unet(
+    text_pipe, record_calls, monkeypatch
+):
+    """The pipeline passes `cross_attention_kwargs["scale"]` to `encode_prompt` as `lora_scale`, for the text encoder's LoRA layers, and the whole `cross_attention_kwargs`, `scale` included, to every UNet call.
+
+    The spy records ``encode_prompt``'s arguments and calls it without ``lora_scale``: without
+    the PEFT backend, ``adjust_lora_scale_text_encoder`` expects a ``text_model`` attribute
+    that transformers 5's ``CLIPTextModel`` does not have, and raises.
+    """
+    encodes = []
+    original = text_pipe.encode_prompt
+
+    def encode_prompt(*args, **kwargs):
+        encodes.append((args, kwargs))
+        return original(*args, **{**kwargs, "lora_scale": None})
+
+    monkeypatch.setattr(text_pipe, "encode_prompt", encode_prompt)
+    calls = record_calls(text_pipe.unet).calls
+    run(text_pipe, steps=2, cross_attention_kwargs={"scale": 0.3})
+    assert len(encodes) == 1 and encodes[0][1]["lora_scale"] == 0.3
+    assert [kwargs["cross_attention_kwargs"] for _, kwargs in calls] == [{"scale": 0.3}] * 2
+    encodes.clear()
+    run(text_pipe, steps=1)
+    assert encodes[0][1]["lora_scale"] is None
+
+
+def test_lora_adds_no_line_to_the_loop():
+    """`StableDiffusionPipeline.__call__` mentions LoRA only to read `lora_scale` from `cross_attention_kwargs` and hand it to `encode_prompt`: LoRA changes the weights, not the loop."""
+    source = inspect.getsource(StableDiffusionPipeline.__call__)
+    code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
+    assert [line for line in code if "lora" in line.lower()] == [
+        "lora_scale = (",
+        "lora_scale=lora_scale,",
+    ]
+    i = code.index("lora_scale = (")
+    assert code[i + 1] == (
+        'self.cross_attention_kwargs.get("scale", None) '
+        "if self.cross_attention_kwargs is not None else None"
+    )
+
+
+# ---------------------------------------------------------------- loop count and the grid
+
+
+def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
+    """SD 1.5's shipped scheduler, `PNDMScheduler` with `skip_prk_steps=True`, `steps_offset=1` and `set_alpha_to_one=False`, has `order == 1`, yet `set_timesteps(50)` gives 51 timesteps, 981, 961, 961, 941, ..., 21, 1, with 961 twice."""
+    scheduler = PNDMScheduler(**SD15_PNDM)
+    assert scheduler.order == 1
+    scheduler.set_timesteps(50)
+    timesteps = scheduler.timesteps.tolist()
+    assert len(timesteps) == 51
+    assert timesteps[:4] == [981, 961, 961, 941] and timesteps[-2:] == [21, 1]
+    assert [t for t in set(timesteps) if timesteps.count(t) > 1] == [961]
+
+
+def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls):
+    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times with SD 1.5's `PNDMScheduler` (`order == 1`), and `2n - 1` times with `HeunDiscreteScheduler` (`order == 2`)."""
+    calls = record_calls(sd_pipe.unet).calls
+    n = 5
+    for scheduler, expected in [
+        (DDIMScheduler(**SD_BETAS), n),
+        (EulerDiscreteScheduler(**SD_BETAS), n),
+        (PNDMScheduler(**SD15_PNDM), n + 1),
+        (HeunDiscreteScheduler(**SD_BETAS), 2 * n - 1),
+    ]:
+        pipe = sd_with(sd_pipe, scheduler=scheduler)
+        calls.clear()
+        run(pipe, guidance_scale=1.0, steps=n)
+        assert len(calls) == len(pipe.scheduler.timesteps) == expected, type(scheduler).__name__
+        torch.testing.assert_close(
+            torch.stack([args[1] for args, _ in calls]), pipe.scheduler.timesteps
+        )
+
+
+def test_timestep_spacing_keeps_the_count_and_moves_the_start():
+    """With SD 1.x's scheduler config (`steps_offset=1`) and 50 steps, `timestep_spacing="leading"` starts the grid at `t = 981` and `"trailing"` at 999, both with 50 entries."""
+    starts = {}
+    for spacing in ["leading", "trailing"]:
+        scheduler = DDIMScheduler(timestep_spacing=spacing, steps_offset=1, **SD_BETAS)
+        scheduler.set_timesteps(50)
+        assert len(scheduler.timesteps) == 50
+        starts[spacing] = int(scheduler.timesteps[0])
+    assert starts == {"leading": 981, "trailing": 999}
+
+
+def test_grid_options_move_the_steps_not_their_number():
+    """`use_karras_sigmas=True`, a flow-matching `shift` and custom `sigmas=` change where the steps fall along the noise axis, not how many there are."""
+    grids = {}
+    for name, scheduler, kwargs in [
+        ("euler", EulerDiscreteScheduler(**SD_BETAS), dict(num_inference_steps=10)),
+        (
+            "karras",
+            EulerDiscreteScheduler(use_karras_sigmas=True, **SD_BETAS),
+            dict(num_inference_steps=10),
+        ),
+        (
+            "custom",
+            EulerDiscreteScheduler(**SD_BETAS),
+            dict(sigmas=[*np.geomspace(14.6, 0.03, 10), 0.0]),
+        ),
+        ("flow", FlowMatchEulerDiscreteScheduler(), dict(num_inference_steps=10)),
+        ("flow_shift3", FlowMatchEulerDiscreteScheduler(shift=3.0), dict(num_inference_steps=10)),
+    ]:
+        scheduler.set_timesteps(**kwargs)
+        grids[name] = scheduler.sigmas[:-1].double()
+    assert all(len(g) == 10 for g in grids.values())
+    for a, b in [("euler", "karras"), ("euler", "custom"), ("flow", "flow_shift3")]:
+        assert not torch.allclose(grids[a], grids[b], rtol=1e-3, atol=1e-3)
+
+
+def test_swapping_the_scheduler_and_fresh_noise(sd_pipe):
+    """From the same starting `latents`, swapping `DDIMScheduler` for `EulerDiscreteScheduler` changes the result, and `DDPMScheduler` draws fresh noise from `generator` in every `step`, so its result changes with the generator's seed while DDIM's (with `eta=0`) does not."""
+
+    def final(scheduler, seed):
+        pipe = sd_with(sd_pipe, scheduler=scheduler)
+        return run(pipe, steps=4, generator=torch.Generator().manual_seed(seed))
+
+    ddim = final(DDIMScheduler(**SD_BETAS), 0)
+    torch.testing.assert_close(final(DDIMScheduler(**SD_BETAS), 1), ddim, rtol=0, atol=0)
+    assert not torch.allclose(final(EulerDiscreteScheduler(**SD_BETAS), 0), ddim, atol=1e-2)
+    assert not torch.allclose(
+        final(DDPMScheduler(**SD_BETAS), 0), final(DDPMScheduler(**SD_BETAS), 1), atol=1e-2
+    )
+
+
+def test_a_mismatched_prediction_type_runs_without_error(sd_pipe):
+    """A scheduler configured with a `prediction_type` the UNet was not trained for raises nothing: the pipeline runs and returns finite `latents` that differ from the matched configuration's."""
+    matched = run(sd_pipe, steps=4)
+    wrong = sd_with(
+        sd_pipe,
+        scheduler=DDIMScheduler(prediction_type="v_prediction", set_alpha_to_one=False, **SD_BETAS),
+    )
+    out = run(wrong, steps=4)
+    assert torch.isfinite(out).all() and not torch.allclose(out, matched, atol=1e-2)
+
+
+# ---------------------------------------------------------------- SD3
+
+
+def tiny_transformer():
+    torch.manual_seed(0)
+    return SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=EMBED_DIM,
+        caption_projection_dim=16,
+        pooled_projection_dim=16,
+        pos_embed_max_size=16,
+    ).eval()
+
+
+def tiny_clip_with_projection(seed):
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(
+        vocab_size=2 + 2 * 26,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        projection_dim=8,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    return CLIPTextModelWithProjection(config).eval()
+
+
+@pytest.fixture(scope="module")
+def sd3_pipe():
+    """The real StableDiffusion3Pipeline: tiny transformer, a VAE with a `shift_factor`,
+    two tiny CLIP text encoders with projections, no T5 (``text_encoder_3=None``)."""
+    torch.manual_seed(0)
+    vae = AutoencoderKL(
+        block_out_channels=(32, 64),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=4,
+        sample_size=HEIGHT,
+        scaling_factor=1.5,
+        shift_factor=0.25,
+    ).eval()
+    pipe = StableDiffusion3Pipeline(
+        transformer=tiny_transformer(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae,
+        text_encoder=tiny_clip_with_projection(1),
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=tiny_clip_with_projection(2),
+        tokenizer_2=clip_tokenizer(),
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+SD3_EMBEDS = torch.randn(2, 10, EMBED_DIM, generator=torch.Generator().manual_seed(8))
+SD3_POOLED = torch.randn(2, 16, generator=torch.Generator().manual_seed(9))
+
+
+def run_sd3(pipe, guidance_scale=4.0, steps=3, **kwargs):
+    """Prompt embeddings passed directly: `[0]` negative, `[1]` positive."""
+    return pipe(
+        prompt_embeds=SD3_EMBEDS[1:],
+        negative_prompt_embeds=SD3_EMBEDS[:1],
+        pooled_prompt_embeds=SD3_POOLED[1:],
+        negative_pooled_prompt_embeds=SD3_POOLED[:1],
+        guidance_scale=guidance_scale,
+        num_inference_steps=steps,
+        **{"height": HEIGHT, "width": WIDTH, "output_type": "latent", **kwargs},
+    ).images
+
+
+def test_signature_defaults_sd_and_sd3():
+    """`StableDiffusion3Pipeline.__call__` defaults to `num_inference_steps=28` and `guidance_scale=7.0` and has no `guidance_rescale` parameter; `StableDiffusionPipeline.__call__` defaults to 50 steps, `guidance_scale=7.5` and `guidance_rescale=0.0`."""
+
+    def defaults(cls):
+        return {k: p.default for k, p in inspect.signature(cls.__call__).parameters.items()}
+
+    sd3, sd = defaults(StableDiffusion3Pipeline), defaults(StableDiffusionPipeline)
+    assert (sd3["num_inference_steps"], sd3["guidance_scale"]) == (28, 7.0)
+    assert "guidance_rescale" not in sd3
+    assert (sd["num_inference_steps"], sd["guidance_scale"], sd["guidance_rescale"]) == (
+        50,
+        7.5,
+        0.0,
+    )
+
+
+def test_sd3_latents_are_not_scaled(sd3_pipe, record_calls, monkeypatch):
+    """`StableDiffusion3Pipeline` draws `randn_tensor((B, transformer.config.in_channels, h, w))`, or takes the `latents` passed in, and never multiplies by an initial sigma, and `FlowMatchEulerDiscreteScheduler` has no `scale_model_input`: the transformer sees the noise as drawn."""
+    assert not hasattr(sd3_pipe.scheduler, "scale_model_input")
+    monkeypatch.setattr(sd3_pipe.scheduler, "init_noise_sigma", 5.0, raising=False)
+    calls = record_calls(sd3_pipe.transformer).calls
+    run_sd3(sd3_pipe, guidance_scale=1.0, steps=1, generator=torch.Generator().manual_seed(5))
+    noise = torch.randn(LATENT, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(calls[0][1]["hidden_states"], noise, rtol=0, atol=0)
+    calls.clear()
+    run_sd3(sd3_pipe, guidance_scale=1.0, steps=1, latents=start_latents())
+    torch.testing.assert_close(calls[0][1]["hidden_states"], start_latents(), rtol=0, atol=0)
+
+
+def test_sd3_timestep_is_1000_sigma_expanded_to_the_batch(
+    sd3_pipe, record_calls, outputs_of, step_calls
+):
+    """`StableDiffusion3Pipeline` passes `timestep = t.expand(latent_model_input.shape[0])`, float `1000 * sigma` for each of the `2B` rows with CFG, and guides the transformer output with the same `chunk(2)` line before `scheduler.step`."""
+    calls = record_calls(sd3_pipe.transformer).calls
+    outs = outputs_of(sd3_pipe.transformer)
+    steps = step_calls(sd3_pipe.scheduler)
+    run_sd3(sd3_pipe, guidance_scale=4.0, steps=3)
+    sigmas = sd3_pipe.scheduler.sigmas[:-1]
+    for (_, kwargs), sigma, out, step in zip(calls, sigmas, outs, steps, strict=True):
+        timestep = kwargs["timestep"]
+        assert timestep.shape == (2,) and timestep.dtype == torch.float32
+        torch.testing.assert_close(timestep, (1000 * sigma).expand(2))
+        assert kwargs["hidden_states"].shape == (2, 4, 8, 8)
+        torch.testing.assert_close(kwargs["pooled_projections"], SD3_POOLED)
+        torch.testing.assert_close(step["model_output"], guided(out[0], 4.0))
+
+
+def test_sd3_transformer_patchifies_the_latents(sd3_pipe, outputs_of):
+    """`SD3Transformer2DModel` turns `(B, C, h, w)` latents into `(h / patch_size) * (w / patch_size)` tokens."""
+    tokens = outputs_of(sd3_pipe.transformer.pos_embed)
+    run_sd3(sd3_pipe, steps=1)
+    patch = sd3_pipe.transformer.config.patch_size
+    inner = sd3_pipe.transformer.inner_dim
+    assert tokens[0].shape == (2, (8 // patch) * (8 // patch), inner)
+
+
+def test_sd3_passes_mu_from_the_token_count_with_dynamic_shifting(sd3_pipe, calls_of, monkeypatch):
+    """With `use_dynamic_shifting=True`, `StableDiffusion3Pipeline` passes `set_timesteps` a `mu` computed by `calculate_shift` from the latent token count, `(h / patch_size) * (w / patch_size)`."""
+    monkeypatch.setattr(
+        sd3_pipe, "scheduler", FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    )
+    sets = calls_of(sd3_pipe.scheduler, "set_timesteps")
+    for size, tokens in [(16, 16), (32, 64)]:
+        sets.clear()
+        run_sd3(sd3_pipe, guidance_scale=1.0, steps=2, height=size, width=size)
+        config = sd3_pipe.scheduler.config
+        expected = calculate_shift(
+            tokens,
+            config.base_image_seq_len,
+            config.max_image_seq_len,
+            config.base_shift,
+            config.max_shift,
+        )
+        assert sets[0][1]["mu"] == pytest.approx(expected)
+
+
+def test_sd3_prompt_embeds_layout(sd3_pipe, record_calls):
+    """`StableDiffusion3Pipeline.encode_prompt` joins the penultimate-layer features of the two CLIP encoders on the channel axis, zero-pads them to the T5 width `transformer.config.joint_attention_dim` and joins them with `max_sequence_length` T5 tokens on the sequence axis, `(B, 77 + max_sequence_length, D)`; `pooled_prompt_embeds`, the two CLIP projections joined, reaches the transformer as `pooled_projections`.
+
+    Without ``text_encoder_3`` (as here) the T5 tokens are zeros of that width.
+    """
+    pipe = sd3_pipe
+    prompt_embeds, _, pooled, _ = pipe.encode_prompt(
+        "a cat", None, None, device="cpu", do_classifier_free_guidance=False, max_sequence_length=10
+    )
+    assert prompt_embeds.shape == (1, 77 + 10, EMBED_DIM)
+    ids = pipe.tokenizer(
+        "a cat", padding="max_length", max_length=77, return_tensors="pt"
+    ).input_ids
+    with torch.no_grad():
+        one = pipe.text_encoder(ids, output_hidden_states=True)
+        two = pipe.text_encoder_2(ids, output_hidden_states=True)
+    clip = torch.cat([one.hidden_states[-2], two.hidden_states[-2]], dim=-1)  # (1, 77, 16)
+    torch.testing.assert_close(prompt_embeds[:, :77, :16], clip)
+    assert prompt_embeds[:, :77, 16:].abs().max() == 0  # zero-padded to the T5 width
+    assert prompt_embeds[:, 77:].abs().max() == 0  # the (absent) T5 tokens
+    torch.testing.assert_close(pooled, torch.cat([one.text_embeds, two.text_embeds], dim=-1))
+    calls = record_calls(pipe.transformer).calls
+    pipe(
+        prompt="a cat",
+        guidance_scale=1.0,
+        num_inference_steps=1,
+        height=HEIGHT,
+        width=WIDTH,
+        max_sequence_length=10,
+        output_type="latent",
+    )
+    torch.testing.assert_close(calls[0][1]["encoder_hidden_states"], prompt_embeds)
+    torch.testing.assert_close(calls[0][1]["pooled_projections"], pooled)
+
+
+def test_flow_match_step_follows_the_velocity():
+    """`FlowMatchEulerDiscreteScheduler.step` returns `sample + (sigma_next - sigma) * model_output`, so a model output of `noise - x0`, the velocity of the path `(1 - sigma) * x0 + sigma * noise`, moves the sample exactly along that path."""
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(5)
+    g = torch.Generator().manual_seed(0)
+    x0, noise = (torch.randn(LATENT, generator=g, dtype=torch.float64) for _ in range(2))
+    sample = noise.clone()  # sigma = 1: pure noise
+    for i, t in enumerate(scheduler.timesteps):
+        sigma, sigma_next = scheduler.sigmas[i].double(), scheduler.sigmas[i + 1].double()
+        torch.testing.assert_close(sample, (1 - sigma) * x0 + sigma * noise, rtol=0, atol=1e-6)
+        out = scheduler.step(noise - x0, t, sample).prev_sample
+        torch.testing.assert_close(out, sample + (sigma_next - sigma) * (noise - x0))
+        sample = out
+    torch.testing.assert_close(sample, x0, rtol=0, atol=1e-6)
+
+
+def test_sd3_skip_layer_guidance_adds_a_third_pass(sd3_pipe, record_calls):
+    """With CFG and `skip_guidance_layers`, `StableDiffusion3Pipeline` makes a third transformer call, at batch `B` with the positive embeddings and `skip_layers`, on the steps `i` with `num_inference_steps * skip_layer_guidance_start < i < num_inference_steps * skip_layer_guidance_stop`."""
+    calls = record_calls(sd3_pipe.transformer).calls
+    run_sd3(sd3_pipe, steps=10, skip_guidance_layers=[0])  # defaults 0.01 and 0.2: only i = 1
+    batches = [kwargs["hidden_states"].shape[0] for _, kwargs in calls]
+    assert batches == [2, 2, 1] + [2] * 8
+    assert calls[2][1]["skip_layers"] == [0]
+    torch.testing.assert_close(calls[2][1]["encoder_hidden_states"], SD3_EMBEDS[1:])
+    calls.clear()
+    run_sd3(sd3_pipe, steps=10, skip_guidance_layers=[0], skip_layer_guidance_stop=0.5)
+    assert len(calls) == 10 + 4  # i = 1, 2, 3, 4
+
+
+def test_sd3_decode_adds_the_shift_factor(sd3_pipe, calls_of):
+    """`StableDiffusion3Pipeline` decodes `latents / vae.config.scaling_factor + vae.config.shift_factor`."""
+    final = run_sd3(sd3_pipe, steps=2, latents=start_latents())
+    decodes = calls_of(sd3_pipe.vae, "decode")
+    run_sd3(sd3_pipe, steps=2, latents=start_latents(), output_type="np")
+    assert len(decodes) == 1
+    torch.testing.assert_close(decodes[0][0][0], final / 1.5 + 0.25)

@@ -1,0 +1,313 @@
+"""Claims of the handbook page "Noise-prediction objective", checked on the installed diffusers.
+
+Everything runs on the real classes: schedulers are built in code, and the pipeline is
+the real ``StableDiffusionPipeline`` around a tiny UNet and a tiny four-block VAE (the
+block count of SD 1.x's VAE, so latents are 1/8 of the pixel size), random weights.
+The conversion tests feed ``step`` outputs of all three ``prediction_type`` values
+built from one known (x0, noise) pair, so a wrong conversion shows up as a mismatch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    DDPMScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    StableDiffusion3Pipeline,
+    UNet2DConditionModel,
+)
+from diffusers.training_utils import compute_snr
+from tiny import SD_BETAS, embeds, tiny_sd_pipeline, tiny_unet
+
+SHAPE = (2, 4, 8, 8)  # (B, C, h, w) latents-like
+
+
+def randn(seed: int, shape=SHAPE) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def abar(scheduler, t: int) -> torch.Tensor:
+    return scheduler.alphas_cumprod[t].to(torch.float64)
+
+
+def targets(scheduler, x0, eps, t):
+    """x_t and the three consistent model outputs (epsilon, sample, v) at integer t."""
+    a = abar(scheduler, t)
+    x_t = a.sqrt() * x0 + (1 - a).sqrt() * eps
+    v = a.sqrt() * eps - (1 - a).sqrt() * x0
+    return x_t, {"epsilon": eps, "sample": x0, "v_prediction": v}
+
+
+def close(a, b, tol=1e-6):
+    torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny convolutions run ~100x slower with 2 intra-op threads on the 2-core CI box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def sd1_shaped_pipe():
+    """The real pipeline with a VAE of SD 1.x's four blocks: vae_scale_factor 8."""
+    torch.manual_seed(0)
+    vae = AutoencoderKL(
+        block_out_channels=(32, 32, 32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        latent_channels=4,
+        sample_size=32,
+    ).eval()
+    return tiny_sd_pipeline(vae=vae, unet=tiny_unet(sample_size=4))
+
+
+def test_add_noise_is_the_forward_formula():
+    r"""`scheduler.add_noise(original_samples, noise, timesteps)` returns $\sqrt{\bar\alpha_t}\, x_0 + \sqrt{1-\bar\alpha_t}\, \epsilon$ with $\bar\alpha_t$ = `alphas_cumprod[t]`, the cumulative product of `1 - betas`, for one timestep per sample.
+
+    DDPMScheduler.add_noise (DDIMScheduler's is a copy); alphas_cumprod is built in __init__.
+    """
+    scheduler = DDPMScheduler(**SD_BETAS)
+    close(scheduler.alphas_cumprod, torch.cumprod(1 - scheduler.betas.double(), 0), tol=1e-5)
+    x0, eps = randn(0), randn(1)
+    timesteps = torch.tensor([10, 700])
+    out = scheduler.add_noise(x0, eps, timesteps)
+    for i, t in enumerate(timesteps.tolist()):
+        a = abar(scheduler, t)
+        close(out[i], a.sqrt() * x0[i] + (1 - a).sqrt() * eps[i])
+
+
+def test_sd_latents_and_noise_pred_shapes(sd1_shaped_pipe):
+    """With a VAE of SD 1.x's four blocks, `StableDiffusionPipeline` denoises `latents` of shape `(B, 4, H/8, W/8)`, and each UNet output `noise_pred` has that same shape."""
+    pipe = sd1_shaped_pipe
+    assert pipe.vae_scale_factor == 8
+    outputs = []
+    handle = pipe.unet.register_forward_hook(lambda m, a, out: outputs.append(out[0].shape))
+    try:
+        latents = pipe(
+            prompt_embeds=embeds(0, batch=2),
+            height=32,
+            width=32,
+            num_inference_steps=2,
+            guidance_scale=1.0,
+            output_type="latent",
+        ).images
+    finally:
+        handle.remove()
+    assert latents.shape == (2, 4, 32 // 8, 32 // 8)
+    assert outputs == [latents.shape] * 2
+
+
+def test_prediction_type_belongs_to_the_scheduler():
+    """`prediction_type` is a config field of the scheduler, not of the UNet: `UNet2DConditionModel` has no such argument, and `DDPMScheduler` defaults to `prediction_type="epsilon"`."""
+    assert "prediction_type" not in inspect.signature(UNet2DConditionModel.__init__).parameters
+    assert "prediction_type" not in tiny_unet().config
+    assert DDPMScheduler().config.prediction_type == "epsilon"
+    assert DDIMScheduler().config.prediction_type == "epsilon"
+
+
+def test_scheduler_config_json_records_prediction_type(tmp_path):
+    """A scheduler saved with `save_pretrained` writes its `prediction_type` to `scheduler_config.json`, and `from_pretrained` reads it back."""
+    DDPMScheduler(prediction_type="v_prediction").save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "scheduler_config.json").read_text())
+    assert saved["prediction_type"] == "v_prediction"
+    assert DDIMScheduler.from_pretrained(tmp_path).config.prediction_type == "v_prediction"
+
+
+def test_from_config_keeps_prediction_type():
+    """A scheduler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` keeps the checkpoint's `prediction_type` (and its betas)."""
+    old = DDPMScheduler(prediction_type="v_prediction", **SD_BETAS)
+    new = DDIMScheduler.from_config(old.config)
+    assert new.config.prediction_type == "v_prediction"
+    close(new.alphas_cumprod, old.alphas_cumprod)
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "sample", "v_prediction"])
+def test_ddim_step_uses_the_conversion_formulas(prediction_type):
+    r"""For each `prediction_type`, `DDIMScheduler.step` turns any `model_output` into `pred_original_sample` ($\hat{x}_0$) and a noise estimate ($\hat\epsilon$) with the formulas above; at `eta=0`, `prev_sample` is $\sqrt{\bar\alpha_{\text{prev}}}\, \hat{x}_0 + \sqrt{1-\bar\alpha_{\text{prev}}}\, \hat\epsilon$.
+
+    The model output is random (not consistent with any x0), so each formula is checked on
+    its own. pred_epsilon is not returned; it is read back from prev_sample.
+    """
+    scheduler = DDIMScheduler(prediction_type=prediction_type, clip_sample=False, **SD_BETAS)
+    scheduler.set_timesteps(10)
+    t, prev = 500, 400
+    x_t, out = randn(0), randn(1)
+    a, a_prev = abar(scheduler, t), abar(scheduler, prev)
+    if prediction_type == "epsilon":
+        eps = out
+        x0 = (x_t - (1 - a).sqrt() * eps) / a.sqrt()
+    elif prediction_type == "sample":
+        x0 = out
+        eps = (x_t - a.sqrt() * x0) / (1 - a).sqrt()
+    else:
+        x0 = a.sqrt() * x_t - (1 - a).sqrt() * out
+        eps = (1 - a).sqrt() * x_t + a.sqrt() * out
+    result = scheduler.step(out, t, x_t, eta=0.0)
+    close(result.pred_original_sample, x0)
+    close(result.prev_sample, a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps)
+
+
+@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
+def test_three_targets_give_one_estimate(cls):
+    """Outputs of the three types built from one `(x0, noise)` pair give the same `pred_original_sample` (equal to `x0`) and the same `prev_sample` in `DDPMScheduler.step` and `DDIMScheduler.step`: the targets carry the same information."""
+    x0, eps = randn(0), randn(1)
+    results = {}
+    for prediction_type in ["epsilon", "sample", "v_prediction"]:
+        scheduler = cls(prediction_type=prediction_type, clip_sample=False, **SD_BETAS)
+        scheduler.set_timesteps(10)
+        t = 700
+        x_t, outputs = targets(scheduler, x0, eps, t)
+        results[prediction_type] = scheduler.step(
+            outputs[prediction_type], t, x_t, generator=torch.Generator().manual_seed(3)
+        )
+    for result in results.values():
+        close(result.pred_original_sample, x0, tol=1e-5)
+        close(result.prev_sample, results["epsilon"].prev_sample, tol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
+def test_get_velocity_builds_the_v_target(cls):
+    r"""`get_velocity(sample, noise, timesteps)` returns $v = \sqrt{\bar\alpha_t}\, \epsilon - \sqrt{1-\bar\alpha_t}\, x_0$, one timestep per sample, on `DDPMScheduler` and `DDIMScheduler`."""
+    scheduler = cls(**SD_BETAS)
+    x0, eps = randn(0), randn(1)
+    timesteps = torch.tensor([50, 900])
+    v = scheduler.get_velocity(x0, eps, timesteps)
+    for i, t in enumerate(timesteps.tolist()):
+        a = abar(scheduler, t)
+        close(v[i], a.sqrt() * eps[i] - (1 - a).sqrt() * x0[i])
+
+
+def test_wrong_prediction_type_runs_silently():
+    """Reading an `epsilon` output with `prediction_type="v_prediction"` raises no error: `step` returns finite `latents` that differ from the correct ones."""
+    x0, eps = randn(0), randn(1)
+    prev = {}
+    for prediction_type in ["epsilon", "v_prediction"]:
+        scheduler = DDIMScheduler(prediction_type=prediction_type, clip_sample=False, **SD_BETAS)
+        scheduler.set_timesteps(10)
+        x_t, outputs = targets(scheduler, x0, eps, 600)
+        prev[prediction_type] = scheduler.step(outputs["epsilon"], 600, x_t).prev_sample
+    assert torch.isfinite(prev["v_prediction"]).all()
+    assert (prev["v_prediction"] - prev["epsilon"]).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
+def test_clip_sample_clamps_x0_by_default(cls):
+    r"""`DDPMScheduler` and `DDIMScheduler` default to `clip_sample=True`, which clamps $\hat{x}_0$ to `[-clip_sample_range, clip_sample_range]` (default `[-1, 1]`) inside `step`; `clip_sample=False` leaves it as converted."""
+    x_t, out = 3 * randn(0), randn(1)
+    x0 = {}
+    for clip in [True, False]:
+        kwargs = {} if clip else {"clip_sample": False}
+        scheduler = cls(**kwargs, **SD_BETAS)
+        assert scheduler.config.clip_sample is clip
+        scheduler.set_timesteps(10)
+        x0[clip] = scheduler.step(out, 100, x_t).pred_original_sample
+    assert x0[False].abs().max() > 1.5
+    close(x0[True], x0[False].clamp(-1.0, 1.0))
+
+
+def test_sd_pipeline_turns_clip_sample_off():
+    r"""`StableDiffusionPipeline` sets `clip_sample=False` in the config of a scheduler given with `clip_sample=True` (with a deprecation warning), so its `step` does not clamp $\hat{x}_0$ of SD's `latents` to `[-1, 1]`."""
+    scheduler = DDIMScheduler(steps_offset=1, **SD_BETAS)
+    assert scheduler.config.clip_sample is True
+    with pytest.warns(FutureWarning, match="clip_sample"):
+        pipe = tiny_sd_pipeline(scheduler=scheduler)
+    assert pipe.scheduler.config.clip_sample is False
+    pipe.scheduler.set_timesteps(10)
+    x_t, out = 3 * randn(0).float(), randn(1).float()
+    x0 = pipe.scheduler.step(out, 101, x_t).pred_original_sample
+    assert x0.abs().max() > 1.5
+
+
+def test_thresholding_replaces_clipping():
+    r"""With `thresholding=True`, `step` instead divides each sample's $\hat{x}_0$ by $s$, the `dynamic_thresholding_ratio` quantile of its absolute values clamped to `[1, sample_max_value]`, after clamping it to $[-s, s]$; the scheduler's docstring calls this unsuitable for latent-space models such as Stable Diffusion."""
+    # prediction_type "sample" reads model_output as x0 directly; only thresholding acts on it
+    scheduler = DDPMScheduler(
+        prediction_type="sample", thresholding=True, sample_max_value=4.0, **SD_BETAS
+    )
+    scheduler.set_timesteps(10)
+    x0 = randn(0)
+    x0[1] *= 0.3  # second sample: quantile below 1, so s = 1 (plain clipping)
+    x_t = randn(1)
+    got = scheduler.step(x0, 100, x_t).pred_original_sample
+    flat = x0.reshape(2, -1)
+    ratio = scheduler.config.dynamic_thresholding_ratio
+    s = torch.quantile(flat.abs(), ratio, dim=1).clamp(1.0, 4.0)
+    assert 1.5 < s[0] < 4.0 and s[1] == 1.0
+    expected = torch.stack([(flat[i].clamp(-s[i], s[i]) / s[i]) for i in range(2)])
+    close(got, expected.reshape(x0.shape))
+    doc = " ".join(DDPMScheduler.__doc__.split())
+    assert "unsuitable for latent-space diffusion models such as Stable Diffusion" in doc
+
+
+def test_epsilon_errors_are_amplified_at_t_999():
+    r"""Under `DDPMScheduler()`'s `linear` schedule, $\sqrt{\bar\alpha_{999}} \approx 0.0064$, so an error $\delta$ in an `epsilon` output moves `pred_original_sample` at `t=999` by about $157\,\delta$; a `v_prediction` error moves it by at most $\delta$."""
+    x_t, out, delta = randn(0), randn(1), 1e-3
+    shift = {}
+    for prediction_type in ["epsilon", "v_prediction"]:
+        scheduler = DDPMScheduler(prediction_type=prediction_type, clip_sample=False)
+        assert abar(scheduler, 999).sqrt().item() == pytest.approx(0.0064, abs=5e-5)
+        x0 = scheduler.step(out, 999, x_t).pred_original_sample
+        x0_moved = scheduler.step(out + delta, 999, x_t).pred_original_sample
+        shift[prediction_type] = ((x0_moved - x0) / delta).abs().mean().item()
+    assert shift["epsilon"] == pytest.approx(157, rel=0.01)
+    assert shift["v_prediction"] < 1.0 + 1e-4
+
+
+def test_compute_snr():
+    r"""`diffusers.training_utils.compute_snr(noise_scheduler, timesteps)` returns $\text{SNR}(t) = \bar\alpha_t / (1-\bar\alpha_t)$ for each entry of `timesteps`."""
+    scheduler = DDPMScheduler(**SD_BETAS)
+    timesteps = torch.tensor([0, 259, 999])
+    a = scheduler.alphas_cumprod.double()[timesteps]
+    close(compute_snr(scheduler, timesteps), a / (1 - a), tol=1e-4)
+
+
+def test_flow_matching_velocity_step():
+    r"""In `FlowMatchEulerDiscreteScheduler` (the scheduler type of `StableDiffusion3Pipeline`), `scale_noise` builds $x_t = (1-t)\, x_0 + t\, \epsilon$ with $t$ = `sigmas`, and `step` with the velocity $\epsilon - x_0$ as `model_output` lands exactly on $x$ at the next sigma."""
+    annotation = inspect.signature(StableDiffusion3Pipeline.__init__).parameters["scheduler"]
+    assert annotation.annotation is FlowMatchEulerDiscreteScheduler
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    scheduler.set_timesteps(10)
+    x0, eps = randn(0).float(), randn(1).float()
+    t0 = scheduler.timesteps[0]
+    s0, s1 = scheduler.sigmas[0], scheduler.sigmas[1]
+    x_t = scheduler.scale_noise(x0, t0[None], eps)
+    close(x_t, (1 - s0) * x0 + s0 * eps, tol=1e-5)
+    prev = scheduler.step(eps - x0, t0, x_t).prev_sample
+    close(prev, (1 - s1) * x0 + s1 * eps, tol=1e-5)
+
+
+def test_vae_decodes_once_at_the_end(sd1_shaped_pipe, monkeypatch):
+    """`StableDiffusionPipeline` calls `vae.decode` once, after the last UNet call: every step before it maps `latents` to `latents`."""
+    pipe = sd1_shaped_pipe
+    events = []
+    decode = pipe.vae.decode
+
+    def counting_decode(*args, **kwargs):
+        events.append("decode")
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(pipe.vae, "decode", counting_decode)
+    handle = pipe.unet.register_forward_pre_hook(lambda m, a: events.append("unet"))
+    try:
+        image = pipe(
+            prompt_embeds=embeds(0),
+            height=32,
+            width=32,
+            num_inference_steps=3,
+            guidance_scale=1.0,
+            output_type="pt",
+        ).images
+    finally:
+        handle.remove()
+    assert events == ["unet"] * 3 + ["decode"]
+    assert image.shape == (1, 3, 32, 32)

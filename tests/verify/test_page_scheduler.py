@@ -1,0 +1,980 @@
+"""Scheduler / sampler (docs/handbook/scheduler.md) against the installed diffusers.
+
+Everything runs on the real scheduler classes; pipeline claims run the real
+``StableDiffusionPipeline`` (tiny UNet and VAE from ``tiny``) and the real
+``StableDiffusion3Pipeline`` (a tiny ``SD3Transformer2DModel`` built here). The
+tables of the spacing, Euler-sigma and flow-sigma grids are read *from the page*
+and recomputed, so a diffusers upgrade that changes a grid fails here instead of
+leaving the page wrong (``tests/test_build.py::VERIFIED_ELSEWHERE`` exempts those
+rows from the prose-number check). ``inspect`` is used only for the pipeline's
+``hasattr`` guard and the source comment naming Lin et al.'s Table 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from diffusers import (
+    DDIMScheduler,
+    DDPMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    HeunDiscreteScheduler,
+    PNDMScheduler,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
+    StableDiffusionPipeline,
+)
+from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import (
+    FlowMatchEulerDiscreteSchedulerOutput,
+)
+from tiny import EMBED_DIM, HEIGHT, SD_BETAS, WIDTH, embeds, start_latents, tiny_vae
+
+from infralens_docs.registry import ROOT
+
+SCHEDULER_PAGE = (ROOT / "docs" / "handbook" / "scheduler.md").read_text(encoding="utf-8")
+#: Stable Diffusion 1.5's shipped scheduler config, as printed on the diffusers docs page
+#: https://huggingface.co/docs/diffusers/using-diffusers/schedulers
+SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
+LATENT_SHAPE = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
+
+
+def table_rows(first_cell_pattern: str) -> list[list[str]]:
+    """Cells of the page's Markdown table rows whose first cell matches the pattern."""
+    rows = []
+    for line in SCHEDULER_PAGE.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.lstrip().startswith("|") and re.fullmatch(first_cell_pattern, cells[0]):
+            rows.append(cells)
+    return rows
+
+
+def numbers(cell: str) -> list[float]:
+    return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", cell)]
+
+
+def decimals(cell: str) -> list[int]:
+    return [len(x.split(".")[1]) if "." in x else 0 for x in re.findall(r"\d+(?:\.\d+)?", cell)]
+
+
+def tensors(seed: int, n: int = 2, shape=LATENT_SHAPE, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=dtype) for _ in range(n)]
+
+
+def run_sd(pipe, steps: int, **kwargs):
+    """One unguided tiny SD 1.x call (guidance_scale 1: one UNet call per timestep)."""
+    return pipe(
+        prompt_embeds=embeds(0),
+        guidance_scale=1.0,
+        num_inference_steps=steps,
+        height=HEIGHT,
+        width=WIDTH,
+        output_type="latent",
+        **kwargs,
+    ).images
+
+
+# --- the tables on the page, recomputed ------------------------------------------------------
+
+
+def test_timestep_table_matches_set_timesteps():
+    """`DDIMScheduler` and `DDPMScheduler` built with each row's `timestep_spacing` and `steps_offset` return exactly that row's `timesteps` from `set_timesteps(10)`, as int64, and `EulerDiscreteScheduler` returns the same values as float32.
+
+    Reads the rows of the spacing table from the page.
+    """
+    rows = table_rows(r"`(leading|trailing|linspace)`")
+    assert len(rows) == 4, "the timestep_spacing table changed shape"
+    for spacing_cell, offset_cell, timesteps_cell, _ in rows:
+        spacing, offset = spacing_cell.strip("`"), int(offset_cell)
+        for cls in (DDIMScheduler, DDPMScheduler):
+            scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
+            scheduler.set_timesteps(10)
+            assert scheduler.timesteps.dtype == torch.int64
+            assert scheduler.timesteps.tolist() == numbers(timesteps_cell), (cls.__name__, spacing)
+        euler = EulerDiscreteScheduler(timestep_spacing=spacing, steps_offset=offset)
+        euler.set_timesteps(10)
+        assert euler.timesteps.dtype == torch.float32
+        assert euler.timesteps.tolist() == numbers(timesteps_cell), ("Euler", spacing)
+
+
+def test_euler_sigma_table_matches_set_timesteps():
+    """`EulerDiscreteScheduler` with SD's `scaled_linear` betas returns the tabulated `sigmas` from `set_timesteps(10)`, with the default grid and with `use_karras_sigmas=True`, to the digits shown."""
+    rows = table_rows(r"`(linspace` \(default\)|use_karras_sigmas=True`)")
+    assert len(rows) == 2
+    for label, sigmas_cell in rows:
+        scheduler = EulerDiscreteScheduler(use_karras_sigmas="karras" in label, **SD_BETAS)
+        scheduler.set_timesteps(10)
+        for shown, places, actual in zip(
+            numbers(sigmas_cell), decimals(sigmas_cell), scheduler.sigmas.tolist(), strict=True
+        ):
+            assert shown == pytest.approx(actual, abs=0.51 * 10**-places), label
+
+
+def test_flow_sigma_table_matches_set_timesteps():
+    """`FlowMatchEulerDiscreteScheduler(shift=1.0)` and `FlowMatchEulerDiscreteScheduler(shift=3.0)` return the tabulated `sigmas` from `set_timesteps(10)`, to the digits shown."""
+    rows = table_rows(r"\d\.\d")
+    assert [float(r[0]) for r in rows] == [1.0, 3.0]
+    for shift_cell, sigmas_cell in rows:
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=float(shift_cell))
+        scheduler.set_timesteps(10)
+        for shown, places, actual in zip(
+            numbers(sigmas_cell), decimals(sigmas_cell), scheduler.sigmas.tolist(), strict=True
+        ):
+            assert shown == pytest.approx(actual, abs=0.51 * 10**-places), shift_cell
+
+
+def test_karras_timesteps_are_fractional_as_quoted():
+    """With `use_karras_sigmas=True`, `timesteps` are fractional (the values quoted on the page): each is the training timestep at that sigma, interpolated linearly in `log(sigma)` on the training schedule."""
+    quoted = re.search(r"fractional \(([\d., ]+), …\)", SCHEDULER_PAGE)
+    assert quoted, "the Karras timesteps sentence changed"
+    scheduler = EulerDiscreteScheduler(use_karras_sigmas=True, **SD_BETAS)
+    scheduler.set_timesteps(10)
+    shown = numbers(quoted.group(1))
+    np.testing.assert_allclose(shown, scheduler.timesteps[: len(shown)].numpy(), atol=0.006)
+    assert any(t != round(t) for t in scheduler.timesteps.tolist())
+
+    acp = scheduler.alphas_cumprod.double().numpy()
+    log_train_sigmas = np.log(((1 - acp) / acp) ** 0.5)  # increasing with t
+    expected = np.interp(
+        np.log(scheduler.sigmas[:-1].double().numpy()), log_train_sigmas, np.arange(1000)
+    )
+    np.testing.assert_allclose(scheduler.timesteps.numpy(), expected, atol=1e-3)
+
+
+# --- grids, spacing and call counts ----------------------------------------------------------
+
+
+def test_ddim_and_ddpm_sd_grid_at_50_steps():
+    """`DDIMScheduler` and `DDPMScheduler` with SD 1.x's `leading` spacing and `steps_offset=1` return 50 timesteps at 50 steps: 981, 961, …, 21, 1, a stride of 20."""
+    assert "981, 961, …, 21, 1" in SCHEDULER_PAGE
+    for cls in (DDIMScheduler, DDPMScheduler):
+        scheduler = cls(timestep_spacing="leading", steps_offset=1, **SD_BETAS)
+        scheduler.set_timesteps(50)
+        assert scheduler.timesteps.tolist() == list(range(981, 0, -20)), cls.__name__
+
+
+def test_sd15_pndm_gives_51_timesteps_at_50_steps():
+    """SD 1.5's shipped `PNDMScheduler` config (`skip_prk_steps=True`, `steps_offset=1`, `set_alpha_to_one=False`) has `order = 1`, yet `set_timesteps(50)` returns 51 timesteps, 981, 961, 961, 941, …, 21, 1, with 961 repeated."""
+    scheduler = PNDMScheduler(**SD15_PNDM)
+    assert scheduler.order == 1 and scheduler.config.timestep_spacing == "leading"
+    scheduler.set_timesteps(50)
+    assert scheduler.timesteps.tolist() == [981, 961, *range(961, 0, -20)]
+    assert len(scheduler.timesteps) == 51
+
+
+@pytest.mark.parametrize(
+    ("make", "steps", "calls"),
+    [
+        (lambda: PNDMScheduler(**SD15_PNDM), 50, 51),
+        (lambda: HeunDiscreteScheduler(**SD_BETAS), 10, 19),
+        (lambda: DPMSolverMultistepScheduler(**SD_BETAS), 10, 10),
+        (lambda: EulerDiscreteScheduler(**SD_BETAS), 10, 10),
+    ],
+    ids=["pndm", "heun", "dpmsolver", "euler"],
+)
+def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls, make, steps, calls):
+    """`StableDiffusionPipeline` calls the UNet once per entry of `scheduler.timesteps`: 51 calls at `num_inference_steps=50` with SD 1.5's `PNDMScheduler`, 19 at 10 with `HeunDiscreteScheduler`, 10 at 10 with `DPMSolverMultistepScheduler` and `EulerDiscreteScheduler`.
+
+    Unguided (guidance_scale 1), so one UNet call per timestep.
+    """
+    sd_pipe.scheduler = make()
+    recorder = record_calls(sd_pipe.unet)
+    run_sd(sd_pipe, steps)
+    assert len(recorder.calls) == len(sd_pipe.scheduler.timesteps) == calls
+    assert [float(args[1]) for args, _ in recorder.calls] == sd_pipe.scheduler.timesteps.tolist()
+
+
+def test_higher_order_schedulers():
+    """`HeunDiscreteScheduler` has `order = 2` and `set_timesteps(10)` returns 19 timesteps, the first once and every later level twice; `DPMSolverMultistepScheduler` has `order = 1` with its default `solver_order=2`, keeping the last two model outputs instead."""
+    heun = HeunDiscreteScheduler(**SD_BETAS)
+    heun.set_timesteps(10)
+    t = heun.timesteps.tolist()
+    assert heun.order == 2 and len(t) == 19
+    assert t[1::2] == t[2::2] and len(set(t)) == 10
+
+    dpm = DPMSolverMultistepScheduler(**SD_BETAS)
+    assert dpm.order == 1 and dpm.config.solver_order == 2
+    dpm.set_timesteps(10)
+    assert len(dpm.timesteps) == 10
+    x, eps = tensors(0)
+    for step_t in dpm.timesteps[:3]:
+        x = dpm.step(eps, step_t, x).prev_sample
+    assert sum(o is not None for o in dpm.model_outputs) == 2
+
+
+@pytest.mark.parametrize("n", [5, 7, 10, 20, 25, 50])
+def test_spacing_formulas(n):
+    """For `T = 1000` the three spacings follow the page's formulas: `leading` is `T // n * (n - 1 - i) + steps_offset`, `trailing` is `round(T - i * T / n) - 1`, `linspace` is `round((n - 1 - i) * (T - 1) / (n - 1))`."""
+    T, i = 1000, np.arange(n)
+    expected = {
+        "leading": (T // n) * (n - 1 - i) + 1,
+        "trailing": np.round(T - i * T / n) - 1,
+        "linspace": np.round((n - 1 - i) * (T - 1) / (n - 1)),
+    }
+    for spacing, values in expected.items():
+        scheduler = DDIMScheduler(timestep_spacing=spacing, steps_offset=int(spacing == "leading"))
+        scheduler.set_timesteps(n)
+        assert scheduler.timesteps.tolist() == values.astype(int).tolist(), spacing
+
+
+def test_float_rounding_quirks_in_spacing():
+    """The rounding is NumPy's, on floating-point values: `linspace` at 27 steps gives 499 where the formula's tie 499.5 rounds to 500, and `trailing` at 61 steps returns 62 timesteps, the last one -1."""
+    linspace = DDIMScheduler(timestep_spacing="linspace")
+    linspace.set_timesteps(27)
+    assert linspace.timesteps[13].item() == 499 and (27 - 1 - 13) * 999 / 26 == 499.5
+    for cls in (DDIMScheduler, DDPMScheduler, EulerDiscreteScheduler):
+        trailing = cls(timestep_spacing="trailing")
+        trailing.set_timesteps(61)
+        assert len(trailing.timesteps) == 62 and trailing.timesteps[-1].item() == -1, cls.__name__
+
+
+def test_class_defaults():
+    """The default `timestep_spacing` is `leading` for `DDPMScheduler` and `DDIMScheduler` and `linspace` for `EulerDiscreteScheduler`; the spacing code cites Table 2 of Lin et al. in a source comment."""
+    assert DDPMScheduler().config.timestep_spacing == "leading"
+    assert DDIMScheduler().config.timestep_spacing == "leading"
+    assert EulerDiscreteScheduler().config.timestep_spacing == "linspace"
+    comment = "# \"linspace\", \"leading\", \"trailing\" corresponds to annotation of Table 2. of https://huggingface.co/papers/2305.08891"  # fmt: skip
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        assert comment in inspect.getsource(cls.set_timesteps), cls.__name__
+
+
+def test_leading_starts_euler_below_sigma_max():
+    """For SD's betas at 10 steps, `EulerDiscreteScheduler` with `leading` and `steps_offset=1` starts at `sigma` 8.39 (`t = 901`), while `trailing` starts at `sigma_max` 14.61 (`t = 999`)."""
+    assert "8.39" in SCHEDULER_PAGE and "14.61" in SCHEDULER_PAGE
+    leading = EulerDiscreteScheduler(timestep_spacing="leading", steps_offset=1, **SD_BETAS)
+    leading.set_timesteps(10)
+    trailing = EulerDiscreteScheduler(timestep_spacing="trailing", **SD_BETAS)
+    trailing.set_timesteps(10)
+    assert leading.timesteps[0].item() == 901 and trailing.timesteps[0].item() == 999
+    assert float(leading.sigmas[0]) == pytest.approx(8.39, abs=0.005)
+    assert float(trailing.sigmas[0]) == pytest.approx(14.61, abs=0.005)
+
+
+def test_pipeline_rewrites_steps_offset_and_clip_sample(sd_pipe):
+    """`StableDiffusionPipeline.__init__` rewrites a scheduler config with `steps_offset` other than 1 to 1, and `clip_sample=True` to `False`, each with a `FutureWarning`."""
+    parts = {**sd_pipe.components, "scheduler": DDIMScheduler(steps_offset=0, clip_sample=True)}
+    with pytest.warns(FutureWarning) as record:
+        pipe = StableDiffusionPipeline(**parts)
+    messages = " ".join(str(w.message) for w in record)
+    assert "`steps_offset` should be set to 1" in messages
+    assert "`clip_sample` should be set to False" in messages
+    assert pipe.scheduler.config.steps_offset == 1 and pipe.scheduler.config.clip_sample is False
+
+
+# --- the contract ----------------------------------------------------------------------------
+
+
+def test_pipeline_loop_runs_the_contract(sd_pipe, record_calls):
+    """`StableDiffusionPipeline` starts from `randn_tensor(...) * scheduler.init_noise_sigma`, passes each `t` of `scheduler.timesteps` to the UNet as a 0-d tensor with `scale_model_input(latents, t)`, and sets `latents` to `step(noise_pred, t, latents)[0]`, the same tensor as `.prev_sample`; all have shape `(B, 4, H/8, W/8)` (here `(1, 4, 8, 8)`)."""
+    sd_pipe.scheduler = EulerDiscreteScheduler(**SD_BETAS)
+    scheduler = sd_pipe.scheduler
+    steps = []
+    original_step = scheduler.step
+
+    @functools.wraps(original_step)
+    def step(model_output, t, sample, *args, **kwargs):
+        out = original_step(model_output, t, sample, *args, **kwargs)
+        steps.append((model_output.clone(), t, sample.clone(), out[0].clone()))
+        return out
+
+    scheduler.step = step
+    recorder = record_calls(sd_pipe.unet)
+    try:
+        final = run_sd(sd_pipe, 4, generator=torch.Generator().manual_seed(3))
+    finally:
+        del scheduler.step
+
+    noise = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(3))
+    reference = EulerDiscreteScheduler.from_config(scheduler.config)
+    reference.set_timesteps(4)
+    latents = noise * reference.init_noise_sigma
+    assert len(recorder.calls) == len(steps) == 4
+    for (args, _), (model_output, t, sample, prev) in zip(recorder.calls, steps, strict=True):
+        unet_input, unet_t = args[0], args[1]
+        assert unet_t.dim() == 0 and t.dim() == 0 and unet_t.item() == t.item()
+        torch.testing.assert_close(sample, latents)
+        torch.testing.assert_close(unet_input, reference.scale_model_input(latents, t))
+        out = reference.step(model_output, t, latents)
+        torch.testing.assert_close(prev, out.prev_sample)
+        for tensor in (model_output, sample, prev, out.pred_original_sample, unet_input):
+            assert tuple(tensor.shape) == LATENT_SHAPE
+        latents = out.prev_sample
+    torch.testing.assert_close(final, latents)
+
+
+def test_pipeline_guards_scale_model_input_with_hasattr():
+    """`StableDiffusionPipeline.__call__` calls `scale_model_input` only under `if hasattr(self.scheduler, "scale_model_input")`.
+
+    Read with inspect: the exact guard line followed by the call.
+    """
+    source = inspect.getsource(StableDiffusionPipeline.__call__)
+    assert re.search(
+        r'if hasattr\(self\.scheduler, "scale_model_input"\):\n\s+latent_model_input = '
+        r"self\.scheduler\.scale_model_input\(latent_model_input, t\)",
+        source,
+    )
+
+
+def test_init_noise_sigma_per_class_and_spacing():
+    """`init_noise_sigma` is 1.0 for `DDPMScheduler` and `DDIMScheduler`; for `EulerDiscreteScheduler` it is `sigmas.max()` under `linspace` and `trailing` and `(sigmas.max()**2 + 1) ** 0.5` under `leading`; `FlowMatchEulerDiscreteScheduler` has no `init_noise_sigma`."""
+    for cls in (DDPMScheduler, DDIMScheduler):
+        scheduler = cls(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        assert scheduler.init_noise_sigma == 1.0
+    for spacing in ("linspace", "trailing", "leading"):
+        scheduler = EulerDiscreteScheduler(timestep_spacing=spacing, steps_offset=1, **SD_BETAS)
+        scheduler.set_timesteps(10)
+        sigma_max = scheduler.sigmas.max()
+        expected = sigma_max if spacing != "leading" else (sigma_max**2 + 1) ** 0.5
+        assert float(scheduler.init_noise_sigma) == pytest.approx(float(expected)), spacing
+    assert not hasattr(FlowMatchEulerDiscreteScheduler(), "init_noise_sigma")
+
+
+def test_scale_model_input_per_class():
+    """`scale_model_input(sample, t)` returns `sample` itself for `DDPMScheduler` and `DDIMScheduler` and `sample / (sigma**2 + 1) ** 0.5` for `EulerDiscreteScheduler`; `FlowMatchEulerDiscreteScheduler` has no such method."""
+    sample, _ = tensors(1)
+    for cls in (DDPMScheduler, DDIMScheduler):
+        scheduler = cls(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        assert scheduler.scale_model_input(sample, scheduler.timesteps[3]) is sample
+    euler = EulerDiscreteScheduler(**SD_BETAS)
+    euler.set_timesteps(10)
+    t, sigma = euler.timesteps[3], euler.sigmas[3]
+    torch.testing.assert_close(euler.scale_model_input(sample, t), sample / (sigma**2 + 1) ** 0.5)
+    assert not hasattr(FlowMatchEulerDiscreteScheduler(), "scale_model_input")
+
+
+def test_euler_scaled_input_is_the_vp_sample():
+    """For an Euler state `x0 + sigma * eps` at a training timestep `t`, `scale_model_input` returns `sqrt(alphas_cumprod[t]) * x0 + sqrt(1 - alphas_cumprod[t]) * eps`, which is `DDPMScheduler.add_noise(x0, eps, t)`: the input the UNet was trained on."""
+    x0, eps = tensors(2)
+    ddpm = DDPMScheduler(**SD_BETAS)
+    for index in (0, 4, 9):
+        euler = EulerDiscreteScheduler(timestep_spacing="trailing", **SD_BETAS)
+        euler.set_timesteps(10)  # a fresh instance: scale_model_input reads step_index from t
+        t = euler.timesteps[index]
+        state = x0 + euler.sigmas[index] * eps
+        expected = ddpm.add_noise(x0, eps, t.long().reshape(1))
+        torch.testing.assert_close(
+            euler.scale_model_input(state, t), expected, atol=1e-5, rtol=1e-4
+        )
+    # At SD's sigma_max the unscaled state has variance about 1 + sigma_max**2 (unit-variance x0)
+    assert 1 + float(euler.sigmas.max()) ** 2 == pytest.approx(215, abs=1)
+
+
+def test_step_outputs_per_class():
+    """`step` returns `.prev_sample` and `.pred_original_sample` for `DDPMScheduler`, `DDIMScheduler` and `EulerDiscreteScheduler`, but only `.prev_sample` for `FlowMatchEulerDiscreteScheduler`; with `return_dict=False` element `[0]` is `prev_sample`."""
+    sample, model_output = tensors(4)
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        a, b = cls(**SD_BETAS), cls(**SD_BETAS)
+        for s in (a, b):
+            s.set_timesteps(10)
+        t = a.timesteps[2]
+        out = a.step(model_output, t, sample, generator=torch.Generator().manual_seed(0))
+        tup = b.step(model_output, t, sample, generator=torch.Generator().manual_seed(0), return_dict=False)  # fmt: skip
+        names = [f.name for f in dataclasses.fields(out)]
+        assert names == ["prev_sample", "pred_original_sample"], cls.__name__
+        assert torch.equal(tup[0], out.prev_sample) and len(tup) == 2
+    flow_a, flow_b = FlowMatchEulerDiscreteScheduler(), FlowMatchEulerDiscreteScheduler()
+    for s in (flow_a, flow_b):
+        s.set_timesteps(10)
+    out = flow_a.step(model_output, flow_a.timesteps[2], sample)
+    assert isinstance(out, FlowMatchEulerDiscreteSchedulerOutput)
+    assert [f.name for f in dataclasses.fields(out)] == ["prev_sample"]
+    tup = flow_b.step(model_output, flow_b.timesteps[2], sample, return_dict=False)
+    assert len(tup) == 1 and torch.equal(tup[0], out.prev_sample)
+
+
+def test_forward_process_formulas():
+    """`add_noise(original_samples, noise, timesteps)` gives `sqrt(alphas_cumprod[t]) * x0 + sqrt(1 - alphas_cumprod[t]) * noise` for DDPM and DDIM and `x0 + sigma * noise` for Euler; `FlowMatchEulerDiscreteScheduler` has `scale_noise(sample, timestep, noise)` = `sigma * noise + (1 - sigma) * sample` instead of `add_noise`."""
+    x0, noise = tensors(5)
+    for cls in (DDPMScheduler, DDIMScheduler):
+        scheduler = cls(**SD_BETAS)
+        t = torch.tensor([700])
+        abar = scheduler.alphas_cumprod[700]
+        expected = abar**0.5 * x0 + (1 - abar) ** 0.5 * noise
+        torch.testing.assert_close(scheduler.add_noise(x0, noise, t), expected)
+    euler = EulerDiscreteScheduler(**SD_BETAS)
+    euler.set_timesteps(10)
+    t = euler.timesteps[3].reshape(1)
+    torch.testing.assert_close(euler.add_noise(x0, noise, t), x0 + euler.sigmas[3] * noise)
+    flow = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    flow.set_timesteps(10)
+    assert not hasattr(flow, "add_noise")
+    sigma = flow.sigmas[3]
+    scaled = flow.scale_noise(x0, flow.timesteps[3].reshape(1), noise)
+    torch.testing.assert_close(scaled, sigma * noise + (1 - sigma) * x0)
+
+
+def test_contract_orders():
+    """`DDPMScheduler`, `DDIMScheduler`, `EulerDiscreteScheduler` and `FlowMatchEulerDiscreteScheduler` all have `order = 1`."""
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        assert cls.order == 1 and cls().order == 1
+    assert FlowMatchEulerDiscreteScheduler.order == 1
+
+
+def test_flow_timesteps_are_1000_sigmas():
+    """`FlowMatchEulerDiscreteScheduler.set_timesteps(n)` gives float32 `timesteps` of shape `(n,)` equal to `sigmas[:-1] * num_train_timesteps` and `sigmas` of shape `(n + 1,)` ending in 0; `EulerDiscreteScheduler` likewise gives `sigmas` of shape `(n + 1,)` ending in 0."""
+    for shift in (1.0, 3.0):
+        flow = FlowMatchEulerDiscreteScheduler(shift=shift)
+        flow.set_timesteps(10)
+        assert flow.timesteps.dtype == torch.float32 and flow.timesteps.shape == (10,)
+        assert flow.sigmas.shape == (11,) and flow.sigmas[-1].item() == 0
+        torch.testing.assert_close(flow.timesteps, flow.sigmas[:-1] * 1000)
+    euler = EulerDiscreteScheduler(**SD_BETAS)
+    euler.set_timesteps(10)
+    assert euler.sigmas.shape == (11,) and euler.sigmas[-1].item() == 0
+
+
+# --- state -----------------------------------------------------------------------------------
+
+
+def test_euler_and_flow_keep_a_step_index():
+    """`EulerDiscreteScheduler` and `FlowMatchEulerDiscreteScheduler` keep a `step_index` that each `step` increments and `set_timesteps` resets to `None`, so calling `step` twice at one `t` gives a different result from the first call."""
+    sample, model_output = tensors(6)
+    for scheduler in (
+        EulerDiscreteScheduler(**SD_BETAS),
+        FlowMatchEulerDiscreteScheduler(shift=3.0),
+    ):
+        scheduler.set_timesteps(10)
+        assert scheduler.step_index is None
+        t = scheduler.timesteps[0]
+        first = scheduler.step(model_output, t, sample).prev_sample
+        assert scheduler.step_index == 1
+        second = scheduler.step(model_output, t, sample).prev_sample
+        assert scheduler.step_index == 2
+        assert not torch.allclose(first, second), type(scheduler).__name__
+        scheduler.set_timesteps(10)
+        assert scheduler.step_index is None
+        torch.testing.assert_close(scheduler.step(model_output, t, sample).prev_sample, first)
+
+
+def test_ddim_and_ddpm_step_are_stateless():
+    """`DDIMScheduler.step` and `DDPMScheduler.step` depend only on `t`, the grid and their inputs: calling either twice at one `t` gives the same result (DDPM with the same `generator` seed)."""
+    sample, model_output = tensors(7)
+    for cls in (DDIMScheduler, DDPMScheduler):
+        scheduler = cls(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        t = scheduler.timesteps[0]
+        results = [
+            scheduler.step(
+                model_output, t, sample, generator=torch.Generator().manual_seed(0)
+            ).prev_sample
+            for _ in range(2)
+        ]
+        assert torch.equal(*results), cls.__name__
+
+
+def test_pndm_is_stateful():
+    """`PNDMScheduler` keeps a `counter` and the past model outputs `ets`: with SD 1.5's config, the second call at the repeated timestep 961 ignores the `sample` it is given and redoes the step from 981 with the average of the two model outputs."""
+    scheduler = PNDMScheduler(**SD15_PNDM)
+    scheduler.set_timesteps(50)
+    x, other, e1, e2 = tensors(8, 4)
+    t = scheduler.timesteps
+    assert t[:3].tolist() == [981, 961, 961]
+    first = scheduler.step(e1, t[0], x).prev_sample
+    assert scheduler.counter == 1 and len(scheduler.ets) == 1
+    second = scheduler.step(e2, t[1], first).prev_sample
+    assert scheduler.counter == 2
+    assert not torch.allclose(first, second)
+
+    fresh = PNDMScheduler(**SD15_PNDM)
+    fresh.set_timesteps(50)
+    averaged = fresh.step((e1 + e2) / 2, t[0], x).prev_sample
+    torch.testing.assert_close(second, averaged)
+
+    again = PNDMScheduler(**SD15_PNDM)
+    again.set_timesteps(50)
+    again.step(e1, t[0], x)
+    torch.testing.assert_close(again.step(e2, t[1], other).prev_sample, second)
+
+
+# --- prediction_type -------------------------------------------------------------------------
+
+
+def test_prediction_type_values_and_default():
+    """`DDPMScheduler`, `DDIMScheduler` and `EulerDiscreteScheduler` default to `prediction_type="epsilon"` and accept `"sample"` and `"v_prediction"`, each reading the same output differently; `FlowMatchEulerDiscreteScheduler` has no `prediction_type`."""
+    sample, model_output = tensors(9)
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        assert cls().config.prediction_type == "epsilon"
+        x0 = []
+        for kind in ("epsilon", "sample", "v_prediction"):
+            extra = {} if cls is EulerDiscreteScheduler else {"clip_sample": False}
+            scheduler = cls(prediction_type=kind, **extra, **SD_BETAS)
+            scheduler.set_timesteps(10)
+            out = scheduler.step(model_output, scheduler.timesteps[3], sample)
+            x0.append(out.pred_original_sample)
+        assert not torch.allclose(x0[0], x0[1]) and not torch.allclose(x0[0], x0[2])
+        assert torch.equal(x0[1], model_output), cls.__name__
+    assert "prediction_type" not in FlowMatchEulerDiscreteScheduler().config
+
+
+def test_wrong_prediction_type_raises_no_error():
+    """A mismatched `prediction_type` raises no error: an `epsilon` scheduler reads a `v_prediction` output as noise and returns finite `latents`; only a name outside the accepted ones raises, and only in `step`, not at construction."""
+    x0, eps = tensors(10)
+    scheduler = DDIMScheduler(prediction_type="epsilon", clip_sample=False, **SD_BETAS)
+    scheduler.set_timesteps(10)
+    t = scheduler.timesteps[3]
+    abar = scheduler.alphas_cumprod[t]
+    x_t = abar**0.5 * x0 + (1 - abar) ** 0.5 * eps
+    v = abar**0.5 * eps - (1 - abar) ** 0.5 * x0  # what a v-prediction model outputs
+    out = scheduler.step(v, t, x_t)
+    assert torch.isfinite(out.prev_sample).all()
+    assert not torch.allclose(out.pred_original_sample, x0, atol=0.1)
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        bogus = cls(prediction_type="noise", **SD_BETAS)  # constructs without complaint
+        bogus.set_timesteps(10)
+        with pytest.raises(ValueError, match="prediction_type"):
+            bogus.step(eps, bogus.timesteps[0], x_t)
+
+
+# --- DDIM ------------------------------------------------------------------------------------
+
+
+def ddim_reference(scheduler, model_output, sample, t, prev_t, eta=0.0, noise=None):
+    """The DDIM update (epsilon target) with explicit alphas_cumprod at t and prev_t."""
+    acp = scheduler.alphas_cumprod
+    abar_t = acp[t]
+    abar_prev = acp[prev_t] if prev_t >= 0 else scheduler.final_alpha_cumprod
+    x0 = (sample - (1 - abar_t) ** 0.5 * model_output) / abar_t**0.5
+    sigma = eta * ((1 - abar_prev) / (1 - abar_t)) ** 0.5 * (1 - abar_t / abar_prev) ** 0.5
+    prev = abar_prev**0.5 * x0 + (1 - abar_prev - sigma**2) ** 0.5 * model_output
+    return prev if noise is None else prev + sigma * noise
+
+
+def test_ddim_step_formula_with_eta():
+    """`DDIMScheduler.step` returns `sqrt(abar_prev) * x0_hat + sqrt(1 - abar_prev - sigma_t**2) * eps_hat + sigma_t * z` with `sigma_t = eta * sqrt((1 - abar_prev) / (1 - abar_t)) * sqrt(1 - abar_t / abar_prev)`; `eta` is an argument of `step`, default 0.0, which is deterministic."""
+    assert inspect.signature(DDIMScheduler.step).parameters["eta"].default == 0.0
+    sample, model_output, z = tensors(11, 3)
+    scheduler = DDIMScheduler(clip_sample=False, **SD_BETAS)
+    scheduler.set_timesteps(10)
+    t = int(scheduler.timesteps[2])
+    for eta in (0.0, 0.5, 1.0):
+        out = scheduler.step(model_output, t, sample, eta=eta, variance_noise=z).prev_sample
+        expected = ddim_reference(scheduler, model_output, sample, t, t - 100, eta, z)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    a, b = (
+        scheduler.step(model_output, t, sample, generator=torch.Generator().manual_seed(seed))
+        for seed in (0, 1)
+    )
+    assert torch.equal(a.prev_sample, b.prev_sample)
+
+
+def test_ddim_eta1_noise_matches_ddpm_variance():
+    """With `eta=1`, the noise `DDIMScheduler.step` adds has the standard deviation of `DDPMScheduler`'s default `fixed_small` posterior between the same two timesteps."""
+    sample, model_output = tensors(23)
+    ddim = DDIMScheduler(clip_sample=False, **SD_BETAS)
+    ddpm = DDPMScheduler(clip_sample=False, **SD_BETAS)
+    for s in (ddim, ddpm):
+        s.set_timesteps(10)
+    t = int(ddim.timesteps[3])
+    z0, z1 = (torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(k)) for k in (0, 1))
+
+    def ddim_out(z):
+        return ddim.step(model_output, t, sample, eta=1.0, variance_noise=z).prev_sample
+
+    def ddpm_out(seed):
+        g = torch.Generator().manual_seed(seed)
+        return ddpm.step(model_output, t, sample, generator=g).prev_sample
+
+    sigma_ddim = ((ddim_out(z0) - ddim_out(z1)) / (z0 - z1)).median()
+    sigma_ddpm = ((ddpm_out(0) - ddpm_out(1)) / (z0 - z1)).median()
+    assert sigma_ddim.item() == pytest.approx(sigma_ddpm.item(), rel=1e-3)
+    assert sigma_ddim.item() > 0.05
+
+
+def test_ddim_prev_timestep_is_a_fixed_stride():
+    """`DDIMScheduler.step` targets `prev_timestep = timestep - num_train_timesteps // num_inference_steps`, not the next grid entry: under `linspace` at 10 steps the step from 999 uses `alphas_cumprod[899]` though the next call is at 888, while `DDPMScheduler.step` looks the next timestep up on the grid and uses 888."""
+    sample, model_output = tensors(12)
+    ddim = DDIMScheduler(timestep_spacing="linspace", clip_sample=False, **SD_BETAS)
+    ddim.set_timesteps(10)
+    assert ddim.timesteps[:2].tolist() == [999, 888]
+    out = ddim.step(model_output, 999, sample).prev_sample
+    torch.testing.assert_close(out, ddim_reference(ddim, model_output, sample, 999, 899))
+    assert not torch.allclose(out, ddim_reference(ddim, model_output, sample, 999, 888))
+
+    ddpm = DDPMScheduler(timestep_spacing="linspace", clip_sample=False, **SD_BETAS)
+    ddpm.set_timesteps(10)
+    assert int(ddpm.previous_timestep(999)) == 888
+
+
+def test_ddim_trailing_matches_only_when_n_divides_t():
+    """`trailing` matches DDIM's stride only when the step count divides 1000: at 7 steps the grid starts 999, 856, but `step` at 999 uses `alphas_cumprod[857]`; `leading` always matches, since its stride is also `1000 // n` (at 7 steps: 852, 710, …, 0)."""
+    sample, model_output = tensors(13)
+    trailing = DDIMScheduler(timestep_spacing="trailing", clip_sample=False, **SD_BETAS)
+    trailing.set_timesteps(7)
+    assert trailing.timesteps[:2].tolist() == [999, 856]
+    out = trailing.step(model_output, 999, sample).prev_sample
+    torch.testing.assert_close(out, ddim_reference(trailing, model_output, sample, 999, 857))
+    assert not torch.allclose(out, ddim_reference(trailing, model_output, sample, 999, 856))
+
+    trailing.set_timesteps(10)
+    assert all(np.diff(trailing.timesteps.numpy()) == -100)
+    for n in (7, 10, 30, 50):
+        leading = DDIMScheduler(timestep_spacing="leading", steps_offset=1)
+        leading.set_timesteps(n)
+        assert all(np.diff(leading.timesteps.numpy()) == -(1000 // n)), n
+    leading = DDIMScheduler(timestep_spacing="leading")
+    leading.set_timesteps(7)
+    assert leading.timesteps.tolist() == list(range(852, -1, -142))
+
+
+def test_ddim_final_alpha_cumprod():
+    """At the last step `DDIMScheduler` uses `final_alpha_cumprod` for `abar_prev`: 1.0 under `set_alpha_to_one=True` (the default), so `prev_sample` is `pred_original_sample`, and `alphas_cumprod[0]` under `set_alpha_to_one=False`, SD 1.x's setting."""
+    assert inspect.signature(DDIMScheduler).parameters["set_alpha_to_one"].default is True
+    sample, model_output = tensors(14)
+    for to_one in (True, False):
+        scheduler = DDIMScheduler(set_alpha_to_one=to_one, clip_sample=False, **SD_BETAS)
+        scheduler.set_timesteps(10)
+        t = int(scheduler.timesteps[-1])
+        expected = 1.0 if to_one else scheduler.alphas_cumprod[0].item()
+        assert scheduler.final_alpha_cumprod.item() == pytest.approx(expected)
+        out = scheduler.step(model_output, t, sample)
+        torch.testing.assert_close(
+            out.prev_sample, ddim_reference(scheduler, model_output, sample, t, -1)
+        )
+        assert torch.allclose(out.prev_sample, out.pred_original_sample) == to_one
+
+
+def test_ddim_eta0_agrees_with_euler():
+    """`DDIMScheduler` (`eta=0`, `clip_sample=False`, `set_alpha_to_one=True`) and `EulerDiscreteScheduler`, fed the same stand-in model on the same `trailing` grid from corresponding starting states `x_T` and `x_T / sqrt(abar_T)`, end at the same sample to float32 rounding."""
+
+    def model(x_vp, t):  # any smooth function of the variance-preserving input and t
+        return torch.tanh(x_vp) * (float(t) / 1000) + 0.1 * x_vp
+
+    x_T, _ = tensors(15)
+    ddim = DDIMScheduler(timestep_spacing="trailing", clip_sample=False, **SD_BETAS)
+    euler = EulerDiscreteScheduler(timestep_spacing="trailing", **SD_BETAS)
+    ddim.set_timesteps(10)
+    euler.set_timesteps(10)
+    assert ddim.timesteps.tolist() == euler.timesteps.tolist()
+    x_ddim = x_T
+    x_euler = x_T / ddim.alphas_cumprod[999] ** 0.5
+    for t_ddim, t_euler in zip(ddim.timesteps, euler.timesteps, strict=True):
+        x_ddim = ddim.step(model(x_ddim, t_ddim), t_ddim, x_ddim).prev_sample
+        scaled = euler.scale_model_input(x_euler, t_euler)
+        x_euler = euler.step(model(scaled, t_euler), t_euler, x_euler).prev_sample
+    torch.testing.assert_close(x_euler, x_ddim, atol=2e-5, rtol=2e-5)
+    assert x_ddim.abs().max() > 0.1
+
+
+# --- DDPM ------------------------------------------------------------------------------------
+
+
+def test_ddpm_step_formula():
+    """`DDPMScheduler.step` with a stride samples the posterior with `current_alpha_t = abar_t / abar_prev`: mean `sqrt(abar_prev) * (1 - current_alpha_t) / (1 - abar_t) * x0_hat + sqrt(current_alpha_t) * (1 - abar_prev) / (1 - abar_t) * x_t` and variance `(1 - abar_prev) / (1 - abar_t) * (1 - current_alpha_t)` (`variance_type="fixed_small"`, the default), with no noise at `t == 0`."""
+    assert DDPMScheduler().config.variance_type == "fixed_small"
+    sample, model_output = tensors(16)
+    scheduler = DDPMScheduler(clip_sample=False, **SD_BETAS)
+    scheduler.set_timesteps(10)
+    t, prev = 500, 400
+    assert scheduler.timesteps.tolist()[4:6] == [t, prev]
+    acp = scheduler.alphas_cumprod
+    abar_t, abar_prev = acp[t], acp[prev]
+    alpha = abar_t / abar_prev
+    x0 = (sample - (1 - abar_t) ** 0.5 * model_output) / abar_t**0.5
+    mean = (abar_prev**0.5 * (1 - alpha) / (1 - abar_t)) * x0 + (
+        alpha**0.5 * (1 - abar_prev) / (1 - abar_t)
+    ) * sample
+    var = (1 - abar_prev) / (1 - abar_t) * (1 - alpha)
+    z = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(0))
+    out = scheduler.step(model_output, t, sample, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out.prev_sample, mean + var**0.5 * z, atol=1e-5, rtol=1e-5)
+    last = [
+        scheduler.step(model_output, 0, sample, generator=torch.Generator().manual_seed(s))
+        for s in (0, 1)
+    ]
+    assert int(scheduler.timesteps[-1]) == 0
+    assert torch.equal(last[0].prev_sample, last[1].prev_sample)
+
+
+# --- Euler -----------------------------------------------------------------------------------
+
+
+def test_euler_step_formula():
+    """For an `epsilon` model `EulerDiscreteScheduler.step` returns `x + (sigma_next - sigma) * (x - x0_hat) / sigma` with `x0_hat = x - sigma * eps_hat`."""
+    sample, model_output = tensors(17)
+    scheduler = EulerDiscreteScheduler(**SD_BETAS)
+    scheduler.set_timesteps(10)
+    sigma, sigma_next = scheduler.sigmas[3], scheduler.sigmas[4]
+    out = scheduler.step(model_output, scheduler.timesteps[3], sample)  # step_index from t
+    x0 = sample - sigma * model_output
+    torch.testing.assert_close(out.pred_original_sample, x0)
+    torch.testing.assert_close(
+        out.prev_sample, sample + (sigma_next - sigma) * (sample - x0) / sigma
+    )
+
+
+def test_euler_step_warns_without_scale_model_input():
+    """If `scale_model_input` was never called on the instance, `EulerDiscreteScheduler.step` logs a warning that it should be called before `step`, and still returns a result."""
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("diffusers.schedulers.scheduling_euler_discrete")
+    handler = Collect(level=logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        sample, model_output = tensors(18)
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        scheduler.step(model_output, scheduler.timesteps[0], sample)
+        assert any("`scale_model_input` function should be called before `step`" in m for m in messages)  # fmt: skip
+        messages.clear()
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        t = scheduler.timesteps[0]
+        scheduler.step(model_output, t, scheduler.scale_model_input(sample, t))
+        assert messages == []
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_euler_step_upcasts_and_casts_back(dtype):
+    """`EulerDiscreteScheduler.step` upcasts `sample` to float32 for the update and casts `prev_sample` back to `model_output`'s dtype: float16 in gives float16 out, and float64 in gives float64 out, computed from `sample` rounded to float32."""
+    sample, model_output = tensors(19, dtype=dtype)
+
+    def step(x):
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        return scheduler.step(model_output, scheduler.timesteps[2], x).prev_sample
+
+    out = step(sample)
+    assert out.dtype == dtype
+    rounded = sample.float().to(dtype)
+    if dtype == torch.float64:
+        assert not torch.equal(rounded, sample)
+        assert torch.equal(out, step(rounded))
+    else:
+        reference = step(sample.float())  # float16 in both: the model_output is still float16
+        torch.testing.assert_close(out, reference.to(dtype))
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        exact = scheduler.step(model_output.float(), scheduler.timesteps[2], sample.float())
+        torch.testing.assert_close(out.float(), exact.prev_sample, atol=2e-2, rtol=2e-3)
+
+
+def test_karras_sigma_formula():
+    """`use_karras_sigmas=True` replaces the `n` sigmas with `(sigma_max**(1/7) + i / (n - 1) * (sigma_min**(1/7) - sigma_max**(1/7)))**7` between the default grid's ends, followed by a final 0."""
+    plain = EulerDiscreteScheduler(**SD_BETAS)
+    plain.set_timesteps(10)
+    karras = EulerDiscreteScheduler(use_karras_sigmas=True, **SD_BETAS)
+    karras.set_timesteps(10)
+    s_max, s_min = plain.sigmas[0].double(), plain.sigmas[-2].double()
+    i = torch.arange(10, dtype=torch.float64)
+    rho = 7.0
+    expected = (s_max ** (1 / rho) + i / 9 * (s_min ** (1 / rho) - s_max ** (1 / rho))) ** rho
+    torch.testing.assert_close(karras.sigmas[:-1].double(), expected, atol=1e-4, rtol=1e-5)
+    assert karras.sigmas[-1].item() == 0
+
+
+def test_s_churn_is_a_step_argument():
+    """`s_churn` is an argument of `EulerDiscreteScheduler.step` (default 0.0): above 0 it adds fresh noise from `generator` to the state before the update, so the result changes with the seed."""
+    assert inspect.signature(EulerDiscreteScheduler.step).parameters["s_churn"].default == 0.0
+    sample, model_output = tensors(20)
+
+    def step(s_churn, seed):
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        t = scheduler.timesteps[2]
+        g = torch.Generator().manual_seed(seed)
+        return scheduler.step(model_output, t, sample, s_churn=s_churn, generator=g).prev_sample
+
+    assert torch.equal(step(0.0, 0), step(0.0, 1))
+    assert not torch.allclose(step(1.0, 0), step(1.0, 1))
+    assert not torch.allclose(step(1.0, 0), step(0.0, 0))
+
+
+# --- flow matching ---------------------------------------------------------------------------
+
+
+def test_flow_step_is_sample_plus_dt_velocity():
+    """`FlowMatchEulerDiscreteScheduler.step` (default `stochastic_sampling=False`) returns `sample + (sigma_next - sigma) * model_output`, using the shifted `sigmas`."""
+    assert FlowMatchEulerDiscreteScheduler().config.stochastic_sampling is False
+    sample, velocity = tensors(21)
+    for shift in (1.0, 3.0, 0.5):
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+        scheduler.set_timesteps(10)
+        sigmas = scheduler.sigmas
+        x = sample
+        for index, t in enumerate(scheduler.timesteps[:3]):
+            new = scheduler.step(velocity, t, x).prev_sample
+            torch.testing.assert_close(new, x + (sigmas[index + 1] - sigmas[index]) * velocity)
+            x = new
+
+
+@pytest.mark.parametrize("shift", [0.5, 1.0, 3.0, 6.0])
+def test_flow_shift_formula(shift):
+    """`shift` (default 1.0) maps each sigma `s` to `shift * s / (1 + (shift - 1) * s)`: `set_timesteps(n)` spaces `n` values linearly from 1 to `sigma_min` and maps them, and since `__init__` has already mapped `sigma_min` from `1 / 1000`, the last level is mapped twice."""
+    assert FlowMatchEulerDiscreteScheduler().config.shift == 1.0
+
+    def shifted(s):
+        return shift * s / (1 + (shift - 1) * s)
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    assert scheduler.sigma_min == pytest.approx(shifted(1 / 1000))
+    scheduler.set_timesteps(10)
+    s = torch.linspace(1.0, scheduler.sigma_min, 10, dtype=torch.float64)
+    torch.testing.assert_close(scheduler.sigmas[:-1].double(), shifted(s), atol=1e-6, rtol=1e-6)
+    assert scheduler.sigmas[-2].item() == pytest.approx(shifted(shifted(1 / 1000)), rel=1e-5)
+
+
+@pytest.mark.parametrize("shift", [0.5, 3.0, 6.0])
+def test_any_shift_is_read_consistently(shift):
+    """After `set_timesteps` with any `shift`, `timesteps` equal the shifted `sigmas[:-1] * num_train_timesteps` and `step` moves between those same shifted `sigmas`: the network is told the shifted noise level."""
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    scheduler.set_timesteps(10)
+    torch.testing.assert_close(scheduler.timesteps, scheduler.sigmas[:-1] * 1000)
+    sample, velocity = tensors(22)
+    x = sample
+    for index, t in enumerate(scheduler.timesteps):
+        sigma = t / 1000  # the level the network is told
+        sigma_next = scheduler.sigmas[index + 1]
+        new = scheduler.step(velocity, t, x).prev_sample
+        torch.testing.assert_close(new, x + (sigma_next - sigma) * velocity)
+        x = new
+
+
+def test_dynamic_shifting_with_mu():
+    """With `use_dynamic_shifting=True`, `set_timesteps` requires `mu` and, under the default `time_shift_type="exponential"`, maps each sigma with `exp(mu) / (exp(mu) + 1 / sigma - 1)`, which is the `shift` map with `shift = exp(mu)`."""
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    assert scheduler.config.time_shift_type == "exponential"
+    with pytest.raises(ValueError, match="`mu` must be passed"):
+        scheduler.set_timesteps(10)
+    mu = 1.1
+    scheduler.set_timesteps(10, mu=mu)
+    s = torch.linspace(1.0, 1 / 1000, 10, dtype=torch.float64)
+    expected = math.exp(mu) / (math.exp(mu) + 1 / s - 1)
+    torch.testing.assert_close(scheduler.sigmas[:-1].double(), expected, atol=1e-6, rtol=1e-6)
+    shift = math.exp(mu)
+    torch.testing.assert_close(expected, shift * s / (1 + (shift - 1) * s))
+
+
+def tiny_sd3_pipeline(scheduler):
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=EMBED_DIM,
+        caption_projection_dim=16,
+        pooled_projection_dim=16,
+        pos_embed_max_size=16,
+    ).eval()
+    none = dict.fromkeys(["text_encoder", "text_encoder_2", "text_encoder_3"])
+    none.update(dict.fromkeys(["tokenizer", "tokenizer_2", "tokenizer_3"]))
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=scheduler, vae=tiny_vae(), **none
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def sd3_pipe():
+    return tiny_sd3_pipeline(FlowMatchEulerDiscreteScheduler(shift=3.0))
+
+
+def run_sd3(pipe, **kwargs):
+    g = torch.Generator().manual_seed(1)
+    return pipe(
+        prompt_embeds=torch.randn(1, 10, EMBED_DIM, generator=g),
+        pooled_prompt_embeds=torch.randn(1, 16, generator=g),
+        guidance_scale=1.0,
+        num_inference_steps=4,
+        height=HEIGHT,
+        width=WIDTH,
+        output_type="latent",
+        **kwargs,
+    ).images
+
+
+def test_sd3_pipeline_starts_unscaled_and_tells_the_shifted_level(sd3_pipe, record_calls):
+    """`StableDiffusion3Pipeline` starts from unscaled `randn_tensor` latents and passes each shifted `sigma * 1000` of `FlowMatchEulerDiscreteScheduler(shift=3.0)` to the transformer as its `timestep`."""
+    recorder = record_calls(sd3_pipe.transformer)
+    run_sd3(sd3_pipe, generator=torch.Generator().manual_seed(5))
+    first = recorder.calls[0][1]["hidden_states"]
+    noise = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(first, noise)
+    scheduler = sd3_pipe.scheduler
+    told = [kwargs["timestep"].item() for _, kwargs in recorder.calls]
+    assert told == pytest.approx((scheduler.sigmas[:-1] * 1000).tolist())
+    unshifted = FlowMatchEulerDiscreteScheduler()
+    unshifted.set_timesteps(4)
+    assert told[1] > unshifted.timesteps[1].item() + 50  # shifted towards high noise
+
+
+def test_sd3_pipeline_passes_mu_from_token_count(sd3_pipe):
+    """With `use_dynamic_shifting=True`, `StableDiffusion3Pipeline` passes `set_timesteps` a `mu` computed by `calculate_shift` from the latent token count, `(H / 8 / patch_size) * (W / 8 / patch_size)`."""
+    original = sd3_pipe.scheduler
+    sd3_pipe.scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    try:
+        run_sd3(sd3_pipe, latents=start_latents())
+        sigmas = sd3_pipe.scheduler.sigmas
+    finally:
+        sd3_pipe.scheduler = original
+    tokens = (LATENT_SHAPE[2] // 2) * (LATENT_SHAPE[3] // 2)
+    mu = calculate_shift(tokens, 256, 4096, 0.5, 1.15)
+    expected = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    expected.set_timesteps(4, mu=mu)
+    torch.testing.assert_close(sigmas, expected.sigmas)
+    other = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    other.set_timesteps(4, mu=calculate_shift(4 * tokens, 256, 4096, 0.5, 1.15))
+    assert not torch.allclose(sigmas, other.sigmas)
+
+
+# --- training vs inference -------------------------------------------------------------------
+
+
+def test_from_config_carries_the_config_over():
+    """`EulerDiscreteScheduler.from_config(config)` carries over the keys the config set explicitly and `EulerDiscreteScheduler` accepts (the betas, `prediction_type`, and `timestep_spacing` when it was set); keys left at the old class's default, listed in `_use_default_values`, take Euler's default, so a `leading` grid survives the swap only if `leading` was set explicitly."""
+    source = DDIMScheduler(prediction_type="v_prediction", steps_offset=1, **SD_BETAS)
+    euler = EulerDiscreteScheduler.from_config(source.config)
+    for key in ("beta_schedule", "beta_start", "beta_end", "steps_offset"):
+        assert euler.config[key] == source.config[key], key
+    assert euler.config.prediction_type == "v_prediction"
+    torch.testing.assert_close(euler.alphas_cumprod, source.alphas_cumprod)
+    assert source.config.timestep_spacing == "leading"
+    assert "timestep_spacing" in source.config._use_default_values
+    assert euler.config.timestep_spacing == "linspace"
+    explicit = DDIMScheduler(timestep_spacing="leading", steps_offset=1, **SD_BETAS)
+    euler = EulerDiscreteScheduler.from_config(explicit.config)
+    assert euler.config.timestep_spacing == "leading"
+    euler.set_timesteps(10)
+    assert euler.timesteps[0].item() == 901
+
+
+def test_compatibles():
+    """A class's `_compatibles` names the scheduler classes that can read its config (`EulerDiscreteScheduler`'s includes `DDIMScheduler`, `DDPMScheduler`, `PNDMScheduler` and `HeunDiscreteScheduler`), and `FlowMatchEulerDiscreteScheduler._compatibles` is empty."""
+    assert FlowMatchEulerDiscreteScheduler._compatibles == []
+    assert FlowMatchEulerDiscreteScheduler().compatibles == [FlowMatchEulerDiscreteScheduler]
+    names = set(EulerDiscreteScheduler._compatibles)
+    assert {"DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "HeunDiscreteScheduler"} <= names
+    assert "FlowMatchEulerDiscreteScheduler" not in names
+    assert DDIMScheduler in EulerDiscreteScheduler().compatibles
+
+
+def test_rescale_betas_zero_snr():
+    """`rescale_betas_zero_snr=True` makes the last `alphas_cumprod` 0, zero SNR at `t = 999` (`DDPMScheduler` and `DDIMScheduler` exactly, `EulerDiscreteScheduler` `2**-24` to keep `sigmas` finite); without it SD's schedule ends above 0 (0.00466)."""
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        on = cls(rescale_betas_zero_snr=True, **SD_BETAS).alphas_cumprod[-1].item()
+        off = cls(**SD_BETAS).alphas_cumprod[-1].item()
+        assert on == (2**-24 if cls is EulerDiscreteScheduler else 0.0), cls.__name__
+        assert off == pytest.approx(0.00466, abs=1e-5)
