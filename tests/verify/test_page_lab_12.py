@@ -1,0 +1,277 @@
+"""Lab 12 (end-to-end inference trace) against the real StableDiffusionPipeline.
+
+No weights: the UNet and VAE are tiny and random (``tiny.py``), the DDIM scheduler has
+SD 1.x's betas, and the prompt embeddings are passed in, so no tokenizer or text encoder
+is downloaded. Wrappers and hooks record every array that crosses a stage boundary into
+the same trace rows the lab's NumPy starter prints (stage, step, boundary, name, shape,
+dtype, device), and the tests compare the two traces' structure.
+
+What "the same structure" means, exactly (see ``test_real_trace_has_the_toys_structure``):
+
+- the same boundaries, ``(stage, step, boundary)``, in the same order, for the same batch
+  ``B`` and number of steps ``n``;
+- every real shape equals the toy row's symbolic ``layout`` (``"2B, 4, h, w"``) expanded
+  with the real pipeline's own sizes: ``h, w`` = its latent size and ``H = f * h`` with
+  ``f = pipe.vae_scale_factor`` (2 here, 8 in SD; the toy's patch VAE has 8). That holds
+  the rank, the batch doubling, the 4 latent channels and the image/latent factor;
+- the two condition rows are the one exception: the toy's condition is a class label per
+  row ``(B,)``, diffusers' is ``prompt_embeds`` ``(B, 77, D)``, so only the batch axis is
+  compared there;
+- the dtype kind (float, signed int, unsigned int) agrees on every other row; the
+  device is ``cpu`` on both. Dtypes themselves differ: NumPy float64, torch float32.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny import EMBED_DIM, embeds, start_latents, tiny_sd_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTER = "code/lab-12-end-to-end-inference-trace/pipeline_trace.py"
+#: the tiny pipeline's trace: a batch of 2, 3 DDIM steps, 16 x 16 pixels, 8 x 8 latents
+B, N, SIZE, GUIDANCE = 2, 3, 16, 7.5
+
+
+def real_trace(pipe, guidance_scale=GUIDANCE, batch=B, steps=N, timings=None):
+    """Run ``pipe`` once with recording wrappers; return (trace rows, output images).
+
+    Each row also keeps a copy of the array (``value``) for the tests that compare values.
+
+    ``timings`` (a dict), if given, collects wall time per stage: prepare (encode_prompt,
+    set_timesteps, prepare_latents), loop (every UNet call and scheduler.step) and decode
+    (vae.decode and postprocess).
+    """
+    rows, step = [], [0]
+
+    def add(stage, boundary, name, array, at_step=None):
+        is_tensor = isinstance(array, torch.Tensor)
+        rows.append(
+            dict(stage=stage, step=at_step, boundary=boundary, name=name,
+                 shape=tuple(array.shape), dtype=str(array.dtype).removeprefix("torch."),
+                 device=array.device.type if is_tensor else "cpu",
+                 value=array.detach().clone() if is_tensor else array.copy())
+        )  # fmt: skip
+
+    def wrap(owner, attr, stage, after):
+        original = getattr(owner, attr)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            if timings is not None:
+                timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
+            after(args, kwargs, out)
+            return out
+
+        setattr(owner, attr, wrapper)
+
+    def on_encode(args, kwargs, out):  # encode_prompt returns (prompt_embeds, negative_...)
+        add("prepare", "prompt -> condition", "prompt_embeds", out[0])
+        add("prepare", "negative prompt -> condition", "negative_prompt_embeds", out[1])
+
+    def on_set_timesteps(args, kwargs, out):
+        add("prepare", "set_timesteps", "timesteps", pipe.scheduler.timesteps)
+
+    def on_prepare_latents(args, kwargs, out):
+        add("prepare", "noise * init_noise_sigma", "latents", out)
+
+    def on_step(args, kwargs, out):  # step(noise_pred, t, latents, return_dict=False)
+        add("loop", "split + guidance", "noise_pred", args[0], step[0])
+        add("loop", "scheduler.step(...).prev_sample", "latents", out[0], step[0])
+
+    def on_decode(args, kwargs, out):  # vae.decode(latents / scaling_factor, ...)
+        add("decode", "latents / scaling_factor", "latents", args[0])
+        add("decode", "vae.decode", "image", out[0])
+
+    wrap(pipe, "encode_prompt", "prepare", on_encode)
+    wrap(pipe.scheduler, "set_timesteps", "prepare", on_set_timesteps)
+    wrap(pipe, "prepare_latents", "prepare", on_prepare_latents)
+    wrap(pipe.scheduler, "step", "loop", on_step)
+    wrap(pipe.vae, "decode", "decode", on_decode)
+    wrap(pipe.image_processor, "postprocess", "decode", lambda *_: None)
+
+    unet_start = []
+
+    def unet_pre(module, args, kwargs):
+        step[0] += 1
+        unet_start.append(time.perf_counter())
+        add("loop", "cat([latents] * 2), scale_model_input", "latent_model_input", args[0], step[0])
+        add("loop", "condition into the unet", "encoder_hidden_states",
+            kwargs["encoder_hidden_states"], step[0])  # fmt: skip
+
+    def unet_post(module, args, kwargs, output):  # return_dict=False: a tuple
+        if timings is not None:
+            timings["loop"] = timings.get("loop", 0.0) + time.perf_counter() - unet_start[-1]
+        add("loop", "unet(...)", "noise_pred", output[0], step[0])
+
+    handles = [
+        pipe.unet.register_forward_pre_hook(unet_pre, with_kwargs=True),
+        pipe.unet.register_forward_hook(unet_post, with_kwargs=True),
+    ]
+    try:
+        with torch.no_grad():
+            images = pipe(
+                prompt_embeds=embeds(1, batch),
+                negative_prompt_embeds=embeds(2, batch),
+                num_inference_steps=steps,
+                guidance_scale=guidance_scale,
+                height=SIZE,
+                width=SIZE,
+                latents=start_latents(batch),
+                output_type="np",
+            ).images
+    finally:
+        for handle in handles:
+            handle.remove()
+    add("decode", 'postprocess(output_type="np")', "image", images)
+    pixels = np.stack([np.asarray(p) for p in pipe.image_processor.numpy_to_pil(images)])
+    add("decode", "(image * 255).round() to uint8", "image", pixels)
+    return rows, images
+
+
+@pytest.fixture(scope="module")
+def toy(request):
+    """The NumPy starter run at the same B, n and guidance_scale; returns its globals."""
+    import runpy
+
+    argv = sys.argv
+    sys.argv = [STARTER, "--num-samples", str(B), "--steps", str(N),
+                "--guidance-scale", str(GUIDANCE)]  # fmt: skip
+    try:
+        from contextlib import redirect_stdout
+        from io import StringIO
+
+        with redirect_stdout(StringIO()):
+            g = runpy.run_path(str(ROOT / STARTER), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return g
+
+
+def kind(dtype: str) -> str:
+    return np.dtype(dtype).kind
+
+
+def test_real_trace_has_the_toys_structure(toy):
+    """The real `StableDiffusionPipeline` crosses the same boundaries in the same order as the lab's NumPy trace, and every shape fits the lab's layout with the pipeline's own sizes: `latent_model_input` and the UNet's `noise_pred` `(2B, 4, h, w)` while guiding, `noise_pred` after guidance and `latents` after `scheduler.step` `(B, 4, h, w)`, the decoder input `(B, 4, h, w)`, the decoded image `(B, 3, H, W)` with `H = vae_scale_factor * h`, and the output `(B, H, W, 3)`."""
+    pipe = tiny_sd_pipeline()
+    rows, _ = real_trace(pipe)
+    toy_rows = [r for r in toy["trace"] if r["stage"] != "load"]
+    key = lambda r: (r["stage"], r["step"], r["boundary"])  # noqa: E731
+    assert [key(r) for r in rows] == [key(r) for r in toy_rows]
+    assert len(rows) == 4 + 5 * N + 4
+    sizes = dict(B=B, n=N, h=SIZE // pipe.vae_scale_factor, w=SIZE // pipe.vae_scale_factor,
+                 f=pipe.vae_scale_factor)  # fmt: skip
+    assert pipe.vae_scale_factor == 2 and toy["vae"].config.patch_size == 8
+    expand = toy["expand"]
+    for real, mine in zip(rows, toy_rows, strict=True):
+        expected = expand(mine["layout"], sizes)
+        assert real["device"] == mine["device"] == "cpu"
+        if "condition" in mine["boundary"]:  # class labels (B,) vs prompt_embeds (B, 77, D)
+            assert real["shape"] == (*expected, 77, EMBED_DIM), real
+            continue
+        assert real["shape"] == expected, (real, mine["layout"])
+        assert kind(real["dtype"]) == kind(mine["dtype"]), (real, mine)
+    # the toy's own shapes fit the same layouts with its sizes (8x8 patches, 4 x 4 latents)
+    toy_sizes = dict(B=B, n=N, h=4, w=4, f=8)
+    assert all(r["shape"] == expand(r["layout"], toy_sizes) for r in toy_rows)
+
+
+def test_passing_embeds_skips_the_text_encoder(tmp_path, record_calls):
+    """With `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` never calls the text encoder: the trace starts at the embeddings, and a pipeline built with `text_encoder=None` runs."""
+    from tiny import tiny_text_encoder, tiny_tokenizer
+
+    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
+    encoder = record_calls(pipe.text_encoder)
+    rows, _ = real_trace(pipe)
+    assert encoder.calls == []
+    assert rows[0]["shape"] == (B, 77, EMBED_DIM)
+    real_trace(tiny_sd_pipeline())  # text_encoder=None, tokenizer=None: still runs
+
+
+def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_calls):
+    """With `prompt_embeds` alone and `guidance_scale > 1`, the text encoder still runs once, on the empty negative prompt `""` tokenized to 77 positions."""
+    from tiny import tiny_text_encoder, tiny_tokenizer
+
+    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
+    encoder = record_calls(pipe.text_encoder)
+    pipe(prompt_embeds=embeds(1, B), num_inference_steps=2, guidance_scale=GUIDANCE,
+         height=SIZE, width=SIZE, latents=start_latents(B), output_type="latent")  # fmt: skip
+    assert len(encoder.calls) == 1
+    input_ids = encoder.calls[0][0][0]
+    assert input_ids.shape == (B, 77)
+    expected = pipe.tokenizer([""] * B, padding="max_length", max_length=77, return_tensors="pt")
+    torch.testing.assert_close(input_ids, expected.input_ids)
+
+
+def test_prepare_latents_multiplies_by_init_noise_sigma():
+    """`prepare_latents` multiplies the starting noise by `scheduler.init_noise_sigma`: 1 for DDIM, so the noise passes unchanged, and far above 1 for `EulerDiscreteScheduler`, whose latents live on the sigma scale."""
+    from diffusers import EulerDiscreteScheduler
+    from tiny import SD_BETAS
+
+    for scheduler in [None, EulerDiscreteScheduler(**SD_BETAS)]:
+        pipe = tiny_sd_pipeline(scheduler=scheduler)
+        pipe.scheduler.set_timesteps(N)
+        sigma = float(pipe.scheduler.init_noise_sigma)
+        out = pipe.prepare_latents(B, 4, SIZE, SIZE, torch.float32, "cpu", None, start_latents(B))
+        torch.testing.assert_close(out, start_latents(B) * sigma)
+        assert sigma == 1.0 if scheduler is None else sigma > 10.0
+
+
+def value(rows, boundary, step=None):
+    found = [r["value"] for r in rows if r["boundary"] == boundary and r["step"] == step]
+    assert len(found) == 1, (boundary, step, len(found))
+    return found[0]
+
+
+def test_decoder_gets_the_last_latents_over_scaling_factor():
+    """The VAE decoder receives the loop's last `latents` divided by `vae.config.scaling_factor`, once, after the loop."""
+    pipe = tiny_sd_pipeline()
+    rows, _ = real_trace(pipe)
+    last = value(rows, "scheduler.step(...).prev_sample", step=N)
+    boundaries = [r["boundary"] for r in rows]
+    assert boundaries.index("latents / scaling_factor") > max(
+        i for i, r in enumerate(rows) if r["stage"] == "loop"
+    )
+    torch.testing.assert_close(
+        value(rows, "latents / scaling_factor"), last / pipe.vae.config.scaling_factor
+    )
+
+
+def test_np_output_is_the_decoded_image_in_unit_range_channels_last():
+    """`output_type="np"` returns float32 `(B, H, W, 3)` in [0, 1]: the decoder output `(B, 3, H, W)` mapped by `x / 2 + 0.5`, clamped, channels moved last."""
+    rows, images = real_trace(tiny_sd_pipeline())
+    assert images.dtype == np.float32 and images.shape == (B, SIZE, SIZE, 3)
+    assert images.min() >= 0.0 and images.max() <= 1.0
+    decoded = value(rows, "vae.decode")
+    assert decoded.shape == (B, 3, SIZE, SIZE)
+    expected = (decoded / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(images, expected, rtol=0, atol=1e-6)
+
+
+def test_numpy_to_pil_rounds_to_uint8():
+    """`VaeImageProcessor.numpy_to_pil` makes 8-bit pixels as `(image * 255).round()`, the lab's last boundary."""
+    pipe = tiny_sd_pipeline()
+    _, images = real_trace(pipe)
+    pixels = np.stack([np.asarray(p) for p in pipe.image_processor.numpy_to_pil(images)])
+    assert pixels.dtype == np.uint8 and pixels.shape == (B, SIZE, SIZE, 3)
+    np.testing.assert_array_equal(pixels, (images * 255).round().astype(np.uint8))
+
+
+def test_the_loop_takes_the_most_wall_time_then_decode():
+    """In the tiny real pipeline the denoising loop takes more wall time than decode, and decode more than prepare, the order of the lab's cost model (after a warm-up call, best of 3 calls per stage)."""
+    pipe = tiny_sd_pipeline()
+    best = {}
+    real_trace(pipe)  # warm-up: the first call allocates and picks kernels
+    for _ in range(3):  # keep the fastest time per stage
+        timings = {}
+        real_trace(pipe, timings=timings)
+        for stage, seconds in timings.items():
+            best[stage] = min(best.get(stage, seconds), seconds)
+    assert best["loop"] > best["decode"] > best["prepare"], best

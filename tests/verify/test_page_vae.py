@@ -1,0 +1,267 @@
+"""The VAE / latent diffusion page against the real AutoencoderKL and pipelines.
+
+Every model is built in code from a tiny random config with the real block
+structure (a few channels per block), so shapes, call order and the encode/decode
+arithmetic are the real ones; no weights are loaded. Where a tiny pipeline would
+need more machinery than the claim (Flux's packed latents, SDXL's fp16 upcast on a
+GPU), the test reads the installed source instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from tiny import HEIGHT, WIDTH, start_latents, tiny_sd_pipeline
+
+
+def make_vae(block_out_channels=(8, 16, 16, 16), latent_channels=4, **overrides):
+    """A real AutoencoderKL with SD's block types, a few channels per block."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    n = len(block_out_channels)
+    config = dict(
+        block_out_channels=block_out_channels,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        latent_channels=latent_channels,
+        layers_per_block=1,
+        norm_num_groups=4,
+    )
+    config.update(overrides)
+    return AutoencoderKL(**config).eval()
+
+
+def images(batch=2, size=32):
+    return torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1
+
+
+def record_decode(vae):
+    """Wrap ``vae.decode`` to record its input latents."""
+    seen, decode = [], vae.decode
+    vae.decode = lambda z, *a, **k: seen.append(z.clone()) or decode(z, *a, **k)
+    return seen
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 4])
+def test_shape_contract(blocks):
+    """`AutoencoderKL` maps `(B, 3, H, W)` to latents `(B, latent_channels, H/f, W/f)` and back, with `f = 2 ** (len(block_out_channels) - 1)`: 8 for the four blocks of the SD 1.x, SDXL, SD3 and Flux VAEs."""
+    vae = make_vae((8, 16, 16, 16)[:blocks])
+    f = 2 ** (blocks - 1)
+    with torch.no_grad():
+        latents = vae.encode(images()).latent_dist.sample(torch.Generator().manual_seed(0))
+        assert latents.shape == (2, 4, 32 // f, 32 // f)
+        assert vae.decode(latents).sample.shape == (2, 3, 32, 32)
+
+
+def test_sixteen_channel_latents():
+    """With `latent_channels=16`, as in SD3 and Flux, the latents are `(B, 16, H/8, W/8)`, four times the numbers of SD 1.x's at the same size."""
+    with torch.no_grad():
+        latents = make_vae(latent_channels=16).encode(images()).latent_dist.mode()
+    assert latents.shape == (2, 16, 4, 4)
+
+
+def test_latent_dist_mean_std_sample_mode():
+    """`vae.encode(images).latent_dist` is a `DiagonalGaussianDistribution` with `.mean` and `.std` of latent shape; `.mode()` is the mean and `.sample(generator)` is `mean + std * noise`."""
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    with torch.no_grad():
+        dist = make_vae().encode(images()).latent_dist
+    assert isinstance(dist, DiagonalGaussianDistribution)
+    assert dist.mean.shape == dist.std.shape == (2, 4, 4, 4)
+    torch.testing.assert_close(dist.mode(), dist.mean)
+    noise = torch.randn(dist.mean.shape, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(
+        dist.sample(torch.Generator().manual_seed(5)), dist.mean + dist.std * noise
+    )
+
+
+def test_config_defaults():
+    """`AutoencoderKL`'s config defaults to `scaling_factor=0.18215` (SD 1.x), `shift_factor=None` and `force_upcast=True`."""
+    from diffusers import AutoencoderKL
+
+    config = AutoencoderKL().config
+    assert config.scaling_factor == 0.18215
+    assert config.shift_factor is None
+    assert config.force_upcast is True
+
+
+def test_sdxl_scaling_factor_comes_from_its_original_config():
+    """diffusers' single-file loader copies the original config's `scale_factor` into `vae.config.scaling_factor`: SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`, and a config without `scale_factor` gets 0.18215."""
+    from diffusers.loaders.single_file_utils import create_vae_diffusers_config_from_ldm
+
+    ddconfig = dict(
+        double_z=True, z_channels=4, resolution=256, in_channels=3, out_ch=3, ch=128,
+        ch_mult=[1, 2, 4, 4], num_res_blocks=2, attn_resolutions=[], dropout=0.0,
+    )  # fmt: skip
+    params = {"first_stage_config": {"params": {"embed_dim": 4, "ddconfig": ddconfig}}}
+    sdxl = create_vae_diffusers_config_from_ldm(
+        {"model": {"params": {**params, "scale_factor": 0.13025}}}, {}, image_size=1024
+    )
+    assert sdxl["scaling_factor"] == 0.13025
+    assert sdxl["block_out_channels"] == [128, 256, 512, 512] and sdxl["latent_channels"] == 4
+    plain = create_vae_diffusers_config_from_ldm({"model": {"params": params}}, {}, image_size=512)
+    assert plain["scaling_factor"] == 0.18215
+
+
+def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
+    """`StableDiffusionPipeline` never runs the VAE encoder for text-to-image, and decodes once after the loop: `vae.decode(latents / vae.config.scaling_factor)`."""
+    pipe = tiny_sd_pipeline()
+    pipe.vae.register_to_config(scaling_factor=0.25)
+    encoder = record_calls(pipe.vae.encoder)
+    seen = record_decode(pipe.vae)
+    run = dict(
+        prompt_embeds=torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(1)),
+        num_inference_steps=2, height=HEIGHT, width=WIDTH, guidance_scale=1.0,
+        latents=start_latents(),
+    )  # fmt: skip
+    latents = pipe(**run, output_type="latent").images
+    pipe(**run, output_type="pt")
+    assert encoder.calls == [] and len(seen) == 1
+    torch.testing.assert_close(seen[0], latents / 0.25)
+
+
+def test_sd_img2img_encodes_then_scales():
+    """`StableDiffusionImg2ImgPipeline.prepare_latents` multiplies `latent_dist.sample(generator)` by `vae.config.scaling_factor` before `scheduler.add_noise`."""
+    from diffusers import StableDiffusionImg2ImgPipeline
+
+    pipe = StableDiffusionImg2ImgPipeline(**tiny_sd_pipeline().components)
+    pipe.vae.register_to_config(scaling_factor=0.25)
+    noised, add_noise = [], pipe.scheduler.add_noise
+    pipe.scheduler.add_noise = lambda x, n, t: noised.append(x.clone()) or add_noise(x, n, t)
+    image = images(1, HEIGHT)
+    pipe.prepare_latents(image, torch.tensor([300]), 1, 1, torch.float32, "cpu", torch.Generator().manual_seed(0))  # fmt: skip
+    with torch.no_grad():
+        dist = pipe.vae.encode(image).latent_dist
+    noise = torch.randn(dist.mean.shape, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(noised[0], (dist.mean + dist.std * noise) * 0.25)
+
+
+def test_sd3_shift_then_scale():
+    """`StableDiffusion3Pipeline` samples 16-channel latents and decodes `vae.decode(latents / scaling_factor + shift_factor)`; `StableDiffusion3Img2ImgPipeline` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Img2ImgPipeline,
+        StableDiffusion3Pipeline,
+    )
+
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=1,
+        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
+        caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16,
+    ).eval()  # fmt: skip
+    sf, shift = 1.5305, 0.0609
+    vae = make_vae(
+        (8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
+        scaling_factor=sf, shift_factor=shift,
+    )  # fmt: skip
+    no_text = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3")}  # fmt: skip
+    parts = dict(
+        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), **no_text
+    )
+
+    pipe = StableDiffusion3Pipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    seen = record_decode(pipe.vae)
+    g = torch.Generator().manual_seed(1)
+    run = dict(
+        prompt_embeds=torch.randn(1, 10, 32, generator=g),
+        pooled_prompt_embeds=torch.randn(1, 16, generator=g),
+        guidance_scale=1.0, num_inference_steps=2, height=HEIGHT, width=WIDTH,
+        generator=torch.Generator().manual_seed(2),
+    )  # fmt: skip
+    latents = pipe(**run, output_type="latent").images
+    assert latents.shape == (1, 16, HEIGHT // 2, WIDTH // 2)
+    run["generator"] = torch.Generator().manual_seed(2)
+    pipe(**run, output_type="pt")
+    torch.testing.assert_close(seen[0], latents / sf + shift)
+
+    img2img = StableDiffusion3Img2ImgPipeline(
+        **{**parts, "scheduler": FlowMatchEulerDiscreteScheduler()}
+    )
+    noised, scale_noise = [], img2img.scheduler.scale_noise
+    img2img.scheduler.scale_noise = lambda x, t, n: noised.append(x.clone()) or scale_noise(x, t, n)
+    image = images(1, HEIGHT)
+    img2img.prepare_latents(image, torch.tensor([500.0]), 1, 1, torch.float32, "cpu", torch.Generator().manual_seed(0))  # fmt: skip
+    with torch.no_grad():
+        dist = vae.encode(image).latent_dist
+    noise = torch.randn(dist.mean.shape, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(noised[0], (dist.mean + dist.std * noise - shift) * sf)
+
+
+def test_flux_uses_the_same_lines():
+    """`FluxPipeline` decodes `latents / scaling_factor + shift_factor` and `FluxImg2ImgPipeline` encodes `(image_latents - shift_factor) * scaling_factor` (read from the installed source)."""
+    from diffusers import FluxImg2ImgPipeline, FluxPipeline
+
+    decode = "latents = (latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor"
+    encode = (
+        "image_latents = (image_latents - self.vae.config.shift_factor)"
+        " * self.vae.config.scaling_factor"
+    )
+    assert decode in inspect.getsource(FluxPipeline.__call__)
+    assert encode in inspect.getsource(FluxImg2ImgPipeline._encode_vae_image)
+
+
+def test_decoder_widest_activation_is_at_output_resolution():
+    """In `AutoencoderKL`'s decoder the widest activation is the last upsampler's output, `(B, block_out_channels[1], H, W)` at the output resolution, and the last up block runs `block_out_channels[0]` channels there; the input latents are `(B, latent_channels, H/8, W/8)`."""
+    block_out_channels, size = (8, 16, 32, 32), 64
+    vae = make_vae(block_out_channels, norm_num_groups=8)
+    shapes = {}
+    hooks = [
+        module.register_forward_hook(
+            lambda m, a, out, name=name: shapes.__setitem__(name, tuple(out.shape))
+        )
+        for name, module in vae.decoder.named_modules()
+        if name.count(".") <= 3 and name  # blocks, their resnets and upsamplers
+    ]
+    with torch.no_grad():
+        vae.decode(torch.randn(1, 4, size // 8, size // 8))
+    for hook in hooks:
+        hook.remove()
+    numel = {name: torch.Size(shape).numel() for name, shape in shapes.items()}
+    widest = max((n for n in numel if n != "up_blocks.3"), key=numel.get)
+    assert widest == "up_blocks.2.upsamplers.0"
+    assert shapes[widest] == (1, block_out_channels[1], size, size)
+    assert shapes["up_blocks.3"] == (1, block_out_channels[0], size, size)
+
+
+def test_vae_slicing_decodes_one_image_at_a_time(record_calls):
+    """After `vae.enable_slicing()`, `vae.decode` on a batch of `B` latents runs the decoder `B` times on one image each, with the same result."""
+    vae = make_vae()
+    latents = torch.randn(3, 4, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = vae.decode(latents).sample
+        vae.enable_slicing()
+        decoder = record_calls(vae.decoder)
+        sliced = vae.decode(latents).sample
+    assert [args[0].shape[0] for args, _ in decoder.calls] == [1, 1, 1]
+    torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=1e-5)
+
+
+def test_vae_tiling_bounds_each_decoder_call(record_calls):
+    """After `vae.enable_tiling()`, latents larger than `tile_latent_min_size` (`sample_size / f`) are decoded in overlapping tiles of at most that many latents a side, blended into the full `(B, 3, H, W)` image, so one decoder call's activations are set by the tile, not the image."""
+    vae = make_vae((8, 16), sample_size=16)  # f = 2: tiles of 8 x 8 latents, 16 x 16 pixels
+    vae.enable_tiling()
+    assert vae.tile_latent_min_size == 8
+    decoder = record_calls(vae.decoder)
+    with torch.no_grad():
+        image = vae.decode(torch.randn(1, 4, 16, 16)).sample
+    assert image.shape == (1, 3, 32, 32)
+    sides = [max(args[0].shape[-2:]) for args, _ in decoder.calls]
+    assert len(sides) > 1 and max(sides) <= 8
+
+
+def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast():
+    """`StableDiffusionXLPipeline` decodes in float32 when the VAE is float16 and `vae.config.force_upcast` is set, doubling the decoder's activation bytes (read from the installed source)."""
+    from diffusers import StableDiffusionXLPipeline
+
+    source = inspect.getsource(StableDiffusionXLPipeline.__call__)
+    assert (
+        "needs_upcasting = self.vae.dtype == torch.float16 and self.vae.config.force_upcast"
+        in source
+    )
+    assert "self.upcast_vae()" in source
