@@ -1,0 +1,343 @@
+"""Lab 08: how is a LoRA injected into a UNet, scaled, stacked and fused, and what does it cost?
+
+The state is a weight matrix, not an activation: a LoRA replaces a frozen
+``W`` ``(d_out, d_in)`` of a Linear layer by ``W + (alpha / r) * B @ A`` with
+``A`` ``(r, d_in)`` and ``B`` ``(d_out, r)``. ``B`` starts at zero, so a fresh
+adapter returns the base output exactly. Unfused, every call runs two thin extra
+matmuls; fused, the delta sits inside ``W`` and costs nothing per step, but the
+strength can no longer change per call. The trade-off is flexibility against
+per-step compute, for a delta that is a small fraction of the base weights.
+
+Run it:  python code/lab-08-lora-injection-reading/lora_injection.py --rank 4,16,64 --family sdxl
+"""
+
+import numpy as np
+
+from labkit import figures, model_sizes
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    float_list,
+    in_notebook,
+    int_list,
+    parse_args,
+)
+
+# %% [markdown]
+# ## 1. Setup / contract
+#
+# In: the ranks to size (`--rank 4,8,...`), the model families to size (`--family`),
+# the LoRA's `lora_alpha` (`--alpha`, peft's `LoraConfig` default is 8) and the
+# strengths to try (`--scales`). The two UNet configs are the published
+# `unet/config.json` of runwayml/stable-diffusion-v1-5 and
+# stabilityai/stable-diffusion-xl-base-1.0 (the same values as
+# `tests/verify/model_configs.py`), reduced to the keys that shape attention.
+# Weights follow torch's `nn.Linear` layout: `W` is `(d_out, d_in)` and `y = x @ W.T`.
+
+# %%
+# --8<-- [start:setup]
+CONFIGS = {
+    "sd15": dict(  # runwayml/stable-diffusion-v1-5 unet/config.json
+        name="SD 1.5",
+        block_out_channels=(320, 640, 1280, 1280),
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        layers_per_block=2,
+        transformer_layers_per_block=1,  # one BasicTransformerBlock per attention slot
+        attention_head_dim=8,  # the number of heads (a diffusers naming quirk); head width C/8
+        cross_attention_dim=768,  # CLIP ViT-L/14: prompt_embeds (B, 77, 768)
+    ),
+    "sdxl": dict(  # stabilityai/stable-diffusion-xl-base-1.0 unet/config.json
+        name="SDXL",
+        block_out_channels=(320, 640, 1280),
+        down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * 2,
+        up_block_types=("CrossAttnUpBlock2D",) * 2 + ("UpBlock2D",),
+        layers_per_block=2,
+        transformer_layers_per_block=(1, 2, 10),  # per level; the mid block uses the last
+        attention_head_dim=(5, 10, 20),  # head counts: C / 64, so every head is 64 wide
+        cross_attention_dim=2048,  # CLIP ViT-L (768) + OpenCLIP bigG (1280), concatenated
+    ),
+}
+FP16_BYTES = 2
+
+parser = LabArgumentParser(prog="lora_injection.py", description=__doc__.splitlines()[0])
+parser.add_argument("--rank", type=int_list, default=[4, 8, 16, 32, 64, 128],
+                    help="LoRA ranks r, comma-separated (the first one is used in the demos)")  # fmt: skip
+parser.add_argument("--family", default="sd15,sdxl", help="comma-separated: sd15, sdxl")
+parser.add_argument("--alpha", type=float_list(1e-6), default=[8.0], help="lora_alpha (> 0)")
+parser.add_argument("--scales", type=float_list(0.0), default=[0.0, 0.25, 0.5, 1.0, 1.5],
+                    help="LoRA strengths to try, comma-separated, each >= 0")  # fmt: skip
+parser.add_argument("--seed", type=int, default=0)
+add_figures_argument(parser)
+args = parse_args(parser)
+if min(args.rank) < 1:
+    parser.error(f"--rank values must be >= 1 (a rank-0 LoRA has no A or B), got {args.rank}")
+families = [f.strip() for f in args.family.split(",") if f.strip()]
+unknown = [f for f in families if f not in CONFIGS]
+if unknown or not families:
+    parser.error(f"unknown --family {unknown or args.family!r}: choose from {', '.join(CONFIGS)}")
+if len(args.alpha) != 1:
+    parser.error(f"--alpha takes one value, got {args.alpha}")
+alpha, rank = args.alpha[0], args.rank[0]
+if rank > 320:
+    parser.error(f"--rank {rank} is larger than the demo layer's width 320; use a rank <= 320")
+rng = np.random.default_rng(args.seed)
+print(f"ranks {args.rank}, lora_alpha {alpha:g}, families {families}; demo rank r = {rank}")
+# --8<-- [end:setup]
+
+# %% [markdown]
+# ## 2. The LoRA Linear: base output plus a scaled low-rank branch
+#
+# peft's `lora.Linear.forward` computes
+# `base_layer(x) + lora_B(lora_A(dropout(x))) * scaling`, with
+# `scaling = lora_alpha / r` at creation. `fuse_lora` / peft's `merge` instead adds
+# `scaling * B @ A` into `base_layer.weight`. The layer here is the `to_k` of
+# SD 1.5's first cross-attention (`attn2`): it maps `prompt_embeds`
+# `(1, 77, 768)` to keys `(1, 77, 320)`.
+
+
+# %%
+# --8<-- [start:lora_linear]
+def lora_delta(lora_A, lora_B, alpha, r, scale=1.0):
+    """(d_out, d_in) weight change: scale * (alpha / r) * B @ A."""
+    return (scale * alpha / r) * (lora_B @ lora_A)
+
+
+def lora_linear(x, weight, bias, lora_A, lora_B, alpha, r, scale=1.0):
+    """Unfused: (..., d_in) -> (..., d_out) = x W^T + b + scale * (alpha / r) * (x A^T) B^T."""
+    base = x @ weight.T + (0 if bias is None else bias)  # the frozen layer's own output
+    low = x @ lora_A.T  # (..., r): the thin bottleneck
+    return base + (scale * alpha / r) * (low @ lora_B.T)  # (..., d_out)
+
+
+def fused_weight(weight, lora_A, lora_B, alpha, r, scale=1.0):
+    """Fused: W' = W + scale * (alpha / r) * B @ A, same shape as W; no extra matmul after."""
+    return weight + lora_delta(lora_A, lora_B, alpha, r, scale)
+
+
+d_in, d_out = CONFIGS["sd15"]["cross_attention_dim"], CONFIGS["sd15"]["block_out_channels"][0]
+prompt_embeds = rng.standard_normal((1, 77, d_in), dtype=np.float32)  # (B, 77, 768)
+weight = rng.standard_normal((d_out, d_in), dtype=np.float32) / d_in**0.5  # to_k, no bias
+# lora_A is random at init: it only needs to span r directions
+lora_A = rng.standard_normal((rank, d_in), dtype=np.float32) / d_in**0.5  # noqa: N816 (peft's name)
+# lora_B is zero at init, so the delta B @ A is exactly 0
+lora_B = np.zeros((d_out, rank), np.float32)  # noqa: N816 (peft's name)
+key_base = prompt_embeds @ weight.T  # (1, 77, 320)
+key_init = lora_linear(prompt_embeds, weight, None, lora_A, lora_B, alpha, rank)
+print(f"to_k of attn2: prompt_embeds {prompt_embeds.shape} @ W.T {weight.T.shape} -> "
+      f"key {key_base.shape}; lora_A {lora_A.shape}, lora_B {lora_B.shape}")  # fmt: skip
+print(f"B = 0 at init: LoRA output == base output exactly: {np.array_equal(key_init, key_base)}")
+# --8<-- [end:lora_linear]
+
+# %% [markdown]
+# ## 3. Fused against unfused
+#
+# A trained adapter has nonzero `B`. The unfused path computes the branch on the
+# activations, the fused path on the weights; in exact arithmetic they are equal, in
+# float32 they differ by rounding only. Measured, as a max absolute difference.
+
+# %%
+# --8<-- [start:fuse]
+# a "trained" adapter: lora_B no longer zero
+lora_B = rng.standard_normal((d_out, rank), dtype=np.float32) * 0.05  # noqa: N816 (peft's name)
+key_unfused = lora_linear(prompt_embeds, weight, None, lora_A, lora_B, alpha, rank)
+weight_fused = fused_weight(weight, lora_A, lora_B, alpha, rank)  # (320, 768), as W
+key_fused = prompt_embeds @ weight_fused.T  # plain Linear: no lora_A / lora_B call
+fuse_gap = float(np.abs(key_fused - key_unfused).max())
+lora_effect = float(np.abs(key_unfused - key_base).max())
+weight_back = weight_fused - lora_delta(lora_A, lora_B, alpha, rank)  # unfuse: subtract it
+print(f"scaling = lora_alpha / r = {alpha:g} / {rank} = {alpha / rank:g}")
+print(f"max |fused - unfused| = {fuse_gap:.2e}  (float32 rounding; the LoRA moves the keys "
+      f"by up to {lora_effect:.3f})")  # fmt: skip
+print(f"unfuse restores W: max |W - (W' - delta)| = {np.abs(weight_back - weight).max():.2e}")
+print(f"rank(B @ A) = {np.linalg.matrix_rank(lora_delta(lora_A, lora_B, alpha, rank))} "
+      f"<= r = {rank}, for a {d_out} x {d_in} matrix")  # fmt: skip
+# --8<-- [end:fuse]
+
+# %% [markdown]
+# ## 4. Strength: `set_adapters` weights and `cross_attention_kwargs={"scale": s}`
+#
+# Both multiply peft's per-layer `scaling`:
+#
+# - `set_adapters(["a", "b"], adapter_weights=[w1, w2])` calls peft's
+#   `set_scale(name, w)`: `scaling[name] = w * lora_alpha / r`, persistently.
+#   Each active adapter adds its own branch, so the deltas add with their weights.
+# - `cross_attention_kwargs={"scale": s}`: diffusers' `apply_lora_scale` decorator on
+#   `UNet2DConditionModel.forward` pops `"scale"`, calls `scale_lora_layers(unet, s)`
+#   (`scaling *= s` in every LoRA layer), runs the forward, then
+#   `unscale_lora_layers(unet, s)` (`scaling /= s`) in a `finally`. The pipeline's
+#   `lora_scale` does the same for the text encoder inside `encode_prompt`.
+#
+# So one layer's output is `base + sum_a s * w_a * (alpha_a / r_a) * B_a A_a x`.
+
+
+# %%
+# --8<-- [start:stack]
+def stacked_linear(x, weight, adapters, adapter_weights, scale=1.0):
+    """Several active adapters: base + sum of each branch, times its weight and the scale."""
+    out = x @ weight.T
+    for (a, b, alpha_i, r_i), w in zip(adapters, adapter_weights, strict=True):
+        out = out + (scale * w * alpha_i / r_i) * ((x @ a.T) @ b.T)
+    return out
+
+
+rank_b = 2 * rank  # a second adapter of another rank and alpha
+adapter_a = (lora_A, lora_B, alpha, rank)
+adapter_b = (rng.standard_normal((rank_b, d_in), dtype=np.float32) / d_in**0.5,
+             rng.standard_normal((d_out, rank_b), dtype=np.float32) * 0.05, 2 * alpha, rank_b)  # fmt: skip
+w1, w2 = 0.7, 0.3
+key_stacked = stacked_linear(prompt_embeds, weight, [adapter_a, adapter_b], [w1, w2])
+weight_sum = (
+    weight
+    + lora_delta(*adapter_a[:2], alpha, rank, w1)
+    + lora_delta(*adapter_b[:2], 2 * alpha, rank_b, w2)
+)  # fuse_lora of both active adapters at their weights
+stack_gap = float(np.abs(prompt_embeds @ weight_sum.T - key_stacked).max())
+print(f"set_adapters(['a', 'b'], adapter_weights=[{w1}, {w2}]): ranks {rank} and {rank_b}, "
+      f"alphas {alpha:g} and {2 * alpha:g}")  # fmt: skip
+print(f"  W + {w1}*delta_a + {w2}*delta_b against the two branches: max gap {stack_gap:.2e}")
+
+delta_out = key_unfused - key_base  # the branch at scale 1
+print(f"{'scale':>6} {'peft scaling':>12} {'max |y - base|':>15} {'/ scale':>9}")
+scale_effect = []
+for s in args.scales:
+    y = lora_linear(prompt_embeds, weight, None, lora_A, lora_B, alpha, rank, scale=s)
+    moved = float(np.abs(y - key_base).max())
+    scale_effect.append(moved)
+    ratio = f"{moved / s:.4f}" if s > 0 else "-"
+    print(f"{s:>6g} {s * alpha / rank:>12g} {moved:>15.4f} {ratio:>9}")
+print(f"the output moves linearly in the scale: y(s) - base = s * {np.abs(delta_out).max():.4f} "
+      f"at most; s = 0 gives the base model back")  # fmt: skip
+# --8<-- [end:stack]
+
+# %% [markdown]
+# ## 5. Where the targets are: attention projections from the UNet config
+#
+# `UNet2DConditionModel.__init__` builds, per level `i`: a `CrossAttnDownBlock2D`
+# with `layers_per_block` attentions of `transformer_layers_per_block[i]`
+# `BasicTransformerBlock`s each; a mid block with `transformer_layers_per_block[-1]`;
+# and each `CrossAttnUpBlock2D` with `layers_per_block + 1` attentions, using the
+# reversed per-level list. Every transformer block has `attn1` (self: `to_q`,
+# `to_k`, `to_v` all `C -> C`) and `attn2` (cross: `to_q` `C -> C`, `to_k` and `to_v`
+# `cross_attention_dim -> C`), each with `to_out.0` `C -> C`. The inner width
+# `heads * head_dim` equals `C` in both families.
+
+
+# %%
+# --8<-- [start:shapes]
+def per_level(value, n):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * n
+
+
+def attention_projections(config):
+    """(module, d_in, d_out) for every to_q, to_k, to_v, to_out.0 in the UNet."""
+    channels = config["block_out_channels"]
+    layers = per_level(config["transformer_layers_per_block"], len(channels))
+    cross = config["cross_attention_dim"]
+    blocks = []  # (channels C, number of BasicTransformerBlocks)
+    for i, block in enumerate(config["down_block_types"]):
+        if block.startswith("CrossAttn"):
+            blocks.append((channels[i], config["layers_per_block"] * layers[i]))
+    blocks.append((channels[-1], layers[-1]))  # UNetMidBlock2DCrossAttn
+    for j, block in enumerate(config["up_block_types"]):
+        level = len(channels) - 1 - j  # up blocks walk the levels in reverse
+        if block.startswith("CrossAttn"):
+            blocks.append((channels[level], (config["layers_per_block"] + 1) * layers[level]))
+    out = []
+    for c, n in blocks:
+        for _ in range(n):
+            out += [("attn1.to_q", c, c), ("attn1.to_k", c, c), ("attn1.to_v", c, c),
+                    ("attn1.to_out.0", c, c), ("attn2.to_q", c, c), ("attn2.to_k", cross, c),
+                    ("attn2.to_v", cross, c), ("attn2.to_out.0", c, c)]  # fmt: skip
+    return out
+
+
+def lora_params(projections, r):
+    """LoRA parameters: r * (d_in + d_out) per adapted Linear (A and B, no bias)."""
+    return sum(r * (i + o) for _, i, o in projections)
+
+
+unet_params = {r["pipeline"]: r["params"] for r in model_sizes.rows() if r["component"] == "unet"}
+lora_counts = {}  # (family, rank) -> parameters
+for family in families:
+    config = CONFIGS[family]
+    projections = attention_projections(config)
+    base = sum(i * o for _, i, o in projections)  # the projections' weights (biases aside)
+    n_blocks = len(projections) // 8
+    print(f"{config['name']}: {n_blocks} transformer blocks, {len(projections)} adapted Linears "
+          f"(to_q, to_k, to_v, to_out.0), their weights {base:,} params; "
+          f"UNet {unet_params[config['name']]:,}")  # fmt: skip
+    print(f"{'rank':>6} {'LoRA params':>12} {'fp16 bytes':>12} {'MiB':>8} "
+          f"{'% of projections':>17} {'% of UNet':>10}")  # fmt: skip
+    for r in args.rank:
+        n = lora_params(projections, r)
+        lora_counts[(family, r)] = n
+        print(f"{r:>6} {n:>12,} {n * FP16_BYTES:>12,} {n * FP16_BYTES / 2**20:>8.2f} "
+              f"{n / base:>17.2%} {n / unet_params[config['name']]:>10.2%}")  # fmt: skip
+# --8<-- [end:shapes]
+
+# %% [markdown]
+# ## 6. Cost per step: parameters change, the condition does not
+#
+# A LoRA adds no input: the same `latents`, timestep and `prompt_embeds` go in. Per
+# token, the base Linear costs `d_in * d_out` multiply-adds; the unfused branch
+# adds `r * (d_in + d_out)` (`lora_A`, then `lora_B`), two more kernel launches; fused,
+# it adds nothing, because `W'` has the shape of `W`.
+
+# %%
+# --8<-- [start:flops]
+layer_shapes = [("SD 1.5 level-0 to_q", 320, 320), ("SD 1.5 level-0 attn2.to_k", 768, 320),
+                ("SD 1.5 level-2 to_q", 1280, 1280), ("SDXL level-2 attn2.to_k", 2048, 1280)]  # fmt: skip
+print(f"{'layer':>26} {'d_in x d_out':>12} {'base MACs/token':>16} {'rank':>5} "
+      f"{'LoRA MACs/token':>16} {'unfused extra':>14} {'fused extra':>12}")  # fmt: skip
+for name, i, o in layer_shapes:
+    for r in sorted({args.rank[0], args.rank[-1]}):  # the smallest and largest rank asked
+        extra = r * (i + o)
+        print(f"{name:>26} {f'{i}x{o}':>12} {i * o:>16,} {r:>5} {extra:>16,} "
+              f"{extra / (i * o):>14.2%} {0:>12}")  # fmt: skip
+# --8<-- [end:flops]
+
+# %% [markdown]
+# ## 7. Picture it
+#
+# Delta size in fp16 bytes against rank for each family, on log axes (a straight
+# line of slope 1: the size is linear in `r`), and the output change against the scale.
+
+# %%
+# --8<-- [start:figures]
+ranks = sorted(set(args.rank))  # x must increase along each line
+series = {
+    CONFIGS[f]["name"]: (
+        np.array(ranks, float),
+        np.array([lora_counts[(f, r)] * FP16_BYTES for r in ranks], float),
+    )
+    for f in families
+}
+chart = figures.line_chart(series, "rank r", "LoRA size, fp16 bytes", logx=len(ranks) > 1,
+                           logy=True, markers=True)  # fmt: skip
+names = " and ".join(CONFIGS[f]["name"] for f in families)
+figures.save(
+    args.figures, "lora-bytes", chart,
+    alt=f"Log-log line chart of the fp16 size in bytes of a LoRA on every to_q, to_k, to_v and "
+    f"to_out.0 of the UNet, against the rank from {ranks[0]} to {ranks[-1]}, for {names}. The "
+    "lines are straight with slope one: doubling the rank doubles the size. SDXL's line lies "
+    "above SD 1.5's because SDXL has more and wider attention projections.",
+    caption="LoRA delta size (fp16 bytes) against rank, attention projections only.",
+)  # fmt: skip
+scale_chart = figures.line_chart(
+    {"max |y(s) - base|": (np.array(args.scales), np.array(scale_effect))},
+    "scale s", "max |LoRA output - base output|", markers=True,
+)  # fmt: skip
+figures.save(
+    args.figures, "lora-scale", scale_chart,
+    alt="Line chart of the largest change a LoRA makes to the to_k output against the LoRA "
+    "scale. The points lie on a straight line through the origin: scale 0 gives the base "
+    "output and the change grows in proportion to the scale.",
+    caption="Output change of one LoRA layer against the scale (cross_attention_kwargs).",
+)  # fmt: skip
+if in_notebook():
+    from IPython.display import SVG, display
+
+    display(SVG(chart))
+    display(SVG(scale_chart))
+# --8<-- [end:figures]

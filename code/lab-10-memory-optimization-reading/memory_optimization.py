@@ -1,0 +1,510 @@
+"""Lab 10: what does each memory switch of a diffusers pipeline save, and what does it cost?
+
+Five switches, each measured on small NumPy stand-ins and scaled to real models by
+arithmetic on shapes: attention slicing (``pipe.enable_attention_slicing``), VAE tiling
+(``pipe.vae.enable_tiling``), lower precision (``torch_dtype``), and CPU offload
+(``pipe.enable_model_cpu_offload`` / ``pipe.enable_sequential_cpu_offload``). Slicing and
+tiling trade time for a smaller peak of one intermediate; precision halves every byte and
+adds rounding error; offload trades GPU bytes for bytes over the PCIe bus on every call.
+
+Run it:  python code/lab-10-memory-optimization-reading/memory_optimization.py --slice-sizes 16,8,4,2,1
+"""
+
+import numpy as np
+
+from labkit import (
+    ExactDenoiser,
+    alphas_cumprod,
+    canonical_betas,
+    default_mixture,
+    figures,
+    model_sizes,
+)
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    float_list,
+    in_notebook,
+    int_at_least,
+    int_list,
+    parse_args,
+)
+from labkit.metrics import sample_quality
+from labkit.schedulers import DDIMScheduler
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+# %% [markdown]
+# ## 1. Setup / contract
+#
+# Attention runs on `query, key, value` of shape `(B * heads, N, d)` float32, the layout
+# diffusers' `Attention.head_to_batch_dim` produces; B = 2 is the CFG-doubled batch.
+# The toy decoder maps latents `(1, 4, S, S)` to images `(1, 3, 2S, 2S)`. Precision runs a
+# real DDIM loop on the 2-D Gaussian mixture with its exact denoiser. Offload reads the
+# real weight bytes from `labkit.model_sizes`.
+
+# %%
+# --8<-- [start:setup]
+parser = LabArgumentParser(prog="memory_optimization.py", description=__doc__.splitlines()[0])
+parser.add_argument("--tokens", type=int_at_least(2), default=256, help="N, attention tokens")
+parser.add_argument("--heads", type=int_at_least(1), default=8)
+parser.add_argument(
+    "--slice-sizes", type=int_list, default=[16, 8, 4, 2, 1], help="(batch*head) rows per slice"
+)
+parser.add_argument("--latent-size", type=int_at_least(4), default=48, help="toy latent side S")
+parser.add_argument("--tile", type=int_at_least(2), default=16, help="latent tile side")
+parser.add_argument("--overlap", type=int, default=4, help="latent rows two tiles share")
+parser.add_argument("--dtypes", default="float32,float16,bfloat16", help="comma-separated")
+parser.add_argument("--steps", type=int_at_least(1), default=30, help="num_inference_steps")
+parser.add_argument(
+    "--pcie-gbps", type=float_list(0.001), default=[25.0], help="host-to-GPU GB/s (an assumption)"
+)
+parser.add_argument("--seed", type=int, default=0)
+add_figures_argument(parser)
+args = parse_args(parser)
+
+batch_heads = 2 * args.heads  # B = 2 (CFG) times heads
+for s in args.slice_sizes:
+    if s < 1 or s > batch_heads:
+        parser.error(
+            f"--slice-sizes: {s} is not in 1..{batch_heads} (B * heads = 2 * {args.heads})"
+        )
+if args.tokens > 512 or args.heads > 16 or args.latent_size > 128:
+    parser.error(
+        "--tokens must be <= 512, --heads <= 16 and --latent-size <= 128 (seconds, not hours)"
+    )
+if not 0 <= args.overlap < args.tile:
+    parser.error(f"--overlap must be in 0..{args.tile - 1}: a tile must be larger than its overlap")
+if args.tile > args.latent_size:
+    parser.error(f"--tile {args.tile} is larger than --latent-size {args.latent_size}")
+dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+unknown = [d for d in dtypes if d not in DTYPES]
+if unknown or not dtypes:
+    parser.error(f"--dtypes: unknown dtype {unknown or ''} (choose from {', '.join(DTYPES)})")
+if args.steps > 1000:
+    parser.error("--steps must be <= 1000")
+if len(args.pcie_gbps) != 1 or args.pcie_gbps[0] > 1000:
+    parser.error("--pcie-gbps takes one bandwidth in GB/s, in (0, 1000]")
+pcie_gbps = args.pcie_gbps[0]
+rng = np.random.default_rng(args.seed)
+# --8<-- [end:setup]
+
+
+def fmt(n):
+    """Bytes with a binary unit: 2 * 1024**3 -> '2.0 GiB'."""
+    unit = max(u for u in range(5) if n >= 1024**u or u == 0)
+    return f"{n / 1024**unit:.1f} {['B', 'KiB', 'MiB', 'GiB', 'TiB'][unit]}"
+
+
+def table(title, header, rows):
+    """Print ``rows`` under ``header``, each column right-aligned to its widest cell."""
+    cells = [[str(x) for x in row] for row in [header, *rows]]
+    widths = [max(len(row[k]) for row in cells) for k in range(len(header))]
+    print(f"\n{title}")
+    for row in cells:
+        aligned = [cell.rjust(w) for cell, w in zip(row, widths, strict=True)]
+        print("  ".join([row[0].ljust(widths[0]), *aligned[1:]]))
+
+
+def peak_bytes(fn, *a):
+    """(result, peak bytes NumPy allocated inside ``fn``): tracemalloc sees NumPy's buffers."""
+    import tracemalloc  # standard library; imported here so the starter's imports stay numpy + labkit
+
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    out = fn(*a)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return out, peak
+
+
+# %% [markdown]
+# ## 2. Attention slicing: the same numbers, a smaller score matrix at a time
+#
+# Naive attention materialises `softmax(q k^T / sqrt(d))`, shape `(B * heads, N, N)`.
+# diffusers' `SlicedAttnProcessor` loops over the first axis, `slice_size` rows of
+# `B * heads` at a time, so only `(slice_size, N, N)` scores exist at once; softmax is
+# per row, so the result is the same. `enable_attention_slicing("auto")` sets
+# `slice_size = heads // 2` (`sliceable_head_dim // 2`, two slices per batch element).
+
+
+# %%
+# --8<-- [start:attention]
+def softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)  # per row: stable, and independent of other rows
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention(query, key, value):
+    """(BH, N, d) x3 -> (BH, N, d), storing the whole (BH, N, N) score matrix."""
+    scores = query @ key.transpose(0, 2, 1) / np.sqrt(query.shape[-1])  # (BH, N, N)
+    return softmax(scores) @ value
+
+
+def sliced_attention(query, key, value, slice_size):
+    """SlicedAttnProcessor's loop: (slice_size, N, N) scores at a time."""
+    out = np.zeros_like(query)  # hidden_states = torch.zeros(...) in diffusers
+    for start in range(0, query.shape[0], slice_size):
+        s = slice(start, start + slice_size)
+        out[s] = attention(query[s], key[s], value[s])
+    return out
+
+
+def chunked_attention(query, key, value, rows):
+    """Chunk over query rows instead: (BH, rows, N) scores at a time, same result."""
+    out = np.zeros_like(query)
+    for start in range(0, query.shape[1], rows):
+        s = slice(start, start + rows)
+        out[:, s] = attention(query[:, s], key, value)
+    return out
+
+
+head_dim = 40  # SD 1.5's first level: 320 channels / 8 heads
+query, key, value = (rng.standard_normal((batch_heads, args.tokens, head_dim)).astype(np.float32) for _ in range(3))  # fmt: skip
+reference, naive_peak = peak_bytes(attention, query, key, value)
+sliced = {}  # slice_size -> (max abs diff to naive, peak bytes)
+for s in args.slice_sizes:
+    out, peak = peak_bytes(sliced_attention, query, key, value, s)
+    sliced[s] = (float(np.abs(out - reference).max()), peak)
+out, chunk_peak = peak_bytes(chunked_attention, query, key, value, args.tokens // 4)
+chunk_diff = float(np.abs(out - reference).max())
+# --8<-- [end:attention]
+
+scores_bytes = batch_heads * args.tokens**2 * 4
+print(f"attention: query/key/value ({batch_heads}, {args.tokens}, {head_dim}) float32, B = 2 (CFG) x {args.heads} heads")  # fmt: skip
+print(f"full score matrix ({batch_heads}, {args.tokens}, {args.tokens}) float32 = {fmt(scores_bytes)}")  # fmt: skip
+rows = [["naive (no slicing)", batch_heads, "0", fmt(naive_peak), "1.00"]]
+for s, (diff, peak) in sliced.items():
+    rows.append([f"sliced, slice_size={s}", -(-batch_heads // s), f"{diff:.1e}", fmt(peak), f"{peak / naive_peak:.2f}"])  # fmt: skip
+rows.append([f"query chunks of {args.tokens // 4} rows", 4, f"{chunk_diff:.1e}", fmt(chunk_peak), f"{chunk_peak / naive_peak:.2f}"])  # fmt: skip
+table("Attention, measured with tracemalloc (peak NumPy bytes inside the call)", ["", "slices", "max abs diff", "peak", "of naive"], rows)  # fmt: skip
+
+# --8<-- [start:sd-scores]
+sd_rows = []
+for px in (512, 1024):
+    tokens = (px // 8) ** 2  # highest-resolution self-attention: one token per latent position
+    for batch in (1, 2):
+        full = batch * 8 * tokens**2 * 2  # (B * 8 heads, N, N) fp16
+        auto = (8 // 2) * tokens**2 * 2  # "auto": slice_size = 8 // 2 rows of B * heads
+        sd_rows.append([f"{px} px, B={batch}", tokens, f"({batch * 8}, {tokens}, {tokens})", fmt(full), fmt(auto), fmt(tokens**2 * 2)])  # fmt: skip
+# --8<-- [end:sd-scores]
+table(
+    "SD 1.5 first-level self-attention scores, fp16 (8 heads; B=2 is CFG), from shapes",
+    ["", "tokens", "shape", "naive", 'slice "auto" (4)', 'slice "max" (1)'],
+    sd_rows,
+)
+
+# %% [markdown]
+# ## 3. VAE tiling: overlapping tiles, blended, against one whole decode
+#
+# The toy decoder is spatially local: 2x nearest upsampling, a 3 x 3 convolution to 32
+# channels, tanh, a 3 x 3 convolution to 3 channels. `tiled_decode` in diffusers cuts the
+# latents into tiles of `tile_latent_min_size` that start every
+# `int(tile_latent_min_size * (1 - tile_overlap_factor))` positions, decodes each, blends
+# each tile into its upper and left neighbour linearly over
+# `blend_extent = int(tile_sample_min_size * tile_overlap_factor)` rows and columns
+# (`blend_v`, `blend_h`), and keeps `row_limit = tile_sample_min_size - blend_extent`.
+
+# %%
+# --8<-- [start:decoder]
+w1 = rng.standard_normal((32, 4, 3, 3)) / 6.0  # conv 4 -> 32 channels, 3 x 3
+w2 = rng.standard_normal((3, 32, 3, 3)) / 17.0  # conv 32 -> 3 channels, 3 x 3
+
+
+def conv3x3(x, w):
+    """(1, Cin, H, W) -> (1, Cout, H, W), zero padding like nn.Conv2d(padding=1)."""
+    p = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    h, wd = x.shape[2:]
+    return sum(np.einsum("oc,bchw->bohw", w[:, :, i, j], p[:, :, i : i + h, j : j + wd]) for i in range(3) for j in range(3))  # fmt: skip
+
+
+def decode(z, group_norm=False):
+    """Toy decoder (1, 4, S, S) -> (1, 3, 2S, 2S); group_norm uses the input's own statistics."""
+    h = conv3x3(z.repeat(2, axis=2).repeat(2, axis=3), w1)  # (1, 32, 2S, 2S): the wide one
+    if group_norm:  # like nn.GroupNorm(1, 32): mean and std over the whole feature map
+        h = (h - h.mean()) / h.std()
+    return conv3x3(np.tanh(h), w2)
+
+
+# --8<-- [end:decoder]
+
+
+# --8<-- [start:tiled]
+def blend_v(a, b, extent):
+    """AutoencoderKL.blend_v: the top rows of b fade in from the bottom rows of a."""
+    extent = min(a.shape[2], b.shape[2], extent)
+    for y in range(extent):
+        b[:, :, y, :] = a[:, :, -extent + y, :] * (1 - y / extent) + b[:, :, y, :] * (y / extent)
+    return b
+
+
+def blend_h(a, b, extent):
+    """AutoencoderKL.blend_h: the same along columns."""
+    extent = min(a.shape[3], b.shape[3], extent)
+    for x in range(extent):
+        b[:, :, :, x] = a[:, :, :, -extent + x] * (1 - x / extent) + b[:, :, :, x] * (x / extent)
+    return b
+
+
+def tiled_decode(z, tile, overlap, blend=True, group_norm=False):
+    """AutoencoderKL.tiled_decode with tile_latent_min_size = tile and 2x upsampling."""
+    factor = overlap / tile  # tile_overlap_factor (diffusers: 0.25)
+    stride = int(tile * (1 - factor))  # overlap_size in diffusers
+    sample_tile = 2 * tile  # tile_sample_min_size
+    extent = int(sample_tile * factor) if blend else 0  # blend_extent
+    row_limit = sample_tile - int(sample_tile * factor)
+    rows = [[decode(z[:, :, i : i + tile, j : j + tile], group_norm) for j in range(0, z.shape[3], stride)] for i in range(0, z.shape[2], stride)]  # fmt: skip
+    out_rows = []
+    for i, row in enumerate(rows):
+        out_row = []
+        for j, t in enumerate(row):
+            if i > 0 and extent:
+                t = blend_v(rows[i - 1][j], t, extent)
+            if j > 0 and extent:
+                t = blend_h(row[j - 1], t, extent)
+            out_row.append(t[:, :, :row_limit, :row_limit])
+        out_rows.append(np.concatenate(out_row, axis=3))
+    return np.concatenate(out_rows, axis=2)
+
+
+ramp = np.linspace(-2, 2, args.latent_size)  # brighter to the right, as images have regions
+z = rng.standard_normal((1, 4, args.latent_size, args.latent_size)) + ramp  # toy latents
+whole, whole_peak = peak_bytes(decode, z)
+blended, tiled_peak = peak_bytes(tiled_decode, z, args.tile, args.overlap)
+unblended = tiled_decode(z, args.tile, args.overlap, blend=False)
+err_blend = float(np.abs(blended - whole).max())
+err_plain = float(np.abs(unblended - whole).max())
+gn_whole = decode(z, group_norm=True)
+gn_tiled = tiled_decode(z, args.tile, args.overlap, group_norm=True)
+err_gn = float(np.abs(gn_tiled - gn_whole).max())
+mean_err = {"blend": np.abs(blended - whole).mean(), "plain": np.abs(unblended - whole).mean(), "gn": np.abs(gn_tiled - gn_whole).mean()}  # fmt: skip
+# --8<-- [end:tiled]
+
+stride = int(args.tile * (1 - args.overlap / args.tile))
+n_tiles = len(range(0, args.latent_size, stride)) ** 2
+decoded_area = sum(min(args.tile, args.latent_size - i) for i in range(0, args.latent_size, stride)) ** 2  # fmt: skip
+print(
+    f"\ntiling: latents {z.shape} -> image {whole.shape}; tile {args.tile} latent = {2 * args.tile} px,"
+    f" overlap {args.overlap} (tile_overlap_factor {args.overlap / args.tile:g}), {n_tiles} tiles,"
+    f" blend_extent {int(2 * args.tile * args.overlap / args.tile)} px"
+)
+rows = [
+    ["whole decode", "0 (reference)", "0", fmt(whole_peak), "1.00"],
+    [
+        "tiles, blended (diffusers)",
+        f"{err_blend:.3f}",
+        f"{mean_err['blend']:.4f}",
+        fmt(tiled_peak),
+        f"{decoded_area / args.latent_size**2:.2f}",
+    ],
+    [
+        "tiles, not blended",
+        f"{err_plain:.3f}",
+        f"{mean_err['plain']:.4f}",
+        "",
+        f"{decoded_area / args.latent_size**2:.2f}",
+    ],
+    [
+        "tiles, blended, with group norm",
+        f"{err_gn:.3f}",
+        f"{mean_err['gn']:.4f}",
+        "",
+        f"{decoded_area / args.latent_size**2:.2f}",
+    ],
+]
+table("Tiled vs whole decode (image values about +-1)", ["", "max abs diff", "mean abs diff", "peak (tracemalloc)", "area decoded"], rows)  # fmt: skip
+print(f"the (1, 32, 2S, 2S) float64 activation: whole {fmt(32 * (2 * args.latent_size) ** 2 * 8)}, one tile {fmt(32 * (2 * args.tile) ** 2 * 8)}")  # fmt: skip
+
+# %% [markdown]
+# ## 4. Precision: the same DDIM loop with latents and noise_pred stored in each dtype
+#
+# float16 is NumPy's; bfloat16 is emulated: float32 with the low 16 bits of the bit
+# pattern zeroed, which keeps 7 mantissa bits. That truncates (rounds toward zero), where
+# hardware rounds to nearest, so its error here is up to twice the real one. The
+# scheduler arithmetic runs in float64; only the stored tensors are rounded.
+
+
+# %%
+# --8<-- [start:precision]
+def to_dtype(x, name):
+    """Round float64 ``x`` to ``name`` and back, so the loop runs with that storage."""
+    if name == "bfloat16":  # emulated: truncate float32's 23 mantissa bits to 7
+        bits = x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
+        return bits.view(np.float32).astype(np.float64)
+    return x.astype(name).astype(np.float64)
+
+
+mixture = default_mixture()
+unet = ExactDenoiser(mixture, alphas_cumprod(canonical_betas("scaled_linear")), "epsilon")
+scheduler = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False, set_alpha_to_one=False)  # fmt: skip
+scheduler.set_timesteps(args.steps)
+start = np.random.default_rng(args.seed + 1).standard_normal((2000, 2))  # (N, 2) latents
+runs = {}  # dtype -> (final samples, per-step latents)
+for name in ["float64", *[d for d in dtypes if d != "float64"]]:
+    latents, path = to_dtype(start * scheduler.init_noise_sigma, name), []
+    for t in scheduler.timesteps:
+        noise_pred = to_dtype(unet(scheduler.scale_model_input(latents, t), t), name)
+        latents = to_dtype(scheduler.step(noise_pred, t, latents).prev_sample, name)
+        path.append(latents)
+    runs[name] = (latents, np.array(path))
+# --8<-- [end:precision]
+
+bytes_per = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+rows = []
+for name, (final, _path) in runs.items():
+    q = sample_quality(mixture, final)
+    dev = np.abs(final - runs["float64"][0])
+    rows.append([name, bytes_per[name], fmt(4 * 64 * 64 * bytes_per[name]), f"{dev.max():.1e}", f"{np.sqrt(np.mean(dev**2)):.1e}", f"{q.on_mode:.1%}", f"{q.weight_error:.3f}", f"{q.spread:.3f}"])  # fmt: skip
+table(
+    f"DDIM {args.steps} steps, 2000 samples, deviation from the float64 run",
+    [
+        "dtype",
+        "bytes",
+        "SD latents (1,4,64,64)",
+        "max abs dev",
+        "RMS dev",
+        "on_mode",
+        "weight_error",
+        "spread",
+    ],
+    rows,
+)
+
+# %% [markdown]
+# ## 5. CPU offload as bytes over the bus
+#
+# `enable_model_cpu_offload` moves each whole component to the GPU when its forward runs
+# (accelerate's `cpu_offload_with_hook`, chained in `model_cpu_offload_seq` order), so
+# per image the denoiser crosses the bus once. `enable_sequential_cpu_offload` keeps
+# weights on the CPU and streams each submodule's weights in on every forward, so the
+# denoiser's bytes cross once per denoiser call: `steps` times with batched CFG.
+# Bandwidth is an assumption (`--pcie-gbps`, default 25 GB/s, about what a PCIe 4.0 x16
+# link sustains of its 32 GB/s); compute time is not modelled.
+
+# %%
+# --8<-- [start:offload]
+pipelines = ["SD 1.5", "SDXL", "SD3 Medium", "Flux.1-dev"]
+sizes = {p: {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows(p)} for p in pipelines}
+offload_rows, fit_rows = [], []
+for p, parts in sizes.items():
+    denoiser = parts.get("unet", parts.get("transformer"))  # fp16 bytes
+    total, largest = sum(parts.values()), max(parts.values())
+    model_bytes = total  # every component crosses once per image
+    seq_bytes = total - denoiser + denoiser * args.steps  # the denoiser once per call
+    offload_rows.append([p, f"{total / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
+    fit_rows.append([p, f"{total / 1e9:.2f}", f"{largest / 1e9:.2f}"] + [("yes" if total <= g * 2**30 else "offload" if largest <= g * 2**30 else "no") for g in (8, 16, 24, 80)])  # fmt: skip
+# --8<-- [end:offload]
+table(
+    f"Weights moved per image, fp16, {args.steps} steps, at {pcie_gbps:g} GB/s (assumed)",
+    ["", "weights GB", "model offload GB", "time", "sequential GB", "time"],
+    offload_rows,
+)
+table(
+    "What fits, fp16/bf16 weights only (GB = 10^9 B; cards counted as 8/16/24/80 GiB)",
+    ["", "all GB", "largest GB", "8", "16", "24", "80"],
+    fit_rows,
+)
+print(
+    "yes = all weights resident; offload = only with enable_model_cpu_offload (largest"
+    " component resident); no = only enable_sequential_cpu_offload (one submodule at a time)."
+    " Activations, attention workspace and the CUDA context come on top."
+)
+
+# %% [markdown]
+# ## 6. Summary
+
+# %%
+best_slice = min(sliced, key=lambda s: sliced[s][1])
+seq_sd = sizes["SD 1.5"]
+rows = [
+    [
+        "enable_attention_slicing",
+        "attention scores",
+        f"peak x{sliced[best_slice][1] / naive_peak:.2f} (slice_size={best_slice})",
+        "more, smaller matmuls",
+    ],
+    [
+        "SDPA (AttnProcessor2_0, default)",
+        "attention scores",
+        "never stores (B*heads, N, N)",
+        "needs torch 2; the kernel choice",
+    ],
+    [
+        "vae.enable_slicing",
+        "decoder activations",
+        "one image of the batch at a time",
+        "batch decoded in sequence",
+    ],
+    [
+        "vae.enable_tiling",
+        "decoder activations",
+        f"peak x{tiled_peak / whole_peak:.2f}, seam {err_blend:.3f}",
+        f"x{decoded_area / args.latent_size**2:.2f} area, not exact",
+    ],
+    [
+        "torch_dtype=float16/bfloat16",
+        "every byte",
+        "x0.50 of float32",
+        f"final dev {np.abs(runs[dtypes[-1]][0] - runs['float64'][0]).max():.1e} ({dtypes[-1]})",
+    ],
+    [
+        "enable_model_cpu_offload",
+        "resident weights",
+        "largest component only",
+        f"{offload_rows[0][2]} GB/image (SD 1.5)",
+    ],
+    [
+        "enable_sequential_cpu_offload",
+        "resident weights",
+        "one submodule",
+        f"{offload_rows[0][4]} GB/image (SD 1.5)",
+    ],
+]
+table("Strategy summary (this run)", ["strategy", "reduces", "measured saving", "cost"], rows)
+
+# %% [markdown]
+# ## 7. Picture it
+
+# %%
+# --8<-- [start:figures]
+xs = np.array(list(sliced))
+chart = figures.line_chart(
+    {
+        "sliced": (xs, np.array([sliced[s][1] for s in xs]) / 2**20),
+        "naive": (xs, np.full(len(xs), naive_peak / 2**20)),
+    },
+    xlabel="slice_size (rows of B*heads per slice)",
+    ylabel="peak MiB",
+    markers=True,
+)
+figures.save(args.figures, "attention-peak", chart, alt="Line chart of the peak NumPy bytes of sliced attention against slice_size, falling in proportion to the slice size, with the naive peak as a flat line above.", caption="Peak bytes of attention against slice_size (tracemalloc).")  # fmt: skip
+col = np.arange(whole.shape[3])
+seam = figures.line_chart(
+    {
+        "not blended": (col, np.abs(unblended - whole).max(axis=(0, 1, 2))),
+        "blended": (col, np.abs(blended - whole).max(axis=(0, 1, 2))),
+    },
+    xlabel="image column (px)",
+    ylabel="max abs diff to whole decode",
+)
+figures.save(args.figures, "seam-error", seam, alt="Line chart of the tiled decode's error against image column: spikes at every tile seam without blending, much smaller bumps with linear blending.", caption="Error of the tiled decode per column, with and without blend_h/blend_v.")  # fmt: skip
+steps = np.arange(1, args.steps + 1)
+prec = figures.line_chart(
+    {
+        n: (steps, np.abs(runs[n][1] - runs["float64"][1]).max(axis=(1, 2)) + 1e-12)
+        for n in runs
+        if n != "float64"
+    },
+    xlabel="DDIM step",
+    ylabel="max abs deviation from float64",
+    logy=True,
+)
+figures.save(args.figures, "precision-error", prec, alt="Line chart, log scale, of the deviation of the DDIM latents from the float64 run at each step, for float32, float16 and emulated bfloat16.", caption="Deviation from the float64 run over the DDIM steps.")  # fmt: skip
+if in_notebook():
+    from IPython.display import SVG, display
+
+    for svg in (chart, seam, prec):
+        display(SVG(svg))
+# --8<-- [end:figures]

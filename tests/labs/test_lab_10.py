@@ -1,0 +1,120 @@
+"""Lab 10 Memory Optimization Reading: slicing, tiling, precision and offload, measured."""
+
+import json
+
+import numpy as np
+import pytest
+
+STARTER = "code/lab-10-memory-optimization-reading/memory_optimization.py"
+
+
+@pytest.fixture(scope="module")
+def lab(request):
+    """The starter's globals after a default run (module-scoped: one run for all tests)."""
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["memory_optimization.py"]
+    try:
+        return runpy.run_path(str(ROOT / STARTER), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def test_sliced_attention_is_exact_and_its_peak_falls_with_slice_size(lab):
+    for diff, _ in lab["sliced"].values():
+        assert diff < 1e-6  # float32 rounding only: softmax is per row
+    peaks = [lab["sliced"][s][1] for s in sorted(lab["sliced"])]
+    assert peaks == sorted(peaks)  # smaller slices, smaller peak
+    assert lab["sliced"][1][1] < 0.2 * lab["naive_peak"]
+    assert lab["chunk_diff"] < 1e-6 and lab["chunk_peak"] < 0.5 * lab["naive_peak"]
+    # the naive peak holds at least the (B*heads, N, N) float32 scores
+    assert lab["naive_peak"] >= lab["scores_bytes"]
+
+
+def test_sd_score_sizes_from_shapes(lab):
+    rows = {row[0]: row for row in lab["sd_rows"]}
+    assert rows["512 px, B=2"][3] == "512.0 MiB"  # 16 * 4096**2 * 2 bytes
+    assert rows["1024 px, B=2"][3] == "8.0 GiB"
+    assert rows["512 px, B=1"][4] == "128.0 MiB"  # "auto": 4 rows of B*heads
+
+
+def test_tiling_blend_reduces_seams_and_peak(lab):
+    assert lab["err_blend"] < 0.25 * lab["err_plain"]
+    assert lab["mean_err"]["blend"] < lab["mean_err"]["plain"]
+    assert lab["tiled_peak"] < 0.5 * lab["whole_peak"]
+    assert lab["blended"].shape == lab["whole"].shape == (1, 3, 96, 96)
+    # group norm's per-tile statistics spread the error over the whole tile
+    assert lab["mean_err"]["gn"] > lab["mean_err"]["blend"]
+
+
+def test_blend_matches_the_formula(lab):
+    a = np.arange(2 * 3 * 6 * 6, dtype=float).reshape(2, 3, 6, 6)
+    b = -a.copy()
+    out = lab["blend_v"](a, b.copy(), 4)
+    for y in range(4):
+        np.testing.assert_allclose(out[:, :, y], a[:, :, 2 + y] * (1 - y / 4) + b[:, :, y] * y / 4)
+    np.testing.assert_array_equal(out[:, :, 4:], b[:, :, 4:])
+
+
+def test_precision_error_orders_by_mantissa(lab):
+    devs = {
+        n: np.abs(final - lab["runs"]["float64"][0]).max() for n, (final, _) in lab["runs"].items()
+    }
+    assert devs["float64"] == 0
+    assert devs["float32"] < devs["float16"] < devs["bfloat16"]
+    x = np.array([1.0 + 2**-8, 3.14159])
+    assert lab["to_dtype"](x, "bfloat16")[0] == 1.0  # below bfloat16's 7-bit mantissa step
+    assert abs(lab["to_dtype"](x, "bfloat16")[1] - 3.14159) < 2**-6
+
+
+def test_offload_bytes_from_model_sizes(lab):
+    from labkit import model_sizes
+
+    sd = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD 1.5")}
+    row = lab["offload_rows"][0]
+    assert row[0] == "SD 1.5"
+    assert row[2] == f"{sum(sd.values()) / 1e9:.2f}"
+    seq = sum(sd.values()) + sd["unet"] * (lab["args"].steps - 1)
+    assert row[4] == f"{seq / 1e9:.1f}"
+    fits = {r[0]: r[3:] for r in lab["fit_rows"]}
+    assert fits["Flux.1-dev"] == ["no", "no", "offload", "yes"]
+
+
+def test_default_output(run_cli):
+    run = run_cli(STARTER)
+    assert run.returncode == 0, run.stderr
+    assert "SlicedAttn" not in run.stderr
+    assert "What fits" in run.stdout and "Strategy summary" in run.stdout
+
+
+def test_figures_are_small(run_cli, tmp_path):
+    run = run_cli(STARTER, "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    assert set(manifest) == {"attention-peak", "seam-error", "precision-error"}
+    for entry in manifest.values():
+        content = (tmp_path / entry["file"]).read_text()
+        assert len(content) <= 60_000 and " id=" not in content
+        assert len(entry["alt"]) > 80
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--tile", "4", "--overlap", "4"],
+        ["--tile", "4", "--overlap", "6"],
+        ["--dtypes", "float8"],
+        ["--slice-sizes", "0"],
+        ["--slice-sizes", "17"],
+        ["--pcie-gbps", "0"],
+        ["--steps", "0"],
+    ],
+    ids=" ".join,
+)
+def test_bad_arguments(run_cli, argv):
+    run = run_cli(STARTER, *argv)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("memory_optimization.py: error: ")

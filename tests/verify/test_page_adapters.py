@@ -1,0 +1,704 @@
+"""LoRA, ControlNet and IP-Adapter (docs/handbook/adapters.md) against the installed diffusers.
+
+Everything runs the real classes on tiny random-config parts built in code (``tiny``):
+LoRA adapters loaded into a ``StableDiffusionPipeline`` from an in-memory state dict in
+PEFT's key layout (peft is the backend), ``ControlNetModel.from_unet`` on the tiny UNet,
+``MultiControlNetModel`` inside ``StableDiffusionControlNetPipeline``, an IP-Adapter
+loaded by ``load_ip_adapter`` from a random state dict (no image-encoder download: a tiny
+``CLIPVisionModelWithProjection`` is passed in), ``IPAdapterAttnProcessor2_0`` on a tiny
+``Attention``, and a tiny ``T2IAdapter``. The real-size counts (SD 1.5 and SDXL) build the
+UNet from its published config on the meta device (``model_configs``): shapes only.
+
+The loop-level facts (where the residuals and image embeddings enter each UNet call, how
+``cross_attention_kwargs["scale"]`` is popped) are tested in ``test_page_loop.py``; this
+module tests what the adapters themselves do.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import (
+    ControlNetModel,
+    DDIMScheduler,
+    StableDiffusionAdapterPipeline,
+    StableDiffusionControlNetPipeline,
+    T2IAdapter,
+    UNet2DConditionModel,
+)
+from diffusers.models.attention_processor import (
+    Attention,
+    AttnProcessor2_0,
+    IPAdapterAttnProcessor2_0,
+)
+from diffusers.models.controlnets.multicontrolnet import MultiControlNetModel
+from model_configs import SD15_UNET, SDXL_UNET
+from peft import LoraConfig
+from peft.tuners.lora import Linear as LoraLinear
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    SD_BETAS,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_sd_pipeline,
+    tiny_unet,
+    tiny_vae,
+)
+from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
+X, T = start_latents(), torch.tensor(500)  # (1, 4, 8, 8) latents, one timestep
+PROJECTIONS = ("to_q", "to_k", "to_v", "to_out.0")  # the usual LoRA targets in a UNet
+CONTROL_IMAGE = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(3))
+
+
+# ---------------------------------------------------------------- helpers (this page only)
+
+
+def predict(unet, **kwargs):
+    """One UNet forward on the fixed latents, timestep and prompt: ``noise_pred``."""
+    with torch.no_grad():
+        return unet(X, T, encoder_hidden_states=PROMPT, **kwargs).sample
+
+
+def lora_state_dict(unet, rank=2, seed=0, std=0.3):
+    """A LoRA for ``unet``'s attention projections in PEFT's key layout, random values.
+
+    ``unet.<module>.lora_A.weight`` is ``(rank, in_features)`` and ``lora_B.weight`` is
+    ``(out_features, rank)``; both random here (a trained LoRA), so it changes the output.
+    """
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, module in unet.named_modules():
+        if name.endswith(PROJECTIONS) and isinstance(module, torch.nn.Linear):
+            a = torch.randn(rank, module.in_features, generator=g) * std
+            b = torch.randn(module.out_features, rank, generator=g) * std
+            state[f"unet.{name}.lora_A.weight"] = a
+            state[f"unet.{name}.lora_B.weight"] = b
+    return state
+
+
+def lora_pipe(*names, rank=2):
+    """The tiny pipeline with one random LoRA per name loaded by ``load_lora_weights``."""
+    pipe, plain = tiny_sd_pipeline(), tiny_unet()  # keys come from the unwrapped layers
+    for seed, name in enumerate(names):
+        pipe.load_lora_weights(lora_state_dict(plain, rank, seed), adapter_name=name)
+    return pipe
+
+
+def first_projection(unet):
+    return unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
+
+
+def random_ip_adapter(unet, image_embed_dim=16, seed=0):
+    """A plain IP-Adapter state dict (``image_proj`` + ``ip_adapter``), random values.
+
+    ``image_proj``: ``ImageProjection``'s ``proj`` (to 4 tokens) and ``norm``;
+    ``ip_adapter``: ``to_k_ip`` / ``to_v_ip`` per cross-attention layer, keyed 1, 3, 5, ...
+    in ``unet.attn_processors`` order, which is how the loader counts them.
+    """
+    g = torch.Generator().manual_seed(seed)
+    dim = unet.config.cross_attention_dim
+    image_proj = {
+        "proj.weight": torch.randn(4 * dim, image_embed_dim, generator=g) * 0.2,
+        "proj.bias": torch.zeros(4 * dim),
+        "norm.weight": torch.ones(dim),
+        "norm.bias": torch.zeros(dim),
+    }
+    layers, key = {}, 1
+    for name in unet.attn_processors:
+        if name.endswith("attn2.processor"):
+            inner = unet.get_submodule(name.removesuffix(".processor")).to_k.out_features
+            for kind in ["to_k_ip", "to_v_ip"]:
+                layers[f"{key}.{kind}.weight"] = torch.randn(inner, dim, generator=g) * 0.2
+            key += 2
+    return {"image_proj": image_proj, "ip_adapter": layers}
+
+
+def tiny_image_encoder():
+    """A CLIPVisionModelWithProjection with a tiny config: 32 x 32 images, 16-wide embeds."""
+    torch.manual_seed(0)
+    config = CLIPVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        projection_dim=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    return CLIPVisionModelWithProjection(config).eval()
+
+
+def tiny_controlnet(unet, seed=0):
+    """``ControlNetModel.from_unet`` with its zero-initialised outputs re-drawn (trained)."""
+    torch.manual_seed(seed)
+    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
+    with torch.no_grad():
+        for module in [
+            controlnet.controlnet_down_blocks,
+            controlnet.controlnet_mid_block,
+            controlnet.controlnet_cond_embedding.conv_out,
+        ]:
+            for p in module.parameters():
+                p.normal_(0, 0.2)
+    return controlnet.eval()
+
+
+def controlnet_pipeline(unet, controlnet, **parts):
+    pipe = StableDiffusionControlNetPipeline(
+        vae=tiny_vae(),
+        text_encoder=None,
+        tokenizer=None,
+        unet=unet,
+        controlnet=controlnet,
+        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+        **parts,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(pipe, steps=2, **kwargs):
+    """One CFG call of a tiny pipeline on the stand-in embeddings; returns final latents."""
+    return pipe(
+        prompt_embeds=PROMPT,
+        negative_prompt_embeds=NEGATIVE,
+        guidance_scale=7.5,
+        num_inference_steps=steps,
+        height=HEIGHT,
+        width=WIDTH,
+        latents=start_latents(),
+        output_type="latent",
+        **kwargs,
+    ).images
+
+
+def meta_unet(config):
+    """The real UNet class built from a published config on the meta device: no memory."""
+    with torch.device("meta"):
+        return UNet2DConditionModel(**config)
+
+
+def n_params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+# ---------------------------------------------------------------- LoRA
+
+
+def test_lora_wraps_each_targeted_linear():
+    """`load_lora_weights` replaces each targeted `nn.Linear` of the UNet with a PEFT `lora.Linear` that keeps the original layer as `base_layer` and adds `lora_A` `(r, in_features)` and `lora_B` `(out_features, r)`; its output is `base_layer(x) + lora_B(lora_A(x)) * lora_alpha / r`."""
+    pipe = lora_pipe("style", rank=2)
+    layer = first_projection(pipe.unet)
+    assert isinstance(layer, LoraLinear) and isinstance(layer.base_layer, torch.nn.Linear)
+    a, b = layer.lora_A["style"].weight, layer.lora_B["style"].weight
+    assert a.shape == (2, layer.in_features) and b.shape == (layer.out_features, 2)
+    config = pipe.unet.peft_config["style"]
+    assert config.r == 2 and set(config.target_modules) == set(PROJECTIONS)
+    assert layer.scaling["style"] == config.lora_alpha / config.r
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = layer.base_layer(x) + (x @ a.T @ b.T) * layer.scaling["style"]
+        torch.testing.assert_close(layer(x), expected)
+    wrapped = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
+    targets = [n for n, _ in tiny_unet().named_modules() if n.endswith(PROJECTIONS)]
+    assert len(wrapped) == len(targets) == 32  # 8 attention layers x 4 projections
+
+
+def test_a_fresh_lora_adapter_leaves_the_output_unchanged():
+    """An adapter added with PEFT's default initialisation (`init_lora_weights=True`: `lora_A` random, `lora_B` zeros) leaves the UNet's output exactly unchanged, so fine-tuning starts from the base model."""
+    unet = tiny_unet()
+    base = predict(unet)
+    unet.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=list(PROJECTIONS)))
+    layer = first_projection(unet)
+    assert layer.lora_B["default"].weight.abs().max() == 0
+    assert layer.lora_A["default"].weight.abs().max() > 0
+    torch.testing.assert_close(predict(unet), base, rtol=0, atol=0)
+
+
+def test_unfused_lora_runs_two_thin_matmuls_per_layer_and_fused_none():
+    """Unfused, every adapted layer runs `lora_A` and then `lora_B` on every UNet call, on top of its full-size `base_layer`; after `fuse_lora` neither runs, and the UNet's forward is the base model's."""
+    pipe = lora_pipe("style")
+    adapted = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
+    counts = {"A": 0, "B": 0}
+    for layer in adapted:
+        layer.lora_A["style"].register_forward_hook(
+            lambda *a: counts.__setitem__("A", counts["A"] + 1)
+        )
+        layer.lora_B["style"].register_forward_hook(
+            lambda *a: counts.__setitem__("B", counts["B"] + 1)
+        )
+    run(pipe, steps=3)
+    assert counts == {"A": 3 * len(adapted), "B": 3 * len(adapted)}  # one each per layer per call
+    pipe.fuse_lora(components=["unet"])
+    counts.update(A=0, B=0)
+    run(pipe, steps=3)
+    assert counts == {"A": 0, "B": 0}
+
+
+def test_fuse_lora_folds_the_delta_into_the_weights_and_unfuse_restores_them():
+    """`fuse_lora(lora_scale=s)` adds `s * lora_B.weight @ lora_A.weight * lora_alpha / r` to each `base_layer.weight`, which leaves the output as it was with the adapter at weight `s` (up to float rounding), and `unfuse_lora` subtracts it again and restores the original weights."""
+    pipe = lora_pipe("style")
+    layer = first_projection(pipe.unet)
+    original = layer.base_layer.weight.detach().clone()
+    a, b = layer.lora_A["style"].weight.detach(), layer.lora_B["style"].weight.detach()
+    delta = b @ a * layer.scaling["style"]
+    at_half = predict(pipe.unet, cross_attention_kwargs={"scale": 0.5})
+    pipe.fuse_lora(components=["unet"], lora_scale=0.5)
+    assert layer.merged and pipe.num_fused_loras == 1
+    torch.testing.assert_close(layer.base_layer.weight, original + 0.5 * delta)
+    torch.testing.assert_close(predict(pipe.unet), at_half, rtol=0, atol=1e-5)
+    pipe.unfuse_lora(components=["unet"])
+    assert not layer.merged and pipe.num_fused_loras == 0
+    torch.testing.assert_close(layer.base_layer.weight, original, rtol=0, atol=1e-6)
+
+
+def test_after_fuse_lora_the_call_scale_does_nothing():
+    """After `fuse_lora`, `cross_attention_kwargs={"scale": ...}` no longer changes the UNet's output: the delta is inside the weights, and a different strength needs `unfuse_lora` and a new `fuse_lora(lora_scale=...)`."""
+    pipe = lora_pipe("style")
+    full = predict(pipe.unet)
+    assert not torch.allclose(predict(pipe.unet, cross_attention_kwargs={"scale": 0.0}), full)
+    pipe.fuse_lora(components=["unet"])
+    for scale in [0.0, 0.5, 2.0]:
+        out = predict(pipe.unet, cross_attention_kwargs={"scale": scale})
+        torch.testing.assert_close(out, full, rtol=0, atol=1e-5)
+
+
+def test_unload_after_fuse_keeps_the_fused_weights():
+    """`unload_lora_weights()` after `fuse_lora` removes the PEFT layers, so the UNet holds plain `nn.Linear` layers again, and keeps the fused weights: the output stays the LoRA's."""
+    pipe = lora_pipe("style")
+    with_lora = predict(pipe.unet)
+    pipe.fuse_lora(components=["unet"])
+    pipe.unload_lora_weights()
+    assert not any(isinstance(m, LoraLinear) for m in pipe.unet.modules())
+    assert type(first_projection(pipe.unet)) is torch.nn.Linear
+    torch.testing.assert_close(predict(pipe.unet), with_lora, rtol=0, atol=1e-5)
+
+
+def test_call_scale_and_adapter_weight_scale_the_same_branch():
+    """`cross_attention_kwargs={"scale": s}` and `set_adapters(name, adapter_weights=s)` scale the same LoRA branch and give the same output; `s = 0` gives the base model's output, and `disable_lora()` does too."""
+    base = predict(tiny_unet())
+    pipe = lora_pipe("style")
+    by_call = predict(pipe.unet, cross_attention_kwargs={"scale": 0.5})
+    pipe.set_adapters("style", adapter_weights=0.5)
+    torch.testing.assert_close(predict(pipe.unet), by_call, rtol=0, atol=0)
+    assert not torch.allclose(by_call, base)
+    pipe.set_adapters("style", adapter_weights=1.0)
+    torch.testing.assert_close(predict(pipe.unet, cross_attention_kwargs={"scale": 0.0}), base)
+    pipe.disable_lora()
+    torch.testing.assert_close(predict(pipe.unet), base)
+    pipe.enable_lora()
+
+
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute")
+def test_several_loras_add_their_weighted_deltas():
+    """With two LoRAs loaded under their own `adapter_name`, `set_adapters(["a", "b"], adapter_weights=[wa, wb])` makes each adapted layer return `base_layer(x) + wa * delta_a(x) + wb * delta_b(x)`, `set_adapters("a")` alone switches `b` off, and `fuse_lora()` folds every active adapter into the weights at its current weight."""
+    pipe = lora_pipe("a", "b")
+    layer = first_projection(pipe.unet)
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(2))
+
+    def delta(name):
+        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+        return x @ a.T @ b.T * layer.scaling[name]
+
+    with torch.no_grad():
+        base, delta_a, delta_b = layer.base_layer(x), delta("a"), delta("b")
+        pipe.set_adapters(["a", "b"], adapter_weights=[0.7, 0.2])
+        assert sorted(pipe.get_active_adapters()) == ["a", "b"]
+        torch.testing.assert_close(layer(x), base + 0.7 * delta_a + 0.2 * delta_b)
+        pipe.set_adapters("a")
+        torch.testing.assert_close(layer(x), base + delta_a)
+        pipe.set_adapters(["a", "b"], adapter_weights=[0.7, 0.2])
+        weight = layer.base_layer.weight.clone()
+        pipe.fuse_lora(components=["unet"])
+        assert sorted(pipe.fused_loras) == ["a", "b"]
+
+        def matrix(name):  # B @ A * lora_alpha / r, before any adapter weight
+            config = pipe.unet.peft_config[name]
+            b, a = layer.lora_B[name].weight, layer.lora_A[name].weight
+            return b @ a * config.lora_alpha / config.r
+
+        expected = weight + 0.7 * matrix("a") + 0.2 * matrix("b")
+        torch.testing.assert_close(layer.base_layer.weight, expected)
+
+
+def test_set_adapters_takes_per_block_weights():
+    """An adapter weight may be a dict by UNet part, for example `{"unet": {"down": 0.0, "mid": 1.0, "up": 0.5}}` in the pipeline's `set_adapters`, which expands it to one weight per transformer block."""
+    pipe = lora_pipe("style")
+    unet = pipe.unet
+    pipe.set_adapters("style", adapter_weights={"unet": {"down": 0.0, "mid": 1.0, "up": 0.5}})
+    scalings = {
+        name: module.scaling["style"]
+        for name, module in unet.named_modules()
+        if isinstance(module, LoraLinear)
+    }
+    per_part = {
+        part: {s for n, s in scalings.items() if n.startswith(part)}
+        for part in ["down_blocks", "mid_block", "up_blocks"]
+    }
+    assert per_part == {"down_blocks": {0.0}, "mid_block": {1.0}, "up_blocks": {0.5}}
+
+
+def test_lora_size_on_sd15_attention_projections():
+    """A rank-4 LoRA on the `to_q`, `to_k`, `to_v` and `to_out.0` projections of SD 1.5's UNet (128 layers) has `4 * (in_features + out_features)` parameters per layer, 797,184 in all: under 2 MB in fp16, against 859,520,964 in the UNet."""
+    unet = meta_unet(SD15_UNET)
+    layers = [m for n, m in unet.named_modules() if n.endswith(PROJECTIONS)]
+    assert len(layers) == 128 and all(isinstance(m, torch.nn.Linear) for m in layers)
+    lora = sum(4 * (m.in_features + m.out_features) for m in layers)
+    assert lora == 797_184 and 2 * lora < 2_000_000
+    assert n_params(unet) == 859_520_964
+
+
+# ---------------------------------------------------------------- ControlNet
+
+
+def test_controlnet_from_unet_copies_the_encoder_half():
+    """`ControlNetModel.from_unet` builds a ControlNet from the UNet's config and copies the weights of `conv_in`, `time_proj`, `time_embedding`, every `down_blocks` entry and the `mid_block`; it has no up blocks and no `conv_out`, and adds `controlnet_cond_embedding`, `controlnet_down_blocks` and `controlnet_mid_block`."""
+    unet = tiny_unet()
+    controlnet = ControlNetModel.from_unet(unet)
+    for part in ["conv_in", "time_proj", "time_embedding", "down_blocks", "mid_block"]:
+        ours, theirs = getattr(controlnet, part).state_dict(), getattr(unet, part).state_dict()
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0)
+    children = {name for name, _ in controlnet.named_children()}
+    assert "up_blocks" not in children and "conv_out" not in children
+    assert {
+        "controlnet_cond_embedding",
+        "controlnet_down_blocks",
+        "controlnet_mid_block",
+    } <= children
+
+
+def test_controlnet_outputs_are_zero_initialised():
+    """A new `ControlNetModel` zero-initialises (`zero_module`) its `controlnet_down_blocks`, one 1 x 1 convolution per UNet skip connection, its `controlnet_mid_block` and the last convolution of `controlnet_cond_embedding`, so before training every residual is zero and the UNet's output is unchanged."""
+    unet = tiny_unet()
+    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
+    zeroed = [
+        controlnet.controlnet_down_blocks,
+        controlnet.controlnet_mid_block,
+        controlnet.controlnet_cond_embedding.conv_out,
+    ]
+    assert all(p.abs().max() == 0 for m in zeroed for p in m.parameters())
+    assert all(c.kernel_size == (1, 1) for c in controlnet.controlnet_down_blocks)
+    with torch.no_grad():
+        down, mid = controlnet(
+            X, T, encoder_hidden_states=PROMPT, controlnet_cond=CONTROL_IMAGE, return_dict=False
+        )
+    assert len(down) == 4  # conv_in, 2 in the first down block, 1 in the last
+    assert all(r.abs().max() == 0 for r in [*down, mid])
+    out = predict(unet, down_block_additional_residuals=down, mid_block_additional_residual=mid)
+    torch.testing.assert_close(out, predict(unet), rtol=0, atol=0)
+
+
+def test_conditioning_scale_multiplies_every_residual():
+    """`ControlNetModel` multiplies each of its residuals by `conditioning_scale`, which the pipeline passes from `controlnet_conditioning_scale`; a `controlnet_conditioning_scale` of 0 still runs the ControlNet at every step."""
+    unet = tiny_unet()
+    controlnet = tiny_controlnet(unet)
+
+    def residuals(scale):
+        with torch.no_grad():
+            down, mid = controlnet(
+                X,
+                T,
+                encoder_hidden_states=PROMPT,
+                controlnet_cond=CONTROL_IMAGE,
+                conditioning_scale=scale,
+                return_dict=False,
+            )
+        return [*down, mid]
+
+    for full, half in zip(residuals(1.0), residuals(0.5), strict=True):
+        assert full.abs().max() > 0
+        torch.testing.assert_close(half, 0.5 * full)
+    pipe = controlnet_pipeline(unet, controlnet)
+    scales = []
+    controlnet.register_forward_pre_hook(
+        lambda m, a, k: scales.append(k["conditioning_scale"]), with_kwargs=True
+    )
+    run(pipe, steps=3, image=CONTROL_IMAGE, controlnet_conditioning_scale=0.0)
+    assert scales == [0.0, 0.0, 0.0]
+
+
+def test_control_image_enters_after_conv_in():
+    """`controlnet_cond_embedding` maps the control image `(B, 3, H, W)` to the shape of `conv_in`'s output, `(B, block_out_channels[0], h, w)`, and the ControlNet adds the two before its first down block."""
+    controlnet = tiny_controlnet(tiny_unet())
+    seen = []
+    controlnet.down_blocks[0].register_forward_pre_hook(
+        lambda m, a, k: seen.append(k.get("hidden_states", a[0] if a else None)), with_kwargs=True
+    )
+    with torch.no_grad():
+        controlnet(X, T, encoder_hidden_states=PROMPT, controlnet_cond=CONTROL_IMAGE)
+        embedded = controlnet.controlnet_cond_embedding(CONTROL_IMAGE)
+        expected = controlnet.conv_in(X) + embedded
+    assert embedded.shape == (1, 32, 8, 8)  # block_out_channels[0] at the latent size
+    torch.testing.assert_close(seen[0], expected)
+
+
+def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
+    """A list of ControlNets is wrapped in `MultiControlNetModel`, which on every step runs each ControlNet on its own control image and `controlnet_conditioning_scale` entry and adds their residuals element-wise, so the UNet still gets one `down_block_additional_residuals` tuple and one `mid_block_additional_residual`."""
+    unet = tiny_unet()
+    first, second = tiny_controlnet(unet, seed=1), tiny_controlnet(unet, seed=2)
+    pipe = controlnet_pipeline(unet, [first, second])
+    assert isinstance(pipe.controlnet, MultiControlNetModel)
+    images = [CONTROL_IMAGE, torch.rand(1, 3, HEIGHT, WIDTH)]
+    calls = {"first": [], "second": []}  # (args, kwargs) of each ControlNet's forward
+
+    def recorder(key):
+        def hook(module, args, kwargs):
+            calls[key].append((args, dict(kwargs)))
+
+        return hook
+
+    first.register_forward_pre_hook(recorder("first"), with_kwargs=True)
+    second.register_forward_pre_hook(recorder("second"), with_kwargs=True)
+    unet_kwargs = []
+    unet.register_forward_pre_hook(
+        lambda m, a, k: unet_kwargs.append({key: k[key] for key in k}), with_kwargs=True
+    )
+    run(pipe, steps=2, image=images, controlnet_conditioning_scale=[0.5, 1.0])
+    assert len(calls["first"]) == len(calls["second"]) == len(unet_kwargs) == 2  # every step
+    for step, kwargs in enumerate(unet_kwargs):
+        outputs = []
+        for key, net, scale, image in [("first", first, 0.5, 0), ("second", second, 1.0, 1)]:
+            args, cn_kwargs = calls[key][step]
+            assert cn_kwargs["conditioning_scale"] == scale
+            assert cn_kwargs["controlnet_cond"].shape == (2, 3, HEIGHT, WIDTH)  # CFG: 2B
+            torch.testing.assert_close(cn_kwargs["controlnet_cond"][1], images[image][0])
+            with torch.no_grad():  # the same call again, outside the wrapper
+                outputs.append(net(*args, **cn_kwargs))
+        (down_1, mid_1), (down_2, mid_2) = outputs
+        residuals = kwargs["down_block_additional_residuals"]
+        assert len(residuals) == len(down_1) == 4
+        for total, one, two in zip(residuals, down_1, down_2, strict=True):
+            torch.testing.assert_close(total, one + two)
+        torch.testing.assert_close(kwargs["mid_block_additional_residual"], mid_1 + mid_2)
+
+
+def test_controlnet_size_on_the_meta_device():
+    """Built with `ControlNetModel.from_unet` from the published UNet configs, a full-size ControlNet has 361,279,120 parameters for SD 1.5 (42% of its UNet, about 723 MB in fp16, with 12 `controlnet_down_blocks`) and 1,251,014,160 for SDXL (49%, about 2,502 MB in fp16)."""
+    for config, expected, share in [(SD15_UNET, 361_279_120, 42), (SDXL_UNET, 1_251_014_160, 49)]:
+        unet = meta_unet(config)
+        with torch.device("meta"):
+            controlnet = ControlNetModel.from_unet(unet, load_weights_from_unet=False)
+        count = n_params(controlnet)
+        assert count == expected
+        if config is SD15_UNET:
+            assert len(controlnet.controlnet_down_blocks) == 12
+        assert round(100 * count / n_params(unet)) == share
+    assert round(2 * 361_279_120 / 1e6) == 723 and round(2 * 1_251_014_160 / 1e6) == 2502
+
+
+# ---------------------------------------------------------------- IP-Adapter
+
+
+def test_ip_adapter_processor_adds_a_second_attention_over_image_tokens():
+    """`IPAdapterAttnProcessor2_0` computes the layer's own text attention, with `to_q`, `to_k` and `to_v`, adds `scale` times a second attention of the same queries over the image tokens through its own `to_k_ip` and `to_v_ip`, and applies the layer's `to_out` to the sum."""
+    torch.manual_seed(0)
+    attn = Attention(query_dim=32, cross_attention_dim=EMBED_DIM, heads=4, dim_head=8).eval()
+    processor = IPAdapterAttnProcessor2_0(hidden_size=32, cross_attention_dim=EMBED_DIM, scale=0.6)
+    attn.set_processor(processor)
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 16, 32, generator=g)  # (B, h*w, C) query tokens
+    text = torch.randn(2, 77, EMBED_DIM, generator=g)  # (B, 77, D) prompt tokens
+    image = torch.randn(2, 4, EMBED_DIM, generator=g)  # (B, 4, D) projected image tokens
+
+    def attend(q, k, v):
+        split = [t.view(2, -1, 4, 8).transpose(1, 2) for t in (q, k, v)]
+        out = torch.nn.functional.scaled_dot_product_attention(*split)
+        return out.transpose(1, 2).reshape(2, -1, 32)
+
+    with torch.no_grad():
+        q = attn.to_q(hidden)
+        expected = attend(q, attn.to_k(text), attn.to_v(text)) + 0.6 * attend(
+            q, processor.to_k_ip[0](image), processor.to_v_ip[0](image)
+        )
+        expected = attn.to_out[0](expected)
+        out = attn(hidden, encoder_hidden_states=(text, [image]))
+    torch.testing.assert_close(out, expected)
+    assert processor.to_k_ip[0].bias is None and processor.to_k_ip[0].weight.shape == (
+        32,
+        EMBED_DIM,
+    )
+
+
+def test_ip_adapter_scale_zero_skips_the_image_branch():
+    """With `scale` 0 the processor skips the image branch entirely: `to_k_ip` and `to_v_ip` do not run and the layer returns the plain text attention."""
+    torch.manual_seed(0)
+    attn = Attention(query_dim=32, cross_attention_dim=EMBED_DIM, heads=4, dim_head=8).eval()
+    text = torch.randn(1, 77, EMBED_DIM)
+    hidden, image = torch.randn(1, 16, 32), torch.randn(1, 4, EMBED_DIM)
+    with torch.no_grad():
+        plain = attn(hidden, encoder_hidden_states=text)
+        processor = IPAdapterAttnProcessor2_0(
+            hidden_size=32, cross_attention_dim=EMBED_DIM, scale=0.0
+        )
+        attn.set_processor(processor)
+        ran = []
+        processor.to_k_ip[0].register_forward_hook(lambda *a: ran.append("k"))
+        processor.to_v_ip[0].register_forward_hook(lambda *a: ran.append("v"))
+        torch.testing.assert_close(attn(hidden, encoder_hidden_states=(text, [image])), plain)
+    assert ran == []
+
+
+def test_load_ip_adapter_changes_only_the_cross_attention_processors():
+    """`load_ip_adapter` (here from a state dict, with `image_encoder_folder=None`) replaces the processor of every cross-attention layer (`attn2`) with an `IPAdapterAttnProcessor2_0` holding that layer's `to_k_ip` and `to_v_ip`, leaves self-attention (`attn1`) on `AttnProcessor2_0`, and adds the image projection as `unet.encoder_hid_proj`."""
+    pipe = tiny_sd_pipeline()
+    pipe.load_ip_adapter(
+        random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    processors = pipe.unet.attn_processors
+    for name, processor in processors.items():
+        expected = IPAdapterAttnProcessor2_0 if ".attn2." in name else AttnProcessor2_0
+        assert type(processor) is expected, name
+    assert sum(type(p) is IPAdapterAttnProcessor2_0 for p in processors.values()) == 4
+    assert type(pipe.unet.encoder_hid_proj).__name__ == "MultiIPAdapterImageProjection"
+    assert pipe.unet.config.encoder_hid_dim_type == "ip_image_proj"
+
+
+def test_load_ip_adapter_loads_the_image_encoder_next_to_the_weights(tmp_path):
+    """If the pipeline has no `image_encoder`, `load_ip_adapter` loads a `CLIPVisionModelWithProjection` from the `image_encoder` folder next to the weights (`<subfolder>/image_encoder`) and registers it as `pipe.image_encoder`, with a `CLIPImageProcessor` as `feature_extractor`; `image_encoder_folder=None` skips it."""
+    pipe = tiny_sd_pipeline()
+    assert pipe.image_encoder is None
+    encoder = tiny_image_encoder()
+    encoder.save_pretrained(tmp_path / "models" / "image_encoder")  # a local folder, no hub
+    torch.save(random_ip_adapter(pipe.unet), tmp_path / "models" / "ip-adapter.bin")
+    pipe.load_ip_adapter(str(tmp_path), subfolder="models", weight_name="ip-adapter.bin")
+    assert isinstance(pipe.image_encoder, CLIPVisionModelWithProjection)
+    for key, value in encoder.state_dict().items():
+        torch.testing.assert_close(pipe.image_encoder.state_dict()[key], value, rtol=0, atol=0)
+    assert "CLIPImageProcessor" in type(pipe.feature_extractor).__name__
+    assert pipe.feature_extractor.size["shortest_edge"] == 32  # the encoder's image_size
+    skipped = tiny_sd_pipeline()
+    skipped.load_ip_adapter(
+        random_ip_adapter(skipped.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    assert skipped.image_encoder is None
+
+
+def test_set_ip_adapter_scale_global_and_per_block():
+    """`set_ip_adapter_scale(s)` sets `scale` on every IP-Adapter processor; a dict such as `{"up": {"block_1": [0.0, 1.0]}}` sets the named transformer blocks and puts 0 on every block it does not name."""
+    pipe = tiny_sd_pipeline()
+    pipe.load_ip_adapter(
+        random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+
+    def scales():
+        return {
+            name.removesuffix(".transformer_blocks.0.attn2.processor"): p.scale
+            for name, p in pipe.unet.attn_processors.items()
+            if isinstance(p, IPAdapterAttnProcessor2_0)
+        }
+
+    pipe.set_ip_adapter_scale(0.6)
+    assert set(map(tuple, scales().values())) == {(0.6,)}
+    pipe.set_ip_adapter_scale({"up": {"block_1": [0.0, 1.0]}})
+    assert scales() == {
+        "down_blocks.0.attentions.0": [0.0],
+        "mid_block.attentions.0": [0.0],
+        "up_blocks.1.attentions.0": [0.0],
+        "up_blocks.1.attentions.1": [1.0],
+    }
+
+
+def test_image_encoder_runs_once_per_call():
+    """With `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; each layer's `to_k_ip` and `to_v_ip` run again at every step."""
+    pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
+    pipe.load_ip_adapter(
+        random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    encoder_calls, unet_calls = [], []
+    pipe.image_encoder.register_forward_hook(lambda *a: encoder_calls.append(1))
+    pipe.unet.register_forward_pre_hook(
+        lambda m, a, k: unet_calls.append(k["added_cond_kwargs"]), with_kwargs=True
+    )
+    projections = []
+    for processor in pipe.unet.attn_processors.values():
+        if isinstance(processor, IPAdapterAttnProcessor2_0):
+            processor.to_k_ip[0].register_forward_hook(lambda *a: projections.append("k"))
+            processor.to_v_ip[0].register_forward_hook(lambda *a: projections.append("v"))
+    reference = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    run(pipe, steps=4, ip_adapter_image=reference)
+    assert len(encoder_calls) == 1 and len(unet_calls) == 4
+    assert projections.count("k") == projections.count("v") == 4 * 4  # 4 layers x 4 steps
+    (image_embeds,) = unet_calls[0]["image_embeds"]  # (2B, 1, projection_dim)
+    assert image_embeds.shape == (2, 1, 16)
+    assert image_embeds[0].abs().max() == 0 and image_embeds[1].abs().max() > 0
+    with torch.no_grad():
+        encoded = pipe.image_encoder(reference).image_embeds
+    torch.testing.assert_close(image_embeds[1], encoded)
+
+
+def test_ip_adapter_size_on_sd15():
+    """On SD 1.5's UNet the `to_k_ip` and `to_v_ip` layers of a plain IP-Adapter, one pair for each of its 16 cross-attention layers, hold 19,169,280 parameters."""
+    unet = meta_unet(SD15_UNET)
+    cross = [m for n, m in unet.named_modules() if n.endswith("attn2")]
+    assert len(cross) == 16
+    dim = SD15_UNET["cross_attention_dim"]
+    assert sum(2 * dim * m.to_k.out_features for m in cross) == 19_169_280
+
+
+# ---------------------------------------------------------------- T2I-Adapter and combinations
+
+
+def test_t2i_adapter_runs_once_per_call():
+    """`StableDiffusionAdapterPipeline` runs its `T2IAdapter` once per call, before the loop, scales its features by `adapter_conditioning_scale`, and passes copies of them to every UNet call as `down_intrablock_additional_residuals`; with its default (SD 1.x) config a `T2IAdapter` has 77,369,280 parameters."""
+    torch.manual_seed(0)
+    adapter = T2IAdapter(
+        in_channels=3, channels=[32, 64], num_res_blocks=1, downscale_factor=2
+    ).eval()
+    pipe = StableDiffusionAdapterPipeline(
+        vae=tiny_vae(),
+        text_encoder=None,
+        tokenizer=None,
+        unet=tiny_unet(),
+        adapter=adapter,
+        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    adapter_calls, seen = [], []
+    adapter.register_forward_hook(lambda m, a, o: adapter_calls.append([f.clone() for f in o]))
+    pipe.unet.register_forward_pre_hook(
+        lambda m, a, k: seen.append([r.clone() for r in k["down_intrablock_additional_residuals"]]),
+        with_kwargs=True,
+    )
+    run(pipe, steps=3, image=CONTROL_IMAGE, adapter_conditioning_scale=0.5)
+    assert len(adapter_calls) == 1 and len(seen) == 3
+    for residuals in seen:
+        for feature, residual in zip(adapter_calls[0], residuals, strict=True):
+            torch.testing.assert_close(residual, torch.cat([0.5 * feature] * 2))  # CFG: 2B
+    with torch.device("meta"):
+        assert n_params(T2IAdapter()) == 77_369_280
+
+
+def test_lora_ip_adapter_and_controlnet_in_one_call():
+    """In one `StableDiffusionControlNetPipeline` call, `load_lora_weights` and `load_ip_adapter` change only the UNet: the ControlNet keeps plain `nn.Linear` layers and default attention processors and is called without `image_embeds`, while every UNet call gets the LoRA layers, the image tokens and the ControlNet's residuals."""
+    unet = tiny_unet()
+    controlnet = tiny_controlnet(unet)
+    pipe = controlnet_pipeline(unet, controlnet, image_encoder=None)
+    pipe.load_lora_weights(lora_state_dict(unet), adapter_name="style")
+    pipe.load_ip_adapter(
+        random_ip_adapter(unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    assert not any(isinstance(m, LoraLinear) for m in controlnet.modules())
+    assert all(type(p) is AttnProcessor2_0 for p in controlnet.attn_processors.values())
+    assert any(isinstance(m, LoraLinear) for m in unet.modules())
+    cn_calls, unet_calls = [], []
+    controlnet.register_forward_pre_hook(lambda m, a, k: cn_calls.append(k), with_kwargs=True)
+    unet.register_forward_pre_hook(lambda m, a, k: unet_calls.append(k), with_kwargs=True)
+    image_embeds = torch.randn(2, 1, 16, generator=torch.Generator().manual_seed(4))
+    run(pipe, steps=2, image=CONTROL_IMAGE, ip_adapter_image_embeds=[image_embeds])
+    assert len(cn_calls) == len(unet_calls) == 2
+    for cn_kwargs, unet_kwargs in zip(cn_calls, unet_calls, strict=True):
+        assert "added_cond_kwargs" not in cn_kwargs
+        assert unet_kwargs["added_cond_kwargs"]["image_embeds"][0].shape == (2, 1, 16)
+        assert len(unet_kwargs["down_block_additional_residuals"]) == 4

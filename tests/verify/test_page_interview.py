@@ -1,0 +1,409 @@
+"""Interview practice (docs/handbook/interview.md) against the installed diffusers.
+
+The page's answers lean on the sections they link to; the diffusers behaviour they
+state is re-checked here, phrased as the answers use it. Everything runs on the real
+``StableDiffusionPipeline`` around the tiny random-config parts of ``tiny`` (a tiny
+``CLIPTextModel`` and an in-memory ``CLIPTokenizer`` where the text path matters) and on
+the real scheduler classes. Nothing is timed: the answers' latency arguments rest on call
+counts and batch rows, which is what these tests count.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import string
+
+import pytest
+import torch
+from diffusers import (
+    ControlNetModel,
+    DDIMScheduler,
+    EulerDiscreteScheduler,
+    HeunDiscreteScheduler,
+    PNDMScheduler,
+    StableDiffusionControlNetPipeline,
+    StableDiffusionPipeline,
+    UNet2DConditionModel,
+)
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    SD_BETAS,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_text_encoder,
+    tiny_unet,
+    tiny_vae,
+)
+from transformers import CLIPTokenizer
+
+PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
+#: SD 1.5's shipped scheduler config (the diffusers docs page "Load schedulers and models")
+SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
+
+
+def sd_with(pipe, **components):
+    """A new StableDiffusionPipeline sharing ``pipe``'s models, with some parts replaced."""
+    parts = dict(pipe.components)
+    parts.update(components)
+    new = StableDiffusionPipeline(**parts, requires_safety_checker=False)
+    new.set_progress_bar_config(disable=True)
+    return new
+
+
+def clip_tokenizer():
+    """A real CLIPTokenizer over an in-memory vocabulary (letters, no merges): no files."""
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in string.ascii_lowercase:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def generate(pipe, steps=3, guidance_scale=7.5, batch=1, **kwargs):
+    """One call of the tiny pipeline on stand-in embeddings; returns the final latents."""
+    if "prompt" not in kwargs:
+        kwargs.setdefault("prompt_embeds", PROMPT.repeat(batch, 1, 1))
+        if guidance_scale > 1:
+            kwargs.setdefault("negative_prompt_embeds", NEGATIVE.repeat(batch, 1, 1))
+    kwargs.setdefault("height", HEIGHT)
+    kwargs.setdefault("width", WIDTH)
+    kwargs.setdefault("output_type", "latent")
+    if "generator" not in kwargs:
+        kwargs.setdefault("latents", start_latents(batch * kwargs.get("num_images_per_prompt", 1)))
+    return pipe(num_inference_steps=steps, guidance_scale=guidance_scale, **kwargs).images
+
+
+@pytest.fixture
+def calls_of(monkeypatch):
+    """``spy(obj, name) -> list``: (args, kwargs) of every call of the method ``obj.name``."""
+
+    def spy(obj, name):
+        seen = []
+        original = getattr(obj, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            seen.append((args, kwargs))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(obj, name, wrapper)
+        return seen
+
+    return spy
+
+
+@pytest.fixture(scope="module")
+def text_pipe(sd_pipe):
+    """The tiny pipeline with a tiny CLIP text encoder and tokenizer."""
+    return sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=clip_tokenizer())
+
+
+# ---------------------------------------------------------------- latency: what runs, how often
+
+
+def test_guidance_doubles_the_rows_of_every_unet_call(sd_pipe, record_calls, calls_of):
+    """With `guidance_scale` above 1, every UNet call gets `2B` rows: the latents concatenated with themselves and `[negative_prompt_embeds, prompt_embeds]` as `encoder_hidden_states`, while `scheduler.step` gets the `B` rows of the guided prediction."""
+    pipe = sd_with(sd_pipe)
+    unet = record_calls(pipe.unet).calls
+    steps = calls_of(pipe.scheduler, "step")
+    generate(pipe, steps=3, guidance_scale=7.5, batch=2)
+    assert len(unet) == 3 and len(steps) == 3
+    negative_first = torch.cat([NEGATIVE.repeat(2, 1, 1), PROMPT.repeat(2, 1, 1)])
+    for args, kwargs in unet:
+        assert args[0].shape[0] == 4
+        torch.testing.assert_close(args[0][:2], args[0][2:], rtol=0, atol=0)
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], negative_first)
+    for args, _ in steps:
+        assert args[0].shape[0] == 2 and args[2].shape[0] == 2
+
+
+def test_no_guidance_halves_the_rows(sd_pipe, record_calls):
+    """At `guidance_scale` 1 the UNet gets only the `B` conditional rows, half the rows of a guided call, with the same number of calls."""
+    unet = record_calls(sd_pipe.unet).calls
+    generate(sd_pipe, steps=3, guidance_scale=1.0, batch=2)
+    assert len(unet) == 3
+    for args, kwargs in unet:
+        assert args[0].shape[0] == 2 and kwargs["encoder_hidden_states"].shape[0] == 2
+
+
+def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
+    """A generation makes one UNet call per entry of `scheduler.timesteps`: 25 and 50 with `DDIMScheduler` at 25 and 50 steps, 51 with SD 1.5's `PNDMScheduler` config at 50 steps, and 49 with `HeunDiscreteScheduler` at 25."""
+    unet = record_calls(sd_pipe.unet).calls
+    for scheduler, steps, expected in [
+        (DDIMScheduler(**SD_BETAS), 25, 25),
+        (DDIMScheduler(**SD_BETAS), 50, 50),
+        (PNDMScheduler(**SD15_PNDM), 50, 51),
+        (HeunDiscreteScheduler(**SD_BETAS), 25, 49),
+    ]:
+        pipe = sd_with(sd_pipe, scheduler=scheduler)
+        unet.clear()
+        generate(pipe, steps=steps, guidance_scale=1.0)
+        assert len(unet) == expected == len(pipe.scheduler.timesteps)
+
+
+def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_calls, calls_of):
+    """The text encoder runs twice per guided call (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count."""
+    for steps in [2, 8]:
+        encoder = record_calls(text_pipe.text_encoder).calls
+        unet = record_calls(text_pipe.unet).calls
+        decodes = calls_of(text_pipe.vae, "decode")
+        generate(text_pipe, prompt="a cat", steps=steps, output_type="np")
+        assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
+
+
+def test_images_per_prompt_multiply_unet_rows_not_encoder_rows(text_pipe, record_calls):
+    """With `num_images_per_prompt=k`, the text encoder runs on `batch_size` rows and every guided UNet call on `2 * batch_size * k` rows."""
+    encoder = record_calls(text_pipe.text_encoder).calls
+    unet = record_calls(text_pipe.unet).calls
+    generate(text_pipe, prompt=["a cat", "a dog"], batch=2, num_images_per_prompt=3, steps=2)
+    assert [args[0].shape for args, _ in encoder] == [(2, 77), (2, 77)]
+    assert [args[0].shape[0] for args, _ in unet] == [12, 12]
+    assert unet[0][1]["encoder_hidden_states"].shape == (12, 77, EMBED_DIM)
+
+
+def test_one_call_shares_one_grid_and_one_scale(sd_pipe, record_calls, calls_of):
+    """A pipeline call runs `set_timesteps` once and gives every UNet call one 0-d `t` for all its rows, so the requests batched into one call share `num_inference_steps`, the timesteps and `guidance_scale`."""
+    pipe = sd_with(sd_pipe)
+    grids = calls_of(pipe.scheduler, "set_timesteps")
+    unet = record_calls(pipe.unet).calls
+    generate(pipe, steps=3, batch=3)
+    assert len(grids) == 1 and len(unet) == 3
+    for args, _ in unet:
+        assert args[0].shape[0] == 6 and args[1].ndim == 0
+
+
+def test_callback_turns_guidance_off_for_the_last_steps(sd_pipe, record_calls):
+    """A `callback_on_step_end` that sets `pipe._guidance_scale = 0.0` and returns the conditional half of `prompt_embeds` makes every later UNet call run on `B` rows instead of `2B`."""
+    unet = record_calls(sd_pipe.unet).calls
+
+    def guidance_off_after_two(pipe, i, t, callback_kwargs):
+        if i == 1:
+            pipe._guidance_scale = 0.0
+            return {"prompt_embeds": callback_kwargs["prompt_embeds"].chunk(2)[-1]}
+        return {}
+
+    generate(
+        sd_pipe,
+        steps=5,
+        callback_on_step_end=guidance_off_after_two,
+        callback_on_step_end_tensor_inputs=["prompt_embeds"],
+    )
+    assert [args[0].shape[0] for args, _ in unet] == [2, 2, 1, 1, 1]
+
+
+def test_callback_runs_after_every_step_and_can_cancel(sd_pipe, record_calls, calls_of):
+    """`callback_on_step_end` is called once per step, after `scheduler.step`, with the step index `i` and the timestep `t`; setting `pipe._interrupt = True` there stops the UNet calls for the rest of that generation."""
+    pipe = sd_with(sd_pipe)
+    unet = record_calls(pipe.unet).calls
+    steps = calls_of(pipe.scheduler, "step")
+    seen = []
+
+    def log(p, i, t, callback_kwargs):
+        seen.append((i, int(t), len(steps)))
+        return {}
+
+    generate(pipe, steps=4, callback_on_step_end=log)
+    timesteps = [int(t) for t in pipe.scheduler.timesteps]
+    assert seen == [(i, timesteps[i], i + 1) for i in range(4)]
+
+    unet.clear()
+
+    def cancel_after_one(p, i, t, callback_kwargs):
+        p._interrupt = True
+        return {}
+
+    generate(pipe, steps=4, callback_on_step_end=cancel_after_one)
+    assert len(unet) == 1
+
+
+# ---------------------------------------------------------------- memory and serving
+
+
+def test_prompt_embeds_let_the_pipeline_run_without_a_text_encoder(sd_pipe):
+    """A `StableDiffusionPipeline` built with `text_encoder=None` and `tokenizer=None` runs a guided call when given `prompt_embeds` and `negative_prompt_embeds`, with the same result as a pipeline that has an encoder."""
+    assert sd_pipe.text_encoder is None and sd_pipe.tokenizer is None
+    with_encoder = sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=clip_tokenizer())
+    torch.testing.assert_close(generate(sd_pipe), generate(with_encoder), rtol=0, atol=0)
+
+
+def test_latent_output_skips_the_decoder(sd_pipe, calls_of):
+    """With `output_type="latent"` the pipeline never calls `vae.decode` and returns the final `latents` of shape `(B, 4, h, w)`."""
+    decodes = calls_of(sd_pipe.vae, "decode")
+    out = generate(sd_pipe, steps=2, batch=2)
+    assert decodes == [] and out.shape == (2, 4, HEIGHT // 2, WIDTH // 2)
+
+
+def test_vae_slicing_decodes_one_image_at_a_time(sd_pipe, calls_of):
+    """After `vae.enable_slicing()`, decoding a batch of `B` latents runs the decoder `B` times on one image each and returns the same images."""
+    vae = sd_pipe.vae
+    latents = start_latents(3) / vae.config.scaling_factor
+    with torch.no_grad():
+        whole = vae.decode(latents).sample
+        decoder = calls_of(vae, "_decode")
+        vae.enable_slicing()
+        try:
+            sliced = vae.decode(latents).sample
+        finally:
+            vae.disable_slicing()
+    assert [args[0].shape[0] for args, _ in decoder] == [1, 1, 1]
+    torch.testing.assert_close(sliced, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_leaves_its_guidance_scale_on_the_pipeline(sd_pipe):
+    """A call stores its `guidance_scale` on the pipeline object as `pipe._guidance_scale`, so two calls running at once on one pipeline object would share it."""
+    pipe = sd_with(sd_pipe)
+    generate(pipe, steps=1, guidance_scale=7.5)
+    assert pipe._guidance_scale == 7.5 and pipe.do_classifier_free_guidance
+    generate(pipe, steps=1, guidance_scale=1.0)
+    assert pipe._guidance_scale == 1.0 and not pipe.do_classifier_free_guidance
+
+
+def test_euler_scheduler_keeps_per_generation_state():
+    """`EulerDiscreteScheduler` keeps a `step_index` on the instance: `set_timesteps` resets it to `None` and each `step` advances it, so one instance cannot serve two generations at once."""
+    scheduler = EulerDiscreteScheduler(**SD_BETAS)
+    scheduler.set_timesteps(4)
+    assert scheduler.step_index is None
+    sample = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    for i, t in enumerate(scheduler.timesteps[:2]):
+        scheduler.step(torch.zeros_like(sample), t, sample)
+        assert scheduler.step_index == i + 1
+    scheduler.set_timesteps(4)
+    assert scheduler.step_index is None
+
+
+# ---------------------------------------------------------------- rolling out a model
+
+
+def test_fixed_seed_reproduces_a_generation(sd_pipe):
+    """With `DDIMScheduler` (`eta=0`) and a `torch.Generator` of fixed seed, two calls return identical latents and another seed returns different ones, so a rollout can compare outputs seed by seed."""
+
+    def seeded(seed):
+        return generate(sd_pipe, steps=3, generator=torch.Generator().manual_seed(seed))
+
+    torch.testing.assert_close(seeded(7), seeded(7), rtol=0, atol=0)
+    assert not torch.allclose(seeded(7), seeded(8))
+
+
+def test_wrong_prediction_type_runs_without_error(sd_pipe):
+    """A scheduler whose `prediction_type` does not match the checkpoint raises nothing: the call returns finite latents that differ from those of the matching configuration."""
+    matched = generate(sd_with(sd_pipe, scheduler=DDIMScheduler(**SD_BETAS)))
+    wrong = generate(
+        sd_with(sd_pipe, scheduler=DDIMScheduler(prediction_type="v_prediction", **SD_BETAS))
+    )
+    assert torch.isfinite(wrong).all()
+    assert not torch.allclose(matched, wrong)
+
+
+def test_scheduler_swap_can_change_the_timestep_grid():
+    """`EulerDiscreteScheduler.from_config` on SD 1.5's `PNDMScheduler` config, which never sets `timestep_spacing`, gives Euler's default `linspace` grid instead of `leading`, without a warning or an error."""
+    pndm = PNDMScheduler(**SD15_PNDM)
+    assert pndm.config.timestep_spacing == "leading"
+    euler = EulerDiscreteScheduler.from_config(pndm.config)
+    assert euler.config.timestep_spacing == "linspace"
+    euler.set_timesteps(10)
+    leading = EulerDiscreteScheduler(timestep_spacing="leading", steps_offset=1, **SD_BETAS)
+    leading.set_timesteps(10)
+    assert float(euler.timesteps[0]) == 999.0 and float(leading.timesteps[0]) == 901.0
+
+
+# ---------------------------------------------------------------- one question per section
+
+
+def test_add_noise_is_the_closed_form_forward_process():
+    """`scheduler.add_noise(x0, noise, timesteps)` returns `sqrt(alpha_bar_t) * x0 + sqrt(1 - alpha_bar_t) * noise` in one call, one timestep per row."""
+    scheduler = DDIMScheduler(**SD_BETAS)
+    g = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(3, 4, 8, 8, generator=g), torch.randn(3, 4, 8, 8, generator=g)
+    timesteps = torch.tensor([10, 500, 999])
+    ab = scheduler.alphas_cumprod[timesteps].view(3, 1, 1, 1)
+    expected = ab.sqrt() * x0 + (1 - ab).sqrt() * noise
+    torch.testing.assert_close(scheduler.add_noise(x0, noise, timesteps), expected)
+
+
+def test_prediction_type_belongs_to_the_scheduler():
+    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument."""
+    assert DDIMScheduler().config.prediction_type == "epsilon"
+    assert "prediction_type" not in inspect.signature(UNet2DConditionModel.__init__).parameters
+
+
+def test_euler_and_ddim_scale_the_state_differently():
+    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` starts at `sigmas.max()` and divides the UNet input by `sqrt(sigma ** 2 + 1)`."""
+    sample = start_latents()
+    ddim = DDIMScheduler(**SD_BETAS)
+    ddim.set_timesteps(10)
+    assert ddim.init_noise_sigma == 1.0
+    assert ddim.scale_model_input(sample, ddim.timesteps[0]) is sample
+    euler = EulerDiscreteScheduler(**SD_BETAS)
+    euler.set_timesteps(10)
+    sigma = euler.sigmas[0]
+    assert float(euler.init_noise_sigma) == pytest.approx(float(euler.sigmas.max()))
+    scaled = euler.scale_model_input(sample, euler.timesteps[0])
+    torch.testing.assert_close(scaled, sample / (sigma**2 + 1) ** 0.5)
+
+
+def test_decode_divides_by_the_vae_scaling_factor(sd_pipe, calls_of):
+    """The pipeline hands `vae.decode` the final latents divided by `vae.config.scaling_factor`, whose `AutoencoderKL` default is 0.18215."""
+    final = generate(sd_pipe, steps=2)
+    decodes = calls_of(sd_pipe.vae, "decode")
+    generate(sd_pipe, steps=2, output_type="np")
+    assert sd_pipe.vae.config.scaling_factor == 0.18215 and len(decodes) == 1
+    torch.testing.assert_close(decodes[0][0][0], final / 0.18215)
+
+
+def test_lora_is_not_a_line_of_the_loop():
+    """The only LoRA code in `StableDiffusionPipeline.__call__` reads `cross_attention_kwargs["scale"]` as `lora_scale` for `encode_prompt`: a loaded LoRA adds no step and no call to the loop."""
+    source = inspect.getsource(StableDiffusionPipeline.__call__)
+    code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
+    assert [line for line in code if "lora" in line.lower()] == [
+        "lora_scale = (",
+        "lora_scale=lora_scale,",
+    ]
+
+
+@pytest.fixture(scope="module")
+def controlnet_pipe():
+    """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it."""
+    unet = tiny_unet()
+    torch.manual_seed(0)
+    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
+    pipe = StableDiffusionControlNetPipeline(
+        vae=tiny_vae(),
+        text_encoder=None,
+        tokenizer=None,
+        unet=unet,
+        controlnet=controlnet.eval(),
+        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_controlnet_runs_once_per_step_on_the_guided_batch(controlnet_pipe, record_calls):
+    """A `StableDiffusionControlNetPipeline` calls its ControlNet once per step, on the same `2B` latent rows as the UNet, and that step's UNet call receives its residuals as `down_block_additional_residuals` and `mid_block_additional_residual`."""
+    control = record_calls(controlnet_pipe.controlnet).calls
+    unet = record_calls(controlnet_pipe.unet).calls
+    image = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0))
+    generate(controlnet_pipe, steps=3, image=image)
+    assert len(control) == len(unet) == 3
+    for (args, _), (unet_args, unet_kwargs) in zip(control, unet, strict=True):
+        assert args[0].shape[0] == unet_args[0].shape[0] == 2
+        assert "down_block_additional_residuals" in unet_kwargs
+        assert "mid_block_additional_residual" in unet_kwargs
+
+
+def test_save_pretrained_writes_library_and_class_per_component(sd_pipe, tmp_path):
+    """`save_pretrained` writes a `model_index.json` that maps each component name to a `[library, class]` pair, for example `unet` to `["diffusers", "UNet2DConditionModel"]` and `scheduler` to `["diffusers", "DDIMScheduler"]`."""
+    import json
+
+    sd_pipe.save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text(encoding="utf-8"))
+    assert index["_class_name"] == "StableDiffusionPipeline"
+    assert index["unet"] == ["diffusers", "UNet2DConditionModel"]
+    assert index["vae"] == ["diffusers", "AutoencoderKL"]
+    assert index["scheduler"] == ["diffusers", "DDIMScheduler"]

@@ -1,0 +1,384 @@
+"""Lab 09 (ControlNet / conditioning reading) against the real diffusers classes.
+
+No weights: ``ControlNetModel.from_unet`` on the tiny UNet (``tiny.tiny_unet``), a tiny
+``StableDiffusionControlNetPipeline`` around it, ``IPAdapterAttnProcessor2_0`` on a tiny
+``Attention``, a tiny ``T2IAdapter``, and SD 1.5's full-size UNet config on the meta
+device for the parameter count. The lab's NumPy functions come from the executed starter
+(``lab``), so each test checks the code the page shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+LAB09 = "code/lab-09-controlnet-conditioning-reading/controlnet_conditioning.py"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """The starter's globals after a default run (its functions and constants)."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["controlnet_conditioning.py"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return runpy.run_path(str(ROOT / LAB09), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+# ---------------------------------------------------------------- helpers (this page only)
+
+
+def inputs():
+    """Fixed latents (1, 4, 8, 8), timestep, prompt_embeds (1, 77, 32), control image."""
+    from tiny import EMBED_DIM, HEIGHT, WIDTH, start_latents
+
+    g = torch.Generator().manual_seed(5)
+    prompt_embeds = torch.randn(1, 77, EMBED_DIM, generator=g)
+    control_image = torch.rand(1, 3, HEIGHT, WIDTH, generator=g)
+    return start_latents(), torch.tensor(500), prompt_embeds, control_image
+
+
+def new_controlnet(unet, trained=False):
+    """``ControlNetModel.from_unet``; ``trained`` re-draws the zero-initialised layers."""
+    from diffusers import ControlNetModel
+
+    torch.manual_seed(1)
+    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
+    if trained:
+        with torch.no_grad():
+            for module in [
+                controlnet.controlnet_down_blocks,
+                controlnet.controlnet_mid_block,
+                controlnet.controlnet_cond_embedding.conv_out,
+            ]:
+                for p in module.parameters():
+                    p.normal_(0, 0.2)
+    return controlnet.eval()
+
+
+def residuals(controlnet, **kwargs):
+    x, t, prompt_embeds, control_image = inputs()
+    with torch.no_grad():
+        down, mid = controlnet(
+            x, t, encoder_hidden_states=prompt_embeds, controlnet_cond=control_image,
+            return_dict=False, **kwargs,
+        )  # fmt: skip
+    return list(down), mid
+
+
+def controlnet_pipeline(unet, controlnet):
+    from diffusers import DDIMScheduler, StableDiffusionControlNetPipeline
+    from tiny import SD_BETAS, tiny_vae
+
+    pipe = StableDiffusionControlNetPipeline(
+        vae=tiny_vae(), text_encoder=None, tokenizer=None, unet=unet, controlnet=controlnet,
+        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS), safety_checker=None,
+        feature_extractor=None, requires_safety_checker=False,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def call(pipe, steps, **kwargs):
+    """One CFG call (guidance_scale 7.5) on stand-in embeddings; returns latents."""
+    from tiny import HEIGHT, WIDTH, embeds, start_latents
+
+    return pipe(
+        prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), guidance_scale=7.5,
+        num_inference_steps=steps, height=HEIGHT, width=WIDTH, latents=start_latents(),
+        output_type="latent", image=inputs()[3], **kwargs,
+    ).images  # fmt: skip
+
+
+# ---------------------------------------------------------------- ControlNetModel
+
+
+def test_fresh_controlnet_residuals_are_all_zero():
+    """A fresh `ControlNetModel.from_unet` returns residuals that are exactly zero, because its `controlnet_down_blocks`, `controlnet_mid_block` and the `conv_out` of `controlnet_cond_embedding` are zero-initialised, so the UNet's `noise_pred` with them equals the UNet's `noise_pred` without them, bit for bit."""
+    from tiny import tiny_unet
+
+    unet = tiny_unet()
+    controlnet = new_controlnet(unet)
+    for module in [
+        *controlnet.controlnet_down_blocks,
+        controlnet.controlnet_mid_block,
+        controlnet.controlnet_cond_embedding.conv_out,
+    ]:
+        assert all(not p.any() for p in module.parameters())
+    down, mid = residuals(controlnet)
+    assert all(not r.any() for r in [*down, mid])
+    x, t, prompt_embeds, _ = inputs()
+    with torch.no_grad():
+        base = unet(x, t, encoder_hidden_states=prompt_embeds).sample
+        with_control = unet(
+            x, t, encoder_hidden_states=prompt_embeds,
+            down_block_additional_residuals=down, mid_block_additional_residual=mid,
+        ).sample  # fmt: skip
+    assert torch.equal(base, with_control)
+
+
+def test_one_residual_per_unet_skip_with_its_shape():
+    """The ControlNet returns one residual per UNet skip tensor (the `conv_in` output and every resnet and downsampler output of the down blocks), each with that skip's shape, plus one residual shaped like the mid-block output."""
+    from tiny import tiny_unet
+
+    unet = tiny_unet()
+    skips, mid_out = [], []
+    unet.conv_in.register_forward_hook(lambda m, a, o: skips.append(o.shape))
+    for block in unet.down_blocks:
+        block.register_forward_hook(lambda m, a, o: skips.extend(r.shape for r in o[1]))
+    unet.mid_block.register_forward_hook(lambda m, a, o: mid_out.append(o.shape))
+    x, t, prompt_embeds, _ = inputs()
+    with torch.no_grad():
+        unet(x, t, encoder_hidden_states=prompt_embeds)
+    down, mid = residuals(new_controlnet(unet, trained=True))
+    assert [r.shape for r in down] == skips and len(skips) == 4
+    assert mid.shape == mid_out[0]
+
+
+def test_from_unet_copies_the_encoder_and_embeds_the_control_image():
+    """`ControlNetModel.from_unet` copies the UNet's `conv_in`, `time_embedding`, `down_blocks` and `mid_block` weights and has no up blocks; inside the ControlNet, `controlnet_cond_embedding(controlnet_cond)` is added to the `conv_in` output before the first down block."""
+    from tiny import tiny_unet
+
+    unet = tiny_unet()
+    controlnet = new_controlnet(unet)
+    for name in ("conv_in", "time_embedding", "down_blocks", "mid_block"):
+        ours, theirs = getattr(controlnet, name).state_dict(), getattr(unet, name).state_dict()
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert not hasattr(controlnet, "up_blocks")
+    seen = []
+    controlnet.down_blocks[0].register_forward_pre_hook(
+        lambda m, a, k: seen.append(k.get("hidden_states", a[0] if a else None)), with_kwargs=True
+    )
+    x, _, _, control_image = inputs()
+    residuals(controlnet)
+    with torch.no_grad():
+        expected = controlnet.conv_in(x) + controlnet.controlnet_cond_embedding(control_image)
+    torch.testing.assert_close(seen[0], expected)
+
+
+def test_unet_adds_the_residuals_to_its_skips_and_mid_block():
+    """`UNet2DConditionModel` adds `down_block_additional_residuals[i]` to its i-th skip tensor and `mid_block_additional_residual` to the mid-block output before the up blocks read them."""
+    from tiny import tiny_unet
+
+    unet = tiny_unet()
+    down, mid = residuals(new_controlnet(unet, trained=True))
+    skips, mid_out, up_in = [], [], []
+    unet.conv_in.register_forward_hook(lambda m, a, o: skips.append(o))
+    for block in unet.down_blocks:
+        block.register_forward_hook(lambda m, a, o: skips.extend(o[1]))
+    unet.mid_block.register_forward_hook(lambda m, a, o: mid_out.append(o))
+    for block in unet.up_blocks:
+        block.register_forward_pre_hook(lambda m, a, k: up_in.append(k), with_kwargs=True)
+    x, t, prompt_embeds, _ = inputs()
+    with torch.no_grad():
+        unet(
+            x, t, encoder_hidden_states=prompt_embeds,
+            down_block_additional_residuals=down, mid_block_additional_residual=mid,
+        )  # fmt: skip
+    torch.testing.assert_close(up_in[0]["hidden_states"], mid_out[0] + mid)
+    read = [r for k in up_in for r in reversed(k["res_hidden_states_tuple"])]
+    expected = [s + r for s, r in zip(skips, down, strict=True)][::-1]
+    assert len(read) == len(expected)
+    for a, b in zip(read, expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_conditioning_scale_is_linear_in_the_residuals(lab):
+    """`ControlNetModel.forward` multiplies every residual by `conditioning_scale`, so half the scale gives exactly half the residuals, as the starter's `controlnet_forward` does."""
+    from tiny import tiny_unet
+
+    controlnet = new_controlnet(tiny_unet(), trained=True)
+    full, half = (
+        residuals(controlnet, conditioning_scale=1.0),
+        residuals(controlnet, conditioning_scale=0.5),
+    )
+    for a, b in zip([*full[0], full[1]], [*half[0], half[1]], strict=True):
+        assert a.abs().max() > 0
+        torch.testing.assert_close(b, 0.5 * a)
+    down, _ = lab["controlnet_forward"](lab["trained"], lab["latents"], lab["controlnet_cond"], 0.5)
+    ref, _ = lab["controlnet_forward"](lab["trained"], lab["latents"], lab["controlnet_cond"])
+    for d, r in zip(down, ref, strict=True):
+        np.testing.assert_allclose(d, 0.5 * r, rtol=1e-6)
+
+
+def test_guess_mode_scales_residuals_by_a_logspace_ramp(lab):
+    """With `guess_mode=True` (and `global_pool_conditions` false) `ControlNetModel.forward` scales the i-th residual by `torch.logspace(-1, 0, len(down_block_res_samples) + 1)[i] * conditioning_scale`: 0.1 for the first skip, rising to 1.0 for the mid block, the ramp the starter's `guess_mode_scales` reproduces."""
+    from tiny import tiny_unet
+
+    controlnet = new_controlnet(tiny_unet(), trained=True)
+    plain_down, plain_mid = residuals(controlnet, conditioning_scale=1.0)
+    down, mid = residuals(controlnet, conditioning_scale=0.8, guess_mode=True)
+    ramp = torch.logspace(-1, 0, len(plain_down) + 1) * 0.8
+    np.testing.assert_allclose(
+        ramp.numpy(), lab["guess_mode_scales"](len(plain_down), 0.8), rtol=1e-6
+    )
+    for r, p, s in zip(down, plain_down, ramp[:-1], strict=True):
+        torch.testing.assert_close(r, s * p)
+    torch.testing.assert_close(mid, ramp[-1] * plain_mid)
+    unit = torch.logspace(-1, 0, len(plain_down) + 1)
+    assert unit[0].item() == pytest.approx(0.1) and unit[-1].item() == 1.0
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
+    """`StableDiffusionControlNetPipeline` calls the ControlNet at every step with `conditioning_scale = controlnet_conditioning_scale * controlnet_keep[i]`, where `controlnet_keep[i] = 1.0 - float(i / len(timesteps) < control_guidance_start or (i + 1) / len(timesteps) > control_guidance_end)`, as the starter's `controlnet_keep_for` computes; steps outside the window still run the ControlNet, with scale 0."""
+    from tiny import tiny_unet
+
+    unet = tiny_unet()
+    controlnet = new_controlnet(unet, trained=True)
+    pipe = controlnet_pipeline(unet, controlnet)
+    for steps, start, end in [(10, 0.2, 0.8), (5, 0.0, 0.5), (4, 0.5, 1.0)]:
+        recorder = record_calls(controlnet)
+        call(pipe, steps, controlnet_conditioning_scale=0.7,
+             control_guidance_start=start, control_guidance_end=end)  # fmt: skip
+        scales = [kwargs["conditioning_scale"] for _, kwargs in recorder.calls]
+        keep = lab["controlnet_keep_for"](steps, start, end)
+        assert scales == [0.7 * k for k in keep] and len(scales) == steps
+        assert 0.0 in scales
+        recorder.remove()
+
+
+def test_guidance_window_checks():
+    """`check_inputs` rejects a `control_guidance_start` that is not smaller than `control_guidance_end`, a start below 0 and an end above 1, with a `ValueError`."""
+    from tiny import tiny_unet
+
+    unet = tiny_unet()
+    pipe = controlnet_pipeline(unet, new_controlnet(unet))
+    for start, end in [(0.5, 0.5), (0.6, 0.4), (-0.1, 1.0), (0.0, 1.5)]:
+        with pytest.raises(ValueError, match="control guidance"):
+            call(pipe, 2, control_guidance_start=start, control_guidance_end=end)
+
+
+def test_guess_mode_runs_the_controlnet_on_the_conditional_half(record_calls):
+    """With `guess_mode=True` and CFG the pipeline runs the ControlNet on the conditional half only (batch B, the positive `prompt_embeds`, the control image `(B, 3, H, W)` in pixels, not doubled) and gives the UNet zeros for the unconditional half of every residual; without `guess_mode` the ControlNet sees the whole `2B` batch."""
+    from tiny import HEIGHT, WIDTH, embeds, tiny_unet
+
+    unet = tiny_unet()
+    controlnet = new_controlnet(unet, trained=True)
+    pipe = controlnet_pipeline(unet, controlnet)
+    cn, un = record_calls(controlnet), record_calls(unet)
+    call(pipe, 2, guess_mode=True)
+    for (args, kwargs), (_, unet_kwargs) in zip(cn.calls, un.calls, strict=True):
+        assert args[0].shape[0] == 1 and kwargs["controlnet_cond"].shape == (1, 3, HEIGHT, WIDTH)
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], embeds(1))
+        for r in [*unet_kwargs["down_block_additional_residuals"],
+                  unet_kwargs["mid_block_additional_residual"]]:  # fmt: skip
+            assert r.shape[0] == 2 and not r[0].any() and r[1].abs().max() > 0
+    cn.remove()
+    cn = record_calls(controlnet)
+    call(pipe, 2)
+    assert all(args[0].shape[0] == 2 for args, _ in cn.calls)
+    assert all(kwargs["controlnet_cond"].shape[0] == 2 for _, kwargs in cn.calls)
+
+
+def test_sd15_controlnet_size_matches_the_starter(lab):
+    """`ControlNetModel.from_unet` on SD 1.5's UNet config, counted on the meta device, has 361,279,120 parameters (the starter's `CONTROLNET_SD15_PARAMS`), 42.0% of the UNet's 859,520,964, with 12 `controlnet_down_blocks`."""
+    from diffusers import ControlNetModel, UNet2DConditionModel
+    from model_configs import SD15_UNET
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SD15_UNET)
+        controlnet = ControlNetModel.from_unet(unet, load_weights_from_unet=False)
+    count = sum(p.numel() for p in controlnet.parameters())
+    unet_count = sum(p.numel() for p in unet.parameters())
+    assert count == lab["CONTROLNET_SD15_PARAMS"] == 361_279_120
+    assert unet_count == lab["unet_params"] == 859_520_964
+    assert f"{count / unet_count:.1%}" == "42.0%"
+    assert len(controlnet.controlnet_down_blocks) == 12
+
+
+# ---------------------------------------------------------------- IP-Adapter, T2I-Adapter
+
+
+def test_ip_adapter_processor_matches_the_numpy_decoupled_attention(lab):
+    """`IPAdapterAttnProcessor2_0` returns `to_out(softmax(Q K_text^T / sqrt(d)) V_text + scale * softmax(Q K_img^T / sqrt(d)) V_img)`, with the image keys and values from its own `to_k_ip` and `to_v_ip`, which is the starter's `ip_adapter_attention` to float rounding."""
+    from diffusers.models.attention_processor import Attention, IPAdapterAttnProcessor2_0
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=32, cross_attention_dim=24, heads=4, dim_head=8).eval()
+    processor = IPAdapterAttnProcessor2_0(hidden_size=32, cross_attention_dim=24, scale=0.6)
+    attn.set_processor(processor)
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 16, 32, generator=g)  # (B, h*w, C)
+    text = torch.randn(2, 77, 24, generator=g)  # prompt_embeds (B, 77, D)
+    image = torch.randn(2, 4, 24, generator=g)  # projected image tokens (B, 4, D)
+    with torch.no_grad():
+        for p in processor.parameters():
+            p.normal_(0, 0.3)  # trained-looking image projections
+        out = attn(hidden, encoder_hidden_states=(text, [image])).numpy()
+    w = {
+        "to_q": attn.to_q.weight.T, "to_k": attn.to_k.weight.T, "to_v": attn.to_v.weight.T,
+        "to_k_ip": processor.to_k_ip[0].weight.T, "to_v_ip": processor.to_v_ip[0].weight.T,
+        "to_out": attn.to_out[0].weight.T, "to_out_bias": attn.to_out[0].bias,
+    }  # fmt: skip
+    w = {k: v.detach().numpy() for k, v in w.items()}
+    expected = lab["ip_adapter_attention"](
+        hidden.numpy(), text.numpy(), image.numpy(), w, 0.6, heads=4
+    )
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    text_only = lab["ip_adapter_attention"](
+        hidden.numpy(), text.numpy(), image.numpy(), w, 0.0, heads=4
+    )
+    assert np.abs(out - text_only).mean() > 1e-3
+
+
+def test_ip_adapter_scale_zero_gives_the_text_attention(lab, record_calls):
+    """At scale 0 `IPAdapterAttnProcessor2_0` skips the image branch (`to_k_ip` and `to_v_ip` do not run) and returns the layer's plain text attention."""
+    from diffusers.models.attention_processor import Attention, IPAdapterAttnProcessor2_0
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=32, cross_attention_dim=24, heads=4, dim_head=8).eval()
+    processor = IPAdapterAttnProcessor2_0(hidden_size=32, cross_attention_dim=24, scale=0.0)
+    attn.set_processor(processor)
+    g = torch.Generator().manual_seed(2)
+    hidden, text = torch.randn(1, 16, 32, generator=g), torch.randn(1, 77, 24, generator=g)
+    image = torch.randn(1, 4, 24, generator=g)
+    k_ip, v_ip = record_calls(processor.to_k_ip[0]), record_calls(processor.to_v_ip[0])
+    with torch.no_grad():
+        out = attn(hidden, encoder_hidden_states=(text, [image])).numpy()
+    assert k_ip.calls == [] and v_ip.calls == []
+    w = {
+        "to_q": attn.to_q.weight.T, "to_k": attn.to_k.weight.T, "to_v": attn.to_v.weight.T,
+        "to_out": attn.to_out[0].weight.T, "to_out_bias": attn.to_out[0].bias,
+    }  # fmt: skip
+    w = {k: v.detach().numpy() for k, v in w.items()}
+    expected = lab["ip_adapter_attention"](hidden.numpy(), text.numpy(), None, w, 0.0, heads=4)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_t2i_adapter_features_are_computed_once_per_call(record_calls):
+    """`StableDiffusionAdapterPipeline` runs its `T2IAdapter` once per call, before the denoising loop, and passes the same features to every UNet call as `down_intrablock_additional_residuals`."""
+    from diffusers import DDIMScheduler, StableDiffusionAdapterPipeline, T2IAdapter
+    from tiny import SD_BETAS, tiny_unet, tiny_vae
+
+    torch.manual_seed(0)
+    adapter = T2IAdapter(in_channels=3, channels=[32, 64], num_res_blocks=1, downscale_factor=2)
+    pipe = StableDiffusionAdapterPipeline(
+        vae=tiny_vae(), text_encoder=None, tokenizer=None, unet=tiny_unet(),
+        adapter=adapter.eval(), scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    adapter_calls, unet_calls = record_calls(adapter), record_calls(pipe.unet)
+    order = []
+    adapter.register_forward_pre_hook(lambda m, a: order.append("adapter"))
+    pipe.unet.register_forward_pre_hook(lambda m, a: order.append("unet"))
+    call(pipe, 3)
+    assert order == ["adapter", "unet", "unet", "unet"]
+    assert len(adapter_calls.calls) == 1 and len(unet_calls.calls) == 3
+    first = unet_calls.calls[0][1]["down_intrablock_additional_residuals"]
+    for _, kwargs in unet_calls.calls[1:]:
+        for a, b in zip(first, kwargs["down_intrablock_additional_residuals"], strict=True):
+            torch.testing.assert_close(a, b)

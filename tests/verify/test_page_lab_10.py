@@ -1,0 +1,155 @@
+"""Lab 10 (memory optimization reading) against the real diffusers switches.
+
+Everything runs on the tiny random-config parts of ``tiny.py``: the real
+``StableDiffusionPipeline``, ``UNet2DConditionModel`` and ``AutoencoderKL`` classes,
+so the processors, the tile parameters and the blend code are diffusers' own.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+import numpy as np
+import pytest
+import torch
+from tiny import embeds, start_latents, tiny_sd_pipeline, tiny_vae
+
+LAB10 = "code/lab-10-memory-optimization-reading/memory_optimization.py"
+
+
+@pytest.fixture(scope="module")
+def starter():
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["memory_optimization.py"]
+    try:
+        return runpy.run_path(str(ROOT / LAB10), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def call(pipe):
+    return pipe(
+        prompt_embeds=embeds(0, 2),
+        negative_prompt_embeds=embeds(1, 2),
+        latents=start_latents(2),
+        num_inference_steps=3,
+        guidance_scale=7.5,
+        output_type="np",
+    ).images
+
+
+def test_default_processor_is_sdpa(sd_pipe):
+    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention`."""
+    import inspect
+
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    kinds = {type(p) for p in sd_pipe.unet.attn_processors.values()}
+    assert kinds == {AttnProcessor2_0}
+    assert "F.scaled_dot_product_attention" in inspect.getsource(AttnProcessor2_0.__call__)
+
+
+def test_attention_slicing_installs_sliced_processor_and_keeps_output():
+    """`pipe.enable_attention_slicing()` ("auto") installs `SlicedAttnProcessor` with `slice_size = heads // 2` on every UNet attention layer, and changes the tiny pipeline's images by at most 1e-5 (measured 1.3e-06, float32 rounding)."""
+    from diffusers.models.attention_processor import AttnProcessor2_0, SlicedAttnProcessor
+
+    pipe = tiny_sd_pipeline()
+    before = call(pipe)
+    pipe.enable_attention_slicing()
+    procs = list(pipe.unet.attn_processors.values())
+    assert all(isinstance(p, SlicedAttnProcessor) for p in procs)
+    heads = {m.heads for m in pipe.unet.modules() if hasattr(m, "set_attention_slice") and hasattr(m, "heads")}  # fmt: skip
+    assert heads == {4} and {p.slice_size for p in procs} == {2}
+    after = call(pipe)
+    assert np.abs(after - before).max() <= 1e-5
+    pipe.disable_attention_slicing()
+    assert all(isinstance(p, AttnProcessor2_0) for p in pipe.unet.attn_processors.values())
+
+
+def test_sliced_processor_loops_over_batch_times_heads():
+    """`SlicedAttnProcessor` slices the first axis of the `(B * heads, N, d)` query, key and value, `slice_size` rows per `get_attention_scores` call, so `slice_size=1` on B=2 with 4 heads makes 8 calls of shape `(1, N, N)`."""
+    from diffusers.models.attention_processor import Attention, SlicedAttnProcessor
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=16, heads=4, dim_head=4)
+    x = torch.randn(2, 10, 16)
+    with torch.no_grad():
+        whole = attn(x)
+        attn.set_processor(SlicedAttnProcessor(1))
+        shapes = []
+        original = attn.get_attention_scores
+        attn.get_attention_scores = lambda q, k, m=None: shapes.append(q.shape) or original(q, k, m)
+        sliced = attn(x)
+    assert shapes == [torch.Size([1, 10, 4])] * 8
+    torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=0)
+
+
+def test_tiny_vae_tile_parameters():
+    """The tiny `AutoencoderKL` (two blocks, `sample_size=16`) has `tile_sample_min_size = 16`, `tile_latent_min_size = 16 / 2 = 8` and `tile_overlap_factor = 0.25`, the values set in its `__init__`."""
+    vae = tiny_vae()
+    assert (vae.tile_sample_min_size, vae.tile_latent_min_size, vae.tile_overlap_factor) == (16, 8, 0.25)  # fmt: skip
+    assert vae.use_tiling is False and vae.use_slicing is False
+
+
+def test_vae_tiling_is_not_exact(record_calls):
+    """With `vae.enable_tiling()` the tiny VAE decodes `(1, 4, 24, 24)` latents through `tiled_decode` into the same `(1, 3, 48, 48)` shape, but not the same numbers: the max abs diff to the whole decode is above 0.1 and below 2 (measured 1.67 with random weights and 8-latent tiles)."""
+    vae = tiny_vae()
+    z = torch.randn(1, 4, 24, 24, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = vae.decode(z).sample
+        vae.enable_tiling()
+        decoder = record_calls(vae.decoder)
+        tiled = vae.decode(z).sample
+    assert tiled.shape == whole.shape == (1, 3, 48, 48)
+    # tiles start every int(8 * 0.75) = 6 latents: 4 x 4 tiles of at most 8 x 8
+    assert len(decoder.calls) == 16
+    assert max(c[0][0].shape[-1] for c in decoder.calls) == 8
+    assert 0.1 < (tiled - whole).abs().max().item() < 2.0
+
+
+def test_vae_slicing_decodes_one_image_at_a_time(record_calls):
+    """`vae.enable_slicing()` makes `decode` split a batch of 3 latents into 3 decoder calls of batch 1, and changes the output by at most 1e-5 (measured 2.9e-06)."""
+    vae = tiny_vae()
+    z = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = vae.decode(z).sample
+        vae.enable_slicing()
+        decoder = record_calls(vae.decoder)
+        sliced = vae.decode(z).sample
+    assert [c[0][0].shape[0] for c in decoder.calls] == [1, 1, 1]
+    assert (sliced - whole).abs().max().item() <= 1e-5
+
+
+def test_blend_formula_matches_the_starter(starter):
+    """`AutoencoderKL.blend_v` and `blend_h` give the same tensors as the starter's NumPy `blend_v` and `blend_h`: a linear fade over `blend_extent` rows or columns from the previous tile into the next."""
+    vae = tiny_vae()
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 1, 3, 12, 12))
+    for name in ("blend_v", "blend_h"):
+        ours = starter[name](a.copy(), b.copy(), 6)
+        theirs = getattr(vae, name)(torch.from_numpy(a.copy()), torch.from_numpy(b.copy()), 6)
+        np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-12)
+
+
+def test_vae_switches_live_on_the_vae():
+    """In this diffusers version the VAE switches are methods of the VAE, `pipe.vae.enable_slicing()` and `pipe.vae.enable_tiling()`; `StableDiffusionPipeline` has no `enable_vae_slicing` or `enable_vae_tiling`."""
+    from diffusers import AutoencoderKL, StableDiffusionPipeline
+
+    assert hasattr(AutoencoderKL, "enable_slicing") and hasattr(AutoencoderKL, "enable_tiling")
+    assert not hasattr(StableDiffusionPipeline, "enable_vae_slicing")
+    assert not hasattr(StableDiffusionPipeline, "enable_vae_tiling")
+
+
+def test_offload_methods_and_sequence():
+    """`StableDiffusionPipeline.model_cpu_offload_seq` is `"text_encoder->image_encoder->unet->vae"`, the order in which `enable_model_cpu_offload` chains one accelerate hook per whole component; both offload methods raise `RuntimeError` on a machine with no accelerator."""
+    from diffusers import StableDiffusionPipeline
+
+    assert StableDiffusionPipeline.model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
+    pipe = tiny_sd_pipeline()
+    if torch.cuda.is_available():
+        pytest.skip("an accelerator is present; the CPU-only error does not apply")
+    for method in (pipe.enable_model_cpu_offload, pipe.enable_sequential_cpu_offload):
+        with pytest.raises(RuntimeError, match="requires accelerator"):
+            method()

@@ -1,0 +1,480 @@
+"""Serving extension (docs/handbook/serving.md) against the installed diffusers.
+
+Everything runs on the real classes: the tiny ``StableDiffusionPipeline`` of ``tiny``
+(random-config UNet and VAE, ``prompt_embeds`` passed directly), its ``UNet2DConditionModel``
+called by hand for the step-level batching loop, and the real schedulers stepped on
+random tensors. Nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from diffusers import (
+    DDIMScheduler,
+    DDPMScheduler,
+    DEISMultistepScheduler,
+    DPMSolverMultistepScheduler,
+    EulerAncestralDiscreteScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    HeunDiscreteScheduler,
+    KDPM2DiscreteScheduler,
+    LCMScheduler,
+    PNDMScheduler,
+    StableDiffusionPipeline,
+    UniPCMultistepScheduler,
+)
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    SD_BETAS,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_text_encoder,
+)
+
+PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
+LATENT = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
+
+
+def sd_with(pipe, **components):
+    """A new StableDiffusionPipeline sharing ``pipe``'s models, with some parts replaced."""
+    parts = dict(pipe.components)
+    parts.update(components)
+    new = StableDiffusionPipeline(**parts, requires_safety_checker=False)
+    new.set_progress_bar_config(disable=True)
+    return new
+
+
+def run(pipe, steps=3, guidance_scale=7.5, prompt=PROMPT, negative=NEGATIVE, **kwargs):
+    """One call of the tiny pipeline; returns ``.images`` (the final latents by default)."""
+    kwargs.setdefault("latents", start_latents())
+    kwargs.setdefault("output_type", "latent")
+    return pipe(
+        prompt_embeds=prompt,
+        negative_prompt_embeds=negative if guidance_scale > 1 else None,
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        height=HEIGHT,
+        width=WIDTH,
+        **kwargs,
+    ).images
+
+
+@pytest.fixture
+def calls_of(monkeypatch):
+    """``spy(obj, name) -> list``: (args, kwargs) of every call of the method ``obj.name``."""
+
+    def spy(obj, name):
+        seen = []
+        original = getattr(obj, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            seen.append((args, kwargs))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(obj, name, wrapper)
+        return seen
+
+    return spy
+
+
+def rand(seed, shape=LATENT):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- one call, one schedule
+
+
+def test_stages_split_at_prompt_embeds_and_latents(sd_pipe, record_calls, calls_of):
+    """The pipeline splits into three stages at its own arguments: given `prompt_embeds` and `negative_prompt_embeds` it never calls the text encoder, with `output_type="latent"` it never calls `vae.decode` and returns the final `latents` `(B, 4, h, w)`, and decoding those separately with `vae.decode(latents / scaling_factor)` and `image_processor.postprocess` gives the image of a full call."""
+    pipe = sd_with(sd_pipe, text_encoder=tiny_text_encoder())
+    encoder = record_calls(pipe.text_encoder).calls
+    decodes = calls_of(pipe.vae, "decode")
+    latents = run(pipe, steps=3)
+    assert encoder == [] and decodes == [] and latents.shape == LATENT
+    full = run(pipe, steps=3, output_type="np")
+    assert encoder == [] and len(decodes) == 1
+    with torch.no_grad():
+        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+    separate = pipe.image_processor.postprocess(image, output_type="np")
+    torch.testing.assert_close(torch.from_numpy(separate), torch.from_numpy(full))
+
+
+def test_per_call_state_lives_on_the_pipeline_object(sd_pipe):
+    """A pipeline keeps per-call state on itself (`_guidance_scale`, `_interrupt`, `_num_timesteps`, and the scheduler's timesteps), and `StableDiffusionPipeline(**pipe.components)` shares the same `scheduler` object as well as the models, so concurrent calls need separate pipeline objects with separate scheduler instances."""
+    run(sd_pipe, steps=3, guidance_scale=4.0)
+    assert (sd_pipe.guidance_scale, sd_pipe.num_timesteps, sd_pipe.interrupt) == (4.0, 3, False)
+    assert len(sd_pipe.scheduler.timesteps) == 3
+    twin = StableDiffusionPipeline(**sd_pipe.components, requires_safety_checker=False)
+    twin.set_progress_bar_config(disable=True)
+    assert twin.unet is sd_pipe.unet and twin.scheduler is sd_pipe.scheduler
+    run(twin, steps=5)
+    assert len(sd_pipe.scheduler.timesteps) == 5  # the twin's call reset the shared scheduler
+    own = sd_with(sd_pipe, scheduler=DDIMScheduler.from_config(sd_pipe.scheduler.config))
+    assert own.unet is sd_pipe.unet and own.scheduler is not sd_pipe.scheduler
+
+
+def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_calls, calls_of):
+    """A pipeline call runs `set_timesteps` once and passes every UNet call one 0-d `t` for all `2B` rows, so all requests in a batch share `num_inference_steps`, the timesteps and `guidance_scale`."""
+    sets = calls_of(sd_pipe.scheduler, "set_timesteps")
+    calls = record_calls(sd_pipe.unet).calls
+    three = embeds(3, batch=3)
+    run(sd_pipe, steps=4, prompt=three, negative=embeds(4, batch=3), latents=start_latents(3))
+    assert len(sets) == 1 and len(calls) == 4
+    for (sample, t), kwargs in calls:
+        assert sample.shape[0] == 6 and kwargs["encoder_hidden_states"].shape == (6, 77, EMBED_DIM)
+        assert torch.is_tensor(t) and t.ndim == 0
+
+
+def test_batched_rows_equal_separate_calls(sd_pipe):
+    """Two requests batched in one call, with one `torch.Generator` per request passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators: same-bucket batching does not change the results (checked with DDIM and with DDPM, which draws fresh noise in every step)."""
+    for scheduler in [DDIMScheduler(**SD_BETAS), DDPMScheduler(**SD_BETAS)]:
+        pipe = sd_with(sd_pipe, scheduler=scheduler)
+        prompts, negatives = embeds(5, batch=2), embeds(6, batch=2)
+
+        def gen(seed):
+            return torch.Generator().manual_seed(seed)
+
+        together = run(
+            pipe, prompt=prompts, negative=negatives, latents=None, generator=[gen(10), gen(11)]
+        )
+        for row, seed in enumerate([10, 11]):
+            alone = run(
+                pipe,
+                prompt=prompts[row : row + 1],
+                negative=negatives[row : row + 1],
+                latents=None,
+                generator=gen(seed),
+            )
+            torch.testing.assert_close(together[row : row + 1], alone, rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------- cancellation
+
+
+def test_interrupt_still_decodes_the_last_latents(sd_pipe, record_calls, calls_of):
+    """A cancelled request is not free: after `pipe._interrupt = True` the loop stops calling the UNet, but unless `output_type="latent"` the pipeline still runs `vae.decode` once, on the `latents` of the last step that ran, then `run_safety_checker` and `postprocess`, and returns a full-size image."""
+    calls = record_calls(sd_pipe.unet).calls
+    decodes = calls_of(sd_pipe.vae, "decode")
+    checks = calls_of(sd_pipe, "run_safety_checker")
+    kept = {}
+
+    def cancel_after_two(pipe, i, t, callback_kwargs):
+        kept[i] = callback_kwargs["latents"].clone()
+        if i == 1:
+            pipe._interrupt = True
+        return {}
+
+    image = run(sd_pipe, steps=6, output_type="np", callback_on_step_end=cancel_after_two)
+    assert len(calls) == 2 and len(decodes) == 1 and len(checks) == 1
+    scaling = sd_pipe.vae.config.scaling_factor
+    torch.testing.assert_close(decodes[0][0][0], kept[1] / scaling)
+    assert image.shape == (1, HEIGHT, WIDTH, 3)
+
+
+def test_interrupt_is_read_only_between_steps(sd_pipe, calls_of):
+    """`pipe.interrupt` is read only at the top of each iteration: a flag set while a UNet call runs lets that step finish, with its `scheduler.step` and its callback, and stops the loop before the next UNet call."""
+    steps = calls_of(sd_pipe.scheduler, "step")
+    seen = []
+
+    def flag_during_second_call(module, args, kwargs):
+        if len(seen) == 1:  # the UNet call of iteration 1 is starting
+            sd_pipe._interrupt = True
+
+    def callback(pipe, i, t, callback_kwargs):
+        seen.append(i)
+        return {}
+
+    handle = sd_pipe.unet.register_forward_pre_hook(flag_during_second_call, with_kwargs=True)
+    try:
+        run(sd_pipe, steps=5, callback_on_step_end=callback)
+    finally:
+        handle.remove()
+    assert seen == [0, 1] and len(steps) == 2
+
+
+# ---------------------------------------------------------------- per-sample timesteps
+
+
+def test_unet_accepts_a_per_sample_timestep_tensor(sd_pipe):
+    """`UNet2DConditionModel` accepts a timestep tensor of shape `(B,)`, one entry per row: a call on rows at different timesteps, each with its own `encoder_hidden_states`, equals calling the UNet on each row alone, up to float32 rounding."""
+    unet = sd_pipe.unet
+    sample = torch.cat([rand(s) for s in range(3)])  # (3, 4, 8, 8)
+    timesteps = torch.tensor([981, 500, 21])
+    hidden = embeds(9, batch=3)
+    with torch.no_grad():
+        together = unet(sample, timesteps, encoder_hidden_states=hidden).sample
+        for row in range(3):
+            alone = unet(
+                sample[row : row + 1], timesteps[row], encoder_hidden_states=hidden[row : row + 1]
+            ).sample
+            torch.testing.assert_close(together[row : row + 1], alone, rtol=1e-3, atol=1e-4)
+
+
+def test_step_level_batching_across_requests(sd_pipe):
+    """A step-level loop that keeps one `EulerDiscreteScheduler` per request and makes one UNet call per tick on the concatenated `(2B, 4, h, w)` rows of requests with different `num_inference_steps`, start times and `guidance_scale`, with a `(2B,)` timestep tensor, gives each request the same `latents`, up to float32 rounding, as its own pipeline call."""
+    pipe = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    requests = [  # (num_inference_steps, guidance_scale, start tick, prompt seed)
+        dict(steps=3, scale=7.5, start=0, prompt=embeds(20), negative=embeds(21)),
+        dict(steps=5, scale=4.0, start=1, prompt=embeds(22), negative=embeds(23)),
+    ]
+    for k, r in enumerate(requests):
+        r["scheduler"] = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        r["scheduler"].set_timesteps(r["steps"])
+        r["latents"] = rand(30 + k) * r["scheduler"].init_noise_sigma
+        r["i"] = 0
+    tick = 0
+    while any(r["i"] < r["steps"] for r in requests):
+        active = [r for r in requests if r["start"] <= tick and r["i"] < r["steps"]]
+        inputs, ts, hidden = [], [], []
+        for r in active:
+            t = r["scheduler"].timesteps[r["i"]]
+            x = r["scheduler"].scale_model_input(torch.cat([r["latents"]] * 2), t)
+            inputs.append(x)
+            ts.append(t.expand(2))
+            hidden.append(torch.cat([r["negative"], r["prompt"]]))
+        with torch.no_grad():
+            noise_pred = pipe.unet(
+                torch.cat(inputs), torch.cat(ts), encoder_hidden_states=torch.cat(hidden)
+            ).sample
+        for r, out in zip(active, noise_pred.split(2), strict=True):
+            uncond, text = out.chunk(2)
+            guided = uncond + r["scale"] * (text - uncond)
+            t = r["scheduler"].timesteps[r["i"]]
+            r["latents"] = r["scheduler"].step(guided, t, r["latents"]).prev_sample
+            r["i"] += 1
+        tick += 1
+    assert tick == 6  # the 5-step request started one tick late
+    for k, r in enumerate(requests):
+        alone = run(
+            pipe,
+            steps=r["steps"],
+            guidance_scale=r["scale"],
+            prompt=r["prompt"],
+            negative=r["negative"],
+            latents=rand(30 + k),
+        )
+        torch.testing.assert_close(r["latents"], alone, rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------- scheduler state
+
+
+def test_scheduler_state_per_request():
+    """Schedulers keep per-request state between `step` calls: `EulerDiscreteScheduler` a `step_index` (`None` after `set_timesteps`, then one more per `step`), `DPMSolverMultistepScheduler` its last `solver_order` converted outputs in `model_outputs`, and `PNDMScheduler` a list `ets` of past model outputs; `DDIMScheduler` keeps none, its `step` reads only `t` and the `set_timesteps` result."""
+    x, eps = rand(0), rand(1)
+    euler = EulerDiscreteScheduler(**SD_BETAS)
+    euler.set_timesteps(5)
+    assert euler.step_index is None
+    for k, t in enumerate(euler.timesteps[:3]):
+        euler.step(eps, t, x)
+        assert euler.step_index == k + 1
+    dpm = DPMSolverMultistepScheduler(**SD_BETAS)
+    dpm.set_timesteps(5)
+    assert dpm.config.solver_order == 2 and dpm.model_outputs == [None, None]
+    for t in dpm.timesteps[:2]:
+        dpm.step(eps, t, x)
+    assert all(torch.is_tensor(m) for m in dpm.model_outputs)
+    assert dpm.lower_order_nums == 2 and dpm.step_index == 2
+    pndm = PNDMScheduler(skip_prk_steps=True, **SD_BETAS)
+    pndm.set_timesteps(5)
+    for t in pndm.timesteps[:3]:
+        pndm.step(eps, t, x)
+    assert len(pndm.ets) == 2  # the repeated first timestep stores no new entry
+    ddim = DDIMScheduler(**SD_BETAS)
+    ddim.set_timesteps(5)
+    before = {k: v for k, v in vars(ddim).items() if not torch.is_tensor(v)}
+    first = ddim.step(eps, ddim.timesteps[2], x).prev_sample
+    ddim.step(eps, ddim.timesteps[0], x)
+    assert {k: v for k, v in vars(ddim).items() if not torch.is_tensor(v)} == before
+    torch.testing.assert_close(ddim.step(eps, ddim.timesteps[2], x).prev_sample, first)
+
+
+def test_sharing_one_euler_instance_between_requests_corrupts_them():
+    """Two requests interleaved on one `EulerDiscreteScheduler` instance get wrong results: the second request's first `step` uses the `sigma` of the shared `step_index`, not of its own timestep, and the shared index runs off the end of the sigma table (`IndexError`); with one instance per request (`from_config`) both match their solo runs."""
+
+    def model(sample, t):  # a fixed stand-in denoiser: any function of (sample, t) shows it
+        return 0.1 * sample + 1e-3 * t
+
+    def solo(seed):
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(4)
+        x = rand(seed) * scheduler.init_noise_sigma
+        for t in scheduler.timesteps:
+            x = scheduler.step(model(scheduler.scale_model_input(x, t), t), t, x).prev_sample
+        return x
+
+    def interleaved(schedulers):
+        xs = [rand(seed) * schedulers[0].init_noise_sigma for seed in (0, 1)]
+        for t in schedulers[0].timesteps:
+            for k, s in enumerate(schedulers):
+                xs[k] = s.step(model(s.scale_model_input(xs[k], t), t), t, xs[k]).prev_sample
+        return xs
+
+    shared = EulerDiscreteScheduler(**SD_BETAS)
+    shared.set_timesteps(4)
+    with pytest.raises(IndexError):  # 8 steps on a 4-step sigma table run off its end
+        interleaved([shared, shared])
+    shared.set_timesteps(4)
+    shared.step(rand(2), shared.timesteps[0], rand(0))  # request A's first step
+    assert shared.step_index == 1  # request B's first step would now use sigmas[1]
+    own = [EulerDiscreteScheduler.from_config(shared.config) for _ in range(2)]
+    for s in own:
+        s.set_timesteps(4)
+    for x, seed in zip(interleaved(own), (0, 1), strict=True):
+        torch.testing.assert_close(x, solo(seed))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DPMSolverMultistepScheduler(**SD_BETAS),
+        lambda: PNDMScheduler(skip_prk_steps=True, **SD_BETAS),
+    ],
+    ids=["DPMSolverMultistep", "PNDM"],
+)
+def test_sharing_a_multistep_instance_mixes_the_requests(make):
+    """Two requests with the same step count interleaved on one `DPMSolverMultistepScheduler` or `PNDMScheduler` instance get results different from their solo runs, because each `step` reads state the other request advanced (`step_index` and `model_outputs`, or `counter` and `ets`); one instance per request reproduces the solo runs."""
+
+    def model(sample, t):
+        return 0.1 * sample + 1e-3 * t
+
+    def go(schedulers, n_steps):
+        xs = [rand(seed) for seed in (0, 1)]
+        for t in schedulers[0].timesteps[:n_steps]:
+            for k, s in enumerate(schedulers):
+                xs[k] = s.step(model(xs[k], t), t, xs[k]).prev_sample
+        return xs
+
+    def fresh():
+        s = make()
+        s.set_timesteps(6)
+        return s
+
+    solo = go([fresh(), fresh()], 3)  # one instance per request
+    shared = fresh()
+    for x, alone in zip(go([shared, shared], 3), solo, strict=True):
+        assert not torch.allclose(x, alone, atol=1e-3)
+    own = go([fresh(), fresh()], 3)
+    for x, alone in zip(own, solo, strict=True):
+        torch.testing.assert_close(x, alone, rtol=0, atol=0)
+    first_alone = fresh()
+    torch.testing.assert_close(go([first_alone], 3)[0], solo[0], rtol=0, atol=0)
+
+
+def test_ddim_instance_is_reusable_across_requests_with_the_same_step_count():
+    """One `DDIMScheduler` instance, set once with `set_timesteps(n)`, can step several interleaved requests that all use `n` steps and gives each the result of its solo run, because its `step` keeps no per-step state."""
+
+    def model(sample, t):
+        return 0.1 * sample + 1e-3 * t
+
+    def go(schedulers):
+        xs = [rand(seed) for seed in (0, 1)]
+        for t in schedulers[0].timesteps:
+            for k, s in enumerate(schedulers):
+                xs[k] = s.step(model(xs[k], t), t, xs[k]).prev_sample
+        return xs
+
+    shared = DDIMScheduler(**SD_BETAS)
+    shared.set_timesteps(4)
+    own = [DDIMScheduler(**SD_BETAS) for _ in range(2)]
+    for s in own:
+        s.set_timesteps(4)
+    for a, b in zip(go([shared, shared]), go(own), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- streaming previews
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # KDPM2's NumPy sigma lookup
+@pytest.mark.parametrize(
+    "cls, field",
+    [
+        (DDIMScheduler, "pred_original_sample"),
+        (DDPMScheduler, "pred_original_sample"),
+        (EulerDiscreteScheduler, "pred_original_sample"),
+        (EulerAncestralDiscreteScheduler, "pred_original_sample"),
+        (HeunDiscreteScheduler, "pred_original_sample"),
+        (KDPM2DiscreteScheduler, "pred_original_sample"),
+        (LCMScheduler, "denoised"),
+        (PNDMScheduler, None),
+        (DPMSolverMultistepScheduler, None),
+        (UniPCMultistepScheduler, None),
+        (DEISMultistepScheduler, None),
+        (FlowMatchEulerDiscreteScheduler, None),
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
+)
+def test_which_step_outputs_carry_an_x0_prediction(cls, field):
+    """`step` returns an x0 prediction next to `prev_sample` (`pred_original_sample`, also as element 1 of the `return_dict=False` tuple) for `DDIMScheduler`, `DDPMScheduler`, `EulerDiscreteScheduler`, `EulerAncestralDiscreteScheduler`, `HeunDiscreteScheduler` and `KDPM2DiscreteScheduler`; `LCMScheduler` returns it as `denoised`; `PNDMScheduler`, `DPMSolverMultistepScheduler`, `UniPCMultistepScheduler`, `DEISMultistepScheduler` and `FlowMatchEulerDiscreteScheduler` return `prev_sample` alone."""
+    kwargs = {} if cls is FlowMatchEulerDiscreteScheduler else dict(SD_BETAS)
+    if cls is PNDMScheduler:
+        kwargs["skip_prk_steps"] = True
+    x, eps = rand(0), rand(1)
+    outputs = {}
+    for return_dict in [True, False]:
+        scheduler = cls(**kwargs)
+        scheduler.set_timesteps(4)
+        outputs[return_dict] = scheduler.step(
+            eps, scheduler.timesteps[0], x, return_dict=return_dict
+        )
+    out, tup = outputs[True], outputs[False]
+    if field is None:
+        assert list(out.keys()) == ["prev_sample"] and len(tup) == 1
+    else:
+        assert list(out.keys()) == ["prev_sample", field] and len(tup) == 2
+        assert torch.is_tensor(out[field]) and out[field].shape == x.shape
+        torch.testing.assert_close(tup[1], out[field])
+
+
+def test_callback_preview_from_a_wrapped_step(sd_pipe, record_calls, monkeypatch):
+    """The callback gets only the tensors in `callback_on_step_end_tensor_inputs`, not the `step` output, so a preview of x0 needs the `pred_original_sample` kept by a wrapper around `pipe.scheduler.step` (the pipeline keeps element 0 of its tuple); for DDIM with `epsilon` it equals `(x_t - sqrt(1 - alpha_bar_t) * noise_pred) / sqrt(alpha_bar_t)`, and `vae.decode` of it divided by `scaling_factor` gives a `(B, 3, H, W)` preview."""
+    scheduler = sd_pipe.scheduler
+    assert isinstance(scheduler, DDIMScheduler) and scheduler.config.prediction_type == "epsilon"
+    kept = []
+    original = scheduler.step
+
+    def step(model_output, timestep, sample, *args, **kwargs):
+        assert kwargs["return_dict"] is False  # the pipeline keeps out[0] only
+        out = original(model_output, timestep, sample, *args, **kwargs)
+        kept.append((model_output.clone(), timestep, sample.clone(), out[1].clone()))
+        return out
+
+    monkeypatch.setattr(scheduler, "step", step)
+    previews, seen = [], []
+
+    def preview(pipe, i, t, callback_kwargs):
+        seen.append(set(callback_kwargs))
+        x0 = kept[-1][3]
+        with torch.no_grad():
+            image = pipe.vae.decode(x0 / pipe.vae.config.scaling_factor).sample
+        previews.append(image)
+        return {}
+
+    run(sd_pipe, steps=3, callback_on_step_end=preview)
+    assert seen == [{"latents"}] * 3 and len(previews) == 3
+    for (noise_pred, t, sample, x0), image in zip(kept, previews, strict=True):
+        alpha_bar = scheduler.alphas_cumprod[t]
+        expected = (sample - (1 - alpha_bar).sqrt() * noise_pred) / alpha_bar.sqrt()
+        torch.testing.assert_close(x0, expected, rtol=1e-3, atol=1e-4)
+        assert image.shape == (1, 3, HEIGHT, WIDTH)
+
+
+def test_dpmsolver_model_outputs_hold_the_x0_prediction():
+    """With its default `algorithm_type="dpmsolver++"`, `DPMSolverMultistepScheduler` stores the x0 prediction of the latest `step` in `scheduler.model_outputs[-1]`, so a callback can read a preview from `pipe.scheduler` without wrapping `step`."""
+    scheduler = DPMSolverMultistepScheduler(**SD_BETAS)
+    assert scheduler.config.algorithm_type == "dpmsolver++"
+    scheduler.set_timesteps(4)
+    x, eps = rand(0), rand(1)
+    t = scheduler.timesteps[0]
+    scheduler.step(eps, t, x)
+    alpha_bar = scheduler.alphas_cumprod[t]
+    expected = (x - (1 - alpha_bar).sqrt() * eps) / alpha_bar.sqrt()
+    torch.testing.assert_close(scheduler.model_outputs[-1], expected, rtol=1e-3, atol=1e-4)
