@@ -365,6 +365,25 @@ def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
             assert "application/vnd.jupyter.stderr" not in text, f"{name} shows a kernel's stderr"
 
 
+def test_adjacent_stream_outputs_merge_and_keep_their_place():
+    """A cell's stdout can arrive in one message or several, as the kernel flushes; the
+    page must not depend on it. Text printed after a figure stays after it."""
+    from infralens_docs.hooks import merge_adjacent_streams
+
+    def out(kind, text="", name="stdout"):
+        if kind == "stream":
+            return {"output_type": "stream", "name": name, "text": text}
+        return {"output_type": "display_data", "data": {"text/plain": text}}
+
+    outputs = [out("stream", "a\n"), out("stream", "b\n"), out("stream", "!", "stderr"),
+               out("display"), out("stream", "c\n"), out("stream", "d\n")]  # fmt: skip
+    assert merge_adjacent_streams(outputs) == [
+        out("stream", "a\nb\n"), out("stream", "!", "stderr"), out("display"),
+        out("stream", "c\nd\n"),
+    ]  # fmt: skip
+    assert merge_adjacent_streams([]) == []
+
+
 def test_every_in_page_anchor_has_its_target(built_site):
     """Every ``href="#..."`` on every built page names an id on that page: the TOC, the skip
     link and the permalinks of the notebook pages included (mkdocs' own anchor validation

@@ -110,10 +110,11 @@ def _configure_notebooks() -> None:
       there keeps the build off the network and silences ipykernel's "running over TCP
       without encryption" warning. mkdocs-jupyter builds that config in
       ``get_nbconvert_app``; wrap it.
-    - Coalesced output streams and stable cell ids, so that two clean builds of the same
-      sources give byte-identical pages.
+    - Adjacent stream outputs merged and stable cell ids, so that two clean builds of the
+      same sources give byte-identical pages.
     """
     from mkdocs_jupyter import nbconvert2
+    from nbconvert.preprocessors import ExecutePreprocessor
 
     if getattr(nbconvert2.get_nbconvert_app, "infralens_ipc", False):
         return
@@ -124,18 +125,42 @@ def _configure_notebooks() -> None:
     def get_nbconvert_app(*args, **kwargs):
         app = original(*args, **kwargs)
         app.config.update({"KernelManager": {"transport": "ipc", "ip": str(sockets / "k")}})
-        # One output block per stream per cell: how the kernel happened to flush stdout
-        # must not change the page (two builds of the same starter are byte-identical).
-        # (merged into the section mkdocs-jupyter wrote: Config.update with a bare dict
-        # replaces the whole section, its execution switch included)
-        execute = dict(app.config["ExecutePreprocessor"], coalesce_streams=True)
-        app.config.update({"ExecutePreprocessor": execute})
         return app
 
+    # How the kernel happened to flush stdout (one message or two, depending on load) must
+    # not change the page. nbclient's ``coalesce_streams`` is not a configurable trait, and
+    # it would also move text printed after a figure to before it; merge only neighbours.
+    execute_cell = ExecutePreprocessor.preprocess_cell
+
+    def preprocess_cell(self, cell, resources, index):
+        cell, resources = execute_cell(self, cell, resources, index)
+        if "outputs" in cell:
+            cell["outputs"] = merge_adjacent_streams(cell["outputs"])
+        return cell, resources
+
+    ExecutePreprocessor.preprocess_cell = preprocess_cell
     get_nbconvert_app.infralens_ipc = True  # type: ignore[attr-defined]
     nbconvert2.get_nbconvert_app = get_nbconvert_app
     # mkdocs-jupyter reads the .py starters with jupytext; read them with stable cell ids.
     nbconvert2.jupytext = types.SimpleNamespace(read=read_starter, writes=jupytext.writes)
+
+
+def merge_adjacent_streams(outputs: list) -> list:
+    """Join each run of consecutive ``stream`` outputs of one name (stdout, stderr) into
+    one output; every other output, and the order of all of them, stays as it was."""
+    merged: list = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (
+            previous is not None
+            and output.get("output_type") == "stream"
+            and previous.get("output_type") == "stream"
+            and previous.get("name") == output.get("name")
+        ):
+            previous["text"] += output["text"]
+        else:
+            merged.append(output)
+    return merged
 
 
 def read_starter(path):
