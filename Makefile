@@ -61,7 +61,7 @@ verify-refresh: verify ## After upgrading diffusers: rerun verify and record the
 bench: $(STAMP) ## Cold/warm build time, starter wall times, lab page weight
 	$(BIN)/python bench/run.py
 
-lighthouse: $(STAMP) ## Lighthouse scores of a lab page (needs npm and Debian's chromium)
+lighthouse: $(STAMP) ## Lighthouse on every page: scores, KB at load, TBT, LCP (needs npm, nginx, chromium)
 	$(BIN)/python bench/lighthouse.py
 
 clean: ## Remove site/, caches and .venv

@@ -1,6 +1,7 @@
 """MkDocs entry point for the project's hooks; the code lives in tools/infralens_docs/hooks.py."""
 
 from infralens_docs.hooks import (
+    on_build_error,
     on_config,
     on_files,
     on_page_content,
@@ -10,6 +11,7 @@ from infralens_docs.hooks import (
 )
 
 __all__ = [
+    "on_build_error",
     "on_config",
     "on_files",
     "on_page_content",

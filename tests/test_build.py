@@ -301,6 +301,30 @@ def test_home_and_loop_pages_show_the_pipeline_diagram(built_site, page):
     assert "<script" not in found[0] and "<img" not in found[0]
 
 
+def test_no_page_inlines_base64_images(built_site):
+    """Figures are files (PNG) or inline SVG markup, never base64 data URIs: a notebook
+    page's charts are inline so site.css colours them, its images sized, lazy files."""
+    for page in built_site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        assert "data:image" not in text, page.relative_to(built_site)
+        if "/code/" not in page.as_posix():
+            continue
+        for attrs in re.findall(r"<img ([^>]*)>", text):
+            assert 'width="' in attrs and 'height="' in attrs and 'loading="lazy"' in attrs
+            src = re.search(r'src="([^"]+)"', attrs).group(1)
+            assert (page.parent / src).resolve().stat().st_size <= 60_000, src
+
+
+def test_notebook_figures_carry_their_saved_alt_text(built_site):
+    """A chart a notebook cell displays is the one its starter saves with ``--figures``:
+    the page gives it that figure's alt text, not a generic one."""
+    text = (built_site / "code/lab-11-scheduler-loop-reading/scheduler_loop/index.html").read_text(
+        encoding="utf-8"
+    )
+    labels = re.findall(r'class="lab-figure__chart" role="img" aria-label="([^"]+)"', text)
+    assert labels and not any(label.startswith("Figure drawn by") for label in labels)
+
+
 @pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
 def test_starter_pages_link_back_and_offer_downloads(built_site, lab):
     """A starter page is titled "Lab NN · file", links to its lab guide and offers the

@@ -24,13 +24,17 @@ cannot render fails the build.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
+import html as html_lib
+import json
 import os
 import posixpath
 import re
 import shlex
 import shutil
+import struct
 import sys
 import types
 from pathlib import Path
@@ -45,7 +49,16 @@ from mkdocs.structure.pages import Page
 from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
-from infralens_docs.runner import BLAS_ENV, CACHE_DIR, CACHE_ROOT, labkit_digest
+from infralens_docs.runner import (
+    BLAS_ENV,
+    CACHE_DIR,
+    CACHE_ROOT,
+    close_zygotes,
+    finish_prefetch,
+    labkit_digest,
+    prefetch,
+    starter_figures,
+)
 
 DIRECTIVE_RE = re.compile(r"^<!-- infralens:(?P<name>[a-z-]+)(?P<args>[^\n]*?)-->$", re.MULTILINE)
 
@@ -112,6 +125,11 @@ def _configure_notebooks() -> None:
       ``get_nbconvert_app``; wrap it.
     - Adjacent stream outputs merged and stable cell ids, so that two clean builds of the
       same sources give byte-identical pages.
+    - One kernel for all the starter pages of a build, reset before each (``%reset -f``,
+      the notebook's folder as cwd, the execution count back to 1): starting a kernel
+      took most of a notebook page's build time. :func:`shutdown_notebook_kernel` stops
+      it when the build ends, so the next build (``mkdocs serve``) imports edited labkit
+      sources afresh. The tests compare every notebook page with a fresh run of its script.
     """
     from mkdocs_jupyter import nbconvert2
     from nbconvert.preprocessors import ExecutePreprocessor
@@ -139,10 +157,66 @@ def _configure_notebooks() -> None:
         return cell, resources
 
     ExecutePreprocessor.preprocess_cell = preprocess_cell
+    run_notebook = ExecutePreprocessor.preprocess
+
+    def preprocess(self, nb, resources=None, km=None):
+        if km is not None:  # a caller with its own kernel: leave it alone
+            return run_notebook(self, nb, resources, km)
+        path = ((resources or {}).get("metadata") or {}).get("path") or str(ROOT)
+        km = _notebook_kernel(self, path)
+        try:
+            return run_notebook(self, nb, resources, km)
+        finally:
+            if self.kc is not None:  # nbclient leaves the client of a kernel it does not own
+                self.kc.stop_channels()
+                self.kc = None
+
+    ExecutePreprocessor.preprocess = preprocess
     get_nbconvert_app.infralens_ipc = True  # type: ignore[attr-defined]
     nbconvert2.get_nbconvert_app = get_nbconvert_app
     # mkdocs-jupyter reads the .py starters with jupytext; read them with stable cell ids.
     nbconvert2.jupytext = types.SimpleNamespace(read=read_starter, writes=jupytext.writes)
+
+
+_KERNEL: dict = {}  # "km": the build's running notebook kernel
+
+
+def _notebook_kernel(client, path: str):
+    """The build's kernel (started on first use), reset for a notebook in ``path``."""
+    from jupyter_core.utils import run_sync
+
+    km = _KERNEL.get("km")
+    if km is None or not run_sync(km.is_alive)():
+        km = client.kernel_manager_class(kernel_name=client.kernel_name, config=client.config)
+        run_sync(km.start_kernel)(extra_arguments=client.extra_arguments, cwd=path)
+        _KERNEL["km"] = km
+    kc = km.blocking_client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        code = (
+            "%reset -f\n"
+            f"import os as _os; _os.chdir({path!r}); del _os\n"
+            "get_ipython().history_manager.reset(new_session=True)\n"
+            "get_ipython().execution_count = 1\n"
+        )
+        reply = kc.execute_interactive(
+            code, store_history=False, timeout=60, output_hook=lambda msg: None
+        )
+        if reply["content"]["status"] != "ok":
+            raise PluginError(f"could not reset the notebook kernel: {reply['content']}")
+    finally:
+        kc.stop_channels()
+    return km
+
+
+def shutdown_notebook_kernel() -> None:
+    """Stop the build's notebook kernel, if one runs."""
+    from jupyter_core.utils import run_sync
+
+    km = _KERNEL.pop("km", None)
+    if km is not None and run_sync(km.is_alive)():
+        run_sync(km.shutdown_kernel)(now=True)
 
 
 def merge_adjacent_streams(outputs: list) -> list:
@@ -190,7 +264,30 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
                     use_directory_urls=config.use_directory_urls,
                 )
             )
+    jobs = _runs_the_pages_need(files)
+    # each notebook page looks up its figures' alt texts in the default run's figures
+    jobs += [(s.path.as_posix(), [], True) for lab in _labs for s in lab.starters if s.runnable]
+    prefetch(jobs)
     return files
+
+
+def _runs_the_pages_need(files: Files) -> list[tuple[str, list[str], bool]]:
+    """Every ``run`` and ``figure`` directive of every Markdown page, as prefetch jobs."""
+    jobs = []
+    for file in files.documentation_pages():
+        if not file.src_path.endswith(".md") or not file.abs_src_path:
+            continue
+        text = Path(file.abs_src_path).read_text(encoding="utf-8")
+        for match in DIRECTIVE_RE.finditer(text):
+            name, args = match.group("name"), shlex.split(match.group("args"))
+            if name == "run" and args:
+                flags = args[1:]
+                jobs.append(
+                    (args[0], flags[1:] if flags[:1] == ["--expect-error"] else flags, False)
+                )
+            elif name == "figure" and len(args) >= 2:
+                jobs.append((args[0], args[2:], True))
+    return jobs
 
 
 # --------------------------------------------------------------------------- markdown
@@ -301,10 +398,83 @@ def align_toc_with_headings(html: str, page: Page) -> None:
             raise PluginError(f"{page.file.src_uri}: no heading for TOC entry '{entry.title}'")
 
 
+NOTEBOOK_IMG_RE = re.compile(
+    r'<img\b[^>]*?\bsrc="data:(image/(?:png|svg\+xml));base64,([^"]+)"[^>]*>'
+)
+
+
+def _svg_key(svg: str) -> str:
+    """The same SVG as IPython's ``SVG`` display object re-serialises it (minidom)."""
+    from xml.dom import minidom
+
+    node = minidom.parseString(svg).getElementsByTagName("svg")[0]
+    return hashlib.sha256(node.toxml().encode("utf-8")).hexdigest()
+
+
+def _figure_alts(starter: str) -> dict[str, tuple[str, str]]:
+    """``(alt text, name)`` of each figure a starter saves with its default flags, keyed
+    by content: a notebook cell displays the same figure the ``figure`` directive shows."""
+    try:
+        directory = starter_figures(starter)
+    except (FileNotFoundError, RuntimeError):
+        return {}
+    manifest = json.loads((directory / "figures.json").read_text(encoding="utf-8"))
+    alts = {}
+    for name, entry in manifest.items():
+        path = directory / entry["file"]
+        if path.suffix == ".svg":
+            alts[_svg_key(path.read_text(encoding="utf-8"))] = (entry["alt"], name)
+        else:
+            alts[hashlib.sha256(path.read_bytes()).hexdigest()] = (entry["alt"], name)
+    return alts
+
+
+def externalize_notebook_figures(html: str, page: Page) -> str:
+    """A notebook page's figures as the lab pages show them, not as base64 ``<img>``s:
+
+    - SVG charts inline, so the site's stylesheet colours them (an ``<img>`` SVG sees no
+      page CSS: its CSS-class colours vanish and its frames fill black) in both schemes;
+    - PNG images as files beside the other figures, sized and lazy.
+
+    Each gets the alt text its starter saved for it (``figures.json``) when it is one of
+    the starter's saved figures, else the generic one ``clean_notebook_html`` set."""
+    starter = page.file.src_uri
+    alts = _figure_alts(starter)
+    generic = (f"Figure drawn by the cell above ({starter})", Path(starter).stem)
+
+    def replace(match: re.Match) -> str:
+        kind, data = match.group(1), base64.b64decode(match.group(2))
+        if kind == "image/svg+xml":
+            svg = data.decode("utf-8").strip()
+            alt = html_lib.escape(alts.get(_svg_key(svg), generic)[0], quote=True)
+            media = f'<div class="lab-figure__chart" role="img" aria-label="{alt}">{svg}</div>'
+        else:
+            digest = hashlib.sha256(data).hexdigest()
+            alt, name = alts.get(digest, generic)
+            alt = html_lib.escape(alt, quote=True)
+            width, height = struct.unpack(">II", data[16:24])  # the PNG IHDR chunk
+            # the lab page's name for the same figure (directives.figure), so one file
+            name = f"{name}-{digest[:10]}.png"
+            dest = f"assets/figures/{Path(starter).parent.name}/{name}"
+            path = CACHE_DIR / "notebook-figures" / Path(starter).parent.name / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            GENERATED_FILES[dest] = path
+            src = posixpath.relpath(dest, page.url or ".")
+            media = (
+                f'<img src="{src}" alt="{alt}" width="{width}" height="{height}" '
+                'loading="lazy" decoding="async">'
+            )
+        return f'<div class="lab-figure">{media}</div>'
+
+    return NOTEBOOK_IMG_RE.sub(replace, html)
+
+
 def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     if page.file.src_uri.startswith("code/"):
         if page.file.src_uri.endswith(".py"):
             html = clean_notebook_html(html, page.file.src_uri)
+            html = externalize_notebook_figures(html, page)
             align_toc_with_headings(html, page)
         html = _starter_header(page) + html
     try:
@@ -366,8 +536,18 @@ def _inline_scripts() -> str:
 # --------------------------------------------------------------------------- build
 
 
+def on_build_error(error: Exception) -> None:
+    finish_prefetch()
+    shutdown_notebook_kernel()
+    close_zygotes()
+
+
 def on_post_build(config: MkDocsConfig) -> None:
-    """Copy the figure files the pages reference (see the ``figure`` directive)."""
+    """Copy the figure files the pages reference (see the ``figure`` directive); stop the
+    build's notebook kernel and starter zygotes."""
+    finish_prefetch()
+    shutdown_notebook_kernel()
+    close_zygotes()
     site = Path(config.site_dir)
     for dest, source in GENERATED_FILES.items():
         target = site / dest

@@ -9,6 +9,7 @@ a warm rebuild does not rerun anything and an edit always does.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +17,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -84,6 +87,7 @@ def _source(starter: str | Path) -> tuple[Path, Path]:
 
 
 def _execute(source: Path, args: list[str] | tuple[str, ...]) -> subprocess.CompletedProcess:
+    """``python <source> <args>`` in a fresh interpreter, as a reader runs it."""
     return subprocess.run(
         [sys.executable, str(source), *args],
         cwd=ROOT,
@@ -94,15 +98,71 @@ def _execute(source: Path, args: list[str] | tuple[str, ...]) -> subprocess.Comp
     )
 
 
+class Zygote:
+    """A client of one ``infralens_docs.zygote`` process (see that module): the same
+    run as :func:`_execute`, without the interpreter start-up. One run at a time per
+    zygote; a thread that wants parallel runs uses a zygote of its own."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infralens_docs.zygote"],
+            cwd=ROOT, env=starter_env(), text=True, encoding="utf-8",
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+
+    def run(self, source: Path, args: list[str] | tuple[str, ...]) -> subprocess.CompletedProcess:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"source": str(source), "args": list(args)}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the starter zygote exited ({self.proc.wait()})")
+        reply = json.loads(line)
+        return subprocess.CompletedProcess(
+            [sys.executable, str(source), *args],
+            reply["returncode"], reply["stdout"], reply["stderr"],
+        )  # fmt: skip
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(timeout=10)
+
+
+_zygotes = threading.local()
+
+
+def _execute_for_build(source: Path, args: list[str] | tuple[str, ...]):
+    """The build's runs go through this thread's zygote (started on first use)."""
+    zygote = getattr(_zygotes, "zygote", None)
+    if zygote is None or zygote.proc.poll() is not None:
+        zygote = _zygotes.zygote = Zygote()
+        _ALL_ZYGOTES.append(zygote)
+    return zygote.run(source, args)
+
+
+_ALL_ZYGOTES: list[Zygote] = []
+
+
+def close_zygotes() -> None:
+    """Stop every zygote (after a build: the next build must see edited labkit sources)."""
+    while _ALL_ZYGOTES:
+        _ALL_ZYGOTES.pop().close()
+    _zygotes.__dict__.clear()
+
+
 def run_starter(
     starter: str | Path, args: list[str] | tuple[str, ...] = (), cache: bool = True
 ) -> Run:
     starter, source = _source(starter)
     command = shlex.join(["python", starter.as_posix(), *args])
     cached = CACHE_DIR / f"{_key(command, source)}.json"
+    if cache:
+        _wait_for_prefetch(cached)
     if cache and cached.is_file():
         return Run(**json.loads(cached.read_text(encoding="utf-8")))
-    proc = _execute(source, args)
+    # cached runs are the build's (through a zygote); uncached ones are the tests' checks
+    proc = _execute_for_build(source, args) if cache else _execute(source, args)
     run = Run(command, proc.stdout, proc.stderr, proc.returncode)
     if cache:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -119,11 +179,12 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
     starter, source = _source(starter)
     command = shlex.join(["python", starter.as_posix(), *args])
     directory = CACHE_DIR / f"{_key(command, source, 'figures')}-figures"
+    _wait_for_prefetch(directory)
     if (directory / "figures.json").is_file():
         return directory
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    proc = _execute(source, [*args, "--figures", str(tmp)])
+    proc = _execute_for_build(source, [*args, "--figures", str(tmp)])
     if proc.returncode != 0 or not (tmp / "figures.json").is_file():
         shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(
@@ -133,3 +194,69 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
     return directory
+
+
+# ------------------------------------------------------------------------ prefetch
+# A build asks for runs one page at a time, while the notebook pages keep the main thread
+# busy. ``prefetch`` starts every run the pages will ask for on worker threads (each with
+# its own zygote) as soon as the build knows the pages; ``run_starter`` and
+# ``starter_figures`` then wait for the one they need instead of starting it again.
+
+_PREFETCH: dict[Path, Future] = {}
+_PREFETCH_LOCK = threading.Lock()
+_worker = threading.local()
+
+
+def _wait_for_prefetch(target: Path) -> None:
+    if getattr(_worker, "active", False):
+        return
+    with _PREFETCH_LOCK:
+        future = _PREFETCH.get(target)
+    if future is not None:
+        future.result()  # re-raises what went wrong in the worker
+
+
+def prefetch(jobs: list[tuple[str, list[str], bool]], workers: int = 0) -> None:
+    """Start ``(starter, args, figures)`` runs whose results are not cached yet.
+
+    ``figures`` True means ``starter_figures(starter, args)``, else ``run_starter``.
+    Workers default to the machine's cores (at least 1).
+    """
+    workers = workers or max(1, len(os.sched_getaffinity(0)))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="infralens-run")
+    seen = set()
+    for starter, args, figures in jobs:
+        try:
+            rel, source = _source(starter)
+        except FileNotFoundError:
+            continue  # the directive reports it with the page's name
+        command = shlex.join(["python", rel.as_posix(), *args])
+        if figures:
+            target = CACHE_DIR / f"{_key(command, source, 'figures')}-figures"
+            done = (target / "figures.json").is_file()
+            call = functools.partial(starter_figures, rel, args)
+        else:
+            target = CACHE_DIR / f"{_key(command, source)}.json"
+            done = target.is_file()
+            call = functools.partial(run_starter, rel, args)
+        if done or target in seen:
+            continue
+        seen.add(target)
+        with _PREFETCH_LOCK:
+            _PREFETCH[target] = pool.submit(_prefetched, call)
+    pool.shutdown(wait=False)
+
+
+def _prefetched(call):
+    """Run ``call`` on a worker thread, which never waits for a prefetch itself."""
+    _worker.active = True
+    return call()
+
+
+def finish_prefetch() -> None:
+    """Wait for every prefetched run, then forget them (end of a build)."""
+    with _PREFETCH_LOCK:
+        futures = list(_PREFETCH.values())
+        _PREFETCH.clear()
+    for future in futures:
+        future.exception()  # wait; errors were reported by the directive that needed it
