@@ -27,7 +27,7 @@ from pathlib import Path
 
 from infralens_docs.registry import ROOT
 
-LIGHTHOUSE_VERSION = "13.5.0"
+LIGHTHOUSE_VERSION = "12.8.2"  # 12.x runs on Debian 12's Node 20; 13.x needs Node >= 22.19
 PREFIX = ROOT / ".cache" / "lighthouse"
 CHROME_FLAGS = (
     "--headless --no-sandbox --disable-gpu --disable-background-networking "
@@ -47,7 +47,9 @@ http {{
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
     gzip on;
-    gzip_types text/css application/javascript application/json image/svg+xml text/plain;
+    gzip_comp_level 6;  # nginx's default is 1; static hosts and CDNs compress harder
+    gzip_types text/css application/javascript application/json image/svg+xml text/plain
+               text/xml application/xml;  # Material fetches sitemap.xml on every load
     server {{
         listen 127.0.0.1:{port};
         root {site};
@@ -78,7 +80,9 @@ def free_port() -> int:
 
 
 def main() -> int:
-    if not (PREFIX / "node_modules" / ".bin" / "lighthouse").exists():
+    installed = PREFIX / "node_modules" / "lighthouse" / "package.json"
+    if not installed.exists() or json.loads(installed.read_text())["version"] != LIGHTHOUSE_VERSION:
+        shutil.rmtree(PREFIX / "node_modules", ignore_errors=True)
         PREFIX.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             ["npm", "install", "--no-audit", "--no-fund", f"lighthouse@{LIGHTHOUSE_VERSION}"],
