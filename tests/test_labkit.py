@@ -191,3 +191,18 @@ def test_float_list_rejects_non_finite_and_small_values():
     for bad in ["nan", "inf,1", "-1", "x", ""]:
         with pytest.raises(argparse.ArgumentTypeError):
             convert(bad)
+
+
+def test_peak_bytes_measures_the_arrays_a_call_allocates():
+    import numpy as np
+
+    from labkit.memory import peak_bytes
+
+    out, peak = peak_bytes(lambda n: np.ones(n), 1_000_000)
+    assert out.shape == (1_000_000,)
+    assert 8_000_000 <= peak < 8_000_000 + 4096  # the buffer, plus Python's small change
+    calls = []  # each call allocates a bigger array than the one before: 8 B, 80 kB, 160 kB
+    _, least = peak_bytes(lambda: calls.append(np.zeros(len(calls) * 10_000 + 1)), repeats=3)
+    assert len(calls) == 3 and least < 10_000  # the smallest of the three calls' peaks
+    with pytest.raises(ValueError):
+        peak_bytes(lambda: None, repeats=0)

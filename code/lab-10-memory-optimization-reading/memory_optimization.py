@@ -29,6 +29,7 @@ from labkit.cli import (
     int_list,
     parse_args,
 )
+from labkit.memory import peak_bytes  # tracemalloc peak, least of 2 calls
 from labkit.metrics import sample_quality
 from labkit.schedulers import DDIMScheduler
 
@@ -104,19 +105,6 @@ def table(title, header, rows):
     for row in cells:
         aligned = [cell.rjust(w) for cell, w in zip(row, widths, strict=True)]
         print("  ".join([row[0].ljust(widths[0]), *aligned[1:]]))
-
-
-def peak_bytes(fn, *a):
-    """(result, peak bytes NumPy allocated inside ``fn``): tracemalloc sees NumPy's buffers."""
-    import tracemalloc  # standard library; imported here so the starter's imports stay numpy + labkit
-
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    base = tracemalloc.get_traced_memory()[0]
-    out = fn(*a)
-    peak = tracemalloc.get_traced_memory()[1] - base
-    tracemalloc.stop()
-    return out, peak
 
 
 # %% [markdown]

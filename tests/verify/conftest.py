@@ -70,3 +70,14 @@ def record_calls():
     yield attach
     for recorder in recorders:
         recorder.remove()
+
+
+@pytest.fixture(autouse=True)
+def restore_diffusers_verbosity():
+    """Some tests silence diffusers' logging (set_verbosity_error); put it back after each,
+    so a test that checks a logged warning sees it whatever ran before."""
+    from diffusers.utils import logging
+
+    level = logging.get_verbosity()
+    yield
+    logging.set_verbosity(level)
