@@ -1,0 +1,159 @@
+"""Lab 13 Few-Step Sampling: DPM-Solver++ 2M, the LCM step, spacing and Flux's shift, in NumPy."""
+
+import json
+
+import numpy as np
+import pytest
+
+STARTER = "code/lab-13-few-step-sampling/few_step.py"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """The starter's globals after a default run (module-scoped: one run for all tests)."""
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["few_step.py"]
+    try:
+        return runpy.run_path(str(ROOT / STARTER), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def run(lab, scheduler, steps, ideal=False):
+    """Drive one of the starter's schedulers from its shared noise; (N, 2) samples."""
+    scheduler.set_timesteps(steps)
+    latents = lab["noise"] * scheduler.init_noise_sigma
+    for t in scheduler.timesteps:
+        eps = lab["ode_endpoint_eps"](latents, int(t)) if ideal else lab["unet"](latents, t)
+        latents = scheduler.step(eps, t, latents).prev_sample
+    return latents
+
+
+def test_dpm_solver_first_order_is_ddim(lab):
+    # at 2 steps both DPM-Solver++ steps are first order (no history, then the final step),
+    # and first-order DPM-Solver++ is DDIM: same trailing grid, DDIM ending at alpha_bar = 1
+    from labkit.schedulers import DDIMScheduler
+
+    dpm = lab["DPMSolverMultistepScheduler"](lab["betas"], timestep_spacing="trailing")
+    ddim = DDIMScheduler(clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing", **lab["SD_BETAS"])  # fmt: skip
+    np.testing.assert_allclose(run(lab, dpm, 2), run(lab, ddim, 2), atol=1e-9)
+    # at 4 steps the middle steps are second order: the result differs
+    dpm = lab["DPMSolverMultistepScheduler"](lab["betas"], timestep_spacing="trailing")
+    ddim = DDIMScheduler(clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing", **lab["SD_BETAS"])  # fmt: skip
+    assert np.abs(run(lab, dpm, 4) - run(lab, ddim, 4)).max() > 1e-3
+
+
+def test_dpm_solver_final_sigmas(lab):
+    dpm = lab["DPMSolverMultistepScheduler"](lab["betas"], timestep_spacing="trailing")
+    dpm.set_timesteps(4)
+    assert dpm.timesteps.tolist() == [999, 749, 499, 249] and dpm.sigmas[-1] == 0
+    dpm = lab["DPMSolverMultistepScheduler"](lab["betas"], final_sigmas_type="sigma_min")
+    dpm.set_timesteps(4)
+    ab0 = lab["alphas_cumprod"][0]
+    assert dpm.sigmas[-1] == pytest.approx(((1 - ab0) / ab0) ** 0.5)
+
+
+def test_lcm_grid_and_last_step(lab):
+    lcm = lab["LCMScheduler"](lab["betas"])
+    lcm.set_timesteps(4)
+    assert lcm.timesteps.tolist() == [999, 759, 499, 259]
+    lcm.set_timesteps(1)
+    x = lab["noise"][:5]
+    out = lcm.step(lab["unet"](x, 999), 999, x)  # one step: no re-noising, returns denoised
+    np.testing.assert_array_equal(out.prev_sample, out.pred_original_sample)
+    c_skip, c_out = lcm.get_scalings_for_boundary_condition_discrete(0)
+    assert (c_skip, c_out) == (1.0, 0.0)
+
+
+def test_few_steps_need_a_distilled_model(lab):
+    results, steps = lab["results"], lab["args"].steps
+    assert steps == [1, 2, 4, 8]
+    for name in ("ddim", "euler", "dpm++2m", "lcm"):
+        # one step of the exact denoiser returns E[x0 | noise]: the mixture's middle, no mode
+        assert results[name, 1].on_mode < 0.05
+        on_mode = [results[name, n].on_mode for n in steps]
+        assert on_mode == sorted(on_mode)  # more steps, more samples on a mode
+    assert results["dpm++2m", 8].on_mode >= results["ddim", 8].on_mode
+    for n in steps:  # an ideal consistency model is good at every step count
+        assert results["lcm-ideal", n].on_mode > 0.95
+    assert lab["reference"].on_mode > 0.98
+
+
+def test_wrong_spacing(lab):
+    rows = {(r[0], r[1], r[2]): r for r in lab["spacing_rows"]}
+    assert rows["ddim", 4, "leading"][3] == "751, 501, 251, 1"
+    assert rows["ddim", 4, "trailing"][3] == "999, 749, 499, 249"
+    assert rows["dpm++2m", 4, "leading"][3] == "801, 601, 401, 201"
+    ideal = "ddim + ideal distilled model"
+    # one step of a distilled model at t = 1 (leading) hands back the noise
+    assert rows[ideal, 1, "leading"][3] == "1"
+    assert float(rows[ideal, 1, "leading"][5].rstrip("%")) < 20
+    assert float(rows[ideal, 1, "trailing"][5].rstrip("%")) > 90
+
+
+def test_zero_terminal_snr(lab):
+    betas = lab["betas"]
+    rescaled = lab["rescale_zero_terminal_snr"](betas)
+    ab, ab_new = np.cumprod(1 - betas), np.cumprod(1 - rescaled)
+    assert ab_new[-1] < 1e-20 and ab[-1] > 4e-3
+    assert ab_new[0] == pytest.approx(ab[0])
+    assert np.all(np.diff(ab_new) <= 0)
+
+
+def test_flux_shift(lab):
+    shift = lab["calculate_shift"]
+    assert shift(256) == pytest.approx(0.5) and shift(4096) == pytest.approx(1.15)
+    sigmas = lab["shifted_sigmas"](28, shift(4096))
+    assert sigmas[0] == 1.0 and np.all(np.diff(sigmas) < 0)
+    # the larger the image, the later sigma falls
+    grids = lab["grids"]
+    assert grids[256][14] < grids[1024][14] < grids[2048][14]
+    # mu = 0 is no shift at all
+    np.testing.assert_allclose(lab["shifted_sigmas"](4, 0.0), np.linspace(1, 0.25, 4))
+
+
+def test_guidance_calls(lab):
+    rows = {(r[0], r[1]): r for r in lab["call_rows"]}
+    assert rows["guidance_embeds (guidance_scale only)", 28][2] == 28
+    assert rows["true_cfg_scale > 1 + negative prompt", 28][2] == 56
+
+
+def test_default_output(run_cli):
+    run = run_cli(STARTER)
+    assert run.returncode == 0, run.stderr
+    for title in ("on_mode", "timestep_spacing", "FluxPipeline's sigmas", "Denoiser work"):
+        assert title in run.stdout
+
+
+def test_figures_are_small(run_cli, tmp_path):
+    run = run_cli(STARTER, "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    assert set(manifest) == {"quality-vs-steps", "flux-sigmas"}
+    for entry in manifest.values():
+        content = (tmp_path / entry["file"]).read_text()
+        assert len(content) <= 60_000 and " id=" not in content
+        assert len(entry["alt"]) > 80
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--steps", "0"],
+        ["--steps", "51"],
+        ["--spacing-steps", "0"],
+        ["--samplers", "heun"],
+        ["--samplers", ","],
+        ["--num-samples", "0"],
+        ["--seed", "x"],
+    ],
+    ids=" ".join,
+)
+def test_bad_arguments(run_cli, argv):
+    run = run_cli(STARTER, *argv)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("few_step.py: error: ")
