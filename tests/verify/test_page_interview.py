@@ -407,3 +407,81 @@ def test_save_pretrained_writes_library_and_class_per_component(sd_pipe, tmp_pat
     assert index["unet"] == ["diffusers", "UNet2DConditionModel"]
     assert index["vae"] == ["diffusers", "AutoencoderKL"]
     assert index["scheduler"] == ["diffusers", "DDIMScheduler"]
+
+
+# ---------------------------------------------------------------- few-step sampling
+
+
+def test_leading_spacing_never_starts_at_the_noisiest_timestep():
+    """With SD 1.x's `timestep_spacing="leading"` and `steps_offset=1`, `DDIMScheduler` at 4 steps visits 751, 501, 251, 1 and at one step only 1; with `"trailing"` it visits 999, 749, 499, 249 and, at one step, 999."""
+    from tiny import SD_BETAS
+
+    def grid(spacing, steps):
+        scheduler = DDIMScheduler(**SD_BETAS, steps_offset=1, timestep_spacing=spacing)
+        scheduler.set_timesteps(steps)
+        return scheduler.timesteps.tolist()
+
+    assert grid("leading", 4) == [751, 501, 251, 1] and grid("leading", 1) == [1]
+    assert grid("trailing", 4) == [999, 749, 499, 249] and grid("trailing", 1) == [999]
+
+
+def test_lcm_step_renoises_with_fresh_noise_and_ends_on_the_prediction():
+    """`LCMScheduler.step` moves the model's clean-image estimate to the next timestep with fresh noise from its `generator`, so two generators give two different `prev_sample`s from the same model output; the last step returns the estimate itself (`denoised`), whatever the generator."""
+    from diffusers import LCMScheduler
+    from tiny import SD_BETAS
+
+    scheduler = LCMScheduler(**SD_BETAS)
+    scheduler.set_timesteps(4)
+    sample, model_output = start_latents(1, seed=0), start_latents(1, seed=1)
+
+    def step(i, seed):
+        scheduler._step_index = i
+        t = scheduler.timesteps[i]
+        g = torch.Generator().manual_seed(seed)
+        return scheduler.step(model_output, t, sample, generator=g)
+
+    first_a, first_b = step(0, 0), step(0, 1)
+    assert not torch.allclose(first_a.prev_sample, first_b.prev_sample)
+    assert torch.equal(first_a.denoised, first_b.denoised)
+    last_a, last_b = step(3, 0), step(3, 1)
+    assert torch.equal(last_a.prev_sample, last_a.denoised)
+    assert torch.equal(last_a.prev_sample, last_b.prev_sample)
+
+
+def test_flux_guidance_is_an_input_and_true_cfg_is_opt_in():
+    """`FluxPipeline.__call__` passes `guidance_scale` to the transformer as a `guidance` tensor when its config has `guidance_embeds`, and makes the second, negative call per step only when `true_cfg_scale > 1` and a negative prompt is given; its default `num_inference_steps` is 28."""
+    from diffusers import FluxPipeline
+
+    source = inspect.getsource(FluxPipeline.__call__)
+    assert "if self.transformer.config.guidance_embeds:" in source
+    assert (
+        "guidance = torch.full([1], guidance_scale, device=device, dtype=torch.float32)" in source
+    )
+    assert "do_true_cfg = true_cfg_scale > 1 and has_neg_prompt" in source
+    assert "if do_true_cfg:" in source
+    assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
+
+
+# ---------------------------------------------------------------- acceleration
+
+
+def test_fp8_storage_gguf_dequantization_and_group_offload(monkeypatch):
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, ...)` stores a tiny `FluxTransformer2DModel`'s block weights in float8; GGUF's `Q8_0` and `Q4_0` blocks hold 32 weights in 34 and 18 bytes (8.5 and 4.5 bits per weight); `GGUFLinear.forward_native` dequantizes its whole weight inside every forward; and `enable_group_offload(..., offload_type="block_level", num_blocks_per_group=1)` onloads every group on every call and leaves the output bit-identical."""
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+    from test_page_lab_16 import count_transfers, run, tiny_flux
+
+    cast = tiny_flux()
+    cast.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    assert cast.transformer_blocks[0].attn.to_q.weight.dtype == torch.float8_e4m3fn
+    assert "dequantize_gguf_tensor(self.weight)" in inspect.getsource(GGUFLinear.forward_native)
+    gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
+    assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0] == (32, 34)
+    assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0] == (32, 18)
+    reference = run(tiny_flux())
+    model = tiny_flux()
+    cpu = torch.device("cpu")
+    model.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
+    for _ in range(2):
+        onloads, _ = count_transfers(model, monkeypatch)
+        assert len(onloads) == 5  # 4 blocks + the modules outside the block lists
+    assert torch.equal(run(model), reference)

@@ -1,0 +1,163 @@
+"""Lab 14 Precision and Quantization: number formats, fp16 overflow, GGUF blocks, sizes."""
+
+import json
+
+import numpy as np
+import pytest
+
+STARTER = "code/lab-14-precision-and-quantization/precision_quantization.py"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """The starter's globals after a default run (module-scoped: one run for all tests)."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["precision_quantization.py"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return runpy.run_path(str(ROOT / STARTER), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def test_format_limits_are_the_known_constants(lab):
+    limits = {name: lab["format_limits"](name) for name in lab["FORMATS"]}
+    assert limits["fp16"][0] == 65504.0 == float(np.finfo(np.float16).max)
+    assert limits["fp16"][1] == float(np.finfo(np.float16).tiny)  # 2**-14
+    assert limits["fp32"][0] == float(np.finfo(np.float32).max)
+    assert limits["fp8_e4m3"][:3] == (448.0, 2.0**-6, 2.0**-9)
+    assert limits["fp8_e5m2"][0] == 57344.0
+    assert limits["bf16"][3] == 2.0**-7 and limits["fp16"][3] == 2.0**-10
+    assert [limits[n][4] for n in ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")] == [4, 2, 2, 1, 1]  # fmt: skip
+
+
+def test_round_to_matches_numpy_and_rounds_half_to_even(lab):
+    round_to = lab["round_to"]
+    assert lab["fp16_agrees"] and lab["fp32_agrees"]
+    # 1 + 2**-8 is halfway between two bf16 neighbours (step 2**-7): ties go to the even one
+    assert round_to(np.array([1 + 2**-8, 1 + 3 * 2**-8]), "bf16").tolist() == [1.0, 1 + 2**-6]
+    # fp16 overflows to inf from 65520 (halfway to the next binade) on; fp8_e4m3 saturates
+    assert round_to(np.array([65519.0, 65520.0, -1e9]), "fp16").tolist() == [65504.0, np.inf, -np.inf]  # fmt: skip
+    assert round_to(np.array([500.0, -np.inf]), "fp8_e4m3").tolist() == [448.0, -448.0]
+    # subnormals: the smallest e4m3 step is 2**-9; half of it ties to 0
+    assert round_to(np.array([2.0**-9, 2.0**-10, 3 * 2.0**-11]), "fp8_e4m3").tolist() == [2.0**-9, 0.0, 2.0**-9]  # fmt: skip
+    assert np.isnan(round_to(np.array([np.nan]), "bf16")[0])
+
+
+def test_fp16_decode_overflows_and_the_fixes_do_not(lab):
+    ref_peak = max(lab["ref_peaks"])
+    assert ref_peak > 65504  # the exact activations pass fp16's top
+    fp16_image, fp16_peaks = lab["decodes"]["fp16"]
+    assert np.isinf(fp16_peaks).any() and np.isnan(fp16_image).all()
+    for name in ("fp32 (force_upcast)", "bf16", "fp16, fixed weights"):
+        image, peaks = lab["decodes"][name]
+        assert np.isfinite(image).all() and np.isfinite(peaks).all(), name
+    err = {n: np.abs(lab["decodes"][n][0] - lab["reference"]).max() for n in ("fp32 (force_upcast)", "bf16", "fp16, fixed weights")}  # fmt: skip
+    assert err["fp32 (force_upcast)"] < 1e-5 < err["fp16, fixed weights"] < err["bf16"] < 0.1
+    assert max(lab["decodes"]["fp16, fixed weights"][1]) < 100  # scaled weights: O(1) activations
+
+
+def test_q8_0_and_q4_0_layout(lab):
+    quantize, dequantize = lab["quantize"], lab["dequantize"]
+    w = np.zeros((2, 64), np.float32)
+    w[0, :32] = np.linspace(-1, 1, 32)
+    w[1, 32:] = 3.0
+    q8, q4 = quantize(w, "Q8_0"), quantize(w, "Q4_0")
+    assert q8.shape == (2, 68) and q4.shape == (2, 36)  # 34 and 18 bytes per 32-value block
+    d = q8[0, :2].copy().view(np.float16)[0]
+    assert d == np.float16(np.float32(1) / np.float32(127))  # max|x| / 127, stored fp16
+    assert q8[0, 2:34].view(np.int8)[[0, -1]].tolist() == [-127, 127]
+    # an all-zero block: d = 0, q = 0 (Q8_0) or 8, the zero of Q4_0's offset code (0x88)
+    assert np.all(q8[0, 34:] == 0) and np.all(q4[0, 20:] == 0x88)
+    assert q4[0, 18:20].copy().view(np.float16)[0] == 0  # -0.0: 0 / -8 keeps the sign bit
+    # Q4_0: the largest-magnitude value (3.0) maps to q = 0, i.e. -8 * d with d = -3/8
+    assert q4[1, 18:20].copy().view(np.float16)[0] == np.float16(-0.375)
+    assert np.all(q4[1, 20:] == 0)  # both nibbles 0
+    np.testing.assert_array_equal(dequantize(q4, "Q4_0")[1, 32:], 3.0)
+    # round trip: at most half a step (Q8_0) or one step (Q4_0: +8 clips to 7) per value,
+    # plus what storing d in fp16 (11 significant bits) moves the largest q
+    x = lab["weight"]
+    blocks = x.reshape(-1, 32)
+    for qtype, steps, q_max in (("Q8_0", 0.5, 127), ("Q4_0", 1.0, 8)):
+        step = np.abs(blocks).max(axis=1, keepdims=True) / q_max
+        err = np.abs(dequantize(quantize(x, qtype), qtype).reshape(-1, 32) - blocks)
+        assert np.all(err <= (steps + q_max * 2.0**-11) * step * 1.001), qtype
+        assert err.max() > 0.25 * steps * step.min()  # and the bound is not vacuous
+
+
+def test_layer_and_loop_errors_order_by_bits(lab):
+    layer = lab["layer"]
+    assert layer["Q8_0"][0] == 8.5 and layer["Q4_0"][0] == 4.5
+    assert layer["fp16"][2] < layer["bf16"][2] < layer["Q8_0"][2] < layer["fp8_e4m3"][2] < layer["fp8_e5m2"][2] < layer["Q4_0"][2]  # fmt: skip
+    err = lab["pred_err"]
+    assert err["float64 head"] < 1e-6
+    assert err["Q8_0"] < err["fp8_e4m3"] < err["Q4_0"] < 0.05
+    for name, final in lab["finals"].items():
+        q = lab["sample_quality"](lab["mixture"], final)
+        assert q.on_mode > 0.95, name  # the samples still land on the modes
+
+
+def test_flux_sizes_from_model_sizes(lab):
+    from labkit import model_sizes
+
+    params = {r["component"]: r["params"] for r in model_sizes.rows("Flux.1-dev")}
+    row = lab["size_rows"][0]
+    assert row[0] == "transformer"
+    assert row[2:] == [f"{params['transformer'] * b / 1e9:.2f}" for b in (2, 1, 34 / 32, 18 / 32)]
+    assert float(row[5]) < 0.3 * float(row[2])  # Q4_0 is 9/32 of bf16
+
+
+def test_dequantize_on_the_fly_holds_a_full_weight_copy(lab):
+    for peak in lab["on_the_fly"].values():
+        assert peak >= lab["weight"].nbytes > 100 * lab["resident"]
+
+
+def test_default_output_is_deterministic(run_cli):
+    first, second = run_cli(STARTER), run_cli(STARTER)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert "timing" not in first.stdout and "Flux.1-dev weights" in first.stdout
+
+
+def test_timing_flag_prints_measurements(run_cli):
+    run = run_cli(STARTER, "--timing")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("timing, batch") == 2
+
+
+def test_figures_are_small(run_cli, tmp_path):
+    run = run_cli(STARTER, "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    assert set(manifest) == {"activation-overflow", "bits-vs-error"}
+    for entry in manifest.values():
+        content = (tmp_path / entry["file"]).read_text()
+        assert len(content) <= 60_000 and " id=" not in content
+        assert len(entry["alt"]) > 80
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--formats", "fp4"],
+        ["--formats", ","],
+        ["--block-size", "48"],
+        ["--block-size", "0"],
+        ["--steps", "0"],
+        ["--num-samples", "0"],
+        ["--gain", "0.5"],
+        ["--layers", "0"],
+        ["--seed", "x"],
+    ],
+    ids=" ".join,
+)
+def test_bad_arguments(run_cli, argv):
+    run = run_cli(STARTER, *argv)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("precision_quantization.py: error: ")

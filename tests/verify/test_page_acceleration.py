@@ -1,0 +1,302 @@
+"""Acceleration (docs/handbook/acceleration.md) against the installed diffusers.
+
+The section sums up Labs 14, 15 and 16; the diffusers behaviour it states is re-checked
+here as the section phrases it, on the real classes: torch's dtypes, a tiny overflowing
+``AutoencoderKL`` (Lab 14's builder), a tiny random-config ``FluxTransformer2DModel``
+(Lab 16's builder: 2 double-stream and 2 single-stream blocks) for layerwise casting,
+FirstBlockCache, the attention backends and group offloading, and the pipelines' source
+where the behaviour is a line of it. Nothing downloads weights and nothing needs a GPU:
+the GPU-only kernels and quantization backends are named on the page as not run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import pytest
+import torch
+from test_page_lab_14 import overflowing_vae
+from test_page_lab_16 import count_transfers, default_backend, flux_inputs, run, tiny_flux
+from tiny import start_latents, tiny_unet
+
+__all__ = ["default_backend"]  # a fixture, used by name below
+
+#: a short flow-matching loop for the cache tests: (sigma, next sigma) pairs
+SIGMAS = [1.0, 0.95, 0.9, 0.6, 0.55, 0.0]
+
+
+def loop(model, context="cond"):
+    """Euler steps of the tiny Flux transformer; each output moves the packed latents."""
+    inputs = flux_inputs()
+    latents = inputs.pop("hidden_states")
+    inputs.pop("timestep")
+    outputs = []
+    with torch.no_grad():
+        for sigma, sigma_next in itertools.pairwise(SIGMAS):
+            with model.cache_context(context):
+                noise_pred = model(hidden_states=latents, timestep=torch.tensor([sigma]), **inputs)[0]  # fmt: skip
+            outputs.append(noise_pred)
+            latents = latents + (sigma_next - sigma) * noise_pred
+    return outputs
+
+
+# ---------------------------------------------------------------- precision
+
+
+def test_two_byte_and_one_byte_formats():
+    """torch's float16 and bfloat16 both take 2 bytes; float16's largest value is 65504, bfloat16's is float32's order (about 3.4e38) with a coarser step (`eps` is `2**-7` against `2**-10`); `float8_e4m3fn` and `float8_e5m2` take 1 byte and stop at 448 and 57344."""
+    fp16, bf16 = torch.finfo(torch.float16), torch.finfo(torch.bfloat16)
+    e4m3, e5m2 = torch.finfo(torch.float8_e4m3fn), torch.finfo(torch.float8_e5m2)
+    assert (fp16.bits, bf16.bits, e4m3.bits, e5m2.bits) == (16, 16, 8, 8)
+    assert fp16.max == 65504 and e4m3.max == 448 and e5m2.max == 57344
+    assert 3.3e38 < bf16.max < torch.finfo(torch.float32).max
+    assert (fp16.eps, bf16.eps) == (2**-10, 2**-7)
+    # past the top: float16 stores inf, bfloat16 a finite value
+    assert torch.isinf(torch.tensor([70000.0]).to(torch.float16)).all()
+    assert torch.isfinite(torch.tensor([70000.0]).to(torch.bfloat16)).all()
+
+
+def test_fp16_decode_of_an_overflowing_vae_is_nan():
+    """A tiny `AutoencoderKL` whose decoder activations pass 65504 decodes to all-NaN pixels in float16 and to finite pixels in bfloat16 and float32."""
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()
+    z = start_latents()
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        with torch.no_grad():
+            out[dtype] = overflowing_vae().to(dtype).decode(z.to(dtype)).sample.float()
+    assert torch.isnan(out[torch.float16]).all()
+    assert torch.isfinite(out[torch.bfloat16]).all() and torch.isfinite(out[torch.float32]).all()
+
+
+def test_force_upcast_is_read_by_sdxl_not_by_sd15():
+    """`AutoencoderKL`'s `force_upcast` defaults to `True`; `StableDiffusionXLPipeline.__call__` upcasts the VAE to float32 (`upcast_vae()`, which calls `self.vae.to(dtype=torch.float32)`) only when it is float16 and `force_upcast` is set (so a bfloat16 pipeline is never upcast), while `StableDiffusionPipeline.__call__` never reads the flag."""
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, StableDiffusionXLPipeline
+
+    assert inspect.signature(AutoencoderKL.__init__).parameters["force_upcast"].default is True
+    sdxl = inspect.getsource(StableDiffusionXLPipeline.__call__)
+    assert (
+        "needs_upcasting = self.vae.dtype == torch.float16 and self.vae.config.force_upcast" in sdxl
+    )
+    assert "if needs_upcasting:\n                self.upcast_vae()" in sdxl
+    assert "self.vae.to(dtype=torch.float32)" in inspect.getsource(
+        StableDiffusionXLPipeline.upcast_vae
+    )
+    assert "force_upcast" not in inspect.getsource(StableDiffusionPipeline.__call__)
+
+
+# ---------------------------------------------------------------- weight quantization
+
+
+def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on a tiny `FluxTransformer2DModel` hooks `Linear`, `Conv` and `Embedding` layers and skips those matching `pos_embed`, `patch_embed`, `norm`, `^proj_in$` or `^proj_out$`: the `Linear` weights of the transformer blocks are stored in float8 (1 byte each), the `norm` layers and the final `proj_out` stay float32, and the output stays finite and within 0.2 relative RMS of the float32 model's (a plain cast, no scale)."""
+    from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
+    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+
+    assert DEFAULT_SKIP_MODULES_PATTERN == ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")  # fmt: skip
+    nn = torch.nn
+    assert {nn.Linear, nn.Conv2d, nn.Embedding} <= set(_GO_LC_SUPPORTED_PYTORCH_LAYERS)
+    reference, cast = tiny_flux(), tiny_flux()
+    cast.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    linears = {n: m for n, m in cast.named_modules() if isinstance(m, torch.nn.Linear)}
+    for name, module in linears.items():
+        in_blocks = name.split(".")[0] in ("transformer_blocks", "single_transformer_blocks")
+        if in_blocks:
+            expected = torch.float32 if "norm" in name else torch.float8_e4m3fn
+            assert module.weight.dtype == expected, name
+    assert any("norm" in n for n in linears) and linears["proj_out"].weight.dtype == torch.float32
+    y_ref, y_cast = run(reference), run(cast)
+    assert torch.isfinite(y_cast).all()
+    rel = ((y_cast - y_ref).norm() / y_ref.norm()).item()
+    assert 0 < rel < 0.2
+
+
+def test_gguf_blocks_and_dequantize_on_every_call():
+    """A GGUF `Q8_0` block holds 32 weights in 34 bytes and a `Q4_0` block 32 weights in 18 bytes (8.5 and 4.5 bits per weight); diffusers' `GGUFLinear.forward_native` dequantizes its whole weight with `dequantize_gguf_tensor` inside every forward, casts it to `compute_dtype` and calls an ordinary `linear`, and `GGUFQuantizationConfig` is `pre_quantized`: GGUF weights come quantized from the file."""
+    gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
+    from diffusers import GGUFQuantizationConfig
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+
+    sizes = gguf.GGML_QUANT_SIZES
+    assert sizes[gguf.GGMLQuantizationType.Q8_0] == (32, 34)
+    assert sizes[gguf.GGMLQuantizationType.Q4_0] == (32, 18)
+    forward = inspect.getsource(GGUFLinear.forward_native)
+    assert "weight = dequantize_gguf_tensor(self.weight)" in forward
+    assert "weight = weight.to(self.compute_dtype)" in forward
+    assert "torch.nn.functional.linear(inputs, weight, bias)" in forward
+    assert GGUFQuantizationConfig(compute_dtype=torch.bfloat16).pre_quantized is True
+
+
+def test_quantization_backend_names():
+    """`PipelineQuantizationConfig(quant_mapping={"transformer": ...})` gives that component its own quantization config and the others none; diffusers 0.42.1's quantization backends include `bitsandbytes_4bit`, `bitsandbytes_8bit`, `gguf`, `torchao` and `quanto`, and the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
+    from diffusers import GGUFQuantizationConfig, PipelineQuantizationConfig
+    from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
+    from diffusers.quantizers.bitsandbytes import BnB4BitDiffusersQuantizer
+
+    config = GGUFQuantizationConfig(compute_dtype=torch.bfloat16)
+    pipeline_config = PipelineQuantizationConfig(quant_mapping={"transformer": config})
+    resolve = pipeline_config._resolve_quant_config
+    assert resolve(is_diffusers=True, module_name="transformer") is config
+    assert resolve(is_diffusers=True, module_name="vae") is None
+    source = inspect.getsource(BnB4BitDiffusersQuantizer.validate_environment)
+    assert 'raise RuntimeError("No GPU found' in source and not torch.cuda.is_available()
+    for name in ["bitsandbytes_4bit", "bitsandbytes_8bit", "gguf", "torchao", "quanto"]:
+        assert name in AUTO_QUANTIZATION_CONFIG_MAPPING, name
+
+
+# ---------------------------------------------------------------- step caching
+
+
+def test_caching_is_a_model_mixin_flux_has_and_the_unets_lack():
+    """`enable_cache` comes from `CacheMixin`: `FluxTransformer2DModel` has it, the SD 1.5 / SDXL `UNet2DConditionModel` and SD3's `SD3Transformer2DModel` do not; the configs `FirstBlockCacheConfig`, `TaylorSeerCacheConfig`, `MagCacheConfig`, `FasterCacheConfig` and `PyramidAttentionBroadcastConfig` are exported; `FluxPipeline.__call__` runs its transformer inside `cache_context("cond")`, and `cache_context("uncond")` for the negative prompt's call."""
+    import diffusers
+    from diffusers.models.cache_utils import CacheMixin
+
+    assert issubclass(diffusers.FluxTransformer2DModel, CacheMixin)
+    for cls in (diffusers.UNet2DConditionModel, diffusers.SD3Transformer2DModel):
+        assert not issubclass(cls, CacheMixin) and not hasattr(cls, "enable_cache")
+    for name in ["FirstBlockCacheConfig", "TaylorSeerCacheConfig", "MagCacheConfig", "FasterCacheConfig", "PyramidAttentionBroadcastConfig"]:  # fmt: skip
+        assert hasattr(diffusers, name), name
+    source = inspect.getsource(diffusers.FluxPipeline.__call__)
+    assert 'with self.transformer.cache_context("cond"):' in source
+    assert 'with self.transformer.cache_context("uncond"):' in source
+
+
+def test_first_block_cache_rule_and_taylorseer_extrapolation():
+    """FirstBlockCache computes the remaining blocks when the first block's residual changed, as mean absolute change over the stored residual's mean absolute value, by more than `threshold`; TaylorSeer computes on a fixed schedule (defaults `cache_interval=5`, `disable_cache_before_step=3`) and in between predicts a hooked module's output by extrapolating its last computed outputs: at order 1, the last output plus the per-step difference times the steps elapsed."""
+    from diffusers import TaylorSeerCacheConfig
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+    from diffusers.hooks.taylorseer_cache import TaylorSeerState
+
+    defaults = TaylorSeerCacheConfig()
+    assert (defaults.cache_interval, defaults.disable_cache_before_step) == (5, 3)
+
+    rule = inspect.getsource(FBCHeadBlockHook._should_compute_remaining_blocks)
+    assert "absmean = (hidden_states_residual - prev_hidden_states_residual).abs().mean()" in rule
+    assert "diff = (absmean / prev_hidden_states_absmean).item()" in rule
+    assert "return diff > self.threshold" in rule
+    # order 1: computed at steps 0 and 2, predicted at step 3 = f2 + (f2 - f0) / 2 * 1
+    state = TaylorSeerState(taylor_factors_dtype=torch.float32, max_order=1)
+    f0, f2 = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 6.0])
+    for step, features in [(0, f0), (2, f2)]:
+        state.current_step = step
+        state.update((features,))
+    state.current_step = 3
+    torch.testing.assert_close(state.predict()[0], f2 + (f2 - f0) / 2)
+
+
+def test_first_block_cache_threshold_trades_calls_for_exactness():
+    """With `FirstBlockCacheConfig(threshold=0)` a 5-step loop on the tiny Flux transformer runs every block at every step and returns the uncached outputs exactly; with a huge threshold the blocks after the first run at step 1 only, and the outputs of later steps differ from the uncached ones, while a call with step 1's inputs returns step 1's output again (the first block's output plus the stored residual of the rest); outside `cache_context(...)` a cached model raises `ValueError`."""
+    from diffusers import FirstBlockCacheConfig
+
+    reference = loop(tiny_flux())
+    for threshold, tail_calls in [(0.0, len(reference)), (1e9, 1)]:
+        model = tiny_flux()
+        model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        calls = []
+        model.single_transformer_blocks[-1].attn.register_forward_pre_hook(
+            lambda m, a, calls=calls: calls.append(1)
+        )
+        cached = loop(model)
+        assert len(calls) == tail_calls
+        if threshold:
+            # a call with step 1's inputs: first block now + the tail residual stored at step 1
+            inputs = flux_inputs()
+            inputs["timestep"] = torch.tensor([SIGMAS[0]])
+            with torch.no_grad(), model.cache_context("cond"):
+                again = model(**inputs)[0]
+            torch.testing.assert_close(again, reference[0], atol=1e-5, rtol=1e-5)
+            with torch.no_grad(), pytest.raises(ValueError, match="No cache context is set"):
+                model(**inputs)
+        same = [torch.equal(a, b) for a, b in zip(cached, reference, strict=True)]
+        assert all(same) if threshold == 0 else (same[0] and not any(same[1:]))
+
+
+# ---------------------------------------------------------------- attention and offload
+
+
+def test_attention_backend_reaches_flux_but_not_the_unet(default_backend):
+    """diffusers' `AttentionBackendName` includes `native`, `_native_math`, `flex`, `flash`, `sage` and `xformers`; `set_attention_backend("_native_math")` sets `_attention_backend` on every attention processor of a tiny `FluxTransformer2DModel`, whose output then stays within 1e-5 of the `native` backend's, as it does inside `with attention_backend("_native_math"):`; the UNet's `AttnProcessor2_0` has no such attribute, so the setting does not reach it."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, attention_backend
+
+    names = {b.value for b in AttentionBackendName}
+    assert {"native", "_native_math", "flex", "flash", "sage", "xformers"} <= names
+    model = tiny_flux()
+    reference = run(model)
+
+    with attention_backend("_native_math"):
+        assert (run(model) - reference).abs().max() <= 1e-5
+    model.set_attention_backend("_native_math")
+    processors = list(model.attn_processors.values())
+    assert processors and all(str(p._attention_backend) for p in processors)
+    assert {p._attention_backend.value for p in processors} == {"_native_math"}
+    assert (run(model) - reference).abs().max() <= 1e-5
+    unet_processors = tiny_unet().attn_processors.values()
+    assert all(not hasattr(p, "_attention_backend") for p in unet_processors)
+
+
+def test_sd3_processor_calls_sdpa_itself_and_gpu_kernels_are_refused(default_backend):
+    """SD3's `JointAttnProcessor2_0` calls `F.scaled_dot_product_attention` itself, not `dispatch_attention_fn`; on this CPU machine `attention_backend("flash")`, `"sage"` and `"xformers"` are refused because their packages are missing: those kernels are not run here."""
+    from diffusers.models.attention_dispatch import attention_backend
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    source = inspect.getsource(JointAttnProcessor2_0.__call__)
+    assert "F.scaled_dot_product_attention(" in source and "dispatch_attention_fn" not in source
+    for name, package in [("flash", "flash-attn"), ("sage", "sageattention"), ("xformers", "xformers")]:  # fmt: skip
+        with pytest.raises(RuntimeError, match=package), attention_backend(name):
+            pass
+
+
+def test_ring_attention_gathers_then_merges_by_log_sum_exp():
+    """diffusers' `TemplatedRingAttention.forward` gathers every rank's keys and values with one `all_gather_tensor`, then merges the partial outputs with their log-sum-exp: `out = prev_out - sigmoid(lse - prev_lse) * (prev_out - out)`."""
+    from diffusers.models.attention_dispatch import TemplatedRingAttention
+
+    source = inspect.getsource(TemplatedRingAttention.forward)
+    assert "funcol.all_gather_tensor(kv_buffer" in source
+    assert "out = prev_out - torch.nn.functional.sigmoid(lse - prev_lse) * (prev_out - out)" in source  # fmt: skip
+    assert "lse = prev_lse - torch.nn.functional.logsigmoid(prev_lse - lse)" in source
+
+
+def test_group_offload_onloads_every_group_each_call_and_changes_no_number(
+    monkeypatch, default_backend
+):
+    """`enable_group_offload(..., offload_type="block_level", num_blocks_per_group=1)` (CPU to CPU) onloads every block group plus one group for the rest on every forward (5 for the tiny transformer's 4 blocks, twice for two calls), and the output is bit-identical to the model without offloading."""
+    reference = run(tiny_flux())
+    model = tiny_flux()
+    model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
+    for _ in range(2):
+        onloads, _ = count_transfers(model, monkeypatch)
+        assert len(onloads) == 5
+    assert torch.equal(run(model), reference)
+
+
+def test_offload_schedules_in_the_source():
+    """`FluxPipeline.model_cpu_offload_seq` is `"text_encoder->text_encoder_2->image_encoder->transformer->vae"`, the order in which `enable_model_cpu_offload` chains the components' hooks, and its default `num_inference_steps` is 28; `enable_model_cpu_offload` chains accelerate's `cpu_offload_with_hook`, whose hook moves a component to the device when its forward starts and offloads the previous one; `enable_sequential_cpu_offload` hooks each component with accelerate's `cpu_offload`, which hooks every module that owns parameters (checked on the tiny UNet); `use_stream=True` needs an accelerator (a `ValueError` on the CPU); a UNet's `mid_block` is not in a `ModuleList`, so `block_level` keeps it in the group of modules outside the block lists."""
+    from diffusers import DiffusionPipeline, FluxPipeline
+    from diffusers.hooks import HookRegistry
+
+    assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
+    assert "cpu_offload(model, device, offload_buffers=offload_buffers)" in inspect.getsource(DiffusionPipeline.enable_sequential_cpu_offload)  # fmt: skip
+    assert "cpu_offload_with_hook(model, device, prev_module_hook=hook)" in inspect.getsource(DiffusionPipeline.enable_model_cpu_offload)  # fmt: skip
+    from accelerate import cpu_offload
+    from accelerate.hooks import CpuOffload
+
+    pre_forward = inspect.getsource(CpuOffload.pre_forward)
+    assert "self.prev_module_hook.offload()" in pre_forward
+    assert "module.to(self.execution_device)" in pre_forward
+    unet = tiny_unet()
+    own = {n for n, m in unet.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    cpu_offload(unet, execution_device=torch.device("cpu"))
+    assert {n for n, m in unet.named_modules() if hasattr(m, "_hf_hook")} == own | {""}
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="streams"):
+        tiny_flux().enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, use_stream=True)  # fmt: skip
+    unet = tiny_unet()
+    assert not isinstance(unet.mid_block, torch.nn.ModuleList)
+    unet.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
+    group = HookRegistry.check_if_exists_or_initialize(unet).get_hook("group_offloading").group
+    assert unet.mid_block in group.modules
+
+    assert FluxPipeline.model_cpu_offload_seq == "text_encoder->text_encoder_2->image_encoder->transformer->vae"  # fmt: skip

@@ -1,0 +1,410 @@
+"""Lab 14 (precision and quantization) against torch's dtypes, the `gguf` package and diffusers.
+
+The starter's NumPy rounding and GGUF block code are compared with torch's casts and with
+the `gguf` package byte for byte; the fp16 VAE overflow and its fixes run on the real
+``AutoencoderKL``, ``StableDiffusionXLPipeline`` and ``StableDiffusionPipeline`` classes
+with tiny random configs (``tiny.py``), and the quantization API is read from diffusers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import runpy
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from tiny import (
+    HEIGHT,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_sd_pipeline,
+    tiny_unet,
+    tiny_vae,
+)
+
+gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
+
+LAB14 = "code/lab-14-precision-and-quantization/precision_quantization.py"
+#: scale of the tiny VAE decoder's first conv: its output reaches ~1.6e5, past fp16's 65504
+OVERFLOW_SCALE = 1e5
+#: width of the pooled text embedding the tiny SDXL UNet is built for (SDXL: 1280)
+POOLED_DIM = 16
+
+
+@pytest.fixture(scope="module")
+def starter():
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["precision_quantization.py"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return runpy.run_path(str(ROOT / LAB14), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def overflowing_vae(force_upcast=True):
+    """The tiny AutoencoderKL with ``decoder.conv_in`` scaled by 1e5: the residual stream
+    after it passes 65504, and the decoder's GroupNorms divide the scale out again."""
+    vae = tiny_vae()
+    vae.register_to_config(force_upcast=force_upcast)
+    with torch.no_grad():
+        vae.decoder.conv_in.weight.mul_(OVERFLOW_SCALE)
+        vae.decoder.conv_in.bias.mul_(OVERFLOW_SCALE)
+    return vae
+
+
+def tiny_sdxl_pipeline(vae):
+    """The real StableDiffusionXLPipeline around a tiny UNet with SDXL's "text_time"
+    conditioning (6 time ids x 8 + pooled width), no text encoders: pass embeddings."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    unet = tiny_unet(
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + POOLED_DIM,
+    )
+    pipe = StableDiffusionXLPipeline(
+        vae=vae, text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
+        unet=unet, scheduler=EulerDiscreteScheduler(), force_zeros_for_empty_prompt=True,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sdxl_call(pipe, dtype, **kwargs):
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(2)).to(dtype)
+    prompt_embeds = embeds(1).to(dtype)
+    return pipe(
+        prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
+        negative_prompt_embeds=torch.zeros_like(prompt_embeds),
+        negative_pooled_prompt_embeds=torch.zeros_like(pooled),
+        num_inference_steps=2, guidance_scale=1.0, height=HEIGHT, width=WIDTH, **kwargs,
+    ).images  # fmt: skip
+
+
+def quiet():
+    """Silence diffusers' "modules to keep in float32" notes when casting a model with .to()."""
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def test_numpy_rounding_matches_torch_casts(starter):
+    """The starter's `round_to` rounds float32 values exactly as torch's casts to `torch.bfloat16`, `torch.float16`, `torch.float8_e4m3fn` and `torch.float8_e5m2` do, on 100,000 random values and the edge cases: ties to even, subnormals, fp16 and e5m2 overflowing to inf, and `float8_e4m3fn` saturating at ±448, even for inf."""
+    round_to = starter["round_to"]
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * 300.0
+    edges = [1 + 2**-8, 1 + 3 * 2**-8, 2.0**-9, 2.0**-10, 2.0**-17, 448.0, 464.0, 470.0, 1e6,
+             65504.0, 65519.0, 65520.0, 57344.0, 61440.0, 3.4e38, float("inf"), -float("inf")]  # fmt: skip
+    x = torch.cat([x, torch.tensor(edges), -torch.tensor(edges)])
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16,
+              "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
+    for name, dtype in dtypes.items():
+        expected = x.to(dtype).to(torch.float64).numpy()
+        np.testing.assert_array_equal(round_to(x.double().numpy(), name), expected, err_msg=name)
+    assert x.new_tensor([float("inf")]).to(torch.float8_e4m3fn).item() == 448.0
+    assert x.new_tensor([1e6]).to(torch.float8_e5m2).item() == float("inf")
+
+
+def test_format_limits_match_torch_finfo(starter):
+    """The largest value, smallest normal and ulp at 1 the starter derives from exponent and mantissa bits equal `torch.finfo` for float32, float16 (max 65504), bfloat16, float8_e4m3fn (max 448) and float8_e5m2 (max 57344), and so do the bytes per element."""
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+              "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
+    for name, dtype in dtypes.items():
+        top, normal, _, ulp, nbytes = starter["format_limits"](name)
+        info = torch.finfo(dtype)
+        assert (top, normal, ulp) == (info.max, info.tiny, info.eps), name
+        assert nbytes == torch.empty(0, dtype=dtype).element_size()
+
+
+def test_tiny_vae_overflows_in_float16_only():
+    """A tiny `AutoencoderKL` whose `decoder.conv_in` is scaled by 1e5 has a decoder activation past 65504 in float32; decoded in float16, every output pixel is NaN, while bfloat16 and float32 decode finite images (bfloat16 within 0.05 of float32)."""
+    quiet()
+    vae = overflowing_vae()
+    z = start_latents()  # (1, 4, 8, 8)
+    peaks = []
+    hooks = [m.register_forward_hook(lambda m, i, o: peaks.append(o.abs().max().item()))
+             for m in vae.decoder.modules() if isinstance(m, torch.nn.Conv2d)]  # fmt: skip
+    with torch.no_grad():
+        reference = vae.decode(z).sample
+    for h in hooks:
+        h.remove()
+    assert 65504 < max(peaks) < 1e7 and torch.isfinite(reference).all()
+    out = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.no_grad():
+            out[dtype] = vae.to(dtype).decode(z.to(dtype)).sample.float()
+    assert torch.isnan(out[torch.float16]).all()
+    assert torch.isfinite(out[torch.bfloat16]).all()
+    assert (out[torch.bfloat16] - reference).abs().max().item() < 0.05
+
+
+def test_sdxl_force_upcast_decodes_in_float32(record_calls):
+    """In a float16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` (the `AutoencoderKL` default), `__call__` calls the deprecated `upcast_vae()` (a `FutureWarning` that says to use `pipe.vae.to(torch.float32)`), the decoder receives float32 latents, the VAE is float16 again afterwards, and the overflowing tiny VAE's images are finite."""
+    quiet()
+    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
+    decoder = record_calls(pipe.vae.decoder)
+    with pytest.warns(FutureWarning, match=r"upcast_vae.*vae\.to\(torch\.float32\)"):
+        images = sdxl_call(pipe, torch.float16, output_type="np")
+    assert decoder.calls[0][0][0].dtype == torch.float32
+    assert pipe.vae.dtype == torch.float16
+    assert np.isfinite(images).all()
+
+
+def test_sdxl_without_force_upcast_gives_nan(record_calls):
+    """With `vae.config.force_upcast=False` the same float16 SDXL pipeline decodes in float16, and every pixel of the tiny overflowing VAE's output is NaN."""
+    quiet()
+    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=False)).to(torch.float16)
+    decoder = record_calls(pipe.vae.decoder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        images = sdxl_call(pipe, torch.float16, output_type="np")
+    assert decoder.calls[0][0][0].dtype == torch.float16
+    assert np.isnan(images).all()
+
+
+def test_vae_to_float32_alone_fails_inside_the_sdxl_call():
+    """`pipe.vae.to(torch.float32)` on an otherwise float16 SDXL pipeline is not enough inside `__call__`: the pipeline casts the latents only when it upcasts itself (and casts the VAE to the latents' dtype only when Apple MPS is available), so float16 latents meet float32 weights and the decode raises a dtype `RuntimeError`. With `output_type="latent"` and a float32 decode by hand, the image is finite."""
+    quiet()
+    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
+    pipe.vae.to(torch.float32)
+    with pytest.raises(RuntimeError, match="should be the same"):
+        sdxl_call(pipe, torch.float16, output_type="np")
+    latents = sdxl_call(pipe, torch.float16, output_type="latent")
+    assert latents.dtype == torch.float16
+    with torch.no_grad():
+        image = pipe.vae.decode(latents.float() / pipe.vae.config.scaling_factor).sample
+    assert torch.isfinite(image).all()
+
+
+def test_bfloat16_pipeline_needs_no_upcast(record_calls):
+    """A whole SDXL pipeline in bfloat16 never upcasts (`needs_upcasting` tests for float16 only): the decoder runs in bfloat16 and the overflowing tiny VAE's images are finite."""
+    quiet()
+    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.bfloat16)
+    decoder = record_calls(pipe.vae.decoder)
+    images = sdxl_call(pipe, torch.bfloat16, output_type="np")
+    assert decoder.calls[0][0][0].dtype == torch.bfloat16
+    assert np.isfinite(images).all()
+
+
+def test_sd15_pipeline_never_reads_force_upcast():
+    """`StableDiffusionPipeline` (SD 1.x) never reads `force_upcast`: in float16 it decodes in float16, and the overflowing tiny VAE gives NaN images even with `force_upcast=True`."""
+    import inspect
+
+    from diffusers import StableDiffusionPipeline
+
+    quiet()
+    assert "force_upcast" not in inspect.getsource(StableDiffusionPipeline)
+    pipe = tiny_sd_pipeline(vae=overflowing_vae(force_upcast=True)).to(torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        images = pipe(prompt_embeds=embeds(0).half(), latents=start_latents().half(),
+                      num_inference_steps=2, guidance_scale=1.0, output_type="np").images  # fmt: skip
+    assert np.isnan(images).all()
+
+
+def test_nan_images_come_out_black():
+    """`VaeImageProcessor.postprocess` keeps NaN through its clamp to [0, 1], and the uint8 cast behind `output_type="pil"` turns NaN into 0 on this machine (x86-64): a black image."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    nan = torch.full((1, 3, 4, 4), float("nan"))
+    processor = VaeImageProcessor()
+    assert np.isnan(processor.postprocess(nan, output_type="np")).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "invalid value encountered in cast"
+        image = processor.postprocess(nan, output_type="pil")[0]
+    assert np.asarray(image).max() == 0
+
+
+def test_force_upcast_default_and_the_fp16_fix():
+    """`AutoencoderKL`'s `force_upcast` defaults to `True`, and its docstring names the other way out: a VAE fine-tuned to a lower activation range, such as `madebyollin/sdxl-vae-fp16-fix`, can set `force_upcast` to `False`."""
+    from diffusers import AutoencoderKL
+
+    assert tiny_vae().config.force_upcast is True
+    doc = " ".join(AutoencoderKL.__doc__.split())
+    assert "can be fine-tuned / trained to a lower range" in doc
+    assert "`force_upcast` can be set to `False`" in doc and "sdxl-vae-fp16-fix" in doc
+
+
+def test_numpy_gguf_blocks_equal_the_gguf_package(starter):
+    """The starter's NumPy `quantize` writes, byte for byte, the blocks of the `gguf` package's `gguf.quants.quantize` for Q8_0 and Q4_0 (`GGML_QUANT_SIZES`: 32 values in 34 and 18 bytes), on weights spanning five orders of magnitude and on all-zero and constant blocks; the starter's `dequantize` equals `gguf.quants.dequantize`."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 256)) * rng.choice([1e-3, 1.0, 100.0], size=(64, 1))).astype(np.float32)  # fmt: skip
+    w[0, :32], w[1, :32], w[2, :32] = 0.0, 5.0, -5.0
+    for name, size in (("Q8_0", (32, 34)), ("Q4_0", (32, 18))):
+        qtype = getattr(GGMLQuantizationType, name)
+        assert GGML_QUANT_SIZES[qtype] == size
+        ours, theirs = starter["quantize"](w, name), gguf.quants.quantize(w, qtype)
+        assert ours.dtype == theirs.dtype == np.uint8
+        np.testing.assert_array_equal(ours, theirs, err_msg=name)
+        np.testing.assert_array_equal(starter["dequantize"](ours, name), gguf.quants.dequantize(theirs, qtype))  # fmt: skip
+
+
+def test_diffusers_dequantizers_decode_the_numpy_blocks(starter):
+    """diffusers' own GGUF dequantizers (`dequantize_functions` in `diffusers.quantizers.gguf.utils`) decode the starter's Q8_0 and Q4_0 bytes to exactly the starter's values when called with `dtype=torch.float32`; `dequantize_gguf_tensor`, the path `GGUFLinear` uses, leaves `dtype` unset and computes `d * q` in float16, so there each weight is the float32 value rounded to fp16."""
+    from diffusers.quantizers.gguf.utils import (
+        GGML_QUANT_SIZES,
+        GGUFParameter,
+        dequantize_functions,
+        dequantize_gguf_tensor,
+    )
+    from gguf import GGMLQuantizationType
+
+    w = starter["weight"]  # (256, in) float32
+    for name in ("Q8_0", "Q4_0"):
+        qtype = getattr(GGMLQuantizationType, name)
+        packed = starter["quantize"](w, name)
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        blocks = torch.from_numpy(packed.reshape(-1, type_size))
+        ours = starter["dequantize"](packed, name)
+        theirs = dequantize_functions[qtype](blocks, block_size, type_size, torch.float32)
+        np.testing.assert_array_equal(theirs.reshape(w.shape).numpy(), ours)
+        runtime = dequantize_gguf_tensor(GGUFParameter(torch.from_numpy(packed), quant_type=qtype))
+        assert runtime.dtype == torch.float16 and runtime.shape == w.shape
+        np.testing.assert_array_equal(runtime.numpy(), ours.astype(np.float16))
+
+
+def test_a_gguf_file_of_the_numpy_blocks_loads_in_diffusers(starter, tmp_path):
+    """A `.gguf` file written by the `gguf` package's `GGUFWriter` from the starter's Q8_0 and Q4_0 bytes loads through diffusers' `load_state_dict` (the reader behind `from_single_file`) as `GGUFParameter`s holding the same bytes, with `quant_type` set and the logical shape `(out, in)` as `quant_shape`."""
+    from diffusers.models.model_loading_utils import load_state_dict
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+    from gguf import GGMLQuantizationType
+
+    w = starter["weight"]
+    packed = {name: starter["quantize"](w, name) for name in ("Q8_0", "Q4_0")}
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "flux")
+    for name, blocks in packed.items():
+        writer.add_tensor(f"{name}.weight", blocks, raw_dtype=getattr(GGMLQuantizationType, name))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    state_dict = load_state_dict(str(path))
+    for name, blocks in packed.items():
+        param = state_dict[f"{name}.weight"]
+        assert isinstance(param, GGUFParameter)
+        assert param.quant_type == getattr(GGMLQuantizationType, name)
+        assert tuple(param.quant_shape) == w.shape
+        np.testing.assert_array_equal(param.as_tensor().numpy(), blocks)
+
+
+def test_gguf_linear_dequantizes_on_every_call(starter, monkeypatch):
+    """`GGUFLinear.forward_native`, the path off CUDA, dequantizes the whole weight on every forward and then runs `F.linear` in `compute_dtype`: two calls make two dequantizations, and the output equals `x @ W.T` with the dequantized `W`."""
+    import diffusers.quantizers.gguf.utils as gguf_utils
+    from gguf import GGMLQuantizationType
+
+    w = starter["weight"]
+    packed = starter["quantize"](w, "Q4_0")
+    layer = gguf_utils.GGUFLinear(w.shape[1], w.shape[0], bias=False, compute_dtype=torch.float32)
+    layer.weight = gguf_utils.GGUFParameter(torch.from_numpy(packed), quant_type=GGMLQuantizationType.Q4_0)  # fmt: skip
+    assert layer.weight.dtype == torch.uint8 and tuple(layer.weight.quant_shape) == w.shape
+    calls = []
+    original = gguf_utils.dequantize_gguf_tensor
+    monkeypatch.setattr(gguf_utils, "dequantize_gguf_tensor", lambda t: calls.append(1) or original(t))  # fmt: skip
+    x = torch.from_numpy(starter["x"][:4])
+    with torch.no_grad():
+        first, second = layer(x), layer(x)
+    assert len(calls) == 2 and torch.equal(first, second)
+    expected = x @ torch.from_numpy(starter["dequantize"](packed, "Q4_0").astype(np.float16)).float().T  # fmt: skip
+    torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_layerwise_casting_stores_fp8_and_computes_in_float32():
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on the tiny UNet hooks only `Linear`, `Conv`, `ConvTranspose` and `Embedding` layers, stores their weights in float8 and skips the modules matching `norm` (`DEFAULT_SKIP_MODULES_PATTERN` is `pos_embed`, `patch_embed`, `norm`, `^proj_in$`, `^proj_out$`), so parameter bytes fall to about a quarter; its output equals, bit for bit, an fp32 UNet whose hooked weights were rounded to float8 and back, and stays within 0.2 relative RMS of the fp32 output (measured 0.11 on random weights; bfloat16 storage: below 0.01)."""
+    from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
+    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+
+    assert DEFAULT_SKIP_MODULES_PATTERN == ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")  # fmt: skip
+    nn = torch.nn
+    assert set(_GO_LC_SUPPORTED_PYTORCH_LAYERS) == {
+        nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+        nn.ConvTranspose3d, nn.Linear, nn.Embedding,
+    }  # fmt: skip
+    reference, cast = tiny_unet(), tiny_unet()
+    cast.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    hooked = {n for n, m in cast.named_modules()
+              if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.get_hook("layerwise_casting")}  # fmt: skip
+    for name, p in cast.named_parameters():
+        module = name.rsplit(".", 1)[0]
+        assert p.dtype == (torch.float8_e4m3fn if module in hooked else torch.float32), name
+        assert (module in hooked) == ("norm" not in module), name
+    nbytes = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    assert nbytes(cast) < 0.3 * nbytes(reference)
+    by_hand = tiny_unet()
+    with torch.no_grad():
+        for name, module in by_hand.named_modules():
+            if name in hooked:
+                for p in module.parameters(recurse=False):
+                    p.copy_(p.to(torch.float8_e4m3fn).float())
+    args = (start_latents(), torch.tensor(500), embeds(0))
+    with torch.no_grad():
+        y_ref, y_cast, y_hand = (m(*args).sample for m in (reference, cast, by_hand))
+    assert torch.equal(y_cast, y_hand)
+    rel = ((y_cast - y_ref).norm() / y_ref.norm()).item()
+    assert 0.01 < rel < 0.2
+    bf16 = tiny_unet()
+    bf16.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
+    with torch.no_grad():
+        y_bf16 = bf16(*args).sample
+    assert ((y_bf16 - y_ref).norm() / y_ref.norm()).item() < 0.01
+
+
+def test_quantization_backends_of_diffusers():
+    """diffusers 0.42.1 maps ten backend names to quantization configs (`AUTO_QUANTIZATION_CONFIG_MAPPING`): `bfl`, `bitsandbytes_4bit`, `bitsandbytes_8bit`, `gguf`, `quanto`, `torchao`, `modelopt`, `auto-round`, `nunchaku_lite` and `sdnq`. Only `gguf`'s library is part of this project's verify extra."""
+    from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
+
+    assert list(AUTO_QUANTIZATION_CONFIG_MAPPING) == [
+        "bfl", "bitsandbytes_4bit", "bitsandbytes_8bit", "gguf", "quanto", "torchao",
+        "modelopt", "auto-round", "nunchaku_lite", "sdnq",
+    ]  # fmt: skip
+
+
+def test_pipeline_quantization_config_maps_components():
+    """`PipelineQuantizationConfig(quant_mapping={"transformer": GGUFQuantizationConfig(compute_dtype=torch.bfloat16)})` gives `transformer` that config and every other component none; `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`, because that route needs the diffusers and transformers config classes to take the same arguments and for GGUF they do not. `GGUFQuantizationConfig` is `pre_quantized` (GGUF weights are read from a GGUF file, not quantized at load) and computes in float32 unless told otherwise. `DiffusionPipeline.from_pretrained` takes the pipeline config as `quantization_config` and rejects any other type."""
+    import inspect
+
+    from diffusers import DiffusionPipeline, GGUFQuantizationConfig, PipelineQuantizationConfig
+
+    config = GGUFQuantizationConfig(compute_dtype=torch.bfloat16)
+    pipeline_config = PipelineQuantizationConfig(quant_mapping={"transformer": config})
+    assert pipeline_config._resolve_quant_config(is_diffusers=True, module_name="transformer") is config  # fmt: skip
+    assert pipeline_config._resolve_quant_config(is_diffusers=True, module_name="vae") is None
+    with pytest.raises(ValueError, match="signatures of the __init__ methods"):
+        PipelineQuantizationConfig(quant_backend="gguf", quant_kwargs={"compute_dtype": torch.bfloat16})  # fmt: skip
+    assert config.pre_quantized is True
+    assert GGUFQuantizationConfig().compute_dtype == torch.float32
+    source = inspect.getsource(DiffusionPipeline.from_pretrained)
+    assert 'quantization_config = kwargs.pop("quantization_config", None)' in source
+    assert "not isinstance(quantization_config, PipelineQuantizationConfig)" in source
+
+
+def test_gpu_only_backends_say_so_in_their_source():
+    """The bitsandbytes quantizers refuse to run without an accelerator (`validate_environment` raises "No GPU found" unless CUDA or XPU, or for 4-bit also MPS, is available), and the Nunchaku quantizer raises unless CUDA is available: this page describes them and runs neither."""
+    import inspect
+
+    from diffusers.quantizers.bitsandbytes import (
+        BnB4BitDiffusersQuantizer,
+        BnB8BitDiffusersQuantizer,
+    )
+    from diffusers.quantizers.nunchaku import NunchakuLiteQuantizer
+
+    four = inspect.getsource(BnB4BitDiffusersQuantizer.validate_environment)
+    eight = inspect.getsource(BnB8BitDiffusersQuantizer.validate_environment)
+    assert (
+        "torch.cuda.is_available() or torch.xpu.is_available() or torch.mps.is_available()" in four
+    )
+    assert "torch.cuda.is_available() or torch.xpu.is_available())" in eight
+    assert (
+        'raise RuntimeError("No GPU found' in four and 'raise RuntimeError("No GPU found' in eight
+    )
+    nunchaku = inspect.getsource(NunchakuLiteQuantizer.validate_environment)
+    assert "requires a CUDA-capable NVIDIA GPU" in nunchaku
+    assert not torch.cuda.is_available()

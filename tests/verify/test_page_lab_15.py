@@ -1,0 +1,318 @@
+"""Lab 15 (step caching) against diffusers' cache hooks on a tiny FluxTransformer2DModel.
+
+The tiny transformer is built in code with the config diffusers' own tests use
+(``tests/models/transformers/test_models_transformer_flux.py``: patch_size 1, 4 input
+channels, two heads of 16, joint_attention_dim 32, axes_dims_rope [4, 4, 8]), with two
+single-stream blocks so FirstBlockCache has a head, a middle and a tail block. No weights,
+no hub. The starter's NumPy ``FirstBlockCache`` and ``TaylorSeer`` are fed the tensors
+diffusers computed and must make the same decisions and predictions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import runpy
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+LAB15 = "code/lab-15-step-caching/step_caching.py"
+#: sigma-like timesteps of a short loop: small steps with a few jumps
+TIMESTEPS = [1.0, 0.98, 0.96, 0.8, 0.78, 0.76, 0.5, 0.48, 0.46, 0.2]
+
+
+@pytest.fixture(scope="module")
+def starter():
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["step_caching.py"]
+    try:
+        return runpy.run_path(str(ROOT / LAB15), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def tiny_flux():
+    """FluxTransformer2DModel, diffusers' test config with 1 dual- and 2 single-stream blocks."""
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8],
+    ).eval()
+
+
+def flux_inputs():
+    """A 4 x 4 latent grid as 16 tokens of 4 channels, 8 text tokens of width 32."""
+    g = torch.Generator().manual_seed(0)
+    return dict(
+        hidden_states=torch.randn(1, 16, 4, generator=g),  # (B, h*w, C) packed latents
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),  # prompt_embeds
+        pooled_projections=torch.randn(1, 32, generator=g),  # pooled_prompt_embeds
+        img_ids=torch.randn(16, 3, generator=g),
+        txt_ids=torch.randn(8, 3, generator=g),
+    )
+
+
+def run_loop(model, timesteps=TIMESTEPS, context="cond"):
+    """A flow-matching Euler loop on the tiny transformer: each output moves the latents,
+    so every call sees new hidden_states and a new timestep, as in a pipeline."""
+    inputs = flux_inputs()
+    latents, outputs = inputs.pop("hidden_states"), []
+    sigmas = [*timesteps, 0.0]
+    with torch.no_grad():
+        for i, t in enumerate(timesteps):
+            with model.cache_context(context):
+                noise_pred = model(hidden_states=latents, timestep=torch.tensor([t]), **inputs).sample  # fmt: skip
+            outputs.append(noise_pred)
+            latents = latents + (sigmas[i + 1] - sigmas[i]) * noise_pred
+    return outputs
+
+
+class Counter:
+    """Counts forward calls of a module through a pre-hook."""
+
+    def __init__(self, module):
+        self.n = 0
+        self.handle = module.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.n += 1
+
+
+def test_cache_configs_and_defaults():
+    """diffusers exports `FirstBlockCacheConfig` (default `threshold=0.05`), `TaylorSeerCacheConfig` (defaults `cache_interval=5`, `disable_cache_before_step=3`, `max_order=1`, `taylor_factors_dtype=torch.bfloat16`), `MagCacheConfig`, `FasterCacheConfig` and `PyramidAttentionBroadcastConfig`, and `CacheMixin` gives a model `enable_cache(config)`, `disable_cache()` and `cache_context(name)`."""
+    import diffusers
+    from diffusers.models.cache_utils import CacheMixin
+
+    for name in ["FirstBlockCacheConfig", "TaylorSeerCacheConfig", "MagCacheConfig", "FasterCacheConfig", "PyramidAttentionBroadcastConfig"]:  # fmt: skip
+        assert hasattr(diffusers, name), name
+    assert diffusers.FirstBlockCacheConfig().threshold == 0.05
+    ts = diffusers.TaylorSeerCacheConfig()
+    assert (ts.cache_interval, ts.disable_cache_before_step, ts.max_order) == (5, 3, 1)
+    assert ts.taylor_factors_dtype == torch.bfloat16 and ts.disable_cache_after_step is None
+    for method in ("enable_cache", "disable_cache", "cache_context"):
+        assert callable(getattr(CacheMixin, method))
+
+
+def test_which_models_support_caching():
+    """`FluxTransformer2DModel` inherits `CacheMixin`; Stable Diffusion 1.5 / SDXL's `UNet2DConditionModel` and SD3's `SD3Transformer2DModel` do not, and have no `enable_cache` method."""
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel, UNet2DConditionModel
+    from diffusers.models.cache_utils import CacheMixin
+
+    assert issubclass(FluxTransformer2DModel, CacheMixin)
+    for cls in (UNet2DConditionModel, SD3Transformer2DModel):
+        assert not issubclass(cls, CacheMixin)
+        assert not hasattr(cls, "enable_cache")
+
+
+def test_cache_context_is_required():
+    """Once a cache is enabled, calling the model outside `cache_context(...)` raises `ValueError` ("No cache context is set"): the hooks keep one state per context name, such as `"cond"` and `"uncond"`."""
+    from diffusers import FirstBlockCacheConfig
+
+    model = tiny_flux()
+    model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
+    inputs = flux_inputs()
+    with torch.no_grad(), pytest.raises(ValueError, match="No cache context is set"):
+        model(timestep=torch.tensor([1.0]), **inputs)
+    # one state per name: with a huge threshold each name runs everything on its first call only
+    tail = Counter(model.single_transformer_blocks[-1].attn)
+    with torch.no_grad():
+        for name in ["cond", "cond", "uncond", "uncond", "cond"]:
+            with model.cache_context(name):
+                model(timestep=torch.tensor([1.0]), **inputs)
+    assert tail.n == 2
+
+
+def test_enable_twice_raises_and_disable_restores():
+    """`enable_cache` on a model that already has a cache raises `ValueError`; after `disable_cache()` the model's outputs over a loop equal the uncached ones exactly."""
+    from diffusers import FirstBlockCacheConfig
+
+    model = tiny_flux()
+    reference = run_loop(model)
+    model.enable_cache(FirstBlockCacheConfig(threshold=10.0))
+    assert model.is_cache_enabled
+    with pytest.raises(ValueError, match="already been enabled"):
+        model.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    cached = run_loop(model)
+    assert not all(torch.equal(a, b) for a, b in zip(cached, reference, strict=True))
+    model.disable_cache()
+    assert not model.is_cache_enabled
+    for a, b in zip(run_loop(model), reference, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_threshold_zero_gives_the_uncached_output():
+    """With `FirstBlockCacheConfig(threshold=0)` every call of a 10-step loop on a tiny `FluxTransformer2DModel` runs all blocks and returns exactly the uncached output: a skip needs the relative change to be `<= 0`, i.e. an identical residual."""
+    from diffusers import FirstBlockCacheConfig
+
+    model = tiny_flux()
+    reference = run_loop(model)
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.0))
+    tail = Counter(model.single_transformer_blocks[-1].attn)  # runs only when the tail computes
+    cached = run_loop(model)
+    assert tail.n == len(TIMESTEPS)
+    for a, b in zip(cached, reference, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_huge_threshold_reuses_the_first_steps_tail_residual():
+    """With a huge threshold only the first call runs the remaining blocks; every later call runs the first block and adds the tail residual stored at step 1 (tail block output minus first block output), so a call with step 1's inputs returns step 1's output (to float32 rounding) and the other calls differ from the uncached ones."""
+    from diffusers import FirstBlockCacheConfig
+
+    model = tiny_flux()
+    inputs = flux_inputs()
+    head, tail = model.transformer_blocks[0], model.single_transformer_blocks[-1]
+    seen = {}
+
+    def keep(name):
+        return lambda module, args, kwargs, out: seen.setdefault(name, []).append(out)
+
+    handles = [head.register_forward_hook(keep("head"), with_kwargs=True),
+               tail.register_forward_hook(keep("tail"), with_kwargs=True)]  # fmt: skip
+    with torch.no_grad():
+        uncached = [model(timestep=torch.tensor([t]), **inputs).sample for t in TIMESTEPS[:3]]
+    model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
+    middle = Counter(model.single_transformer_blocks[0].attn)
+    last = Counter(tail.attn)
+    with torch.no_grad(), model.cache_context("cond"):
+        cached = [model(timestep=torch.tensor([t]), **inputs).sample for t in [*TIMESTEPS[:3], TIMESTEPS[0]]]  # fmt: skip
+    for h in handles:
+        h.remove()
+    assert middle.n == last.n == 1  # only the first call ran the remaining blocks
+    assert torch.equal(cached[0], uncached[0])
+    # head + (tail - head) is tail up to float32 rounding
+    torch.testing.assert_close(cached[3], cached[0], atol=1e-6, rtol=0)
+    assert not torch.allclose(cached[1], uncached[1], atol=1e-4)
+    # rebuild call 2 by hand: head block output now + (tail output - head output) at step 1
+    step1_residual = seen["tail"][0][1] - seen["head"][0][1]  # (B, 16, D) hidden_states
+    hidden = seen["head"][1][1] + step1_residual  # the head ran uncached at TIMESTEPS[1]
+    with torch.no_grad():
+        temb = model.time_text_embed(torch.tensor([TIMESTEPS[1]]) * 1000, inputs["pooled_projections"])  # fmt: skip
+        rebuilt = model.proj_out(model.norm_out(hidden, temb))
+    torch.testing.assert_close(cached[1], rebuilt, atol=1e-5, rtol=1e-5)
+
+
+def residual(head, kwargs):
+    """The first block's residual, hidden_states out minus in: (B, 16, D) -> float64 NumPy."""
+    with torch.no_grad():
+        return (head(**kwargs)[1] - kwargs["hidden_states"]).double().numpy()
+
+
+def test_numpy_rule_reproduces_diffusers_skip_decisions(starter):
+    """The starter's NumPy `FirstBlockCache` rule (`mean|r - r_prev| / mean|r_prev| > threshold`, with `r_prev` replaced only when the rest runs) makes the same compute/skip decision as diffusers' `FBCHeadBlockHook` at every step of a 10-step loop, fed the first block's residuals diffusers computed."""
+    from diffusers import FirstBlockCacheConfig
+
+    model = tiny_flux()
+    head, tail_attn = model.transformer_blocks[0], model.single_transformer_blocks[-1].attn
+    calls, ran = [], []  # the head block's kwargs per call; the calls in which the tail ran
+    hooks = [head.register_forward_pre_hook(lambda m, a, kw: calls.append(kw), with_kwargs=True),
+             tail_attn.register_forward_pre_hook(lambda m, a: ran.append(len(calls)))]  # fmt: skip
+    # an uncached loop first: the median step-to-step change is a threshold that mixes both
+    run_loop(model)
+    first = list(calls)
+    hooks[0].remove()  # residual() calls the head block again: stop recording first
+    plain = [residual(head, kw) for kw in first]
+    changes = [np.abs(b - a).mean() / np.abs(a).mean() for a, b in itertools.pairwise(plain)]
+    threshold = float(np.median(changes))
+    calls.clear()
+    ran.clear()
+    hooks[0] = head.register_forward_pre_hook(lambda m, a, kw: calls.append(kw), with_kwargs=True)
+    model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+    run_loop(model)
+    for h in hooks:
+        h.remove()
+    diffusers_computed = [k + 1 in ran for k in range(len(TIMESTEPS))]
+    model.disable_cache()
+    fbc = starter["FirstBlockCache"](threshold)
+    ours = []
+    for kw in calls:
+        r = residual(head, kw)
+        compute, _ = fbc.should_compute(r)
+        if compute:  # as in the starter's transformer(): stored only when the rest runs
+            fbc.head_block_residual = r
+        ours.append(compute)
+    assert ours == diffusers_computed
+    assert True in ours[1:] and False in ours  # the threshold mixes runs and skips
+
+
+def test_taylorseer_hooks_attention_modules_by_default():
+    """`TaylorSeerCacheConfig()` hooks the attention modules of the transformer blocks (regexes `^transformer_blocks.*attn` and `^single_transformer_blocks.*attn`), not whole blocks: on the tiny Flux transformer `transformer_blocks.0.attn` and both `single_transformer_blocks.*.attn`."""
+    from diffusers import TaylorSeerCacheConfig
+
+    model = tiny_flux()
+    model.enable_cache(TaylorSeerCacheConfig())
+    hooked = {
+        name
+        for name, m in model.named_modules()
+        if hasattr(m, "_diffusers_hook") and "taylorseer_cache" in m._diffusers_hook.hooks
+    }
+    assert hooked == {"transformer_blocks.0.attn", "single_transformer_blocks.0.attn", "single_transformer_blocks.1.attn"}  # fmt: skip
+
+
+def test_taylorseer_default_schedule():
+    """With the default `TaylorSeerCacheConfig()` (`disable_cache_before_step=3`, `cache_interval=5`) an attention module really runs at calls 0, 1, 2, 4 and 9 of a 10-step loop: call 3 is already a prediction."""
+    from diffusers import TaylorSeerCacheConfig
+
+    model = tiny_flux()
+    model.enable_cache(TaylorSeerCacheConfig())
+    calls, ran = [0], []
+    attn = model.transformer_blocks[0].attn
+    attn.to_q.register_forward_pre_hook(lambda m, a: ran.append(calls[0]))
+    attn.register_forward_hook(lambda m, a, out: calls.__setitem__(0, calls[0] + 1))
+    run_loop(model)
+    assert calls[0] == len(TIMESTEPS) and ran == [0, 1, 2, 4, 9]
+
+
+def test_numpy_taylorseer_matches_diffusers(starter):
+    """With `cache_interval=3`, `disable_cache_before_step=2`, `max_order=2` (float32 factors), diffusers' TaylorSeer hook computes an attention module at calls 0, 1, 3, 6 and 9 of a 10-step loop and predicts the rest; the starter's NumPy `TaylorSeer` makes the same schedule and, fed the computed outputs, predicts the skipped ones to float32 rounding."""
+    from diffusers import TaylorSeerCacheConfig
+
+    model = tiny_flux()
+    model.enable_cache(TaylorSeerCacheConfig(cache_interval=3, disable_cache_before_step=2, max_order=2, taylor_factors_dtype=torch.float32))  # fmt: skip
+    attn = model.transformer_blocks[0].attn
+    outs, ran = [], []  # attn's image-token output per call; the calls that really ran
+    attn.to_q.register_forward_pre_hook(lambda m, a: ran.append(len(outs)))
+    attn.register_forward_hook(lambda m, a, out: outs.append(out[0].double().numpy()))
+    run_loop(model)
+    computed = [k in ran for k in range(len(TIMESTEPS))]
+    assert computed == [k in (0, 1, 3, 6, 9) for k in range(len(TIMESTEPS))]
+    ts = starter["TaylorSeer"](cache_interval=3, disable_cache_before_step=2, max_order=2)
+    for k, out in enumerate(outs):
+        assert ts.should_compute() == computed[k]
+        if computed[k]:
+            ts.update(out)
+        else:
+            np.testing.assert_allclose(ts.predict(), out, rtol=1e-4, atol=1e-5)
+
+
+def test_flux_pipeline_wraps_its_calls_in_cache_context():
+    """`FluxPipeline.__call__` calls the transformer inside `transformer.cache_context("cond")`, and the negative-prompt call of true CFG inside `cache_context("uncond")`, so the two keep separate cache states; its default `num_inference_steps` is 28."""
+    import inspect
+
+    from diffusers import FluxPipeline
+
+    source = inspect.getsource(FluxPipeline.__call__)
+    assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
+    assert 'self.transformer.cache_context("cond")' in source
+    assert 'self.transformer.cache_context("uncond")' in source
+
+
+def test_taylorseer_without_warmup_cannot_start():
+    """With `disable_cache_before_step=0` and `cache_interval=2`, TaylorSeer's first call is scheduled as a prediction with nothing computed yet, and diffusers raises `ValueError` ("Cannot predict without prior initialization/update")."""
+    from diffusers import TaylorSeerCacheConfig
+
+    model = tiny_flux()
+    model.enable_cache(TaylorSeerCacheConfig(disable_cache_before_step=0, cache_interval=2))
+    with pytest.raises(ValueError, match="Cannot predict without prior initialization"):
+        run_loop(model, TIMESTEPS[:1])
