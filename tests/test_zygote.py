@@ -56,3 +56,14 @@ def test_a_run_does_not_see_the_previous_runs_state(tmp_path, zygote):
         "import labkit\nprint(getattr(labkit, 'touched', False))\nlabkit.touched = True\n"
     )
     assert zygote.run(script, []).stdout == zygote.run(script, []).stdout == "False\n"
+
+
+def test_a_run_that_hangs_times_out_and_takes_its_zygote_down(tmp_path):
+    import subprocess
+
+    script = tmp_path / "hang.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    zygote = Zygote()
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote.run(script, [], timeout=1)
+    assert zygote.proc.poll() is not None  # the zygote (and its child's group) is gone

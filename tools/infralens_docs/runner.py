@@ -13,8 +13,10 @@ import functools
 import hashlib
 import json
 import os
+import select
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -108,12 +110,20 @@ class Zygote:
             [sys.executable, "-m", "infralens_docs.zygote"],
             cwd=ROOT, env=starter_env(), text=True, encoding="utf-8",
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            start_new_session=True,  # its own process group: a timeout stops its children too
         )  # fmt: skip
 
-    def run(self, source: Path, args: list[str] | tuple[str, ...]) -> subprocess.CompletedProcess:
+    def run(
+        self, source: Path, args: list[str] | tuple[str, ...], timeout: float = 120
+    ) -> subprocess.CompletedProcess:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"source": str(source), "args": list(args)}) + "\n")
         self.proc.stdin.flush()
+        # one reply line per request, so nothing is left in the reader's buffer between runs
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise subprocess.TimeoutExpired([sys.executable, str(source), *args], timeout)
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the starter zygote exited ({self.proc.wait()})")
@@ -133,7 +143,10 @@ _zygotes = threading.local()
 
 
 def _execute_for_build(source: Path, args: list[str] | tuple[str, ...]):
-    """The build's runs go through this thread's zygote (started on first use)."""
+    """The build's runs go through this thread's zygote (started on first use); where
+    the OS cannot fork (Windows), through a fresh interpreter as a reader runs it."""
+    if not hasattr(os, "fork"):
+        return _execute(source, args)
     zygote = getattr(_zygotes, "zygote", None)
     if zygote is None or zygote.proc.poll() is not None:
         zygote = _zygotes.zygote = Zygote()
@@ -222,7 +235,9 @@ def prefetch(jobs: list[tuple[str, list[str], bool]], workers: int = 0) -> None:
     ``figures`` True means ``starter_figures(starter, args)``, else ``run_starter``.
     Workers default to the machine's cores (at least 1).
     """
-    workers = workers or max(1, len(os.sched_getaffinity(0)))
+    if not workers:  # the cores this process may use (sched_getaffinity is Linux-only)
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        workers = len(cores) if cores else os.cpu_count() or 1
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="infralens-run")
     seen = set()
     for starter, args, figures in jobs:
