@@ -119,6 +119,31 @@ def test_every_page_loads_clean_and_within_its_byte_budget(built_site, server, b
     assert heavy == {}, f"pages over {LOAD_BUDGET_BYTES:,} bytes (gzip) at load: {heavy}"
 
 
+def test_notebook_page_links_back_and_its_downloads_work(server, browser):
+    """From a starter page: the guide link lands on its lab page, and both downloads
+    (.py and .ipynb) are served; the notebook is valid JSON with the starter's cells."""
+    import json
+
+    page, problems = visit(browser, server + "/code/lab-13-few-step-sampling/few_step/")
+    links = page.locator("p.starter-links a")
+    assert links.count() == 3
+    downloads = {}
+    for i in range(1, 3):
+        url = links.nth(i).evaluate("a => a.href")  # resolved against the page
+        assert links.nth(i).get_attribute("download") is not None
+        response = page.request.get(url)
+        assert response.ok, url
+        downloads[url.rsplit("/", 1)[-1]] = response.body()
+    notebook = json.loads(downloads["few_step.ipynb"])
+    assert notebook["nbformat"] == 4 and len(notebook["cells"]) > 5
+    assert downloads["few_step.py"].startswith(b'"""Lab 13: ')
+    links.first.click()
+    page.wait_for_url("**/labs/lab-13-few-step-sampling/")
+    assert page.locator("h1").first.inner_text().startswith("Lab 13")
+    assert problems == []
+    page.context.close()
+
+
 def test_mathml_renders_with_size(server, browser):
     page, problems = visit(browser, server + "/handbook/objective/")
     box = page.locator("math").first.bounding_box()
