@@ -29,7 +29,7 @@ from labkit.cli import (
     int_list,
     parse_args,
 )
-from labkit.memory import peak_bytes  # tracemalloc peak, least of 2 calls
+from labkit.memory import peak_bytes  # tracemalloc peak of one call
 from labkit.metrics import sample_quality
 from labkit.schedulers import DDIMScheduler
 

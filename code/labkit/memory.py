@@ -5,8 +5,8 @@ the largest amount of array memory alive at once inside it (inputs, allocated be
 are not counted). ``tracemalloc`` traces every thread, though: inside a Jupyter kernel
 (how the site executes the starters) the kernel's own threads can add a few hundred
 bytes to one call, mostly while they send output printed just before it. So the output
-streams are flushed first, and since such noise only ever adds, the least of two calls
-is the call's own peak, the same in a terminal and in a notebook.
+streams are flushed first; and since such noise only ever adds, ``repeats=2`` keeps the
+least of two calls, for a peak that sits close to the rounding of the printed value.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def peak_bytes(fn: Callable[..., Any], *args: Any, repeats: int = 2) -> tuple[Any, int]:
+def peak_bytes(fn: Callable[..., Any], *args: Any, repeats: int = 1) -> tuple[Any, int]:
     """``(fn(*args), peak bytes allocated inside the call)``, the least over ``repeats``
     calls (``fn`` must be deterministic: the result of the last call is returned)."""
     if repeats < 1:
