@@ -351,7 +351,12 @@ figures.save(
 sd15 = dict(B=1, n=50, h=64, w=64, f=8)  # one 512 x 512 image, 50 steps
 first_step = [row for row in trace if row["step"] in (None, 1)]
 picked = {  # (stage, boundary) of a trace row -> (operation, name and layout in diffusers)
-    ("loop", "condition into the unet"): ("encode_prompt", "prompt_embeds", f"{rows}, 77, 768"),
+    # encode_prompt returns (B, 77, 768) twice; __call__ concatenates them when guiding
+    ("loop", "condition into the unet"): (
+        "encode_prompt, cat([negative, prompt])" if copies == 2 else "encode_prompt",
+        "prompt_embeds",
+        f"{rows}, 77, 768",
+    ),
     ("prepare", "set_timesteps"): ("set_timesteps(n)", None, None),
     ("prepare", "noise * init_noise_sigma"): ("randn * init_noise_sigma", None, None),
     ("loop", into_unet): (into_unet.split(", ")[0], None, None),
