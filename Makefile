@@ -9,6 +9,9 @@ BIN    := $(VENV)/bin
 SITE   := $(VENV)/.installed-site
 STAMP  := $(VENV)/.installed-dev
 export NO_MKDOCS_2_WARNING := 1
+# nbconvert builds every exporter at import time only to list them in its CLI help
+# (0.3 s of each build's start-up); mkdocs-jupyter never reads that list.
+export NBCONVERT_DISABLE_CONFIG_EXPORTERS := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .DEFAULT_GOAL := help

@@ -36,7 +36,8 @@ ASSET_RE = re.compile(r"""<(?:script|link|img)\b[^>]*\b(?:src|href)=["']([^"'#?]
 
 
 def build(site_dir: Path) -> float:
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    # as the Makefile runs mkdocs
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", NBCONVERT_DISABLE_CONFIG_EXPORTERS="1")
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site_dir)],

@@ -8,6 +8,7 @@ from infralens_docs.hooks import (
     on_page_markdown,
     on_post_build,
     on_post_page,
+    on_pre_page,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "on_page_markdown",
     "on_post_build",
     "on_post_page",
+    "on_pre_page",
 ]

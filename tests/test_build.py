@@ -357,13 +357,20 @@ def test_home_page_title_names_the_site_once(built_site):
 def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
     """A second build with empty caches gives the same files, byte for byte (the sitemap's
     date aside): cached and fresh runs agree, and nothing depends on timing or randomness.
+    The second build renders every notebook page in the build process itself, so the
+    prebuild workers (infralens_docs.notebooks) are checked to render the same pages.
     No page holds an absolute path of the build machine or a kernel's stderr output."""
     import os
     import subprocess
     import sys
 
     site = tmp_path / "site"
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", INFRALENS_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(
+        os.environ,
+        NO_MKDOCS_2_WARNING="1",
+        INFRALENS_CACHE_DIR=str(tmp_path / "cache"),
+        INFRALENS_NOTEBOOK_WORKERS="0",
+    )
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site)],
         cwd=ROOT, env=env, check=True, capture_output=True, timeout=900,
@@ -392,7 +399,7 @@ def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
 def test_adjacent_stream_outputs_merge_and_keep_their_place():
     """A cell's stdout can arrive in one message or several, as the kernel flushes; the
     page must not depend on it. Text printed after a figure stays after it."""
-    from infralens_docs.hooks import merge_adjacent_streams
+    from infralens_docs.notebooks import merge_adjacent_streams
 
     def out(kind, text="", name="stdout"):
         if kind == "stream":
@@ -420,3 +427,40 @@ def test_every_in_page_anchor_has_its_target(built_site):
         if missing:
             broken[page.relative_to(built_site).as_posix()] = sorted(missing)[:5]
     assert broken == {}
+
+
+def test_search_parse_cache_gives_materials_sections(tmp_path, monkeypatch):
+    """Material's search sections for a page are the same whether its parser runs or the
+    parse comes back from the cache (infralens_docs.search_cache), and a changed page is
+    parsed again rather than served stale."""
+    from material.plugins.search import plugin
+
+    from infralens_docs import search_cache
+
+    original = plugin.Parser
+    monkeypatch.setattr(search_cache, "CACHE", tmp_path)
+    html = (
+        '<h1 id="a">Title <code>x</code></h1><p>Some <em>text</em>.</p>'
+        '<h2 id="b">Next</h2><div class="highlight"><pre><span>code</span></pre></div>'
+        '<h2 id="c" data-search-exclude>Hidden</h2><p>gone</p>'
+    )
+
+    def sections(parser_class, text):
+        parser = parser_class()
+        parser.feed(text)
+        parser.close()
+        return [(s.el.tag, s.id, s.title, s.text, s.is_excluded()) for s in parser.data]
+
+    try:
+        search_cache.install()
+        cached = plugin.Parser
+        assert cached is not original and cached.__mro__[1] is original
+        expected = sections(original, html)
+        assert sections(cached, html) == expected  # parsed, then stored
+        assert len(list(tmp_path.glob("*.pickle"))) == 1
+        assert sections(cached, html) == expected  # loaded
+        changed = html.replace("Next", "Later")
+        assert sections(cached, changed) == sections(original, changed)
+        assert len(list(tmp_path.glob("*.pickle"))) == 2
+    finally:
+        plugin.Parser = original

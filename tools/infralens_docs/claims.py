@@ -16,14 +16,20 @@ so the site builds without torch or diffusers installed.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from infralens_docs.registry import ROOT
+from infralens_docs.runner import CACHE_ROOT
 
 VERIFY_DIR = ROOT / "tests" / "verify"
+#: parsed claims, one JSON file per version of a module and of this parser
+CACHE = CACHE_ROOT / "claims"
+_PARSER = Path(__file__).read_bytes()
 VERSIONS_FILE = VERIFY_DIR / "verified_versions.json"
 LAB_PAGE_RE = re.compile(r"^labs/lab-(\d{2})-[a-z0-9-]+\.md$")
 
@@ -52,7 +58,25 @@ def read_claims(module: Path) -> list[Claim]:
     """Every ``test_*`` function of ``module`` with its claim, in file order."""
     if not module.is_file():
         raise ClaimsError(f"{module.relative_to(ROOT)} does not exist")
-    tree = ast.parse(module.read_text(encoding="utf-8"), filename=str(module))
+    # The home page, the references and the module's own page all read it, on every
+    # build: parse each version of a module once, and keep the result on disk.
+    source = module.read_text(encoding="utf-8")
+    digest = hashlib.sha256(_PARSER + source.encode("utf-8")).hexdigest()[:32]
+    cached = CACHE / f"{digest}.json"
+    try:
+        return [Claim(*pair) for pair in json.loads(cached.read_text(encoding="utf-8"))]
+    except (OSError, ValueError, TypeError):
+        pass
+    found = _claims(module, source)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps([[c.test, c.text] for c in found]), encoding="utf-8")
+    tmp.replace(cached)
+    return found
+
+
+def _claims(module: Path, source: str) -> list[Claim]:
+    tree = ast.parse(source, filename=str(module))
     claims = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):

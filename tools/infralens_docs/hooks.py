@@ -6,7 +6,10 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   under "Labs", from the registry; keys mkdocs-jupyter's cache on the labkit
   sources, so an edit to the shared package re-executes the notebooks.
 - ``on_files``: adds the starter files under ``code/`` (outside ``docs/``) so
-  mkdocs-jupyter renders them as executed notebook pages.
+  mkdocs-jupyter renders them as executed notebook pages, and starts the work the
+  pages will need on other cores: the starter runs (``runner.prefetch``) and the
+  notebook pages (``notebooks.prebuild``).
+- ``on_pre_page``: a notebook page waits for its prebuild worker before rendering.
 - ``on_page_markdown``: expands ``<!-- infralens:... -->`` directives, one
   function each in ``infralens_docs.directives`` (``run``, ``lab-card``,
   ``labs-table``, ``labs-for``, ``sections-table``, ``verified-claims``,
@@ -16,7 +19,10 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   turns their code cells into Material code blocks.
 - ``on_post_page``: names Material's search dialog and defers its bundle
   (accessibility and render-blocking fixes, without copying a template).
-- ``on_post_build``: copies the figure files the pages reference into the site.
+- ``on_post_build``: copies the figure files the pages reference into the site, and
+  stops the build's kernel, workers and zygotes.
+
+``on_config`` also routes Material's search indexing through ``search_cache``.
 
 Any directive it does not know, any starter that exits non-zero and any TeX it
 cannot render fails the build.
@@ -36,7 +42,6 @@ import shlex
 import shutil
 import struct
 import sys
-import types
 from pathlib import Path
 
 import jupytext
@@ -46,6 +51,7 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
+from infralens_docs import notebooks, search_cache
 from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
@@ -96,14 +102,18 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         ]
         labs_section["Labs"].append({lab.label: entries})
 
+    if "material/search" in config.plugins or "search" in config.plugins:
+        search_cache.install()
+
     jupyter = config.plugins.get("mkdocs-jupyter")
     if jupyter is not None:
         os.environ.update(BLAS_ENV)  # the kernels inherit it: same digits as run_starter
-        _configure_notebooks()
+        notebooks.configure()
         # mkdocs-jupyter keys its cache on the notebook file alone; the starters import
-        # labkit, and this file configures how notebooks run, so fold both into the
+        # labkit, and these files configure how notebooks run, so fold them into the
         # cache location too.
-        key = hashlib.sha256((labkit_digest() + Path(__file__).read_text()).encode())
+        sources = [Path(__file__), Path(notebooks.__file__)]
+        key = hashlib.sha256((labkit_digest() + "".join(p.read_text() for p in sources)).encode())
         key = key.hexdigest()[:16]
         base = CACHE_ROOT / "mkdocs-jupyter"
         jupyter.config["cache_dir"] = str(base / key)
@@ -113,138 +123,6 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
                     f.unlink()
                 stale.rmdir()
     return config
-
-
-def _configure_notebooks() -> None:
-    """Three settings for mkdocs-jupyter's notebook runs, applied once.
-
-    - Kernels over IPC (Unix sockets under .cache/) instead of TCP: nbclient starts each
-      kernel with the exporter's traitlets config, so ``KernelManager.transport = "ipc"``
-      there keeps the build off the network and silences ipykernel's "running over TCP
-      without encryption" warning. mkdocs-jupyter builds that config in
-      ``get_nbconvert_app``; wrap it.
-    - Adjacent stream outputs merged and stable cell ids, so that two clean builds of the
-      same sources give byte-identical pages.
-    - One kernel for all the starter pages of a build, reset before each (``%reset -f``,
-      the notebook's folder as cwd, the execution count back to 1): starting a kernel
-      took most of a notebook page's build time. :func:`shutdown_notebook_kernel` stops
-      it when the build ends, so the next build (``mkdocs serve``) imports edited labkit
-      sources afresh. The tests compare every notebook page with a fresh run of its script.
-    """
-    from mkdocs_jupyter import nbconvert2
-    from nbconvert.preprocessors import ExecutePreprocessor
-
-    if getattr(nbconvert2.get_nbconvert_app, "infralens_ipc", False):
-        return
-    original = nbconvert2.get_nbconvert_app
-    sockets = CACHE_DIR / "kernel-ipc"
-    sockets.mkdir(parents=True, exist_ok=True)
-
-    def get_nbconvert_app(*args, **kwargs):
-        app = original(*args, **kwargs)
-        app.config.update({"KernelManager": {"transport": "ipc", "ip": str(sockets / "k")}})
-        return app
-
-    # How the kernel happened to flush stdout (one message or two, depending on load) must
-    # not change the page. nbclient's ``coalesce_streams`` is not a configurable trait, and
-    # it would also move text printed after a figure to before it; merge only neighbours.
-    execute_cell = ExecutePreprocessor.preprocess_cell
-
-    def preprocess_cell(self, cell, resources, index):
-        cell, resources = execute_cell(self, cell, resources, index)
-        if "outputs" in cell:
-            cell["outputs"] = merge_adjacent_streams(cell["outputs"])
-        return cell, resources
-
-    ExecutePreprocessor.preprocess_cell = preprocess_cell
-    run_notebook = ExecutePreprocessor.preprocess
-
-    def preprocess(self, nb, resources=None, km=None):
-        if km is not None:  # a caller with its own kernel: leave it alone
-            return run_notebook(self, nb, resources, km)
-        path = ((resources or {}).get("metadata") or {}).get("path") or str(ROOT)
-        km = _notebook_kernel(self, path)
-        try:
-            return run_notebook(self, nb, resources, km)
-        finally:
-            if self.kc is not None:  # nbclient leaves the client of a kernel it does not own
-                self.kc.stop_channels()
-                self.kc = None
-
-    ExecutePreprocessor.preprocess = preprocess
-    get_nbconvert_app.infralens_ipc = True  # type: ignore[attr-defined]
-    nbconvert2.get_nbconvert_app = get_nbconvert_app
-    # mkdocs-jupyter reads the .py starters with jupytext; read them with stable cell ids.
-    nbconvert2.jupytext = types.SimpleNamespace(read=read_starter, writes=jupytext.writes)
-
-
-_KERNEL: dict = {}  # "km": the build's running notebook kernel
-
-
-def _notebook_kernel(client, path: str):
-    """The build's kernel (started on first use), reset for a notebook in ``path``."""
-    from jupyter_core.utils import run_sync
-
-    km = _KERNEL.get("km")
-    if km is None or not run_sync(km.is_alive)():
-        km = client.kernel_manager_class(kernel_name=client.kernel_name, config=client.config)
-        run_sync(km.start_kernel)(extra_arguments=client.extra_arguments, cwd=path)
-        _KERNEL["km"] = km
-    kc = km.blocking_client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
-        code = (
-            "%reset -f\n"
-            f"import os as _os; _os.chdir({path!r}); del _os\n"
-            "get_ipython().history_manager.reset(new_session=True)\n"
-            "get_ipython().execution_count = 1\n"
-        )
-        reply = kc.execute_interactive(
-            code, store_history=False, timeout=60, output_hook=lambda msg: None
-        )
-        if reply["content"]["status"] != "ok":
-            raise PluginError(f"could not reset the notebook kernel: {reply['content']}")
-    finally:
-        kc.stop_channels()
-    return km
-
-
-def shutdown_notebook_kernel() -> None:
-    """Stop the build's notebook kernel, if one runs."""
-    from jupyter_core.utils import run_sync
-
-    km = _KERNEL.pop("km", None)
-    if km is not None and run_sync(km.is_alive)():
-        run_sync(km.shutdown_kernel)(now=True)
-
-
-def merge_adjacent_streams(outputs: list) -> list:
-    """Join each run of consecutive ``stream`` outputs of one name (stdout, stderr) into
-    one output; every other output, and the order of all of them, stays as it was."""
-    merged: list = []
-    for output in outputs:
-        previous = merged[-1] if merged else None
-        if (
-            previous is not None
-            and output.get("output_type") == "stream"
-            and previous.get("output_type") == "stream"
-            and previous.get("name") == output.get("name")
-        ):
-            previous["text"] += output["text"]
-        else:
-            merged.append(output)
-    return merged
-
-
-def read_starter(path):
-    """``jupytext.read`` with stable cell ids. jupytext gives each cell a random id, which
-    lands in the page's HTML and the .ipynb download, so two builds of the same starter
-    differed; ``cell-<index>`` keeps them byte-identical."""
-    notebook = jupytext.read(path)
-    for index, cell in enumerate(notebook.cells):
-        cell["id"] = f"cell-{index}"
-    return notebook
 
 
 # --------------------------------------------------------------------------- files
@@ -268,6 +146,9 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     # each notebook page looks up its figures' alt texts in the default run's figures
     jobs += [(s.path.as_posix(), [], True) for lab in _labs for s in lab.starters if s.runnable]
     prefetch(jobs)
+    jupyter = config.plugins.get("mkdocs-jupyter")
+    if jupyter is not None:
+        notebooks.prebuild(jupyter, files)
     return files
 
 
@@ -288,6 +169,20 @@ def _runs_the_pages_need(files: Files) -> list[tuple[str, list[str], bool]]:
             elif name == "figure" and len(args) >= 2:
                 jobs.append((args[0], args[2:], True))
     return jobs
+
+
+@event_priority(-100)  # after mkdocs-jupyter has given the notebook pages their render
+def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
+    """A notebook page being rendered by a prebuild worker waits for it first, then
+    renders through mkdocs-jupyter (which finds the worker's entry in its cache)."""
+    render = page.render
+
+    def render_when_prebuilt(config: MkDocsConfig, files: Files) -> None:
+        notebooks.wait_for(page.file.abs_src_path)
+        render(config, files)
+
+    page.render = render_when_prebuilt  # type: ignore[method-assign]
+    return page
 
 
 # --------------------------------------------------------------------------- markdown
@@ -360,13 +255,27 @@ def _starter_header(page: Page) -> str:
     guide = posixpath.relpath(lab.page.with_suffix("").as_posix(), page.url) + "/"
     links = [f'<a href="{guide}">Lab {lab.number:02d} guide: {lab.title}</a>']
     if starter.suffix == ".py":
-        notebook = CACHE_DIR / "notebooks" / f"{lab.id}-{starter.stem}.ipynb"
-        notebook.parent.mkdir(parents=True, exist_ok=True)
-        notebook.write_text(jupytext.writes(read_starter(ROOT / starter), fmt="ipynb"))
+        notebook = _starter_notebook(ROOT / starter, f"{lab.id}-{starter.stem}")
         GENERATED_FILES[f"{page.url}{starter.stem}.ipynb"] = notebook
         links.append(f'<a href="{starter.name}" download>Download {starter.name}</a>')
         links.append(f'<a href="{starter.stem}.ipynb" download>Download {starter.stem}.ipynb</a>')
     return f'<p class="starter-links">{" · ".join(links)}</p>\n'
+
+
+def _starter_notebook(source: Path, name: str) -> Path:
+    """The starter converted to .ipynb with jupytext, cached on its text (and jupytext's
+    version): reading a starter with jupytext is slow, and a rebuild rarely changes one."""
+    digest = hashlib.sha256(f"{jupytext.__version__}\0".encode() + source.read_bytes())
+    notebook = CACHE_DIR / "notebooks" / f"{name}-{digest.hexdigest()[:16]}.ipynb"
+    if not notebook.is_file():
+        notebook.parent.mkdir(parents=True, exist_ok=True)
+        for stale in notebook.parent.glob(f"{name}-*.ipynb"):
+            stale.unlink()
+        tmp = notebook.with_suffix(".tmp")
+        notebook_text = jupytext.writes(notebooks.read_starter(source), fmt="ipynb")
+        tmp.write_text(notebook_text, encoding="utf-8")
+        tmp.replace(notebook)
+    return notebook
 
 
 HEADING_ID_RE = re.compile(r'<h([1-6])\b[^>]*\bid="([^"]+)"')
@@ -538,7 +447,8 @@ def _inline_scripts() -> str:
 
 def on_build_error(error: Exception) -> None:
     finish_prefetch()
-    shutdown_notebook_kernel()
+    notebooks.finish()
+    notebooks.shutdown_kernel()
     close_zygotes()
 
 
@@ -546,8 +456,10 @@ def on_post_build(config: MkDocsConfig) -> None:
     """Copy the figure files the pages reference (see the ``figure`` directive); stop the
     build's notebook kernel and starter zygotes."""
     finish_prefetch()
-    shutdown_notebook_kernel()
+    notebooks.finish()
+    notebooks.shutdown_kernel()
     close_zygotes()
+    search_cache.evict_unused()
     site = Path(config.site_dir)
     for dest, source in GENERATED_FILES.items():
         target = site / dest

@@ -1,0 +1,79 @@
+"""Material's search indexing, parsed once per page content instead of once per build.
+
+Material's search plugin splits every page's HTML into sections with a pure-Python
+``html.parser`` subclass (``material.plugins.search.plugin.Parser``). On this site that
+was ~40% of a warm rebuild: the notebook pages are large (every highlighted token is a
+``<span>``), and a rebuild parsed all 52 pages again although their HTML had not changed.
+
+:func:`install` swaps that class for :class:`CachedParser`, which keeps the parsed
+sections of each distinct HTML string in ``.cache/search/`` (pickled, keyed on the HTML
+and Material's version) and parses only what it has not seen. What the index holds is
+unchanged: the sections are Material's own objects, built by Material's own parser, and
+Material still turns them into entries (titles, anchors, tags, boosts) on every build.
+``evict_unused`` drops the entries no page of the last build used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from importlib.metadata import version
+from pathlib import Path
+
+from infralens_docs.runner import CACHE_ROOT
+
+CACHE = CACHE_ROOT / "search"
+_used: set[Path] = set()
+
+
+def _path(html: str) -> Path:
+    key = hashlib.sha256(f"{version('mkdocs-material')}\0{html}".encode()).hexdigest()
+    return CACHE / f"{key[:32]}.pickle"
+
+
+def install() -> None:
+    """Make Material's search plugin parse pages through the cache (idempotent)."""
+    from material.plugins.search import plugin
+
+    if getattr(plugin.Parser, "infralens_cached", False):
+        return
+    original = plugin.Parser
+
+    class CachedParser(original):
+        """Material's parser; ``feed`` collects, ``close`` parses or loads the sections."""
+
+        infralens_cached = True
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._chunks: list[str] = []
+
+        def feed(self, data: str) -> None:
+            self._chunks.append(data)
+
+        def close(self) -> None:
+            html = "".join(self._chunks)
+            path = _path(html)
+            _used.add(path)
+            try:
+                self.data = pickle.loads(path.read_bytes())
+                return
+            except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
+                pass  # not seen yet (or written by another Material): parse it
+            super().feed(html)
+            super().close()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(self.data, protocol=pickle.HIGHEST_PROTOCOL))
+            tmp.replace(path)
+
+    plugin.Parser = CachedParser
+
+
+def evict_unused() -> None:
+    """Delete the cached parses no page of this build asked for."""
+    if _used and CACHE.is_dir():
+        for path in CACHE.glob("*.pickle"):
+            if path not in _used:
+                path.unlink(missing_ok=True)
+    _used.clear()
