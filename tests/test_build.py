@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -464,3 +465,32 @@ def test_search_parse_cache_gives_materials_sections(tmp_path, monkeypatch):
         assert len(list(tmp_path.glob("*.pickle"))) == 2
     finally:
         plugin.Parser = original
+
+
+def test_highlight_cache_gives_pygments_html(tmp_path, monkeypatch):
+    """A code block's HTML is Pygments' own whether it is highlighted or comes back from
+    the cache (infralens_docs.highlight_cache), and another lexer or formatter option
+    is highlighted afresh rather than served from another block's entry."""
+    from pygments import highlight as pygments_highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer, TextLexer
+    from pymdownx import highlight as module
+
+    from infralens_docs import highlight_cache
+
+    monkeypatch.setattr(highlight_cache, "CACHE_FILE", tmp_path / "highlight.json")
+    monkeypatch.setattr(module, "highlight", pygments_highlight)
+    src = "latents = scheduler.step(noise_pred, t, latents).prev_sample\n"
+    cases = [
+        (PythonLexer(), HtmlFormatter(wrapcode=True)),
+        (PythonLexer(), HtmlFormatter(wrapcode=True, hl_lines=[1])),
+        (TextLexer(), HtmlFormatter(wrapcode=True)),
+    ]
+    expected = [pygments_highlight(src, lexer, formatter) for lexer, formatter in cases]
+    assert len(set(expected)) == 3
+    highlight_cache.install()
+    assert [module.highlight(src, lexer, formatter) for lexer, formatter in cases] == expected
+    highlight_cache.save()
+    assert len(json.loads((tmp_path / "highlight.json").read_text())) == 3
+    highlight_cache.install()  # a new build: loaded from the file
+    assert [module.highlight(src, lexer, formatter) for lexer, formatter in cases] == expected

@@ -22,7 +22,8 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
 - ``on_post_build``: copies the figure files the pages reference into the site, and
   stops the build's kernel, workers and zygotes.
 
-``on_config`` also routes Material's search indexing through ``search_cache``.
+``on_config`` also routes Material's search indexing and Pygments' highlighting of
+code blocks through caches kept between builds (``search_cache``, ``highlight_cache``).
 
 Any directive it does not know, any starter that exits non-zero and any TeX it
 cannot render fails the build.
@@ -51,7 +52,7 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-from infralens_docs import notebooks, search_cache
+from infralens_docs import highlight_cache, notebooks, search_cache
 from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
@@ -104,6 +105,8 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
     if "material/search" in config.plugins or "search" in config.plugins:
         search_cache.install()
+    if "pymdownx.highlight" in config.markdown_extensions:
+        highlight_cache.install()
 
     jupyter = config.plugins.get("mkdocs-jupyter")
     if jupyter is not None:
@@ -460,6 +463,7 @@ def on_post_build(config: MkDocsConfig) -> None:
     notebooks.shutdown_kernel()
     close_zygotes()
     search_cache.evict_unused()
+    highlight_cache.save()
     site = Path(config.site_dir)
     for dest, source in GENERATED_FILES.items():
         target = site / dest
