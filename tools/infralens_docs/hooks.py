@@ -408,11 +408,13 @@ def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
     - the home page's title is the site name once, not "<site> - <site>";
     - the search overlay is a ``role="dialog"`` without a name; give it one (axe
       ``aria-dialog-name``);
-    - load the theme bundle with ``defer``: it sits at the end of ``<body>`` and
-      needs the parsed DOM only, so deferring keeps it off the render path;
-    - search on demand: an inline script before the bundle holds back the search index
-      and worker until the reader reaches for search (``search_on_demand.js``);
+    - Material's bundle starts on the reader's first interaction, and the colour scheme
+      is set without it (``bundle_on_interaction.js``, which replaces the bundle's tag);
+    - search on demand: the search index and worker wait until the reader reaches for
+      search (``search_on_demand.js``);
     - accessibility fixes for what the bundle builds at run time (``a11y.js``).
+
+    The three scripts are inlined in one ``<script>`` where the bundle's tag was.
     """
     if page.is_homepage:  # Material writes "<site> - <site>" when the page title is the site name
         output = output.replace(
@@ -423,25 +425,30 @@ def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
         '<div class="md-search" data-md-component="search" role="dialog">',
         '<div class="md-search" data-md-component="search" role="dialog" aria-label="Search">',
     )
-    return BUNDLE_RE.sub(
-        lambda m: f'<script>{_inline_scripts()}</script><script defer src="{m.group(1)}"></script>',
+    output, found = BUNDLE_RE.subn(
+        lambda m: f'<script data-bundle="{m.group(1)}">{_inline_scripts()}</script>',
         output,
         count=1,
     )
+    if not found:
+        raise PluginError(f"{page.file.src_uri}: Material's bundle <script> tag not found")
+    return output
 
 
-#: Scripts inlined before Material's bundle (no extra request): see each file's header.
-INLINE_SCRIPTS = ["search_on_demand.js", "a11y.js"]
+#: Scripts inlined in place of Material's bundle tag (no extra request): see each file's
+#: header. bundle_on_interaction.js reads the bundle's URL from the tag, so it comes first.
+INLINE_SCRIPTS = ["bundle_on_interaction.js", "search_on_demand.js", "a11y.js"]
 
 
 @functools.cache
 def _inline_scripts() -> str:
-    """The inline scripts, comments and indentation stripped."""
+    """The inline scripts, comment lines and indentation stripped."""
     out = []
     for name in INLINE_SCRIPTS:
         source = (Path(__file__).parent / name).read_text(encoding="utf-8")
         lines = (line.strip() for line in source.splitlines())
-        out.append(" ".join(line for line in lines if line and not line.startswith("//")))
+        # one statement per line, as written: a line's trailing comment ends at its newline
+        out.append("\n".join(line for line in lines if line and not line.startswith("//")))
     return "\n".join(out)
 
 
