@@ -15,7 +15,7 @@ export NBCONVERT_DISABLE_CONFIG_EXPORTERS := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install serve build test lint format verify verify-refresh bench lighthouse clean
+.PHONY: help install serve build offline test lint format verify verify-refresh bench lighthouse clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -39,6 +39,13 @@ serve: $(SITE) ## Serve the site with live reload on http://127.0.0.1:8000 (site
 
 build: $(SITE) ## Strict build into site/ (site deps only)
 	$(BIN)/mkdocs build --strict
+
+OFFLINE := offline/infralens-diffusion-handbook
+offline: $(SITE) ## Strict build to read from the file system, and its zip (offline/)
+	rm -rf offline
+	INFRALENS_OFFLINE=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(OFFLINE)
+	cd offline && ../$(BIN)/python -m zipfile -c infralens-diffusion-handbook.zip infralens-diffusion-handbook
+	@echo "open $(OFFLINE)/index.html, or unzip offline/infralens-diffusion-handbook.zip anywhere"
 
 test: $(STAMP) ## Run everything: lint, contracts, starters, labs, strict build, browser, verify (if installed)
 	$(BIN)/ruff check .
@@ -68,5 +75,5 @@ lighthouse: $(STAMP) ## Lighthouse on every page: scores, KB at load, TBT, LCP (
 	$(BIN)/python bench/lighthouse.py
 
 clean: ## Remove site/, caches and .venv
-	rm -rf site .cache .pytest_cache .ruff_cache $(VENV)
+	rm -rf site offline .cache .pytest_cache .ruff_cache $(VENV)
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

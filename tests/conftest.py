@@ -46,19 +46,14 @@ def run_cli() -> Callable[..., Run]:
     return run
 
 
-@pytest.fixture(scope="session")
-def built_site(tmp_path_factory) -> Path:
-    """One strict build per test session, into a temporary site_dir.
-
-    Runs ``mkdocs build --strict`` as a subprocess, as `make serve`/CI do, and
-    fails on a non-zero exit or on any WARNING line (strict mode would also
-    abort, but this names the warning in the test report).
-    """
+def strict_build(site: Path, **env_vars: str) -> Path:
+    """``mkdocs build --strict`` into ``site`` as a subprocess, as `make build`/CI run it;
+    fails on a non-zero exit or on any WARNING line (strict mode would also abort, but
+    this names the warning in the test report)."""
     import os
     import subprocess
 
-    site = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", **env_vars)
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT,
@@ -73,3 +68,16 @@ def built_site(tmp_path_factory) -> Path:
     if proc.returncode != 0 or warnings:
         pytest.fail(f"mkdocs build --strict failed (exit {proc.returncode}):\n{log[-6000:]}")
     return site
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory) -> Path:
+    """One strict build per test session, into a temporary site_dir."""
+    return strict_build(tmp_path_factory.mktemp("site"))
+
+
+@pytest.fixture(scope="session")
+def offline_site(tmp_path_factory, built_site) -> Path:
+    """The offline build (``make offline``: INFRALENS_OFFLINE=1), after ``built_site`` so
+    it reuses that build's caches."""
+    return strict_build(tmp_path_factory.mktemp("offline"), INFRALENS_OFFLINE="1")

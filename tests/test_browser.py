@@ -317,3 +317,41 @@ def test_axe_finds_no_violation_on_any_page(built_site, server, browser, axe_sou
                 found.setdefault(f"{path} {state}", []).append(f"{violation['id']}: {targets}")
     context.close()
     assert found == {}
+
+
+def test_offline_copy_reads_and_searches_from_the_file_system(offline_site, browser):
+    """The offline build opened from disk (file://): the tabs lead to pages, a notebook
+    page's PNG figure loads, a starter page's downloads are files beside it, and
+    search finds results (its worker runs in a frame) with no request to any host."""
+    context = browser.new_context()
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on(
+        "request",
+        lambda r: (
+            None if r.url.startswith(("file:", "data:", "about:")) else problems.append(r.url)
+        ),
+    )
+    page.goto((offline_site / "index.html").as_uri(), wait_until="load")
+    page.locator("a.md-tabs__link", has_text="Labs").click()
+    page.wait_for_url("**/labs/index.html")
+    # (every link of every page is checked to name a file by test_build.py)
+    page.goto(
+        (offline_site / "code/lab-12-end-to-end-inference-trace/pipeline_trace.html").as_uri()
+    )
+    for href in page.locator("p.starter-links a").evaluate_all("els => els.map(e => e.href)"):
+        assert Path(urlparse(href).path).is_file(), href
+    img = page.locator(".jp-OutputArea-output img").first
+    img.scroll_into_view_if_needed()
+    page.wait_for_function("i => i.complete && i.naturalWidth > 100", arg=img.element_handle())
+    box = page.locator("input.md-search__input")
+    box.click()
+    box.press_sequentially("guidance", delay=20)
+    page.wait_for_selector(".md-search-result__item", timeout=10_000)
+    page.locator(".md-search-result a").first.click()
+    page.wait_for_url("**/*.html*")
+    assert page.locator("h1").count() == 1
+    assert problems == []
+    context.close()

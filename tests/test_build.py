@@ -494,3 +494,31 @@ def test_highlight_cache_gives_pygments_html(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / "highlight.json").read_text())) == 3
     highlight_cache.install()  # a new build: loaded from the file
     assert [module.highlight(src, lexer, formatter) for lexer, formatter in cases] == expected
+
+
+def test_offline_copy_links_resolve_to_files(offline_site):
+    """The offline build (`make offline`) is read from the file system, where a link to a
+    folder shows the folder: every local link and source of every page names a file that
+    exists, and the search index is there as a script."""
+    import posixpath
+    from urllib.parse import unquote, urlparse
+
+    attr = re.compile(r'\b(?:href|src)="([^"]+)"')
+    broken = {}
+    pages = sorted(offline_site.rglob("*.html"))
+    assert len(pages) > 40
+    for page in pages:
+        rel = page.relative_to(offline_site).as_posix()
+        for ref in attr.findall(page.read_text(encoding="utf-8")):
+            parsed = urlparse(ref)
+            if parsed.scheme or ref.startswith(("#", "//")):
+                continue  # external (a few citations) or an anchor on the same page
+            target = posixpath.normpath(
+                posixpath.join(posixpath.dirname(rel), unquote(parsed.path))
+            )
+            if not (offline_site / target).is_file():
+                broken.setdefault(rel, []).append(ref)
+    assert broken == {}
+    index = (offline_site / "search" / "search_index.js").read_text(encoding="utf-8")
+    assert index.startswith("var __index = {")
+    assert json.loads(index.removeprefix("var __index = "))["docs"]

@@ -220,6 +220,12 @@ def verified_summary(ctx: Context, args: list[str]) -> str:
     return f"Checked against {_versions_line()}.\n\n" + "\n".join(rows)
 
 
+def page_dir(page) -> str:
+    """The site folder a page's HTML file is in ("." for the home page), which raw HTML
+    links are relative to, with or without directory URLs (the offline build has none)."""
+    return posixpath.dirname(page.file.dest_uri) or "."
+
+
 def figure(ctx: Context, args: list[str]) -> str:
     """A figure the starter draws: SVG charts inline (they follow the colour scheme),
     PNG images as files with their size set and lazy loading."""
@@ -247,7 +253,7 @@ def figure(ctx: Context, args: list[str]) -> str:
         digest = hashlib.sha256(data).hexdigest()[:10]
         dest = f"assets/figures/{Path(starter).parent.name}/{name}-{digest}{path.suffix}"
         GENERATED_FILES[dest] = path
-        src = posixpath.relpath(dest, ctx.page.url or ".")
+        src = posixpath.relpath(dest, page_dir(ctx.page))
         media = (
             f'<img src="{src}" alt="{alt}" width="{width}" height="{height}" '
             'loading="lazy" decoding="async">'

@@ -53,7 +53,7 @@ from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
 from infralens_docs import highlight_cache, notebooks, search_cache
-from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page
+from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page, page_dir
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
 from infralens_docs.runner import (
@@ -75,6 +75,11 @@ _labs: list[Lab] = []
 # --------------------------------------------------------------------------- config
 
 
+def offline_build() -> bool:
+    """``INFRALENS_OFFLINE=1`` (``make offline``): a site to read from the file system."""
+    return os.environ.get("INFRALENS_OFFLINE") == "1"
+
+
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
     global _labs
     GENERATED_FILES.clear()
@@ -82,6 +87,13 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         _labs = load_labs()
     except RegistryError as exc:
         raise PluginError(f"lab registry: {exc}") from exc
+    if offline_build():
+        # Opened from the file system, a link to a folder ("labs/") shows the folder, not
+        # its index.html: link to the HTML files themselves. (What Material's offline
+        # plugin does too; that plugin also adds a CDN script, which this site cannot have:
+        # search_on_demand.js runs the search worker in a frame instead, and on_post_build
+        # writes the index as a script.)
+        config.use_directory_urls = False
 
     # Notebook kernels start as "python" from PATH: make that this interpreter,
     # whichever way mkdocs was launched, so labkit is importable in the kernel.
@@ -248,18 +260,23 @@ def clean_notebook_html(html: str, title: str) -> str:
     return html.replace(NO_ALT, f'alt="Figure drawn by the cell above ({title})"')
 
 
-def _starter_header(page: Page) -> str:
+def _starter_header(page: Page, files: Files) -> str:
     """Above a starter page: back to its lab guide, and the file to download (.py, and
-    for notebooks a .ipynb converted with jupytext, written by ``on_post_build``)."""
+    for notebooks a .ipynb converted with jupytext, written by ``on_post_build``). The
+    .py sits beside the page's HTML (mkdocs-jupyter's ``include_source``), and so does
+    the .ipynb."""
     starter = Path(page.file.src_uri)
     lab = next((lab for lab in _labs if starter.parent == lab.folder), None)
     if lab is None:
         raise PluginError(f"{starter}: starter of no registered lab")
-    guide = posixpath.relpath(lab.page.with_suffix("").as_posix(), page.url) + "/"
+    guide_file = files.get_file_from_path(lab.page.as_posix())
+    if guide_file is None:
+        raise PluginError(f"{starter}: lab page {lab.page} is not in the site")
+    guide = guide_file.url_relative_to(page.file)
     links = [f'<a href="{guide}">Lab {lab.number:02d} guide: {lab.title}</a>']
     if starter.suffix == ".py":
         notebook = _starter_notebook(ROOT / starter, f"{lab.id}-{starter.stem}")
-        GENERATED_FILES[f"{page.url}{starter.stem}.ipynb"] = notebook
+        GENERATED_FILES[posixpath.join(page_dir(page), f"{starter.stem}.ipynb")] = notebook
         links.append(f'<a href="{starter.name}" download>Download {starter.name}</a>')
         links.append(f'<a href="{starter.stem}.ipynb" download>Download {starter.stem}.ipynb</a>')
     return f'<p class="starter-links">{" · ".join(links)}</p>\n'
@@ -372,7 +389,7 @@ def externalize_notebook_figures(html: str, page: Page) -> str:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
             GENERATED_FILES[dest] = path
-            src = posixpath.relpath(dest, page.url or ".")
+            src = posixpath.relpath(dest, page_dir(page))
             media = (
                 f'<img src="{src}" alt="{alt}" width="{width}" height="{height}" '
                 'loading="lazy" decoding="async">'
@@ -388,7 +405,7 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
             html = clean_notebook_html(html, page.file.src_uri)
             html = externalize_notebook_figures(html, page)
             align_toc_with_headings(html, page)
-        html = _starter_header(page) + html
+        html = _starter_header(page, files) + html
     try:
         return render_math(html)
     except MathError as exc:
@@ -462,9 +479,11 @@ def on_build_error(error: Exception) -> None:
     close_zygotes()
 
 
+@event_priority(-100)  # after the search plugin has written its index
 def on_post_build(config: MkDocsConfig) -> None:
     """Copy the figure files the pages reference (see the ``figure`` directive); stop the
-    build's notebook kernel and starter zygotes."""
+    build's notebook kernel, workers and starter zygotes; for the offline build, write
+    the search index as a script."""
     finish_prefetch()
     notebooks.finish()
     notebooks.shutdown_kernel()
@@ -476,3 +495,13 @@ def on_post_build(config: MkDocsConfig) -> None:
         target = site / dest
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
+    if offline_build():
+        # Over file:// Material's bundle loads the index with a <script> (`__index`), as
+        # no request can fetch a local file.
+        index = site / "search" / "search_index.json"
+        if index.is_file():
+            script = "var __index = " + index.read_text(encoding="utf-8")
+            (site / "search" / "search_index.js").write_text(script, encoding="utf-8")
+        # A host serves 404.html for a missing path (its links are site-absolute for that
+        # reason); from the file system nothing does.
+        (site / "404.html").unlink(missing_ok=True)

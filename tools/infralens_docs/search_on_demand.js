@@ -1,4 +1,4 @@
-// Search on demand. Inlined by hooks.on_post_page just before Material's bundle.
+// Search on demand (and search from the file system). Inlined by hooks.on_post_page.
 //
 // Material's bundle starts its search worker and downloads search/search_index.json
 // (the whole site's text) on every page load, before anyone searches. This script
@@ -50,7 +50,10 @@
 
   // 2. The search worker: hand Material a stand-in that queues messages and listeners,
   // and create the real worker (and fetch its script) only when search is wanted.
-  var RealWorker = window.Worker;
+  // Read from the file system (the offline build), a page cannot start a worker from a
+  // file: the worker's script then runs in a hidden frame, with the same messages.
+  var NativeWorker = window.Worker;
+  var RealWorker = location.protocol === "file:" ? FrameWorker : NativeWorker;
   var SEARCH_WORKER = /\/workers\/search\.[0-9a-f]+\.min\.js$/;
   function LazyWorker(url, options) {
     var worker = null;
@@ -87,8 +90,62 @@
       if (worker) worker.terminate();
     };
   }
+  // The worker's script in a hidden same-origin frame: what it posts reaches the page's
+  // listeners, and what the page posts reaches its "message" listeners, asynchronously
+  // as with a worker. (Material's offline plugin gets this from the iframe-worker shim
+  // on a CDN; this site makes no request to another host.)
+  function FrameWorker(url) {
+    var stub = this;
+    var listeners = [];
+    var queue = [];
+    var ready = false;
+    var frame = document.createElement("iframe");
+    frame.hidden = true;
+    frame.title = "Search worker";
+    frame.setAttribute("aria-hidden", "true");
+    frame.setAttribute("tabindex", "-1");
+    document.body.appendChild(frame);
+    var scope = frame.contentWindow;
+    scope.postMessage = function (data) {
+      setTimeout(function () {
+        var event = new MessageEvent("message", { data: data });
+        listeners.forEach(function (l) {
+          if (l[0] === "message") l[1].call(stub, event);
+        });
+      });
+    };
+    function send(data) {
+      setTimeout(function () {
+        scope.dispatchEvent(new scope.MessageEvent("message", { data: data }));
+      });
+    }
+    var script = scope.document.createElement("script");
+    script.src = new URL(url, location.href).href;
+    script.onload = function () {
+      ready = true;
+      queue.forEach(send);
+      queue = [];
+    };
+    scope.document.body.appendChild(script);
+    this.postMessage = function (data) {
+      if (ready) send(data);
+      else queue.push(data);
+    };
+    this.addEventListener = function (type, fn) {
+      listeners.push([type, fn]);
+    };
+    this.removeEventListener = function (type, fn) {
+      listeners = listeners.filter(function (l) {
+        return !(l[0] === type && l[1] === fn);
+      });
+    };
+    this.terminate = function () {
+      frame.remove();
+    };
+  }
+
   window.Worker = function (url, options) {
-    if (!SEARCH_WORKER.test(String(url))) return new RealWorker(url, options);
+    if (!SEARCH_WORKER.test(String(url))) return new NativeWorker(url, options);
     return new LazyWorker(url, options);
   };
 })();
