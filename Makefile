@@ -18,7 +18,7 @@ STAMP  := $(VENV)/.installed-dev
 VERIFY := $(VENV)/.installed-verify
 ifeq ($(shell $(PYTHON) -m pip --help 2>/dev/null | grep -c -- '--python <python>'),1)
 VENV_FLAGS := --without-pip
-PIP        := $(PYTHON) -m pip --python $(BIN)/python
+PIP        := $(PYTHON) -m pip --python $(CURDIR)/$(BIN)/python  # absolute: pip's build steps run elsewhere
 else
 VENV_FLAGS :=
 PIP        := $(BIN)/python -m pip
