@@ -2,6 +2,8 @@
 # Every target installs what it needs into .venv first (Python 3.11).
 
 PYTHON ?= python3.11
+# its full path, found before .venv/bin goes first on PATH (below)
+BASE_PYTHON := $(shell command -v $(PYTHON) 2>/dev/null || echo $(PYTHON))
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Install levels: what serving the site needs; the dev tools on top (pytest, ruff,
@@ -16,9 +18,9 @@ BIN    := $(VENV)/bin
 SITE   := $(VENV)/.installed-site
 STAMP  := $(VENV)/.installed-dev
 VERIFY := $(VENV)/.installed-verify
-ifeq ($(shell $(PYTHON) -m pip --help 2>/dev/null | grep -c -- '--python <python>'),1)
+ifeq ($(shell $(BASE_PYTHON) -m pip --help 2>/dev/null | grep -c -- '--python <python>'),1)
 VENV_FLAGS := --without-pip
-PIP        := $(PYTHON) -m pip --python $(CURDIR)/$(BIN)/python  # absolute: pip's build steps run elsewhere
+PIP        := $(BASE_PYTHON) -m pip --python $(CURDIR)/$(BIN)/python
 else
 VENV_FLAGS :=
 PIP        := $(BIN)/python -m pip
@@ -37,7 +39,7 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(BASE_PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 
 $(SITE): pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet --no-compile -e .
