@@ -2,8 +2,8 @@
 // creates when it starts (axe-core rules of WCAG 2.2 AA). Inlined by hooks.on_post_page.
 //
 // - A table, an equation, a row of tab labels or a code block wider than its column
-//   scrolls sideways;
-//   a keyboard reader can scroll it only if it takes focus (scrollable-region-focusable).
+//   scrolls sideways; a keyboard reader can scroll it only if it takes focus
+//   (scrollable-region-focusable).
 // - Each code block's copy button sits in an unnamed <nav>, so a notebook page with forty
 //   code cells had forty identical navigation landmarks (landmark-unique); the buttons
 //   are not site navigation, so their wrapper gets role="none".

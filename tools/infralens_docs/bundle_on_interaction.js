@@ -20,7 +20,36 @@
   var script = document.currentScript;
   var bundle = script && script.getAttribute("data-bundle");
 
-  // 1. The palette.
+  // 1. The bundle (first: nothing below may keep it from loading).
+  if (bundle) {
+    var EVENTS = ["pointerdown", "pointermove", "touchstart", "keydown", "focusin", "wheel", "scroll"];
+    var started = false;
+    function start() {
+      if (started) return;
+      started = true;
+      EVENTS.forEach(function (type) {
+        window.removeEventListener(type, start, true);
+      });
+      var tag = document.createElement("script");
+      tag.src = bundle;
+      tag.onload = function () {
+        // The bundle sets itself up on DOMContentLoaded, which fired before the reader
+        // could interact: announce it again for the bundle.
+        if (document.readyState !== "loading") {
+          document.dispatchEvent(new Event("DOMContentLoaded"));
+        }
+      };
+      document.body.appendChild(tag);
+    }
+    EVENTS.forEach(function (type) {
+      window.addEventListener(type, start, { capture: true, passive: true });
+    });
+    // A page opened from a search result (?h=term) highlights the term: that reader is
+    // searching already.
+    if (/[?&]h=/.test(location.search)) start();
+  }
+
+  // 2. The palette.
   var inputs = Array.prototype.slice.call(
     document.querySelectorAll("[data-md-component=palette] input[name=__palette]")
   );
@@ -39,12 +68,18 @@
     __md_set("__palette", { index: index, color: color });
   }
   if (inputs.length) {
-    var saved = __md_get("__palette");
-    var index = saved
-      ? saved.index
-      : inputs.findIndex(function (input) {
-          return matchMedia(input.getAttribute("data-md-color-media")).matches;
-        });
+    var saved = null;
+    try {
+      saved = __md_get("__palette");
+    } catch (error) {
+      // storage unreadable (a browser setting): as if nothing were saved
+    }
+    var index =
+      saved && typeof saved.index === "number"
+        ? saved.index
+        : inputs.findIndex(function (input) {
+            return matchMedia(input.getAttribute("data-md-color-media")).matches;
+          });
     applyPalette(Math.max(0, Math.min(index, inputs.length - 1)));
     inputs.forEach(function (input, i) {
       input.addEventListener("change", function () {
@@ -53,32 +88,4 @@
       });
     });
   }
-
-  // 2. The bundle.
-  if (!bundle) return;
-  var EVENTS = ["pointerdown", "pointermove", "touchstart", "keydown", "focusin", "wheel", "scroll"];
-  var started = false;
-  function start() {
-    if (started) return;
-    started = true;
-    EVENTS.forEach(function (type) {
-      window.removeEventListener(type, start, true);
-    });
-    var tag = document.createElement("script");
-    tag.src = bundle;
-    tag.onload = function () {
-      // The bundle sets itself up on DOMContentLoaded, which fired before the reader
-      // could interact: announce it again for the bundle.
-      if (document.readyState !== "loading") {
-        document.dispatchEvent(new Event("DOMContentLoaded"));
-      }
-    };
-    document.body.appendChild(tag);
-  }
-  EVENTS.forEach(function (type) {
-    window.addEventListener(type, start, { capture: true, passive: true });
-  });
-  // A page opened from a search result (?h=term) highlights the term: that reader is
-  // searching already.
-  if (/[?&]h=/.test(location.search)) start();
 })();

@@ -51,7 +51,7 @@ def configure() -> None:
       same sources give byte-identical pages.
     - One kernel for all the starter pages of a build, reset before each (``%reset -f``,
       the notebook's folder as cwd, the execution count back to 1): starting a kernel
-      took most of a notebook page's build time. :func:`shutdown_notebook_kernel` stops
+      took most of a notebook page's build time. :func:`shutdown_kernel` stops
       it when the build ends, so the next build (``mkdocs serve``) imports edited labkit
       sources afresh. The tests compare every notebook page with a fresh run of its script.
 
@@ -232,12 +232,20 @@ def prebuild(plugin, files) -> None:
 def wait_for(path: str) -> None:
     """Block until the worker rendering ``path`` is done (nothing if none is)."""
     future = _jobs.get(path)
-    if future is not None:
+    if future is not None and not future.cancelled():
         future.exception()  # a failure is not raised here: the page renders it itself
 
 
 def finish() -> None:
-    """Stop the workers (end of a build)."""
+    """Stop the workers (end of a build). Jobs no page waited for (a build that failed
+    before its notebook pages) are dropped rather than run."""
+    while True:
+        try:
+            item = _queue.get_nowait()
+        except queue.Empty:
+            break
+        if item is not None:
+            item[1].cancel()
     for _ in _threads:
         _queue.put(None)
     for thread in _threads:
