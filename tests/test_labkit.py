@@ -206,3 +206,36 @@ def test_peak_bytes_measures_the_arrays_a_call_allocates():
     assert len(calls) == 3 and least < 10_000  # the smallest of the three calls' peaks
     with pytest.raises(ValueError):
         peak_bytes(lambda: None, repeats=0)
+
+
+def test_precision_format_limits_are_the_known_constants():
+    from labkit.precision import FORMATS, format_limits
+
+    limits = {name: format_limits(name) for name in FORMATS}
+    assert limits["fp16"][0] == 65504.0 == float(np.finfo(np.float16).max)
+    assert limits["fp16"][1] == float(np.finfo(np.float16).tiny)  # 2**-14
+    assert limits["fp32"][0] == float(np.finfo(np.float32).max)
+    assert limits["fp8_e4m3"][:3] == (448.0, 2.0**-6, 2.0**-9)
+    assert limits["fp8_e5m2"][0] == 57344.0
+    assert limits["bf16"][3] == 2.0**-7 and limits["fp16"][3] == 2.0**-10
+    assert [limits[n][4] for n in ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")] == [4, 2, 2, 1, 1]  # fmt: skip
+    assert format_limits("bfloat16") == limits["bf16"]  # torch / NumPy names are aliases
+    with pytest.raises(ValueError, match="unknown format 'fp4'"):
+        format_limits("fp4")
+
+
+def test_precision_round_to_matches_numpy_and_rounds_half_to_even():
+    from labkit.precision import round_to
+
+    probe = np.random.default_rng(7).standard_normal(100_000) * 100.0
+    assert np.array_equal(round_to(probe, "fp16"), probe.astype(np.float16).astype(np.float64))
+    assert np.array_equal(round_to(probe, "fp32"), probe.astype(np.float32).astype(np.float64))
+    # 1 + 2**-8 is halfway between two bf16 neighbours (step 2**-7): ties go to the even one
+    assert round_to(np.array([1 + 2**-8, 1 + 3 * 2**-8]), "bf16").tolist() == [1.0, 1 + 2**-6]
+    # fp16 overflows to inf from 65520 (halfway to the next binade) on; fp8_e4m3 saturates
+    assert round_to(np.array([65519.0, 65520.0, -1e9]), "fp16").tolist() == [65504.0, np.inf, -np.inf]  # fmt: skip
+    assert round_to(np.array([500.0, -np.inf]), "fp8_e4m3").tolist() == [448.0, -448.0]
+    # subnormals: the smallest e4m3 step is 2**-9; half of it ties to 0
+    assert round_to(np.array([2.0**-9, 2.0**-10, 3 * 2.0**-11]), "fp8_e4m3").tolist() == [2.0**-9, 0.0, 2.0**-9]  # fmt: skip
+    assert np.isnan(round_to(np.array([np.nan]), "bf16")[0])
+    assert round_to(3.0, "fp8_e5m2") == 3.0 and round_to([-0.0], "fp16")[0] == 0.0

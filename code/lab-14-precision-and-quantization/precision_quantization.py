@@ -29,18 +29,9 @@ from labkit.cli import (
 )
 from labkit.memory import peak_bytes  # tracemalloc peak of one call
 from labkit.metrics import sample_quality
+from labkit.precision import FORMATS, format_limits, round_to  # the one emulation all labs share
 from labkit.schedulers import DDIMScheduler
 
-#: name -> (exponent bits, mantissa bits, what a too-large value becomes)
-FORMATS = {
-    "fp32": (8, 23, "inf"),
-    "fp16": (5, 10, "inf"),
-    "bf16": (8, 7, "inf"),
-    # torch.float8_e4m3fn: "fn" = finite, no inf; the all-ones exponent still holds numbers
-    # (only S.1111.111 is NaN), and torch saturates a cast past the top at +-448
-    "fp8_e4m3": (4, 3, "saturate"),
-    "fp8_e5m2": (5, 2, "inf"),
-}
 #: GGUF block types: name -> bits of each stored q (the scale d adds 16 bits per block)
 QUANT_TYPES = {"Q8_0": 8, "Q4_0": 4}
 
@@ -105,35 +96,11 @@ def rel_rms(approx, exact):
 # the step between neighbours near 1 (the ulp at 1, `eps`) is `2**-m`, and below the
 # smallest normal the step stays `2**(1 - bias - m)` (subnormals). Rounding is to the
 # nearest representable value, ties to the even one: what `x.to(torch.bfloat16)` does.
-
+# `FORMATS`, `format_limits` and `round_to` live in `labkit/precision.py`, the one
+# emulation every lab that stores a tensor in a narrower format imports; read it there.
 
 # %%
 # --8<-- [start:formats]
-def format_limits(name):
-    """(max, smallest normal, smallest subnormal, ulp at 1, bytes) of a format."""
-    e, m, overflow = FORMATS[name]
-    bias = 2 ** (e - 1) - 1
-    if overflow == "inf":  # IEEE: the all-ones exponent is inf/NaN, so E tops out at bias
-        top = (2 - 2.0**-m) * 2.0**bias
-    else:  # e4m3fn: E reaches bias + 1, but mantissa all-ones there is NaN: 1.110b * 2**8
-        top = (2 - 2 * 2.0**-m) * 2.0 ** (bias + 1)
-    return top, 2.0 ** (1 - bias), 2.0 ** (1 - bias - m), 2.0**-m, (1 + e + m) // 8
-
-
-def round_to(x, name):
-    """Round float64 ``x`` to the nearest value of format ``name`` (ties to even), as float64."""
-    e, m, overflow = FORMATS[name]
-    bias = 2 ** (e - 1) - 1
-    a = np.abs(np.asarray(x, dtype=np.float64))
-    exponent = np.frexp(a)[1] - 1  # floor(log2 a), exact: a = frac * 2**(exp), frac in [0.5, 1)
-    exponent = np.maximum(exponent, 1 - bias)  # subnormals share the smallest normal's step
-    step = np.ldexp(1.0, exponent - m)  # the spacing of representable values around a
-    r = np.round(a / step) * step  # np.round is round-half-to-even; a / step is exact
-    top = format_limits(name)[0]
-    r = np.where(r > top, np.inf if overflow == "inf" else top, r)  # overflow: inf or saturate
-    return np.copysign(r, x)
-
-
 probe = np.random.default_rng(args.seed + 7).standard_normal(100_000) * 100.0  # (100000,)
 fp16_agrees = bool(np.array_equal(round_to(probe, "fp16"), probe.astype(np.float16).astype(np.float64)))  # fmt: skip
 fp32_agrees = bool(np.array_equal(round_to(probe, "fp32"), probe.astype(np.float32).astype(np.float64)))  # fmt: skip
@@ -326,26 +293,34 @@ table(f"DDIM {args.steps} steps, {args.num_samples} samples, W_out stored in eac
 #
 # Bytes per parameter: bf16 2, fp8 1, Q8_0 34 / 32 = 1.0625, Q4_0 18 / 32 = 0.5625.
 # Applied to every parameter this is a lower bound: real GGUF files keep some small
-# tensors (norms, biases) in higher precision.
+# tensors (norms, biases) in higher precision, and diffusers' `enable_layerwise_casting`
+# skips every module whose name matches `norm`, which on Flux includes the AdaLN
+# modulation Linears (`norm1.linear`, ...): `model_sizes.layerwise_casting` records what
+# diffusers' own method casts on the real transformer (meta device, no weights).
 
 # %%
 # --8<-- [start:sizes]
-bytes_per_param = {"bf16": 2.0, "fp8": 1.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32}
+bytes_per_param = {"bf16": 2.0, "fp8, every weight": 1.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32}
 flux = {r["component"]: r["params"] for r in model_sizes.rows("Flux.1-dev")}
 others = sum(p for c, p in flux.items() if c != "transformer")  # VAE, CLIP, T5 kept in bf16
 size_rows = [[c, model_sizes.format_params(flux[c])] + [f"{flux[c] * b / 1e9:.2f}" for b in bytes_per_param.values()] for c in ("transformer", "text_encoder_2")]  # fmt: skip
 size_rows.append(["pipeline, rest in bf16", model_sizes.format_params(sum(flux.values()))] + [f"{(flux['transformer'] * b + others * 2) / 1e9:.2f}" for b in bytes_per_param.values()])  # fmt: skip
+layerwise = model_sizes.layerwise_casting("Flux.1-dev", "transformer")  # diffusers' own skips
+modulation = sum(n for name, n in layerwise["kept"].items() if name.endswith("norm1.linear") or name.endswith("norm1_context.linear") or name.endswith("norm.linear"))  # fmt: skip
 # --8<-- [end:sizes]
 table("Flux.1-dev weights in GB (10^9 B) per format; last row: the transformer in the format, VAE and text encoders in bf16", ["component", "params", *bytes_per_param], size_rows)  # fmt: skip
+print(f"transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn): {model_sizes.format_params(layerwise['cast_params'])} params cast to fp8, {model_sizes.format_params(layerwise['kept_params'])} kept in bf16 ({model_sizes.format_params(modulation)} of them the AdaLN modulation Linears, skipped by the 'norm' pattern): {layerwise['bytes'] / 1e9:.2f} GB, pipeline {(layerwise['bytes'] + others * 2) / 1e9:.2f} GB")  # fmt: skip
 
 # %% [markdown]
 # ## 7. Dequantize on the fly
 #
 # A quantized layer cannot multiply `d * q` blocks directly in a plain matmul: diffusers'
 # `GGUFLinear.forward_native` dequantizes the whole weight to the compute dtype on every
-# call, then runs `F.linear`. That costs one multiply per weight per call, whatever the
-# batch, and a transient full-precision copy of the weight: measured below with
-# `tracemalloc`. `--timing` also times it (wall clock varies, so it is off by default).
+# call, then runs `F.linear`. So every call reads the packed blocks, writes a full
+# full-precision copy of the weight, and the matmul reads that copy: more bytes than a
+# resident bf16 weight, plus extra kernel launches on a GPU, and the same matmul.
+# Measured below: the transient copy (`tracemalloc`) and the weight bytes per call.
+# `--timing` also times it (wall clock varies, so it is off by default).
 
 
 # %%
@@ -358,6 +333,10 @@ def forward_native(x, packed, qtype):
 x1 = x[:1]  # (1, in): one token, the decode-like case
 resident = peak_bytes(lambda: x1 @ weight.T)[1]
 on_the_fly = {q: peak_bytes(forward_native, x1, packed[q], q)[1] for q in QUANT_TYPES}
+# weight bytes one call touches with a bf16 compute dtype, per weight: a resident bf16
+# weight is read once (2); dequantizing reads the blocks, writes bf16, and the matmul reads
+# it: a lower bound (diffusers' dequantizer writes fp16 first, then casts to compute_dtype)
+touched = {"bf16 resident": 2.0} | {q: packed[q].nbytes / weight.size + 2.0 + 2.0 for q in QUANT_TYPES}  # fmt: skip
 # --8<-- [end:on-the-fly]
 
 print(f"\nweight {weight.shape}: stored float32 {weight.nbytes} B, Q8_0 {packed['Q8_0'].nbytes} B, Q4_0 {packed['Q4_0'].nbytes} B")  # fmt: skip
@@ -367,8 +346,7 @@ mib = {
     name: f"{peak / 2**20:.1f} MiB" for name, peak in [("resident", resident), *on_the_fly.items()]
 }
 print(f"peak memory of one call on x (1, {args.in_features}): float32 weight resident {mib['resident']} (the output only); dequantize + matmul: Q8_0 {mib['Q8_0']}, Q4_0 {mib['Q4_0']}")  # fmt: skip
-for batch in (1, 64):
-    print(f"batch {batch}: matmul {batch * weight.size} multiply-adds, dequantize {weight.size} multiplies per call (ratio {weight.size / (batch * weight.size):.3f})")  # fmt: skip
+print("weight bytes touched per call, per weight, at least (bf16 compute): " + ", ".join(f"{k} {v:.2f}" for k, v in touched.items()) + "; the matmul itself is the same bf16 matmul in every case")  # fmt: skip
 if args.timing:
     import time  # standard library; wall clock, so only on request
 

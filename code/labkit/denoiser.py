@@ -68,7 +68,7 @@ def _conditioned(
         return predict(mixture, sample)
     labels = np.broadcast_to(np.asarray(class_labels), (len(sample),))
     out = np.empty_like(sample, dtype=np.float64)
-    for label in np.unique(labels):
+    for label in sorted(set(labels.tolist())):  # not np.unique: it imports numpy.ma (~12 ms)
         rows = labels == label
         part = mixture if label == UNCOND else mixture.restrict(int(label))
         out[rows] = predict(part, sample[rows])

@@ -1,9 +1,11 @@
 """A linear stand-in for Stable Diffusion's VAE: PCA over 8 x 8 patches.
 
 Lab 05 teaches it; later labs import it. SD's ``AutoencoderKL`` maps an image
-``(B, 3, H, W)`` in ``[-1, 1]`` to latents ``(B, 4, H/8, W/8)``: every 8 x 8 pixel
-patch (3 x 64 = 192 numbers) becomes one 4-channel latent position, 48 times fewer
-numbers. This class does the same with the best *linear* map there is for that:
+``(B, 3, H, W)`` in ``[-1, 1]`` to latents ``(B, 4, H/8, W/8)``: 48 times fewer numbers,
+one 4-channel latent position per 8 x 8 pixel area. In the real encoder each position
+depends on the whole image (its GroupNorms and mid-block self-attention mix every
+position); this stand-in makes the mapping patch-local on purpose: each 8 x 8 patch
+(3 x 64 = 192 numbers) becomes one position by the best *linear* map there is for that,
 the top 4 principal components of the training patches (Pearson, 1901; Hotelling,
 1933). It has the diffusers names a pipeline uses:
 
@@ -15,9 +17,14 @@ the top 4 principal components of the training patches (Pearson, 1901; Hotelling
   latents to unit variance so that one noise schedule fits any autoencoder, and
   ``config.shift_factor`` (SD3 / Flux subtract a mean before scaling; SD 1.x has none).
 
-A real VAE is non-linear and its KL term keeps the latent space smooth; PCA is
-the exact optimum among linear codes, so its reconstruction error is an honest
-floor for "what 4 numbers per patch can keep".
+What the stand-in cannot show: a real VAE is non-linear and not patch-local, so tiled
+decoding leaves seams there (here tiles are exact), and a latent scaled wrongly is a
+non-linear distortion there (here only a change of contrast). SD's VAE was trained with
+reconstruction, LPIPS and patch-discriminator losses and only a slight KL penalty (weight
+1e-6 in the latent-diffusion configs), so its latents are not near N(0, I): hence
+``scaling_factor``. PCA is the exact optimum among linear patch codes, so its
+reconstruction error is what 4 numbers per patch keep at best *linearly*; a real,
+non-linear VAE keeps more.
 """
 
 from __future__ import annotations

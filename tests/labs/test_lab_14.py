@@ -26,28 +26,13 @@ def lab():
         sys.argv = argv
 
 
-def test_format_limits_are_the_known_constants(lab):
-    limits = {name: lab["format_limits"](name) for name in lab["FORMATS"]}
-    assert limits["fp16"][0] == 65504.0 == float(np.finfo(np.float16).max)
-    assert limits["fp16"][1] == float(np.finfo(np.float16).tiny)  # 2**-14
-    assert limits["fp32"][0] == float(np.finfo(np.float32).max)
-    assert limits["fp8_e4m3"][:3] == (448.0, 2.0**-6, 2.0**-9)
-    assert limits["fp8_e5m2"][0] == 57344.0
-    assert limits["bf16"][3] == 2.0**-7 and limits["fp16"][3] == 2.0**-10
-    assert [limits[n][4] for n in ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")] == [4, 2, 2, 1, 1]  # fmt: skip
+def test_starter_uses_the_one_emulation(lab):
+    """The starter imports labkit.precision (its unit tests: tests/test_labkit.py)."""
+    from labkit import precision
 
-
-def test_round_to_matches_numpy_and_rounds_half_to_even(lab):
-    round_to = lab["round_to"]
+    assert lab["round_to"] is precision.round_to and lab["format_limits"] is precision.format_limits
+    assert lab["FORMATS"] is precision.FORMATS
     assert lab["fp16_agrees"] and lab["fp32_agrees"]
-    # 1 + 2**-8 is halfway between two bf16 neighbours (step 2**-7): ties go to the even one
-    assert round_to(np.array([1 + 2**-8, 1 + 3 * 2**-8]), "bf16").tolist() == [1.0, 1 + 2**-6]
-    # fp16 overflows to inf from 65520 (halfway to the next binade) on; fp8_e4m3 saturates
-    assert round_to(np.array([65519.0, 65520.0, -1e9]), "fp16").tolist() == [65504.0, np.inf, -np.inf]  # fmt: skip
-    assert round_to(np.array([500.0, -np.inf]), "fp8_e4m3").tolist() == [448.0, -448.0]
-    # subnormals: the smallest e4m3 step is 2**-9; half of it ties to 0
-    assert round_to(np.array([2.0**-9, 2.0**-10, 3 * 2.0**-11]), "fp8_e4m3").tolist() == [2.0**-9, 0.0, 2.0**-9]  # fmt: skip
-    assert np.isnan(round_to(np.array([np.nan]), "bf16")[0])
 
 
 def test_fp16_decode_overflows_and_the_fixes_do_not(lab):
@@ -111,6 +96,16 @@ def test_flux_sizes_from_model_sizes(lab):
     assert row[0] == "transformer"
     assert row[2:] == [f"{params['transformer'] * b / 1e9:.2f}" for b in (2, 1, 34 / 32, 18 / 32)]
     assert float(row[5]) < 0.3 * float(row[2])  # Q4_0 is 9/32 of bf16
+    lc = lab["layerwise"]
+    assert lc == model_sizes.layerwise_casting("Flux.1-dev", "transformer")
+    assert lc["cast_params"] + lc["kept_params"] == params["transformer"]
+    assert 0.99 * lc["kept_params"] < lab["modulation"] < lc["kept_params"]
+
+
+def test_dequantize_path_touches_more_bytes_than_a_resident_bf16_weight(lab):
+    touched = lab["touched"]
+    assert touched["bf16 resident"] == 2.0
+    assert touched["Q8_0"] == 34 / 32 + 4 and touched["Q4_0"] == 18 / 32 + 4
 
 
 def test_dequantize_on_the_fly_holds_a_full_weight_copy(lab):
