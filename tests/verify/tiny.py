@@ -15,6 +15,11 @@ EMBED_DIM = 32
 HEIGHT = WIDTH = 16
 #: Stable Diffusion 1.x's scheduler betas (its scheduler_config.json)
 SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
+#: the rest of SD 1.5's scheduler_config.json that StableDiffusionPipeline checks: with
+#: diffusers' defaults (steps_offset=0, clip_sample=True) its __init__ raises a
+#: FutureWarning ("the configuration file of this scheduler ... is outdated") and rewrites
+#: the config, so a test built on the defaults would not run SD's real settings
+SD_SCHEDULER = dict(SD_BETAS, steps_offset=1, clip_sample=False, set_alpha_to_one=False)
 
 
 def tiny_unet(**overrides):
@@ -63,8 +68,8 @@ def tiny_sd_pipeline(scheduler=None, **components):
         text_encoder=None,
         tokenizer=None,
         unet=tiny_unet(),
-        # SD 1.x's betas, with DDIM (leading spacing, as SD ships it)
-        scheduler=scheduler or DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        # SD 1.x's scheduler settings, with DDIM (leading spacing, as SD ships it)
+        scheduler=scheduler or DDIMScheduler(**SD_SCHEDULER),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
