@@ -267,8 +267,9 @@ for pair in (("sd15", "sdxl"), ("sd3", "flux")):
 # scheduler from the old one's config: it keeps every key the new class's
 # `__init__` accepts, and every other key is ignored. Keys that the original
 # file never set are listed in `_use_default_values` and are not carried: the
-# new class's own defaults apply. `_compatibles` is the list of classes that
-# share the DDPM-style `betas` config; the flow-matching scheduler has none.
+# new class's own defaults apply. `_compatibles` is a hint, not a check: the
+# DDPM-family classes share one list of names, the flow-matching scheduler has none,
+# and `from_config` builds any class from any config.
 # Below: the `__init__` defaults of four schedulers in diffusers 0.42.1.
 
 # %%
@@ -299,7 +300,8 @@ SCHEDULER_INIT = {
                                         "time_shift_type": "exponential",
                                         "stochastic_sampling": False},
 }  # fmt: skip
-# DDIMScheduler._compatibles (the KarrasDiffusionSchedulers); every class in it has the same list
+# DDIMScheduler._compatibles: the KarrasDiffusionSchedulers names, a list 20 classes carry in
+# diffusers 0.42.1 (EDMEulerScheduler, named in it, has no betas and an empty list of its own)
 KARRAS_COMPATIBLES = ["DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "LMSDiscreteScheduler",
                       "EulerDiscreteScheduler", "HeunDiscreteScheduler",
                       "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler",
@@ -360,8 +362,9 @@ for target in ["EulerDiscreteScheduler", "DDIMScheduler", "FlowMatchEulerDiscret
 #
 # Four tensors cross a boundary between two separately loaded components, and
 # each must agree on a size or a meaning. Nothing in `from_pretrained` checks
-# them: a wrong size fails at the first forward pass, a wrong `prediction_type`
-# never fails, it just denoises badly. The checker reads only the configs.
+# them: a wrong size raises somewhere in `__call__` (where depends on the
+# pipeline: see the lab page), a wrong `prediction_type` never raises, it just
+# denoises badly. The checker reads only the configs.
 
 
 # %%
@@ -409,10 +412,15 @@ def check(components, shipped_scheduler):
                         f"CLIP pooled width {pooled}", den["pooled_projection_dim"] == pooled))  # fmt: skip
     # the denoiser's output means what it was trained to predict; the scheduler must read it so
     sched, ship = components["scheduler"], shipped_scheduler
-    if ship["_class_name"].startswith("FlowMatch"):
-        ok = sched["_class_name"] in COMPATIBLES[ship["_class_name"]] + [ship["_class_name"]]
+    if ship["_class_name"].startswith("FlowMatch"):  # the output is a velocity: a FlowMatch*
+        # scheduler steps it, or DPM-Solver / UniPC set to flow sigmas and flow_prediction
+        # (DEIS takes the flags too, but in 0.42.1 its flow schedule stops short of sigma 0)
+        ok = sched["_class_name"].startswith("FlowMatch") or (
+            sched.get("use_flow_sigmas") is True
+            and sched.get("prediction_type") == "flow_prediction"
+        )
         results.append(("objective", f"scheduler {sched['_class_name']}",
-                        "a flow-matching scheduler", ok))  # fmt: skip
+                        "a scheduler that steps a velocity", ok))  # fmt: skip
     else:
         want = ship.get("prediction_type", "epsilon")
         got = sched.get("prediction_type", "epsilon")
@@ -452,6 +460,9 @@ scenarios = [
      if k != "text_encoder_2"}, sdxl["scheduler"]),
     ("Flux + EulerDiscreteScheduler", {**CONFIGS["flux"], "scheduler": sdxl["scheduler"]},
      CONFIGS["flux"]["scheduler"]),
+    ("Flux + DPM-Solver on flow sigmas", {**CONFIGS["flux"], "scheduler": {
+     "_class_name": "DPMSolverMultistepScheduler", "use_flow_sigmas": True,
+     "prediction_type": "flow_prediction", "flow_shift": 3.0}}, CONFIGS["flux"]["scheduler"]),
 ]  # fmt: skip
 print("\nswaps:")
 for title, components, shipped_scheduler in scenarios:
@@ -541,7 +552,9 @@ def pipeline_graph(fam):
         "prompt": (20, 78, 90, "prompt", "str"),
         "tok": (190, 78, 200, tokenizers, classes(comps, "tokenizer")),
         "enc": (530, 78, 250, encoders, classes(comps, "text_encoder")),
-        "noise": (20, 208, 130, "randn", "x init_noise_sigma"),
+        # SD 1.5 / SDXL scale the noise by the scheduler's init_noise_sigma; flow-matching
+        # schedulers have none, and SD3 / Flux start from the noise as drawn (sigma 1)
+        "noise": (20, 208, 130, "randn", "x init_noise_sigma" if "unet" in comps else "unscaled"),
         "den": (530, 208, 250, denoiser, comps[denoiser][1]),
         "step": (530, 338, 250, "scheduler.step", comps["scheduler"][1]),
         "vae": (190, 338, 200, "vae.decode", "AutoencoderKL"),

@@ -64,6 +64,7 @@ def test_checker_passes_the_published_pipelines_and_flags_the_bad_swaps(run_lab)
         "SDXL + DPMSolverMultistepScheduler": [],
         "SDXL UNet + SD 1.5's text encoder only": ["pooled width", "text width"],
         "Flux + EulerDiscreteScheduler": ["objective"],
+        "Flux + DPM-Solver on flow sigmas": [],
     }
 
 

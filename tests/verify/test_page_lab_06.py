@@ -3,8 +3,9 @@
 No weights and no hub: a StableDiffusionPipeline is assembled from tiny random parts
 built in code (``tiny.py``, plus a tiny safety checker and image processor here), saved
 with ``save_pretrained`` to a temporary folder and loaded back with ``from_pretrained``
-from that local folder. The SDXL, SD3 and Flux facts come from the installed classes'
-``__init__`` signatures and static methods. The lab's own data structures are read
+from that local folder. Tiny img2img, inpainting, SDXL, SD3 and Flux pipelines (no text
+encoders; embeddings passed in) are run through their own ``__call__``; the rest comes from
+the installed classes' ``__init__`` signatures and static methods. The lab's own data structures are read
 through the ``run_lab`` fixture, so the page and the library are compared directly.
 """
 
@@ -21,6 +22,7 @@ from tiny import (
     EMBED_DIM,
     HEIGHT,
     SD_BETAS,
+    SD_SCHEDULER,
     WIDTH,
     embeds,
     start_latents,
@@ -28,6 +30,7 @@ from tiny import (
     tiny_text_encoder,
     tiny_tokenizer,
     tiny_unet,
+    tiny_vae,
 )
 
 LAB06 = "code/lab-06-diffusers-pipeline-components/pipeline_components.py"
@@ -208,16 +211,19 @@ def test_from_pretrained_loads_the_labs_own_model_index_json(lab, saved, tmp_pat
     assert pipe.image_encoder is None and pipe.safety_checker is not None
 
 
-def test_torch_dtype_casts_the_models_not_the_scheduler(saved):
-    """`from_pretrained(folder, torch_dtype=torch.float16)` loads the UNet, VAE, text encoder and safety checker in float16; the scheduler and tokenizer have no weights and are unchanged."""
+def test_dtype_casts_the_models_not_the_scheduler(saved):
+    """`from_pretrained(folder, dtype=torch.float16)` loads the UNet, VAE, text encoder and safety checker in float16; the scheduler and tokenizer have no weights and are unchanged; the older spelling `torch_dtype=` still works in 0.42.1 but warns that it is deprecated."""
     from diffusers import StableDiffusionPipeline
 
     folder, _ = saved
-    pipe = StableDiffusionPipeline.from_pretrained(folder, torch_dtype=torch.float16)
+    pipe = StableDiffusionPipeline.from_pretrained(folder, dtype=torch.float16)
     for module in (pipe.unet, pipe.vae, pipe.text_encoder, pipe.safety_checker):
         assert next(module.parameters()).dtype == torch.float16
     assert type(pipe.scheduler).__name__ == "PNDMScheduler"
     assert pipe.dtype == torch.float16
+    with pytest.warns(FutureWarning, match="`torch_dtype` is deprecated"):
+        old = StableDiffusionPipeline.from_pretrained(folder, torch_dtype=torch.float16)
+    assert old.dtype == torch.float16
 
 
 # ------------------------------------------------------------------- the four families
@@ -273,14 +279,56 @@ def test_the_labs_scheduler_defaults_are_the_init_defaults(lab):
         assert real == defaults, name
 
 
+def _classes_carrying_the_karras_list():
+    """Scheduler classes whose source sets `_compatibles = [e.name for e in KarrasDiffusionSchedulers]`.
+
+    Read from the installed source with ``ast``: some of them (LMS, DPM-Solver SDE) need
+    optional packages (scipy, torchsde) and are dummy objects when those are missing.
+    """
+    import ast
+    from pathlib import Path
+
+    import diffusers.schedulers
+
+    found = []
+    for path in sorted(Path(diffusers.schedulers.__file__).parent.glob("scheduling_*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for stmt in node.body:
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and getattr(stmt.targets[0], "id", None) == "_compatibles"
+                    and "KarrasDiffusionSchedulers" in ast.unparse(stmt.value)
+                ):
+                    found.append(node.name)
+    return found
+
+
 def test_compatibles_lists_the_shared_config_schedulers(lab):
-    """`DDIMScheduler._compatibles` lists the 15 `KarrasDiffusionSchedulers` (`EulerDiscreteScheduler`, `DPMSolverMultistepScheduler`, `PNDMScheduler`...), `EulerDiscreteScheduler` has the same list, and `FlowMatchEulerDiscreteScheduler._compatibles` is empty: its `compatibles` property lists only itself."""
-    from diffusers import DDIMScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler
+    """`DDIMScheduler._compatibles` is the 15 names of `KarrasDiffusionSchedulers` (`EulerDiscreteScheduler`, `DPMSolverMultistepScheduler`, `PNDMScheduler`...), and 20 scheduler classes in diffusers 0.42.1's source carry that same list; it names `EDMEulerScheduler`, which has no betas and whose own `_compatibles` is empty, and `FlowMatchEulerDiscreteScheduler._compatibles` is empty: its `compatibles` property lists only itself."""
+    import diffusers
+    from diffusers import (
+        DDIMScheduler,
+        EDMEulerScheduler,
+        EulerDiscreteScheduler,
+        FlowMatchEulerDiscreteScheduler,
+    )
 
     assert DDIMScheduler._compatibles == lab["KARRAS_COMPATIBLES"]
     assert len(DDIMScheduler._compatibles) == 15
-    assert "EulerDiscreteScheduler" in DDIMScheduler._compatibles
+    carriers = _classes_carrying_the_karras_list()
+    assert len(carriers) == 20, carriers
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+    for name in carriers:  # those importable here (not dummies) have the same list at run time
+        cls = getattr(diffusers, name, None)
+        if isinstance(cls, type) and issubclass(cls, SchedulerMixin):
+            assert cls._compatibles == DDIMScheduler._compatibles, name
     assert EulerDiscreteScheduler._compatibles == DDIMScheduler._compatibles
+    assert "EDMEulerScheduler" in DDIMScheduler._compatibles
+    assert EDMEulerScheduler._compatibles == []
+    assert "beta_schedule" not in inspect.signature(EDMEulerScheduler.__init__).parameters
     assert FlowMatchEulerDiscreteScheduler._compatibles == []
     flow = FlowMatchEulerDiscreteScheduler()
     assert [c.__name__ for c in flow.compatibles] == ["FlowMatchEulerDiscreteScheduler"]
@@ -391,40 +439,136 @@ def test_checker_passes_the_tiny_pipelines_real_configs(lab):
          width=WIDTH, latents=start_latents(), output_type="latent")  # fmt: skip
 
 
-def test_latent_channel_mismatch_fails_at_the_first_unet_call(lab):
-    """A UNet with `in_channels=4` fails at its first forward pass on the 16-channel `latents` of a VAE with `latent_channels=16`; `from_pretrained` and `__init__` do not check, and the lab's checker flags "latent channels" from the configs alone."""
+def _vae16():
     from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
-    vae16 = AutoencoderKL(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
-                          up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16,
-                          sample_size=HEIGHT)  # fmt: skip
-    pipe = tiny_sd_pipeline(vae=vae16, text_encoder=tiny_text_encoder())  # no error here
+    return AutoencoderKL(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16,
+                         sample_size=HEIGHT).eval()  # fmt: skip
+
+
+def _raised_in(error, filename):
+    """Whether ``error`` was raised from a frame of a file whose path ends with ``filename``."""
+    import traceback
+
+    return any(f.filename.endswith(filename) for f in traceback.extract_tb(error.__traceback__))
+
+
+def test_latent_channel_mismatch_runs_the_loop_and_fails_in_vae_decode(lab, record_calls):
+    """With a 16-channel VAE and a 4-channel UNet, `StableDiffusionPipeline.__call__` runs every denoising step (`prepare_latents` sizes the noise from `unet.config.in_channels`) and raises only inside `vae.decode`; `__init__` checks nothing, and the lab's checker flags "latent channels" from the configs alone."""
+    pipe = tiny_sd_pipeline(vae=_vae16(), text_encoder=tiny_text_encoder())  # no error here
     components = _configs(pipe.unet, pipe.vae, pipe.text_encoder, pipe.scheduler)
     assert _failed(lab, components) == ["latent channels"]
-    latents = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(RuntimeError):
-        pipe.unet(latents, 10, encoder_hidden_states=embeds(1))
+    unet = record_calls(pipe.unet)
+    decode, entered = pipe.vae.decode, []
+    pipe.vae.decode = lambda z, *a, **k: entered.append(tuple(z.shape)) or decode(z, *a, **k)
+    with pytest.raises(RuntimeError) as error:
+        pipe(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=1.0, height=HEIGHT,
+             width=WIDTH, output_type="np")  # fmt: skip
+    assert [args[0].shape[1] for args, _ in unet.calls] == [4, 4, 4]  # every step ran
+    assert entered == [(1, 4, 8, 8)]  # 4-channel latents into a 16-channel decoder
+    assert _raised_in(error.value, "autoencoder_kl.py")
 
 
-def test_text_width_mismatch_fails_in_cross_attention(lab, tmp_path):
-    """A UNet with `cross_attention_dim=32` fails in cross-attention on `prompt_embeds` from a 48-wide text encoder; the lab's checker flags "text width" from the configs alone."""
+def test_latent_channel_mismatch_fails_at_the_first_unet_call_in_img2img_and_inpainting(
+    record_calls,
+):
+    """With the same 16-channel VAE, `StableDiffusionImg2ImgPipeline` and `StableDiffusionInpaintPipeline` (4-channel UNet) raise at the first UNet call, on 16-channel latents (img2img encodes the image with the VAE; inpainting sizes its noise from `vae.config.latent_channels`), and with a 9-channel inpainting UNet `StableDiffusionInpaintPipeline.__call__` raises `ValueError` before the loop."""
+    from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionInpaintPipeline
+
+    parts = tiny_sd_pipeline(vae=_vae16()).components
+    image = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(1, 1, HEIGHT, WIDTH)
+    mask[..., 4:12, 4:12] = 1
+    kwargs = dict(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=1.0,
+                  output_type="np", image=image)  # fmt: skip
+    img2img = StableDiffusionImg2ImgPipeline(**parts)
+    inpaint = StableDiffusionInpaintPipeline(**parts)
+    for pipe, extra in [
+        (img2img, {}),
+        (inpaint, dict(mask_image=mask, height=HEIGHT, width=WIDTH)),
+    ]:
+        pipe.set_progress_bar_config(disable=True)
+        unet = record_calls(pipe.unet)
+        with pytest.raises(RuntimeError) as error:
+            pipe(**kwargs, **extra)
+        assert [args[0].shape[1] for args, _ in unet.calls] == [16], type(pipe).__name__
+        assert _raised_in(error.value, "unet_2d_condition.py")
+        unet.remove()
+    inpaint9 = StableDiffusionInpaintPipeline(**{**parts, "unet": tiny_unet(in_channels=9)})
+    inpaint9.set_progress_bar_config(disable=True)
+    unet = record_calls(inpaint9.unet)
+    with pytest.raises(ValueError, match="Incorrect configuration settings"):
+        inpaint9(**kwargs, mask_image=mask, height=HEIGHT, width=WIDTH)
+    assert unet.calls == []
+
+
+def test_text_width_mismatch_fails_in_cross_attention(lab, tmp_path, record_calls):
+    """A UNet with `cross_attention_dim=32` fails in its first cross-attention on `prompt_embeds` from a 48-wide text encoder, run through `StableDiffusionPipeline.__call__` with a prompt; the lab's checker flags "text width" from the configs alone."""
     unet, encoder = tiny_unet(), tiny_text_encoder(hidden_size=48)
     assert unet.config.cross_attention_dim == EMBED_DIM == 32
     pipe = tiny_sd_pipeline(text_encoder=encoder, tokenizer=tiny_tokenizer(tmp_path))
     components = _configs(pipe.unet, pipe.vae, pipe.text_encoder, pipe.scheduler)
     assert _failed(lab, components) == ["text width"]
-    with pytest.raises(RuntimeError):
+    attn2 = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn2
+    cross = record_calls(attn2)
+    with pytest.raises(RuntimeError) as error:
         pipe(prompt="a cat", num_inference_steps=1, guidance_scale=1.0, height=HEIGHT,
              width=WIDTH, output_type="latent")  # fmt: skip
+    assert len(cross.calls) == 1 and cross.calls[0][1]["encoder_hidden_states"].shape[-1] == 48
+    assert _raised_in(error.value, "attention_processor.py")
+
+
+def test_sdxl_pooled_width_mismatch_raises_before_the_loop(record_calls):
+    """In `StableDiffusionXLPipeline.__call__`, a `pooled_prompt_embeds` width that does not fit the UNet's `projection_class_embeddings_input_dim` (six time ids of `addition_time_embed_dim` plus the pooled width) raises `ValueError` in `_get_add_time_ids`, before the first UNet call."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    pipe = StableDiffusionXLPipeline(
+        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
+        unet=_sdxl_unet(pooled=20), scheduler=EulerDiscreteScheduler(**SD_BETAS, steps_offset=1),
+        add_watermarker=False,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    unet = record_calls(pipe.unet)
+    kwargs = dict(prompt_embeds=embeds(1), guidance_scale=1.0, num_inference_steps=2,
+                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    pipe(pooled_prompt_embeds=torch.randn(1, 20), **kwargs)  # the right width runs
+    assert len(unet.calls) == 2
+    unet.calls.clear()
+    with pytest.raises(ValueError, match="Model expects an added time embedding vector") as error:
+        pipe(pooled_prompt_embeds=torch.randn(1, 24), **kwargs)
+    assert any(f.name == "_get_add_time_ids" for f in _frames(error.value))
+    assert unet.calls == []
+
+
+def _frames(error):
+    import traceback
+
+    return traceback.extract_tb(error.__traceback__)
+
+
+def _sdxl_unet(pooled):
+    """A UNet2DConditionModel with SDXL's `text_time` added conditioning: 6 x 8 + ``pooled``."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    return UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
+        use_linear_projection=True, cross_attention_dim=EMBED_DIM,
+        addition_embed_type="text_time", addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + pooled,
+    ).eval()  # fmt: skip
 
 
 def test_prediction_type_mismatch_runs_without_an_error(lab):
     """A scheduler with `prediction_type="epsilon"` on a checkpoint trained for `v_prediction` raises nothing: the pipeline runs and returns different `latents`; only the lab's checker flags "prediction_type"."""
     from diffusers import DDIMScheduler
 
-    shipped = DDIMScheduler(prediction_type="v_prediction", set_alpha_to_one=False, **SD_BETAS)
-    wrong = DDIMScheduler(prediction_type="epsilon", set_alpha_to_one=False, **SD_BETAS)
+    shipped = DDIMScheduler(prediction_type="v_prediction", **SD_SCHEDULER)
+    wrong = DDIMScheduler(prediction_type="epsilon", **SD_SCHEDULER)
     results = []
     for scheduler in (shipped, wrong):
         pipe = tiny_sd_pipeline(scheduler=scheduler, text_encoder=tiny_text_encoder())
@@ -467,18 +611,247 @@ def test_flux_packs_2x2_latent_patches_into_tokens(lab):
     assert lab["CONFIGS"]["flux"]["transformer"]["in_channels"] == 64
 
 
-def test_sequence_lengths_and_decode_shift(lab):
-    """`StableDiffusion3Pipeline.__call__` defaults to `max_sequence_length=256` T5 tokens and `FluxPipeline.__call__` to 512; both decode `latents / vae.config.scaling_factor + vae.config.shift_factor` (read from their source)."""
+# ---- tiny SD3 and Flux pipelines, built in code (Flux's as in test_page_lab_13.py) -------
+
+#: the stand-in text width and token count for SD3's and Flux's transformers
+DIT_TEXT, DIT_TOKENS = 32, 8
+
+
+def _vae_dit(**factors):
+    """A 16-channel AutoencoderKL without quant convs (as SD3's and Flux's), two blocks."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    return AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16,
+                         norm_num_groups=8, use_quant_conv=False, use_post_quant_conv=False,
+                         sample_size=HEIGHT, **factors).eval()  # fmt: skip
+
+
+def tiny_sd3_pipeline(scheduler=None):
+    """StableDiffusion3Pipeline around a one-block SD3Transformer2DModel; no text encoders."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=1,
+        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=DIT_TEXT,
+        caption_projection_dim=16, pooled_projection_dim=DIT_TEXT, pos_embed_max_size=16,
+    ).eval()  # fmt: skip
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=scheduler or FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=_vae_dit(scaling_factor=1.5305, shift_factor=0.0609), text_encoder=None,
+        tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None,
+        tokenizer_3=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_flux_pipeline():
+    """FluxPipeline around a tiny guidance-embedding transformer (as Flux.1-dev); no encoders."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=DIT_TEXT, pooled_projection_dim=DIT_TEXT,
+        guidance_embeds=True, axes_dims_rope=(4, 4, 8),
+    ).eval()  # fmt: skip
+    pipe = FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=_vae_dit(scaling_factor=0.3611, shift_factor=0.1159), text_encoder=None,
+        tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def dit_embeds(seed, width=DIT_TEXT):
+    """Stand-in (prompt_embeds, pooled_prompt_embeds) for the tiny SD3 and Flux pipelines."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, DIT_TOKENS, width, generator=g), torch.randn(1, DIT_TEXT, generator=g)
+
+
+def _dit_call(pipe, seed=1, steps=2, **kwargs):
+    prompt_embeds, pooled = dit_embeds(seed)
+    kwargs = dict(dict(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled), **kwargs)
+    with torch.no_grad():
+        return pipe(**kwargs, num_inference_steps=steps, height=HEIGHT, width=WIDTH,
+                    generator=torch.Generator().manual_seed(7)).images  # fmt: skip
+
+
+def _noise(*shape):
+    """The noise ``randn_tensor`` draws on the CPU from ``manual_seed(7)``."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(7))
+
+
+def test_flow_pipelines_start_from_unscaled_noise(record_calls):
+    """`FlowMatchEulerDiscreteScheduler` has no `init_noise_sigma`: `StableDiffusion3Pipeline` and `FluxPipeline` start from the noise as drawn (SD3's first transformer input is the `randn` latents, Flux's the same noise packed into tokens), while `StableDiffusionPipeline` and `StableDiffusionXLPipeline` multiply their noise by `scheduler.init_noise_sigma` before the loop."""
+    from diffusers import EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    assert not hasattr(FlowMatchEulerDiscreteScheduler(), "init_noise_sigma")
+    sd3 = tiny_sd3_pipeline()
+    calls = record_calls(sd3.transformer).calls
+    _dit_call(sd3, guidance_scale=1.0, output_type="latent")
+    torch.testing.assert_close(calls[0][1]["hidden_states"], _noise(1, 16, 8, 8))
+    flux = tiny_flux_pipeline()
+    calls = record_calls(flux.transformer).calls
+    _dit_call(flux, output_type="latent")
+    packed = FluxPipeline._pack_latents(_noise(1, 16, 8, 8), 1, 16, 8, 8)
+    torch.testing.assert_close(calls[0][1]["hidden_states"], packed)
+    # SD 1.5's loop: the noise times init_noise_sigma is what scale_model_input first receives
+    euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
+    sd = tiny_sd_pipeline(scheduler=euler)
+    seen, scale = [], euler.scale_model_input
+    euler.scale_model_input = lambda sample, t: seen.append(sample.clone()) or scale(sample, t)
+    sd(prompt_embeds=embeds(1), num_inference_steps=2, guidance_scale=1.0, height=HEIGHT,
+       width=WIDTH, output_type="latent", generator=torch.Generator().manual_seed(7))  # fmt: skip
+    assert euler.init_noise_sigma > 10
+    torch.testing.assert_close(seen[0], _noise(1, 4, 8, 8) * euler.init_noise_sigma)
+    # SDXL's loop, the same way (pooled width 20 fits _sdxl_unet(pooled=20))
+    from diffusers import StableDiffusionXLPipeline
+
+    euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
+    sdxl = StableDiffusionXLPipeline(
+        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
+        unet=_sdxl_unet(pooled=20), scheduler=euler, add_watermarker=False,
+    )  # fmt: skip
+    sdxl.set_progress_bar_config(disable=True)
+    seen, scale = [], euler.scale_model_input
+    euler.scale_model_input = lambda sample, t: seen.append(sample.clone()) or scale(sample, t)
+    sdxl(prompt_embeds=embeds(1), pooled_prompt_embeds=torch.randn(1, 20), num_inference_steps=2,
+         guidance_scale=1.0, height=HEIGHT, width=WIDTH, output_type="latent",
+         generator=torch.Generator().manual_seed(7))  # fmt: skip
+    torch.testing.assert_close(seen[0], _noise(1, 4, 8, 8) * euler.init_noise_sigma)
+
+
+def test_sd3_guides_on_2b_rows_flux_dev_on_an_embedded_scale(record_calls):
+    """With guidance on, `StableDiffusion3Pipeline` calls its transformer once per step on `2B` rows (negative rows first), while `FluxPipeline` with `guidance_embeds=True` calls it once per step on `B` rows and passes `guidance_scale` in as `guidance`; only `true_cfg_scale > 1` with a negative prompt adds a second Flux call per step."""
+    sd3 = tiny_sd3_pipeline()
+    calls = record_calls(sd3.transformer).calls
+    negative, negative_pooled = dit_embeds(2)
+    _dit_call(sd3, guidance_scale=5.0, negative_prompt_embeds=negative,
+              negative_pooled_prompt_embeds=negative_pooled, output_type="latent")  # fmt: skip
+    assert len(calls) == 2
+    for _, kwargs in calls:
+        assert kwargs["hidden_states"].shape[0] == 2
+        torch.testing.assert_close(kwargs["encoder_hidden_states"][0], negative[0])
+    flux = tiny_flux_pipeline()
+    calls = record_calls(flux.transformer).calls
+    _dit_call(flux, guidance_scale=3.5, output_type="latent")
+    assert len(calls) == 2
+    for _, kwargs in calls:
+        assert kwargs["hidden_states"].shape[0] == 1 and kwargs["guidance"].tolist() == [3.5]
+    calls.clear()
+    _dit_call(flux, guidance_scale=3.5, true_cfg_scale=4.0, negative_prompt_embeds=negative,
+              negative_pooled_prompt_embeds=negative_pooled, output_type="latent")  # fmt: skip
+    assert len(calls) == 4 and all(kwargs["hidden_states"].shape[0] == 1 for _, kwargs in calls)
+
+
+def test_flux_steps_packed_tokens_and_both_decode_with_shift(lab, record_calls):
+    """In `FluxPipeline.__call__`, `scheduler.step` receives `latents` and `noise_pred` as packed tokens `(B, (H/16) * (W/16), 64)`, unpacked to `(B, 16, H/8, W/8)` only for `vae.decode`; Flux and `StableDiffusion3Pipeline` both decode `latents / vae.config.scaling_factor + vae.config.shift_factor`."""
+    from diffusers import FluxPipeline
+
+    for pipe in (tiny_flux_pipeline(), tiny_sd3_pipeline()):
+        steps, decoded = [], []
+
+        def spy_step(out, t, z, _steps=steps, _step=pipe.scheduler.step, **k):
+            _steps.append((out.shape, z.shape))
+            return _step(out, t, z, **k)
+
+        def spy_decode(z, *a, _decoded=decoded, _decode=pipe.vae.decode, **k):
+            _decoded.append(z.clone())
+            return _decode(z, *a, **k)
+
+        pipe.scheduler.step, pipe.vae.decode = spy_step, spy_decode
+        last = _dit_call(pipe, guidance_scale=1.0, output_type="latent")  # the final latents
+        _dit_call(pipe, guidance_scale=1.0, output_type="np")
+        config = pipe.vae.config
+        if isinstance(pipe, FluxPipeline):
+            assert steps[0] == ((1, 16, 64), (1, 16, 64))  # (16/16) * ... = (8/2) * (8/2) tokens
+            last = FluxPipeline._unpack_latents(last, HEIGHT, WIDTH, pipe.vae_scale_factor)
+        else:
+            assert steps[0] == ((1, 16, 8, 8), (1, 16, 8, 8))
+        torch.testing.assert_close(decoded[0], last / config.scaling_factor + config.shift_factor)
+        assert decoded[0].shape == (1, 16, 8, 8)
+    assert lab["boundary_shapes"]("flux")[-2] == ("noise_pred", "(B, 4096, 64)")
+
+
+def test_dit_text_and_pooled_width_mismatches_fail_at_the_first_transformer_call(record_calls):
+    """`StableDiffusion3Pipeline` and `FluxPipeline` given `prompt_embeds` wider than the transformer's `joint_attention_dim` raise in `context_embedder`, the linear layer that projects the text tokens, at the first transformer call; a `pooled_prompt_embeds` of the wrong width raises in `time_text_embed` at that same first call."""
+    for pipe in (tiny_sd3_pipeline(), tiny_flux_pipeline()):
+        calls = record_calls(pipe.transformer.context_embedder)
+        wide, pooled = dit_embeds(3, width=48)
+        with pytest.raises(RuntimeError) as error:
+            _dit_call(pipe, prompt_embeds=wide, pooled_prompt_embeds=pooled, guidance_scale=1.0,
+                      output_type="latent")  # fmt: skip
+        assert len(calls.calls) == 1 and calls.calls[0][0][0].shape[-1] == 48
+        assert any(f.name == "forward" and "context_embedder" in (f.line or "")
+                   for f in _frames(error.value)), type(pipe).__name__  # fmt: skip
+        transformer = record_calls(pipe.transformer)
+        prompt_embeds, _ = dit_embeds(3)
+        with pytest.raises(RuntimeError) as error:
+            _dit_call(pipe, prompt_embeds=prompt_embeds, pooled_prompt_embeds=torch.randn(1, 48),
+                      guidance_scale=1.0, output_type="latent")  # fmt: skip
+        assert len(transformer.calls) == 1
+        assert any("time_text_embed" in (f.line or "") for f in _frames(error.value))
+
+
+def test_sequence_lengths_default_to_256_and_512():
+    """`StableDiffusion3Pipeline.__call__` defaults to `max_sequence_length=256` T5 tokens and `FluxPipeline.__call__` to 512, the lab's 77 + 256 and 512 text tokens."""
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
     for cls, length in [(StableDiffusion3Pipeline, 256), (FluxPipeline, 512)]:
         params = inspect.signature(cls.__call__).parameters
         assert params["max_sequence_length"].default == length
-        source = inspect.getsource(cls.__call__)
-        assert "(latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor" in source
-    shapes = dict(lab["boundary_shapes"]("sd3"))
-    assert shapes["prompt_embeds"] == "(B, 77+256=333, 4096)"
-    assert dict(lab["boundary_shapes"]("flux"))["prompt_embeds"] == "(B, 512, 4096)"
+
+
+def test_a_flow_model_samples_with_dpm_solver_on_flow_sigmas(lab):
+    """`DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction")` and `UniPCMultistepScheduler` set the same way, classes outside `FlowMatchEulerDiscreteScheduler`'s `_compatibles`, sample a flow-matching model: through the tiny `StableDiffusion3Pipeline`'s `__call__` they end close to the flow-matching Euler result, while `EulerDiscreteScheduler`, which reads the velocity as `epsilon`, raises nothing and ends far off; the lab's checker accepts the first and flags the second. `DEISMultistepScheduler` takes the same flags, but its flow schedule has no final zero sigma (its last step repeats the smallest nonzero one), so it stops with noise left."""
+    from diffusers import (
+        DEISMultistepScheduler,
+        DPMSolverMultistepScheduler,
+        EulerDiscreteScheduler,
+        FlowMatchEulerDiscreteScheduler,
+        UniPCMultistepScheduler,
+    )
+
+    flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
+    dpm = DPMSolverMultistepScheduler(**flow)
+    deis = DEISMultistepScheduler(**flow)
+    solvers = (dpm, UniPCMultistepScheduler(**flow))
+    for solver in (*solvers, deis):
+        assert type(solver).__name__ not in FlowMatchEulerDiscreteScheduler._compatibles
+    latents = _noise(1, 16, 8, 8)
+    out = {}
+    for scheduler in (FlowMatchEulerDiscreteScheduler(shift=3.0), *solvers, deis,
+                      EulerDiscreteScheduler()):  # fmt: skip
+        pipe = tiny_sd3_pipeline(scheduler)
+        out[type(scheduler).__name__] = _dit_call(
+            pipe, steps=8, guidance_scale=1.0, latents=latents.clone(), output_type="latent"
+        )
+    reference = out["FlowMatchEulerDiscreteScheduler"]
+    scale = reference.abs().max()
+    for solver in solvers:
+        name = type(solver).__name__
+        assert (out[name] - reference).abs().max() < 0.05 * scale, name
+    # DEIS: no final zero sigma; the last step goes from 3 * (1/8) / (1 + 2/8) = 0.3 to 0.3
+    assert deis.sigmas[-1] == deis.sigmas[-2] and abs(float(deis.sigmas[-1]) - 0.3) < 1e-3
+    assert dpm.sigmas[-1] == 0
+    assert (out["DEISMultistepScheduler"] - reference).abs().max() > 0.1 * scale
+    assert (out["EulerDiscreteScheduler"] - reference).abs().max() > 10 * scale
+    shipped = lab["CONFIGS"]["sd3"]
+    flow_dpm = {"_class_name": "DPMSolverMultistepScheduler", **dict(dpm.config)}
+    euler = {"_class_name": "EulerDiscreteScheduler", **dict(EulerDiscreteScheduler().config)}
+    verdicts = [dict((r[0], r[3]) for r in lab["check"]({**shipped, "scheduler": sched},
+                                                         shipped["scheduler"]))["objective"]
+                for sched in (flow_dpm, euler)]  # fmt: skip
+    assert verdicts == [True, False]
 
 
 def test_sd3_prompt_embeds_concatenate_clip_and_t5_tokens(tmp_path):

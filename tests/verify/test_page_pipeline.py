@@ -20,6 +20,7 @@ from tiny import (
     tiny_sd_pipeline,
     tiny_text_encoder,
     tiny_tokenizer,
+    tiny_vae,
 )
 
 
@@ -112,11 +113,31 @@ def test_to_dtype_casts_every_module_and_the_pipeline_runs(pipe):
         ("FluxPipeline", "text_encoder->text_encoder_2->image_encoder->transformer->vae"),
     ],
 )
-def test_model_cpu_offload_seq_is_the_call_order(cls_name, sequence):
-    """Each pipeline's `model_cpu_offload_seq` lists its models in the order `__call__` uses them: text encoders, then the denoiser, then the VAE."""
+def test_model_cpu_offload_seq_lists_encoders_denoiser_vae(cls_name, sequence):
+    """Each pipeline class declares `model_cpu_offload_seq`: its text encoders, then `image_encoder`, then the denoiser, then the VAE (for SD 1.5 `text_encoder->image_encoder->unet->vae`, for Flux `text_encoder->text_encoder_2->image_encoder->transformer->vae`)."""
     import diffusers
 
     assert getattr(diffusers, cls_name).model_cpu_offload_seq == sequence
+
+
+def test_a_call_uses_its_models_in_the_offload_order(pipe):
+    """A `StableDiffusionPipeline` call runs its models in the order of `model_cpu_offload_seq`: the text encoder, then the UNet at every step, then the VAE once."""
+    order = []
+    hooks = [
+        getattr(pipe, name).register_forward_pre_hook(lambda m, a, name=name: order.append(name))
+        for name in ("text_encoder", "unet")
+    ]
+    decode = pipe.vae.decode
+    pipe.vae.decode = lambda *a, **k: order.append("vae") or decode(*a, **k)
+    try:
+        pipe(prompt="a cat", num_inference_steps=2, guidance_scale=1.0, height=HEIGHT,
+             width=WIDTH, output_type="np")  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert order == ["text_encoder", "unet", "unet", "vae"]
+    present = [n for n in pipe.model_cpu_offload_seq.split("->") if getattr(pipe, n) is not None]
+    assert present == ["text_encoder", "unet", "vae"]
 
 
 def test_the_pipeline_never_holds_tensors_between_calls(pipe):
@@ -138,17 +159,37 @@ def test_a_wrong_scaling_factor_decodes_without_an_error(pipe):
     assert right.shape == wrong.shape and not (right == wrong).all()
 
 
-def test_prompt_embeds_can_be_passed_instead_of_a_prompt():
-    """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` all accept `prompt_embeds` in `__call__`, so the text encoders need not be present during the loop."""
-    import inspect
+def test_prompt_embeds_can_be_passed_instead_of_a_prompt(record_calls):
+    """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` built without text encoders run `__call__` from `prompt_embeds` (plus `pooled_prompt_embeds` from SDXL on, and the negative pair when CFG is on), so the text encoders need not be present during the loop."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+    from test_page_lab_06 import _sdxl_unet, dit_embeds, tiny_flux_pipeline, tiny_sd3_pipeline
+    from tiny import SD_BETAS
 
-    import diffusers
-
-    for name in ["StableDiffusionPipeline", "StableDiffusionXLPipeline",
-                 "StableDiffusion3Pipeline", "FluxPipeline"]:  # fmt: skip
-        params = inspect.signature(getattr(diffusers, name).__call__).parameters
-        assert "prompt_embeds" in params, name
-    pipe = tiny_sd_pipeline()  # text_encoder=None, tokenizer=None
-    assert pipe.text_encoder is None
-    pipe(prompt_embeds=embeds(1), num_inference_steps=1, guidance_scale=1.0, height=HEIGHT,
-         width=WIDTH, latents=start_latents(), output_type="latent")  # fmt: skip
+    sdxl = StableDiffusionXLPipeline(
+        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
+        unet=_sdxl_unet(pooled=20), scheduler=EulerDiscreteScheduler(**SD_BETAS, steps_offset=1),
+        add_watermarker=False,
+    )  # fmt: skip
+    sdxl.set_progress_bar_config(disable=True)
+    (text, neg), (pooled, neg_pooled) = (embeds(1), embeds(2)), torch.randn(2, 1, 20).unbind()
+    (t3, p3), (n3, np3) = dit_embeds(1), dit_embeds(2)
+    cases = [  # (pipeline, kwargs, text rows the denoiser must receive)
+        (tiny_sd_pipeline(), dict(prompt_embeds=text, negative_prompt_embeds=neg),
+         torch.cat([neg, text])),
+        (sdxl, dict(prompt_embeds=text, negative_prompt_embeds=neg, pooled_prompt_embeds=pooled,
+                    negative_pooled_prompt_embeds=neg_pooled), torch.cat([neg, text])),
+        (tiny_sd3_pipeline(), dict(prompt_embeds=t3, negative_prompt_embeds=n3,
+                                   pooled_prompt_embeds=p3, negative_pooled_prompt_embeds=np3),
+         torch.cat([n3, t3])),
+        (tiny_flux_pipeline(), dict(prompt_embeds=t3, pooled_prompt_embeds=p3), t3),
+    ]  # fmt: skip
+    for pipe, kwargs, rows in cases:
+        encoders = [v for k, v in pipe.components.items() if k.startswith("text_encoder")]
+        assert encoders and all(e is None for e in encoders), type(pipe).__name__
+        denoiser = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
+        calls = record_calls(denoiser).calls
+        with torch.no_grad():
+            pipe(**kwargs, guidance_scale=3.0, num_inference_steps=2, height=HEIGHT,
+                 width=WIDTH, output_type="latent")  # fmt: skip
+        assert len(calls) == 2, type(pipe).__name__
+        torch.testing.assert_close(calls[0][1]["encoder_hidden_states"], rows)

@@ -15,6 +15,7 @@ concatenation and padding shows in the shapes. Only signature defaults are read 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -25,6 +26,7 @@ import torch
 from diffusers import (
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
     StableDiffusionPipeline,
@@ -118,13 +120,14 @@ def sdxl_unet():
     ).eval()
 
 
-def sdxl_pipeline(tokenizers, **config):
+def sdxl_pipeline(tokenizers, encoders=True, **config):
+    """The real SDXL pipeline; ``encoders=False``: no text encoder and no tokenizer at all."""
     pipe = StableDiffusionXLPipeline(
         vae=tiny_vae(),
-        text_encoder=clip(CLIP_L, seed=1),
-        text_encoder_2=clip(CLIP_G, projection_dim=CLIP_G_PROJ, seed=2),
-        tokenizer=tokenizers[0],
-        tokenizer_2=tokenizers[1],
+        text_encoder=clip(CLIP_L, seed=1) if encoders else None,
+        text_encoder_2=clip(CLIP_G, projection_dim=CLIP_G_PROJ, seed=2) if encoders else None,
+        tokenizer=tokenizers[0] if encoders else None,
+        tokenizer_2=tokenizers[1] if encoders else None,
         unet=sdxl_unet(),
         scheduler=EulerDiscreteScheduler(),
         add_watermarker=False,
@@ -134,7 +137,8 @@ def sdxl_pipeline(tokenizers, **config):
     return pipe
 
 
-def sd3_pipeline(tokenizers, with_t5=True):
+def sd3_pipeline(tokenizers, with_t5=True, with_clip=True):
+    """The real SD3 pipeline; ``with_clip=False`` / ``with_t5=False`` drop those encoders."""
     torch.manual_seed(0)
     transformer = SD3Transformer2DModel(
         sample_size=8,
@@ -153,11 +157,11 @@ def sd3_pipeline(tokenizers, with_t5=True):
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=tiny_vae(),
-        text_encoder=clip(CLIP_L, projection_dim=CLIP_L, seed=1),
-        text_encoder_2=clip(CLIP_G, projection_dim=CLIP_G_PROJ, seed=2),
+        text_encoder=clip(CLIP_L, projection_dim=CLIP_L, seed=1) if with_clip else None,
+        text_encoder_2=clip(CLIP_G, projection_dim=CLIP_G_PROJ, seed=2) if with_clip else None,
         text_encoder_3=t5_encoder() if with_t5 else None,
-        tokenizer=tokenizers[0],
-        tokenizer_2=tokenizers[1],
+        tokenizer=tokenizers[0] if with_clip else None,
+        tokenizer_2=tokenizers[1] if with_clip else None,
         tokenizer_3=t5_tokenizer() if with_t5 else None,
     )
     pipe.set_progress_bar_config(disable=True)
@@ -550,6 +554,31 @@ def test_sd3_t5_pads_and_truncates_to_max_sequence_length(sd3_pipe):
         assert len(truncated) == (length == 8)  # 6 words of 2 tokens + end token = 13
 
 
+def test_sd3_t5_runs_without_an_attention_mask(sd3_pipe, record_calls):
+    """`_get_t5_prompt_embeds` (SD3's and Flux's) passes T5 no attention mask, and T5's encoder attends in both directions: the prompt's own T5 vectors attend to the padding, so changing `max_sequence_length` changes them, not only the number of rows."""
+    pipe = sd3_pipe
+    flux = FluxPipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None,
+                        text_encoder_2=pipe.text_encoder_3, tokenizer_2=pipe.tokenizer_3,
+                        transformer=None)  # fmt: skip
+    calls = record_calls(pipe.text_encoder_3).calls
+    flux_t5 = functools.partial(flux._get_t5_prompt_embeds, dtype=torch.float32)  # no CLIP here
+    for get_t5 in (pipe._get_t5_prompt_embeds, flux_t5):
+        calls.clear()
+        short = get_t5("ab cd", max_sequence_length=8)
+        long = get_t5("ab cd", max_sequence_length=20)
+        assert [kwargs.get("attention_mask") for _, kwargs in calls] == [None, None]
+        assert [len(args) for args, _ in calls] == [1, 1]  # input_ids only, no mask
+        # "ab cd" is 4 tokens + the end token; with a mask the 5 rows would match exactly
+        assert (short[:, :5] - long[:, :5]).abs().amax() > 1e-4
+    with torch.no_grad():
+        t5_ids = ids(pipe.tokenizer_3, "ab cd", length=20)
+        masked = pipe.text_encoder_3(t5_ids, attention_mask=(t5_ids != 0).long())[0]
+        masked_short = pipe.text_encoder_3(
+            t5_ids[:, :8], attention_mask=(t5_ids[:, :8] != 0).long()
+        )[0]
+    torch.testing.assert_close(masked[:, :5], masked_short[:, :5])
+
+
 def test_sd3_without_t5_uses_zeros(tokenizers):
     """With `text_encoder_3=None`, `_get_t5_prompt_embeds` returns zeros of shape `(B, max_sequence_length, joint_attention_dim)`, so `prompt_embeds` keeps its shape and only the CLIP tokens carry the prompt."""
     pipe = sd3_pipeline(tokenizers, with_t5=False)
@@ -700,6 +729,44 @@ def test_passing_prompt_embeds_skips_the_text_encoder(sd_text_pipe, record_calls
         width=WIDTH,
         output_type="latent",
     )
+
+
+def test_sdxl_and_sd3_run_from_embeddings_without_text_encoders(tokenizers, record_calls):
+    """`StableDiffusionXLPipeline` and `StableDiffusion3Pipeline` built with every text encoder and tokenizer set to `None` run `__call__` with CFG from `prompt_embeds`, `negative_prompt_embeds` and the pooled pair, and the denoiser receives exactly those tensors."""
+    for full, bare in (
+        (sdxl_pipeline(tokenizers), sdxl_pipeline(tokenizers, encoders=False)),
+        (sd3_pipeline(tokenizers), sd3_pipeline(tokenizers, with_t5=False, with_clip=False)),
+    ):
+        kwargs = (
+            dict(device="cpu")
+            if bare.__class__ is StableDiffusionXLPipeline
+            else dict(prompt_2=None, prompt_3=None, device="cpu", max_sequence_length=12)
+        )
+        text, negative, pooled, negative_pooled = full.encode_prompt("ab cd", **kwargs)
+        assert all(v is None for k, v in bare.components.items() if k.startswith(("text_", "tok")))
+        denoiser = getattr(bare, "unet", None) or bare.transformer
+        calls = record_calls(denoiser).calls
+        extra = {} if bare.__class__ is StableDiffusionXLPipeline else {"max_sequence_length": 12}
+        bare(
+            prompt_embeds=text,
+            negative_prompt_embeds=negative,
+            pooled_prompt_embeds=pooled,
+            negative_pooled_prompt_embeds=negative_pooled,
+            num_inference_steps=2,
+            height=HEIGHT,
+            width=WIDTH,
+            latents=start_latents(),
+            output_type="latent",
+            **extra,
+        )
+        assert len(calls) == 2
+        torch.testing.assert_close(
+            calls[0][1]["encoder_hidden_states"], torch.cat([negative, text])
+        )
+        pooled_key = "added_cond_kwargs" if hasattr(bare, "unet") else "pooled_projections"
+        received = calls[0][1][pooled_key]
+        received = received["text_embeds"] if isinstance(received, dict) else received
+        torch.testing.assert_close(received, torch.cat([negative_pooled, pooled]))
 
 
 def test_model_offload_order_puts_text_encoders_first():
