@@ -1,7 +1,7 @@
 """Lab 05: what does the VAE's latent space buy, and what does vae.config.scaling_factor do?
 
 Stable Diffusion denoises ``latents`` ``(B, 4, H/8, W/8)``, not pixels ``(B, 3, H, W)``:
-every 8 x 8 patch of 3 colours (192 numbers) becomes 4 numbers, so each step touches
+4 numbers per 8 x 8 patch's worth of pixels (192 numbers), so each step touches
 64 times fewer positions. The latents are multiplied by ``vae.config.scaling_factor``
 (1 / their std) before the denoiser and divided by it before ``vae.decode``. The traps:
 forgetting that division decodes washed-out or blown-out images with no error, and
@@ -306,38 +306,39 @@ chart = figures.line_chart(
     logx=True,
     markers=True,
 )
-figures.save(
-    args.figures,
-    "latents",
-    figures.png(latent_grid, scale=3),
-    alt="Eight held-out toy images of coloured discs, squares and bars in the top row; below "
-    f"them, {grey.shape[1]} rows of grey block images, one per latent channel: each block is "
-    "one 8 by 8 patch, light where the channel is positive, dark where it is negative, mid-grey "
-    "on the empty background. Each channel responds differently to each colour and shape.",
-    caption="Held-out images (top) and their scaled latent channels, one row per channel.",
-)
-figures.save(
-    args.figures,
-    "reconstructions",
-    figures.png(recon_grid, scale=3),
-    alt="Eight held-out toy images in the top row, then their reconstructions with 1, 4, 8 "
-    "and 16 latent channels in the rows below: one channel gives dim blocks of one brownish "
-    "colour that only mark where a shape is, four channels recover the colours with blocky "
-    "edges, and sixteen channels come close to the originals.",
-    caption="Reconstructions of held-out images with 1, 4, 8 and 16 latent channels.",
-)
-figures.save(
-    args.figures,
-    "forgot-scaling",
-    figures.png(forget_grid, scale=3),
-    alt=f"Top row: the {len(sample)} training images whose latents the DDIM samples landed "
-    "on. Below, the same sampled latents decoded three ways, one row each: divided by "
-    "scaling_factor (blocky versions of the top row, same colours and contrast), not divided "
-    "(faded shapes on a lighter grey background), and divided twice (over-saturated colours "
-    "on a darker background, some pixels clipped).",
-    caption="The training image each sample landed on, then the sample decoded from "
-    "latents / scaling_factor, latents, and latents / scaling_factor**2.",
-)
+if args.figures is not None:  # PNG encoding costs time: only when the figures are saved
+    figures.save(
+        args.figures,
+        "latents",
+        figures.png(latent_grid, scale=3),
+        alt="Eight held-out toy images of coloured discs, squares and bars in the top row; below "
+        f"them, {grey.shape[1]} rows of grey block images, one per latent channel: each block is "
+        "one 8 by 8 patch, light where the channel is positive, dark where it is negative, mid-grey "
+        "on the empty background. Each channel responds differently to each colour and shape.",
+        caption="Held-out images (top) and their scaled latent channels, one row per channel.",
+    )
+    figures.save(
+        args.figures,
+        "reconstructions",
+        figures.png(recon_grid, scale=3),
+        alt="Eight held-out toy images in the top row, then their reconstructions with 1, 4, 8 "
+        "and 16 latent channels in the rows below: one channel gives dim blocks of one brownish "
+        "colour that only mark where a shape is, four channels recover the colours with blocky "
+        "edges, and sixteen channels come close to the originals.",
+        caption="Reconstructions of held-out images with 1, 4, 8 and 16 latent channels.",
+    )
+    figures.save(
+        args.figures,
+        "forgot-scaling",
+        figures.png(forget_grid, scale=3),
+        alt=f"Top row: the {len(sample)} training images whose latents the DDIM samples landed "
+        "on. Below, the same sampled latents decoded three ways, one row each: divided by "
+        "scaling_factor (blocky versions of the top row, same colours and contrast), not divided "
+        "(faded shapes on a lighter grey background), and divided twice (over-saturated colours "
+        "on a darker background, some pixels clipped).",
+        caption="The training image each sample landed on, then the sample decoded from "
+        "latents / scaling_factor, latents, and latents / scaling_factor**2.",
+    )
 figures.save(
     args.figures, "recon-error", chart,
     alt="Line chart of reconstruction RMSE against latent channels per patch on a log axis: "

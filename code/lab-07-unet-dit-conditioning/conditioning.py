@@ -65,6 +65,22 @@ SD15_UNET = dict(  # Stable Diffusion 1.5 unet/config.json
     cross_attention_dim=768,  # CLIP ViT-L/14 text width: prompt_embeds (B, 77, 768)
     in_channels=4,
 )
+SDXL_UNET = dict(  # SDXL base unet/config.json: three levels, no attention at the first
+    block_out_channels=(320, 640, 1280),
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    layers_per_block=2,
+    attention_head_dim=(5, 10, 20),  # heads per level again: channels // 64
+    transformer_layers_per_block=(1, 2, 10),
+    cross_attention_dim=2048,  # CLIP ViT-L (768) + OpenCLIP bigG (1280), concatenated
+    in_channels=4,
+)
+# the transformers' attention: patch size, heads, default text tokens in the joint sequence
+TRANSFORMERS = {
+    "DiT-XL/2": dict(patch_size=2, num_attention_heads=16, text_tokens=0),  # class labels
+    "SD3 Medium": dict(patch_size=2, num_attention_heads=24, text_tokens=333),  # 77 + 256
+    "Flux.1-dev": dict(patch_size=2, num_attention_heads=24, text_tokens=512),  # packed 2x2
+}
 FP16_BYTES = 2
 rng = np.random.default_rng(args.seed)
 print(f"resolution {args.resolution} px -> latents (1, 4, {latent_hw}, {latent_hw}) for SD 1.x")
@@ -185,8 +201,10 @@ print(f"  weights {weights.shape}, rows sum to 1: {np.allclose(weights.sum(-1), 
 # %% [markdown]
 # ## 5. UNet: attention per level
 #
-# Each `CrossAttnDownBlock2D` holds `layers_per_block` transformer blocks, each
-# `CrossAttnUpBlock2D` one more, and the mid block one, at the deepest level. Every
+# Each `CrossAttnDownBlock2D` holds `layers_per_block` attention layers, each
+# `CrossAttnUpBlock2D` one more, and the mid block one, at the deepest level; each
+# attention layer stacks `transformer_layers_per_block` transformer blocks (1 in SD 1.5;
+# 1, 2, 10 per level in SDXL, which has no attention at its first level). Every
 # transformer block has `attn1` (self-attention, `(h*w) x (h*w)` per head) and
 # `attn2` (cross-attention, `(h*w) x 77`). Bytes are for fp16 scores, per head and
 # per image, as a kernel that materialises the matrix would hold them.
@@ -194,27 +212,34 @@ print(f"  weights {weights.shape}, rows sum to 1: {np.allclose(weights.sum(-1), 
 
 # %%
 # --8<-- [start:unet_levels]
+def per_level(value, levels):
+    """A config value given once for all levels (an int) or per level (a tuple)."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * levels
+
+
 def unet_attention_levels(config, latent_side):
     """Rows (where, side, query positions, channels, heads, head_dim, blocks) of a UNet."""
     rows, side = [], latent_side
-    channels, n_heads = config["block_out_channels"], config["attention_head_dim"]
+    channels = config["block_out_channels"]
+    n_heads = per_level(config["attention_head_dim"], len(channels))  # heads, per level
+    depth = per_level(config.get("transformer_layers_per_block", 1), len(channels))
     sides = []
     for i, block in enumerate(config["down_block_types"]):
         sides.append(side)
         if block.startswith("CrossAttn"):
             c = channels[i]
-            rows.append((f"down {i}", side, side * side, c, n_heads, c // n_heads,
-                         config["layers_per_block"]))  # fmt: skip
-        if i < len(channels) - 1:
+            rows.append((f"down {i}", side, side * side, c, n_heads[i], c // n_heads[i],
+                         config["layers_per_block"] * depth[i]))  # fmt: skip
+        if i < len(channels) - 1:  # every down block but the last halves the side
             side = -(-side // 2)  # a stride-2 conv: ceil(side / 2)
     c = channels[-1]
-    rows.append(("mid", side, side * side, c, n_heads, c // n_heads, 1))
+    rows.append(("mid", side, side * side, c, n_heads[-1], c // n_heads[-1], depth[-1]))
     for i, block in enumerate(config["up_block_types"]):
         level = len(channels) - 1 - i
         if block.startswith("CrossAttn"):
             c, s = channels[level], sides[level]
-            rows.append((f"up {i}", s, s * s, c, n_heads, c // n_heads,
-                         config["layers_per_block"] + 1))  # fmt: skip
+            rows.append((f"up {i}", s, s * s, c, n_heads[level], c // n_heads[level],
+                         (config["layers_per_block"] + 1) * depth[level]))  # fmt: skip
     return rows
 
 
@@ -226,17 +251,26 @@ def mib(n_bytes):
     return f"{n_bytes / 2**10:.1f} KiB"
 
 
+def print_levels(name, levels):
+    print(f"{name}, {args.resolution} px:")
+    print(f"{'block':>7} {'h x w':>9} {'queries':>8} {'C':>5} {'heads':>5} {'head_dim':>8} "
+          f"{'blocks':>6} {'attn1/head':>12} {'attn2/head':>11}")  # fmt: skip
+    for where, side, q, c, h, d, n in levels:
+        print(f"{where:>7} {f'{side}x{side}':>9} {q:>8} {c:>5} {h:>5} {d:>8} {n:>6} "
+              f"{mib(q * q * FP16_BYTES):>12} {mib(q * 77 * FP16_BYTES):>11}")  # fmt: skip
+
+
 levels = unet_attention_levels(SD15_UNET, latent_hw)
-print(f"{'block':>7} {'h x w':>9} {'queries':>8} {'C':>5} {'heads':>5} {'head_dim':>8} "
-      f"{'blocks':>6} {'attn1/head':>12} {'attn2/head':>11}")  # fmt: skip
-for where, side, q, c, h, d, n in levels:
-    print(f"{where:>7} {f'{side}x{side}':>9} {q:>8} {c:>5} {h:>5} {d:>8} {n:>6} "
-          f"{mib(q * q * FP16_BYTES):>12} {mib(q * 77 * FP16_BYTES):>11}")  # fmt: skip
+print_levels("SD 1.5 UNet", levels)
 total_blocks = sum(row[-1] for row in levels)
 first = levels[0]
 layer_bytes = first[2] ** 2 * first[4] * FP16_BYTES  # all heads of one attn1 at level 0
 print(f"{total_blocks} transformer blocks; one first-level attn1 with all {first[4]} heads: "
       f"{mib(layer_bytes)} per image, {mib(2 * layer_bytes)} for a CFG batch of 2")  # fmt: skip
+levels_xl = unet_attention_levels(SDXL_UNET, latent_hw)
+print_levels("SDXL UNet (attention at H/16 and H/32 only)", levels_xl)
+print(f"{sum(row[-1] for row in levels_xl)} transformer blocks; largest attn1: "
+      f"{max(row[2] for row in levels_xl)} queries")  # fmt: skip
 # --8<-- [end:unet_levels]
 
 # %% [markdown]
@@ -246,7 +280,10 @@ print(f"{total_blocks} transformer blocks; one first-level attn1 with all {first
 # width `C * p * p`: `(B, C, h, w) -> (B, (h/p) * (w/p), C * p * p)`. This is the
 # order FluxPipeline's `_pack_latents` uses (channels, then the patch's rows and
 # columns), and the layout of a `Conv2d(C, D, kernel_size=p, stride=p)` weight, so
-# `PatchEmbed` is "patchify, then one Linear". `unpatchify` is the exact inverse.
+# `PatchEmbed` is "patchify, then one Linear". `unpatchify` is its exact inverse
+# (Flux's `_unpack_latents`). DiT's output head orders each token differently,
+# `(p, p, C_out)`, and DiT-XL/2 learns the variance too: `C_out = 2 C`
+# (`out_channels=8`); `dit_unpatchify` follows `DiTTransformer2DModel`.
 
 
 # %%
@@ -267,6 +304,14 @@ def unpatchify(tokens, h, w, p):
     return x.reshape(b, c, h, w)
 
 
+def dit_unpatchify(tokens, h, w, p):
+    """DiT's head (B, (h/p)*(w/p), p*p*C_out) -> (B, C_out, h, w): (p, p, C_out) per token."""
+    b, _, width = tokens.shape
+    c_out = width // (p * p)
+    x = tokens.reshape(b, h // p, w // p, p, p, c_out)  # diffusers: "nhwpqc->nchpwq"
+    return x.transpose(0, 5, 1, 3, 2, 4).reshape(b, c_out, h, w)
+
+
 p = args.patch_size
 latents = rng.standard_normal((1, 16, latent_hw, latent_hw), dtype=np.float32)  # SD3 / Flux
 patch_tokens = patchify(latents, p)
@@ -276,14 +321,24 @@ print(
     f"unpatchify(patchify(latents)) == latents: "
     f"{np.array_equal(unpatchify(patch_tokens, latent_hw, latent_hw, p), latents)}"
 )
+head_out = np.random.default_rng(args.seed + 1).standard_normal(  # own stream
+    (1, (latent_hw // p) ** 2, p * p * 8), dtype=np.float32
+)
+noise_pred, variance = np.split(dit_unpatchify(head_out, latent_hw, latent_hw, p), 2, axis=1)
+print(f"DiT-XL/2 head: tokens {head_out.shape} (p*p*2C, C = 4) -> noise_pred {noise_pred.shape}"
+      f" + learned variance {variance.shape}")  # fmt: skip
+print(f"  (C, p, p) order would misplace it: "
+      f"{not np.array_equal(unpatchify(head_out, latent_hw, latent_hw, p), dit_unpatchify(head_out, latent_hw, latent_hw, p))}")  # fmt: skip
 # --8<-- [end:patchify]
 
 # %% [markdown]
 # ## 7. Tokens and attention bytes against resolution
 #
-# Self-attention holds an `N x N` score matrix per head. For the UNet, `N` is the
-# first level's `h*w` = `(H/8) * (W/8)`; for a DiT, `(H/8/p) * (W/8/p)`, `p^2` times
-# fewer; for MMDiT, image tokens plus text tokens. fp16 bytes per head and image.
+# Self-attention holds an `N x N` score matrix per head. For a UNet, `N` is the `h*w`
+# of its highest-resolution attention level: `(H/8) * (W/8)` in SD 1.5, but
+# `(H/16) * (W/16)` in SDXL, which has no attention at its first level. For a DiT,
+# `(H/8/p) * (W/8/p)`; for MMDiT, image tokens plus text tokens. fp16 bytes per image,
+# per head and per layer (all heads).
 
 
 # %%
@@ -292,8 +347,26 @@ def tokens_at(px, patch=2):
     return (px // 8) ** 2, (px // 8 // patch) ** 2  # UNet first-level queries, DiT tokens
 
 
+def largest_self_attention(px):
+    """{model: (tokens N, heads)} of the largest self-attention, from the configs above."""
+    largest = {}
+    for name, config in (("SD 1.5 UNet", SD15_UNET), ("SDXL UNet", SDXL_UNET)):
+        row = max(unet_attention_levels(config, px // 8), key=lambda r: r[2])
+        largest[name] = (row[2], row[4])
+    for name, config in TRANSFORMERS.items():
+        n_img = (px // 8 // config["patch_size"]) ** 2
+        largest[name] = (n_img + config["text_tokens"], config["num_attention_heads"])
+    return largest
+
+
+print(f"{'px':>5} {'model':>12} {'N':>6} {'heads':>5} {'attn/head':>10} {'attn/layer':>11}")
+for px in (512, 1024, 2048):
+    for name, (n, n_heads) in largest_self_attention(px).items():
+        per_head = n * n * FP16_BYTES
+        print(f"{px:>5} {name:>12} {n:>6} {n_heads:>5} {mib(per_head):>10} "
+              f"{mib(per_head * n_heads):>11}")  # fmt: skip
 print(f"{'px':>5} {'latent':>9} {'UNet N':>7} {'UNet attn1/head':>16} {'UNet attn2/head':>16}"
-      f" {'DiT N':>6} {'DiT attn/head':>14}")  # fmt: skip
+      f" {'DiT N':>6} {'DiT attn/head':>14}  (SD 1.5's first level; DiT p=2)")  # fmt: skip
 for px in (256, 512, 1024, 2048):
     n_unet, n_dit = tokens_at(px)
     print(f"{px:>5} {f'{px // 8}x{px // 8}':>9} {n_unet:>7} {mib(n_unet**2 * FP16_BYTES):>16} "
@@ -397,32 +470,32 @@ print(f"  another image changes the text tokens' output:  {not np.allclose(txt_o
 # %% [markdown]
 # ## 10. Picture it
 #
-# Self-attention bytes per head against resolution, log scale: the UNet's first
-# level, a DiT with `p = 2`, and MMDiT with 77, 333 and 512 text tokens, against an
-# 80 GB reference line. Then a heatmap of SD's timestep embedding.
+# The largest self-attention layer's bytes (all heads) against resolution, log scale,
+# for the five models of the table, against an 80 GB reference line. Then a heatmap of
+# SD's timestep embedding.
 
 # %%
 # --8<-- [start:figures]
 px = np.arange(256, 2049, 64)
-n_unet, n_dit = (px // 8) ** 2, (px // 16) ** 2
-series = {
-    "UNet self, h*w": (px, n_unet.astype(float) ** 2 * FP16_BYTES),
-    "DiT p=2": (px, n_dit.astype(float) ** 2 * FP16_BYTES),
-    "MMDiT +77 text": (px, (n_dit + 77.0) ** 2 * FP16_BYTES),
-    "MMDiT +333 text": (px, (n_dit + 333.0) ** 2 * FP16_BYTES),
-    "MMDiT +512 text": (px, (n_dit + 512.0) ** 2 * FP16_BYTES),
-    "80 GB reference": (px[[0, -1]], np.array([80e9, 80e9])),  # a reference line
-}
-chart = figures.line_chart(series, "image side (px)", "bytes per head (fp16)", logy=True)
+per_layer = {name: [] for name in largest_self_attention(512)}
+for side in px:
+    for name, (n, n_heads) in largest_self_attention(int(side)).items():
+        per_layer[name].append(float(n) ** 2 * n_heads * FP16_BYTES)
+series = {name: (px, np.array(values)) for name, values in per_layer.items()}
+series["80 GB reference"] = (px[[0, -1]], np.array([80e9, 80e9]))  # a reference line
+chart = figures.line_chart(series, "image side (px)", "bytes per layer, all heads (fp16)",
+                           logy=True)  # fmt: skip
 figures.save(
     args.figures, "attention-bytes", chart,
-    alt="Log-scale line chart of self-attention score bytes per head in fp16 against image side "
-    "from 256 to 2048 px. The UNet's first level is highest and grows 16-fold per doubling of "
-    "the side, to 8 GiB per head at 2048 px, a tenth of the 80 GB reference line; a DiT with "
-    "patch size 2 is 16 times lower; MMDiT with 77, 333 or 512 text tokens sits above the DiT "
-    "at small sizes, where text is a large share of the sequence, and merges with it at large "
-    "ones.",
-    caption="Attention score bytes per head (fp16, one image) against resolution.",
+    alt="Log-scale line chart of the largest self-attention layer's score bytes, all heads, "
+    "fp16, one image, against image side from 256 to 2048 px, for five models. SD 1.5's UNet, "
+    "which attends at its first level, is highest and grows 16-fold per doubling of the side, "
+    "to 64 GiB at 2048 px, just under the 80 GB reference line; SDXL's UNet, whose largest attention is at the "
+    "H/16 level with 10 heads, sits about 13 times lower, near DiT-XL/2 with 16 heads; SD3 "
+    "Medium and Flux.1-dev, with 24 heads and their text tokens in the sequence, sit above "
+    "the DiT.",
+    caption="Largest self-attention layer, score bytes with all heads (fp16, one image), "
+    "against resolution.",
 )  # fmt: skip
 if args.figures is not None or in_notebook():  # PNG encoding costs time: only when shown
     grid_t = np.arange(0, 1000, 5)  # 200 timesteps, one per row

@@ -98,3 +98,19 @@ def test_bad_arguments(run_cli, argv):
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("conditioning.py: error: ")
     assert run.stdout == ""
+
+
+def test_sdxl_levels_have_no_first_level_attention(lab):
+    rows = lab["unet_attention_levels"](lab["SDXL_UNET"], 128)  # 1024 px
+    assert max(row[2] for row in rows) == 4096 and sum(row[-1] for row in rows) == 70
+    assert {row[5] for row in rows} == {64}  # head width 64 at every level
+    largest = lab["largest_self_attention"](1024)
+    assert largest["SD 1.5 UNet"] == (16384, 8) and largest["SDXL UNet"] == (4096, 10)
+
+
+def test_dit_unpatchify_reads_p_p_c(lab):
+    tokens = np.arange(1 * 4 * 2 * 2 * 3, dtype=np.float32).reshape(1, 4, 12)  # 2x2 grid, p=2, C=3
+    out = lab["dit_unpatchify"](tokens, 4, 4, 2)
+    assert out.shape == (1, 3, 4, 4)
+    # token 0, patch row 0, column 1, channel 2 sits at (p=0, q=1, c=2) -> index 1*3 + 2 = 5
+    assert out[0, 2, 0, 1] == tokens[0, 0, 5]

@@ -111,17 +111,22 @@ def test_decoder_walk_matches_the_starter(run_lab):
     assert recorded["up_blocks.3.resnets.2"] == (1, block_out_channels[0], size, size)
 
 
-def test_decoder_mid_block_attention_has_one_head_at_latent_resolution(run_lab):
+def test_decoder_mid_block_attention_has_one_head_at_latent_resolution(monkeypatch):
     """The decoder's mid block runs self-attention with one head over the `(H/8) * (W/8)` latent positions, before any upsampling."""
+    import torch.nn.functional as F  # noqa: N812
+
     vae = make_vae((8, 16, 32, 32), norm_num_groups=8)
-    attention = vae.decoder.mid_block.attentions[0]
-    assert attention.heads == 1
-    seen = []
-    hook = attention.register_forward_hook(lambda m, a, out: seen.append(tuple(out.shape)))
+    assert vae.decoder.mid_block.attentions[0].heads == 1
+    sdpa, queries = F.scaled_dot_product_attention, []
+
+    def recording(query, *args, **kwargs):
+        queries.append(tuple(query.shape))
+        return sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     with torch.no_grad():
         vae.decode(torch.randn(1, 4, 8, 8))
-    hook.remove()
-    assert seen == [(1, 32, 8, 8)]  # (B, block_out_channels[-1], H/8, W/8)
+    assert queries == [(1, 1, 8 * 8, 32)]  # (B, heads, (H/8)(W/8), block_out_channels[-1])
 
 
 def test_pipeline_decodes_latents_divided_by_scaling_factor():
@@ -170,39 +175,32 @@ def test_text_to_image_never_encodes(sd_pipe, record_calls):
 def test_sd_vae_config_from_the_original_yaml():
     """diffusers' single-file loader turns SD 1.x's original VAE config (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `num_res_blocks: 2`, `z_channels: 4`, `scale_factor: 0.18215`) into `block_out_channels=[128, 256, 512, 512]`, `layers_per_block=2`, `latent_channels=4`, `scaling_factor=0.18215`; SDXL's, identical but for `scale_factor: 0.13025`, into `scaling_factor=0.13025`."""
     from diffusers.loaders.single_file_utils import create_vae_diffusers_config_from_ldm
+    from model_configs import SD15_LDM_ORIGINAL, SDXL_SGM_ORIGINAL  # the YAMLs, transcribed
 
-    ddconfig = dict(
-        double_z=True, z_channels=4, resolution=256, in_channels=3, out_ch=3, ch=128,
-        ch_mult=[1, 2, 4, 4], num_res_blocks=2, attn_resolutions=[], dropout=0.0,
-    )  # fmt: skip
-    for scale_factor in (0.18215, 0.13025):
-        original = {
-            "model": {
-                "params": {
-                    "scale_factor": scale_factor,
-                    "first_stage_config": {"params": {"embed_dim": 4, "ddconfig": ddconfig}},
-                }
-            }
-        }
-        config = create_vae_diffusers_config_from_ldm(original, {}, image_size=512)
+    for original, scale_factor in ((SD15_LDM_ORIGINAL, 0.18215), (SDXL_SGM_ORIGINAL, 0.13025)):
+        first_stage = original["model"]["params"]["first_stage_config"]["params"]
+        assert (
+            first_stage["ddconfig"]
+            == SD15_LDM_ORIGINAL["model"]["params"]["first_stage_config"]["params"]["ddconfig"]
+        )  # SDXL's VAE layout is SD 1.x's
+        config = create_vae_diffusers_config_from_ldm(original, {})
         assert config["block_out_channels"] == [128, 256, 512, 512]
         assert config["layers_per_block"] == 2 and config["latent_channels"] == 4
         assert config["scaling_factor"] == scale_factor
 
 
 def test_unet_defaults_are_sd_1x_layout():
-    """`UNet2DConditionModel`'s defaults are SD 1.x's UNet: `block_out_channels=(320, 640, 1280, 1280)`, 4 input channels, and a `CrossAttnDownBlock2D` first, so attention already runs at the `H/8` level."""
-    import inspect
-
+    """`UNet2DConditionModel()` built with its defaults has SD 1.x's level layout: `block_out_channels=(320, 640, 1280, 1280)`, a 4-channel `conv_in` and a `CrossAttnDownBlock2D` first, so attention already runs at the `H/8` level; not every default is SD 1.x's (`cross_attention_dim` is 1280, SD 1.x's is 768)."""
     from diffusers import UNet2DConditionModel
+    from model_configs import SD15_UNET
 
-    defaults = {
-        name: p.default
-        for name, p in inspect.signature(UNet2DConditionModel.__init__).parameters.items()
-    }
-    assert defaults["block_out_channels"] == (320, 640, 1280, 1280)
-    assert defaults["in_channels"] == 4
-    assert defaults["down_block_types"][0] == "CrossAttnDownBlock2D"
+    with torch.device("meta"):
+        unet = UNet2DConditionModel()  # every argument at its default
+    assert list(unet.config.block_out_channels) == SD15_UNET["block_out_channels"]
+    assert [b.resnets[0].out_channels for b in unet.down_blocks] == [320, 640, 1280, 1280]
+    assert unet.conv_in.in_channels == SD15_UNET["in_channels"] == 4
+    assert [type(b).__name__ for b in unet.down_blocks] == SD15_UNET["down_block_types"]
+    assert unet.config.cross_attention_dim == 1280 != SD15_UNET["cross_attention_dim"]
 
 
 def test_first_level_self_attention_has_one_token_per_latent_position(sd_pipe):
@@ -277,15 +275,44 @@ def test_sd3_subtracts_shift_factor_before_scaling_and_adds_it_back():
 
 
 def test_flux_pipelines_use_the_same_shift_and_scale_lines():
-    """Flux pipelines use the same two lines: `FluxImg2ImgPipeline` encodes `(image_latents - shift_factor) * scaling_factor` and `FluxPipeline` decodes `latents / scaling_factor + shift_factor` (read from the source: a tiny Flux pipeline needs its packed-latent layout, a later lab's subject)."""
-    import inspect
-
-    from diffusers import FluxImg2ImgPipeline, FluxPipeline
-
-    decode = "latents = (latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor"
-    encode = (
-        "image_latents = (image_latents - self.vae.config.shift_factor)"
-        " * self.vae.config.scaling_factor"
+    """Flux pipelines use the same two lines: `FluxImg2ImgPipeline._encode_vae_image` returns `(latent_dist.sample() - shift_factor) * scaling_factor`, and `FluxPipeline` unpacks its `(B, N, 64)` tokens to `(B, 16, H/8, W/8)` and decodes `latents / scaling_factor + shift_factor`."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        FluxImg2ImgPipeline,
+        FluxPipeline,
+        FluxTransformer2DModel,
     )
-    assert decode in inspect.getsource(FluxPipeline.__call__)
-    assert encode in inspect.getsource(FluxImg2ImgPipeline._encode_vae_image)
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6),
+    ).eval()  # fmt: skip
+    vae = make_vae(
+        (8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
+        scaling_factor=0.3611, shift_factor=0.1159,
+    )  # fmt: skip
+    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2")}
+    parts = dict(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), **none)  # fmt: skip
+    image = images(1, HEIGHT)
+    got = FluxImg2ImgPipeline(**parts)._encode_vae_image(image, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dist = vae.encode(image).latent_dist
+    noise = torch.randn(dist.mean.shape, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(got, (dist.mean + dist.std * noise - 0.1159) * 0.3611)
+
+    pipe = FluxPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    seen, decode = [], pipe.vae.decode
+    pipe.vae.decode = lambda z, *a, **k: seen.append(z.clone()) or decode(z, *a, **k)
+    g = torch.Generator().manual_seed(1)
+    run = dict(
+        prompt_embeds=torch.randn(1, 10, 32, generator=g),
+        pooled_prompt_embeds=torch.randn(1, 24, generator=g), guidance_scale=1.0,
+        num_inference_steps=2, height=HEIGHT, width=WIDTH,
+    )  # fmt: skip
+    packed = pipe(**run, generator=torch.Generator().manual_seed(2), output_type="latent").images
+    pipe(**run, generator=torch.Generator().manual_seed(2), output_type="pt")
+    assert packed.shape[-1] == 64
+    grid = FluxPipeline._unpack_latents(packed, HEIGHT, WIDTH, pipe.vae_scale_factor)
+    torch.testing.assert_close(seen[0], grid / 0.3611 + 0.1159)

@@ -322,3 +322,79 @@ def test_zeroed_sd3_joint_block_is_the_identity_on_both_streams():
             norm.linear.bias.zero_()
         txt_out, img_out = block(hidden_states=img, encoder_hidden_states=txt, temb=temb)
     assert torch.equal(img_out, img) and torch.equal(txt_out, txt)
+
+
+@pytest.mark.parametrize("model", ["SD 1.5", "SDXL"])
+def test_unet_layout_table_matches_the_real_unet(lab, model):
+    """The lab's `SD15_UNET` and `SDXL_UNET` hold the published configs' layout, and its `unet_attention_levels` table (queries and heads of every transformer block, at 512 px for SD 1.5 and 1024 px for SDXL) equals what forward hooks on every `attn1` record in the real `UNet2DConditionModel` built from those configs on the meta device."""
+    from diffusers import UNet2DConditionModel
+    from model_configs import SD15_UNET, SDXL_UNET
+
+    published, config, side, added = {
+        "SD 1.5": (SD15_UNET, lab["SD15_UNET"], 64, {}),
+        "SDXL": (SDXL_UNET, lab["SDXL_UNET"], 128, {"text_embeds": (1, 1280), "time_ids": (1, 6)}),
+    }[model]
+    for key, value in config.items():
+        expected = published.get(key, 1 if key == "transformer_layers_per_block" else None)
+        assert (tuple(value) if isinstance(value, tuple) else value) == (
+            tuple(expected) if isinstance(expected, list) else expected
+        ), key
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**published)
+        sample, context = torch.zeros(1, 4, side, side), torch.zeros(1, 77, published["cross_attention_dim"])  # fmt: skip
+        added = {k: torch.zeros(*shape) for k, shape in added.items()}
+    calls = []
+    handles = [
+        m.register_forward_pre_hook(
+            lambda m, a, k: calls.append(((a[0] if a else k["hidden_states"]).shape[1], m.heads)),
+            with_kwargs=True,
+        )
+        for n, m in unet.named_modules()
+        if n.endswith("attn1")
+    ]
+    with torch.no_grad():
+        unet(sample, torch.tensor(10, device="meta"), context, **({"added_cond_kwargs": added} if added else {}))  # fmt: skip
+    for h in handles:
+        h.remove()
+    rows = lab["unet_attention_levels"](config, side)
+    expected = [(q, heads) for _, _, q, _, heads, _, n in rows for _ in range(n)]
+    assert sorted(calls) == sorted(expected)
+
+
+def test_transformer_head_counts_match_the_real_configs(lab):
+    """The head counts the lab's attention table uses for SD3 Medium (24) and Flux.1-dev (24) are those of `SD3Transformer2DModel` and `FluxTransformer2DModel` built from the published configs on the meta device."""
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+    from model_configs import FLUX_DEV_TRANSFORMER, SD3_MEDIUM_TRANSFORMER
+
+    with torch.device("meta"):
+        sd3 = SD3Transformer2DModel(**SD3_MEDIUM_TRANSFORMER)
+        flux = FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER)
+    assert (
+        lab["TRANSFORMERS"]["SD3 Medium"]["num_attention_heads"]
+        == sd3.transformer_blocks[0].attn.heads
+    )
+    assert (
+        lab["TRANSFORMERS"]["Flux.1-dev"]["num_attention_heads"]
+        == flux.transformer_blocks[0].attn.heads
+    )
+    assert lab["TRANSFORMERS"]["SD3 Medium"]["patch_size"] == sd3.config.patch_size == 2
+
+
+def test_dit_output_head_is_p_p_c_per_token(lab):
+    """`DiTTransformer2DModel` unpatchifies its output head in `(p, p, C_out)` order per token, as the lab's `dit_unpatchify` does, not in the `(C, p, p)` order of `patchify`, `PatchEmbed`'s weight and Flux's packing; with `out_channels=8` (DiT-XL/2's learned sigma for 4 latent channels) the output has `2C` channels."""
+    from diffusers import DiTTransformer2DModel
+
+    torch.manual_seed(0)
+    model = DiTTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+        num_layers=1, sample_size=8, patch_size=2, num_embeds_ada_norm=10,
+    ).eval()  # fmt: skip
+    head = {}
+    handle = model.proj_out_2.register_forward_hook(lambda m, a, o: head.__setitem__("out", o))
+    with torch.no_grad():
+        sample = model(torch.randn(1, 4, 8, 8), timestep=torch.tensor([5]), class_labels=torch.tensor([1])).sample  # fmt: skip
+    handle.remove()
+    tokens = head["out"].numpy()
+    assert tokens.shape == (1, 16, 2 * 2 * 8) and sample.shape == (1, 8, 8, 8)
+    np.testing.assert_array_equal(lab["dit_unpatchify"](tokens, 8, 8, 2), sample.numpy())
+    assert not np.array_equal(lab["unpatchify"](tokens, 8, 8, 2), sample.numpy())

@@ -54,20 +54,64 @@ def output_of(module, store, key):
     return module.register_forward_hook(lambda m, a, o: store.__setitem__(key, o))
 
 
-def test_sd15_unet_levels_channels_and_attention():
-    """With SD 1.5's config (`UNet2DConditionModel` defaults with `cross_attention_dim=768`, on the meta device), the UNet has four levels of 320, 640, 1280 and 1280 channels; the first three down blocks and the mid block carry transformer blocks (2 per down block, 3 per up block, 16 in all), each with 8 heads, and the deepest down block has none."""
+def meta_unet_self_attention(config, latent_side, **added):
+    """Run the real UNet2DConditionModel built from ``config`` on the meta device (shapes
+    only, no memory) on latents (1, 4, side, side); return (query length, heads) of every
+    ``attn1`` call and the model."""
     from diffusers import UNet2DConditionModel
 
     with torch.device("meta"):
-        model = UNet2DConditionModel(cross_attention_dim=768)
+        model = UNet2DConditionModel(**config)
+        sample = torch.zeros(1, 4, latent_side, latent_side)
+        context = torch.zeros(1, 77, config["cross_attention_dim"])
+        added = {k: torch.zeros(*v) for k, v in added.items()}
+    calls = []
+    handles = [
+        m.register_forward_pre_hook(
+            lambda m, a, k: calls.append(((a[0] if a else k["hidden_states"]).shape[1], m.heads)),
+            with_kwargs=True,
+        )
+        for n, m in model.named_modules()
+        if n.endswith("attn1")
+    ]
+    with torch.no_grad():
+        kwargs = {"added_cond_kwargs": added} if added else {}
+        out = model(sample, torch.tensor(10, device="meta"), context, **kwargs).sample
+    for h in handles:
+        h.remove()
+    assert out.shape == sample.shape
+    return calls, model
+
+
+def test_sd15_unet_levels_channels_and_attention():
+    """With SD 1.5's published config (on the meta device, at 512 px), the UNet has four levels of 320, 640, 1280 and 1280 channels; every down block but the last halves the side; the first three levels and the mid block carry transformer blocks (2 per down block, 3 per up block, 16 in all), each with 8 heads, and the largest self-attention runs over 4096 tokens, one per latent position."""
+    from model_configs import SD15_UNET
+
+    calls, model = meta_unet_self_attention(SD15_UNET, 64)
     assert tuple(model.config.block_out_channels) == (320, 640, 1280, 1280)
+    assert [b.downsamplers is not None for b in model.down_blocks] == [True, True, True, False]
     per_down = [len(getattr(b, "attentions", [])) for b in model.down_blocks]
     per_up = [len(getattr(b, "attentions", [])) for b in model.up_blocks]
     assert per_down == [2, 2, 2, 0] and per_up == [0, 3, 3, 3]
     assert len(model.mid_block.attentions) == 1
-    attns = [m for n, m in model.named_modules() if n.endswith(("attn1", "attn2"))]
-    assert len(attns) == 32 and {a.heads for a in attns} == {8}
+    assert len(calls) == 16 and {heads for _, heads in calls} == {8}
+    assert sorted({n for n, _ in calls}) == [64, 256, 1024, 4096]
     assert model.conv_in.in_channels == 4 and model.time_embedding.linear_2.out_features == 1280
+
+
+def test_sdxl_unet_has_no_attention_at_its_first_level():
+    """SDXL's UNet (its published config, on the meta device, at 1024 px) has three levels and no attention at the first (`DownBlock2D`): its largest self-attention runs over 4096 tokens at `H/16` with 10 heads of 64, its 70 transformer blocks (`transformer_layers_per_block=[1, 2, 10]`) sit at `H/16` and `H/32`, and `attention_head_dim=[5, 10, 20]` is again the head count per level."""
+    from model_configs import SDXL_UNET
+
+    calls, model = meta_unet_self_attention(SDXL_UNET, 128, text_embeds=(1, 1280), time_ids=(1, 6))
+    assert type(model.down_blocks[0]).__name__ == "DownBlock2D"
+    assert len(calls) == 70
+    assert sorted(set(calls)) == [(1024, 20), (4096, 10)]  # (tokens, heads): H/32, H/16
+    assert all(
+        m.to_q.out_features // m.heads == 64
+        for n, m in model.named_modules()
+        if n.endswith("attn1")
+    )
 
 
 def test_unet_time_embedding_is_added_in_every_resnet():
@@ -215,21 +259,31 @@ def test_sd3_updates_the_text_tokens_block_by_block(monkeypatch):
 
 
 def test_dit_conditions_on_timestep_plus_class_label():
-    """`DiTTransformer2DModel` has no text input: each block's `AdaLayerNormZero` regresses its shift, scale and gate from the sum of a timestep embedding and a class-label embedding (`CombinedTimestepLabelEmbeddings`)."""
+    """`DiTTransformer2DModel` has no text input: in its forward, each block's `AdaLayerNormZero` regresses its shift, scale and gate from the sum of a timestep embedding and a class-label embedding (`CombinedTimestepLabelEmbeddings`)."""
     from diffusers import DiTTransformer2DModel
 
     torch.manual_seed(0)
     model = DiTTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1, sample_size=8,
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=2, sample_size=8,
         num_embeds_ada_norm=10,
     ).eval()  # fmt: skip
     assert "encoder_hidden_states" not in inspect.signature(model.forward).parameters
-    emb = model.transformer_blocks[0].norm1.emb
     t, labels = torch.tensor([3, 700]), torch.tensor([1, 9])
+    into_linear = []
+    handles = [
+        b.norm1.linear.register_forward_pre_hook(lambda m, a: into_linear.append(a[0]))
+        for b in model.transformer_blocks
+    ]
     with torch.no_grad():
-        got = emb(t, labels, hidden_dtype=torch.float32)
-        expected = emb.timestep_embedder(emb.time_proj(t)) + emb.class_embedder(labels)
-    torch.testing.assert_close(got, expected)
+        model(torch.randn(2, 4, 8, 8), timestep=t, class_labels=labels)
+        embs = [b.norm1.emb for b in model.transformer_blocks]  # each block has its own
+        expected = [e.timestep_embedder(e.time_proj(t)) + e.class_embedder(labels) for e in embs]
+    for h in handles:
+        h.remove()
+    assert {type(e).__name__ for e in embs} == {"CombinedTimestepLabelEmbeddings"}
+    assert len(into_linear) == 2
+    for got, want in zip(into_linear, expected, strict=True):  # Linear(SiLU(t emb + class emb))
+        torch.testing.assert_close(got, torch.nn.functional.silu(want))
 
 
 def test_adaln_zero_gates_are_not_zero_in_a_fresh_diffusers_model():
@@ -247,27 +301,144 @@ def test_adaln_zero_gates_are_not_zero_in_a_fresh_diffusers_model():
             assert block.norm1.linear.weight.abs().sum() > 0
 
 
-def test_flux_puts_text_tokens_first():
-    """Flux's attention processor concatenates the text (`encoder_*`) projections before the image ones (`torch.cat([encoder_query, query], dim=1)`), the opposite order to SD3's `JointAttnProcessor2_0` (read from the installed source)."""
-    from diffusers.models.attention_processor import JointAttnProcessor2_0
+def tiny_flux():
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(
+        num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6),
+    ).eval()  # fmt: skip
+
+
+def run_tiny_flux(model, n_txt=10, n_img=16):
+    return model(
+        hidden_states=torch.randn(1, n_img, 64),  # packed latents (B, N, 64)
+        encoder_hidden_states=torch.randn(1, n_txt, 32),
+        pooled_projections=torch.randn(1, 24),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.zeros(n_img, 3),
+        txt_ids=torch.zeros(n_txt, 3),
+    )
+
+
+def test_flux_puts_text_tokens_first(monkeypatch):
+    """In a tiny `FluxTransformer2DModel`, the double-stream block's attention runs over the text tokens' values followed by the image tokens', and the single-stream block normalises the concatenation text-then-image, the opposite order to SD3's joint attention."""
     from diffusers.models.transformers import transformer_flux
 
-    flux = inspect.getsource(transformer_flux.FluxAttnProcessor)
-    assert "torch.cat([encoder_query, query], dim=1)" in flux
-    sd3_source = inspect.getsource(JointAttnProcessor2_0)
-    assert "torch.cat([query, encoder_hidden_states_query_proj], dim=2)" in sd3_source
+    model = tiny_flux()
+    attn = model.transformer_blocks[0].attn
+    dispatch, values, proj, single_in = transformer_flux.dispatch_attention_fn, [], {}, {}
+
+    def recording(query, key, value, *args, **kwargs):
+        values.append(value)
+        return dispatch(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(transformer_flux, "dispatch_attention_fn", recording)
+    single = model.single_transformer_blocks[0]
+    handles = [
+        attn.to_v.register_forward_hook(lambda m, a, o: proj.__setitem__("img", o)),
+        attn.add_v_proj.register_forward_hook(lambda m, a, o: proj.__setitem__("txt", o)),
+        single.register_forward_pre_hook(
+            lambda m, a, k: single_in.update(k, args=a), with_kwargs=True
+        ),
+        single.norm.register_forward_pre_hook(lambda m, a: single_in.__setitem__("x", a[0])),
+    ]
+    with torch.no_grad():
+        run_tiny_flux(model)
+    for h in handles:
+        h.remove()
+    joint_v = values[0].flatten(2)  # (B, T_txt + T_img, heads * d)
+    torch.testing.assert_close(joint_v[:, :10], proj["txt"])  # text first
+    torch.testing.assert_close(joint_v[:, 10:], proj["img"])
+    txt = single_in.get(
+        "encoder_hidden_states", single_in["args"][1] if len(single_in["args"]) > 1 else None
+    )
+    img = single_in.get("hidden_states", single_in["args"][0] if single_in["args"] else None)
+    torch.testing.assert_close(single_in["x"], torch.cat([txt, img], dim=1))
+
+
+def test_flux_dev_has_double_and_single_stream_blocks():
+    """Flux.1-dev's transformer (its published config, on the meta device) is not SD3's MMDiT: 19 double-stream blocks (`AdaLayerNormZero`, 6 modulation vectors per stream) then 38 single-stream blocks (`AdaLayerNormZeroSingle`, 3 vectors: shift, scale, gate, with attention and MLP in parallel on one text-plus-image sequence), and a guidance embedding (`guidance_embeds=True`) added to the timestep and pooled-text embedding."""
+    from diffusers import FluxTransformer2DModel
+    from model_configs import FLUX_DEV_TRANSFORMER
+
+    with torch.device("meta"):
+        model = FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER)
+    dim = 24 * 128
+    assert len(model.transformer_blocks) == 19 and len(model.single_transformer_blocks) == 38
+    for block in model.transformer_blocks:
+        assert (
+            type(block.norm1).__name__ == type(block.norm1_context).__name__ == "AdaLayerNormZero"
+        )
+        assert block.norm1.linear.out_features == 6 * dim
+    for block in model.single_transformer_blocks:
+        assert type(block.norm).__name__ == "AdaLayerNormZeroSingle"
+        assert block.norm.linear.out_features == 3 * dim
+    assert type(model.time_text_embed).__name__ == "CombinedTimestepGuidanceTextProjEmbeddings"
+    assert model.time_text_embed.guidance_embedder.linear_2.out_features == dim
 
 
 def test_text_sequence_lengths_of_sd3_and_flux():
-    """`StableDiffusion3Pipeline` defaults to `max_sequence_length=256` T5 tokens and concatenates them after the 77 CLIP tokens along the sequence axis (333 text tokens); `FluxPipeline` defaults to 512 T5 tokens."""
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+    """With stand-in text encoders (each CLIP giving 77 tokens, its tokenizer's length), `StableDiffusion3Pipeline.__call__` asks T5 for `max_sequence_length=256` tokens by default, joins the two CLIP outputs along the feature axis, zero-pads them to T5's width, and puts the T5 tokens after them, so its transformer receives 77 + 256 = 333 text tokens; `FluxPipeline.__call__` asks T5 for 512 by default and passes those alone."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+    from tiny import tiny_vae
 
-    def default(cls):
-        return inspect.signature(cls.__call__).parameters["max_sequence_length"].default
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=1,
+        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=64,
+        caption_projection_dim=16, pooled_projection_dim=24, pos_embed_max_size=16,
+    ).eval()  # fmt: skip
+    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3")}
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, vae=tiny_vae(), scheduler=FlowMatchEulerDiscreteScheduler(), **none
+    )
+    pipe.set_progress_bar_config(disable=True)
+    # stand-ins (no weights here): CLIP-L of width 16 filled with 1, CLIP-G of width 24
+    # filled with 2 (pooled 12 + 12), T5 of width 64 filled with 3, as many tokens as asked
+    asked = []
+    pipe._get_clip_prompt_embeds = lambda prompt, clip_model_index=0, **k: (
+        torch.full((1, 77, (16, 24)[clip_model_index]), 1.0 + clip_model_index),
+        torch.zeros(1, 12),
+    )
+    pipe._get_t5_prompt_embeds = lambda prompt, max_sequence_length, **k: (
+        asked.append(max_sequence_length) or torch.full((1, max_sequence_length, 64), 3.0)
+    )
+    received = []
+    handle = pipe.transformer.register_forward_pre_hook(
+        lambda m, a, k: received.append(k["encoder_hidden_states"]), with_kwargs=True
+    )
+    pipe(prompt="a cat", num_inference_steps=1, guidance_scale=1.0, height=16, width=16,
+         output_type="latent")  # fmt: skip
+    handle.remove()
+    (text,) = received
+    assert asked == [256] and text.shape == (1, 77 + 256, 64)
+    assert (text[:, :77, :16] == 1).all() and (text[:, :77, 16:40] == 2).all()
+    assert (text[:, :77, 40:] == 0).all() and (text[:, 77:] == 3).all()
 
-    assert default(StableDiffusion3Pipeline) == 256 and default(FluxPipeline) == 512
-    source = inspect.getsource(StableDiffusion3Pipeline.encode_prompt)  # needs three encoders
-    assert "torch.cat([clip_prompt_embeds, t5_prompt_embed], dim=-2)" in source
+    flux = FluxPipeline(
+        transformer=tiny_flux(), vae=tiny_vae(), scheduler=FlowMatchEulerDiscreteScheduler(),
+        **{f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2")},
+    )  # fmt: skip
+    flux.set_progress_bar_config(disable=True)
+    asked.clear(), received.clear()
+    flux._get_clip_prompt_embeds = lambda prompt, **k: torch.zeros(1, 24)  # pooled only
+    flux._get_t5_prompt_embeds = lambda prompt, max_sequence_length, **k: (
+        asked.append(max_sequence_length) or torch.full((1, max_sequence_length, 32), 3.0)
+    )
+    handle = flux.transformer.register_forward_pre_hook(
+        lambda m, a, k: received.append(k["encoder_hidden_states"]), with_kwargs=True
+    )
+    flux(prompt="a cat", num_inference_steps=1, guidance_scale=1.0, height=16, width=16,
+         output_type="latent")  # fmt: skip
+    handle.remove()
+    assert asked == [512] and received[0].shape == (1, 512, 32) and (received[0] == 3).all()
 
 
 def test_flux_packs_2x2_patches_and_uses_rotary_positions():
@@ -275,8 +446,9 @@ def test_flux_packs_2x2_patches_and_uses_rotary_positions():
     from diffusers import DiTTransformer2DModel, FluxPipeline, FluxTransformer2DModel
     from diffusers.models.embeddings import get_2d_sincos_pos_embed
 
-    params = inspect.signature(FluxTransformer2DModel.__init__).parameters
-    assert params["patch_size"].default == 1 and params["in_channels"].default == 64
+    with torch.device("meta"):
+        default = FluxTransformer2DModel()  # every argument at its default: Flux.1's layout
+    assert default.config.patch_size == 1 and default.x_embedder.in_features == 64
     assert FluxPipeline._pack_latents(torch.randn(1, 16, 8, 8), 1, 16, 8, 8).shape == (1, 16, 64)
     torch.manual_seed(0)
     flux = FluxTransformer2DModel(
@@ -297,3 +469,29 @@ def test_flux_packs_2x2_patches_and_uses_rotary_positions():
             interpolation_scale=patch_embed.interpolation_scale, output_type="pt",
         )  # fmt: skip
         torch.testing.assert_close(table[0], expected.float())
+
+
+def test_dit_pipeline_steps_on_the_first_c_of_2c_channels():
+    """With `out_channels = 2C` (DiT-XL/2's learned variance), `DiTPipeline.__call__` hands `scheduler.step` only the first `C` channels of the transformer's output, the noise prediction, and its latents keep `C` channels."""
+    from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+    from tiny import SD_SCHEDULER, tiny_vae
+
+    torch.manual_seed(0)
+    transformer = DiTTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+        num_layers=1, sample_size=8, num_embeds_ada_norm=10,
+    ).eval()  # fmt: skip
+    pipe = DiTPipeline(
+        transformer=transformer, vae=tiny_vae(), scheduler=DDIMScheduler(**SD_SCHEDULER)
+    )
+    pipe.set_progress_bar_config(disable=True)
+    predicted, stepped, step = [], [], pipe.scheduler.step
+    handle = transformer.register_forward_hook(lambda m, a, out: predicted.append(out.sample))
+    pipe.scheduler.step = lambda out, t, x, **k: stepped.append(out) or step(out, t, x, **k)
+    image = pipe(class_labels=[3], guidance_scale=1.0, num_inference_steps=2, output_type="pt")
+    handle.remove()
+    assert len(predicted) == len(stepped) == 2
+    for full, used in zip(predicted, stepped, strict=True):
+        assert full.shape == (1, 8, 8, 8) and used.shape == (1, 4, 8, 8)
+        torch.testing.assert_close(used, full[:, :4])
+    assert image.images.shape == (1, 3, 16, 16)  # the tiny VAE: f = 2

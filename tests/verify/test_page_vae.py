@@ -2,14 +2,11 @@
 
 Every model is built in code from a tiny random config with the real block
 structure (a few channels per block), so shapes, call order and the encode/decode
-arithmetic are the real ones; no weights are loaded. Where a tiny pipeline would
-need more machinery than the claim (Flux's packed latents, SDXL's fp16 upcast on a
-GPU), the test reads the installed source instead.
+arithmetic are the real ones; no weights are loaded. Pipeline claims run the
+pipeline's own ``__call__`` (or the method named) on these tiny parts.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
@@ -90,20 +87,17 @@ def test_config_defaults():
 
 def test_sdxl_scaling_factor_comes_from_its_original_config():
     """diffusers' single-file loader copies the original config's `scale_factor` into `vae.config.scaling_factor`: SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`, and a config without `scale_factor` gets 0.18215."""
-    from diffusers.loaders.single_file_utils import create_vae_diffusers_config_from_ldm
+    import copy
 
-    ddconfig = dict(
-        double_z=True, z_channels=4, resolution=256, in_channels=3, out_ch=3, ch=128,
-        ch_mult=[1, 2, 4, 4], num_res_blocks=2, attn_resolutions=[], dropout=0.0,
-    )  # fmt: skip
-    params = {"first_stage_config": {"params": {"embed_dim": 4, "ddconfig": ddconfig}}}
-    sdxl = create_vae_diffusers_config_from_ldm(
-        {"model": {"params": {**params, "scale_factor": 0.13025}}}, {}, image_size=1024
-    )
+    from diffusers.loaders.single_file_utils import create_vae_diffusers_config_from_ldm
+    from model_configs import SDXL_SGM_ORIGINAL  # sd_xl_base.yaml, transcribed
+
+    sdxl = create_vae_diffusers_config_from_ldm(SDXL_SGM_ORIGINAL, {})
     assert sdxl["scaling_factor"] == 0.13025
     assert sdxl["block_out_channels"] == [128, 256, 512, 512] and sdxl["latent_channels"] == 4
-    plain = create_vae_diffusers_config_from_ldm({"model": {"params": params}}, {}, image_size=512)
-    assert plain["scaling_factor"] == 0.18215
+    plain = copy.deepcopy(SDXL_SGM_ORIGINAL)
+    del plain["model"]["params"]["scale_factor"]
+    assert create_vae_diffusers_config_from_ldm(plain, {})["scaling_factor"] == 0.18215
 
 
 def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
@@ -193,17 +187,85 @@ def test_sd3_shift_then_scale():
     torch.testing.assert_close(noised[0], (dist.mean + dist.std * noise - shift) * sf)
 
 
+def tiny_flux_parts():
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6),
+    ).eval()  # fmt: skip
+    vae = make_vae(
+        (8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
+        scaling_factor=0.3611, shift_factor=0.1159,
+    )  # fmt: skip
+    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2")}
+    return dict(
+        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), **none
+    )
+
+
 def test_flux_uses_the_same_lines():
-    """`FluxPipeline` decodes `latents / scaling_factor + shift_factor` and `FluxImg2ImgPipeline` encodes `(image_latents - shift_factor) * scaling_factor` (read from the installed source)."""
+    """`FluxPipeline`'s state is packed tokens `(B, (H/16)(W/16), 64)`, not a latent grid: after the loop it unpacks them to `(B, 16, H/8, W/8)` and decodes `latents / scaling_factor + shift_factor`; `FluxImg2ImgPipeline._encode_vae_image` returns `(latent_dist.sample() - shift_factor) * scaling_factor`."""
     from diffusers import FluxImg2ImgPipeline, FluxPipeline
 
-    decode = "latents = (latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor"
-    encode = (
-        "image_latents = (image_latents - self.vae.config.shift_factor)"
-        " * self.vae.config.scaling_factor"
-    )
-    assert decode in inspect.getsource(FluxPipeline.__call__)
-    assert encode in inspect.getsource(FluxImg2ImgPipeline._encode_vae_image)
+    parts = tiny_flux_parts()
+    pipe = FluxPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    seen = record_decode(pipe.vae)
+    g = torch.Generator().manual_seed(1)
+    run = dict(
+        prompt_embeds=torch.randn(1, 10, 32, generator=g),
+        pooled_prompt_embeds=torch.randn(1, 24, generator=g),
+        guidance_scale=1.0, num_inference_steps=2, height=HEIGHT, width=WIDTH,
+    )  # fmt: skip
+    f = pipe.vae_scale_factor  # 2 for this two-block VAE (8 for Flux's)
+    packed = pipe(**run, generator=torch.Generator().manual_seed(2), output_type="latent").images
+    assert packed.shape == (1, (HEIGHT // (2 * f)) * (WIDTH // (2 * f)), 64)
+    pipe(**run, generator=torch.Generator().manual_seed(2), output_type="pt")
+    grid = FluxPipeline._unpack_latents(packed, HEIGHT, WIDTH, f)
+    assert seen[0].shape == (1, 16, HEIGHT // f, WIDTH // f)
+    torch.testing.assert_close(seen[0], grid / 0.3611 + 0.1159)
+
+    img2img = FluxImg2ImgPipeline(**parts)
+    image = images(1, HEIGHT)
+    got = img2img._encode_vae_image(image, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dist = parts["vae"].encode(image).latent_dist
+    noise = torch.randn(dist.mean.shape, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(got, (dist.mean + dist.std * noise - 0.1159) * 0.3611)
+
+
+def test_every_latent_depends_on_the_whole_image():
+    """A latent position is not a code for its 8 x 8 patch alone: in a tiny `AutoencoderKL`, changing one corner pixel changes `latent_dist.mean` at the opposite corner, through the encoder's mid-block self-attention and, with that removed (`mid_block_add_attention=False`), through GroupNorm's statistics over the whole feature map; with both removed the change stays within the convolutions' reach."""
+    x = images(1, 64)
+    moved = x.clone()
+    moved[0, :, 0, 0] += 1.0  # one pixel, top-left corner
+
+    def change(vae):
+        with torch.no_grad():
+            before, after = vae.encode(x).latent_dist.mean, vae.encode(moved).latent_dist.mean
+        return (after - before).abs()[0].amax(0)  # (H/f, W/f): largest change per position
+
+    full, no_attention = make_vae((8, 16)), make_vae((8, 16), mid_block_add_attention=False)
+    assert change(full)[-1, -1] > 0 and change(no_attention)[-1, -1] > 0  # far corner moved
+    for module in list(no_attention.encoder.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.GroupNorm):
+                setattr(module, name, torch.nn.Identity())
+    local = change(no_attention)
+    assert local[-1, -1] == 0 and local[:8, :8].sum() > 0  # only the corner's neighbourhood
+
+
+def test_tiled_decoding_is_not_exact():
+    """`enable_tiling()` changes the decoded image, not only the memory: tiles are decoded separately (GroupNorm and attention see one tile) and blended over their overlap, so the result differs from the whole-image decode."""
+    vae = make_vae((8, 16), sample_size=16)
+    latents = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = vae.decode(latents).sample
+        vae.enable_tiling()
+        tiled = vae.decode(latents).sample
+    assert tiled.shape == whole.shape and (tiled - whole).abs().max() > 1e-3
 
 
 def test_decoder_widest_activation_is_at_output_resolution():
@@ -255,13 +317,42 @@ def test_vae_tiling_bounds_each_decoder_call(record_calls):
     assert len(sides) > 1 and max(sides) <= 8
 
 
-def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast():
-    """`StableDiffusionXLPipeline` decodes in float32 when the VAE is float16 and `vae.config.force_upcast` is set, doubling the decoder's activation bytes (read from the installed source)."""
-    from diffusers import StableDiffusionXLPipeline
+def tiny_sdxl_pipeline():
+    """The real StableDiffusionXLPipeline around SD's tiny UNet with SDXL's "text_time"
+    conditioning (6 time ids x 8 + a 16-wide pooled vector), no text encoders."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+    from tiny import tiny_unet, tiny_vae
 
-    source = inspect.getsource(StableDiffusionXLPipeline.__call__)
-    assert (
-        "needs_upcasting = self.vae.dtype == torch.float16 and self.vae.config.force_upcast"
-        in source
-    )
-    assert "self.upcast_vae()" in source
+    unet = tiny_unet(
+        addition_embed_type="text_time", addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + 16,
+    )  # fmt: skip
+    pipe = StableDiffusionXLPipeline(
+        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
+        unet=unet, scheduler=EulerDiscreteScheduler(), force_zeros_for_empty_prompt=True,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast(record_calls):
+    """In a float16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` (the default), `__call__` decodes float32 latents with a float32 VAE, doubling the decoder's activation bytes, through `upcast_vae()`, which warns that it is deprecated and names `pipe.vae.to(torch.float32)` instead; that replacement alone makes the same call fail with a dtype error."""
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()  # diffusers' notes about modules kept in float32 on .to()
+    pipe = tiny_sdxl_pipeline().to(torch.float16)
+    assert pipe.vae.config.force_upcast is True
+    decoder = record_calls(pipe.vae.decoder)
+    prompt_embeds = torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(1)).half()
+    pooled = torch.randn(1, 16, generator=torch.Generator().manual_seed(2)).half()
+    run = dict(
+        prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled, num_inference_steps=2,
+        guidance_scale=1.0, height=HEIGHT, width=WIDTH, output_type="pt",
+    )  # fmt: skip
+    with pytest.warns(FutureWarning, match=r"upcast_vae.*pipe\.vae\.to\(torch\.float32\)"):
+        pipe(**run)
+    assert len(decoder.calls) == 1 and decoder.calls[0][0][0].dtype == torch.float32
+    assert pipe.vae.dtype == torch.float16  # cast back after the decode
+    pipe.vae.to(torch.float32)
+    with pytest.raises(RuntimeError, match="should be the same"):
+        pipe(**run)
