@@ -2,7 +2,7 @@
 
 Five switches, each measured on small NumPy stand-ins and scaled to real models by
 arithmetic on shapes: attention slicing (``pipe.enable_attention_slicing``), VAE tiling
-(``pipe.vae.enable_tiling``), lower precision (``torch_dtype``), and CPU offload
+(``pipe.vae.enable_tiling``), lower precision (``dtype=``), and CPU offload
 (``pipe.enable_model_cpu_offload`` / ``pipe.enable_sequential_cpu_offload``). Slicing and
 tiling trade time for a smaller peak of one intermediate; precision halves every byte and
 adds rounding error; offload trades GPU bytes for bytes over the PCIe bus on every call.
@@ -31,6 +31,7 @@ from labkit.cli import (
 )
 from labkit.memory import peak_bytes  # tracemalloc peak of one call
 from labkit.metrics import sample_quality
+from labkit.precision import round_to  # round-to-nearest-even, bit-equal to torch's casts
 from labkit.schedulers import DDIMScheduler
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -308,20 +309,17 @@ print(f"the (1, 32, 2S, 2S) float64 activation: whole {fmt(32 * (2 * args.latent
 # %% [markdown]
 # ## 4. Precision: the same DDIM loop with latents and noise_pred stored in each dtype
 #
-# float16 is NumPy's; bfloat16 is emulated: float32 with the low 16 bits of the bit
-# pattern zeroed, which keeps 7 mantissa bits. That truncates (rounds toward zero), where
-# hardware rounds to nearest, so its error here is up to twice the real one. The
-# scheduler arithmetic runs in float64; only the stored tensors are rounded.
+# Every format goes through `labkit.precision.round_to`, the site's one emulation: round
+# to the nearest value of the format, ties to even, as `x.to(torch.bfloat16)` does (the
+# verify tests compare it with torch's casts bit for bit). The scheduler arithmetic runs
+# in float64; only the stored tensors are rounded.
 
 
 # %%
 # --8<-- [start:precision]
 def to_dtype(x, name):
-    """Round float64 ``x`` to ``name`` and back, so the loop runs with that storage."""
-    if name == "bfloat16":  # emulated: truncate float32's 23 mantissa bits to 7
-        bits = x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)
-        return bits.view(np.float32).astype(np.float64)
-    return x.astype(name).astype(np.float64)
+    """Round float64 ``x`` to the nearest ``name`` value, kept as float64 (storage in ``name``)."""
+    return x if name == "float64" else round_to(x, name)
 
 
 mixture = default_mixture()
@@ -363,45 +361,157 @@ table(
 # %% [markdown]
 # ## 5. CPU offload as bytes over the bus
 #
-# `enable_model_cpu_offload` moves each whole component to the GPU when its forward runs
-# (accelerate's `cpu_offload_with_hook`, chained in `model_cpu_offload_seq` order), so
-# per image the denoiser crosses the bus once. `enable_sequential_cpu_offload` keeps
-# weights on the CPU and streams each submodule's weights in on every forward, so the
-# denoiser's bytes cross once per denoiser call: `steps` times with batched CFG.
-# Bandwidth is an assumption (`--pcie-gbps`, default 25 GB/s, about what a PCIe 4.0 x16
-# link sustains of its 32 GB/s); compute time is not modelled.
+# `enable_model_cpu_offload` (`pipelines/pipeline_utils.py`, diffusers 0.42.1) gives each
+# component accelerate's `cpu_offload_with_hook`, chained in `model_cpu_offload_seq` order:
+# a component is copied to the GPU when its forward starts and back to the CPU when the
+# next one starts, and at the end of the call `maybe_free_model_hooks` re-runs
+# `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves everything back. So each
+# component crosses twice per call, in and out. SD's `safety_checker` is in
+# `_exclude_from_cpu_offload`: it has no hook and stays on the GPU during the call, but
+# that `pipe.to("cpu")` moves it out and back in at the end. `enable_sequential_cpu_offload`
+# copies each submodule's weights in for its own forward and drops them after (no copy
+# back), so the denoiser crosses once per denoiser call: `steps` times with batched CFG.
+# Bandwidth is an assumption (`--pcie-gbps`); copies from pageable memory, per-copy
+# latency and compute are not modelled, so every time below is a floor.
+
 
 # %%
 # --8<-- [start:offload]
+def clip_vision_params(hidden=1024, layers=24, mlp=4096, patch=14, image=224, proj=768):
+    """CLIP ViT-L/14's vision tower and visual_projection (Radford et al., 2021), from shapes."""
+    positions = (image // patch) ** 2 + 1  # patches and the class token
+    embed = hidden + 3 * patch * patch * hidden + positions * hidden  # class, patch conv, positions
+    layer = 4 * (hidden * hidden + hidden) + 2 * hidden * mlp + mlp + hidden + 4 * hidden
+    return embed + 4 * hidden + layers * layer + hidden * proj  # + pre/post LayerNorm, projection
+
+
+safety_checker_params = clip_vision_params() + 20 * 768 + 20  # + 17 + 3 concept embeddings
 pipelines = ["SD 1.5", "SDXL", "SD3 Medium", "Flux.1-dev"]
 sizes = {p: {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows(p)} for p in pipelines}
-offload_rows, fit_rows = [], []
+sizes["SD 1.5"]["safety_checker"] = 2 * safety_checker_params  # fp16 bytes
+stays = {"SD 1.5": sizes["SD 1.5"]["safety_checker"]}  # _exclude_from_cpu_offload: no hook
+offload_rows = []
 for p, parts in sizes.items():
     denoiser = parts.get("unet", parts.get("transformer"))  # fp16 bytes
-    total, largest = sum(parts.values()), max(parts.values())
-    model_bytes = total  # every component crosses once per image
-    seq_bytes = total - denoiser + denoiser * args.steps  # the denoiser once per call
-    offload_rows.append([p, f"{total / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
-    fit_rows.append([p, f"{total / 1e9:.2f}", f"{largest / 1e9:.2f}"] + [("yes" if total <= g * 2**30 else "offload" if largest <= g * 2**30 else "no") for g in (8, 16, 24, 80)])  # fmt: skip
+    model_bytes = 2 * sum(parts.values())  # every component out and in once per call
+    hooked = sum(parts.values()) - stays.get(p, 0)  # what sequential offload streams
+    seq_bytes = hooked - denoiser + denoiser * args.steps  # in only; the denoiser once per call
+    offload_rows.append([p, f"{sum(parts.values()) / 1e9:.2f}", f"{stays.get(p, 0) / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
 # --8<-- [end:offload]
 table(
-    f"Weights moved per image, fp16, {args.steps} steps, at {pcie_gbps:g} GB/s (assumed)",
-    ["", "weights GB", "model offload GB", "time", "sequential GB", "time"],
+    f"Weights moved per image, fp16, {args.steps} steps, at {pcie_gbps:g} GB/s (assumed): floors",
+    ["", "weights GB", "stays GB", "model offload GB", "time", "sequential GB", "time"],
     offload_rows,
 )
+
+# %% [markdown]
+# ## 6. What fits
+#
+# A card fits a pipeline "resident" if all weights fit, "model offload" if the largest
+# component plus what never leaves the GPU fits. Two corrections to the plain fp16 bytes:
+# transformers keeps the modules in a model's `_keep_in_fp32_modules` in float32 when it
+# loads with `dtype=torch.float16` (not with bfloat16); for `T5EncoderModel` that is every
+# `wo`, the `(d_model, d_ff)` output projection of each feed-forward block. And SD3's
+# pipeline runs with `text_encoder_3=None` (zeros in place of the T5 embeddings).
+
+# %%
+# --8<-- [start:fits]
+t5 = next(r for r in model_sizes.rows("SD3 Medium") if r["component"] == "text_encoder_3")
+t5_wo_params = t5["config"]["num_layers"] * t5["config"]["d_ff"] * t5["config"]["d_model"]
+fp32_extra = 2 * t5_wo_params  # 4 bytes instead of 2 per wo weight under float16
+sd3 = sizes["SD3 Medium"]
+sd3_fp16 = {**sd3, "text_encoder_3": sd3["text_encoder_3"] + fp32_extra}
+sd3_no_t5 = {k: v for k, v in sd3.items() if k != "text_encoder_3"}  # text_encoder_3=None
+variants = {  # name -> (component bytes, bytes that stay on the GPU under model offload)
+    "SD 1.5, fp16": (sizes["SD 1.5"], stays["SD 1.5"]),
+    "SDXL, fp16": (sizes["SDXL"], 0),
+    "SD3 Medium, fp16": (sd3_fp16, 0),
+    "SD3 Medium, bf16": (sd3, 0),
+    "SD3 Medium, no T5": (sd3_no_t5, 0),
+    "Flux.1-dev, bf16": (sizes["Flux.1-dev"], 0),
+}
+fit_rows = []
+for name, (parts, stay) in variants.items():
+    total, largest = sum(parts.values()), max(parts.values())
+    fit_rows.append([name, f"{total / 1e9:.2f}", f"{(largest + stay) / 1e9:.2f}"] + [("yes" if total <= g * 2**30 else "offload" if largest + stay <= g * 2**30 else "no") for g in (8, 16, 24, 80)])  # fmt: skip
+# --8<-- [end:fits]
+print(f"\nT5-XXL's wo layers: {t5_wo_params:,} parameters; kept in float32 under dtype=torch.float16: +{fp32_extra / 1e9:.2f} GB")  # fmt: skip
 table(
-    "What fits, fp16/bf16 weights only (GB = 10^9 B; cards counted as 8/16/24/80 GiB)",
-    ["", "all GB", "largest GB", "8", "16", "24", "80"],
+    "What fits, weights only (GB = 10^9 B; cards counted as 8/16/24/80 GiB)",
+    ["", "all GB", "largest + stays GB", "8", "16", "24", "80"],
     fit_rows,
 )
 print(
     "yes = all weights resident; offload = only with enable_model_cpu_offload (largest"
-    " component resident); no = only enable_sequential_cpu_offload (one submodule at a time)."
-    " Activations, attention workspace and the CUDA context come on top."
+    " component resident); no = not even that: sequential or group offload, or fewer bytes per"
+    " weight (Labs 14 and 16). Activations, attention workspace and the CUDA context come on top."
 )
 
 # %% [markdown]
-# ## 6. Summary
+# ## 7. Batching a UNet: compute, not weight reads
+#
+# Multiply-adds of one SD 1.5 UNet forward at 512 px on one row, from the layer shapes of
+# its published config (the verify tests check the count against torch's FlopCounterMode on
+# the real class, on the meta device). Against the fp16 weight bytes this gives the
+# arithmetic intensity of one row: already hundreds of FLOP per byte of weights read.
+
+
+# %%
+# --8<-- [start:flops]
+def unet_macs(cfg, latent=64, text_tokens=77):
+    """Multiply-adds of one UNet2DConditionModel forward on one row, from layer shapes."""
+    C, L, ctx = cfg["block_out_channels"], cfg["layers_per_block"], cfg["cross_attention_dim"]
+    temb = 4 * C[0]  # time embedding width
+
+    def conv(res, cin, cout, k=3):
+        return res * res * k * k * cin * cout
+
+    def resnet(res, cin, cout):  # conv1, time_emb_proj, conv2, 1x1 conv_shortcut
+        return conv(res, cin, cout) + temb * cout + conv(res, cout, cout) + (conv(res, cin, cout, 1) if cin != cout else 0)  # fmt: skip
+
+    def transformer(res, c):  # proj_in, attn1, attn2, GEGLU feed-forward, proj_out
+        n = res * res  # tokens: one per position
+        attn1 = 4 * n * c * c + 2 * n * n * c  # q, k, v, out; q k^T and scores @ v
+        attn2 = 2 * n * c * c + 2 * text_tokens * ctx * c + 2 * n * text_tokens * c
+        return 2 * n * c * c + attn1 + attn2 + n * c * 8 * c + n * 4 * c * c
+
+    macs = C[0] * temb + temb * temb + conv(latent, 4, C[0])  # time_embedding, conv_in
+    res, skips = latent, [C[0]]
+    for i, kind in enumerate(cfg["down_block_types"]):
+        cin = C[max(i - 1, 0)]
+        for _ in range(L):
+            macs += resnet(res, cin, C[i]) + (transformer(res, C[i]) if "CrossAttn" in kind else 0)
+            cin = C[i]
+            skips.append(C[i])
+        if i < len(C) - 1:  # Downsample2D: 3x3 conv, stride 2
+            res //= 2
+            macs += conv(res, C[i], C[i])
+            skips.append(C[i])
+    macs += 2 * resnet(res, C[-1], C[-1]) + transformer(res, C[-1])  # mid block
+    cin = C[-1]
+    for i, kind in enumerate(cfg["up_block_types"]):
+        cout = C[::-1][i]
+        for _ in range(L + 1):  # each resnet takes a skip connection, concatenated
+            macs += resnet(res, cin + skips.pop(), cout) + (transformer(res, cout) if "CrossAttn" in kind else 0)  # fmt: skip
+            cin = cout
+        if i < len(C) - 1:  # Upsample2D: nearest x2, then a 3x3 conv
+            res *= 2
+            macs += conv(res, cout, cout)
+    return macs + conv(latent, C[0], 4)  # conv_out
+
+
+sd_unet = next(r for r in model_sizes.rows("SD 1.5") if r["component"] == "unet")
+row_flops = 2 * unet_macs(sd_unet["config"])  # one 512 px row: (1, 4, 64, 64)
+flop_per_byte = row_flops / sd_unet["bytes"]["fp16"]
+# --8<-- [end:flops]
+print(
+    f"\nSD 1.5 UNet, one 512 px row: {row_flops / 1e9:.1f} GFLOP (2 x {unet_macs(sd_unet['config']):,} multiply-adds)"
+    f" over {sd_unet['bytes']['fp16'] / 1e9:.2f} GB of fp16 weights = {flop_per_byte:.0f} FLOP per weight byte;"
+    f" {2 * flop_per_byte:.0f} for the 2 rows of one CFG image"
+)
+
+# %% [markdown]
+# ## 8. Summary
 
 # %%
 best_slice = min(sliced, key=lambda s: sliced[s][1])
@@ -432,7 +542,7 @@ rows = [
         f"x{decoded_area / args.latent_size**2:.2f} area, not exact",
     ],
     [
-        "torch_dtype=float16/bfloat16",
+        "dtype=float16/bfloat16",
         "every byte",
         "x0.50 of float32",
         f"final dev {np.abs(runs[dtypes[-1]][0] - runs['float64'][0]).max():.1e} ({dtypes[-1]})",
@@ -441,19 +551,19 @@ rows = [
         "enable_model_cpu_offload",
         "resident weights",
         "largest component only",
-        f"{offload_rows[0][2]} GB/image (SD 1.5)",
+        f"{offload_rows[0][3]} GB/image (SD 1.5)",
     ],
     [
         "enable_sequential_cpu_offload",
         "resident weights",
         "one submodule",
-        f"{offload_rows[0][4]} GB/image (SD 1.5)",
+        f"{offload_rows[0][5]} GB/image (SD 1.5)",
     ],
 ]
 table("Strategy summary (this run)", ["strategy", "reduces", "measured saving", "cost"], rows)
 
 # %% [markdown]
-# ## 7. Picture it
+# ## 9. Picture it
 
 # %%
 # --8<-- [start:figures]

@@ -139,3 +139,19 @@ def markdown_table(
         lines.append("")
         lines.extend(f"- {row['pipeline']} `{row['component']}`: {row['note']}" for row in noted)
     return "\n".join(lines) + "\n"
+
+
+def layerwise_casting(pipeline: str, component: str) -> dict[str, Any]:
+    """diffusers' ``enable_layerwise_casting`` (fp8 storage) applied to a real model.
+
+    Counted on the meta device with diffusers' own skip patterns: ``cast_params`` stored in
+    fp8 (1 byte), ``kept_params`` left in bf16 (2 bytes), ``kept`` by module name, ``bytes``.
+    """
+    return load()["layerwise_casting"][f"{pipeline}/{component}"]
+
+
+def flux_1024px() -> dict[str, Any]:
+    """One Flux.1-dev transformer call at 1024 px, counted on the meta device: ``flops``, the
+    FLOPs inside the modules ``TaylorSeerCacheConfig()`` hooks by default, and the bytes of
+    the Taylor factors it stores (order 0 and 1, bf16)."""
+    return load()["flux_1024px"]

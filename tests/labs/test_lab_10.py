@@ -68,19 +68,33 @@ def test_precision_error_orders_by_mantissa(lab):
     x = np.array([1.0 + 2**-8, 3.14159])
     assert lab["to_dtype"](x, "bfloat16")[0] == 1.0  # below bfloat16's 7-bit mantissa step
     assert abs(lab["to_dtype"](x, "bfloat16")[1] - 3.14159) < 2**-6
+    # one emulation for the site: labkit.precision.round_to, round to nearest (no truncation)
+    from labkit.precision import round_to
+
+    y = np.random.default_rng(0).standard_normal(1000)
+    for name in ("float32", "float16", "bfloat16"):
+        np.testing.assert_array_equal(lab["to_dtype"](y, name), round_to(y, name))
+    assert lab["to_dtype"](np.array([1.0 + 3 * 2**-9]), "bfloat16")[0] == 1.0 + 2**-7  # up
 
 
 def test_offload_bytes_from_model_sizes(lab):
     from labkit import model_sizes
 
     sd = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD 1.5")}
+    checker = 2 * lab["safety_checker_params"]
     row = lab["offload_rows"][0]
     assert row[0] == "SD 1.5"
-    assert row[2] == f"{sum(sd.values()) / 1e9:.2f}"
-    seq = sum(sd.values()) + sd["unet"] * (lab["args"].steps - 1)
-    assert row[4] == f"{seq / 1e9:.1f}"
+    assert row[3] == f"{2 * (sum(sd.values()) + checker) / 1e9:.2f}"  # out and in, all of it
+    seq = sum(sd.values()) + sd["unet"] * (lab["args"].steps - 1)  # in only; checker stays
+    assert row[5] == f"{seq / 1e9:.1f}"
     fits = {r[0]: r[3:] for r in lab["fit_rows"]}
-    assert fits["Flux.1-dev"] == ["no", "no", "offload", "yes"]
+    assert fits["Flux.1-dev, bf16"] == ["no", "no", "offload", "yes"]
+    assert fits["SD3 Medium, fp16"] == ["no", "offload", "yes", "yes"]  # T5's wo in fp32
+    assert fits["SD3 Medium, bf16"][1] == "yes" and fits["SD3 Medium, no T5"][0] == "yes"
+
+
+def test_flop_per_byte_is_hundreds(lab):
+    assert 300 < lab["flop_per_byte"] < 1000  # compute-bound already at one 512 px row
 
 
 def test_default_output(run_cli):

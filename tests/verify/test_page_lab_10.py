@@ -143,13 +143,55 @@ def test_vae_switches_live_on_the_vae():
 
 
 def test_offload_methods_and_sequence():
-    """`StableDiffusionPipeline.model_cpu_offload_seq` is `"text_encoder->image_encoder->unet->vae"`, the order in which `enable_model_cpu_offload` chains one accelerate hook per whole component; both offload methods raise `RuntimeError` on a machine with no accelerator."""
+    """`enable_model_cpu_offload` gives each whole component one accelerate hook, chained in the order of `StableDiffusionPipeline.model_cpu_offload_seq`, `"text_encoder->image_encoder->unet->vae"` (components the pipeline lacks are skipped); called without a device on a machine with no accelerator, both offload methods raise `RuntimeError`."""
     from diffusers import StableDiffusionPipeline
+    from tiny import tiny_text_encoder
 
     assert StableDiffusionPipeline.model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
-    pipe = tiny_sd_pipeline()
+    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder())
+    pipe.enable_model_cpu_offload(device="cpu")  # the real hooks, with the CPU as "device"
+    assert [h.model for h in pipe._all_hooks] == [pipe.text_encoder, pipe.unet, pipe.vae]
     if torch.cuda.is_available():
         pytest.skip("an accelerator is present; the CPU-only error does not apply")
+    pipe = tiny_sd_pipeline()
     for method in (pipe.enable_model_cpu_offload, pipe.enable_sequential_cpu_offload):
         with pytest.raises(RuntimeError, match="requires accelerator"):
             method()
+
+
+def test_safety_checker_count_from_shapes(starter):
+    """The starter's `clip_vision_params` count of SD's `safety_checker` equals the parameters of diffusers' `StableDiffusionSafetyChecker` built on the meta device from CLIP ViT-L/14's vision configuration (hidden 1024, 24 layers, MLP 4096, patch 14, 224 px, projection 768)."""
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPConfig
+
+    vision = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, patch_size=14, image_size=224)  # fmt: skip
+    with torch.device("meta"):
+        checker = StableDiffusionSafetyChecker(CLIPConfig(vision_config=vision, projection_dim=768))
+    assert starter["safety_checker_params"] == sum(p.numel() for p in checker.parameters())
+
+
+def test_t5_wo_count_from_the_config(starter):
+    """The starter's count of T5-XXL's `wo` weights, `num_layers * d_ff * d_model` from the published config in `model_sizes`, equals the parameters of the `wo` layers of `T5EncoderModel` built from that config on the meta device."""
+    from model_configs import T5_XXL
+    from transformers import T5Config, T5EncoderModel
+
+    with torch.device("meta"):
+        t5 = T5EncoderModel(T5Config(**T5_XXL))
+    wo = sum(p.numel() for n, p in t5.named_parameters() if n.endswith(".wo.weight"))
+    assert starter["t5_wo_params"] == wo
+
+
+def test_unet_flops_from_layer_shapes(starter):
+    """The starter's `unet_macs`, counted from the layer shapes of SD 1.5's published UNet config, equals half the FLOPs `torch.utils.flop_counter.FlopCounterMode` counts for one forward of the real `UNet2DConditionModel` on a `(1, 4, 64, 64)` latent and 77 text tokens, built on the meta device."""
+    from diffusers import UNet2DConditionModel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labkit import model_sizes
+
+    config = next(r for r in model_sizes.rows("SD 1.5") if r["component"] == "unet")["config"]
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**config)
+        sample, text, t = torch.empty(1, 4, 64, 64), torch.empty(1, 77, 768), torch.tensor([500])
+    with FlopCounterMode(display=False) as counter:
+        unet(sample, t, encoder_hidden_states=text)
+    assert 2 * starter["unet_macs"](config) == counter.get_total_flops() == starter["row_flops"]

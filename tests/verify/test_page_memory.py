@@ -1,30 +1,49 @@
 """The memory and speed optimizations page against the installed diffusers.
 
-Tiny random-config parts from ``tiny.py``; the offload methods need an accelerator,
-so on a CPU-only machine their error is checked and their mechanism is read from
-their source (which accelerate function each calls, and in what order).
+Tiny random-config parts from ``tiny.py``. The offload methods need an accelerator
+unless they are given a device: with ``device="cpu"`` they install their real hooks on
+the CPU, so the tests watch what model offload moves and when (a CPU-to-CPU move is
+recorded, not timed). Slicing, `dtype=`, T5's float32 `wo` and SD3 without T5 run
+through the real pipelines and `from_pretrained`.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
-from tiny import tiny_sd_pipeline, tiny_unet, tiny_vae
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_sd_pipeline,
+    tiny_unet,
+    tiny_vae,
+)
+
+CPU = torch.device("cpu")
 
 
-def test_sdpa_is_the_default_attention():
+# ---------------------------------------------------------------- attention
+
+
+def test_sdpa_is_the_default_attention(monkeypatch):
     """Without any switch, every attention layer of `UNet2DConditionModel` uses `AttnProcessor2_0`, the processor that calls `F.scaled_dot_product_attention` on torch 2."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
     unet = tiny_unet()
     assert {type(p) for p in unet.attn_processors.values()} == {AttnProcessor2_0}
-    assert "scaled_dot_product_attention" in inspect.getsource(AttnProcessor2_0)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))  # fmt: skip
+    with torch.no_grad():
+        unet(start_latents(), 10, encoder_hidden_states=embeds(0))
+    assert len(calls) == len(unet.attn_processors)  # one SDPA call per attention layer
 
 
 def test_auto_slice_is_half_the_heads():
-    """`enable_attention_slicing("auto")` gives every attention layer a `SlicedAttnProcessor` with `slice_size` equal to half its number of heads (`sliceable_head_dim // 2`), and `"max"` gives `slice_size = 1`."""
+    """`enable_attention_slicing("auto")` gives every attention layer of an SD UNet a `SlicedAttnProcessor` with `slice_size` equal to half its number of heads (`sliceable_head_dim // 2`), and `"max"` gives `slice_size = 1`."""
     from diffusers.models.attention_processor import SlicedAttnProcessor
 
     pipe = tiny_sd_pipeline()
@@ -35,6 +54,90 @@ def test_auto_slice_is_half_the_heads():
     assert {p.slice_size for p in procs} == {m.sliceable_head_dim // 2 for m in layers} == {2}
     pipe.enable_attention_slicing("max")
     assert {p.slice_size for p in pipe.unet.attn_processors.values()} == {1}
+
+
+def tiny_sd3_pipeline(text_encoders=None):
+    """StableDiffusion3Pipeline around a one-layer SD3Transformer2DModel."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2, joint_attention_dim=EMBED_DIM, caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16).eval()  # fmt: skip
+    parts = dict.fromkeys(["text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3"])  # fmt: skip
+    parts.update(text_encoders or {})
+    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=tiny_vae(), **parts)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_flux_pipeline(guidance_embeds=False):
+    """FluxPipeline around a one-block FluxTransformer2DModel; no text encoders."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=guidance_embeds, axes_dims_rope=(4, 4, 8)).eval()  # fmt: skip
+    vae = AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16, norm_num_groups=8).eval()  # fmt: skip
+    parts = dict.fromkeys(["text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"])
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, transformer=transformer, **parts)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_attention_slicing_is_a_no_op_on_sd3_and_flux():
+    """On `StableDiffusion3Pipeline` and `FluxPipeline`, `pipe.enable_attention_slicing()` changes nothing and raises nothing: the pipeline method only calls components that have `set_attention_slice`, and `SD3Transformer2DModel` and `FluxTransformer2DModel` have none."""
+    for pipe in (tiny_sd3_pipeline(), tiny_flux_pipeline()):
+        assert not hasattr(pipe.transformer, "set_attention_slice")
+        before = dict(pipe.transformer.attn_processors)
+        pipe.enable_attention_slicing()
+        pipe.enable_attention_slicing("max")
+        after = pipe.transformer.attn_processors
+        assert after.keys() == before.keys()
+        assert all(after[k] is before[k] for k in before)  # the same processor objects
+
+
+def random_ip_adapter(unet, image_embed_dim=16):
+    """A plain IP-Adapter state dict (``image_proj`` + ``ip_adapter``) of random values."""
+    g = torch.Generator().manual_seed(0)
+    dim = unet.config.cross_attention_dim
+    image_proj = {"proj.weight": torch.randn(4 * dim, image_embed_dim, generator=g), "proj.bias": torch.zeros(4 * dim), "norm.weight": torch.ones(dim), "norm.bias": torch.zeros(dim)}  # fmt: skip
+    layers, key = {}, 1  # the loader numbers cross-attention layers 1, 3, 5, ...
+    for name in unet.attn_processors:
+        if name.endswith("attn2.processor"):
+            inner = unet.get_submodule(name.removesuffix(".processor")).to_k.out_features
+            for kind in ("to_k_ip", "to_v_ip"):
+                layers[f"{key}.{kind}.weight"] = torch.randn(inner, dim, generator=g)
+            key += 2
+    return {"image_proj": image_proj, "ip_adapter": layers}
+
+
+def test_attention_slicing_drops_a_loaded_ip_adapter():
+    """On a UNet, `enable_attention_slicing()` replaces every attention processor, so after `load_ip_adapter` it swaps the `IPAdapterAttnProcessor2_0` of each cross-attention layer for a `SlicedAttnProcessor`: the IP-Adapter's `to_k_ip` and `to_v_ip` are no longer used, and `disable_attention_slicing()` does not bring them back."""
+    from diffusers.models.attention_processor import (
+        AttnProcessor2_0,
+        IPAdapterAttnProcessor2_0,
+        SlicedAttnProcessor,
+    )
+
+    pipe = tiny_sd_pipeline()
+    pipe.load_ip_adapter(random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None)  # fmt: skip
+    assert (
+        sum(type(p) is IPAdapterAttnProcessor2_0 for p in pipe.unet.attn_processors.values()) == 4
+    )
+    pipe.enable_attention_slicing()
+    assert {type(p) for p in pipe.unet.attn_processors.values()} == {SlicedAttnProcessor}
+    pipe.disable_attention_slicing()
+    assert {type(p) for p in pipe.unet.attn_processors.values()} == {AttnProcessor2_0}
+
+
+# ---------------------------------------------------------------- VAE
 
 
 def test_vae_slicing_splits_the_batch(record_calls):
@@ -50,14 +153,14 @@ def test_vae_slicing_splits_the_batch(record_calls):
     assert (sliced - whole).abs().max().item() <= 1e-5
 
 
-def test_tiling_only_above_the_tile_size(record_calls):
+def test_tiling_only_above_the_tile_size(monkeypatch):
     """`vae.enable_tiling()` sends latents larger than `tile_latent_min_size` to `tiled_decode` (`tile_overlap_factor` 0.25) and decodes smaller ones whole; the tiled result differs from the whole decode."""
     vae = tiny_vae()
     assert vae.tile_overlap_factor == 0.25
     vae.enable_tiling()
     calls = []
     original = vae.tiled_decode
-    vae.tiled_decode = lambda z, **kw: calls.append(z.shape) or original(z, **kw)
+    monkeypatch.setattr(vae, "tiled_decode", lambda z, **kw: calls.append(z.shape) or original(z, **kw))  # fmt: skip
     small = torch.randn(1, 4, vae.tile_latent_min_size, vae.tile_latent_min_size)
     big = torch.randn(1, 4, 24, 24, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -86,31 +189,191 @@ def test_vae_methods_not_pipeline_methods():
     assert callable(AutoencoderKL.enable_slicing) and callable(AutoencoderKL.enable_tiling)
 
 
-def test_model_offload_chains_one_hook_per_component():
-    """`enable_model_cpu_offload` moves the pipeline to the CPU and chains one accelerate `cpu_offload_with_hook` per component in the order of `model_cpu_offload_seq`, which is `"text_encoder->image_encoder->unet->vae"` for `StableDiffusionPipeline`."""
-    from diffusers import DiffusionPipeline, StableDiffusionPipeline
-
-    source = inspect.getsource(DiffusionPipeline.enable_model_cpu_offload)
-    assert "cpu_offload_with_hook(model, device, prev_module_hook=hook)" in source
-    assert 'self.model_cpu_offload_seq.split("->")' in source
-    assert 'self.to("cpu"' in source
-    assert StableDiffusionPipeline.model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
+# ---------------------------------------------------------------- precision
 
 
-def test_sequential_offload_uses_accelerate_cpu_offload():
-    """`enable_sequential_cpu_offload` calls accelerate's `cpu_offload`, which keeps the weights on the CPU and loads each submodule's weights only for its own forward."""
+def test_dtype_is_the_loading_argument(tmp_path):
+    """`DiffusionPipeline.from_pretrained(..., dtype=torch.float16)` loads every component's weights in float16; the older `torch_dtype=` still works but raises a `FutureWarning` that it is deprecated."""
     from diffusers import DiffusionPipeline
 
-    source = inspect.getsource(DiffusionPipeline.enable_sequential_cpu_offload)
-    assert "from accelerate import cpu_offload" in source
-    assert "cpu_offload(model, device, offload_buffers=offload_buffers)" in source
+    tiny_sd_pipeline().save_pretrained(tmp_path)
+    none = dict(text_encoder=None, tokenizer=None)  # the tiny pipeline runs on prompt_embeds
+    pipe = DiffusionPipeline.from_pretrained(tmp_path, dtype=torch.float16, **none)
+    assert pipe.unet.dtype == pipe.vae.dtype == torch.float16
+    with pytest.warns(FutureWarning, match="torch_dtype"):
+        old = DiffusionPipeline.from_pretrained(tmp_path, torch_dtype=torch.float16, **none)
+    assert old.unet.dtype == torch.float16
+
+
+def test_t5_keeps_wo_in_float32_under_float16(tmp_path):
+    """Loading with `dtype=torch.float16`, `DiffusionPipeline.from_pretrained` leaves SD3's `T5EncoderModel` `wo` layers (its `_keep_in_fp32_modules`) in float32, not with `torch.bfloat16`, and a later `pipe.to(dtype=torch.float16)` casts them to float16 too; in T5-XXL's published config they are 1,006,632,960 of its weights."""
+    from diffusers import DiffusionPipeline
+    from model_configs import T5_XXL
+    from transformers import T5Config, T5EncoderModel
+
+    assert T5EncoderModel._keep_in_fp32_modules == ["wo"]
+    t5 = T5EncoderModel(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu"))  # fmt: skip
+    tiny_sd3_pipeline(dict(text_encoder_3=t5)).save_pretrained(tmp_path)
+    absent = dict.fromkeys(["text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "tokenizer_3"])  # fmt: skip
+
+    def dtypes(pipe):
+        params = dict(pipe.text_encoder_3.named_parameters())
+        wo = {p.dtype for n, p in params.items() if n.endswith(".wo.weight")}
+        return wo, {p.dtype for n, p in params.items() if not n.endswith(".wo.weight")}
+
+    for dtype, wo_dtype in [(torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)]:
+        pipe = DiffusionPipeline.from_pretrained(tmp_path, dtype=dtype, **absent)
+        assert dtypes(pipe) == ({wo_dtype}, {dtype}) and pipe.transformer.dtype == dtype
+    pipe.to(dtype=torch.float16)  # a cast after loading knows nothing of _keep_in_fp32_modules
+    assert dtypes(pipe) == ({torch.float16}, {torch.float16})
+    with torch.device("meta"):
+        xxl = T5EncoderModel(T5Config(**T5_XXL))
+    assert sum(p.numel() for n, p in xxl.named_parameters() if n.endswith(".wo.weight")) == 1_006_632_960  # fmt: skip
+
+
+def test_sd3_runs_without_its_t5_encoder(tmp_path, record_calls):
+    """`StableDiffusion3Pipeline` built with `text_encoder_3=None` and `tokenizer_3=None` encodes a prompt with its two CLIP encoders and passes zeros where the T5 tokens would be, so it runs without T5's weights."""
+    from tiny import tiny_tokenizer
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    def clip(seed):
+        torch.manual_seed(seed)
+        config = CLIPTextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, projection_dim=8, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)  # fmt: skip
+        return CLIPTextModelWithProjection(config).eval()
+
+    tokenizer = tiny_tokenizer(tmp_path)
+    pipe = tiny_sd3_pipeline(dict(text_encoder=clip(0), text_encoder_2=clip(1), tokenizer=tokenizer, tokenizer_2=tokenizer))  # fmt: skip
+    calls = record_calls(pipe.transformer).calls
+    pipe(prompt="a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, latents=start_latents(), max_sequence_length=16, output_type="latent")  # fmt: skip
+    hidden = calls[0][1]["encoder_hidden_states"]  # (2B, 77 CLIP + 16 T5 tokens, joint dim)
+    assert hidden.shape == (2, 77 + 16, EMBED_DIM)
+    assert hidden[:, 77:].abs().max() == 0 and hidden[:, :77].abs().max() > 0
+
+
+# ---------------------------------------------------------------- offload
+
+
+def tiny_safety_checker():
+    """StableDiffusionSafetyChecker on a tiny CLIP vision config, with its image processor."""
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPConfig, CLIPImageProcessor
+
+    torch.manual_seed(0)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8)  # fmt: skip
+    checker = StableDiffusionSafetyChecker(
+        CLIPConfig(vision_config=vision, projection_dim=8)
+    ).eval()
+    return checker, CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})  # fmt: skip
+
+
+def watch_moves(pipe, monkeypatch):
+    """``(component, "in" | "out")`` for every `.to()` that changes where a component is.
+
+    With ``enable_model_cpu_offload(device="cpu")`` the execution device is ``cpu:0`` and
+    the offload device ``cpu``: the two are told apart by the index, as cuda:0 and cpu are.
+    """
+    names = {id(m): n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    where = dict.fromkeys(names.values(), "out")
+    moves = []
+    original = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        target = args[0] if args else kwargs.get("device")
+        if id(self) in names and isinstance(target, (str, torch.device)):
+            side = "in" if torch.device(target).index is not None else "out"
+            if where[names[id(self)]] != side:
+                where[names[id(self)]] = side
+                moves.append((names[id(self)], side))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    return moves
+
+
+def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
+    """Under `enable_model_cpu_offload`, a call moves each component to the GPU when its forward starts, in `model_cpu_offload_seq` order (`"text_encoder->image_encoder->unet->vae"`), and each hook holds the previous component's as `prev_module_hook`, which accelerate offloads when the forward starts if that component is not on the CPU (a move this CPU-only test sees only as the chain); at the end of the call `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves every component back, and the `safety_checker` (`_exclude_from_cpu_offload`, no hook) is moved to the GPU again right after. Every component crosses the bus twice per call."""
+    from diffusers import StableDiffusionPipeline
+    from tiny import tiny_text_encoder, tiny_tokenizer
+
+    assert StableDiffusionPipeline.model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
+    assert StableDiffusionPipeline._exclude_from_cpu_offload == ["safety_checker"]
+    checker, processor = tiny_safety_checker()
+    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path), safety_checker=checker, feature_extractor=processor)  # fmt: skip
+    moves = watch_moves(pipe, monkeypatch)
+    pipe.enable_model_cpu_offload(device="cpu")
+    assert moves == [("safety_checker", "in")]
+    chain = [(h.model, h.hook.prev_module_hook) for h in pipe._all_hooks]
+    assert [m for m, _ in chain] == [pipe.text_encoder, pipe.unet, pipe.vae]
+    assert [prev and prev.model for _, prev in chain] == [None, pipe.text_encoder, pipe.unet]
+    for _ in range(2):  # the same every call: maybe_free_model_hooks re-arms the hooks
+        moves.clear()
+        pipe("a cat", num_inference_steps=3, height=HEIGHT, width=WIDTH, latents=start_latents(), output_type="np")  # fmt: skip
+        # On a GPU each hook also offloads the previous component when its forward starts;
+        # accelerate skips that when the previous one's weights report device "cpu", as here.
+        assert moves == [
+            ("text_encoder", "in"), ("unet", "in"), ("vae", "in"),  # each when its forward starts
+            ("safety_checker", "out"), ("text_encoder", "out"), ("unet", "out"), ("vae", "out"),
+            ("safety_checker", "in"),  # maybe_free_model_hooks: pipe.to("cpu"), then re-hooks
+        ]  # fmt: skip
+
+
+def test_sequential_offload_keeps_weights_off_the_device(monkeypatch):
+    """`enable_sequential_cpu_offload` leaves every UNet parameter on the `meta` device and gives each submodule that owns weights an accelerate hook with `offload=True` and a map of its CPU weights; the hook loads them for that submodule's forward and puts them back on `meta` after it, with no copy back."""
+    import accelerate.hooks
+
+    pipe = tiny_sd_pipeline()
+    pipe.enable_sequential_cpu_offload(device="cpu")
+    assert {p.device.type for p in pipe.unet.parameters()} == {"meta"}
+    owners = [m for m in pipe.unet.modules() if list(m.parameters(recurse=False))]
+    for module in owners:
+        hook = module._hf_hook
+        assert type(hook).__name__ == "AlignDevicesHook" and hook.offload and hook.weights_map is not None  # fmt: skip
+    first = pipe.unet.time_embedding.linear_1  # the first submodule with weights to run
+    cpu_weight = first._hf_hook.weights_map["weight"]
+    assert cpu_weight.device.type == "cpu" and cpu_weight.shape == first.weight.shape
+    seen, moves = [], []
+    inner = first._old_forward  # the module's own forward, which accelerate's wrapper calls
+    monkeypatch.setattr(first, "_old_forward", lambda *a, **k: seen.append(first.weight.detach().clone()) or inner(*a, **k))  # fmt: skip
+    original = accelerate.hooks.set_module_tensor_to_device
+    monkeypatch.setattr(accelerate.hooks, "set_module_tensor_to_device", lambda m, name, device, *a, **k: moves.append((m, name, str(device))) or original(m, name, device, *a, **k))  # fmt: skip
+    # With accelerate 1.15 on torch 2.13 the hook's own move back to "meta" raises TypeError
+    # (set_module_tensor_to_device rebuilds a plain Tensor with requires_grad=), so the
+    # forward stops after this first submodule: enough to see the load and the drop.
+    with torch.no_grad(), pytest.raises(TypeError, match="requires_grad"):
+        pipe.unet(start_latents(), 10, encoder_hidden_states=embeds(0))
+    assert len(seen) == 1 and torch.equal(seen[0], cpu_weight)  # loaded for its forward
+    assert [(n, d) for m, n, d in moves if m is first and n == "weight"] == [("weight", "cpu:0"), ("weight", "meta")]  # fmt: skip
+    # cpu:0 is the execution device here (cuda:0 on a GPU); the CPU copy stays where it was
+    assert {device for _, _, device in moves} <= {"cpu:0", "meta"}  # none to "cpu": no copy back
 
 
 def test_offload_needs_an_accelerator():
-    """On a machine with no accelerator, both `enable_model_cpu_offload` and `enable_sequential_cpu_offload` raise `RuntimeError` ("requires accelerator")."""
+    """Called without a device on a machine with no accelerator, both `enable_model_cpu_offload` and `enable_sequential_cpu_offload` raise `RuntimeError` ("requires accelerator")."""
     if torch.cuda.is_available():
         pytest.skip("an accelerator is present")
     pipe = tiny_sd_pipeline()
     for method in (pipe.enable_model_cpu_offload, pipe.enable_sequential_cpu_offload):
         with pytest.raises(RuntimeError, match="requires accelerator"):
             method()
+
+
+def group_hooked(model):
+    from diffusers.hooks.group_offloading import _GROUP_OFFLOADING
+
+    return {n for n, m in model.named_modules() if hasattr(m, "_diffusers_hook") and m._diffusers_hook.get_hook(_GROUP_OFFLOADING)}  # fmt: skip
+
+
+def test_group_offload_block_modules_splits_the_mid_block():
+    """`enable_group_offload(..., offload_type="block_level")` makes groups of the blocks in a model's `ModuleList`s and leaves every other child (a UNet's `mid_block`) in the group hooked on the model itself, on the device for the whole call; `block_modules=["mid_block"]` makes the mid block's resnets and attentions groups of their own."""
+    kwargs = dict(onload_device=CPU, offload_device=CPU, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
+    plain = tiny_unet()
+    plain.enable_group_offload(**kwargs)
+    assert group_hooked(plain) == {"", "down_blocks.0", "down_blocks.1", "up_blocks.0", "up_blocks.1"}  # fmt: skip
+    split = tiny_unet()
+    split.enable_group_offload(**kwargs, block_modules=["mid_block"])
+    assert group_hooked(split) - group_hooked(plain) == {"mid_block.resnets.0", "mid_block.resnets.1", "mid_block.attentions.0"}  # fmt: skip
+    sample = start_latents()
+    with torch.no_grad():
+        out = split(sample, 10, encoder_hidden_states=embeds(0)).sample
+        ref = tiny_unet()(sample, 10, encoder_hidden_states=embeds(0)).sample
+    assert torch.equal(out, ref)

@@ -31,6 +31,7 @@ from tiny import (
     EMBED_DIM,
     HEIGHT,
     SD_BETAS,
+    SD_SCHEDULER,
     WIDTH,
     embeds,
     start_latents,
@@ -39,6 +40,10 @@ from tiny import (
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
 LATENT = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
+#: SD 1.x's shipped settings for schedulers that go into a pipeline (steps_offset=1, no
+#: clipping), so the pipeline's outdated-config deprecation does not fire
+SD_DDPM = dict(SD_BETAS, steps_offset=1, clip_sample=False)
+SD_EULER = dict(SD_BETAS, steps_offset=1)
 
 
 def sd_with(pipe, **components):
@@ -120,6 +125,35 @@ def test_per_call_state_lives_on_the_pipeline_object(sd_pipe):
     assert own.unet is sd_pipe.unet and own.scheduler is not sd_pipe.scheduler
 
 
+def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe, calls_of):
+    """A pipeline object per request does not separate adapter settings, because they live on the modules of the shared UNet: a call with `cross_attention_kwargs={"scale": 0.5}` rescales the UNet's LoRA layers themselves for its duration, and `set_adapters` or `set_ip_adapter_scale` on one pipeline changes what a twin built from the same components runs."""
+    from peft import LoraConfig
+    from test_page_memory import random_ip_adapter
+
+    fresh_unet = type(sd_pipe.unet).from_config(sd_pipe.unet.config)
+    pipe = sd_with(sd_pipe, unet=fresh_unet, text_encoder=tiny_text_encoder())
+    for name in ("a", "b"):
+        pipe.unet.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q"]), adapter_name=name)  # fmt: skip
+    twin = sd_with(pipe)
+    assert twin.unet is pipe.unet
+    layer = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
+    seen = []
+    handle = layer.register_forward_pre_hook(lambda m, a: seen.append(dict(m.scaling)))
+    try:
+        run(twin, steps=1, cross_attention_kwargs={"scale": 0.5})
+    finally:
+        handle.remove()
+    assert pipe.unet.active_adapters() == ["b"]  # the last one added
+    assert seen[0] == {"a": 1.0, "b": 0.5}  # lora_alpha / r = 1, times the call's scale
+    assert dict(layer.scaling) == {"a": 1.0, "b": 1.0}  # restored after the forward
+    pipe.set_adapters("a")
+    assert twin.unet.active_adapters() == ["a"]
+    pipe.load_ip_adapter(random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None)  # fmt: skip
+    pipe.set_ip_adapter_scale(0.3)
+    ip = [p for p in twin.unet.attn_processors.values() if hasattr(p, "scale")]
+    assert ip and all(p.scale == [0.3] for p in ip)
+
+
 def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_calls, calls_of):
     """A pipeline call runs `set_timesteps` once and passes every UNet call one 0-d `t` for all `2B` rows, so all requests in a batch share `num_inference_steps`, the timesteps and `guidance_scale`."""
     sets = calls_of(sd_pipe.scheduler, "set_timesteps")
@@ -134,7 +168,7 @@ def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_cal
 
 def test_batched_rows_equal_separate_calls(sd_pipe):
     """Two requests batched in one call, with one `torch.Generator` per request passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators: same-bucket batching does not change the results (checked with DDIM and with DDPM, which draws fresh noise in every step)."""
-    for scheduler in [DDIMScheduler(**SD_BETAS), DDPMScheduler(**SD_BETAS)]:
+    for scheduler in [DDIMScheduler(**SD_SCHEDULER), DDPMScheduler(**SD_DDPM)]:
         pipe = sd_with(sd_pipe, scheduler=scheduler)
         prompts, negatives = embeds(5, batch=2), embeds(6, batch=2)
 
@@ -219,7 +253,7 @@ def test_unet_accepts_a_per_sample_timestep_tensor(sd_pipe):
 
 def test_step_level_batching_across_requests(sd_pipe):
     """A step-level loop that keeps one `EulerDiscreteScheduler` per request and makes one UNet call per tick on the concatenated `(2B, 4, h, w)` rows of requests with different `num_inference_steps`, start times and `guidance_scale`, with a `(2B,)` timestep tensor, gives each request the same `latents`, up to float32 rounding, as its own pipeline call."""
-    pipe = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    pipe = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_EULER))
     requests = [  # (num_inference_steps, guidance_scale, start tick, prompt seed)
         dict(steps=3, scale=7.5, start=0, prompt=embeds(20), negative=embeds(21)),
         dict(steps=5, scale=4.0, start=1, prompt=embeds(22), negative=embeds(23)),
@@ -393,7 +427,6 @@ def test_ddim_instance_is_reusable_across_requests_with_the_same_step_count():
 # ---------------------------------------------------------------- streaming previews
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # KDPM2's NumPy sigma lookup
 @pytest.mark.parametrize(
     "cls, field",
     [
