@@ -58,8 +58,15 @@ mixture = GaussianMixture(
 )
 target_class = 1
 unet = ExactDenoiser(mixture, alphas_cumprod(canonical_betas("scaled_linear")), "epsilon")
+# SD 1.5's scheduler config (scheduler_config.json), with DDIM as StableDiffusionPipeline
+# users swap it in: leading spacing shifted by steps_offset=1, no clipping
 scheduler = DDIMScheduler(
-    beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False
+    beta_schedule="scaled_linear",
+    beta_start=0.00085,
+    beta_end=0.012,
+    steps_offset=1,
+    clip_sample=False,
+    set_alpha_to_one=False,
 )
 scheduler.set_timesteps(args.steps)
 noise = np.random.default_rng(args.seed).standard_normal((args.num_samples, 2))  # (N, 2)

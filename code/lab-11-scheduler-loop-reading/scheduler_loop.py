@@ -63,7 +63,9 @@ if not all(1 <= n <= 1000 for n in args.steps):
 if args.num_samples < 100:
     parser.error(f"--num-samples must be >= 100, got {args.num_samples}")
 
-betas_config = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
+# SD 1.5's scheduler_config.json, the keys these schedulers share (steps_offset moves only
+# the `leading` grid, DDPM's here; `trailing` and `linspace` ignore it)
+sd_config = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1)
 mixture = default_mixture()
 cond = args.class_label  # None: unconditional
 noise = np.random.default_rng(args.seed).standard_normal((args.num_samples, 2))  # (N, 2)
@@ -75,11 +77,11 @@ def make(name):
         return FlowMatchEulerDiscreteScheduler(shift=3.0), FlowMatchDenoiser(mixture)
     unet = ExactDenoiser(mixture, alphas_cumprod(canonical_betas("scaled_linear")), "epsilon")
     if name == "ddpm":
-        return DDPMScheduler(clip_sample=False, **betas_config), unet
+        return DDPMScheduler(clip_sample=False, **sd_config), unet
     if name == "ddim":
-        return DDIMScheduler(clip_sample=False, timestep_spacing="trailing", **betas_config), unet
+        return DDIMScheduler(clip_sample=False, timestep_spacing="trailing", **sd_config), unet
     karras = name == "euler_karras"
-    return EulerDiscreteScheduler(use_karras_sigmas=karras, **betas_config), unet
+    return EulerDiscreteScheduler(use_karras_sigmas=karras, **sd_config), unet
 
 
 # --8<-- [end:setup]

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import re
 import string
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from diffusers import (
+    AutoencoderKL,
     ControlNetModel,
     DDIMScheduler,
     EulerDiscreteScheduler,
@@ -41,7 +44,7 @@ from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import resca
 from tiny import (
     EMBED_DIM,
     HEIGHT,
-    SD_BETAS,
+    SD_SCHEDULER,
     WIDTH,
     embeds,
     start_latents,
@@ -53,6 +56,7 @@ from transformers import (
     CLIPImageProcessor,
     CLIPTextConfig,
     CLIPTextModel,
+    CLIPTextModelWithProjection,
     CLIPTokenizer,
     CLIPVisionConfig,
     CLIPVisionModelWithProjection,
@@ -214,7 +218,7 @@ def test_scale_model_input_sees_the_doubled_latents(record_calls, monkeypatch):
     Run with `EulerDiscreteScheduler`, whose ``scale_model_input`` divides by
     ``sqrt(sigma**2 + 1)`` (DDIM's is the identity and would not show the order).
     """
-    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
     seen = []
     original = pipe.scheduler.scale_model_input
 
@@ -395,16 +399,22 @@ def test_negative_prompt_embeds_shape_must_match(sd_pipe, guidance_scale):
 
 
 def test_pipeline_guidance_defaults():
-    """`StableDiffusionPipeline.__call__` defaults to `guidance_scale=7.5` and `guidance_rescale=0.0`; `StableDiffusion3Pipeline.__call__` defaults to `guidance_scale=7.0`."""
+    """`StableDiffusionPipeline.__call__` defaults to `guidance_scale=7.5` and `guidance_rescale=0.0`, `StableDiffusionXLPipeline.__call__` to `guidance_scale=5.0` and `guidance_rescale=0.0`, and `StableDiffusion3Pipeline.__call__` to `guidance_scale=7.0`."""
+    from diffusers import StableDiffusionXLPipeline
+
     sd = inspect.signature(StableDiffusionPipeline.__call__).parameters
+    sdxl = inspect.signature(StableDiffusionXLPipeline.__call__).parameters
     sd3 = inspect.signature(StableDiffusion3Pipeline.__call__).parameters
     assert sd["guidance_scale"].default == 7.5 and sd["guidance_rescale"].default == 0.0
+    assert sdxl["guidance_scale"].default == 5.0 and sdxl["guidance_rescale"].default == 0.0
     assert sd3["guidance_scale"].default == 7.0
 
 
-def test_no_guidance_rescale_on_controlnet_and_sd3(sd3_pipe, controlnet_pipe):
-    """`StableDiffusionControlNetPipeline.__call__` and `StableDiffusion3Pipeline.__call__` have no `guidance_rescale` parameter: SD3 rejects one with `TypeError`, and the ControlNet pipeline's `**kwargs` swallows it, so it changes nothing."""
-    for pipeline in (StableDiffusionControlNetPipeline, StableDiffusion3Pipeline):
+def test_no_guidance_rescale_on_controlnet_sd3_and_flux(sd3_pipe, controlnet_pipe):
+    """`StableDiffusionControlNetPipeline.__call__`, `StableDiffusion3Pipeline.__call__` and `FluxPipeline.__call__` have no `guidance_rescale` parameter: SD3 rejects one with `TypeError`, and the ControlNet pipeline's `**kwargs` swallows it, so it changes nothing."""
+    from diffusers import FluxPipeline
+
+    for pipeline in (StableDiffusionControlNetPipeline, StableDiffusion3Pipeline, FluxPipeline):
         assert "guidance_rescale" not in inspect.signature(pipeline.__call__).parameters
     with pytest.raises(TypeError, match="guidance_rescale"):
         sd3_pipe(guidance_rescale=0.7)
@@ -453,6 +463,21 @@ def test_pipeline_rescales_only_with_cfg_and_positive_guidance_rescale(
     run(sd_pipe, guidance_scale=7.5, steps=3)  # default guidance_rescale=0.0
     run(sd_pipe, guidance_scale=1.0, steps=3, guidance_rescale=0.7)  # CFG off
     assert calls == []
+
+
+def test_sdxl_pipeline_applies_guidance_rescale(step_inputs, outputs_of):
+    """`StableDiffusionXLPipeline` applies the same `rescale_noise_cfg` after its combination when CFG is on and `guidance_rescale > 0.0`."""
+    pipe = tiny_sdxl_pipeline()
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3))
+    outs, steps = outputs_of(pipe.unet), step_inputs(pipe.scheduler)
+    pipe(prompt_embeds=PROMPT, pooled_prompt_embeds=pooled, guidance_scale=5.0,
+         guidance_rescale=0.7, num_inference_steps=2, height=HEIGHT, width=WIDTH,
+         latents=start_latents(), output_type="latent")  # fmt: skip
+    assert len(outs) == len(steps) == 2
+    for out, (model_output, _) in zip(outs, steps, strict=True):
+        expected = rescale_noise_cfg(guided(out, 5.0), out[1:], guidance_rescale=0.7)
+        torch.testing.assert_close(model_output, expected)
+        assert not torch.allclose(model_output, guided(out, 5.0))
 
 
 def test_rescale_noise_cfg_documentation():
@@ -537,6 +562,252 @@ def test_sd3_guides_the_flow_velocity_the_same_way(sd3_pipe, record_calls, outpu
         torch.testing.assert_close(model_output, guided(out, 4.0))
 
 
+# ---------------------------------------------------------------- SDXL, SD3's text path, Flux
+
+
+POOLED_DIM = 16
+
+
+def tiny_sdxl_pipeline(**config):
+    """The real StableDiffusionXLPipeline around a tiny UNet with SDXL's "text_time"
+    conditioning (6 time ids x 8 + the pooled width); no text encoders: pass embeddings."""
+    from diffusers import StableDiffusionXLPipeline
+
+    unet = tiny_unet(
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + POOLED_DIM,
+    )
+    pipe = StableDiffusionXLPipeline(
+        vae=tiny_vae(),
+        text_encoder=None,
+        text_encoder_2=None,
+        tokenizer=None,
+        tokenizer_2=None,
+        unet=unet,
+        scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER),
+        **config,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_sdxl_batches_2b_with_zeros_as_the_default_negative(record_calls):
+    """`StableDiffusionXLPipeline` guides from `guidance_scale > 1` and batches the same way, negative half first for `prompt_embeds`, the pooled `text_embeds` and `time_ids`, but with no `negative_prompt` its default `force_zeros_for_empty_prompt=True` makes the unconditional embeddings zeros, not an encoded empty string.
+
+    ``negative_original_size`` / ``negative_target_size`` make the negative ``time_ids`` row
+    differ from the positive one, so their order shows.
+    """
+    pipe = tiny_sdxl_pipeline()  # the constructor's default
+    assert pipe.config.force_zeros_for_empty_prompt is True
+    for scale, on in [(1.0, False), (1.0001, True)]:
+        pipe._guidance_scale = scale
+        assert pipe.do_classifier_free_guidance is on
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3))
+    calls = record_calls(pipe.unet).calls
+    pipe(
+        prompt_embeds=PROMPT,
+        pooled_prompt_embeds=pooled,
+        guidance_scale=5.0,
+        num_inference_steps=2,
+        height=HEIGHT,
+        width=WIDTH,
+        negative_original_size=(8, 8),
+        negative_target_size=(8, 8),
+        latents=start_latents(),
+        output_type="latent",
+    )
+    assert len(calls) == 2
+    for args, kwargs in calls:
+        assert args[0].shape == (2, 4, 8, 8)
+        hidden, added = kwargs["encoder_hidden_states"], kwargs["added_cond_kwargs"]
+        torch.testing.assert_close(hidden, torch.cat([torch.zeros_like(PROMPT), PROMPT]))
+        torch.testing.assert_close(
+            added["text_embeds"], torch.cat([torch.zeros_like(pooled), pooled])
+        )
+        # (original_size, crops_coords_top_left, target_size) per row: negative row first
+        assert added["time_ids"].tolist() == [[8, 8, 0, 0, 8, 8], [16, 16, 0, 0, 16, 16]]
+
+
+def tiny_clip_with_projection(seed):
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(
+        vocab_size=2 + 2 * 26,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        projection_dim=8,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    return CLIPTextModelWithProjection(config).eval()
+
+
+def test_sd3_encodes_the_empty_string_as_the_default_negative(sd3_pipe, record_calls):
+    """`StableDiffusion3Pipeline` encodes `""` when no `negative_prompt` is given (`negative_prompt = negative_prompt or ""`), and its `do_classifier_free_guidance` is `guidance_scale > 1` alone.
+
+    Two tiny CLIP text encoders with projections, no T5 (``text_encoder_3=None``).
+    """
+    pipe = StableDiffusion3Pipeline(
+        transformer=sd3_pipe.transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=sd3_pipe.vae,
+        text_encoder=tiny_clip_with_projection(1),
+        tokenizer=tiny_tokenizer(),
+        text_encoder_2=tiny_clip_with_projection(2),
+        tokenizer_2=tiny_tokenizer(),
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    calls = record_calls(pipe.transformer).calls
+    pipe(prompt="a cat", guidance_scale=4.0, num_inference_steps=1, height=HEIGHT, width=WIDTH,
+         max_sequence_length=8, output_type="latent")  # fmt: skip
+    hidden = calls[0][1]["encoder_hidden_states"]
+    empty = pipe.encode_prompt("", None, None, device="cpu", do_classifier_free_guidance=False,
+                               max_sequence_length=8)[0]  # fmt: skip
+    cat = pipe.encode_prompt("a cat", None, None, device="cpu", do_classifier_free_guidance=False,
+                             max_sequence_length=8)[0]  # fmt: skip
+    torch.testing.assert_close(hidden, torch.cat([empty, cat]))
+    assert empty[:, :77].abs().max() > 0  # a real CLIP encoding, not zeros
+    for scale, on in [(1.0, False), (1.0001, True)]:
+        pipe._guidance_scale = scale
+        assert pipe.do_classifier_free_guidance is on
+
+
+FLUX_TEXT = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(5))  # [neg, pos]
+FLUX_POOLED = torch.randn(2, 32, generator=torch.Generator().manual_seed(6))
+
+
+def tiny_flux_pipeline(guidance_embeds=True):
+    """The real FluxPipeline around a tiny FluxTransformer2DModel (guidance embedding on, as
+    FLUX.1-dev, or off, as FLUX.1-schnell) and a 16-channel VAE; no text encoders."""
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=64,  # 16 latent channels x a packed 2 x 2 patch
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        guidance_embeds=guidance_embeds,
+        axes_dims_rope=(4, 4, 8),
+    ).eval()
+    vae = AutoencoderKL(
+        block_out_channels=(32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=16,
+        norm_num_groups=8,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        sample_size=HEIGHT,
+    ).eval()
+    none = dict.fromkeys(["text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"])
+    pipe = FluxPipeline(
+        # FLUX.1's scheduler config: the shift follows the image's token count
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=vae,
+        transformer=transformer,
+        **none,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def flux_pipe():
+    return tiny_flux_pipeline()
+
+
+def run_flux(pipe, negative=False, **kwargs):
+    """One 2-step call; ``negative=True`` also passes negative embeddings. Final latents."""
+    if negative:
+        kwargs.update(
+            negative_prompt_embeds=FLUX_TEXT[:1], negative_pooled_prompt_embeds=FLUX_POOLED[:1]
+        )
+    return pipe(
+        prompt_embeds=FLUX_TEXT[1:],
+        pooled_prompt_embeds=FLUX_POOLED[1:],
+        num_inference_steps=2,
+        height=HEIGHT,
+        width=WIDTH,
+        generator=torch.Generator().manual_seed(1),
+        output_type="latent",
+        **kwargs,
+    ).images
+
+
+def test_flux_dev_takes_the_scale_as_an_input_in_one_call(flux_pipe, record_calls):
+    """`FluxPipeline` with a guidance-embedding transformer (FLUX.1-dev, `guidance_embeds=True`) does not batch `2B`: it makes one transformer call per step at batch `B` and passes `guidance_scale` (default 3.5) as the `guidance` input."""
+    assert inspect.signature(type(flux_pipe).__call__).parameters["guidance_scale"].default == 3.5
+    calls = record_calls(flux_pipe.transformer).calls
+    low = run_flux(flux_pipe, guidance_scale=1.0)
+    high = run_flux(flux_pipe, guidance_scale=3.5)
+    assert len(calls) == 4  # 2 steps x 2 calls of the pipeline
+    for (_, kwargs), scale in zip(calls, [1.0, 1.0, 3.5, 3.5], strict=True):
+        assert kwargs["hidden_states"].shape[0] == 1  # batch B: packed latents, not doubled
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], FLUX_TEXT[1:])
+        assert kwargs["guidance"].tolist() == [scale]
+    assert not torch.allclose(low, high)
+
+
+def test_flux_schnell_ignores_guidance_scale(record_calls):
+    """With `guidance_embeds=False` (FLUX.1-schnell) the transformer gets `guidance=None`, and `guidance_scale` changes nothing."""
+    pipe = tiny_flux_pipeline(guidance_embeds=False)
+    calls = record_calls(pipe.transformer).calls
+    low, high = run_flux(pipe, guidance_scale=1.0), run_flux(pipe, guidance_scale=7.0)
+    assert all(kwargs["guidance"] is None for _, kwargs in calls)
+    torch.testing.assert_close(low, high, rtol=0, atol=0)
+
+
+def test_flux_true_cfg_adds_a_second_call(flux_pipe, record_calls, outputs_of, step_inputs):
+    """`true_cfg_scale > 1` with a negative prompt adds a second, separate transformer call per step at batch `B` on the negative embeddings, and `scheduler.step` gets `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`; without a negative prompt `true_cfg_scale` silently changes nothing (no error, warning or log record).
+
+    A handler on ``pipeline_flux``'s logger records every log record of the second run.
+    """
+    calls, outs = record_calls(flux_pipe.transformer).calls, outputs_of(flux_pipe.transformer)
+    steps = step_inputs(flux_pipe.scheduler)
+    run_flux(flux_pipe, negative=True, true_cfg_scale=4.0)
+    assert len(calls) == 4 and len(steps) == 2  # two calls per step
+    for i, (model_output, _) in enumerate(steps):
+        (_, pos), (_, neg) = calls[2 * i], calls[2 * i + 1]
+        assert pos["hidden_states"].shape[0] == neg["hidden_states"].shape[0] == 1
+        torch.testing.assert_close(pos["encoder_hidden_states"], FLUX_TEXT[1:])
+        torch.testing.assert_close(neg["encoder_hidden_states"], FLUX_TEXT[:1])
+        noise_pred, neg_noise_pred = outs[2 * i], outs[2 * i + 1]
+        torch.testing.assert_close(
+            model_output, neg_noise_pred + 4.0 * (noise_pred - neg_noise_pred)
+        )
+    calls.clear()
+    plain = run_flux(flux_pipe)
+    from diffusers.pipelines.flux import pipeline_flux
+
+    records = []
+    handler = logging.Handler(level=logging.DEBUG)
+    handler.emit = records.append
+    pipeline_flux.logger.addHandler(handler)
+    level = pipeline_flux.logger.level
+    pipeline_flux.logger.setLevel(logging.DEBUG)  # whatever verbosity an earlier test left
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            without_negative = run_flux(flux_pipe, true_cfg_scale=4.0)
+    finally:
+        pipeline_flux.logger.removeHandler(handler)
+        pipeline_flux.logger.setLevel(level)
+    assert records == [] and caught == []
+    assert len(calls) == 4  # one call per step in each of the two runs
+    torch.testing.assert_close(without_negative, plain, rtol=0, atol=0)
+
+
 CONTROL_IMAGE = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0))
 
 
@@ -552,7 +823,7 @@ def controlnet_pipe():
         tokenizer=None,
         unet=unet,
         controlnet=controlnet.eval(),
-        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        scheduler=DDIMScheduler(**SD_SCHEDULER),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
@@ -680,14 +951,14 @@ def consistent_outputs(scheduler, t, x_t, x0):
 
 
 def ddim_step(prediction_type, model_output, t, x_t):
-    scheduler = DDIMScheduler(prediction_type=prediction_type, set_alpha_to_one=False, **SD_BETAS)
+    scheduler = DDIMScheduler(prediction_type=prediction_type, **SD_SCHEDULER)
     scheduler.set_timesteps(10)
     return scheduler.step(model_output, t, x_t).prev_sample
 
 
 def guided_pair(guidance_scale, rescale=None):
     """Guide consistent (uncond, cond) outputs in each parameterisation; step DDIM with each."""
-    scheduler = DDIMScheduler(**SD_BETAS)
+    scheduler = DDIMScheduler(**SD_SCHEDULER)
     g = torch.Generator().manual_seed(0)
     x_t, x0_u, x0_c = (torch.randn(2, 4, 8, 8, generator=g, dtype=torch.float64) for _ in range(3))
     t = 501

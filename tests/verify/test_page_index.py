@@ -2,15 +2,25 @@
 
 The pipeline is built from tiny random parts (``tiny.py``): a real CLIP tokenizer
 over a made-up vocabulary and a tiny CLIPTextModel, so a string prompt goes through
-``encode_prompt`` as in SD 1.x, with width ``EMBED_DIM`` where SD 1.x has 768.
+``encode_prompt`` as in SD 1.x, with width ``EMBED_DIM`` where SD 1.x has 768. Every
+test runs ``StableDiffusionPipeline.__call__`` and observes it with hooks and spies.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from diffusers import (
+    EulerDiscreteScheduler,
+    PNDMScheduler,
+    StableDiffusionImg2ImgPipeline,
+)
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    SD_BETAS,
+    SD_SCHEDULER,
     WIDTH,
     start_latents,
     tiny_sd_pipeline,
@@ -19,59 +29,115 @@ from tiny import (
 )
 
 
-def full_pipeline(tmp_path):
-    return tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
+def full_pipeline(tmp_path, **components):
+    return tiny_sd_pipeline(
+        text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path), **components
+    )
+
+
+def spy_step(monkeypatch, scheduler):
+    """The (model_output, sample) of every ``scheduler.step`` call."""
+    seen, original = [], scheduler.step
+
+    @functools.wraps(original)
+    def step(model_output, timestep, sample, *args, **kwargs):
+        seen.append((model_output.detach().clone(), sample.detach().clone()))
+        return original(model_output, timestep, sample, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "step", step)
+    return seen
 
 
 def test_prompt_is_encoded_once_to_77_token_embeddings(tmp_path, record_calls):
     """The prompt is tokenized to 77 tokens and encoded once per call, before the loop: `prompt_embeds` is `(B, 77, D)` with `D` the text encoder's width (768 for SD 1.x's CLIP ViT-L)."""
     pipe = full_pipeline(tmp_path)
-    text = record_calls(pipe.text_encoder)
-    prompt_embeds, negative = pipe.encode_prompt(
-        ["a cat", "a dog"], device="cpu", num_images_per_prompt=1,
-        do_classifier_free_guidance=False,
-    )  # fmt: skip
-    assert prompt_embeds.shape == (2, 77, EMBED_DIM) and negative is None
-    assert text.calls[0][0][0].shape == (2, 77)  # input_ids (batch, 77) int64
-    text.calls.clear()
+    order = []
+    pipe.text_encoder.register_forward_pre_hook(lambda m, a: order.append(("text", a[0].shape)))
+    pipe.unet.register_forward_pre_hook(
+        lambda m, a, k: order.append(("unet", k["encoder_hidden_states"].shape)), with_kwargs=True
+    )
+    pipe(["a cat", "a dog"], num_inference_steps=3, guidance_scale=1.0, height=HEIGHT,
+         width=WIDTH, output_type="latent")  # fmt: skip
+    # input_ids (batch_size, 77) once, then three UNet calls on prompt_embeds (B, 77, D)
+    assert order == [("text", (2, 77))] + [("unet", (2, 77, EMBED_DIM))] * 3
+    order.clear()
     pipe("a cat", num_inference_steps=3, height=HEIGHT, width=WIDTH, output_type="latent")
-    assert len(text.calls) == 2  # once for the prompt, once for "" (CFG), not per step
+    # with CFG: the prompt, then "" for the unconditional half, both before the loop
+    assert [kind for kind, _ in order] == ["text", "text", "unet", "unet", "unet"]
 
 
-def test_latents_are_drawn_at_the_vae_scale_and_scaled_by_init_noise_sigma(tmp_path):
-    """`latents` are `(B, unet.config.in_channels, H / f, W / f)` with `f = 2 ** (len(vae.config.block_out_channels) - 1)` (8 for SD's four-block VAE), multiplied by `scheduler.init_noise_sigma`."""
-    pipe = full_pipeline(tmp_path)
+def test_latents_are_drawn_at_the_vae_scale_and_scaled_by_init_noise_sigma(tmp_path, monkeypatch):
+    """`latents` are `(B, unet.config.in_channels, H / f, W / f)` with `f = 2 ** (len(vae.config.block_out_channels) - 1)` (8 for SD's four-block VAE), multiplied by `scheduler.init_noise_sigma`.
+
+    Run with ``EulerDiscreteScheduler`` from SD 1.5's config, whose ``init_noise_sigma`` is
+    ``sigma_max`` (about 14.6), so the scaling shows; DDIM's is 1.0.
+    """
+    pipe = full_pipeline(tmp_path, scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
     f = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
-    assert pipe.vae_scale_factor == f
-    latents = pipe.prepare_latents(
-        2, pipe.unet.config.in_channels, HEIGHT, WIDTH, torch.float32, "cpu",
-        torch.Generator().manual_seed(0),
-    )  # fmt: skip
-    assert latents.shape == (2, 4, HEIGHT // f, WIDTH // f)
-    pipe.scheduler.init_noise_sigma = 3.0  # any scheduler's value is applied, not assumed 1
-    given = start_latents(2)
-    scaled = pipe.prepare_latents(2, 4, HEIGHT, WIDTH, torch.float32, "cpu", None, given)
-    torch.testing.assert_close(scaled, given * 3.0)
-
-
-def test_the_unet_runs_once_per_step_on_twice_the_batch(tmp_path, record_calls):
-    """With CFG the UNet runs once per step on `2B` rows, and `noise_pred` has the shape of `latents`."""
-    pipe = full_pipeline(tmp_path)
-    unet = record_calls(pipe.unet)
-    outputs = []
-    handle = pipe.unet.register_forward_hook(lambda m, a, out: outputs.append(out[0].shape))
-    pipe("a cat", num_inference_steps=4, guidance_scale=7.5, height=HEIGHT, width=WIDTH,
+    assert pipe.vae_scale_factor == f == 2  # the tiny VAE has two blocks
+    steps = spy_step(monkeypatch, pipe.scheduler)
+    pipe("a cat", num_images_per_prompt=2, num_inference_steps=2, guidance_scale=1.0,
+         height=HEIGHT, width=WIDTH, generator=torch.Generator().manual_seed(0),
          output_type="latent")  # fmt: skip
-    handle.remove()
-    assert len(unet.calls) == 4
-    assert all(args[0].shape == (2, 4, 8, 8) for args, _ in unet.calls)
-    assert outputs == [torch.Size([2, 4, 8, 8])] * 4
+    first_latents = steps[0][1]  # what the loop starts from
+    assert first_latents.shape == (2, pipe.unet.config.in_channels, HEIGHT // f, WIDTH // f)
+    noise = torch.randn(first_latents.shape, generator=torch.Generator().manual_seed(0))
+    sigma = pipe.scheduler.init_noise_sigma
+    assert sigma > 10
+    torch.testing.assert_close(first_latents, noise * sigma)
+
+
+def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_calls, monkeypatch):
+    """With CFG the UNet runs once per entry of `scheduler.timesteps` on `2B` rows, which is `num_inference_steps` times with DDIM and one more with the `PNDMScheduler` SD 1.x checkpoints ship, and `noise_pred` has the shape of `latents`.
+
+    PNDM with SD 1.5's shipped config (``skip_prk_steps=True``, ``steps_offset=1``,
+    ``set_alpha_to_one=False``): its ``set_timesteps(n)`` repeats one timestep.
+    """
+    pndm = PNDMScheduler(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
+    for scheduler, calls_expected in [(None, 4), (pndm, 5)]:
+        pipe = full_pipeline(tmp_path, **({"scheduler": scheduler} if scheduler else {}))
+        unet = record_calls(pipe.unet)
+        steps = spy_step(monkeypatch, pipe.scheduler)
+        pipe("a cat", num_inference_steps=4, guidance_scale=7.5, height=HEIGHT, width=WIDTH,
+             output_type="latent")  # fmt: skip
+        assert len(unet.calls) == len(steps) == len(pipe.scheduler.timesteps) == calls_expected
+        assert all(args[0].shape == (2, 4, 8, 8) for args, _ in unet.calls)  # 2B
+        # the guided noise_pred that scheduler.step gets has the shape of latents, (B, 4, 8, 8)
+        assert all(pred.shape == latents.shape == (1, 4, 8, 8) for pred, latents in steps)
+
+
+def test_encoding_multiplies_by_scaling_factor(record_calls, monkeypatch):
+    """Encoding an image for the loop multiplies the VAE's latents by `vae.config.scaling_factor`: `StableDiffusionImg2ImgPipeline.__call__` hands `scheduler.add_noise` the encoder's sample times `scaling_factor`.
+
+    The same tiny parts in the real img2img pipeline; the latents are sampled from
+    ``vae.encode(image).latent_dist`` with the call's generator, first draw.
+    """
+    parts = tiny_sd_pipeline().components
+    pipe = StableDiffusionImg2ImgPipeline(**parts, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    seen, original = [], pipe.scheduler.add_noise
+
+    def add_noise(original_samples, noise, timesteps):
+        seen.append(original_samples.clone())
+        return original(original_samples, noise, timesteps)
+
+    monkeypatch.setattr(pipe.scheduler, "add_noise", add_noise)
+    image = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0))
+    pipe(prompt_embeds=torch.zeros(1, 77, EMBED_DIM), image=image, strength=0.5,
+         num_inference_steps=4, guidance_scale=1.0, generator=torch.Generator().manual_seed(1),
+         output_type="latent")  # fmt: skip
+    with torch.no_grad():
+        posterior = pipe.vae.encode(pipe.image_processor.preprocess(image)).latent_dist
+    sample = posterior.sample(generator=torch.Generator().manual_seed(1))
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], sample * 0.18215)
+    assert not torch.allclose(seen[0], sample)
 
 
 def test_decode_divides_by_scaling_factor_once_after_the_loop(tmp_path, record_calls):
     """After the loop the VAE decodes once, `vae.decode(latents / vae.config.scaling_factor)`, to `(B, 3, H, W)`; `AutoencoderKL`'s default `scaling_factor` is 0.18215."""
     pipe = full_pipeline(tmp_path)
-    assert pipe.vae.config.scaling_factor == 0.18215
+    assert pipe.vae.config.scaling_factor == 0.18215  # tiny_vae passes none: the default
     decoder = record_calls(pipe.vae.decoder)
     final = []
     handle = pipe.vae.post_quant_conv.register_forward_pre_hook(lambda m, a: final.append(a[0]))

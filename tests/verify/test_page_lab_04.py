@@ -10,9 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny import EMBED_DIM, HEIGHT, WIDTH, embeds, start_latents
-
-from labkit.schedulers import DDIMScheduler as NumpyDDIMScheduler
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    SD_BETAS,
+    SD_SCHEDULER,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_sd_pipeline,
+    tiny_unet,
+)
 
 LAB04 = "code/lab-04-cfg-code-reading/cfg_guidance.py"
 
@@ -65,41 +73,60 @@ def test_scales_at_most_one_give_identical_latents(sd_pipe):
 
 def test_do_classifier_free_guidance_is_scale_above_one_without_guidance_embedding(sd_pipe):
     """`do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
+    distilled = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
     assert sd_pipe.unet.config.time_cond_proj_dim is None
     for scale, expected in [(0.0, False), (1.0, False), (1.0001, True), (7.5, True)]:
-        sd_pipe._guidance_scale = scale
+        sd_pipe._guidance_scale = distilled._guidance_scale = scale
         assert sd_pipe.do_classifier_free_guidance is expected, scale
+        assert distilled.do_classifier_free_guidance is False, scale  # guidance embedding
 
 
-def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe):
-    """The lab's guidance lines (`np.concatenate([latents] * 2)`, one call, `np.split`, the extrapolation) in a NumPy loop with labkit's DDIM reproduce the pipeline's final `latents` from the same UNet and starting noise."""
+def test_default_ddim_config_warns_and_is_rewritten():
+    """`StableDiffusionPipeline` built with diffusers' default DDIM config (`steps_offset=0`, `clip_sample=True`) warns that the scheduler's configuration is outdated and rewrites it to `steps_offset=1` and `clip_sample=False`, the config the lab uses."""
+    from diffusers import DDIMScheduler
+
+    with pytest.warns(FutureWarning, match="is outdated. `steps_offset` should be set to 1"):
+        with pytest.warns(FutureWarning, match="has not set the configuration `clip_sample`"):
+            pipe = tiny_sd_pipeline(scheduler=DDIMScheduler(**SD_BETAS))
+    assert pipe.scheduler.config.steps_offset == 1 and pipe.scheduler.config.clip_sample is False
+
+
+def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe, run_lab):
+    """The lab's guidance lines (`np.concatenate([latents] * 2)`, one call, `np.split`, the extrapolation) in a NumPy loop with labkit's DDIM reproduce the pipeline's final `latents` from the same UNet and starting noise.
+
+    The starter runs, then its own ``sample`` and ``guided_noise_pred`` are called with its own
+    DDIM scheduler (SD 1.5's config, like the pipeline's) and two stand-ins put in its
+    namespace: ``noise`` (the pipeline's starting latents) and ``unet``, the tiny torch UNet
+    behind the toy's ``class_labels`` interface (label 1 = ``prompt_embeds``, label 2 =
+    ``negative_prompt_embeds``).
+    """
     guidance_scale, steps = 5.0, 6
     expected = run(sd_pipe, guidance_scale=guidance_scale, steps=steps)
 
-    c = sd_pipe.scheduler.config
-    scheduler = NumpyDDIMScheduler(
-        beta_schedule=c.beta_schedule,
-        beta_start=c.beta_start,
-        beta_end=c.beta_end,
-        set_alpha_to_one=c.set_alpha_to_one,
-        steps_offset=c.steps_offset,
-        clip_sample=c.clip_sample,
-    )
-    scheduler.set_timesteps(steps)
-    prompt_embeds = torch.cat([embeds(2), embeds(1)])  # (2B, 77, D): negative first
-    latents = start_latents().numpy().astype(np.float64) * scheduler.init_noise_sigma
-    for t in scheduler.timesteps:
-        latent_model_input = np.concatenate([latents] * 2)  # (2B, 4, 8, 8)
-        latent_model_input = scheduler.scale_model_input(latent_model_input, t)
+    lab = run_lab(LAB04, "--guidance-scales", "1", "--num-samples", "100", "--steps", "2")
+    namespace = lab["sample"].__globals__  # the starter's own globals, read by its functions
+    scheduler = namespace["scheduler"]
+    ours = {k: sd_pipe.scheduler.config[k] for k in SD_SCHEDULER}
+    assert {k: scheduler.config.__dict__[k] for k in SD_SCHEDULER} == ours
+    label_embeds = {1: embeds(1), 2: embeds(2)}
+    calls = []
+
+    def unet(sample, t, class_labels):
+        labels = np.broadcast_to(class_labels, (len(sample),))
+        calls.append(len(sample))
         with torch.no_grad():
             noise_pred = sd_pipe.unet(
-                torch.from_numpy(latent_model_input).float(),
+                torch.from_numpy(np.ascontiguousarray(sample)).float(),
                 int(t),
-                encoder_hidden_states=prompt_embeds,
+                encoder_hidden_states=torch.cat([label_embeds[int(c)] for c in labels]),
             ).sample
-        noise_pred_uncond, noise_pred_text = np.split(noise_pred.double().numpy(), 2)
-        noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
-        latents = scheduler.step(noise_pred, t, latents).prev_sample
+        return noise_pred.double().numpy()
+
+    namespace["unet"] = unet
+    namespace["noise"] = start_latents().numpy().astype(np.float64)
+    scheduler.set_timesteps(steps)
+    latents = lab["sample"](guidance_scale, uncond=2)  # class 2: the negative prompt
+    assert calls == [2] * steps  # one call per step on the doubled batch
     np.testing.assert_allclose(latents, expected.double().numpy(), rtol=1e-4, atol=1e-4)
 
 

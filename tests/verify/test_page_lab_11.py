@@ -1,11 +1,13 @@
 """Lab 11 (scheduler loop reading) against the real StableDiffusionPipeline and schedulers.
 
-The lab's loop, written with labkit's NumPy schedulers, must reproduce the real
-pipeline's loop on a tiny random UNet (``tiny.py``): the same `init_noise_sigma`,
+The lab's own loop (``run_loop`` from the starter, with its own scheduler) must reproduce
+the real pipeline's loop on a tiny random UNet (``tiny.py``): the same `init_noise_sigma`,
 `scale_model_input`, `step` and number of calls.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -16,11 +18,12 @@ from diffusers import (
     DDPMScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    PNDMScheduler,
     StableDiffusionControlNetPipeline,
 )
 from tiny import (
     HEIGHT,
-    SD_BETAS,
+    SD_SCHEDULER,
     WIDTH,
     embeds,
     start_latents,
@@ -29,23 +32,41 @@ from tiny import (
     tiny_vae,
 )
 
-from labkit.schedulers import EulerDiscreteScheduler as NumpyEuler
+LAB11 = "code/lab-11-scheduler-loop-reading/scheduler_loop.py"
+#: a quick run of the starter: its functions and config are what the tests use
+QUICK = ("--steps", "2", "--schedulers", "ddim", "--num-samples", "100")
 
-SCHEDULERS = [DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler]
+
+def diffusers_configs(sd_config):
+    """diffusers' classes configured as the starter's ``make`` configures labkit's."""
+    return {
+        "ddpm": DDPMScheduler(clip_sample=False, **sd_config),
+        "ddim": DDIMScheduler(clip_sample=False, timestep_spacing="trailing", **sd_config),
+        "euler": EulerDiscreteScheduler(**sd_config),
+        "euler_karras": EulerDiscreteScheduler(use_karras_sigmas=True, **sd_config),
+        "flow_match": FlowMatchEulerDiscreteScheduler(shift=3.0),
+    }
 
 
-def test_the_labs_schedulers_have_order_one():
-    """`DDPMScheduler`, `DDIMScheduler`, `EulerDiscreteScheduler` and `FlowMatchEulerDiscreteScheduler` all have `order = 1`, and `set_timesteps(n)` gives exactly `n` timesteps: one denoiser call per step."""
-    for cls in SCHEDULERS:
-        scheduler = cls()
-        scheduler.set_timesteps(10)
-        assert cls.order == 1 and len(scheduler.timesteps) == 10, cls.__name__
+def test_the_labs_schedulers_give_n_timesteps_for_n_steps(run_lab):
+    """Built with diffusers' classes, each of the lab's five configurations has `order = 1` and gives exactly `n` timesteps for `set_timesteps(n)`: one denoiser call per step; `order = 1` alone does not guarantee it, since SD 1.5's `PNDMScheduler` (`order = 1`) gives `n + 1`."""
+    lab = run_lab(LAB11, *QUICK)
+    schedulers = diffusers_configs(lab["sd_config"])
+    assert list(schedulers) == lab["SCHEDULERS"]
+    for name, scheduler in schedulers.items():
+        assert scheduler.order == 1, name
+        for n in [2, 5, 10, 25, 50, 200]:
+            scheduler.set_timesteps(n)
+            assert len(scheduler.timesteps) == n, (name, n)
+    pndm = PNDMScheduler(skip_prk_steps=True, set_alpha_to_one=False, **lab["sd_config"])
+    pndm.set_timesteps(10)
+    assert pndm.order == 1 and len(pndm.timesteps) == 11
 
 
 @pytest.mark.parametrize("steps", [3, 7])
 def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
     """`StableDiffusionPipeline` with an Euler scheduler calls the UNet `len(scheduler.timesteps)` times, each with the current `t`."""
-    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
     unet = record_calls(pipe.unet)
     pipe(
         prompt_embeds=embeds(1),
@@ -60,9 +81,14 @@ def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
     assert [float(args[1]) for args, _ in unet.calls] == pipe.scheduler.timesteps.tolist()
 
 
-def test_the_labs_euler_loop_reproduces_the_pipeline():
-    """The lab's loop (`latents = noise * init_noise_sigma`, then `scale_model_input`, the call and `step(...).prev_sample` per `t`) with labkit's Euler scheduler reproduces `StableDiffusionPipeline`'s final `latents` with `EulerDiscreteScheduler` from the same starting noise."""
-    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler(**SD_BETAS))
+def test_the_labs_euler_loop_reproduces_the_pipeline(run_lab):
+    """The lab's loop (`latents = noise * init_noise_sigma`, then `scale_model_input`, the call and `step(...).prev_sample` per `t`) with labkit's Euler scheduler reproduces `StableDiffusionPipeline`'s final `latents` with `EulerDiscreteScheduler` from the same starting noise.
+
+    The starter's own ``run_loop`` and ``make("euler")`` run, with two stand-ins put in its
+    namespace: ``noise`` (the pipeline's starting latents) and a denoiser that calls the tiny
+    torch UNet with the pipeline's ``prompt_embeds``.
+    """
+    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
     steps = 8
     expected = pipe(
         prompt_embeds=embeds(1),
@@ -73,29 +99,33 @@ def test_the_labs_euler_loop_reproduces_the_pipeline():
         latents=start_latents(),
         output_type="latent",
     ).images
-    c = pipe.scheduler.config  # after the pipeline's own config rewrites (steps_offset=1)
-    scheduler = NumpyEuler(
-        beta_schedule=c.beta_schedule,
-        beta_start=c.beta_start,
-        beta_end=c.beta_end,
-        timestep_spacing=c.timestep_spacing,
-        steps_offset=c.steps_offset,
-    )
-    scheduler.set_timesteps(steps)
-    latents = start_latents().numpy().astype(np.float64) * scheduler.init_noise_sigma
-    for t in scheduler.timesteps:
-        model_input = scheduler.scale_model_input(latents, t)
+
+    lab = run_lab(LAB11, *QUICK)
+    scheduler, _ = lab["make"]("euler")
+    for key in ["beta_schedule", "beta_start", "beta_end", "timestep_spacing", "steps_offset"]:
+        assert getattr(scheduler.config, key) == pipe.scheduler.config[key], key
+    calls = []
+
+    def unet(sample, t, class_labels=None):
+        calls.append(t)
         with torch.no_grad():
             noise_pred = pipe.unet(
-                torch.from_numpy(model_input).float(), float(t), encoder_hidden_states=embeds(1)
+                torch.from_numpy(np.ascontiguousarray(sample)).float(),
+                float(t),
+                encoder_hidden_states=embeds(1),
             ).sample
-        latents = scheduler.step(noise_pred.double().numpy(), t, latents).prev_sample
+        return noise_pred.double().numpy()
+
+    lab["run_loop"].__globals__["noise"] = start_latents().numpy().astype(np.float64)
+    latents = lab["run_loop"](scheduler, unet, steps, 0)
+    assert len(calls) == steps
     np.testing.assert_allclose(latents, expected.double().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_euler_keeps_a_step_index_that_step_advances():
-    """`EulerDiscreteScheduler.step` advances an internal `step_index` and `set_timesteps` resets it, so one instance must not serve two loops at once."""
-    scheduler = EulerDiscreteScheduler(**SD_BETAS)
+@pytest.mark.parametrize("cls", [EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler])
+def test_euler_keeps_a_step_index_that_step_advances(cls):
+    """`EulerDiscreteScheduler.step` and `FlowMatchEulerDiscreteScheduler.step` advance an internal `step_index` and `set_timesteps` resets it, so one instance must not serve two loops at once."""
+    scheduler = cls.from_config(SD_SCHEDULER)
     scheduler.set_timesteps(5)
     assert scheduler.step_index is None
     sample = torch.zeros(1, 4, 2, 2)
@@ -106,53 +136,120 @@ def test_euler_keeps_a_step_index_that_step_advances():
     assert scheduler.step_index is None
 
 
-def test_generator_reaches_only_schedulers_whose_step_takes_it():
-    """`prepare_extra_step_kwargs` passes `generator` and `eta` to `scheduler.step` only if its signature has them: DDPM gets `generator`, DDIM gets both, Euler gets `generator` only, flow matching gets `generator` only."""
+def test_flow_match_has_no_init_noise_sigma_or_scale_model_input(run_lab, record_calls):
+    """diffusers' `FlowMatchEulerDiscreteScheduler` has neither `init_noise_sigma` nor `scale_model_input`, and `FluxPipeline` hands its transformer the starting noise unscaled; labkit's mirror has an `init_noise_sigma` of 1.0 and an identity `scale_model_input` so that one loop body fits all five.
+
+    The tiny FluxPipeline of ``test_page_cfg``; Flux packs the noise into 2 x 2 patches.
+    """
+    from test_page_cfg import FLUX_POOLED, FLUX_TEXT, tiny_flux_pipeline
+
+    real = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    assert not hasattr(real, "init_noise_sigma") and not hasattr(real, "scale_model_input")
+    ours, _ = run_lab(LAB11, *QUICK)["make"]("flow_match")
+    assert ours.init_noise_sigma == 1.0
+    x = np.arange(6.0).reshape(3, 2)
+    assert np.array_equal(ours.scale_model_input(x, 500.0), x)
+    pipe = tiny_flux_pipeline()
+    calls = record_calls(pipe.transformer).calls
+    pipe(prompt_embeds=FLUX_TEXT[1:], pooled_prompt_embeds=FLUX_POOLED[1:], num_inference_steps=2,
+         height=HEIGHT, width=WIDTH, generator=torch.Generator().manual_seed(1),
+         output_type="latent")  # fmt: skip
+    noise = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(1))
+    packed = noise.view(1, 16, 4, 2, 4, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, 16, 64)
+    torch.testing.assert_close(calls[0][1]["hidden_states"], packed, rtol=0, atol=0)
+
+
+def test_generator_reaches_every_step_whose_signature_takes_it(monkeypatch):
+    """`StableDiffusionPipeline` passes `generator` and `eta` to `scheduler.step` whenever its signature has them (`prepare_extra_step_kwargs`): DDPM and Euler get `generator`, DDIM gets both; `FluxPipeline` passes neither to `FlowMatchEulerDiscreteScheduler.step`.
+
+    A spy on ``scheduler.step`` records the keyword arguments of each pipeline's own loop; the
+    tiny FluxPipeline is ``test_page_cfg``'s.
+    """
+    from test_page_cfg import FLUX_POOLED, FLUX_TEXT, tiny_flux_pipeline
+
+    def step_kwargs(pipe, **call):
+        seen, original = [], pipe.scheduler.step
+
+        @functools.wraps(original)  # the pipeline inspects step's signature: keep it
+        def step(*args, **kwargs):
+            seen.append(kwargs)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(pipe.scheduler, "step", step)
+        pipe(num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="latent", **call)
+        assert len(seen) == 2
+        return {k for k in seen[0] if k != "return_dict"}, seen[0]
+
+    generator = torch.Generator().manual_seed(0)
+    sd_call = dict(prompt_embeds=embeds(1), guidance_scale=1.0, eta=0.3, generator=generator)
     expected = {
         DDPMScheduler: {"generator"},
         DDIMScheduler: {"eta", "generator"},
         EulerDiscreteScheduler: {"generator"},
-        FlowMatchEulerDiscreteScheduler: {"generator"},
     }
     for cls, keys in expected.items():
-        pipe = tiny_sd_pipeline(scheduler=cls())
-        kwargs = pipe.prepare_extra_step_kwargs(torch.Generator(), 0.0)
-        assert set(kwargs) == keys, cls.__name__
+        pipe = tiny_sd_pipeline(scheduler=cls.from_config(SD_SCHEDULER))
+        names, kwargs = step_kwargs(pipe, **sd_call)
+        assert names == keys, cls.__name__
+        assert kwargs["generator"] is generator
+    flux_call = dict(prompt_embeds=FLUX_TEXT[1:], pooled_prompt_embeds=FLUX_POOLED[1:])
+    names, _ = step_kwargs(tiny_flux_pipeline(), generator=generator, **flux_call)
+    assert names == set()
 
 
 def test_controlnet_runs_every_step_and_feeds_residuals_to_the_unet(record_calls):
-    """In `StableDiffusionControlNetPipeline` the ControlNet runs once per step on the current latents, and its outputs enter the UNet call as `down_block_additional_residuals` (one tensor per skip connection) and `mid_block_additional_residual`."""
+    """In `StableDiffusionControlNetPipeline` the ControlNet runs once per step on the current latents, and its outputs enter the UNet call as `down_block_additional_residuals` (one tensor per skip connection) and `mid_block_additional_residual`.
+
+    ``from_unet`` zero-initialises the ControlNet's output convolutions; they are re-drawn so
+    that the residuals are not zeros, and a forward hook compares what the ControlNet returns
+    with what the UNet receives.
+    """
     unet = tiny_unet()
+    torch.manual_seed(0)
     controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 16))
+    with torch.no_grad():
+        for module in [controlnet.controlnet_down_blocks, controlnet.controlnet_mid_block,
+                       controlnet.controlnet_cond_embedding.conv_out]:  # fmt: skip
+            for p in module.parameters():
+                p.normal_(0, 0.2)
     pipe = StableDiffusionControlNetPipeline(
         vae=tiny_vae(),
         text_encoder=None,
         tokenizer=None,
         unet=unet,
-        controlnet=controlnet,
-        scheduler=DDIMScheduler(**SD_BETAS),
+        controlnet=controlnet.eval(),
+        scheduler=DDIMScheduler(**SD_SCHEDULER),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
     )
     pipe.set_progress_bar_config(disable=True)
     control_calls, unet_calls = record_calls(pipe.controlnet), record_calls(pipe.unet)
-    pipe(
-        prompt_embeds=embeds(1),
-        image=torch.rand(1, 3, HEIGHT, WIDTH),
-        num_inference_steps=3,
-        guidance_scale=1.0,
-        height=HEIGHT,
-        width=WIDTH,
-        latents=start_latents(),
-        output_type="latent",
-    )
-    assert len(control_calls.calls) == len(unet_calls.calls) == 3
-    latents_seen = [args[0] for args, _ in control_calls.calls]
-    assert not torch.equal(latents_seen[0], latents_seen[1])  # the current latents each step
-    for _, kwargs in unet_calls.calls:
-        down = kwargs["down_block_additional_residuals"]
-        assert isinstance(down, tuple | list) and len(down) == len(
-            controlnet.controlnet_down_blocks
+    outputs = []
+    handle = pipe.controlnet.register_forward_hook(lambda m, a, out: outputs.append(out))
+    try:
+        pipe(
+            prompt_embeds=embeds(1),
+            image=torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0)),
+            num_inference_steps=3,
+            guidance_scale=1.0,
+            height=HEIGHT,
+            width=WIDTH,
+            latents=start_latents(),
+            output_type="latent",
         )
-        assert kwargs["mid_block_additional_residual"].shape[0] == 1
+    finally:
+        handle.remove()
+    assert len(control_calls.calls) == len(unet_calls.calls) == len(outputs) == 3
+    for (args, _), (unet_args, kwargs), (down, mid) in zip(
+        control_calls.calls, unet_calls.calls, outputs, strict=True
+    ):
+        torch.testing.assert_close(args[0], unet_args[0])  # the current latents, as the UNet's
+        received = kwargs["down_block_additional_residuals"]
+        assert len(received) == len(down) == len(controlnet.controlnet_down_blocks)
+        for ours, theirs in zip(down, received, strict=True):
+            torch.testing.assert_close(theirs, ours, rtol=0, atol=0)
+        torch.testing.assert_close(kwargs["mid_block_additional_residual"], mid, rtol=0, atol=0)
+        assert mid.abs().max() > 0
+    latents_seen = [args[0] for args, _ in control_calls.calls]
+    assert not torch.equal(latents_seen[0], latents_seen[1])  # new latents every step

@@ -27,6 +27,7 @@ from diffusers import (
     ControlNetModel,
     DDIMScheduler,
     DDPMScheduler,
+    EulerAncestralDiscreteScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     HeunDiscreteScheduler,
@@ -39,12 +40,12 @@ from diffusers import (
 from diffusers.models.attention_processor import AttnProcessor2_0, IPAdapterAttnProcessor2_0
 from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
-from diffusers.utils import peft_utils
 from diffusers.utils.torch_utils import randn_tensor
 from tiny import (
     EMBED_DIM,
     HEIGHT,
     SD_BETAS,
+    SD_SCHEDULER,
     WIDTH,
     embeds,
     start_latents,
@@ -59,6 +60,13 @@ LATENT = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
 #: Stable Diffusion 1.5's shipped scheduler config, as printed on the diffusers docs page
 #: https://huggingface.co/docs/diffusers/using-diffusers/schedulers
 SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
+
+
+def sd_scheduler(cls, **overrides):
+    """``cls`` with SD 1.5's scheduler config (``tiny.SD_SCHEDULER``: ``steps_offset=1``,
+    ``clip_sample=False``, ``set_alpha_to_one=False``), as ``cls.from_config(pipe.scheduler.config)``
+    carries it over; keys ``cls`` does not take are ignored, as ``from_config`` does."""
+    return cls.from_config({**SD_SCHEDULER, **overrides})
 
 
 # ---------------------------------------------------------------- builders (this page only)
@@ -311,13 +319,13 @@ def test_encode_prompt_pads_to_77_and_puts_the_negative_first(text_pipe, record_
 
 def test_custom_timesteps_and_sigmas(sd_pipe, record_calls, bars):
     """`retrieve_timesteps` passes custom `timesteps=` or `sigmas=` to `set_timesteps` only if its signature accepts them, raising `ValueError` otherwise, and then sets `num_inference_steps = len(timesteps)`, which is what the progress bar counts."""
-    ddpm = sd_with(sd_pipe, scheduler=DDPMScheduler(**SD_BETAS))
+    ddpm = sd_with(sd_pipe, scheduler=sd_scheduler(DDPMScheduler))
     calls = record_calls(ddpm.unet).calls
     bar = bars(ddpm)
     run(ddpm, guidance_scale=1.0, steps=50, timesteps=[900, 500, 100])
     assert [int(args[1]) for args, _ in calls] == [900, 500, 100]
     assert bar[0].total == 3 and bar[0].updates == 3
-    euler = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    euler = sd_with(sd_pipe, scheduler=sd_scheduler(EulerDiscreteScheduler))
     calls.clear()
     bar = bars(euler)
     run(euler, guidance_scale=1.0, steps=50, sigmas=[10.0, 3.0, 1.0, 0.3, 0.0])  # ends at 0
@@ -332,9 +340,9 @@ def test_timesteps_shape_and_dtype_per_scheduler(sd_pipe, record_calls):
     """After `set_timesteps(n)`, `scheduler.timesteps` has shape `(n,)`, int64 for `DDPMScheduler` and `DDIMScheduler` and float32 for `EulerDiscreteScheduler`, and the pipeline passes each entry `t` to the UNet as a 0-d tensor."""
     calls = record_calls(sd_pipe.unet).calls
     for scheduler, dtype in [
-        (DDPMScheduler(**SD_BETAS), torch.int64),
-        (DDIMScheduler(**SD_BETAS), torch.int64),
-        (EulerDiscreteScheduler(**SD_BETAS), torch.float32),
+        (sd_scheduler(DDPMScheduler), torch.int64),
+        (sd_scheduler(DDIMScheduler), torch.int64),
+        (sd_scheduler(EulerDiscreteScheduler), torch.float32),
     ]:
         pipe = sd_with(sd_pipe, scheduler=scheduler)
         calls.clear()
@@ -370,7 +378,7 @@ def test_prepare_latents_draws_and_scales_by_init_noise_sigma(sd_pipe, record_ca
     assert drawn.dtype == torch.float16 and drawn.shape == LATENT
     assert DDPMScheduler().init_noise_sigma == DDIMScheduler().init_noise_sigma == 1.0
     for spacing, expected in [("linspace", lambda s: s), ("leading", lambda s: (s**2 + 1) ** 0.5)]:
-        euler = EulerDiscreteScheduler(timestep_spacing=spacing, **SD_BETAS)
+        euler = sd_scheduler(EulerDiscreteScheduler, timestep_spacing=spacing)
         euler.set_timesteps(10)
         torch.testing.assert_close(
             torch.as_tensor(euler.init_noise_sigma), expected(euler.sigmas.max())
@@ -381,8 +389,8 @@ def test_extra_step_kwargs_follow_the_step_signature(sd_pipe, step_calls):
     """`eta` and `generator` reach `scheduler.step` only if its signature has them: `DDIMScheduler.step` gets both, `EulerDiscreteScheduler.step` only `generator`, and `PNDMScheduler.step` neither."""
     expected = {DDIMScheduler: {"eta", "generator"}, EulerDiscreteScheduler: {"generator"}}
     for scheduler in [
-        DDIMScheduler(**SD_BETAS),
-        EulerDiscreteScheduler(**SD_BETAS),
+        sd_scheduler(DDIMScheduler),
+        sd_scheduler(EulerDiscreteScheduler),
         PNDMScheduler(**SD15_PNDM),
     ]:
         cls = type(scheduler)
@@ -462,14 +470,14 @@ def test_scale_model_input_is_guarded_and_per_class(sd_pipe, record_calls):
     """`scale_model_input` is called only if the scheduler has it (`hasattr`), so a scheduler without it runs the same loop; it is the identity for DDPM and DDIM, and for Euler it divides by `sqrt(sigma ** 2 + 1)`."""
     expected = run(sd_pipe, steps=3)
     assert not hasattr(NoScaleModelInput(), "scale_model_input")
-    without = sd_with(sd_pipe, scheduler=NoScaleModelInput(set_alpha_to_one=False, **SD_BETAS))
+    without = sd_with(sd_pipe, scheduler=NoScaleModelInput(**SD_SCHEDULER))
     torch.testing.assert_close(run(without, steps=3), expected, rtol=0, atol=0)
     x = start_latents()
     for cls in [DDPMScheduler, DDIMScheduler]:
-        scheduler = cls(**SD_BETAS)
+        scheduler = sd_scheduler(cls)
         scheduler.set_timesteps(10)
         assert scheduler.scale_model_input(x, scheduler.timesteps[0]) is x
-    euler = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    euler = sd_with(sd_pipe, scheduler=sd_scheduler(EulerDiscreteScheduler))
     calls = record_calls(euler.unet).calls
     run(euler, guidance_scale=1.0, steps=3)
     sigma = euler.scheduler.sigmas[0]
@@ -497,10 +505,7 @@ def test_guidance_line_between_unet_and_step(sd_pipe, outputs_of, step_calls, ca
 @pytest.mark.parametrize("scheduler_cls", [DDIMScheduler, EulerDiscreteScheduler])
 def test_the_loop_written_out_reproduces_the_pipeline(sd_pipe, scheduler_cls):
     """Written out from the lines on this page (`randn_tensor` times `init_noise_sigma`, `torch.cat([latents] * 2)`, `scale_model_input`, one UNet call, `chunk(2)` and the guidance line, `scheduler.step(...)[0]`, then `vae.decode(latents / scaling_factor)`), the loop reproduces the pipeline's output, with `DDIMScheduler` and with `EulerDiscreteScheduler`."""
-    config = dict(steps_offset=1, **SD_BETAS)  # explicit: the pipeline rewrites nothing
-    if scheduler_cls is DDIMScheduler:
-        config.update(clip_sample=False, set_alpha_to_one=False)
-    pipe = sd_with(sd_pipe, scheduler=scheduler_cls(**config))
+    pipe = sd_with(sd_pipe, scheduler=sd_scheduler(scheduler_cls))
     guidance_scale, steps = 6.0, 4
     expected = pipe(
         prompt_embeds=PROMPT,
@@ -513,7 +518,7 @@ def test_the_loop_written_out_reproduces_the_pipeline(sd_pipe, scheduler_cls):
         output_type="pt",
     ).images
 
-    scheduler = scheduler_cls(**config)  # a fresh instance
+    scheduler = sd_scheduler(scheduler_cls)  # a fresh instance
     scheduler.set_timesteps(steps)
     prompt_embeds = torch.cat([NEGATIVE, PROMPT])
     generator = torch.Generator().manual_seed(3)
@@ -528,15 +533,26 @@ def test_the_loop_written_out_reproduces_the_pipeline(sd_pipe, scheduler_cls):
     torch.testing.assert_close(expected, (image / 2 + 0.5).clamp(0, 1))
 
 
-def test_euler_step_computes_in_float32_and_casts_back():
-    """`EulerDiscreteScheduler.step` upcasts the sample to float32 and casts `prev_sample` back to the dtype of the model output."""
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: sd_scheduler(EulerDiscreteScheduler),
+        lambda: sd_scheduler(EulerAncestralDiscreteScheduler),
+        lambda: FlowMatchEulerDiscreteScheduler(shift=3.0),
+    ],
+    ids=["euler", "euler_ancestral", "flow_match_euler"],
+)
+def test_euler_step_computes_in_float32_and_casts_back(make):
+    """`EulerDiscreteScheduler.step`, `EulerAncestralDiscreteScheduler.step` and `FlowMatchEulerDiscreteScheduler.step` upcast the sample to float32 and cast `prev_sample` back to the dtype of the model output."""
     g = torch.Generator().manual_seed(0)
     x, eps = (torch.randn(LATENT, generator=g).to(torch.bfloat16) for _ in range(2))
 
     def step(sample, model_output):
-        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler = make()
         scheduler.set_timesteps(10)
-        return scheduler.step(model_output, scheduler.timesteps[0], sample).prev_sample
+        generator = torch.Generator().manual_seed(1)  # the ancestral step draws noise
+        t = scheduler.timesteps[0]
+        return scheduler.step(model_output, t, sample, generator=generator).prev_sample
 
     out = step(x, eps)
     assert out.dtype == torch.bfloat16
@@ -618,9 +634,9 @@ def test_progress_bar_counts_num_inference_steps(sd_pipe, record_calls, bars):
     calls = record_calls(sd_pipe.unet).calls
     n = 4
     for scheduler, unet_calls in [
-        (DDIMScheduler(**SD_BETAS), n),
+        (sd_scheduler(DDIMScheduler), n),
         (PNDMScheduler(**SD15_PNDM), n + 1),
-        (HeunDiscreteScheduler(**SD_BETAS), 2 * n - 1),
+        (sd_scheduler(HeunDiscreteScheduler), 2 * n - 1),
     ]:
         pipe = sd_with(sd_pipe, scheduler=scheduler)
         bar = bars(pipe)
@@ -700,7 +716,7 @@ def controlnet_pipe():
         tokenizer=None,
         unet=unet,
         controlnet=controlnet.eval(),
-        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
+        scheduler=sd_scheduler(DDIMScheduler),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
@@ -954,13 +970,11 @@ class RecordingProcessor(AttnProcessor2_0):
         return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, temb)
 
 
-def test_unet_forward_pops_and_applies_the_lora_scale(monkeypatch):
+def test_unet_forward_pops_and_applies_the_lora_scale():
     """`UNet2DConditionModel.forward` is wrapped by `apply_lora_scale("cross_attention_kwargs")`, which pops `scale` (default 1.0) from a copy of `cross_attention_kwargs`, so the attention processors never see it, and with the PEFT backend scales the LoRA layers by it for the forward pass and unscales them afterwards."""
     unet = tiny_unet()
     unet.set_attn_processor(RecordingProcessor())
     RecordingProcessor.seen = []
-    order = []
-    unet.conv_in.register_forward_pre_hook(lambda *a: order.append("forward"))
     kwargs = {"scale": 0.5, "foo": 1}
     with torch.no_grad():
         unet(start_latents(), 10, encoder_hidden_states=PROMPT, cross_attention_kwargs=kwargs)
@@ -968,25 +982,31 @@ def test_unet_forward_pops_and_applies_the_lora_scale(monkeypatch):
     assert RecordingProcessor.seen and all(
         s == {"scale": "not passed", "foo": 1} for s in RecordingProcessor.seen
     )
-    import diffusers.utils
+    # a real PEFT LoRA on every attention projection, random (non-zero) B matrices
+    from diffusers.utils import USE_PEFT_BACKEND
+    from peft import LoraConfig
 
-    monkeypatch.setattr(diffusers.utils, "USE_PEFT_BACKEND", True)
-    monkeypatch.setattr(
-        peft_utils, "scale_lora_layers", lambda model, w: order.append(("scale", model, w))
-    )
-    monkeypatch.setattr(
-        peft_utils, "unscale_lora_layers", lambda model, w: order.append(("unscale", model, w))
-    )
-    for cross_attention_kwargs, weight in [(kwargs, 0.5), ({"foo": 1}, 1.0), (None, 1.0)]:
-        order.clear()
+    assert USE_PEFT_BACKEND
+    lora_unet = tiny_unet()
+
+    def predict(**kwargs):
         with torch.no_grad():
-            unet(
-                start_latents(),
-                10,
-                encoder_hidden_states=PROMPT,
-                cross_attention_kwargs=cross_attention_kwargs,
-            )
-        assert order == [("scale", unet, weight), "forward", ("unscale", unet, weight)]
+            return lora_unet(start_latents(), 10, encoder_hidden_states=PROMPT, **kwargs).sample
+
+    base = predict()
+    torch.manual_seed(0)
+    lora_unet.add_adapter(
+        LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                   init_lora_weights=False)
+    )  # fmt: skip
+    layer = lora_unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
+    full = predict()  # no cross_attention_kwargs: scale 1.0
+    torch.testing.assert_close(predict(cross_attention_kwargs={"scale": 1.0}), full)
+    torch.testing.assert_close(predict(cross_attention_kwargs={"scale": 0.0}), base)
+    half = predict(cross_attention_kwargs={"scale": 0.5})
+    assert not torch.allclose(half, full) and not torch.allclose(half, base)
+    assert layer.scaling["default"] == 1.0  # unscaled again after the forward pass
+    torch.testing.assert_close(predict(), full)
 
 
 def test_pipeline_passes_the_lora_scale_to_encode_prompt_and_the_unet(
@@ -1049,10 +1069,10 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls):
     calls = record_calls(sd_pipe.unet).calls
     n = 5
     for scheduler, expected in [
-        (DDIMScheduler(**SD_BETAS), n),
-        (EulerDiscreteScheduler(**SD_BETAS), n),
+        (sd_scheduler(DDIMScheduler), n),
+        (sd_scheduler(EulerDiscreteScheduler), n),
         (PNDMScheduler(**SD15_PNDM), n + 1),
-        (HeunDiscreteScheduler(**SD_BETAS), 2 * n - 1),
+        (sd_scheduler(HeunDiscreteScheduler), 2 * n - 1),
     ]:
         pipe = sd_with(sd_pipe, scheduler=scheduler)
         calls.clear()
@@ -1067,7 +1087,7 @@ def test_timestep_spacing_keeps_the_count_and_moves_the_start():
     """With SD 1.x's scheduler config (`steps_offset=1`) and 50 steps, `timestep_spacing="leading"` starts the grid at `t = 981` and `"trailing"` at 999, both with 50 entries."""
     starts = {}
     for spacing in ["leading", "trailing"]:
-        scheduler = DDIMScheduler(timestep_spacing=spacing, steps_offset=1, **SD_BETAS)
+        scheduler = sd_scheduler(DDIMScheduler, timestep_spacing=spacing)
         scheduler.set_timesteps(50)
         assert len(scheduler.timesteps) == 50
         starts[spacing] = int(scheduler.timesteps[0])
@@ -1078,15 +1098,15 @@ def test_grid_options_move_the_steps_not_their_number():
     """`use_karras_sigmas=True`, a flow-matching `shift` and custom `sigmas=` change where the steps fall along the noise axis, not how many there are."""
     grids = {}
     for name, scheduler, kwargs in [
-        ("euler", EulerDiscreteScheduler(**SD_BETAS), dict(num_inference_steps=10)),
+        ("euler", sd_scheduler(EulerDiscreteScheduler), dict(num_inference_steps=10)),
         (
             "karras",
-            EulerDiscreteScheduler(use_karras_sigmas=True, **SD_BETAS),
+            sd_scheduler(EulerDiscreteScheduler, use_karras_sigmas=True),
             dict(num_inference_steps=10),
         ),
         (
             "custom",
-            EulerDiscreteScheduler(**SD_BETAS),
+            sd_scheduler(EulerDiscreteScheduler),
             dict(sigmas=[*np.geomspace(14.6, 0.03, 10), 0.0]),
         ),
         ("flow", FlowMatchEulerDiscreteScheduler(), dict(num_inference_steps=10)),
@@ -1106,11 +1126,11 @@ def test_swapping_the_scheduler_and_fresh_noise(sd_pipe):
         pipe = sd_with(sd_pipe, scheduler=scheduler)
         return run(pipe, steps=4, generator=torch.Generator().manual_seed(seed))
 
-    ddim = final(DDIMScheduler(**SD_BETAS), 0)
-    torch.testing.assert_close(final(DDIMScheduler(**SD_BETAS), 1), ddim, rtol=0, atol=0)
-    assert not torch.allclose(final(EulerDiscreteScheduler(**SD_BETAS), 0), ddim, atol=1e-2)
+    ddim = final(sd_scheduler(DDIMScheduler), 0)
+    torch.testing.assert_close(final(sd_scheduler(DDIMScheduler), 1), ddim, rtol=0, atol=0)
+    assert not torch.allclose(final(sd_scheduler(EulerDiscreteScheduler), 0), ddim, atol=1e-2)
     assert not torch.allclose(
-        final(DDPMScheduler(**SD_BETAS), 0), final(DDPMScheduler(**SD_BETAS), 1), atol=1e-2
+        final(sd_scheduler(DDPMScheduler), 0), final(sd_scheduler(DDPMScheduler), 1), atol=1e-2
     )
 
 
@@ -1119,7 +1139,7 @@ def test_a_mismatched_prediction_type_runs_without_error(sd_pipe):
     matched = run(sd_pipe, steps=4)
     wrong = sd_with(
         sd_pipe,
-        scheduler=DDIMScheduler(prediction_type="v_prediction", set_alpha_to_one=False, **SD_BETAS),
+        scheduler=sd_scheduler(DDIMScheduler, prediction_type="v_prediction"),
     )
     out = run(wrong, steps=4)
     assert torch.isfinite(out).all() and not torch.allclose(out, matched, atol=1e-2)
@@ -1225,8 +1245,10 @@ def test_signature_defaults_sd_and_sd3():
 
 
 def test_sd3_latents_are_not_scaled(sd3_pipe, record_calls, monkeypatch):
-    """`StableDiffusion3Pipeline` draws `randn_tensor((B, transformer.config.in_channels, h, w))`, or takes the `latents` passed in, and never multiplies by an initial sigma, and `FlowMatchEulerDiscreteScheduler` has no `scale_model_input`: the transformer sees the noise as drawn."""
+    """`StableDiffusion3Pipeline` draws `randn_tensor((B, transformer.config.in_channels, h, w))`, or takes the `latents` passed in, and never multiplies by an initial sigma, and `FlowMatchEulerDiscreteScheduler` has neither `init_noise_sigma` nor `scale_model_input`: the transformer sees the noise as drawn."""
     assert not hasattr(sd3_pipe.scheduler, "scale_model_input")
+    assert not hasattr(sd3_pipe.scheduler, "init_noise_sigma")
+    # even one set on the instance is never read: the pipeline does not scale
     monkeypatch.setattr(sd3_pipe.scheduler, "init_noise_sigma", 5.0, raising=False)
     calls = record_calls(sd3_pipe.transformer).calls
     run_sd3(sd3_pipe, guidance_scale=1.0, steps=1, generator=torch.Generator().manual_seed(5))
@@ -1355,3 +1377,38 @@ def test_sd3_decode_adds_the_shift_factor(sd3_pipe, calls_of):
     run_sd3(sd3_pipe, steps=2, latents=start_latents(), output_type="np")
     assert len(decodes) == 1
     torch.testing.assert_close(decodes[0][0][0], final / 1.5 + 0.25)
+
+
+# ---------------------------------------------------------------- Flux
+
+
+def test_flux_packs_the_noise_and_does_not_scale_it(record_calls):
+    """`FluxPipeline` packs the `(B, 16, h, w)` noise into `(B, (h/2)(w/2), 64)` tokens of 2 × 2 patches and never scales it (`FlowMatchEulerDiscreteScheduler` has no `init_noise_sigma`), and calls the transformer once per step at batch `B` with `timestep = t / 1000`, the current sigma, and, for a guidance-embedding transformer (FLUX.1-dev), `guidance = guidance_scale`.
+
+    The tiny FluxPipeline of ``test_page_cfg`` (16 latent channels, a VAE with factor 2,
+    ``guidance_embeds=True``).
+    """
+    from test_page_cfg import FLUX_POOLED, FLUX_TEXT, tiny_flux_pipeline
+
+    pipe = tiny_flux_pipeline()
+    assert not hasattr(pipe.scheduler, "init_noise_sigma")
+    calls = record_calls(pipe.transformer).calls
+    pipe(
+        prompt_embeds=FLUX_TEXT[1:],
+        pooled_prompt_embeds=FLUX_POOLED[1:],
+        num_inference_steps=3,
+        guidance_scale=2.5,
+        height=HEIGHT,
+        width=WIDTH,
+        generator=torch.Generator().manual_seed(1),
+        output_type="latent",
+    )
+    assert pipe.transformer.config.guidance_embeds is True
+    assert [kwargs["guidance"].tolist() for _, kwargs in calls] == [[2.5]] * 3
+    noise = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(1))  # (B, C, h, w)
+    packed = noise.view(1, 16, 4, 2, 4, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, 16, 64)
+    assert len(calls) == 3
+    torch.testing.assert_close(calls[0][1]["hidden_states"], packed, rtol=0, atol=0)
+    timesteps = torch.cat([kwargs["timestep"] for _, kwargs in calls])
+    torch.testing.assert_close(timesteps, pipe.scheduler.sigmas[:-1])
+    assert all(kwargs["hidden_states"].shape[0] == 1 for _, kwargs in calls)
