@@ -22,12 +22,14 @@ from labkit.cli import (
     int_list,
     parse_args,
 )
+from labkit.precision import round_to
 
 # %% [markdown]
 # ## 1. Setup / contract
 #
 # In: the ranks to size (`--rank 4,8,...`), the model families to size (`--family`),
-# the LoRA's `lora_alpha` (`--alpha`, peft's `LoraConfig` default is 8) and the
+# the LoRA's `lora_alpha` (`--alpha`; by default equal to the demo rank, so
+# `scaling` is 1, as `load_lora_weights` sets it for a file without alpha keys) and the
 # strengths to try (`--scales`). The two UNet configs are the published
 # `unet/config.json` of runwayml/stable-diffusion-v1-5 and
 # stabilityai/stable-diffusion-xl-base-1.0 (the same values as
@@ -64,7 +66,8 @@ parser = LabArgumentParser(prog="lora_injection.py", description=__doc__.splitli
 parser.add_argument("--rank", type=int_list, default=[4, 8, 16, 32, 64, 128],
                     help="LoRA ranks r, comma-separated (the first one is used in the demos)")  # fmt: skip
 parser.add_argument("--family", default="sd15,sdxl", help="comma-separated: sd15, sdxl")
-parser.add_argument("--alpha", type=float_list(1e-6), default=[8.0], help="lora_alpha (> 0)")
+parser.add_argument("--alpha", type=float_list(1e-6), default=None,
+                    help="lora_alpha (> 0); default: the demo rank, so scaling = 1")  # fmt: skip
 parser.add_argument("--scales", type=float_list(0.0), default=[0.0, 0.25, 0.5, 1.0, 1.5],
                     help="LoRA strengths to try, comma-separated, each >= 0")  # fmt: skip
 parser.add_argument("--seed", type=int, default=0)
@@ -76,11 +79,18 @@ families = [f.strip() for f in args.family.split(",") if f.strip()]
 unknown = [f for f in families if f not in CONFIGS]
 if unknown or not families:
     parser.error(f"unknown --family {unknown or args.family!r}: choose from {', '.join(CONFIGS)}")
-if len(args.alpha) != 1:
+if args.alpha is not None and len(args.alpha) != 1:
     parser.error(f"--alpha takes one value, got {args.alpha}")
-alpha, rank = args.alpha[0], args.rank[0]
-if rank > 320:
-    parser.error(f"--rank {rank} is larger than the demo layer's width 320; use a rank <= 320")
+rank = args.rank[0]
+alpha = float(rank) if args.alpha is None else args.alpha[0]
+# the demo layer: the first cross-attention to_k of the first family (SDXL's level 0 has none)
+DEMO_LAYER = {"sd15": ("SD 1.5 level-0 attn2.to_k", 768, 320),
+              "sdxl": ("SDXL level-1 attn2.to_k", 2048, 640)}  # fmt: skip
+demo_name, d_in, d_out = DEMO_LAYER[families[0]]
+if rank > d_out:
+    parser.error(
+        f"--rank {rank} is larger than the demo layer's width {d_out}; use a rank <= {d_out}"
+    )
 rng = np.random.default_rng(args.seed)
 print(f"ranks {args.rank}, lora_alpha {alpha:g}, families {families}; demo rank r = {rank}")
 # --8<-- [end:setup]
@@ -91,9 +101,9 @@ print(f"ranks {args.rank}, lora_alpha {alpha:g}, families {families}; demo rank 
 # peft's `lora.Linear.forward` computes
 # `base_layer(x) + lora_B(lora_A(dropout(x))) * scaling`, with
 # `scaling = lora_alpha / r` at creation. `fuse_lora` / peft's `merge` instead adds
-# `scaling * B @ A` into `base_layer.weight`. The layer here is the `to_k` of
-# SD 1.5's first cross-attention (`attn2`): it maps `prompt_embeds`
-# `(1, 77, 768)` to keys `(1, 77, 320)`.
+# `scaling * B @ A` into `base_layer.weight`. The layer here is the `to_k` of the
+# first family's first cross-attention (`attn2`): for SD 1.5 it maps `prompt_embeds`
+# `(1, 77, 768)` to keys `(1, 77, 320)`, for SDXL `(1, 77, 2048)` to `(1, 77, 640)`.
 
 
 # %%
@@ -115,16 +125,15 @@ def fused_weight(weight, lora_A, lora_B, alpha, r, scale=1.0):
     return weight + lora_delta(lora_A, lora_B, alpha, r, scale)
 
 
-d_in, d_out = CONFIGS["sd15"]["cross_attention_dim"], CONFIGS["sd15"]["block_out_channels"][0]
-prompt_embeds = rng.standard_normal((1, 77, d_in), dtype=np.float32)  # (B, 77, 768)
+prompt_embeds = rng.standard_normal((1, 77, d_in), dtype=np.float32)  # (B, 77, d_in)
 weight = rng.standard_normal((d_out, d_in), dtype=np.float32) / d_in**0.5  # to_k, no bias
 # lora_A is random at init: it only needs to span r directions
 lora_A = rng.standard_normal((rank, d_in), dtype=np.float32) / d_in**0.5  # noqa: N816 (peft's name)
 # lora_B is zero at init, so the delta B @ A is exactly 0
 lora_B = np.zeros((d_out, rank), np.float32)  # noqa: N816 (peft's name)
-key_base = prompt_embeds @ weight.T  # (1, 77, 320)
+key_base = prompt_embeds @ weight.T  # (1, 77, d_out)
 key_init = lora_linear(prompt_embeds, weight, None, lora_A, lora_B, alpha, rank)
-print(f"to_k of attn2: prompt_embeds {prompt_embeds.shape} @ W.T {weight.T.shape} -> "
+print(f"{demo_name}: prompt_embeds {prompt_embeds.shape} @ W.T {weight.T.shape} -> "
       f"key {key_base.shape}; lora_A {lora_A.shape}, lora_B {lora_B.shape}")  # fmt: skip
 print(f"B = 0 at init: LoRA output == base output exactly: {np.array_equal(key_init, key_base)}")
 # --8<-- [end:lora_linear]
@@ -141,7 +150,7 @@ print(f"B = 0 at init: LoRA output == base output exactly: {np.array_equal(key_i
 # a "trained" adapter: lora_B no longer zero
 lora_B = rng.standard_normal((d_out, rank), dtype=np.float32) * 0.05  # noqa: N816 (peft's name)
 key_unfused = lora_linear(prompt_embeds, weight, None, lora_A, lora_B, alpha, rank)
-weight_fused = fused_weight(weight, lora_A, lora_B, alpha, rank)  # (320, 768), as W
+weight_fused = fused_weight(weight, lora_A, lora_B, alpha, rank)  # (d_out, d_in), as W
 key_fused = prompt_embeds @ weight_fused.T  # plain Linear: no lora_A / lora_B call
 fuse_gap = float(np.abs(key_fused - key_unfused).max())
 lora_effect = float(np.abs(key_unfused - key_base).max())
@@ -211,7 +220,99 @@ print(f"the output moves linearly in the scale: y(s) - base = s * {np.abs(delta_
 # --8<-- [end:stack]
 
 # %% [markdown]
-# ## 5. Where the targets are: attention projections from the UNet config
+# ## 5. Changing the strength of a fused LoRA: what the layer remembers
+#
+# diffusers' `fuse_lora(lora_scale=s)` calls peft's `scale_layer(s)` (`scaling *= s`)
+# and then `merge` (`W += scaling * B @ A`); nothing divides `scaling` back.
+# `unfuse_lora()` subtracts `scaling * B @ A` with whatever `scaling` is at that
+# moment. `set_adapters(name, w)` sets `scaling = w * lora_alpha / r` outright, and a
+# call with `cross_attention_kwargs={"scale": 0}` resets it to `lora_alpha / r`. The
+# layer below is that state: `W` and `scaling`, nothing else.
+
+
+# %%
+# --8<-- [start:fuse_scale]
+def fuse_lora(layer, lora_scale=1.0):
+    """peft's scale_layer then merge: the scale stays multiplied into `scaling`."""
+    layer["scaling"] *= lora_scale
+    layer["W"] = layer["W"] + layer["scaling"] * layer["BA"]
+
+
+def unfuse_lora(layer):
+    """peft's unmerge: subtract the delta at the *current* scaling."""
+    layer["W"] = layer["W"] - layer["scaling"] * layer["BA"]
+
+
+def set_adapters(layer, weight):
+    """peft's set_scale: an absolute weight, scaling = weight * lora_alpha / r."""
+    layer["scaling"] = weight * alpha / rank
+
+
+def merged_strength(layer):
+    """How many unit deltas (lora_alpha / r) * B @ A sit in W now (least squares)."""
+    unit = (alpha / rank) * layer["BA"]
+    return float(((layer["W"] - weight) * unit).sum() / (unit * unit).sum())
+
+
+layer = {"W": weight, "BA": lora_B @ lora_A, "scaling": alpha / rank}
+fuse_lora(layer, 0.5)
+unfuse_lora(layer)
+unfused_strength = layer["scaling"] * rank / alpha  # what an unfused call now runs at
+fuse_lora(layer, 0.8)
+print(f"fuse_lora(lora_scale=0.5), unfuse_lora(), fuse_lora(lora_scale=0.8): merged at "
+      f"{merged_strength(layer):.2f}, not 0.8; unfused in between it ran at {unfused_strength:.2f}")  # fmt: skip
+unfuse_lora(layer)
+set_adapters(layer, 0.8)  # the fix: set the weight, then fuse at lora_scale=1
+fuse_lora(layer)
+print(f"unfuse_lora(), set_adapters(w=0.8), fuse_lora(): merged at {merged_strength(layer):.2f}")
+unfuse_lora(layer)
+set_adapters(layer, 0.5)
+fuse_lora(layer)
+layer["scaling"] = alpha / rank  # one call with cross_attention_kwargs={"scale": 0}
+unfuse_lora(layer)
+print(f"set_adapters(w=0.5), fuse_lora(), a scale-0 call, unfuse_lora(): W is left at "
+      f"{merged_strength(layer):+.2f} deltas from the base weights")  # fmt: skip
+# --8<-- [end:fuse_scale]
+
+# %% [markdown]
+# ## 6. Fusing in bf16: the base weights drift
+#
+# peft's `merge` adds the delta into `base_layer.weight` in place, in the weights'
+# dtype (on CPU it computes `B @ A` in float32 and rounds it to bf16 first), and
+# `unmerge` subtracts it the same way. Each add and subtract rounds to bf16, so a
+# fuse/unfuse cycle does not bring `W` back, and the error grows with every cycle.
+# `round_to(x, "bf16")` is torch's round-to-nearest-even cast. A slice of 8 rows of
+# the demo layer keeps this fast.
+
+
+# %%
+# --8<-- [start:bf16]
+def fuse_unfuse_cycles(weight_bf16, deltas_bf16, cycles):
+    """`cycles` rounds of W += delta; W -= delta, each rounded to bf16 as torch does.
+
+    Cycle i uses deltas_bf16[i % len(deltas_bf16)]: a server switching strengths.
+    """
+    w = weight_bf16
+    for i in range(cycles):
+        delta = deltas_bf16[i % len(deltas_bf16)]
+        w = round_to(w + delta, "bf16")  # merge: in place, in the weights' dtype
+        w = round_to(w - delta, "bf16")  # unmerge
+    return w
+
+
+strengths = (1.0, 0.5, 0.8)  # set_adapters weights fused in turn
+w_bf16 = round_to(weight[:8], "bf16")  # 8 rows of W, as a bf16 pipeline holds them
+deltas_bf16 = [round_to(lora_delta(lora_A, lora_B[:8], alpha, rank, w), "bf16") for w in strengths]
+print(f"bf16 fuse/unfuse at strengths {strengths} in turn:")
+print(f"{'cycles':>7} {'weights changed':>16} {'max |W - W0|':>13} {'mean |W - W0|':>14}")
+for cycles in (1, 3, 30, 90):
+    drift = fuse_unfuse_cycles(w_bf16, deltas_bf16, cycles) - w_bf16
+    print(f"{cycles:>7} {np.mean(drift != 0):>16.1%} {np.abs(drift).max():>13.2e} "
+          f"{np.abs(drift).mean():>14.2e}")  # fmt: skip
+# --8<-- [end:bf16]
+
+# %% [markdown]
+# ## 7. Where the targets are: attention projections from the UNet config
 #
 # `UNet2DConditionModel.__init__` builds, per level `i`: a `CrossAttnDownBlock2D`
 # with `layers_per_block` attentions of `transformer_layers_per_block[i]`
@@ -277,7 +378,7 @@ for family in families:
 # --8<-- [end:shapes]
 
 # %% [markdown]
-# ## 6. Cost per step: parameters change, the condition does not
+# ## 8. Cost per step: parameters change, the condition does not
 #
 # A LoRA adds no input: the same `latents`, timestep and `prompt_embeds` go in. Per
 # token, the base Linear costs `d_in * d_out` multiply-adds; the unfused branch
@@ -286,8 +387,15 @@ for family in families:
 
 # %%
 # --8<-- [start:flops]
-layer_shapes = [("SD 1.5 level-0 to_q", 320, 320), ("SD 1.5 level-0 attn2.to_k", 768, 320),
-                ("SD 1.5 level-2 to_q", 1280, 1280), ("SDXL level-2 attn2.to_k", 2048, 1280)]  # fmt: skip
+all_shapes = {
+    "sd15": [
+        ("SD 1.5 level-0 to_q", 320, 320),
+        ("SD 1.5 level-0 attn2.to_k", 768, 320),
+        ("SD 1.5 level-2 to_q", 1280, 1280),
+    ],
+    "sdxl": [("SDXL level-1 to_q", 640, 640), ("SDXL level-2 attn2.to_k", 2048, 1280)],
+}
+layer_shapes = [row for f in families for row in all_shapes[f]]  # only the families asked
 print(f"{'layer':>26} {'d_in x d_out':>12} {'base MACs/token':>16} {'rank':>5} "
       f"{'LoRA MACs/token':>16} {'unfused extra':>14} {'fused extra':>12}")  # fmt: skip
 for name, i, o in layer_shapes:
@@ -298,7 +406,7 @@ for name, i, o in layer_shapes:
 # --8<-- [end:flops]
 
 # %% [markdown]
-# ## 7. Picture it
+# ## 9. Picture it
 #
 # Delta size in fp16 bytes against rank for each family, on log axes (a straight
 # line of slope 1: the size is linear in `r`), and the output change against the scale.

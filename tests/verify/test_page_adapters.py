@@ -84,7 +84,13 @@ def lora_pipe(*names, rank=2):
     """The tiny pipeline with one random LoRA per name loaded by ``load_lora_weights``."""
     pipe, plain = tiny_sd_pipeline(), tiny_unet()  # keys come from the unwrapped layers
     for seed, name in enumerate(names):
-        pipe.load_lora_weights(lora_state_dict(plain, rank, seed), adapter_name=name)
+        if seed == 0:
+            pipe.load_lora_weights(lora_state_dict(plain, rank, seed), adapter_name=name)
+            continue
+        # peft warns (a UserWarning, not a deprecation) on purpose when a second adapter
+        # joins the model: several named adapters is exactly what these tests exercise
+        with pytest.warns(UserWarning, match="Already found a `peft_config` attribute"):
+            pipe.load_lora_weights(lora_state_dict(plain, rank, seed), adapter_name=name)
     return pipe
 
 
@@ -296,7 +302,6 @@ def test_call_scale_and_adapter_weight_scale_the_same_branch():
     pipe.enable_lora()
 
 
-@pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute")
 def test_several_loras_add_their_weighted_deltas():
     """With two LoRAs loaded under their own `adapter_name`, `set_adapters(["a", "b"], adapter_weights=[wa, wb])` makes each adapted layer return `base_layer(x) + wa * delta_a(x) + wb * delta_b(x)`, `set_adapters("a")` alone switches `b` off, and `fuse_lora()` folds every active adapter into the weights at its current weight."""
     pipe = lora_pipe("a", "b")
@@ -644,6 +649,30 @@ def test_ip_adapter_size_on_sd15():
     assert sum(2 * dim * m.to_k.out_features for m in cross) == 19_169_280
 
 
+#: The image encoders of h94/IP-Adapter (``models/image_encoder/config.json``, OpenCLIP
+#: ViT-H/14, and ``sdxl_models/image_encoder/config.json``, OpenCLIP ViT-bigG/14): the
+#: published config keys; the model card gives 632.08M and 1844.9M parameters.
+IP_IMAGE_ENCODERS = {
+    "ViT-H/14": dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                     num_attention_heads=16, projection_dim=1024),
+    "ViT-bigG/14": dict(hidden_size=1664, intermediate_size=8192, num_hidden_layers=48,
+                        num_attention_heads=16, projection_dim=1280),
+}  # fmt: skip
+
+
+def test_ip_adapter_image_encoders_dwarf_the_adapter():
+    """Built on the meta device from their published configs, IP-Adapter's image encoders (`CLIPVisionModelWithProjection`) have 632,076,800 parameters (OpenCLIP ViT-H/14, used with SD 1.5) and 1,844,907,264 (ViT-bigG/14, used with SDXL): over 30 times the SD 1.5 adapter's 19,169,280 `to_k_ip` / `to_v_ip` weights."""
+    counts = {}
+    for name, keys in IP_IMAGE_ENCODERS.items():
+        config = CLIPVisionConfig(
+            image_size=224, patch_size=14, hidden_act="gelu", layer_norm_eps=1e-5, **keys
+        )
+        with torch.device("meta"):
+            counts[name] = n_params(CLIPVisionModelWithProjection(config))
+    assert counts == {"ViT-H/14": 632_076_800, "ViT-bigG/14": 1_844_907_264}
+    assert counts["ViT-H/14"] > 30 * 19_169_280
+
+
 # ---------------------------------------------------------------- T2I-Adapter and combinations
 
 
@@ -702,3 +731,150 @@ def test_lora_ip_adapter_and_controlnet_in_one_call():
         assert "added_cond_kwargs" not in cn_kwargs
         assert unet_kwargs["added_cond_kwargs"]["image_embeds"][0].shape == (2, 1, 16)
         assert len(unet_kwargs["down_block_additional_residuals"]) == 4
+
+
+# ---------------------------------------------------------------- LoRA: scale state and serving
+
+
+def base_weights(unet):
+    """Every LoRA layer's ``base_layer.weight``, cloned: what fusing writes into."""
+    return {
+        name: module.base_layer.weight.detach().clone()
+        for name, module in unet.named_modules()
+        if isinstance(module, LoraLinear)
+    }
+
+
+def test_fuse_lora_scale_compounds_across_refuses():
+    """`fuse_lora(lora_scale=s)` multiplies each layer's `scaling` by `s` (peft's `scale_layer`) and never divides it back, so `fuse_lora(lora_scale=0.5)`, `unfuse_lora()`, `fuse_lora(lora_scale=0.8)` merges the delta at 0.4, not 0.8, and an unfused call after the first unfuse runs the branch at 0.5; `set_adapters(name, adapter_weights=w)` sets an absolute weight, so `set_adapters` then `fuse_lora()` fuses at exactly `w`."""
+    pipe = lora_pipe("style")
+    layer = first_projection(pipe.unet)
+    start = layer.scaling["style"]
+    original = layer.base_layer.weight.detach().clone()
+    a, b = layer.lora_A["style"].weight.detach(), layer.lora_B["style"].weight.detach()
+    unit = b @ a * start  # the delta at weight 1
+    at = {w: predict(pipe.unet, cross_attention_kwargs={"scale": w}) for w in (0.4, 0.5, 0.8)}
+    pipe.fuse_lora(components=["unet"], lora_scale=0.5)
+    assert layer.scaling["style"] == 0.5 * start  # left scaled after fusing
+    pipe.unfuse_lora(components=["unet"])
+    assert layer.scaling["style"] == 0.5 * start  # and after unfusing
+    torch.testing.assert_close(predict(pipe.unet), at[0.5], rtol=0, atol=1e-5)  # unfused: 0.5
+    pipe.fuse_lora(components=["unet"], lora_scale=0.8)
+    torch.testing.assert_close(layer.base_layer.weight, original + 0.4 * unit)
+    torch.testing.assert_close(predict(pipe.unet), at[0.4], rtol=0, atol=1e-5)
+    assert not torch.allclose(predict(pipe.unet), at[0.8], atol=1e-4)
+    pipe.unfuse_lora(components=["unet"])
+    pipe.set_adapters("style", adapter_weights=0.8)  # absolute: 0.8 * lora_alpha / r
+    assert layer.scaling["style"] == 0.8 * start
+    pipe.fuse_lora(components=["unet"])
+    torch.testing.assert_close(layer.base_layer.weight, original + 0.8 * unit)
+    torch.testing.assert_close(predict(pipe.unet), at[0.8], rtol=0, atol=1e-5)
+
+
+def test_set_adapters_writes_no_weights():
+    """`set_adapters` writes no weights: it sets which adapters are active and each layer's `scaling`, and every `base_layer.weight`, `lora_A` and `lora_B` stays bit-identical."""
+    pipe = lora_pipe("a", "b")
+    layer = first_projection(pipe.unet)
+    before = {n: p.detach().clone() for n, p in pipe.unet.named_parameters()}
+    scaling = dict(layer.scaling)
+    pipe.set_adapters(["a", "b"], adapter_weights=[0.3, 0.9])
+    after = dict(pipe.unet.named_parameters())
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert layer.scaling == {"a": 0.3 * scaling["a"], "b": 0.9 * scaling["b"]}
+    assert sorted(layer.active_adapters) == ["a", "b"]
+
+
+def test_scale_zero_call_after_fuse_breaks_unfuse():
+    """After `set_adapters(name, adapter_weights=w)` with `w != 1` and `fuse_lora()`, one call with `cross_attention_kwargs={"scale": 0}` resets `scaling` to `lora_alpha / r` (`unscale_lora_layers` with weight 0 calls peft's `set_scale(name, 1.0)`), so a later `unfuse_lora()` subtracts the weight-1 delta and the base weights are not restored."""
+    pipe = lora_pipe("style")
+    layer = first_projection(pipe.unet)
+    start = layer.scaling["style"]
+    original = base_weights(pipe.unet)
+    a, b = layer.lora_A["style"].weight.detach(), layer.lora_B["style"].weight.detach()
+    pipe.set_adapters("style", adapter_weights=0.5)
+    pipe.fuse_lora(components=["unet"])
+    fused = predict(pipe.unet)
+    out = predict(pipe.unet, cross_attention_kwargs={"scale": 0.0})
+    torch.testing.assert_close(out, fused, rtol=0, atol=1e-5)  # merged: the call changes nothing
+    assert layer.scaling["style"] == start  # but the 0.5 is gone
+    pipe.unfuse_lora(components=["unet"])
+    torch.testing.assert_close(
+        layer.base_layer.weight, original[next(iter(original))] - 0.5 * (b @ a) * start
+    )
+    restored = base_weights(pipe.unet)
+    assert all(not torch.allclose(restored[n], original[n], atol=1e-4) for n in original)
+
+
+def test_lora_without_alpha_keys_gets_alpha_equal_to_rank(tmp_path):
+    """A LoRA file with no alpha keys, loaded with `load_lora_weights` (here a local `.safetensors` file in PEFT's key layout), gets `lora_alpha = r` (diffusers' `get_peft_kwargs`), so its `scaling` is 1: `B @ A` is added as stored."""
+    from safetensors.torch import save_file
+
+    state = lora_state_dict(tiny_unet(), rank=4)
+    save_file(state, tmp_path / "style.safetensors")
+    pipe = tiny_sd_pipeline()
+    pipe.load_lora_weights(str(tmp_path), weight_name="style.safetensors", adapter_name="style")
+    config = pipe.unet.peft_config["style"]
+    assert config.r == config.lora_alpha == 4
+    layers = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
+    assert len(layers) == 32 and all(m.scaling["style"] == 1.0 for m in layers)
+
+
+def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():
+    """LoRA weights from `set_adapters` and the IP-Adapter `scale` live on the UNet's own modules, so two pipelines that share one UNet (as `from_pipe` builds them) share them too: `set_adapters` or `set_ip_adapter_scale` on one changes the other's output, and one pipeline object per request does not isolate requests."""
+    from diffusers import StableDiffusionPipeline
+
+    pipe = lora_pipe("style")
+    pipe.load_ip_adapter(
+        random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    other = StableDiffusionPipeline.from_pipe(pipe)
+    assert other.unet is pipe.unet
+    image_embeds = [torch.randn(2, 1, 16, generator=torch.Generator().manual_seed(4))]
+    before = run(other, steps=1, ip_adapter_image_embeds=image_embeds)
+    pipe.set_adapters("style", adapter_weights=0.2)  # on the first pipeline only
+    after_lora = run(other, steps=1, ip_adapter_image_embeds=image_embeds)
+    assert not torch.allclose(before, after_lora)
+    during = []  # the call's scale is written on the shared module while it runs
+    first_projection(pipe.unet).register_forward_pre_hook(
+        lambda m, a: during.append(m.scaling["style"])
+    )
+    with torch.no_grad():  # a UNet call with a per-call scale, as the pipeline makes it
+        pipe.unet(X, T, encoder_hidden_states=PROMPT, cross_attention_kwargs={"scale": 0.5},
+                  added_cond_kwargs={"image_embeds": [image_embeds[0][1:]]})  # fmt: skip
+    assert during[-1] == 0.5 * first_projection(other.unet).scaling["style"]
+    pipe.set_ip_adapter_scale(0.0)
+    after_ip = run(other, steps=1, ip_adapter_image_embeds=image_embeds)
+    assert not torch.allclose(after_lora, after_ip)
+    layer = first_projection(other.unet)
+    assert layer.scaling["style"] == 0.2 * other.unet.peft_config["style"].lora_alpha / 2
+
+
+def test_controlnet_is_outside_the_model_offload_chain():
+    """`StableDiffusionControlNetPipeline.model_cpu_offload_seq` is `"text_encoder->image_encoder->unet->vae"`: the ControlNet is not in the chain, so `enable_model_cpu_offload` gives it a hook of its own that no other component's forward offloads, and during the loop it stays on the GPU beside the UNet until the call ends (`maybe_free_model_hooks`)."""
+    unet = tiny_unet()
+    pipe = controlnet_pipeline(unet, tiny_controlnet(unet))
+    assert type(pipe).model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
+    assert "controlnet" not in pipe.model_cpu_offload_seq.split("->")
+    assert "controlnet" not in pipe._exclude_from_cpu_offload
+    pipe.enable_model_cpu_offload(device="cpu")  # accelerate's hooks; "cpu" stands in for cuda
+    hooks = {type(h.model).__name__: h for h in pipe._all_hooks}
+    assert hooks["ControlNetModel"].hook.prev_module_hook is None
+    assert all(h.hook.prev_module_hook is not hooks["ControlNetModel"] for h in hooks.values())
+    events = []
+
+    def spy(name, offload):
+        def recorded():
+            events.append(f"offload {name}")
+            return offload()
+
+        return recorded
+
+    for name, hook in hooks.items():
+        hook.offload = spy(name, hook.offload)
+    for module in (unet, pipe.controlnet):
+        label = type(module).__name__
+        module.register_forward_pre_hook(lambda m, a, label=label: events.append(label))
+    pipe(prompt_embeds=PROMPT, negative_prompt_embeds=NEGATIVE, num_inference_steps=2,
+         height=HEIGHT, width=WIDTH, image=CONTROL_IMAGE, output_type="latent")  # fmt: skip
+    assert events == ["ControlNetModel", "UNet2DConditionModel"] * 2  # no offload in the loop

@@ -42,14 +42,24 @@ def lora_config(r, alpha, init=True):
     return LoraConfig(r=r, lora_alpha=alpha, target_modules=TARGETS, init_lora_weights=init)
 
 
+def add_adapter(unet, config, name, first):
+    """``unet.add_adapter``; peft warns (a UserWarning) on purpose for every adapter after
+    the first: several named adapters on one model is what these tests exercise."""
+    if first:
+        unet.add_adapter(config, adapter_name=name)
+        return
+    with pytest.warns(UserWarning, match="Already found a `peft_config` attribute"):
+        unet.add_adapter(config, adapter_name=name)
+
+
 def adapted_unet(*adapters):
     """The tiny UNet with one adapter per (name, r, alpha); every lora_B set to random."""
     from tiny import tiny_unet
 
     unet = tiny_unet()
     g = torch.Generator().manual_seed(1)
-    for name, r, alpha in adapters:
-        unet.add_adapter(lora_config(r, alpha), adapter_name=name)
+    for i, (name, r, alpha) in enumerate(adapters):
+        add_adapter(unet, lora_config(r, alpha), name, first=i == 0)
         with torch.no_grad():
             for pname, p in unet.named_parameters():
                 if f"lora_B.{name}." in pname:
@@ -183,7 +193,7 @@ def test_lora_parameter_counts_on_real_configs(lab, family, config_name):
     )
     assert shapes == sorted((i, o) for _, i, o in lab["attention_projections"](starter))
     for r in (4, 128):
-        unet.add_adapter(lora_config(r, r), adapter_name=f"r{r}")
+        add_adapter(unet, lora_config(r, r), f"r{r}", first=r == 4)
         n = sum(p.numel() for name, p in unet.named_parameters() if f".r{r}." in name)
         assert n == lab["lora_counts"][(family, r)]
     for r in lab["args"].rank:  # the others are linear in r: r * (d_in + d_out) per layer
@@ -259,3 +269,46 @@ def test_scale_multiplies_the_set_adapters_weight(lab):
     np.testing.assert_allclose(
         y, lab["lora_linear"](x, w, b, a, bb, 8, 4, scale=0.4 * 0.5), atol=1e-5
     )
+
+
+def test_bf16_fuse_unfuse_cycles_drift_the_base_weights(lab):
+    """In bf16, `fuse_lora()` / `unfuse_lora()` cycles do not give the base weights back: peft adds and subtracts the delta in place in bf16, and after 30 cycles at `set_adapters` weights 1.0, 0.5, 0.8 in turn the weights differ from the originals exactly as the starter's `fuse_unfuse_cycles` (`round_to(x, "bf16")`) predicts, bit for bit."""
+    unet = adapted_unet(("a", 4, 4)).to(torch.bfloat16)
+    layer = unet.get_submodule(LAYER)
+    start = layer.base_layer.weight.detach().clone()
+    deltas = []
+    for i in range(30):
+        unet.set_adapters(["a"], weights=[(1.0, 0.5, 0.8)[i % 3]])
+        deltas.append(layer.get_delta_weight("a").detach().float().numpy().astype(np.float64))
+        unet.fuse_lora()
+        unet.unfuse_lora()
+    end = layer.base_layer.weight.detach()
+    assert end.dtype == torch.bfloat16 and not torch.equal(end, start)
+    expected = lab["fuse_unfuse_cycles"](start.float().numpy().astype(np.float64), deltas, 30)
+    np.testing.assert_array_equal(end.float().numpy().astype(np.float64), expected)
+    assert (end.float() - start.float()).abs().max() > 1e-3
+
+
+def test_demo_layer_follows_the_family(lab):
+    """With `--family sdxl` the starter's demo layer is SDXL's first cross-attention `to_k` (`attn2` of `down_blocks.1`, 2048 -> 640), which is the shape of that layer in SDXL's real UNet."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    import model_configs
+    from diffusers import UNet2DConditionModel
+
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["lora_injection.py", "--family", "sdxl"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            g = runpy.run_path(str(ROOT / LAB08), run_name="__main__")
+    finally:
+        sys.argv = argv
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**model_configs.SDXL_UNET)
+    first = next(m for n, m in unet.named_modules() if n.endswith("attn2.to_k"))
+    assert (g["d_in"], g["d_out"]) == (first.in_features, first.out_features) == (2048, 640)
+    assert g["weight"].shape == (640, 2048)
