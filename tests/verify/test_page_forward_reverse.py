@@ -19,7 +19,7 @@ from diffusers import (
     EulerDiscreteScheduler,
     StableDiffusionImg2ImgPipeline,
 )
-from tiny import SD_BETAS, embeds, start_latents, tiny_sd_pipeline, tiny_unet
+from tiny import SD_BETAS, SD_SCHEDULER, embeds, start_latents, tiny_sd_pipeline, tiny_unet
 
 SCHEDULES = ["linear", "scaled_linear", "squaredcos_cap_v2"]
 #: the beta ranges Lab 01 uses per schedule (DDPM's and SD's; cosine ignores its range)
@@ -64,8 +64,10 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def euler_pipe():
-    """The tiny pipeline with SD's betas in EulerDiscreteScheduler: init_noise_sigma != 1."""
-    return tiny_sd_pipeline(scheduler=EulerDiscreteScheduler(**SD_BETAS))
+    """The tiny pipeline with SD 1.5's scheduler config swapped to EulerDiscreteScheduler the
+    usual way (from_config): init_noise_sigma != 1."""
+    sd_config = DDIMScheduler(**SD_SCHEDULER).config
+    return tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(sd_config))
 
 
 @pytest.fixture(scope="module")
@@ -223,15 +225,38 @@ def test_trailing_starts_at_the_last_timestep(cls):
     assert firsts == {("trailing", 0): 999, ("leading", 0): 900, ("leading", 1): 901}
 
 
+def first_scale_model_input_sample(pipe, **kwargs):
+    """Run the pipeline's __call__ (unguided) and return the `latents` its loop starts from
+    and the first `t`: the arguments of the first `scale_model_input` call (a spy on the
+    scheduler instance)."""
+    seen = []
+    original = pipe.scheduler.scale_model_input
+
+    def spy(sample, t, *args, **kw):
+        seen.append((sample.clone(), t))
+        return original(sample, t, *args, **kw)
+
+    pipe.scheduler.scale_model_input = spy
+    try:
+        pipe(guidance_scale=1.0, output_type="latent", **kwargs)
+    finally:
+        del pipe.scheduler.scale_model_input
+    return seen[0]
+
+
 def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
     r"""`StableDiffusionPipeline` starts from `latents` drawn from $\mathcal{N}(0, I)$ with the `generator` and multiplied by `scheduler.init_noise_sigma` (1.0 for `DDIMScheduler`, about 14.6 for `EulerDiscreteScheduler` with SD's betas)."""
     for pipe in [sd_pipe, euler_pipe]:
+        pipe.scheduler.set_timesteps(3)
         sigma = pipe.scheduler.init_noise_sigma
-        got = pipe.prepare_latents(
-            2, 4, 16, 16, torch.float32, "cpu", torch.Generator().manual_seed(0)
+        start, _ = first_scale_model_input_sample(
+            pipe,
+            prompt_embeds=embeds(0, batch=2),
+            num_inference_steps=3,
+            generator=torch.Generator().manual_seed(0),
         )
         noise = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
-        close(got, noise * sigma)
+        close(start, noise * sigma)
     assert sd_pipe.scheduler.init_noise_sigma == 1.0
     assert float(euler_pipe.scheduler.init_noise_sigma) == pytest.approx(14.6, abs=0.05)
 
@@ -239,16 +264,23 @@ def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
 def test_img2img_starts_from_a_noised_encoded_image(sd_pipe):
     """`StableDiffusionImg2ImgPipeline` starts from `scheduler.add_noise` applied to the encoded image (`vae.encode(image)` sampled, times `vae.config.scaling_factor`) at the first timestep."""
     pipe = StableDiffusionImg2ImgPipeline(**sd_pipe.components, requires_safety_checker=False)
-    image = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(5)) * 2 - 1
-    t = torch.tensor([600])
-    got = pipe.prepare_latents(
-        image, t, 1, 1, torch.float32, "cpu", torch.Generator().manual_seed(0)
+    pipe.set_progress_bar_config(disable=True)
+    image = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(5))  # in [0, 1]
+    start, first_t = first_scale_model_input_sample(
+        pipe,
+        prompt_embeds=embeds(0),
+        image=image,
+        strength=0.6,
+        num_inference_steps=10,
+        generator=torch.Generator().manual_seed(0),
     )
-    g = torch.Generator().manual_seed(0)
+    assert int(first_t) == 501  # strength 0.6 of SD's leading grid 901, 801, ..., 1
+    g = torch.Generator().manual_seed(0)  # the pipeline's draws, in its order
     with torch.no_grad():
-        encoded = pipe.vae.encode(image).latent_dist.sample(g) * pipe.vae.config.scaling_factor
+        encoded = pipe.vae.encode(image * 2 - 1).latent_dist.sample(g)
+    encoded = encoded * pipe.vae.config.scaling_factor
     noise = torch.randn(encoded.shape, generator=g)
-    close(got, pipe.scheduler.add_noise(encoded, noise, t), tol=1e-5)
+    close(start, pipe.scheduler.add_noise(encoded, noise, first_t.reshape(1)), tol=1e-5)
 
 
 def test_reverse_loop_is_scale_model_input_unet_step(euler_pipe, record_calls):
@@ -359,11 +391,12 @@ def test_ddim_eta_zero_is_deterministic():
 
 
 def test_ddim_eta_one_is_ddpm():
-    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on the same timesteps and `generator`: stochastic DDPM-like sampling."""
+    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on a `leading` grid (both step to the same previous timestep) with the same `generator`: stochastic DDPM-like sampling."""
     kwargs = dict(clip_sample=False, **SD_BETAS)
     ddim, ddpm = DDIMScheduler(**kwargs), DDPMScheduler(**kwargs)
     ddim.set_timesteps(10)
     ddpm.set_timesteps(10)
+    assert ddim.config.timestep_spacing == ddpm.config.timestep_spacing == "leading"
     x_t, eps = randn(0), randn(1)
     for t in [900, 500, 100]:
         a = ddim.step(eps, t, x_t, eta=1.0, generator=torch.Generator().manual_seed(t)).prev_sample

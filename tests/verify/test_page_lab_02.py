@@ -139,3 +139,16 @@ def test_a_prediction_type_mismatch_raises_nothing():
         results.append(scheduler.step(output, 500, sample).prev_sample)
     assert all(r.shape == sample.shape for r in results)
     assert not torch.allclose(results[0], results[1]) and not torch.allclose(results[0], results[2])
+
+
+def test_ddpm_step_off_the_grid_raises_index_error():
+    """After `set_timesteps(10)`, `DDPMScheduler.step` at a timestep off the grid (50) raises an `IndexError` from `previous_timestep`, while `DDIMScheduler.step` steps from it by the fixed stride."""
+    sample, eps = torch.randn(4, 2, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    ddpm = DDPMScheduler(clip_sample=False)
+    ddpm.set_timesteps(10)
+    assert 50 not in ddpm.timesteps
+    with pytest.raises(IndexError):
+        ddpm.step(eps, 50, sample, generator=torch.Generator().manual_seed(0))
+    ddim = DDIMScheduler(clip_sample=False)
+    ddim.set_timesteps(10)
+    assert torch.isfinite(ddim.step(eps, 50, sample).prev_sample).all()

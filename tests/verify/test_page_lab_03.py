@@ -12,7 +12,12 @@ import logging
 import numpy as np
 import pytest
 import torch
-from diffusers import DDIMScheduler, EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler
+from diffusers import (
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+)
 
 T = 1000
 
@@ -83,3 +88,32 @@ def test_flow_match_shifts_sigma_min_twice():
     twice = 3.0 * once / (1 + 2.0 * once)
     assert last == pytest.approx(twice, rel=1e-4) and last == pytest.approx(0.0089, abs=5e-5)
     assert once == pytest.approx(0.0030, abs=5e-5)
+
+
+def flow_loop(scheduler, z, mean=0.5, std=0.3, steps=25):
+    """A scheduler loop on the exact velocity for data x0 ~ N(mean, std**2): returns the mean
+    |x - exact| at the end (the flow ODE maps z to mean + std * z)."""
+    scheduler.set_timesteps(steps)
+    x = z.clone()
+    for t in scheduler.timesteps:
+        sigma = float(t) / T  # the level the model is told
+        gain = (1 - sigma) * std**2 / ((1 - sigma) ** 2 * std**2 + sigma**2)
+        x0_hat = mean + gain * (x - (1 - sigma) * mean)
+        x = scheduler.step((x - x0_hat) / sigma, t, x).prev_sample
+    return float((x - (mean + std * z)).abs().mean())
+
+
+def test_flow_matching_is_a_path_and_a_target():
+    """`FlowMatchEulerDiscreteScheduler` has no `prediction_type`; `DPMSolverMultistepScheduler` runs a flow model's loop as accurately only with both `use_flow_sigmas=True` and `prediction_type="flow_prediction"`, and with only the second it runs without an error and ends far from the data."""
+    assert "prediction_type" not in FlowMatchEulerDiscreteScheduler().config
+    z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    euler = flow_loop(FlowMatchEulerDiscreteScheduler(shift=3.0), z)
+    both = flow_loop(
+        DPMSolverMultistepScheduler(
+            use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0
+        ),
+        z,
+    )
+    target_only = flow_loop(DPMSolverMultistepScheduler(prediction_type="flow_prediction"), z)
+    assert both < euler < 0.05, (both, euler)
+    assert np.isfinite(target_only) and target_only > 10 * euler, target_only

@@ -18,6 +18,7 @@ from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
     DDPMScheduler,
+    DPMSolverMultistepScheduler,
     FlowMatchEulerDiscreteScheduler,
     StableDiffusion3Pipeline,
     UNet2DConditionModel,
@@ -283,6 +284,20 @@ def test_flow_matching_velocity_step():
     x_t = scheduler.scale_noise(x0, t0[None], eps)
     close(x_t, (1 - s0) * x0 + s0 * eps, tol=1e-5)
     prev = scheduler.step(eps - x0, t0, x_t).prev_sample
+    close(prev, (1 - s1) * x0 + s1 * eps, tol=1e-5)
+
+
+def test_dpmsolver_flow_prediction_reads_the_velocity():
+    r"""`DPMSolverMultistepScheduler` with `prediction_type="flow_prediction"` and `use_flow_sigmas=True` reads `model_output` as the velocity $\epsilon - x_0$ on the path $x = (1-\sigma)\, x_0 + \sigma\, \epsilon$: its first step lands exactly on that path at the next sigma."""
+    scheduler = DPMSolverMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
+    )
+    scheduler.set_timesteps(10)
+    x0, eps = randn(0).float(), randn(1).float()
+    s0, s1 = scheduler.sigmas[0], scheduler.sigmas[1]
+    assert 0.9 < s0 < 1.0
+    x_t = (1 - s0) * x0 + s0 * eps
+    prev = scheduler.step(eps - x0, scheduler.timesteps[0], x_t).prev_sample
     close(prev, (1 - s1) * x0 + s1 * eps, tol=1e-5)
 
 

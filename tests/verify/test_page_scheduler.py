@@ -18,6 +18,7 @@ import inspect
 import logging
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from diffusers import (
     DDIMScheduler,
     DDPMScheduler,
     DPMSolverMultistepScheduler,
+    EDMEulerScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     HeunDiscreteScheduler,
@@ -38,7 +40,17 @@ from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import c
 from diffusers.schedulers.scheduling_flow_match_euler_discrete import (
     FlowMatchEulerDiscreteSchedulerOutput,
 )
-from tiny import EMBED_DIM, HEIGHT, SD_BETAS, WIDTH, embeds, start_latents, tiny_vae
+from diffusers.schedulers.scheduling_utils import KarrasDiffusionSchedulers
+from tiny import (
+    EMBED_DIM,
+    HEIGHT,
+    SD_BETAS,
+    SD_SCHEDULER,
+    WIDTH,
+    embeds,
+    start_latents,
+    tiny_vae,
+)
 
 from infralens_docs.registry import ROOT
 
@@ -46,6 +58,8 @@ SCHEDULER_PAGE = (ROOT / "docs" / "handbook" / "scheduler.md").read_text(encodin
 #: Stable Diffusion 1.5's shipped scheduler config, as printed on the diffusers docs page
 #: https://huggingface.co/docs/diffusers/using-diffusers/schedulers
 SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
+#: SD 1.5's scheduler settings that EulerDiscreteScheduler accepts (it has no clip_sample)
+SD_SCHEDULER_EULER = dict(SD_BETAS, steps_offset=SD_SCHEDULER["steps_offset"])
 LATENT_SHAPE = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
 
 
@@ -313,17 +327,43 @@ def test_pipeline_loop_runs_the_contract(sd_pipe, record_calls):
     torch.testing.assert_close(final, latents)
 
 
-def test_pipeline_guards_scale_model_input_with_hasattr():
-    """`StableDiffusionPipeline.__call__` calls `scale_model_input` only under `if hasattr(self.scheduler, "scale_model_input")`.
+class DDIMWithoutScaleModelInput(DDIMScheduler):
+    """A DDIMScheduler on which `hasattr(scheduler, "scale_model_input")` is False."""
 
-    Read with inspect: the exact guard line followed by the call.
-    """
-    source = inspect.getsource(StableDiffusionPipeline.__call__)
-    assert re.search(
-        r'if hasattr\(self\.scheduler, "scale_model_input"\):\n\s+latent_model_input = '
-        r"self\.scheduler\.scale_model_input\(latent_model_input, t\)",
-        source,
-    )
+    @property
+    def scale_model_input(self):
+        raise AttributeError("scale_model_input")
+
+
+def test_pipeline_guards_scale_model_input_but_not_init_noise_sigma(sd_pipe):
+    """`StableDiffusionPipeline.__call__` skips `scale_model_input` when the scheduler has none (an `if hasattr` guard), but `prepare_latents` reads `scheduler.init_noise_sigma` unguarded: with `FlowMatchEulerDiscreteScheduler`, which has neither, the call fails there with an `AttributeError`."""
+    original = sd_pipe.scheduler
+    try:
+        sd_pipe.scheduler = DDIMWithoutScaleModelInput(**SD_SCHEDULER)
+        assert not hasattr(sd_pipe.scheduler, "scale_model_input")
+        without = run_sd(sd_pipe, 3, latents=start_latents())
+        sd_pipe.scheduler = DDIMScheduler(**SD_SCHEDULER)
+        torch.testing.assert_close(without, run_sd(sd_pipe, 3, latents=start_latents()))
+        sd_pipe.scheduler = FlowMatchEulerDiscreteScheduler()
+        with pytest.raises(AttributeError, match="init_noise_sigma"):
+            run_sd(sd_pipe, 3, latents=start_latents())
+    finally:
+        sd_pipe.scheduler = original
+
+
+def test_only_init_checks_the_scheduler_config(sd_pipe, record_calls):
+    """Only `__init__` rewrites an outdated config: a `DDIMScheduler()` with the defaults `steps_offset=0` and `clip_sample=True` assigned later with `pipe.scheduler = ...` raises no warning, and `__call__` runs it as configured (first UNet call at `t = 900`, not 901)."""
+    original = sd_pipe.scheduler
+    try:
+        sd_pipe.scheduler = DDIMScheduler(
+            **SD_BETAS
+        )  # the error filter turns a warning into a failure
+        recorder = record_calls(sd_pipe.unet)
+        run_sd(sd_pipe, 10, latents=start_latents())
+        assert sd_pipe.scheduler.config.steps_offset == 0 and sd_pipe.scheduler.config.clip_sample
+        assert float(recorder.calls[0][0][1]) == 900
+    finally:
+        sd_pipe.scheduler = original
 
 
 def test_init_noise_sigma_per_class_and_spacing():
@@ -961,14 +1001,126 @@ def test_from_config_carries_the_config_over():
     assert euler.timesteps[0].item() == 901
 
 
-def test_compatibles():
-    """A class's `_compatibles` names the scheduler classes that can read its config (`EulerDiscreteScheduler`'s includes `DDIMScheduler`, `DDPMScheduler`, `PNDMScheduler` and `HeunDiscreteScheduler`), and `FlowMatchEulerDiscreteScheduler._compatibles` is empty."""
-    assert FlowMatchEulerDiscreteScheduler._compatibles == []
-    assert FlowMatchEulerDiscreteScheduler().compatibles == [FlowMatchEulerDiscreteScheduler]
+def test_compatibles_is_one_shared_list():
+    """In diffusers 0.42.1, 20 scheduler classes carry the same `_compatibles` list, the names of the `KarrasDiffusionSchedulers` enum, which includes `EDMEulerScheduler`, a class with no betas; `FlowMatchEulerDiscreteScheduler._compatibles` and `EDMEulerScheduler._compatibles` are empty.
+
+    Counted in the installed source files: the line that builds the list, per class.
+    """
+    import diffusers.schedulers as package
+
+    line = re.compile(r"^    _compatibles = \[e\.name for e in KarrasDiffusionSchedulers\]$", re.M)
+    files = sorted(Path(package.__file__).parent.glob("scheduling_*.py"))
+    carriers = {f.stem for f in files if line.search(f.read_text(encoding="utf-8"))}
+    assert len(carriers) == 20, sorted(carriers)
     names = set(EulerDiscreteScheduler._compatibles)
-    assert {"DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "HeunDiscreteScheduler"} <= names
-    assert "FlowMatchEulerDiscreteScheduler" not in names
-    assert DDIMScheduler in EulerDiscreteScheduler().compatibles
+    assert names == {e.name for e in KarrasDiffusionSchedulers}
+    assert {"DDIMScheduler", "DPMSolverMultistepScheduler", "EDMEulerScheduler"} <= names
+    assert EDMEulerScheduler in EulerDiscreteScheduler().compatibles
+    assert "beta_schedule" not in inspect.signature(EDMEulerScheduler).parameters
+    assert not hasattr(EDMEulerScheduler(), "alphas_cumprod")
+    assert FlowMatchEulerDiscreteScheduler._compatibles == EDMEulerScheduler._compatibles == []
+
+
+def test_from_config_builds_any_class():
+    """`from_config` checks no compatibility: `EDMEulerScheduler.from_config(config)` of SD's scheduler builds without error, drops the betas with only a logged warning, and starts at its own `sigma_max` of 80 instead of SD's 14.61."""
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("diffusers.configuration_utils")
+    handler = Collect(level=logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        edm = EDMEulerScheduler.from_config(EulerDiscreteScheduler(**SD_SCHEDULER_EULER).config)
+    finally:
+        logger.removeHandler(handler)
+    assert any("are not expected and will be ignored" in m and "beta_start" in m for m in messages)
+    edm.set_timesteps(10)
+    assert edm.sigmas[0].item() == pytest.approx(80.0)
+    sd = EulerDiscreteScheduler(**SD_SCHEDULER_EULER)
+    sd.set_timesteps(10)
+    assert sd.sigmas[0].item() == pytest.approx(14.61, abs=0.005)
+
+
+def exact_flow_velocity(module, args, kwargs, output, mean=0.5, std=0.3):
+    """Forward hook: replace the transformer's output with the exact velocity for data
+    x0 ~ N(mean, std**2 I) at the level it is told (sigma = timestep / 1000)."""
+    x = kwargs["hidden_states"].double()
+    sigma = kwargs["timestep"].double().reshape(-1, 1, 1, 1) / 1000
+    gain = (1 - sigma) * std**2 / ((1 - sigma) ** 2 * std**2 + sigma**2)
+    x0_hat = mean + gain * (x - (1 - sigma) * mean)
+    return ((x - x0_hat) / sigma).to(output[0].dtype), *output[1:]
+
+
+def flow_errors(sd3_pipe, schedulers, steps=25):
+    """Mean |final latents - exact|: for Gaussian data the flow ODE maps z to mean + std * z."""
+    z = start_latents()
+    handle = sd3_pipe.transformer.register_forward_hook(exact_flow_velocity, with_kwargs=True)
+    original = sd3_pipe.scheduler
+    errors = {}
+    try:
+        for name, scheduler in schedulers.items():
+            sd3_pipe.scheduler = scheduler
+            g = torch.Generator().manual_seed(1)
+            final = sd3_pipe(
+                prompt_embeds=torch.randn(1, 10, EMBED_DIM, generator=g),
+                pooled_prompt_embeds=torch.randn(1, 16, generator=g),
+                guidance_scale=1.0,
+                num_inference_steps=steps,
+                height=HEIGHT,
+                width=WIDTH,
+                output_type="latent",
+                latents=z.clone(),
+            ).images
+            errors[name] = (final - (0.5 + 0.3 * z)).abs().mean().item()
+    finally:
+        handle.remove()
+        sd3_pipe.scheduler = original
+    return errors
+
+
+def test_dpmsolver_with_flow_sigmas_runs_a_flow_model(sd3_pipe):
+    """A flow-matching model does not need `FlowMatchEulerDiscreteScheduler`: `DPMSolverMultistepScheduler` (the type of `SanaPipeline`'s scheduler) and `UniPCMultistepScheduler` with `use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0` in `StableDiffusion3Pipeline` read the velocity and, on an exact flow denoiser at 25 steps, land closer to the exact samples than `FlowMatchEulerDiscreteScheduler(shift=3.0)`.
+
+    The denoiser: the tiny transformer's output replaced by a forward hook with the exact
+    velocity for Gaussian data, for which the ODE's end point is known in closed form.
+    """
+    from diffusers import SanaPipeline, UniPCMultistepScheduler
+
+    sana = inspect.signature(SanaPipeline.__init__).parameters["scheduler"].annotation
+    assert sana is DPMSolverMultistepScheduler
+    assert "DPMSolverMultistepScheduler" not in FlowMatchEulerDiscreteScheduler._compatibles
+    flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
+    errors = flow_errors(
+        sd3_pipe,
+        {
+            "euler": FlowMatchEulerDiscreteScheduler(shift=3.0),
+            "dpm": DPMSolverMultistepScheduler(**flow),
+            "unipc": UniPCMultistepScheduler(**flow),
+        },
+    )
+    assert max(errors["dpm"], errors["unipc"]) < errors["euler"] < 0.05, errors
+
+
+def test_flow_model_with_a_default_solver_config_fails_silently(sd3_pipe):
+    """`DPMSolverMultistepScheduler.from_config(config)` of SD3's `FlowMatchEulerDiscreteScheduler` config keeps the default `use_flow_sigmas=False` and `prediction_type="epsilon"` (and drops `shift`): `StableDiffusion3Pipeline` runs without an error and ends far from the data; so does setting only one of `use_flow_sigmas=True` and `prediction_type="flow_prediction"`."""
+    naive = DPMSolverMultistepScheduler.from_config(
+        FlowMatchEulerDiscreteScheduler(shift=3.0).config
+    )
+    assert naive.config.use_flow_sigmas is False and naive.config.prediction_type == "epsilon"
+    assert naive.config.flow_shift == 1.0
+    errors = flow_errors(
+        sd3_pipe,
+        {
+            "euler": FlowMatchEulerDiscreteScheduler(shift=3.0),
+            "naive": naive,
+            "target only": DPMSolverMultistepScheduler(prediction_type="flow_prediction"),
+            "sigmas only": DPMSolverMultistepScheduler(use_flow_sigmas=True, flow_shift=3.0),
+        },
+    )
+    assert all(errors[k] > 10 * errors["euler"] for k in errors if k != "euler"), errors
 
 
 def test_rescale_betas_zero_snr():

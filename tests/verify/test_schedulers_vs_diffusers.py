@@ -28,9 +28,6 @@ from labkit import schedulers as ours
 from labkit.data import default_mixture
 from labkit.schedules import CANONICAL_BETA_RANGE
 
-# diffusers' Euler set_timesteps calls np.array(tensor), which NumPy 2 deprecates
-pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
-
 REL = 1e-5
 LOOP_REL = 1e-3
 
