@@ -270,6 +270,8 @@ table(
 #   `mid_block`, the embeddings) forms one "unmatched" group that stays on the device for
 #   the whole forward. Peak: unmatched + the largest group. `use_stream=True` forces
 #   n = 1 and prefetches the next group while one runs: two groups at a time.
+#   `block_modules=["mid_block"]` (diffusers 0.42.1) cuts a named child into groups of
+#   its own ModuleLists' blocks, so it no longer sits in the unmatched group.
 # - `offload_type="leaf_level"`: one group per Linear / Conv / Embedding layer, plus one
 #   per module holding other parameters (norm weights): the same granularity.
 # Weights are bf16/fp16, 2 bytes per parameter; activations come on top.
@@ -290,6 +292,15 @@ def schedules(record, steps, group_sizes):
     ones = [b * 2 for blocks in lists for b in blocks]  # use_stream: n = 1, next one prefetched
     pairs = max(ones[i] + ones[i + 1] for i in range(len(ones) - 1))
     rows.append(("block_level, use_stream", unmatched + pairs, total, len(ones) + 1))
+    # block_modules=[name]: a child outside the ModuleLists (SDXL's mid_block) is itself cut
+    # into groups of its own ModuleLists' blocks, instead of staying in the unmatched group
+    inner = [c for c in record["children"] if "inner_blocks" in c]
+    if inner:
+        rest = unmatched - sum(c["params"] for c in inner) * 2  # what stays resident
+        inner_ones = [b * 2 for c in inner for b in c["inner_blocks"]]
+        own = max(c["inner_rest"] for c in inner) * 2  # a child's own unmatched part
+        names = ", ".join(repr(c["name"]) for c in inner)
+        rows.append((f"block_level, n=1, block_modules=[{names}]", rest + own + max(ones + inner_ones), total, len(ones) + len(inner_ones) + 1 + sum(c["inner_rest"] > 0 for c in inner)))  # fmt: skip
     # one group per module with its own parameters: accelerate's hooks for sequential offload too
     largest = max(leaf["largest_layer"], leaf["largest_other"]) * 2
     rows.append(("leaf_level / sequential", largest, total, leaf["layers"] + leaf["other_groups"]))
@@ -323,7 +334,8 @@ sdxl = {c["name"]: c for c in offload_groups.model("SDXL", "unet")["children"]}
 print(
     f"\nSDXL's largest group is up_blocks[0]: {max(sdxl['up_blocks']['blocks']) * 2 / 1e9:.2f} GB;"
     f" its mid_block ({sdxl['mid_block']['params'] * 2 / 1e9:.2f} GB) is not in a ModuleList,"
-    " so it stays in the unmatched group, on the device for the whole forward."
+    " so it stays in the unmatched group, on the device for the whole forward,"
+    " unless enable_group_offload(..., block_modules=['mid_block']) names it."
 )
 
 # %% [markdown]

@@ -91,7 +91,7 @@ def test_force_upcast_is_read_by_sdxl_not_by_sd15():
 
 
 def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
-    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on a tiny `FluxTransformer2DModel` hooks `Linear`, `Conv` and `Embedding` layers and skips those matching `pos_embed`, `patch_embed`, `norm`, `^proj_in$` or `^proj_out$`: the `Linear` weights of the transformer blocks are stored in float8 (1 byte each), the `norm` layers and the final `proj_out` stay float32, and the output stays finite and within 0.2 relative RMS of the float32 model's (a plain cast, no scale)."""
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on a tiny `FluxTransformer2DModel` hooks `Linear`, `Conv` and `Embedding` layers and skips every module whose name matches `pos_embed`, `patch_embed`, `norm`, `^proj_in$` or `^proj_out$` (plus Flux's `_skip_layerwise_casting_patterns`, `pos_embed` and `norm`): the attention and feed-forward `Linear` weights are stored in float8 (1 byte each), while the AdaLN modulation Linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`), `norm_out` and `proj_out` stay float32, and the output stays finite and within 0.2 relative RMS of the float32 model's (a plain cast, no scale)."""
     from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
     from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 
@@ -107,26 +107,78 @@ def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
             expected = torch.float32 if "norm" in name else torch.float8_e4m3fn
             assert module.weight.dtype == expected, name
     assert any("norm" in n for n in linears) and linears["proj_out"].weight.dtype == torch.float32
+    assert type(cast)._skip_layerwise_casting_patterns == ["pos_embed", "norm"]
+    for name in ["transformer_blocks.0.norm1.linear", "transformer_blocks.0.norm1_context.linear", "single_transformer_blocks.0.norm.linear", "norm_out.linear"]:  # fmt: skip
+        assert linears[name].weight.dtype == torch.float32, name  # AdaLN modulation: kept
+    assert linears["transformer_blocks.0.attn.to_q"].weight.dtype == torch.float8_e4m3fn
     y_ref, y_cast = run(reference), run(cast)
     assert torch.isfinite(y_cast).all()
     rel = ((y_cast - y_ref).norm() / y_ref.norm()).item()
     assert 0 < rel < 0.2
 
 
-def test_gguf_blocks_and_dequantize_on_every_call():
-    """A GGUF `Q8_0` block holds 32 weights in 34 bytes and a `Q4_0` block 32 weights in 18 bytes (8.5 and 4.5 bits per weight); diffusers' `GGUFLinear.forward_native` dequantizes its whole weight with `dequantize_gguf_tensor` inside every forward, casts it to `compute_dtype` and calls an ordinary `linear`, and `GGUFQuantizationConfig` is `pre_quantized`: GGUF weights come quantized from the file."""
+def test_gguf_blocks_and_dequantize_on_every_call(monkeypatch):
+    """A GGUF `Q8_0` block holds 32 weights in 34 bytes and a `Q4_0` block 32 weights in 18 bytes (8.5 and 4.5 bits per weight); without `DIFFUSERS_GGUF_CUDA_KERNELS=true` a `GGUFLinear` runs `forward_native`, which dequantizes its whole weight inside every forward and calls an ordinary `linear` in `compute_dtype`; the opt-in CUDA path (`_fused_mul_mat_gguf`) also dequantizes the whole weight and multiplies in the input's dtype; and `GGUFQuantizationConfig` is `pre_quantized`: GGUF weights come quantized from the file."""
     gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
+    import diffusers.quantizers.gguf.utils as gguf_utils
+    import numpy as np
     from diffusers import GGUFQuantizationConfig
-    from diffusers.quantizers.gguf.utils import GGUFLinear
 
     sizes = gguf.GGML_QUANT_SIZES
-    assert sizes[gguf.GGMLQuantizationType.Q8_0] == (32, 34)
-    assert sizes[gguf.GGMLQuantizationType.Q4_0] == (32, 18)
-    forward = inspect.getsource(GGUFLinear.forward_native)
-    assert "weight = dequantize_gguf_tensor(self.weight)" in forward
-    assert "weight = weight.to(self.compute_dtype)" in forward
-    assert "torch.nn.functional.linear(inputs, weight, bias)" in forward
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    assert sizes[q8] == (32, 34) and sizes[gguf.GGMLQuantizationType.Q4_0] == (32, 18)
+    assert gguf_utils.can_use_cuda_kernels is False and gguf_utils.ops is None
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    layer = gguf_utils.GGUFLinear(64, 8, bias=False, compute_dtype=torch.bfloat16)
+    layer.weight = gguf_utils.GGUFParameter(torch.from_numpy(gguf.quants.quantize(w, q8)), quant_type=q8)  # fmt: skip
+    calls, original = [], gguf_utils.dequantize_gguf_tensor
+    monkeypatch.setattr(gguf_utils, "dequantize_gguf_tensor", lambda t: calls.append(1) or original(t))  # fmt: skip
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = [layer(x) for _ in range(2)]
+    assert len(calls) == 2 and y[0].dtype == torch.bfloat16
+    dequantized = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w, q8), q8))
+    torch.testing.assert_close(y[0], x @ dequantized.to(torch.float16).to(torch.bfloat16).T)
+    fused = inspect.getsource(gguf_utils._fused_mul_mat_gguf)
+    assert "weight = ops.ggml_dequantize(qweight, qweight_type, *shape)" in fused
+    assert "y = x @ weight.to(x.dtype).T" in fused
     assert GGUFQuantizationConfig(compute_dtype=torch.bfloat16).pre_quantized is True
+
+
+def test_speed_formats_are_torchao_configs():
+    """`TorchAoConfig` takes a torchao config object; its docstring names `Float8DynamicActivationFloat8WeightConfig` (weights and activations in fp8) next to weight-only configs, and torchao is not installed here: not run."""
+    import importlib.util
+
+    from diffusers import TorchAoConfig
+
+    doc = " ".join(TorchAoConfig.__doc__.split())
+    assert "`Float8DynamicActivationFloat8WeightConfig`" in doc
+    assert importlib.util.find_spec("torchao") is None
+
+
+def test_native_backend_is_torch_sdpa():
+    """The default attention backend `native` calls `torch.nn.functional.scaled_dot_product_attention` without pinning a kernel, so torch chooses it."""
+    from diffusers.models import attention_dispatch as ad
+
+    source = inspect.getsource(ad._native_attention)
+    assert "torch.nn.functional.scaled_dot_product_attention(" in source
+    assert "sdpa_kernel" not in source
+
+
+def test_block_modules_takes_the_mid_block_out_of_the_unmatched_group():
+    """`enable_group_offload(..., offload_type="block_level", block_modules=["mid_block"])` takes a UNet's `mid_block` out of the always-onloaded group and gives each of its `resnets` and `attentions` blocks its own group (checked on the tiny UNet)."""
+    from diffusers.hooks import HookRegistry
+
+    cpu = torch.device("cpu")
+    unet = tiny_unet()
+    unet.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, block_modules=["mid_block"])  # fmt: skip
+
+    def group(module):
+        return HookRegistry.check_if_exists_or_initialize(module).get_hook("group_offloading").group
+
+    assert unet.mid_block not in group(unet).modules
+    for block in [*unet.mid_block.resnets, *unet.mid_block.attentions]:
+        assert group(block).modules == [block]
 
 
 def test_quantization_backend_names():

@@ -12,7 +12,7 @@ import contextlib
 import io
 import runpy
 import sys
-import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -95,9 +95,11 @@ def quiet():
     logging.set_verbosity_error()
 
 
-def test_numpy_rounding_matches_torch_casts(starter):
-    """The starter's `round_to` rounds float32 values exactly as torch's casts to `torch.bfloat16`, `torch.float16`, `torch.float8_e4m3fn` and `torch.float8_e5m2` do, on 100,000 random values and the edge cases: ties to even, subnormals, fp16 and e5m2 overflowing to inf, and `float8_e4m3fn` saturating at ±448, even for inf."""
-    round_to = starter["round_to"]
+def test_numpy_rounding_matches_torch_casts():
+    """`labkit.precision.round_to`, the one emulation the labs share, rounds float32 values exactly as torch 2.13.0's CPU casts to `torch.bfloat16`, `torch.float16`, `torch.float8_e4m3fn` and `torch.float8_e5m2` do, on 100,000 random values and the edge cases: ties to even, subnormals, fp16 and e5m2 overflowing to inf, and `float8_e4m3fn` saturating at ±448, even for inf (a plain cast's saturation depends on the torch version and device; this is the one checked)."""
+    from labkit.precision import round_to
+
+    assert torch.__version__.split("+")[0] == "2.13.0" and not torch.cuda.is_available()
     x = torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * 300.0
     edges = [1 + 2**-8, 1 + 3 * 2**-8, 2.0**-9, 2.0**-10, 2.0**-17, 448.0, 464.0, 470.0, 1e6,
              65504.0, 65519.0, 65520.0, 57344.0, 61440.0, 3.4e38, float("inf"), -float("inf")]  # fmt: skip
@@ -112,11 +114,14 @@ def test_numpy_rounding_matches_torch_casts(starter):
 
 
 def test_format_limits_match_torch_finfo(starter):
-    """The largest value, smallest normal and ulp at 1 the starter derives from exponent and mantissa bits equal `torch.finfo` for float32, float16 (max 65504), bfloat16, float8_e4m3fn (max 448) and float8_e5m2 (max 57344), and so do the bytes per element."""
+    """The largest value, smallest normal and ulp at 1 that `labkit.precision.format_limits` (which the starter imports) derives from exponent and mantissa bits equal `torch.finfo` for float32, float16 (max 65504), bfloat16, float8_e4m3fn (max 448) and float8_e5m2 (max 57344), and so do the bytes per element."""
+    from labkit import precision
+
+    assert starter["format_limits"] is precision.format_limits
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
               "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
     for name, dtype in dtypes.items():
-        top, normal, _, ulp, nbytes = starter["format_limits"](name)
+        top, normal, _, ulp, nbytes = precision.format_limits(name)
         info = torch.finfo(dtype)
         assert (top, normal, ulp) == (info.max, info.tiny, info.eps), name
         assert nbytes == torch.empty(0, dtype=dtype).element_size()
@@ -161,9 +166,7 @@ def test_sdxl_without_force_upcast_gives_nan(record_calls):
     quiet()
     pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=False)).to(torch.float16)
     decoder = record_calls(pipe.vae.decoder)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        images = sdxl_call(pipe, torch.float16, output_type="np")
+    images = sdxl_call(pipe, torch.float16, output_type="np")
     assert decoder.calls[0][0][0].dtype == torch.float16
     assert np.isnan(images).all()
 
@@ -201,10 +204,8 @@ def test_sd15_pipeline_never_reads_force_upcast():
     quiet()
     assert "force_upcast" not in inspect.getsource(StableDiffusionPipeline)
     pipe = tiny_sd_pipeline(vae=overflowing_vae(force_upcast=True)).to(torch.float16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        images = pipe(prompt_embeds=embeds(0).half(), latents=start_latents().half(),
-                      num_inference_steps=2, guidance_scale=1.0, output_type="np").images  # fmt: skip
+    images = pipe(prompt_embeds=embeds(0).half(), latents=start_latents().half(),
+                  num_inference_steps=2, guidance_scale=1.0, output_type="np").images  # fmt: skip
     assert np.isnan(images).all()
 
 
@@ -215,8 +216,8 @@ def test_nan_images_come_out_black():
     nan = torch.full((1, 3, 4, 4), float("nan"))
     processor = VaeImageProcessor()
     assert np.isnan(processor.postprocess(nan, output_type="np")).all()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # "invalid value encountered in cast"
+    # NumPy warns when it casts NaN to uint8: provoked on purpose, it is the claim
+    with pytest.warns(RuntimeWarning, match="invalid value encountered in cast"):
         image = processor.postprocess(nan, output_type="pil")[0]
     assert np.asarray(image).max() == 0
 
@@ -297,28 +298,73 @@ def test_a_gguf_file_of_the_numpy_blocks_loads_in_diffusers(starter, tmp_path):
 
 
 def test_gguf_linear_dequantizes_on_every_call(starter, monkeypatch):
-    """`GGUFLinear.forward_native`, the path off CUDA, dequantizes the whole weight on every forward and then runs `F.linear` in `compute_dtype`: two calls make two dequantizations, and the output equals `x @ W.T` with the dequantized `W`."""
+    """Unless `DIFFUSERS_GGUF_CUDA_KERNELS=true` is set (and a CUDA GPU is present), `GGUFLinear.forward` takes `forward_native`, which dequantizes the whole weight on every forward and then runs `F.linear` in `compute_dtype`: two calls make two dequantizations, and the output equals `x @ W.T` with the dequantized `W`."""
+    import os
+
     import diffusers.quantizers.gguf.utils as gguf_utils
     from gguf import GGMLQuantizationType
 
+    assert os.environ.get("DIFFUSERS_GGUF_CUDA_KERNELS") is None
+    assert gguf_utils.can_use_cuda_kernels is False and gguf_utils.ops is None
     w = starter["weight"]
     packed = starter["quantize"](w, "Q4_0")
     layer = gguf_utils.GGUFLinear(w.shape[1], w.shape[0], bias=False, compute_dtype=torch.float32)
     layer.weight = gguf_utils.GGUFParameter(torch.from_numpy(packed), quant_type=GGMLQuantizationType.Q4_0)  # fmt: skip
     assert layer.weight.dtype == torch.uint8 and tuple(layer.weight.quant_shape) == w.shape
-    calls = []
-    original = gguf_utils.dequantize_gguf_tensor
+    calls, native = [], []
+    original, original_native = gguf_utils.dequantize_gguf_tensor, gguf_utils.GGUFLinear.forward_native  # fmt: skip
     monkeypatch.setattr(gguf_utils, "dequantize_gguf_tensor", lambda t: calls.append(1) or original(t))  # fmt: skip
+    monkeypatch.setattr(gguf_utils.GGUFLinear, "forward_native", lambda self, x: native.append(1) or original_native(self, x))  # fmt: skip
     x = torch.from_numpy(starter["x"][:4])
     with torch.no_grad():
         first, second = layer(x), layer(x)
-    assert len(calls) == 2 and torch.equal(first, second)
+    assert len(native) == 2 and len(calls) == 2 and torch.equal(first, second)
     expected = x @ torch.from_numpy(starter["dequantize"](packed, "Q4_0").astype(np.float16)).float().T  # fmt: skip
     torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_layerwise_casting_stores_fp8_and_computes_in_float32():
-    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on the tiny UNet hooks only `Linear`, `Conv`, `ConvTranspose` and `Embedding` layers, stores their weights in float8 and skips the modules matching `norm` (`DEFAULT_SKIP_MODULES_PATTERN` is `pos_embed`, `patch_embed`, `norm`, `^proj_in$`, `^proj_out$`), so parameter bytes fall to about a quarter; its output equals, bit for bit, an fp32 UNet whose hooked weights were rounded to float8 and back, and stays within 0.2 relative RMS of the fp32 output (measured 0.11 on random weights; bfloat16 storage: below 0.01)."""
+def test_gguf_cuda_path_still_dequantizes_then_matmuls(starter, monkeypatch):
+    """The opt-in CUDA path is no quantized matmul either: `_fused_mul_mat_gguf` (diffusers 0.42.1) calls the kernel's `ggml_dequantize` for the whole `(out, in)` weight and then an ordinary matmul in the input's dtype; the fused MMQ / MMVQ kernel calls are commented out in the source."""
+    import inspect
+
+    import diffusers.quantizers.gguf.utils as gguf_utils
+    from gguf import GGMLQuantizationType
+
+    source = inspect.getsource(gguf_utils._fused_mul_mat_gguf)
+    fused = [line.strip() for line in source.splitlines() if "ggml_mul_mat" in line]
+    assert len(fused) == 2 and all(line.startswith("#") for line in fused)  # commented out
+    w = starter["weight"]
+    qtype = GGMLQuantizationType.Q8_0
+    qweight = gguf_utils.GGUFParameter(torch.from_numpy(starter["quantize"](w, "Q8_0")), quant_type=qtype)  # fmt: skip
+    seen = []
+
+    def ggml_dequantize(q, t, rows, cols):  # what the kernel returns: the whole weight
+        seen.append((int(t), rows, cols))
+        return gguf_utils.GGUFParameter(torch.from_numpy(starter["dequantize"](q.numpy(), "Q8_0")), quant_type=qtype)  # fmt: skip
+
+    monkeypatch.setattr(gguf_utils, "ops", SimpleNamespace(ggml_dequantize=ggml_dequantize))
+    x = torch.from_numpy(starter["x"][:4])
+    y = gguf_utils._fused_mul_mat_gguf(x, qweight, int(qtype))
+    assert seen == [(int(qtype), *w.shape)]
+    torch.testing.assert_close(y, x @ torch.from_numpy(starter["dequantize"](starter["quantize"](w, "Q8_0"), "Q8_0")).T)  # fmt: skip
+
+
+def test_flux_fp8_layerwise_casting_keeps_the_modulation_in_bf16(starter):
+    """On the real Flux.1-dev transformer (built on the meta device), `enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn)` skips every module whose name matches `norm` or `pos_embed` (`DEFAULT_SKIP_MODULES_PATTERN` plus the class's `_skip_layerwise_casting_patterns`); a match skips the whole subtree, so the AdaLN modulation Linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`) stay bf16 and the weights are 15.15 GB, not fp8's 11.90 GB: the figure the starter prints."""
+    from diffusers import FluxTransformer2DModel
+    from test_model_sizes import layerwise_casting_record
+
+    from labkit import model_sizes
+
+    assert FluxTransformer2DModel._skip_layerwise_casting_patterns == ["pos_embed", "norm"]
+    fresh = layerwise_casting_record()["Flux.1-dev/transformer"]
+    assert fresh == model_sizes.layerwise_casting("Flux.1-dev", "transformer") == starter["layerwise"]  # fmt: skip
+    assert f"{fresh['bytes'] / 1e9:.2f}" == "15.15"
+    assert fresh["kept"]["transformer_blocks.*.norm1.linear"] > 1e9
+
+
+def test_layerwise_casting_stores_fp8_and_computes_in_float32(monkeypatch):
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on the tiny UNet hooks only `Linear`, `Conv`, `ConvTranspose` and `Embedding` layers, stores their weights in float8, casts each to `compute_dtype` before its forward and back after it (added casts, the same float32 matmuls: it saves memory, not time), and skips the modules matching `norm` (`DEFAULT_SKIP_MODULES_PATTERN` is `pos_embed`, `patch_embed`, `norm`, `^proj_in$`, `^proj_out$`), so parameter bytes fall to about a quarter; its output equals, bit for bit, an fp32 UNet whose hooked weights were rounded to float8 and back, and stays within 0.2 relative RMS of the fp32 output (measured 0.11 on random weights; bfloat16 storage: below 0.01)."""
     from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
     from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 
@@ -345,8 +391,15 @@ def test_layerwise_casting_stores_fp8_and_computes_in_float32():
                 for p in module.parameters(recurse=False):
                     p.copy_(p.to(torch.float8_e4m3fn).float())
     args = (start_latents(), torch.tensor(500), embeds(0))
+    seen, linear = [], torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: seen.append(w.dtype) or linear(x, w, b))  # fmt: skip
     with torch.no_grad():
-        y_ref, y_cast, y_hand = (m(*args).sample for m in (reference, cast, by_hand))
+        y_cast = cast(*args).sample
+    monkeypatch.undo()
+    assert seen and set(seen) == {torch.float32}  # every matmul ran on float32 weights
+    assert {p.dtype for n, p in cast.named_parameters() if n.rsplit(".", 1)[0] in hooked} == {torch.float8_e4m3fn}  # fmt: skip
+    with torch.no_grad():
+        y_ref, y_hand = (m(*args).sample for m in (reference, by_hand))
     assert torch.equal(y_cast, y_hand)
     rel = ((y_cast - y_ref).norm() / y_ref.norm()).item()
     assert 0.01 < rel < 0.2
@@ -408,3 +461,14 @@ def test_gpu_only_backends_say_so_in_their_source():
     nunchaku = inspect.getsource(NunchakuLiteQuantizer.validate_environment)
     assert "requires a CUDA-capable NVIDIA GPU" in nunchaku
     assert not torch.cuda.is_available()
+
+
+def test_speed_needs_weight_and_activation_formats_via_torchao():
+    """diffusers' `TorchAoConfig` takes a torchao config object, and its docstring names `Float8DynamicActivationFloat8WeightConfig` (fp8 weights and activations, so the matmul itself runs in fp8) next to the weight-only ones; torchao is not installed here, so none of them is run."""
+    import importlib.util
+
+    from diffusers import TorchAoConfig
+
+    doc = " ".join(TorchAoConfig.__doc__.split())
+    assert "`Float8DynamicActivationFloat8WeightConfig`" in doc and "`Int8WeightOnlyConfig`" in doc
+    assert importlib.util.find_spec("torchao") is None

@@ -316,3 +316,33 @@ def test_taylorseer_without_warmup_cannot_start():
     model.enable_cache(TaylorSeerCacheConfig(disable_cache_before_step=0, cache_interval=2))
     with pytest.raises(ValueError, match="Cannot predict without prior initialization"):
         run_loop(model, TIMESTEPS[:1])
+
+
+def test_taylorseer_on_real_flux_saves_only_the_attention_share(starter):
+    """On the real Flux.1-dev transformer at 1024 px (built on the meta device), the 57 attention modules that `TaylorSeerCacheConfig()` hooks hold 42% of a call's FLOPs (torch's `FlopCounterMode`), so a predicted step still runs the feed-forward layers and projections, and the Taylor factors diffusers' hooks store after two computed steps take 3.23 GB: the figures the starter prints."""
+    from test_model_sizes import flux_1024_record
+
+    from labkit import model_sizes
+
+    fresh = flux_1024_record()
+    assert fresh == model_sizes.flux_1024px() == starter["flux"]
+    assert round(100 * starter["attn_share"]) == 42
+    assert f"{fresh['taylorseer_factor_bytes'] / 1e9:.2f}" == "3.23"
+
+
+def test_taylorseer_lite_mode_hooks_blocks_and_proj_out():
+    """`TaylorSeerCacheConfig(use_lite_mode=True)` hooks every top-level block as "inactive" (a predicted step returns zeros of the recorded shape, so the block is skipped) and extrapolates only `proj_out`'s output: the factors of one module instead of every attention module's."""
+    from diffusers import TaylorSeerCacheConfig
+
+    model = tiny_flux()
+    model.enable_cache(TaylorSeerCacheConfig(use_lite_mode=True))
+    hooks = {
+        name: m._diffusers_hook.get_hook("taylorseer_cache")
+        for name, m in model.named_modules()
+        if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.get_hook("taylorseer_cache")
+    }
+    blocks = {"transformer_blocks.0", "single_transformer_blocks.0", "single_transformer_blocks.1"}
+    assert set(hooks) == blocks | {"proj_out"}
+    # the state each hook keeps says which mode it runs in
+    kwargs = {name: h.state_manager._init_kwargs["is_inactive"] for name, h in hooks.items()}
+    assert kwargs == {name: name != "proj_out" for name in hooks}
