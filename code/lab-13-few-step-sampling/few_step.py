@@ -5,7 +5,8 @@ sits (``timestep_spacing``), whether the schedule ends at pure noise (zero termi
 how far one step may jump (DDIM and Euler take one derivative, DPM-Solver++ 2M reuses the
 last one), and what the step does with the prediction (LCM predicts x0 and re-noises).
 This starter runs DDIM, Euler, DPM-Solver++ 2M and the LCM step on the toy mixture with its
-exact denoiser, then computes the resolution-shifted sigma grids of a Flux pipeline.
+exact denoiser, leading against trailing spacing, a zero-terminal-SNR schedule with
+v-prediction, then the resolution-shifted sigma grids of a Flux pipeline.
 
 Run it:  python code/lab-13-few-step-sampling/few_step.py --steps 1,2,4,8
 """
@@ -138,9 +139,11 @@ class DPMSolverMultistepScheduler:
         self.lower_order_final = lower_order_final
         self.init_noise_sigma = 1.0  # variance preserving: latents start as N(0, I)
 
-    def set_timesteps(self, num_inference_steps):
+    def set_timesteps(self, num_inference_steps=None, timesteps=None):
         T, n = len(self.alphas_cumprod), num_inference_steps
-        if self.timestep_spacing == "linspace":  # n + 1 points on [0, T-1], the last dropped
+        if timesteps is not None:  # custom timesteps, high to low: the spacing is ignored
+            timesteps, n = np.asarray(timesteps, dtype=np.int64), len(timesteps)
+        elif self.timestep_spacing == "linspace":  # n + 1 points on [0, T-1], the last dropped
             timesteps = np.linspace(0, T - 1, n + 1).round()[::-1][:-1].astype(np.int64)
         elif self.timestep_spacing == "leading":  # stride T // (n + 1) from 0: never near T-1
             timesteps = (np.arange(0, n + 1) * (T // (n + 1))).round()[::-1][:-1].astype(np.int64)
@@ -238,17 +241,18 @@ class LCMScheduler:
         return SchedulerOutput(prev_sample, denoised)
 
 
-def ode_endpoint_eps(sample, timestep, substeps=16):
-    """An ideal consistency model's output, as epsilon: DDIM from ``timestep`` to 0, (N, D)."""
-    # quadratic spacing: small steps near t = 0, so the last jump into x0 is short
-    ts = (timestep * np.linspace(1, 0, substeps + 1) ** 2).round().astype(np.int64)
+def ode_endpoint_eps(sample, timestep, substeps=10):
+    """An ideal consistency model's output, as epsilon: the sampling ODE's end point from
+    ``(sample, timestep)``, solved by 10 steps of DPM-Solver++ 2M, (N, D)."""
+    t = int(timestep)
+    # quadratic spacing down to t / 100, no repeats: the steps near the data are short
+    timesteps = np.unique((t * np.linspace(1, 0, substeps, endpoint=False) ** 2).round().astype(np.int64))  # fmt: skip
+    solver = DPMSolverMultistepScheduler(betas)
+    solver.set_timesteps(timesteps=timesteps[timesteps > 0][::-1])
     x = sample
-    for t, t_next in zip(ts[:-1], ts[1:]):  # noqa: B905, RUF007 (numpy + labkit only)
-        eps = unet(x, t)  # (N, D): E[eps | x_t]
-        x0 = (x - (1 - alphas_cumprod[t]) ** 0.5 * eps) / alphas_cumprod[t] ** 0.5
-        ab_next = alphas_cumprod[t_next] if t_next > 0 else 1.0  # the last jump lands on x0
-        x = ab_next**0.5 * x0 + (1 - ab_next) ** 0.5 * eps
-    a = alphas_cumprod[timestep]
+    for s in solver.timesteps:  # the last step lands on sigma = 0: x is the end point x0
+        x = solver.step(unet(x, s), s, x).prev_sample
+    a = alphas_cumprod[t]
     return (sample - a**0.5 * x) / (1 - a) ** 0.5  # the epsilon whose x0_hat is that end point
 
 
@@ -276,30 +280,30 @@ def make_scheduler(name, spacing="trailing"):
     return LCMScheduler(betas)  # "lcm": its own 50-step distillation grid
 
 
-def sample(name, num_inference_steps, spacing="trailing", ideal=False):
-    """One sampler from the shared noise -> (N, 2) samples. ``ideal``: the model is an ideal
-    consistency model (the ODE end point), not the exact denoiser."""
-    scheduler = make_scheduler(name, spacing)
-    scheduler.set_timesteps(num_inference_steps)
+def sample(scheduler, num_inference_steps=None, model=unet, timesteps=None):
+    """A pipeline's loop from the shared noise -> (N, 2) samples. ``model(x_t, t)`` is the
+    exact denoiser, or ``ode_endpoint_eps``: an ideal consistency model."""
+    if timesteps is None:
+        scheduler.set_timesteps(num_inference_steps)
+    else:  # custom timesteps (DPMSolverMultistepScheduler)
+        scheduler.set_timesteps(timesteps=timesteps)
     latents = noise * scheduler.init_noise_sigma  # (N, 2)
     rng = np.random.default_rng(args.seed + 1)  # LCM's fresh noise, the same for every run
+    kwargs = {"generator": rng} if isinstance(scheduler, LCMScheduler) else {}
     for t in scheduler.timesteps:
         latent_model_input = scheduler.scale_model_input(latents, t)
-        if ideal:
-            noise_pred = ode_endpoint_eps(latent_model_input, int(t))
-        else:
-            noise_pred = unet(latent_model_input, t)  # (N, 2) E[eps | x_t]
-        kwargs = {"generator": rng} if name == "lcm" else {}
+        noise_pred = model(latent_model_input, t)  # (N, 2) the epsilon prediction
         latents = scheduler.step(noise_pred, t, latents, **kwargs).prev_sample
     return latents
 
 
 results = {}  # (sampler, steps) -> SampleQuality
 for name in samplers:
+    model = ode_endpoint_eps if name.endswith("-ideal") else unet
     for n in args.steps:
-        latents = sample(name.removesuffix("-ideal"), n, ideal=name.endswith("-ideal"))
+        latents = sample(make_scheduler(name.removesuffix("-ideal")), n, model)
         results[name, n] = sample_quality(mixture, latents)
-reference = sample_quality(mixture, sample("ddim", 50, "leading"))  # SD 1.x's default grid
+reference = sample_quality(mixture, sample(make_scheduler("ddim", "leading"), 50))  # SD 1.x's grid
 # --8<-- [end:loop]
 
 print(f"toy: {args.num_samples} samples, 4 modes (std 0.15) on a ring, exact epsilon denoiser, SD betas")  # fmt: skip
@@ -312,35 +316,80 @@ rows = [[name] + [f"{results[name, n].weight_error:.3f}" for n in args.steps] fo
 table("weight_error (total variation of the mode weights)", ["sampler", *[str(n) for n in args.steps]], rows)  # fmt: skip
 
 # %% [markdown]
-# ## 6. The wrong spacing at 4 steps
+# ## 6. Leading against trailing spacing
 #
-# `leading` with SD's `steps_offset=1` starts well below t = 999 (the table prints where):
-# the loop hands pure noise to a model told the input still holds
-# sqrt(alpha_bar_t) of the image, and the remaining steps cannot recover. `trailing`
-# starts at t = 999, where the training inputs were (almost) pure noise.
+# `leading` with SD's `steps_offset=1` starts below t = 999 (the table prints where): the
+# loop hands pure noise to a model told the input still holds sqrt(alpha_bar_t) of the
+# image. The last model call matters as much: a deterministic sampler's last step lands
+# on that call's x0_hat, a posterior mean. The control row starts where trailing does and
+# ends where DPM-Solver++'s leading grid does, to tell the two effects apart.
 
 # %%
 # --8<-- [start:spacing]
 spacing_rows = []
-for name, ideal in [("ddim", False), ("dpm++2m", False), ("ddim", True)]:
-    for n in args.spacing_steps:
-        for spacing in ("leading", "trailing"):
-            scheduler = make_scheduler(name, spacing)
-            scheduler.set_timesteps(n)
-            q = sample_quality(mixture, sample(name, n, spacing, ideal))
-            first = int(scheduler.timesteps[0])
-            grid = ", ".join(str(int(t)) for t in scheduler.timesteps)
-            label = name + (" + ideal distilled model" if ideal else "")
-            spacing_rows.append([label, n, spacing, grid, f"{np.sqrt(alphas_cumprod[first]):.3f}", f"{q.on_mode:.1%}", f"{q.spread:.2f}"])  # fmt: skip
+runs = [(name, spacing, n, None) for name in ("ddim", "dpm++2m", "ddim-ideal") for n in args.spacing_steps for spacing in ("leading", "trailing")]  # fmt: skip
+runs.append(("dpm++2m", "custom", 4, [999, 667, 334, 201]))  # trailing's start, leading's end
+for name, spacing, n, custom in runs:
+    scheduler = make_scheduler(name.removesuffix("-ideal"), "trailing" if custom else spacing)
+    model = ode_endpoint_eps if name.endswith("-ideal") else unet
+    q = sample_quality(mixture, sample(scheduler, n, model, timesteps=custom))
+    ts = [int(t) for t in scheduler.timesteps]
+    signal = [f"{np.sqrt(alphas_cumprod[t]):.3f}" for t in (ts[0], ts[-1])]
+    spacing_rows.append([name, n, spacing, ", ".join(map(str, ts)), *signal, f"{q.on_mode:.1%}", f"{q.weight_error:.3f}", f"{q.spread:.2f}"])  # fmt: skip
 # --8<-- [end:spacing]
-table(
-    "timestep_spacing, leading (steps_offset=1, as SD 1.x ships) against trailing",
-    ["sampler", "steps", "spacing", "timesteps", "signal at first t", "on_mode", "spread"],
-    spacing_rows,
-)
+header = ["sampler", "steps", "spacing", "timesteps", "signal at first t", "at last t", "on_mode", "weight_error", "spread"]  # fmt: skip
+table("timestep_spacing, leading (steps_offset=1, as SD 1.x ships) against trailing", header, spacing_rows)  # fmt: skip
 
 # %% [markdown]
-# ## 7. Flow matching at resolution: the shifted sigma grid of FluxPipeline
+# ## 7. Zero terminal SNR, run
+#
+# `DDIMScheduler(rescale_betas_zero_snr=True)` rescales its betas in `__init__`, so
+# `alphas_cumprod[999]` is 0: x_999 is pure noise, as sampling starts. The exact denoiser
+# on that schedule is the Bayes answer there: E[x0 | x_999] is the data mean, the same for
+# every sample. An epsilon model cannot be used: at SNR 0, eps = x_t exactly, and
+# x0_hat = (x_t - sqrt(1 - alpha_bar) eps_hat) / sqrt(alpha_bar) is 0 / 0. A v-prediction
+# gives x0_hat = sqrt(alpha_bar) x_t - sqrt(1 - alpha_bar) v_hat = -v_hat, finite.
+
+
+# %%
+# --8<-- [start:zero-snr-run]
+class DDIMZeroSNRScheduler(DDIMScheduler):
+    """labkit's DDIM with diffusers' ``rescale_betas_zero_snr=True``, applied as
+    ``DDIMScheduler.__init__`` does: rescale the betas, then recompute alphas_cumprod."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.betas = rescale_zero_terminal_snr(self.betas)  # (T,) betas[-1] = 1
+        self.alphas = 1.0 - self.betas
+        self.alphas_cumprod = np.cumprod(self.alphas)  # (T,) alphas_cumprod[-1] = 0
+        self.final_alpha_cumprod = 1.0 if self.set_alpha_to_one else self.alphas_cumprod[0]
+
+
+DDIM_TRAILING = dict(clip_sample=False, set_alpha_to_one=False, timestep_spacing="trailing", **SD_BETAS)  # fmt: skip
+with np.errstate(divide="ignore"):  # the denoiser's log-sigma table is inf at alpha_bar = 0
+    unet_v = ExactDenoiser(mixture, np.cumprod(1.0 - zero_snr_betas), "v_prediction")
+    unet_eps = ExactDenoiser(mixture, np.cumprod(1.0 - zero_snr_betas), "epsilon")
+zero_snr_rows = []
+zero_snr_runs = [
+    ("scaled_linear, epsilon", DDIMScheduler(**DDIM_TRAILING), unet),
+    ("zero SNR, v_prediction", DDIMZeroSNRScheduler(prediction_type="v_prediction", **DDIM_TRAILING), unet_v),
+]  # fmt: skip
+for label, scheduler, model in zero_snr_runs:
+    scheduler.set_timesteps(1)
+    x0_at_999 = scheduler.step(model(noise, 999), 999, noise).pred_original_sample  # (N, 2)
+    q = {n: sample_quality(mixture, sample(scheduler, n, model)) for n in (4, 25)}
+    zero_snr_rows.append([label, f"{scheduler.alphas_cumprod[999]:.2e}", f"{x0_at_999.std(axis=0).mean():.3f}", f"{q[4].on_mode:.1%}", f"{q[25].on_mode:.1%}", f"{q[25].weight_error:.3f}"])  # fmt: skip
+scheduler = DDIMZeroSNRScheduler(prediction_type="epsilon", **DDIM_TRAILING)
+scheduler.set_timesteps(1)
+with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 on purpose
+    x0_eps = scheduler.step(unet_eps(noise, 999), 999, noise).pred_original_sample
+# --8<-- [end:zero-snr-run]
+header = ["betas, prediction_type", "alpha_bar_999", "x0_hat at t=999: std over samples", "on_mode 4 steps", "25 steps", "weight_error 25 steps"]  # fmt: skip
+table("Zero terminal SNR, run: DDIM (trailing) on the exact denoiser", header, zero_snr_rows)
+print(f"zero SNR with epsilon: x0_hat at t = 999 is finite for {np.isfinite(x0_eps).all(axis=1).sum()} of {len(noise)} samples (0 / 0)")  # fmt: skip
+
+# %% [markdown]
+# ## 8. Flow matching at resolution: the shifted sigma grid of FluxPipeline
 #
 # `FluxPipeline.__call__` builds `sigmas = np.linspace(1.0, 1 / n, n)`, computes
 # `mu = calculate_shift(image_seq_len, 256, 4096, 0.5, 1.15)` (the defaults it reads from
@@ -380,7 +429,7 @@ table(
 )
 
 # %% [markdown]
-# ## 8. Guidance distillation: guidance as an input, not a second call
+# ## 9. Guidance distillation: guidance as an input, not a second call
 #
 # With `transformer.config.guidance_embeds=True` (Flux.1-dev) the pipeline passes
 # `guidance = guidance_scale` to every transformer call and makes one call per step on the
@@ -401,7 +450,7 @@ for label, calls_per_step, rows_per_call in [
 table("Denoiser work per image", ["guidance", "steps", "transformer calls", "rows processed"], call_rows)  # fmt: skip
 
 # %% [markdown]
-# ## 9. Picture it
+# ## 10. Picture it
 
 # %%
 # --8<-- [start:figures]

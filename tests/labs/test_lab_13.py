@@ -24,13 +24,8 @@ def lab():
 
 
 def run(lab, scheduler, steps, ideal=False):
-    """Drive one of the starter's schedulers from its shared noise; (N, 2) samples."""
-    scheduler.set_timesteps(steps)
-    latents = lab["noise"] * scheduler.init_noise_sigma
-    for t in scheduler.timesteps:
-        eps = lab["ode_endpoint_eps"](latents, int(t)) if ideal else lab["unet"](latents, t)
-        latents = scheduler.step(eps, t, latents).prev_sample
-    return latents
+    """Drive one of the starter's schedulers through its own loop; (N, 2) samples."""
+    return lab["sample"](scheduler, steps, lab["ode_endpoint_eps"] if ideal else lab["unet"])
 
 
 def test_dpm_solver_first_order_is_ddim(lab):
@@ -88,11 +83,32 @@ def test_wrong_spacing(lab):
     assert rows["ddim", 4, "leading"][3] == "751, 501, 251, 1"
     assert rows["ddim", 4, "trailing"][3] == "999, 749, 499, 249"
     assert rows["dpm++2m", 4, "leading"][3] == "801, 601, 401, 201"
-    ideal = "ddim + ideal distilled model"
-    # one step of a distilled model at t = 1 (leading) hands back the noise
-    assert rows[ideal, 1, "leading"][3] == "1"
-    assert float(rows[ideal, 1, "leading"][5].rstrip("%")) < 20
-    assert float(rows[ideal, 1, "trailing"][5].rstrip("%")) > 90
+    assert rows["dpm++2m", 4, "custom"][3] == "999, 667, 334, 201"
+
+    def pct(row):
+        return float(row[6].rstrip("%"))
+
+    # one step of an ideal consistency model at t = 1 (leading) hands back the noise
+    assert rows["ddim-ideal", 1, "leading"][3] == "1"
+    assert (
+        pct(rows["ddim-ideal", 1, "leading"]) < 20 and pct(rows["ddim-ideal", 1, "trailing"]) > 90
+    )
+    # DPM-Solver++'s on_mode follows its last timestep (201 against 249), not its first
+    lead, trail, custom = (rows["dpm++2m", 4, s] for s in ("leading", "trailing", "custom"))
+    assert pct(lead) - pct(trail) > 5 and abs(pct(custom) - pct(lead)) < 3
+    # starting from pure noise at t = 751 or 801 costs mode weights
+    for name in ("dpm++2m", "ddim-ideal"):
+        assert float(rows[name, 4, "leading"][7]) > 1.5 * float(rows[name, 4, "trailing"][7])
+
+
+def test_zero_snr_run(lab):
+    rows = {r[0]: r for r in lab["zero_snr_rows"]}
+    plain, zero = rows["scaled_linear, epsilon"], rows["zero SNR, v_prediction"]
+    assert zero[1] == "0.00e+00" and float(zero[2]) == 0.0  # x0_hat at t = 999: the data mean
+    assert float(plain[2]) > 0.05  # the exact denoiser reads a signal pure noise lacks
+    assert not lab["np"].isfinite(lab["x0_eps"]).any()  # epsilon at SNR 0: 0 / 0
+    scheduler = lab["DDIMZeroSNRScheduler"](**lab["DDIM_TRAILING"])
+    assert scheduler.alphas_cumprod[-1] == 0.0 and scheduler.betas[-1] == 1.0
 
 
 def test_zero_terminal_snr(lab):

@@ -10,7 +10,10 @@ with ``guidance_embeds=True``, a 16-channel ``AutoencoderKL``, no text encoders
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
+import io
 import runpy
 import sys
 
@@ -35,7 +38,8 @@ def starter():
 
     argv, sys.argv = sys.argv, ["few_step.py"]
     try:
-        return runpy.run_path(str(ROOT / LAB13), run_name="__main__")
+        with contextlib.redirect_stdout(io.StringIO()):
+            return runpy.run_path(str(ROOT / LAB13), run_name="__main__")
     finally:
         sys.argv = argv
 
@@ -74,6 +78,38 @@ def test_dpm_solver_pp_2m_matches_diffusers_step_by_step(starter, config, n):
         np.testing.assert_allclose(ours_prev, torch_latents.double().numpy(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("timesteps", [[999, 667, 334, 201], [999, 809, 639, 490, 360, 250, 160, 90, 40, 10]])  # fmt: skip
+def test_dpm_solver_custom_timesteps_match_diffusers(starter, timesteps):
+    """`DPMSolverMultistepScheduler.set_timesteps(timesteps=...)` takes custom timesteps and ignores `timestep_spacing`; the starter's copy gives the same sigmas and every `prev_sample` to within 1e-5, for the spacing table's control grid 999, 667, 334, 201 and the quadratic grid `ode_endpoint_eps` solves on from t = 999."""
+    ours = starter["DPMSolverMultistepScheduler"](starter["betas"], timestep_spacing="leading")
+    theirs = DPMSolverMultistepScheduler(**SD_BETAS, timestep_spacing="leading")
+    ours.set_timesteps(timesteps=timesteps)
+    theirs.set_timesteps(timesteps=timesteps)
+    assert ours.timesteps.tolist() == theirs.timesteps.tolist() == timesteps
+    np.testing.assert_allclose(ours.sigmas, theirs.sigmas.numpy(), rtol=1e-4)
+    unet = starter["unet"]
+    torch_latents = torch.from_numpy(start_noise()).float()
+    for t in theirs.timesteps:
+        noise_pred = unet(torch_latents.double().numpy(), int(t))
+        ours_prev = ours.step(noise_pred, int(t), torch_latents.double().numpy()).prev_sample
+        torch_latents = theirs.step(torch.from_numpy(noise_pred).float(), t, torch_latents).prev_sample  # fmt: skip
+        np.testing.assert_allclose(ours_prev, torch_latents.double().numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_ode_endpoint_grid(starter, monkeypatch):
+    """`ode_endpoint_eps` at t = 999 solves on the custom timesteps 999, 809, 639, 490, 360, 250, 160, 90, 40, 10, a grid on which the starter's DPM-Solver++ 2M matches diffusers' step for step (checked above)."""
+    seen = []
+    original = starter["DPMSolverMultistepScheduler"].set_timesteps
+
+    def spy(self, num_inference_steps=None, timesteps=None):
+        seen.append([int(t) for t in timesteps])
+        return original(self, num_inference_steps, timesteps)
+
+    monkeypatch.setattr(starter["DPMSolverMultistepScheduler"], "set_timesteps", spy)
+    starter["ode_endpoint_eps"](start_noise(8), 999)
+    assert seen == [[999, 809, 639, 490, 360, 250, 160, 90, 40, 10]]
+
+
 def orders_used(n, **config):
     """Which update `DPMSolverMultistepScheduler.step` runs at each of ``n`` steps: 1 or 2."""
     scheduler = DPMSolverMultistepScheduler(**SD_BETAS, timestep_spacing="trailing", **config)
@@ -94,6 +130,27 @@ def test_dpm_solver_first_and_last_steps_are_first_order():
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False) == [1, 2, 2, 2]
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False, euler_at_final=True) == [1, 2, 2, 1]  # fmt: skip
     assert DPMSolverMultistepScheduler().config.final_sigmas_type == "zero"
+
+
+def test_first_order_dpm_solver_is_ddim(starter):
+    """First-order DPM-Solver++ is DDIM: at 2 steps, where both of `DPMSolverMultistepScheduler`'s updates are first order, it gives the samples of `DDIMScheduler(set_alpha_to_one=True)` on the same trailing grid to 1e-5, and at 4 steps, with second-order steps in the middle, it does not."""
+    unet = starter["unet"]
+
+    def run(scheduler, n):
+        scheduler.set_timesteps(n)
+        x = torch.from_numpy(start_noise()).float()
+        for t in scheduler.timesteps:
+            x = scheduler.step(torch.from_numpy(unet(x.double().numpy(), int(t))).float(), t, x).prev_sample  # fmt: skip
+        return x
+
+    def ddim():
+        return DDIMScheduler(**SD_BETAS, timestep_spacing="trailing", clip_sample=False, set_alpha_to_one=True)  # fmt: skip
+
+    def dpm():
+        return DPMSolverMultistepScheduler(**SD_BETAS, timestep_spacing="trailing")
+
+    torch.testing.assert_close(run(dpm(), 2), run(ddim(), 2), atol=1e-5, rtol=1e-5)
+    assert (run(dpm(), 4) - run(ddim(), 4)).abs().max() > 1e-3
 
 
 def test_dpm_solver_karras_sigmas():
@@ -187,40 +244,132 @@ def test_leading_and_trailing_grids():
 
 
 def test_starter_spacing_grids_are_diffusers(starter):
-    """The leading and trailing grids the starter prints for DDIM and DPM-Solver++ are the grids of diffusers' `DDIMScheduler` and `DPMSolverMultistepScheduler` with the same config."""
+    """The leading, trailing and custom grids the starter prints for DDIM and DPM-Solver++ are the grids of diffusers' `DDIMScheduler` and `DPMSolverMultistepScheduler` with the same config (`steps_offset=1` with `leading`, `set_timesteps(timesteps=...)` for the custom one)."""
     for row in starter["spacing_rows"]:
-        name, n, spacing, printed = row[0].split(" ")[0], row[1], row[2], row[3]
+        name, n, spacing, printed = row[0].removesuffix("-ideal"), row[1], row[2], row[3]
         cls = {"ddim": DDIMScheduler, "dpm++2m": DPMSolverMultistepScheduler}[name]
-        scheduler = cls(**SD_BETAS, timestep_spacing=spacing, steps_offset=1 if spacing == "leading" else 0)  # fmt: skip
-        scheduler.set_timesteps(n)
+        if spacing == "custom":
+            scheduler = cls(**SD_BETAS)
+            scheduler.set_timesteps(timesteps=[int(t) for t in printed.split(", ")])
+        else:
+            scheduler = cls(**SD_BETAS, timestep_spacing=spacing, steps_offset=1 if spacing == "leading" else 0)  # fmt: skip
+            scheduler.set_timesteps(n)
         assert printed == ", ".join(str(t) for t in scheduler.timesteps.tolist())
 
 
 def test_rescale_betas_zero_snr(starter):
-    """`rescale_betas_zero_snr=True` makes SD's `scaled_linear` schedule end at `alphas_cumprod[-1] = 0` in `DDIMScheduler` (the starter's NumPy Algorithm 1 gives the same `alphas_cumprod` to 1e-6), while `DPMSolverMultistepScheduler` then sets it to 2**-24 so the first sigma stays finite."""
-    ddim = DDIMScheduler(**SD_BETAS, rescale_betas_zero_snr=True)
-    ours = np.cumprod(1 - starter["rescale_zero_terminal_snr"](starter["betas"]))
-    np.testing.assert_allclose(ddim.alphas_cumprod.double().numpy(), ours, atol=1e-6)
-    assert float(ddim.alphas_cumprod[-1]) < 1e-9
+    """The starter's `rescale_zero_terminal_snr` gives the betas of diffusers' own `rescale_zero_terminal_snr` (in `scheduling_ddim.py`) to 1e-6, and its `DDIMZeroSNRScheduler` the `alphas_cumprod` of `DDIMScheduler(rescale_betas_zero_snr=True)`, which ends at exactly 0 on SD's `scaled_linear` betas (4.66e-03 without it); `DPMSolverMultistepScheduler(rescale_betas_zero_snr=True)` then sets it to `2**-24` so its first sigma stays finite."""
+    from diffusers.schedulers.scheduling_ddim import rescale_zero_terminal_snr
+
     plain = DDIMScheduler(**SD_BETAS)
-    assert float(plain.alphas_cumprod[-1]) == pytest.approx(starter["alphas_cumprod"][-1], rel=1e-4)
+    theirs = rescale_zero_terminal_snr(plain.betas.double()).numpy()
+    np.testing.assert_allclose(starter["rescale_zero_terminal_snr"](starter["betas"]), theirs, atol=1e-6)  # fmt: skip
+    ddim = DDIMScheduler(**SD_BETAS, rescale_betas_zero_snr=True)
+    ours = starter["DDIMZeroSNRScheduler"](**starter["DDIM_TRAILING"])
+    np.testing.assert_allclose(ours.alphas_cumprod, ddim.alphas_cumprod.double().numpy(), atol=1e-6)
+    assert float(ddim.alphas_cumprod[-1]) == 0.0 and ours.alphas_cumprod[-1] == 0.0
+    assert float(plain.alphas_cumprod[-1]) == pytest.approx(4.66e-03, abs=5e-6)
     dpm = DPMSolverMultistepScheduler(**SD_BETAS, rescale_betas_zero_snr=True)
     assert float(dpm.alphas_cumprod[-1]) == 2**-24
 
 
-def test_guidance_rescale():
-    """`guidance_rescale` (a `StableDiffusionPipeline` argument, default 0.0, used only while guiding) goes through `rescale_noise_cfg`: it rescales the guided `noise_pred` to the per-sample std of `noise_pred_text`, and mixes that with the unrescaled guided prediction by `guidance_rescale`."""
+def zero_snr_ddim(prediction_type):
+    return DDIMScheduler(**SD_BETAS, rescale_betas_zero_snr=True, prediction_type=prediction_type,
+                         timestep_spacing="trailing", clip_sample=False, set_alpha_to_one=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [1, 4, 25])
+def test_zero_snr_run_matches_diffusers(starter, n):
+    """The starter's zero-SNR run is `DDIMScheduler(rescale_betas_zero_snr=True, prediction_type="v_prediction", timestep_spacing="trailing")` step by step at 1, 4 and 25 steps (every `prev_sample` to 1e-5 from the same v-predictions); at t = 999 its x0 prediction is `-v`, the same data mean for every sample."""
+    ours = starter["DDIMZeroSNRScheduler"](
+        prediction_type="v_prediction", **starter["DDIM_TRAILING"]
+    )
+    theirs = zero_snr_ddim("v_prediction")
+    ours.set_timesteps(n)
+    theirs.set_timesteps(n)
+    assert ours.timesteps.tolist() == theirs.timesteps.tolist() and theirs.timesteps[0] == 999
+    unet_v = starter["unet_v"]
+    latents = torch.from_numpy(start_noise()).float()
+    for t in theirs.timesteps:
+        v = unet_v(latents.double().numpy(), int(t))
+        mine = ours.step(v, int(t), latents.double().numpy())
+        out = theirs.step(torch.from_numpy(v).float(), t, latents)
+        np.testing.assert_allclose(mine.prev_sample, out.prev_sample.double().numpy(), atol=1e-5)
+        if t == 999:
+            torch.testing.assert_close(out.pred_original_sample, -torch.from_numpy(v).float())
+            mean = starter["mixture"].weights @ starter["mixture"].means
+            np.testing.assert_allclose(out.pred_original_sample.double().numpy(), np.broadcast_to(mean, v.shape), atol=1e-6)  # fmt: skip
+        latents = out.prev_sample
+
+
+def test_epsilon_at_zero_snr_is_not_finite(starter):
+    """With `rescale_betas_zero_snr=True`, `prediction_type="epsilon"` and SD's `clip_sample=False`, `DDIMScheduler.step` at t = 999 divides by `sqrt(alphas_cumprod[999]) = 0`: the exact epsilon (which equals x_999) gives NaN, any other gives inf, so zero terminal SNR needs `v_prediction`."""
+    scheduler = zero_snr_ddim("epsilon")
+    scheduler.set_timesteps(4)
+    x = torch.from_numpy(start_noise()).float()
+    exact = torch.from_numpy(starter["unet_eps"](x.double().numpy(), 999)).float()
+    torch.testing.assert_close(exact, x)  # at SNR 0, eps = x_t: nothing to predict
+    assert scheduler.step(exact, 999, x).pred_original_sample.isnan().all()
+    scheduler = zero_snr_ddim("epsilon")
+    scheduler.set_timesteps(4)
+    assert scheduler.step(0.9 * x, 999, x).pred_original_sample.isinf().all()
+    assert not np.isfinite(starter["x0_eps"]).any()
+
+
+@pytest.fixture
+def guidance_rescale_calls(monkeypatch):
+    """``run(pipe, module, **kwargs) -> (calls, steps)``: one 2-step call of a tiny SD-family
+    pipeline; ``calls`` are (guided, noise_pred_text, guidance_rescale, result) of every
+    ``rescale_noise_cfg`` the pipeline module makes, ``steps`` every ``scheduler.step``'s
+    ``model_output``."""
+    from tiny import HEIGHT as SD_HEIGHT
+    from tiny import embeds, start_latents
+
+    def run(pipe, module, **kwargs):
+        calls, steps = [], []
+        original = module.rescale_noise_cfg
+
+        @functools.wraps(original)
+        def spy(noise_cfg, noise_pred_text, guidance_rescale=0.0):
+            out = original(noise_cfg, noise_pred_text, guidance_rescale=guidance_rescale)
+            calls.append((noise_cfg.clone(), noise_pred_text.clone(), guidance_rescale, out.clone()))  # fmt: skip
+            return out
+
+        step = pipe.scheduler.step
+
+        def step_spy(model_output, timestep, sample, *args, **kw):
+            steps.append(model_output.detach().clone())
+            return step(model_output, timestep, sample, *args, **kw)
+
+        monkeypatch.setattr(module, "rescale_noise_cfg", spy)
+        monkeypatch.setattr(pipe.scheduler, "step", step_spy)
+        extra = kwargs.pop("extra", {})
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), latents=start_latents(),
+                 num_inference_steps=2, height=SD_HEIGHT, width=SD_HEIGHT, output_type="latent",
+                 **extra, **kwargs)  # fmt: skip
+        monkeypatch.undo()
+        return calls, steps
+
+    return run
+
+
+def test_guidance_rescale(sd_pipe, guidance_rescale_calls):
+    """`StableDiffusionPipeline.__call__` takes `guidance_rescale` (default 0.0) and, only while guiding and only when it is above 0, passes the guided `noise_pred` and `noise_pred_text` to `rescale_noise_cfg`, which rescales the guided prediction to the per-sample std of `noise_pred_text` and mixes it with the unrescaled one by `guidance_rescale`; the result is what `scheduler.step` receives."""
     from diffusers import StableDiffusionPipeline
-    from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import rescale_noise_cfg
+    from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as module
 
     assert inspect.signature(StableDiffusionPipeline.__call__).parameters["guidance_rescale"].default == 0.0  # fmt: skip
-    g = torch.Generator().manual_seed(0)
-    text, uncond = torch.randn(2, 4, 8, 8, generator=g), torch.randn(2, 4, 8, 8, generator=g)
-    cfg = uncond + 7.5 * (text - uncond)
-    full = rescale_noise_cfg(cfg, text, guidance_rescale=1.0)
-    torch.testing.assert_close(full.std(dim=(1, 2, 3)), text.std(dim=(1, 2, 3)))
-    torch.testing.assert_close(rescale_noise_cfg(cfg, text, guidance_rescale=0.0), cfg)
-    torch.testing.assert_close(rescale_noise_cfg(cfg, text, guidance_rescale=0.7), 0.7 * full + 0.3 * cfg)  # fmt: skip
+    calls, steps = guidance_rescale_calls(sd_pipe, module, guidance_scale=7.5, guidance_rescale=0.7)
+    assert len(calls) == len(steps) == 2
+    for (guided, text, phi, out), model_output in zip(calls, steps, strict=True):
+        assert phi == 0.7
+        std = lambda x: x.std(dim=list(range(1, x.ndim)), keepdim=True)  # noqa: E731
+        torch.testing.assert_close(out, 0.7 * guided * std(text) / std(guided) + 0.3 * guided)
+        torch.testing.assert_close(model_output, out)
+    for kwargs in (dict(guidance_scale=1.0, guidance_rescale=0.7), dict(guidance_scale=7.5)):
+        calls, steps = guidance_rescale_calls(sd_pipe, module, **kwargs)
+        assert calls == [] and len(steps) == 2
 
 
 def test_calculate_shift_and_the_shifted_grid(starter):
@@ -245,26 +394,12 @@ def test_calculate_shift_and_the_shifted_grid(starter):
         np.testing.assert_allclose(scheduler.timesteps.numpy(), 1000 * scheduler.sigmas[:-1].numpy(), rtol=1e-6)  # fmt: skip
 
 
-def test_flux_pipeline_shifts_by_token_count():
-    """`FluxPipeline.__call__` builds `sigmas = np.linspace(1.0, 1 / n, n)`, reads `base_image_seq_len`, `max_image_seq_len`, `base_shift` and `max_shift` from `scheduler.config` with those defaults, passes `mu = calculate_shift(latents.shape[1], ...)`, the packed token count, to `set_timesteps`, and defaults to `num_inference_steps=28` and `guidance_scale=3.5`."""
-    from diffusers import FluxPipeline
-
-    source = inspect.getsource(FluxPipeline.__call__)
-    assert "sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)" in source
-    assert "image_seq_len = latents.shape[1]" in source
-    for key, default in [("base_image_seq_len", 256), ("max_image_seq_len", 4096), ("base_shift", 0.5), ("max_shift", 1.15)]:  # fmt: skip
-        assert f'self.scheduler.config.get("{key}", {default})' in source
-    params = inspect.signature(FluxPipeline.__call__).parameters
-    assert params["num_inference_steps"].default == 28 and params["guidance_scale"].default == 3.5
-    assert params["true_cfg_scale"].default == 1.0
-
-
 # ---- a tiny FluxPipeline, built in code ------------------------------------------------
 
 TEXT_DIM, TEXT_LEN, HEIGHT = 32, 8, 16
 
 
-def tiny_flux_pipeline():
+def tiny_flux_pipeline(**scheduler_config):
     """FluxPipeline around a tiny guidance-embedding transformer and a 16-channel VAE."""
     from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
@@ -294,7 +429,7 @@ def tiny_flux_pipeline():
         sample_size=HEIGHT,
     ).eval()
     pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, **scheduler_config),
         vae=vae,
         text_encoder=None,
         tokenizer=None,
@@ -327,27 +462,85 @@ def run_flux(pipe, record_calls, **kwargs):
 
 
 def test_guidance_is_an_input_one_call_per_step(flux_pipe, record_calls):
-    """With `guidance_embeds=True` the tiny `FluxPipeline` makes one transformer call per step on the un-doubled batch whatever `guidance_scale` is, passes `guidance` = `guidance_scale` to it, which the transformer's `CombinedTimestepGuidanceTextProjEmbeddings` embeds next to the timestep, and `guidance_scale` 1.0 and 3.5 give different images from the same seed."""
-    assert type(flux_pipe.transformer.time_text_embed).__name__ == "CombinedTimestepGuidanceTextProjEmbeddings"  # fmt: skip
-    low, low_calls = run_flux(flux_pipe, record_calls, guidance_scale=1.0)
-    high, high_calls = run_flux(flux_pipe, record_calls, guidance_scale=3.5)
-    assert len(low_calls) == len(high_calls) == 2
-    for calls, scale in [(low_calls, 1.0), (high_calls, 3.5)]:
-        for _, kwargs in calls:
+    """With `guidance_embeds=True` the tiny `FluxPipeline` makes one transformer call per step on the un-doubled batch whatever `guidance_scale` is and passes `guidance` = `guidance_scale` to it; the transformer multiplies it by 1000, as it does the timestep, and its `CombinedTimestepGuidanceTextProjEmbeddings` embeds both the same way and adds the two embeddings; `guidance_scale` 1.0 and 3.5 give different images from the same seed."""
+    embed = flux_pipe.transformer.time_text_embed
+    assert type(embed).__name__ == "CombinedTimestepGuidanceTextProjEmbeddings"
+    images = {}
+    for scale in (1.0, 3.5):
+        embedded = record_calls(embed)
+        images[scale], calls = run_flux(flux_pipe, record_calls, guidance_scale=scale)
+        assert len(calls) == 2 and len(embedded.calls) == 2
+        for (_, kwargs), (args, _) in zip(calls, embedded.calls, strict=True):
             assert kwargs["hidden_states"].shape == (1, (HEIGHT // 4) ** 2, 64)
             assert kwargs["guidance"].tolist() == [scale]
-    assert np.abs(high - low).max() > 1e-4
+            timestep, guidance = args[0], args[1]  # time_text_embed(timestep, guidance, pooled)
+            assert guidance.tolist() == [1000 * scale]
+            torch.testing.assert_close(timestep, 1000 * kwargs["timestep"])
+        embedded.remove()
+    assert np.abs(images[3.5] - images[1.0]).max() > 1e-4
 
 
-def test_true_cfg_doubles_the_calls(flux_pipe, record_calls):
-    """`true_cfg_scale > 1` with `negative_prompt_embeds` and `negative_pooled_prompt_embeds` makes two transformer calls per step (conditional, then negative), still with `guidance` passed; `true_cfg_scale > 1` without a negative prompt stays at one call per step."""
+def test_true_cfg_doubles_the_calls(flux_pipe, record_calls, monkeypatch):
+    """`true_cfg_scale > 1` with `negative_prompt_embeds` and `negative_pooled_prompt_embeds` makes two transformer calls per step (conditional, then negative), both still with `guidance` passed, and hands `scheduler.step` `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`; `true_cfg_scale > 1` without a negative prompt stays at one call per step."""
     g = torch.Generator().manual_seed(2)
     negative = dict(
         negative_prompt_embeds=torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g),
         negative_pooled_prompt_embeds=torch.randn(1, TEXT_DIM, generator=g),
     )
-    _, calls = run_flux(flux_pipe, record_calls, true_cfg_scale=4.0, **negative)
-    assert len(calls) == 4
+    outputs, steps = [], []
+    hook = flux_pipe.transformer.register_forward_hook(lambda m, a, out: outputs.append(out[0].clone()))  # fmt: skip
+    step = flux_pipe.scheduler.step
+    monkeypatch.setattr(flux_pipe.scheduler, "step", lambda out, t, x, **kw: steps.append(out.clone()) or step(out, t, x, **kw))  # fmt: skip
+    try:
+        _, calls = run_flux(flux_pipe, record_calls, true_cfg_scale=4.0, **negative)
+    finally:
+        hook.remove()
+    assert len(calls) == 4 and len(steps) == 2
     assert all(kwargs["guidance"] is not None for _, kwargs in calls)
+    for k, model_output in enumerate(steps):
+        cond_call, neg_call = calls[2 * k][1], calls[2 * k + 1][1]
+        torch.testing.assert_close(neg_call["encoder_hidden_states"], negative["negative_prompt_embeds"])  # fmt: skip
+        assert not torch.equal(
+            cond_call["encoder_hidden_states"], neg_call["encoder_hidden_states"]
+        )
+        cond, neg = outputs[2 * k], outputs[2 * k + 1]
+        torch.testing.assert_close(model_output, neg + 4.0 * (cond - neg))
+    monkeypatch.undo()
     _, calls = run_flux(flux_pipe, record_calls, true_cfg_scale=4.0)
     assert len(calls) == 2
+
+
+def spy_set_timesteps(pipe, monkeypatch):
+    """Record the keyword arguments of every ``pipe.scheduler.set_timesteps`` call."""
+    seen = []
+    original = pipe.scheduler.set_timesteps
+
+    @functools.wraps(original)  # retrieve_timesteps reads its signature
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pipe.scheduler, "set_timesteps", spy)
+    return seen
+
+
+def test_flux_pipeline_shifts_by_token_count(record_calls, monkeypatch):
+    """`FluxPipeline.__call__` passes `sigmas = np.linspace(1.0, 1 / n, n)` and `mu = calculate_shift(latents.shape[1], ...)` to `scheduler.set_timesteps`, where `latents.shape[1]` is the packed token count the transformer sees and the other four arguments are the scheduler config's `base_image_seq_len`, `max_image_seq_len`, `base_shift` and `max_shift`; it defaults to `num_inference_steps=28` and `guidance_scale=3.5`."""
+    from diffusers import FluxPipeline
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    params = inspect.signature(FluxPipeline.__call__).parameters
+    assert params["num_inference_steps"].default == 28 and params["guidance_scale"].default == 3.5
+    custom = dict(base_image_seq_len=4, max_image_seq_len=64, base_shift=0.2, max_shift=2.0)
+    for config in ({}, custom):
+        pipe = tiny_flux_pipeline(**config)
+        seen = spy_set_timesteps(pipe, monkeypatch)
+        _, calls = run_flux(pipe, record_calls)
+        tokens = calls[0][1]["hidden_states"].shape[1]
+        assert tokens == (HEIGHT // 4) ** 2  # 16 px, VAE factor 2, 2 x 2 packing: 4 x 4 tokens
+        (kwargs,) = seen
+        np.testing.assert_allclose(kwargs["sigmas"], np.linspace(1.0, 1 / 2, 2))
+        c = {**dict(base_image_seq_len=256, max_image_seq_len=4096, base_shift=0.5, max_shift=1.15), **config}  # fmt: skip
+        expected = calculate_shift(tokens, c["base_image_seq_len"], c["max_image_seq_len"], c["base_shift"], c["max_shift"])  # fmt: skip
+        assert kwargs["mu"] == pytest.approx(expected)
+        monkeypatch.undo()
