@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urljoin, urlparse
 
 import pytest
 
@@ -264,6 +264,39 @@ def test_search_finds_a_lab(server, browser):
     page.wait_for_selector(".md-search-result__item", timeout=10_000)
     assert page.locator(".md-search-result__item").count() > 0
     assert problems == []
+    page.context.close()
+
+
+@pytest.mark.parametrize("key", ["/", "s"])
+def test_first_key_press_opens_search(server, browser, key):
+    """On a freshly loaded page (bundle not started), one press of a search shortcut opens
+    search with the focus in the field, and the word typed next shows results: the key
+    that starts the bundle is not lost, and not typed into the field either."""
+    page = browser.new_context().new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server + "/handbook/cfg/", wait_until="networkidle")
+    assert page.evaluate("() => !window.component$")  # nothing has started the bundle
+    page.keyboard.press(key)
+    box = page.locator("input.md-search__input")
+    assert page.evaluate("() => document.activeElement.matches('input.md-search__input')")
+    page.keyboard.type("guidance", delay=20)
+    page.wait_for_selector(".md-search-result__item", timeout=10_000)
+    assert box.input_value() == "guidance"  # the shortcut itself was not typed
+    assert page.locator("input[data-md-toggle=search]").is_checked()
+    assert errors == []
+    page.context.close()
+
+
+def test_first_key_press_follows_next_page(server, browser):
+    """The previous/next page shortcuts work on the first key press too."""
+    page = browser.new_context().new_page()
+    start = server + "/handbook/cfg/"
+    page.goto(start, wait_until="networkidle")
+    target = urljoin(start, page.locator("link[rel=next]").get_attribute("href"))
+    assert target != start
+    page.keyboard.press("n")
+    page.wait_for_url(target, timeout=10_000)
     page.context.close()
 
 

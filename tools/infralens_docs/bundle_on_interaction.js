@@ -24,7 +24,8 @@
   if (bundle) {
     var EVENTS = ["pointerdown", "pointermove", "touchstart", "keydown", "focusin", "wheel", "scroll"];
     var started = false;
-    function start() {
+    function start(event) {
+      if (event && event.type === "keydown") shortcut(event);
       if (started) return;
       started = true;
       EVENTS.forEach(function (type) {
@@ -41,12 +42,48 @@
       };
       document.body.appendChild(tag);
     }
+    // Not passive: a shortcut key is claimed (preventDefault) as Material claims it.
     EVENTS.forEach(function (type) {
-      window.addEventListener(type, start, { capture: true, passive: true });
+      window.addEventListener(type, start, { capture: true, passive: type !== "keydown" });
     });
     // A page opened from a search result (?h=term) highlights the term: that reader is
     // searching already.
     if (/[?&]h=/.test(location.search)) start();
+  }
+
+  // 1b. The first key press. The key that starts the bundle reaches no handler of the
+  // bundle's (it is not loaded yet), so a keyboard reader's first shortcut would do
+  // nothing. Material's global shortcuts are done here, as the bundle does them (its
+  // keyboard$ in material/.../keyboard and the search and navigation handlers), for the
+  // keys pressed before it has started; from then on the bundle handles every key, so
+  // no key is acted on twice. Search: open it and put the focus in the field (what the
+  // reader types next goes there; the bundle reads the field's value when its search
+  // worker is ready). Previous / next page: follow the page's link rel=prev / rel=next.
+  function editable(el) {
+    if (!el) return false;
+    if (el.isContentEditable) return true;
+    if (el instanceof HTMLInputElement) return !/^(checkbox|radio|button|submit|reset)$/.test(el.type);
+    return el instanceof HTMLTextAreaElement || el instanceof HTMLSelectElement;
+  }
+  function shortcut(event) {
+    if (window.component$ || event.defaultPrevented || event.isComposing) return;
+    if (event.metaKey || event.ctrlKey || event.altKey) return;
+    if (editable(document.activeElement)) return;
+    var key = event.key;
+    if (key === "/" || key === "s" || key === "f") {
+      var toggle = document.querySelector("input[data-md-toggle=search]");
+      var query = document.querySelector("input[data-md-component=search-query]");
+      if (!toggle || !query) return;
+      event.preventDefault(); // the key names the action; it is not typed into the field
+      if (!toggle.checked) toggle.click();
+      query.focus();
+      query.select();
+    } else if (key === "p" || key === "," || key === "n" || key === ".") {
+      var link = document.querySelector(key === "p" || key === "," ? "link[rel=prev]" : "link[rel=next]");
+      if (!link) return;
+      event.preventDefault();
+      location.href = link.href;
+    }
   }
 
   // 2. The palette.
