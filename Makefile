@@ -33,7 +33,7 @@ export NBCONVERT_DISABLE_CONFIG_EXPORTERS := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-verify serve build offline test lint format verify verify-refresh bench lighthouse clean
+.PHONY: help install install-verify serve build offline test lint format verify verify-refresh verify-latest bench lighthouse clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -90,12 +90,25 @@ verify: $(VERIFY) ## Install the verify extra (CPU torch 2.13.0 + diffusers) and
 verify-refresh: verify ## After upgrading diffusers: rerun verify and record the versions the pages state
 	INFRALENS_REFRESH_VERSIONS=1 $(BIN)/python -m pytest tests/verify
 
+# The drift watch's own venv: the newest diffusers, transformers, peft, accelerate and gguf
+# (upgraded on every run), beside the pinned torch here. The Drift workflow passes the newest
+# CPU torch instead: LATEST_TORCH="torch --index-url https://download.pytorch.org/whl/cpu".
+LATEST       := .venv-latest
+LATEST_TORCH ?= torch==2.13.0
+verify-latest: ## The verify suite against the newest diffusers/transformers/peft (.venv-latest), reported by page
+	test -x $(LATEST)/bin/python || $(BASE_PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade $(LATEST_TORCH)
+	$(LATEST)/bin/python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > $(LATEST)/torch.txt
+	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/torch.txt -e '.[dev]'
+	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/torch.txt --upgrade diffusers transformers peft accelerate gguf
+	$(LATEST)/bin/python -m infralens_docs.drift --output $(LATEST)/drift-report.md
+
 bench: $(STAMP) ## Cold/warm build time, starter wall times, lab page weight
 	$(BIN)/python bench/run.py
 
 lighthouse: $(STAMP) ## Lighthouse on every page: scores, KB at load, TBT, LCP (needs npm, nginx, chromium)
 	$(BIN)/python bench/lighthouse.py
 
-clean: ## Remove site/, caches and .venv
-	rm -rf site offline .cache .pytest_cache .ruff_cache $(VENV)
+clean: ## Remove site/, caches, .venv and .venv-latest
+	rm -rf site offline .cache .pytest_cache .ruff_cache $(VENV) $(LATEST)
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

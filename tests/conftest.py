@@ -46,6 +46,11 @@ def run_cli() -> Callable[..., Run]:
     return run
 
 
+#: the repository address the test builds link their "Edit this page" buttons to (the Pages
+#: workflow passes its own; mkdocs.yml reads INFRALENS_REPO_URL)
+TEST_REPO_URL = "https://github.com/infralens/diffusion-handbook"
+
+
 def strict_build(site: Path, **env_vars: str) -> Path:
     """``mkdocs build --strict`` into ``site`` as a subprocess, as `make build`/CI run it;
     fails on a non-zero exit or on any WARNING line (strict mode would also abort, but
@@ -53,7 +58,8 @@ def strict_build(site: Path, **env_vars: str) -> Path:
     import os
     import subprocess
 
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", **env_vars)
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", INFRALENS_REPO_URL=TEST_REPO_URL)
+    env.update(env_vars)
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT,

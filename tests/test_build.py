@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import TEST_REPO_URL
 
 from infralens_docs.registry import ROOT, load_labs
 
@@ -355,6 +356,24 @@ def test_home_page_title_names_the_site_once(built_site):
     assert "<title>InfraLens Diffusion Handbook</title>" in text
 
 
+def test_every_page_links_to_its_source_without_asking_github(built_site):
+    """Each page's "Edit this page" opens the file it is built from (a starter's page, the
+    starter under code/); the header's repository link is a plain link, not Material's
+    component that fetches stars and forks from api.github.com."""
+    edit_re = re.compile(r'<a href="([^"]+)" title="Edit this page"[^>]*rel="edit"')
+    prefix = TEST_REPO_URL + "/edit/main/"
+    for page in html_pages(built_site):
+        if page.name == "404.html":
+            continue
+        text = page.read_text(encoding="utf-8")
+        links = edit_re.findall(text)
+        assert len(links) == 1, f"{page}: {len(links)} edit links"
+        assert links[0].startswith(prefix), links[0]
+        assert (ROOT / links[0][len(prefix) :]).is_file(), f"{page}: {links[0]} is no file"
+        assert 'data-md-component="source"' not in text
+        assert "api.github.com" not in text
+
+
 def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
     """A second build with empty caches gives the same files, byte for byte (the sitemap's
     date aside): cached and fresh runs agree, and nothing depends on timing or randomness.
@@ -369,6 +388,7 @@ def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
     env = dict(
         os.environ,
         NO_MKDOCS_2_WARNING="1",
+        INFRALENS_REPO_URL=TEST_REPO_URL,
         INFRALENS_CACHE_DIR=str(tmp_path / "cache"),
         INFRALENS_NOTEBOOK_WORKERS="0",
     )

@@ -44,6 +44,7 @@ import shutil
 import struct
 import sys
 from pathlib import Path
+from urllib.parse import urljoin
 
 import jupytext
 from mkdocs.config.defaults import MkDocsConfig
@@ -197,7 +198,21 @@ def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
         render(config, files)
 
     page.render = render_when_prebuilt  # type: ignore[method-assign]
+    _edit_starter_not_docs(page, config)
     return page
+
+
+def _edit_starter_not_docs(page: Page, config: MkDocsConfig) -> None:
+    """A starter's page is built from the starter itself (``code/...``, outside ``docs/``):
+    its edit link opens that file, not a ``docs/code/...`` page that does not exist."""
+    if page.edit_url is None or page.file.src_dir != str(ROOT):
+        return
+    docs = Path(config.docs_dir).relative_to(ROOT).as_posix() + "/"
+    edit_uri = config.edit_uri or ""
+    if not edit_uri.endswith(docs):
+        raise PluginError(f"edit_uri {edit_uri!r} must end with {docs!r} (the docs folder)")
+    root_uri = edit_uri[: -len(docs)]
+    page.edit_url = urljoin(config.repo_url.rstrip("/") + "/", root_uri + page.file.src_uri)
 
 
 # --------------------------------------------------------------------------- markdown
