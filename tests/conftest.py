@@ -86,4 +86,7 @@ def built_site(tmp_path_factory) -> Path:
 def offline_site(tmp_path_factory, built_site) -> Path:
     """The offline build (``make offline``: INFRALENS_OFFLINE=1), after ``built_site`` so
     it reuses that build's caches."""
-    return strict_build(tmp_path_factory.mktemp("offline"), INFRALENS_OFFLINE="1")
+    # (built without a repository address: a build without one has no edit links)
+    return strict_build(
+        tmp_path_factory.mktemp("offline"), INFRALENS_OFFLINE="1", INFRALENS_REPO_URL=""
+    )

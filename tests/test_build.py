@@ -374,6 +374,14 @@ def test_every_page_links_to_its_source_without_asking_github(built_site):
         assert "api.github.com" not in text
 
 
+def test_a_build_without_a_repository_has_no_edit_links(offline_site):
+    """INFRALENS_REPO_URL empty (or unset): no edit link and no header repository link,
+    rather than an edit_uri resolved against nothing."""
+    for page in html_pages(offline_site):
+        text = page.read_text(encoding="utf-8")
+        assert 'rel="edit"' not in text and "md-source" not in text, page
+
+
 def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
     """A second build with empty caches gives the same files, byte for byte (the sitemap's
     date aside): cached and fresh runs agree, and nothing depends on timing or randomness.

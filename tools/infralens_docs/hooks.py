@@ -88,6 +88,11 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         _labs = load_labs()
     except RegistryError as exc:
         raise PluginError(f"lab registry: {exc}") from exc
+    if not config.repo_url:
+        # no repository address given (INFRALENS_REPO_URL unset or empty): no edit links,
+        # rather than MkDocs' edit_uri resolved against nothing (a relative, broken link)
+        config.repo_url = None
+        config.edit_uri = None
     if offline_build():
         # Opened from the file system, a link to a folder ("labs/") shows the folder, not
         # its index.html: link to the HTML files themselves. (What Material's offline
@@ -205,7 +210,7 @@ def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
 def _edit_starter_not_docs(page: Page, config: MkDocsConfig) -> None:
     """A starter's page is built from the starter itself (``code/...``, outside ``docs/``):
     its edit link opens that file, not a ``docs/code/...`` page that does not exist."""
-    if page.edit_url is None or page.file.src_dir != str(ROOT):
+    if not (page.edit_url and config.repo_url) or page.file.src_dir != str(ROOT):
         return
     docs = Path(config.docs_dir).relative_to(ROOT).as_posix() + "/"
     edit_uri = config.edit_uri or ""
