@@ -63,5 +63,18 @@ def test_no_standard_schedule_reaches_zero_signal():
     for schedule in BETA_SCHEDULES:
         scheduler = DDPMScheduler(beta_schedule=schedule, **_range(schedule))
         assert float(scheduler.alphas_cumprod[-1]) > 0.0, schedule
-    rescaled = DDPMScheduler(beta_schedule="scaled_linear", rescale_betas_zero_snr=True)
-    assert float(rescaled.alphas_cumprod[-1]) < 1e-6
+        rescaled = DDPMScheduler(
+            beta_schedule=schedule, rescale_betas_zero_snr=True, **_range(schedule)
+        )
+        assert float(rescaled.alphas_cumprod[-1]) == 0.0, schedule
+
+
+def test_add_noise_broadcasts_one_level_per_example():
+    """`add_noise` with `timesteps` of shape `(B,)` gathers `alphas_cumprod[timesteps]` and broadcasts it as `(B, 1, 1, 1)` over the channels and space of `(B, 4, h, w)` latents: each example is noised at its own level."""
+    scheduler = DDPMScheduler(beta_schedule="scaled_linear", **_range("scaled_linear"))
+    g = torch.Generator().manual_seed(0)
+    x0, noise = (torch.randn(3, 4, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    timesteps = torch.tensor([10, 500, 990])
+    ab = scheduler.alphas_cumprod.double()[timesteps].reshape(3, 1, 1, 1)
+    expected = ab.sqrt() * x0 + (1 - ab).sqrt() * noise
+    torch.testing.assert_close(scheduler.add_noise(x0, noise, timesteps), expected)

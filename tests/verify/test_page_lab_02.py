@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
+from tiny import embeds, start_latents
 
 from labkit.schedules import CANONICAL_BETA_RANGE
 
@@ -152,3 +153,23 @@ def test_ddpm_step_off_the_grid_raises_index_error():
     ddim = DDIMScheduler(clip_sample=False)
     ddim.set_timesteps(10)
     assert torch.isfinite(ddim.step(eps, 50, sample).prev_sample).all()
+
+
+def test_unet_returns_sample_and_the_pipeline_takes_element_zero(sd_pipe, record_calls):
+    """`UNet2DConditionModel` returns its prediction, shaped like its input, as the output object's `.sample`, or as element `[0]` of a tuple under `return_dict=False`; `StableDiffusionPipeline` calls it with `return_dict=False`."""
+    unet = sd_pipe.unet
+    latents, t, prompt_embeds = start_latents(), torch.tensor(500), embeds(0)
+    with torch.no_grad():
+        out = unet(latents, t, encoder_hidden_states=prompt_embeds)
+        tup = unet(latents, t, encoder_hidden_states=prompt_embeds, return_dict=False)
+    assert out.sample.shape == latents.shape
+    assert isinstance(tup, tuple) and torch.equal(tup[0], out.sample)
+    recorder = record_calls(unet)
+    sd_pipe(
+        prompt_embeds=prompt_embeds,
+        latents=latents,
+        num_inference_steps=2,
+        guidance_scale=1.0,
+        output_type="latent",
+    )
+    assert [kwargs["return_dict"] for _, kwargs in recorder.calls] == [False, False]

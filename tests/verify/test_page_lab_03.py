@@ -3,7 +3,8 @@
 That labkit's NumPy schedulers reproduce diffusers' is held by the shared module
 ``test_schedulers_vs_diffusers.py``, which the page lists too. This module holds
 what the page says about diffusers itself: DDIM's fixed stride against each
-spacing's grid, Euler's warning, and the flow-matching double shift.
+spacing's grid, where `leading` starts, which classes scale the model input, Euler's
+step index and warning, Karras end points, and the flow-matching double shift.
 """
 
 import itertools
@@ -117,3 +118,85 @@ def test_flow_matching_is_a_path_and_a_target():
     target_only = flow_loop(DPMSolverMultistepScheduler(prediction_type="flow_prediction"), z)
     assert both < euler < 0.05, (both, euler)
     assert np.isfinite(target_only) and target_only > 10 * euler, target_only
+
+
+def test_leading_largest_entry():
+    """`leading` starts at `(n - 1) * (1000 // n) + steps_offset`: 901 at 10 steps with SD's `steps_offset=1`, and 999, the noisiest training timestep, only at 500 or 999 steps with offset 1 (never with offset 0)."""
+    reaches = {0: [], 1: []}
+    for offset, hits in reaches.items():
+        for n in range(1, T):
+            scheduler = DDIMScheduler(timestep_spacing="leading", steps_offset=offset)
+            scheduler.set_timesteps(n)
+            first = int(scheduler.timesteps[0])
+            assert first == (n - 1) * (T // n) + offset, (n, offset)
+            if first == T - 1:
+                hits.append(n)
+    assert reaches == {0: [], 1: [500, 999]}
+    scheduler = DDIMScheduler(timestep_spacing="leading", steps_offset=1)
+    scheduler.set_timesteps(10)
+    assert int(scheduler.timesteps[0]) == 901
+
+
+def test_scale_model_input_is_identity_beyond_ddpm_and_ddim():
+    """`scale_model_input` returns its input unchanged for `DDPMScheduler`, `DDIMScheduler`, `PNDMScheduler`, `DPMSolverMultistepScheduler` and `UniPCMultistepScheduler`, and divides by `sqrt(sigma**2 + 1)` in the Euler family (`EulerDiscreteScheduler`, `EulerAncestralDiscreteScheduler`, `HeunDiscreteScheduler`)."""
+    from diffusers import (
+        DDPMScheduler,
+        EulerAncestralDiscreteScheduler,
+        HeunDiscreteScheduler,
+        PNDMScheduler,
+        UniPCMultistepScheduler,
+    )
+
+    sample = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(0))
+    identity = (
+        DDPMScheduler,
+        DDIMScheduler,
+        PNDMScheduler,
+        DPMSolverMultistepScheduler,
+        UniPCMultistepScheduler,
+    )
+    for cls in identity:
+        scheduler = cls()
+        scheduler.set_timesteps(10)
+        assert scheduler.scale_model_input(sample, scheduler.timesteps[0]) is sample, cls
+    for cls in (EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, HeunDiscreteScheduler):
+        scheduler = cls()
+        scheduler.set_timesteps(10)
+        sigma = scheduler.sigmas[0]
+        scaled = scheduler.scale_model_input(sample, scheduler.timesteps[0])
+        torch.testing.assert_close(scaled, sample / (sigma**2 + 1) ** 0.5)
+
+
+def test_karras_end_points_follow_the_spacing():
+    """With `use_karras_sigmas=True`, `EulerDiscreteScheduler` takes `sigma_max` and `sigma_min` from the interpolated grid of its `timestep_spacing`, so the Karras end points differ between `linspace` and `leading`."""
+    ends = {}
+    for spacing in ("linspace", "leading"):
+        plain = EulerDiscreteScheduler(timestep_spacing=spacing, steps_offset=1)
+        plain.set_timesteps(10)
+        karras = EulerDiscreteScheduler(
+            timestep_spacing=spacing, steps_offset=1, use_karras_sigmas=True
+        )
+        karras.set_timesteps(10)
+        torch.testing.assert_close(karras.sigmas[0], plain.sigmas[0])
+        torch.testing.assert_close(karras.sigmas[-2], plain.sigmas[-2])
+        ends[spacing] = (float(karras.sigmas[0]), float(karras.sigmas[-2]))
+    assert ends["leading"][0] < 0.7 * ends["linspace"][0]
+    assert ends["leading"][1] != pytest.approx(ends["linspace"][1])
+
+
+def test_euler_scale_model_input_reads_step_index_not_t():
+    """`EulerDiscreteScheduler.scale_model_input` looks up `step_index` from `t` on its first call, then reads `sigma` from `step_index` whatever `t` it is given, and does not advance it; only `step` does."""
+    scheduler = EulerDiscreteScheduler()
+    scheduler.set_timesteps(10)
+    sample = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(1))
+    t0, t5 = scheduler.timesteps[0], scheduler.timesteps[5]
+    first = scheduler.scale_model_input(sample, t0)
+    assert scheduler.step_index == 0
+    torch.testing.assert_close(scheduler.scale_model_input(sample, t5), first)
+    assert scheduler.step_index == 0
+    scheduler.step(torch.zeros_like(sample), t0, sample)
+    assert scheduler.step_index == 1
+    sigma1 = scheduler.sigmas[1]
+    torch.testing.assert_close(
+        scheduler.scale_model_input(sample, t5), sample / (sigma1**2 + 1) ** 0.5
+    )

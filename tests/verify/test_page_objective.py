@@ -230,7 +230,7 @@ def test_sd_pipeline_turns_clip_sample_off():
 
 
 def test_thresholding_replaces_clipping():
-    r"""With `thresholding=True`, `step` instead divides each sample's $\hat{x}_0$ by $s$, the `dynamic_thresholding_ratio` quantile of its absolute values clamped to `[1, sample_max_value]`, after clamping it to $[-s, s]$; the scheduler's docstring calls this unsuitable for latent-space models such as Stable Diffusion."""
+    r"""With `thresholding=True`, `step` instead divides each sample's $\hat{x}_0$ by $s$, the `dynamic_thresholding_ratio` quantile of its absolute values clamped to `[1, sample_max_value]`, after clamping it to $[-s, s]$, so `pred_original_sample` always ends in $[-1, 1]$."""
     # prediction_type "sample" reads model_output as x0 directly; only thresholding acts on it
     scheduler = DDPMScheduler(
         prediction_type="sample", thresholding=True, sample_max_value=4.0, **SD_BETAS
@@ -246,8 +246,7 @@ def test_thresholding_replaces_clipping():
     assert 1.5 < s[0] < 4.0 and s[1] == 1.0
     expected = torch.stack([(flat[i].clamp(-s[i], s[i]) / s[i]) for i in range(2)])
     close(got, expected.reshape(x0.shape))
-    doc = " ".join(DDPMScheduler.__doc__.split())
-    assert "unsuitable for latent-space diffusion models such as Stable Diffusion" in doc
+    assert got.abs().max() <= 1.0 and x0.abs().max() > 2.0
 
 
 def test_epsilon_errors_are_amplified_at_t_999():
@@ -288,7 +287,7 @@ def test_flow_matching_velocity_step():
 
 
 def test_dpmsolver_flow_prediction_reads_the_velocity():
-    r"""`DPMSolverMultistepScheduler` with `prediction_type="flow_prediction"` and `use_flow_sigmas=True` reads `model_output` as the velocity $\epsilon - x_0$ on the path $x = (1-\sigma)\, x_0 + \sigma\, \epsilon$: its first step lands exactly on that path at the next sigma."""
+    r"""`DPMSolverMultistepScheduler` with `prediction_type="flow_prediction"` and `use_flow_sigmas=True` reads `model_output` as the velocity $\epsilon - x_0$ on the path $x = (1-\sigma)\, x_0 + \sigma\, \epsilon$: its first step lands exactly on that path at the next sigma; with `flow_prediction` alone it raises nothing and lands off the path."""
     scheduler = DPMSolverMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
     )
@@ -299,6 +298,13 @@ def test_dpmsolver_flow_prediction_reads_the_velocity():
     x_t = (1 - s0) * x0 + s0 * eps
     prev = scheduler.step(eps - x0, scheduler.timesteps[0], x_t).prev_sample
     close(prev, (1 - s1) * x0 + s1 * eps, tol=1e-5)
+
+    alone = DPMSolverMultistepScheduler(prediction_type="flow_prediction")
+    alone.set_timesteps(10)
+    assert not alone.config.use_flow_sigmas
+    prev = alone.step(eps - x0, alone.timesteps[0], x_t).prev_sample
+    assert torch.isfinite(prev).all()
+    assert (prev - ((1 - s1) * x0 + s1 * eps)).abs().mean() > 0.1
 
 
 def test_vae_decodes_once_at_the_end(sd1_shaped_pipe, monkeypatch):

@@ -124,7 +124,8 @@ class DDIMScheduler:
             # n evenly spaced points on [0, T-1], rounded: both ends are visited
             timesteps = np.linspace(0, T - 1, num_inference_steps).round()[::-1].astype(np.int64)
         elif self.config.timestep_spacing == "leading":
-            # integer stride from 0: below n = T the noisiest step T-1 is never visited
+            # integer stride from 0: the noisiest step is (n-1)·(T//n), below T-1 for n < T;
+            # steps_offset=1 reaches T-1 only at n = 500 and 999 (T = 1000)
             step_ratio = T // num_inference_steps
             timesteps = (np.arange(0, num_inference_steps) * step_ratio).round()[::-1]
             # diffusers applies steps_offset to "leading" only (SD 1.x: 901, 801, ..., 1)
