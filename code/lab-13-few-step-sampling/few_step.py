@@ -195,7 +195,7 @@ class DPMSolverMultistepScheduler:
 # timesteps come from a 50-step distillation grid (999, 979, ..., 19), n evenly spaced
 # indices into it. A consistency model outputs the end point of the sampling ODE from x_t;
 # "lcm" feeds the exact denoiser (E[x0 | x_t], a mean), "lcm-ideal" feeds that end point,
-# computed with a 16-step DDIM from t: what a perfectly distilled LCM would return.
+# computed with 10 steps of DPM-Solver++ 2M from t: what a perfectly distilled LCM returns.
 
 
 # %%
@@ -270,7 +270,7 @@ def ode_endpoint_eps(sample, timestep, substeps=10):
 # %%
 # --8<-- [start:loop]
 def make_scheduler(name, spacing="trailing"):
-    offset = 1 if spacing == "leading" else 0  # SD 1.x ships steps_offset=1 with "leading"
+    offset = 1 if spacing == "leading" else 0  # SD 1.x's offset; "leading": DDIM's default
     if name == "ddim":
         return DDIMScheduler(clip_sample=False, set_alpha_to_one=False, timestep_spacing=spacing, steps_offset=offset, **SD_BETAS)  # fmt: skip
     if name == "euler":
@@ -318,7 +318,8 @@ table("weight_error (total variation of the mode weights)", ["sampler", *[str(n)
 # %% [markdown]
 # ## 6. Leading against trailing spacing
 #
-# `leading` with SD's `steps_offset=1` starts below t = 999 (the table prints where): the
+# `leading` with SD's `steps_offset=1` (set explicitly here: DPM-Solver++'s own default is
+# `linspace`, which starts at 999) starts below t = 999 (the table prints where): the
 # loop hands pure noise to a model told the input still holds sqrt(alpha_bar_t) of the
 # image. The last model call matters as much: a deterministic sampler's last step lands
 # on that call's x0_hat, a posterior mean. The control row starts where trailing does and
@@ -338,7 +339,7 @@ for name, spacing, n, custom in runs:
     spacing_rows.append([name, n, spacing, ", ".join(map(str, ts)), *signal, f"{q.on_mode:.1%}", f"{q.weight_error:.3f}", f"{q.spread:.2f}"])  # fmt: skip
 # --8<-- [end:spacing]
 header = ["sampler", "steps", "spacing", "timesteps", "signal at first t", "at last t", "on_mode", "weight_error", "spread"]  # fmt: skip
-table("timestep_spacing, leading (steps_offset=1, as SD 1.x ships) against trailing", header, spacing_rows)  # fmt: skip
+table("timestep_spacing, leading (steps_offset=1, DDIM's default on SD 1.x) against trailing", header, spacing_rows)  # fmt: skip
 
 # %% [markdown]
 # ## 7. Zero terminal SNR, run

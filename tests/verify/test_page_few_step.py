@@ -43,13 +43,33 @@ def grid(cls, spacing, n):
 
 
 def test_leading_never_starts_at_the_noisiest_timestep():
-    """With `steps_offset=1`, `leading` gives `DDIMScheduler` 751, 501, 251, 1 at 4 steps and 1 at one step, and `DPMSolverMultistepScheduler` 801, 601, 401, 201 at 4 steps; `trailing` gives both 999, 749, 499, 249 and 999."""
+    """With `steps_offset=1`, `leading` gives `DDIMScheduler` 751, 501, 251, 1 at 4 steps and 1 at one step, and `DPMSolverMultistepScheduler` 801, 601, 401, 201 at 4 steps; `trailing` gives both 999, 749, 499, 249 and 999. On SD's betas `alphas_cumprod.sqrt()` is 0.236 at t = 751 and 0.191 at t = 801: the share of the image the model is told pure noise still holds."""
+    signal = DDIMScheduler(**SD_BETAS).alphas_cumprod.sqrt()
+    assert float(signal[751]) == pytest.approx(0.236, abs=5e-4)
+    assert float(signal[801]) == pytest.approx(0.191, abs=5e-4)
     assert grid(DDIMScheduler, "leading", 4) == [751, 501, 251, 1]
     assert grid(DDIMScheduler, "leading", 1) == [1]
     assert grid(DPMSolverMultistepScheduler, "leading", 4) == [801, 601, 401, 201]
     for cls in (DDIMScheduler, DPMSolverMultistepScheduler):
         assert grid(cls, "trailing", 4) == [999, 749, 499, 249]
         assert grid(cls, "trailing", 1) == [999]
+
+
+def test_from_config_spacing_is_the_class_default():
+    """A scheduler built with `from_config` from a `PNDMScheduler` config with SD 1.x's betas and `steps_offset=1` that leaves `timestep_spacing` at its default keeps the offset but takes its own class's default spacing: `leading` for `DDIMScheduler` (751, 501, 251, 1 at 4 steps), `linspace` for `DPMSolverMultistepScheduler` (999, 749, 500, 250) and `EulerDiscreteScheduler`, which start at 999."""
+    from diffusers import PNDMScheduler
+
+    sd = PNDMScheduler(**SD_BETAS, steps_offset=1, skip_prk_steps=True, set_alpha_to_one=False)
+    expected = {
+        DDIMScheduler: ("leading", [751, 501, 251, 1]),
+        DPMSolverMultistepScheduler: ("linspace", [999, 749, 500, 250]),
+        EulerDiscreteScheduler: ("linspace", [999, 666, 333, 0]),
+    }
+    for cls, (spacing, timesteps) in expected.items():
+        scheduler = cls.from_config(sd.config)
+        scheduler.set_timesteps(4)
+        assert scheduler.config.timestep_spacing == spacing and scheduler.config.steps_offset == 1
+        assert [int(t) for t in scheduler.timesteps] == timesteps
 
 
 @pytest.mark.parametrize(
@@ -77,7 +97,7 @@ def test_rescale_betas_zero_snr(cls, last):
 POOLED_DIM = 16
 
 
-def tiny_sdxl_pipeline():
+def tiny_sdxl_pipeline(**unet_overrides):
     """The real StableDiffusionXLPipeline around a tiny UNet with SDXL's "text_time"
     conditioning (6 time ids x 8 + pooled width), no text encoders: pass embeddings."""
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
@@ -87,6 +107,7 @@ def tiny_sdxl_pipeline():
         addition_embed_type="text_time",
         addition_time_embed_dim=8,
         projection_class_embeddings_input_dim=6 * 8 + POOLED_DIM,
+        **unet_overrides,
     )
     pipe = StableDiffusionXLPipeline(
         vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
@@ -123,37 +144,113 @@ def test_guidance_rescale(name, sd_pipe, guidance_rescale_calls):  # noqa: F811 
         assert calls == [] and len(steps) == 2
 
 
-def test_time_cond_proj_dim_embeds_guidance(record_calls):
-    """A UNet with `time_cond_proj_dim` set (how full LCM checkpoints take guidance) turns classifier-free guidance off in `StableDiffusionPipeline`: one UNet call per step on the un-doubled batch at `guidance_scale=8.5`, with an embedding of `guidance_scale - 1` passed as `timestep_cond`; the same UNet without it makes one call per step on a doubled batch."""
+def sd_family_pipeline(name, **unet_overrides):
+    """(pipe, extra call kwargs): tiny SD 1.x with an LCMScheduler, or tiny SDXL."""
     from diffusers import LCMScheduler
-    from tiny import HEIGHT as SD_HEIGHT
-    from tiny import SD_SCHEDULER, embeds, start_latents, tiny_sd_pipeline, tiny_unet
+    from tiny import SD_SCHEDULER, tiny_sd_pipeline, tiny_unet
 
-    lcm = dict(SD_SCHEDULER, set_alpha_to_one=True)
+    if name == "StableDiffusionPipeline":
+        scheduler = LCMScheduler(**dict(SD_SCHEDULER, set_alpha_to_one=True))
+        return tiny_sd_pipeline(scheduler=scheduler, unet=tiny_unet(**unet_overrides)), {}
+    g = torch.Generator().manual_seed(3)
+    extra = dict(pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=g),
+                 negative_pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=g))  # fmt: skip
+    return tiny_sdxl_pipeline(**unet_overrides), extra
+
+
+def run_sd_family(pipe, extra, record_calls, **kwargs):
+    """One 2-step call on fixed embeddings and latents; the UNet's recorded calls."""
+    from tiny import HEIGHT as SD_HEIGHT
+    from tiny import embeds, start_latents
+
+    recorder = record_calls(pipe.unet)
+    with torch.no_grad():
+        pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), latents=start_latents(),
+             num_inference_steps=2, height=SD_HEIGHT, width=SD_HEIGHT, output_type="latent",
+             **extra, **kwargs)  # fmt: skip
+    recorder.remove()
+    return recorder.calls
+
+
+SD_FAMILY = ["StableDiffusionPipeline", "StableDiffusionXLPipeline"]
+
+
+@pytest.mark.parametrize("name", SD_FAMILY)
+def test_time_cond_proj_dim_embeds_guidance(name, record_calls):
+    """A UNet with `time_cond_proj_dim` set (how full LCM checkpoints take guidance) turns classifier-free guidance off in `StableDiffusionPipeline` and `StableDiffusionXLPipeline`: one UNet call per step on the un-doubled batch at `guidance_scale=8.5`, with an embedding of `guidance_scale - 1` passed as `timestep_cond`; the same UNet without it makes one call per step on a doubled batch."""
     for proj_dim, rows in [(8, 1), (None, 2)]:
-        pipe = tiny_sd_pipeline(scheduler=LCMScheduler(**lcm), unet=tiny_unet(time_cond_proj_dim=proj_dim))  # fmt: skip
-        recorder = record_calls(pipe.unet)
-        with torch.no_grad():
-            pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), latents=start_latents(),
-                 guidance_scale=8.5, num_inference_steps=2, height=SD_HEIGHT, width=SD_HEIGHT,
-                 output_type="latent")  # fmt: skip
-        assert len(recorder.calls) == 2
-        for args, kwargs in recorder.calls:
+        pipe, extra = sd_family_pipeline(name, time_cond_proj_dim=proj_dim)
+        calls = run_sd_family(pipe, extra, record_calls, guidance_scale=8.5)
+        assert len(calls) == 2
+        for args, kwargs in calls:
             assert args[0].shape[0] == rows
             if proj_dim is None:
                 assert kwargs["timestep_cond"] is None
             else:
                 expected = pipe.get_guidance_scale_embedding(torch.tensor([7.5]), embedding_dim=proj_dim)  # fmt: skip
                 torch.testing.assert_close(kwargs["timestep_cond"], expected)
-        recorder.remove()
+
+
+@pytest.mark.parametrize("name, default", list(zip(SD_FAMILY, [7.5, 5.0], strict=True)))
+def test_guidance_scale_zero_turns_cfg_off(name, default, record_calls):
+    """`StableDiffusionPipeline` defaults to `guidance_scale=7.5` and `StableDiffusionXLPipeline` to `5.0`: classifier-free guidance, every UNet call on a doubled batch; at `guidance_scale=0.0` each step is one UNet call on the un-doubled batch."""
+    pipe, extra = sd_family_pipeline(name)
+    calls = run_sd_family(pipe, extra, record_calls)  # guidance_scale left at its default
+    assert pipe.guidance_scale == default and pipe.do_classifier_free_guidance
+    assert len(calls) == 2 and all(args[0].shape[0] == 2 for args, _ in calls)
+    calls = run_sd_family(pipe, extra, record_calls, guidance_scale=0.0)
+    assert not pipe.do_classifier_free_guidance
+    assert len(calls) == 2 and all(args[0].shape[0] == 1 for args, _ in calls)
+
+
+def test_lora_leaves_guidance_as_cfg(record_calls):
+    """A LoRA loaded with `load_lora_weights` (the way LCM-LoRA is loaded) leaves the UNet config's `time_cond_proj_dim` unset, so `guidance_scale` above 1 is still classifier-free guidance: every UNet call on a doubled batch, `timestep_cond` `None`."""
+    from tiny import tiny_sd_pipeline, tiny_unet
+
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for module_name, module in tiny_unet().named_modules():
+        if module_name.endswith(("to_q", "to_k", "to_v", "to_out.0")):
+            state[f"unet.{module_name}.lora_A.weight"] = torch.randn(2, module.in_features, generator=g)  # fmt: skip
+            state[f"unet.{module_name}.lora_B.weight"] = torch.randn(module.out_features, 2, generator=g)  # fmt: skip
+    pipe = tiny_sd_pipeline()
+    pipe.load_lora_weights(state, adapter_name="lcm")
+    assert pipe.unet.config.time_cond_proj_dim is None
+    assert "lcm" in pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q.lora_A
+    calls = run_sd_family(pipe, {}, record_calls, guidance_scale=1.5)
+    assert len(calls) == 2
+    assert all(args[0].shape[0] == 2 and kwargs["timestep_cond"] is None for args, kwargs in calls)
 
 
 def test_dpm_solver_orders():
-    """`DPMSolverMultistepScheduler`'s update order at 4 steps is 1, 2, 2, 1 with the default `final_sigmas_type="zero"`, and at 2 steps 1, 1 (DDIM); with `final_sigmas_type="sigma_min"` and `lower_order_final=False` the last step is second order unless `euler_at_final=True`."""
+    """`DPMSolverMultistepScheduler`'s update order at 4 steps is 1, 2, 2, 1 with the default `final_sigmas_type="zero"`, and at 2 steps 1, 1 (DDIM); with `final_sigmas_type="sigma_min"` the last step is first order under the default `lower_order_final=True` below 15 steps and second order from 15, and with `lower_order_final=False` it is second order unless `euler_at_final=True`."""
     assert orders_used(4) == [1, 2, 2, 1]
     assert orders_used(2) == [1, 1]
+    assert orders_used(14, final_sigmas_type="sigma_min")[-1] == 1
+    assert orders_used(15, final_sigmas_type="sigma_min")[-1] == 2
+    assert orders_used(15)[-1] == 1  # into sigma 0: first order at any step count
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False)[-1] == 2
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False, euler_at_final=True)[-1] == 1  # fmt: skip
+
+
+def test_euler_is_ddim_in_other_coordinates():
+    """`EulerDiscreteScheduler.step` is `DDIMScheduler`'s step in other coordinates: on the same trailing grid, started from DDIM's latents divided by sqrt(alpha_bar_999) and given the same `noise_pred` at each step, its latents stay DDIM's (`set_alpha_to_one=True`) divided by sqrt(alpha_bar_t), `scale_model_input` hands the model DDIM's latents, and both end on the same sample."""
+    euler = EulerDiscreteScheduler(**SD_BETAS, timestep_spacing="trailing")
+    ddim = DDIMScheduler(**SD_BETAS, timestep_spacing="trailing", clip_sample=False, set_alpha_to_one=True)  # fmt: skip
+    euler.set_timesteps(4)
+    ddim.set_timesteps(4)
+    assert [int(t) for t in euler.timesteps] == ddim.timesteps.tolist() == [999, 749, 499, 249]
+    ab = ddim.alphas_cumprod.double()
+    noise = torch.randn(8, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x_ddim, x_euler = noise.clone(), noise / ab[999].sqrt()
+    for t_euler, t in zip(euler.timesteps, ddim.timesteps, strict=True):
+        torch.testing.assert_close(x_euler * ab[t].sqrt(), x_ddim, atol=1e-5, rtol=1e-5)
+        model_input = euler.scale_model_input(x_euler, t_euler)
+        torch.testing.assert_close(model_input, x_ddim, atol=1e-5, rtol=1e-5)
+        noise_pred = torch.tanh(x_ddim) + 0.3  # any function of x_t: the same output for both
+        x_euler = euler.step(noise_pred, t_euler, x_euler).prev_sample
+        x_ddim = ddim.step(noise_pred, t, x_ddim).prev_sample
+    torch.testing.assert_close(x_euler, x_ddim, atol=1e-5, rtol=1e-5)
 
 
 def test_lcm_step():
@@ -213,27 +310,49 @@ def test_calculate_shift():
         np.testing.assert_allclose(scheduler.sigmas[:-1].numpy(), expected, rtol=1e-6)
 
 
-def test_flux_pipeline_grid_and_example(record_calls, monkeypatch):
-    """`FluxPipeline.__call__` passes `sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)` and `mu = calculate_shift(image_seq_len, ...)`, with `image_seq_len` the packed token count the transformer sees, to the scheduler's `set_timesteps`; its docstring example runs FLUX.1-schnell with `num_inference_steps=4, guidance_scale=0.0`."""
+def test_flux_pipeline_grid(record_calls, monkeypatch):
+    """`FluxPipeline.__call__` always passes `sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)` and `mu = calculate_shift(image_seq_len, ...)`, with `image_seq_len` the packed token count the transformer sees, to the scheduler's `set_timesteps`; the scheduler uses `mu` only when its config sets `use_dynamic_shifting=True`: with `use_dynamic_shifting=False` and `shift=1.0` the transformer gets the unshifted linspace."""
     from diffusers.pipelines.flux import pipeline_flux
 
-    pipe = tiny_flux_pipeline()
-    seen = spy_set_timesteps(pipe, monkeypatch)
-    _, calls = run_flux(pipe, record_calls)
-    (kwargs,) = seen
-    np.testing.assert_allclose(kwargs["sigmas"], np.linspace(1.0, 1 / 2, 2))
-    tokens = calls[0][1]["hidden_states"].shape[1]
-    assert kwargs["mu"] == pytest.approx(pipeline_flux.calculate_shift(tokens))
-    assert 'FluxPipeline.from_pretrained("black-forest-labs/FLUX.1-schnell"' in pipeline_flux.EXAMPLE_DOC_STRING  # fmt: skip
-    assert "num_inference_steps=4, guidance_scale=0.0" in pipeline_flux.EXAMPLE_DOC_STRING
+    for config in ({}, dict(use_dynamic_shifting=False, shift=1.0)):
+        pipe = tiny_flux_pipeline(**config)
+        seen = spy_set_timesteps(pipe, monkeypatch)
+        _, calls = run_flux(pipe, record_calls)
+        (kwargs,) = seen
+        sigmas = np.linspace(1.0, 1 / 2, 2)
+        np.testing.assert_allclose(kwargs["sigmas"], sigmas)
+        tokens = calls[0][1]["hidden_states"].shape[1]
+        mu = pipeline_flux.calculate_shift(tokens)
+        assert kwargs["mu"] == pytest.approx(mu)
+        used = np.array([float(kw["timestep"][0]) for _, kw in calls])  # timestep / 1000 = sigma
+        if config:
+            np.testing.assert_allclose(used, sigmas, rtol=1e-6)
+        else:
+            np.testing.assert_allclose(used, np.exp(mu) / (np.exp(mu) + (1 / sigmas - 1)), rtol=1e-6)  # fmt: skip
+        monkeypatch.undo()
+
+
+def test_guidance_scale_without_guidance_embeds(record_calls):
+    """With a transformer built with `guidance_embeds=False`, `FluxPipeline` passes `guidance=None`: `guidance_scale` 0.0 and 3.5 give the same image, at one transformer call per step on the un-doubled batch."""
+    pipe = tiny_flux_pipeline(guidance_embeds=False, use_dynamic_shifting=False, shift=1.0)
+    a, calls_a = run_flux(pipe, record_calls, guidance_scale=0.0)
+    b, calls_b = run_flux(pipe, record_calls, guidance_scale=3.5)
+    assert len(calls_a) == len(calls_b) == 2
+    assert all(kw["guidance"] is None and kw["hidden_states"].shape[0] == 1 for _, kw in calls_a + calls_b)  # fmt: skip
+    np.testing.assert_array_equal(a, b)
 
 
 def test_flux_dev_is_guidance_distilled():
-    """Flux.1-dev's transformer config has `guidance_embeds=True`, and `FluxPipeline` defaults to `guidance_scale=3.5` and `true_cfg_scale=1.0`."""
-    from diffusers import FluxPipeline
-    from model_configs import FLUX_DEV_TRANSFORMER
+    """Flux.1-dev's transformer config has `guidance_embeds=True` (BFL's `guidance_embed=True`), which gives `FluxTransformer2DModel` a guidance embedder (`CombinedTimestepGuidanceTextProjEmbeddings`), and `FluxPipeline` defaults to `guidance_scale=3.5` and `true_cfg_scale=1.0`."""
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+    from model_configs import FLUX_DEV_ORIGINAL, FLUX_DEV_TRANSFORMER
 
-    assert FLUX_DEV_TRANSFORMER["guidance_embeds"] is True
+    assert FLUX_DEV_ORIGINAL["guidance_embed"] is FLUX_DEV_TRANSFORMER["guidance_embeds"] is True
+    with torch.device("meta"):
+        dev = FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER)
+        schnell = FluxTransformer2DModel(**{**FLUX_DEV_TRANSFORMER, "guidance_embeds": False})
+    assert type(dev.time_text_embed).__name__ == "CombinedTimestepGuidanceTextProjEmbeddings"
+    assert type(schnell.time_text_embed).__name__ == "CombinedTimestepTextProjEmbeddings"
     params = inspect.signature(FluxPipeline.__call__).parameters
     assert params["guidance_scale"].default == 3.5 and params["true_cfg_scale"].default == 1.0
 

@@ -243,6 +243,15 @@ def test_leading_and_trailing_grids():
         assert grid(cls, "trailing", 1) == [999]
 
 
+def test_default_spacings():
+    """`leading` is `DDIMScheduler`'s default `timestep_spacing`, and `DPMSolverMultistepScheduler`'s is `linspace`, which at 4 steps gives 999, 749, 500, 250: the starter sets `leading` on DPM-Solver++ explicitly."""
+    assert DDIMScheduler(**SD_BETAS).config.timestep_spacing == "leading"
+    dpm = DPMSolverMultistepScheduler(**SD_BETAS)
+    assert dpm.config.timestep_spacing == "linspace"
+    dpm.set_timesteps(4)
+    assert dpm.timesteps.tolist() == [999, 749, 500, 250]
+
+
 def test_starter_spacing_grids_are_diffusers(starter):
     """The leading, trailing and custom grids the starter prints for DDIM and DPM-Solver++ are the grids of diffusers' `DDIMScheduler` and `DPMSolverMultistepScheduler` with the same config (`steps_offset=1` with `leading`, `set_timesteps(timesteps=...)` for the custom one)."""
     for row in starter["spacing_rows"]:
@@ -373,7 +382,7 @@ def test_guidance_rescale(sd_pipe, guidance_rescale_calls):
 
 
 def test_calculate_shift_and_the_shifted_grid(starter):
-    """`calculate_shift` (in `pipeline_flux.py`) defaults to 256, 4096, 0.5, 1.15 and gives mu = 0.5, 0.63, 1.15 and 3.23 for 256, 1024, 4096 and 16384 tokens, as the starter's copy does; `FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True).set_timesteps(sigmas=..., mu=...)` then gives the starter's shifted sigmas followed by 0, and without `mu` it raises `ValueError`."""
+    """`calculate_shift` (in `pipeline_flux.py`) defaults to 256, 4096, 0.5, 1.15 and gives mu = 0.5, 0.63, 1.15 and 3.23 for 256, 1024, 4096 and 16384 tokens, as the starter's copy does; `FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True).set_timesteps(sigmas=..., mu=...)` then gives the starter's shifted sigmas followed by 0, and without `mu` it raises `ValueError`; with `use_dynamic_shifting=False` (and the default `shift=1.0`) it ignores `mu` and keeps the sigmas it is given."""
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
     defaults = [p.default for p in list(inspect.signature(calculate_shift).parameters.values())[1:]]
@@ -383,6 +392,9 @@ def test_calculate_shift_and_the_shifted_grid(starter):
         assert starter["calculate_shift"](tokens) == pytest.approx(
             calculate_shift(tokens), abs=1e-12
         )
+    plain = FlowMatchEulerDiscreteScheduler()
+    plain.set_timesteps(sigmas=np.linspace(1.0, 1 / 4, 4), mu=calculate_shift(4096))
+    np.testing.assert_allclose(plain.sigmas[:-1].numpy(), np.linspace(1.0, 1 / 4, 4), rtol=1e-6)
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
     with pytest.raises(ValueError, match="mu"):
         scheduler.set_timesteps(4)
@@ -399,8 +411,9 @@ def test_calculate_shift_and_the_shifted_grid(starter):
 TEXT_DIM, TEXT_LEN, HEIGHT = 32, 8, 16
 
 
-def tiny_flux_pipeline(**scheduler_config):
-    """FluxPipeline around a tiny guidance-embedding transformer and a 16-channel VAE."""
+def tiny_flux_pipeline(guidance_embeds=True, **scheduler_config):
+    """FluxPipeline around a tiny transformer (guidance-embedding, as Flux.1-dev, unless
+    ``guidance_embeds=False``, as Flux.1-schnell) and a 16-channel VAE."""
     from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 
     torch.manual_seed(0)
@@ -413,7 +426,7 @@ def tiny_flux_pipeline(**scheduler_config):
         num_attention_heads=2,
         joint_attention_dim=TEXT_DIM,
         pooled_projection_dim=TEXT_DIM,
-        guidance_embeds=True,
+        guidance_embeds=guidance_embeds,
         axes_dims_rope=(4, 4, 8),
     ).eval()
     vae = AutoencoderKL(
@@ -428,8 +441,9 @@ def tiny_flux_pipeline(**scheduler_config):
         scaling_factor=0.3611,
         sample_size=HEIGHT,
     ).eval()
+    scheduler_config = {"use_dynamic_shifting": True, **scheduler_config}
     pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, **scheduler_config),
+        scheduler=FlowMatchEulerDiscreteScheduler(**scheduler_config),
         vae=vae,
         text_encoder=None,
         tokenizer=None,
