@@ -244,8 +244,9 @@ print(f"guess_mode={args.guess_mode}, step 0: noise_pred_uncond moved by "
 #
 # Per step the ControlNet is one more encoder pass. Count the toy's multiply-adds
 # (2 FLOPs each) for both networks, then read SD 1.5's UNet size from
-# `labkit.model_sizes`. `CONTROLNET_SD15_PARAMS` is `ControlNetModel.from_unet` on
-# SD 1.5's UNet config, counted on the meta device by this lab's verify test.
+# `labkit.model_sizes`. `CONTROLNET_SD15_PARAMS` and `CONTROLNET_SD15_FLOPS_SHARE` are
+# `ControlNetModel.from_unet` on SD 1.5's UNet config, counted on the meta device by this
+# lab's verify test (parameters, and torch's `FlopCounterMode` for one call of each).
 
 
 # %%
@@ -263,7 +264,12 @@ print(f"toy FLOPs per step: base {base_flops:,}, ControlNet {branch_flops:,} "
       f"(+{branch_flops / base_flops:.0%}; its 4 projections alone: "
       f"{matmul_flops([trained['controlnet_mid_block']] * 4) / base_flops:.0%})")  # fmt: skip
 
-CONTROLNET_SD15_PARAMS = 361_279_120  # checked in tests/verify/test_page_lab_09.py
+# both checked in tests/verify/test_page_lab_09.py, on SD 1.5's real configs (meta device)
+CONTROLNET_SD15_PARAMS = 361_279_120
+CONTROLNET_SD15_FLOPS_SHARE = 0.353  # ControlNet / UNet FLOPs per call at 512 x 512
+print(f"SD 1.5 at 512 x 512: ControlNet +{CONTROLNET_SD15_FLOPS_SHARE:.1%} of the UNet's FLOPs "
+      f"per step (FlopCounterMode on the meta device), against the toy's "
+      f"+{branch_flops / base_flops:.0%}")  # fmt: skip
 unet_params = next(r["params"] for r in model_sizes.rows("SD 1.5") if r["component"] == "unet")
 print(f"SD 1.5: UNet {unet_params:,} params, ControlNet {CONTROLNET_SD15_PARAMS:,} "
       f"({CONTROLNET_SD15_PARAMS / unet_params:.1%} of the UNet), "

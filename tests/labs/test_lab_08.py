@@ -56,6 +56,8 @@ def test_bytes_printed_at_fp16(lab):
 
 def test_flops_per_token(lab):
     assert "102,400     4            2,560          2.50%" in lab["__stdout__"]
+    assert "SD 1.5 unfused: 4 more ops per adapted Linear" in lab["__stdout__"]
+    assert "512 per UNet call" in lab["__stdout__"] and "2,240 per UNet call" in lab["__stdout__"]
 
 
 def test_figures(run_lab, tmp_path):

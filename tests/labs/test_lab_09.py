@@ -92,6 +92,7 @@ def test_cost_lines(lab):
     assert lab["unet_params"] == 859_520_964
     out = lab["__stdout__"]
     assert "ControlNet 361,279,120 (42.0% of the UNet)" in out
+    assert "ControlNet +35.3% of the UNet's FLOPs per step" in out and "toy's +114%" in out
     assert lab["branch_flops"] > 0 and lab["base_flops"] > 0
 
 

@@ -16,6 +16,8 @@ module tests what the adapters themselves do.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from diffusers import (
@@ -46,6 +48,7 @@ from tiny import (
     tiny_unet,
     tiny_vae,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
@@ -92,6 +95,25 @@ def lora_pipe(*names, rank=2):
         with pytest.warns(UserWarning, match="Already found a `peft_config` attribute"):
             pipe.load_lora_weights(lora_state_dict(plain, rank, seed), adapter_name=name)
     return pipe
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every aten op a forward dispatches, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(unet):
+    """The aten ops of one UNet forward on the fixed inputs, counted by name."""
+    with _OpCounter() as counter:
+        predict(unet)
+    return counter.ops
 
 
 def first_projection(unet):
@@ -191,6 +213,10 @@ def meta_unet(config):
         return UNet2DConditionModel(**config)
 
 
+def as_tuple(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
 def n_params(module):
     return sum(p.numel() for p in module.parameters())
 
@@ -228,8 +254,8 @@ def test_a_fresh_lora_adapter_leaves_the_output_unchanged():
     torch.testing.assert_close(predict(unet), base, rtol=0, atol=0)
 
 
-def test_unfused_lora_runs_two_thin_matmuls_per_layer_and_fused_none():
-    """Unfused, every adapted layer runs `lora_A` and then `lora_B` on every UNet call, on top of its full-size `base_layer`; after `fuse_lora` neither runs, and the UNet's forward is the base model's."""
+def test_unfused_lora_runs_four_more_ops_per_layer_and_fused_none():
+    """Unfused, every adapted layer runs `lora_A` and then `lora_B` on every UNet call, on top of its full-size `base_layer`: four more ops per layer in the UNet's forward (two thin matmuls, the multiply by `scaling`, the add); after `fuse_lora` neither runs, and the UNet's forward dispatches exactly the base model's ops."""
     pipe = lora_pipe("style")
     adapted = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
     counts = {"A": 0, "B": 0}
@@ -242,10 +268,14 @@ def test_unfused_lora_runs_two_thin_matmuls_per_layer_and_fused_none():
         )
     run(pipe, steps=3)
     assert counts == {"A": 3 * len(adapted), "B": 3 * len(adapted)}  # one each per layer per call
+    base, n = dispatched_ops(tiny_unet()), len(adapted)
+    views = {"t": 2 * n, "view": 2 * n, "_unsafe_view": 2 * n}  # free: no kernel
+    assert dispatched_ops(pipe.unet) - base == Counter(mm=2 * n, mul=n, add=n, **views)
     pipe.fuse_lora(components=["unet"])
     counts.update(A=0, B=0)
     run(pipe, steps=3)
     assert counts == {"A": 0, "B": 0}
+    assert dispatched_ops(pipe.unet) == base
 
 
 def test_fuse_lora_folds_the_delta_into_the_weights_and_unfuse_restores_them():
@@ -266,7 +296,7 @@ def test_fuse_lora_folds_the_delta_into_the_weights_and_unfuse_restores_them():
 
 
 def test_after_fuse_lora_the_call_scale_does_nothing():
-    """After `fuse_lora`, `cross_attention_kwargs={"scale": ...}` no longer changes the UNet's output: the delta is inside the weights, and a different strength needs `unfuse_lora` and a new `fuse_lora(lora_scale=...)`."""
+    """After `fuse_lora`, `cross_attention_kwargs={"scale": ...}` no longer changes the UNet's output: the delta is inside the weights."""
     pipe = lora_pipe("style")
     full = predict(pipe.unet)
     assert not torch.allclose(predict(pipe.unet, cross_attention_kwargs={"scale": 0.0}), full)
@@ -353,11 +383,14 @@ def test_set_adapters_takes_per_block_weights():
 def test_lora_size_on_sd15_attention_projections():
     """A rank-4 LoRA on the `to_q`, `to_k`, `to_v` and `to_out.0` projections of SD 1.5's UNet (128 layers) has `4 * (in_features + out_features)` parameters per layer, 797,184 in all: under 2 MB in fp16, against 859,520,964 in the UNet."""
     unet = meta_unet(SD15_UNET)
-    layers = [m for n, m in unet.named_modules() if n.endswith(PROJECTIONS)]
-    assert len(layers) == 128 and all(isinstance(m, torch.nn.Linear) for m in layers)
-    lora = sum(4 * (m.in_features + m.out_features) for m in layers)
-    assert lora == 797_184 and 2 * lora < 2_000_000
     assert n_params(unet) == 859_520_964
+    unet.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=list(PROJECTIONS)))
+    layers = [m for m in unet.modules() if isinstance(m, LoraLinear)]
+    assert len(layers) == 128
+    for m in layers:
+        assert n_params(m.lora_A) + n_params(m.lora_B) == 4 * (m.in_features + m.out_features)
+    lora = sum(p.numel() for n, p in unet.named_parameters() if ".lora_" in n)
+    assert lora == 797_184 and 2 * lora < 2_000_000
 
 
 # ---------------------------------------------------------------- ControlNet
@@ -500,6 +533,34 @@ def test_controlnet_size_on_the_meta_device():
     assert round(2 * 361_279_120 / 1e6) == 723 and round(2 * 1_251_014_160 / 1e6) == 2502
 
 
+def test_controlnet_flops_per_step_on_the_meta_device():
+    """Counted with torch's `FlopCounterMode` on the meta device, one call of a full-size ControlNet (`ControlNetModel.from_unet`) costs 35% of the FLOPs of one UNet call for SD 1.5 at 512 x 512, and 45% for SDXL at 1024 x 1024."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shares = {}
+    for name, config, side in [("SD 1.5", SD15_UNET, 512), ("SDXL", SDXL_UNET, 1024)]:
+        unet = meta_unet(config)
+        with torch.device("meta"):
+            controlnet = ControlNetModel.from_unet(unet, load_weights_from_unet=False)
+            latents = torch.empty(1, 4, side // 8, side // 8)
+            kwargs = dict(encoder_hidden_states=torch.empty(1, 77, config["cross_attention_dim"]))
+            if config is SDXL_UNET:  # pooled text embeds and the six size/crop ids
+                kwargs["added_cond_kwargs"] = {
+                    "text_embeds": torch.empty(1, 1280),
+                    "time_ids": torch.empty(1, 6),
+                }
+            flops = []
+            for module, extra in [
+                (unet, {}),
+                (controlnet, {"controlnet_cond": torch.empty(1, 3, side, side)}),
+            ]:
+                with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                    module(latents, 500, **kwargs, **extra)
+                flops.append(counter.get_total_flops())
+        shares[name] = round(100 * flops[1] / flops[0])
+    assert shares == {"SD 1.5": 35, "SDXL": 45}
+
+
 # ---------------------------------------------------------------- IP-Adapter
 
 
@@ -612,6 +673,43 @@ def test_set_ip_adapter_scale_global_and_per_block():
     }
 
 
+def ip_scales(unet):
+    """``{processor name: scale list}`` of every IP-Adapter processor, non-zero ones only."""
+    return {
+        name.removesuffix(".processor"): p.scale
+        for name, p in unet.attn_processors.items()
+        if isinstance(p, IPAdapterAttnProcessor2_0) and any(p.scale)
+    }
+
+
+def test_set_ip_adapter_scale_block_names_follow_the_unet_layout():
+    """`set_ip_adapter_scale`'s "style+layout" example, `{"down": {"block_2": [0.0, 1.0]}, "up": {"block_0": [0.0, 1.0, 0.0]}}`, names blocks of SDXL's layout, where it switches on one attention each in `down_blocks.2` and `up_blocks.0`; on SD 1.5's layout `up_blocks.0` has no attention, so `{"up": {"block_0": [0.0, 1.0, 0.0]}}` (its "style block only" example) is silently ignored and every IP-Adapter scale is 0."""
+    layouts = {  # the block types and layers_per_block of the two UNet configs, tiny widths
+        "SDXL": dict(block_out_channels=(32, 32, 64), layers_per_block=2,
+                     down_block_types=("DownBlock2D",) + ("CrossAttnDownBlock2D",) * 2,
+                     up_block_types=("CrossAttnUpBlock2D",) * 2 + ("UpBlock2D",)),
+        "SD 1.5": dict(block_out_channels=(32, 32, 64, 64), layers_per_block=2,
+                       down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+                       up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3),
+    }  # fmt: skip
+    for name, config in [("SDXL", SDXL_UNET), ("SD 1.5", SD15_UNET)]:
+        for key in ("down_block_types", "up_block_types", "layers_per_block"):
+            assert list(as_tuple(layouts[name][key])) == list(as_tuple(config[key])), key
+    pipes = {}
+    for name, layout in layouts.items():
+        pipes[name] = tiny_sd_pipeline(unet=tiny_unet(**layout))
+        state = random_ip_adapter(pipes[name].unet)
+        pipes[name].load_ip_adapter(state, subfolder="", weight_name="", image_encoder_folder=None)
+    style_and_layout = {"down": {"block_2": [0.0, 1.0]}, "up": {"block_0": [0.0, 1.0, 0.0]}}
+    pipes["SDXL"].set_ip_adapter_scale(style_and_layout)
+    assert ip_scales(pipes["SDXL"].unet) == {
+        "down_blocks.2.attentions.1.transformer_blocks.0.attn2": [1.0],
+        "up_blocks.0.attentions.1.transformer_blocks.0.attn2": [1.0],
+    }
+    pipes["SD 1.5"].set_ip_adapter_scale({"up": {"block_0": [0.0, 1.0, 0.0]}})
+    assert ip_scales(pipes["SD 1.5"].unet) == {}
+
+
 def test_image_encoder_runs_once_per_call():
     """With `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; each layer's `to_k_ip` and `to_v_ip` run again at every step."""
     pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
@@ -641,12 +739,17 @@ def test_image_encoder_runs_once_per_call():
 
 
 def test_ip_adapter_size_on_sd15():
-    """On SD 1.5's UNet the `to_k_ip` and `to_v_ip` layers of a plain IP-Adapter, one pair for each of its 16 cross-attention layers, hold 19,169,280 parameters."""
-    unet = meta_unet(SD15_UNET)
-    cross = [m for n, m in unet.named_modules() if n.endswith("attn2")]
-    assert len(cross) == 16
-    dim = SD15_UNET["cross_attention_dim"]
-    assert sum(2 * dim * m.to_k.out_features for m in cross) == 19_169_280
+    """A plain IP-Adapter loaded by `load_ip_adapter` into SD 1.5's UNet (built on the meta device) puts `to_k_ip` and `to_v_ip` on each of its 16 cross-attention layers, 19,169,280 parameters, and a 3,150,336-parameter image projection: 22,319,616 in all, the paper's 22M."""
+    pipe = tiny_sd_pipeline(unet=meta_unet(SD15_UNET))
+    state = random_ip_adapter(pipe.unet, image_embed_dim=1024)  # ViT-H/14's projection_dim
+    pipe.load_ip_adapter(state, subfolder="", weight_name="", image_encoder_folder=None)
+    processors = [
+        p for p in pipe.unet.attn_processors.values() if isinstance(p, IPAdapterAttnProcessor2_0)
+    ]
+    assert len(processors) == 16
+    assert sum(n_params(p) for p in processors) == 19_169_280
+    assert n_params(pipe.unet.encoder_hid_proj) == 3_150_336
+    assert 19_169_280 + 3_150_336 == 22_319_616
 
 
 #: The image encoders of h94/IP-Adapter (``models/image_encoder/config.json``, OpenCLIP
@@ -661,7 +764,7 @@ IP_IMAGE_ENCODERS = {
 
 
 def test_ip_adapter_image_encoders_dwarf_the_adapter():
-    """Built on the meta device from their published configs, IP-Adapter's image encoders (`CLIPVisionModelWithProjection`) have 632,076,800 parameters (OpenCLIP ViT-H/14, used with SD 1.5) and 1,844,907,264 (ViT-bigG/14, used with SDXL): over 30 times the SD 1.5 adapter's 19,169,280 `to_k_ip` / `to_v_ip` weights."""
+    """Built on the meta device from their published configs, IP-Adapter's image encoders (`CLIPVisionModelWithProjection`) have 632,076,800 parameters (OpenCLIP ViT-H/14, used with SD 1.5 and by the `_vit-h` SDXL adapters) and 1,844,907,264 (ViT-bigG/14, used by `ip-adapter_sdxl`): over 30 times the SD 1.5 adapter's 19,169,280 `to_k_ip` / `to_v_ip` weights."""
     counts = {}
     for name, keys in IP_IMAGE_ENCODERS.items():
         config = CLIPVisionConfig(
@@ -818,6 +921,28 @@ def test_lora_without_alpha_keys_gets_alpha_equal_to_rank(tmp_path):
     assert config.r == config.lora_alpha == 4
     layers = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
     assert len(layers) == 32 and all(m.scaling["style"] == 1.0 for m in layers)
+
+
+def test_hotswap_replaces_an_adapter_in_place():
+    """With `pipe.enable_lora_hotswap(target_rank=...)` called before the first LoRA is loaded, `load_lora_weights(..., adapter_name=name, hotswap=True)` copies a new LoRA, of another rank too, into the existing adapter's tensors in place: no new adapter, no base weight written, and the output of a fresh load of the new LoRA."""
+    plain = tiny_unet()
+    first, second = lora_state_dict(plain, rank=2, seed=0), lora_state_dict(plain, rank=4, seed=1)
+    fresh = tiny_sd_pipeline()
+    fresh.load_lora_weights(dict(second), adapter_name="style")
+    pipe = tiny_sd_pipeline()
+    pipe.enable_lora_hotswap(target_rank=4)  # pads the rank-2 LoRA to rank 4 as it loads
+    pipe.load_lora_weights(dict(first), adapter_name="style")
+    before = predict(pipe.unet)
+    storage = {n: p.data_ptr() for n, p in pipe.unet.named_parameters()}
+    original = base_weights(pipe.unet)
+    pipe.load_lora_weights(dict(second), adapter_name="style", hotswap=True)
+    assert list(pipe.unet.peft_config) == ["style"]
+    assert {n: p.data_ptr() for n, p in pipe.unet.named_parameters()} == storage
+    swapped = base_weights(pipe.unet)
+    assert all(torch.equal(swapped[n], original[n]) for n in original)
+    out = predict(pipe.unet)
+    torch.testing.assert_close(out, predict(fresh.unet), rtol=0, atol=1e-6)
+    assert not torch.allclose(out, before, atol=1e-3)
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():

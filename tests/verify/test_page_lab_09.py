@@ -299,6 +299,81 @@ def test_sd15_controlnet_size_matches_the_starter(lab):
     assert len(controlnet.controlnet_down_blocks) == 12
 
 
+def test_sd15_controlnet_flops_share_matches_the_starter(lab):
+    """Counted with torch's `FlopCounterMode` on the meta device, one call of SD 1.5's full-size ControlNet (`ControlNetModel.from_unet`) at 512 x 512 costs 35.3% of the FLOPs of one UNet call (the starter's `CONTROLNET_SD15_FLOPS_SHARE`), against the toy's 114%."""
+    from diffusers import ControlNetModel, UNet2DConditionModel
+    from model_configs import SD15_UNET
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flops = []
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SD15_UNET)
+        controlnet = ControlNetModel.from_unet(unet, load_weights_from_unet=False)
+        latents, prompt_embeds = torch.empty(1, 4, 64, 64), torch.empty(1, 77, 768)
+        for module, extra in [
+            (unet, {}),
+            (controlnet, {"controlnet_cond": torch.empty(1, 3, 512, 512)}),
+        ]:
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                module(latents, 500, encoder_hidden_states=prompt_embeds, **extra)
+            flops.append(counter.get_total_flops())
+    assert round(flops[1] / flops[0], 3) == lab["CONTROLNET_SD15_FLOPS_SHARE"] == 0.353
+    assert round(lab["branch_flops"] / lab["base_flops"], 2) == 1.14
+
+
+def test_control_image_is_pixels_for_sd_and_latents_for_sd3(record_calls):
+    """`StableDiffusionControlNetPipeline` hands the control image to the ControlNet in pixels, `(2B, 3, H, W)` under CFG, and never runs the VAE's encoder; `StableDiffusion3ControlNetPipeline` encodes it with the VAE first and hands the ControlNet latents, `(2B, 16, H/f, W/f)` with SD3's 16 latent channels and the VAE's downsampling factor `f`."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3ControlNetModel,
+        SD3Transformer2DModel,
+        StableDiffusion3ControlNetPipeline,
+    )
+    from tiny import HEIGHT, WIDTH, tiny_unet
+
+    unet = tiny_unet()
+    controlnet = new_controlnet(unet, trained=True)
+    pipe = controlnet_pipeline(unet, controlnet)
+    encoder, cn = record_calls(pipe.vae.encoder), record_calls(controlnet)
+    call(pipe, 2)
+    assert encoder.calls == []
+    assert all(k["controlnet_cond"].shape == (2, 3, HEIGHT, WIDTH) for _, k in cn.calls)
+
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2,
+        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
+        caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16,
+    ).eval()  # fmt: skip
+    sd3_controlnet = SD3ControlNetModel.from_transformer(
+        transformer, num_layers=1, num_extra_conditioning_channels=0
+    ).eval()
+    vae = AutoencoderKL(
+        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16, layers_per_block=1,
+        norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+        scaling_factor=1.5305, shift_factor=0.0609,
+    ).eval()  # fmt: skip
+    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3")}
+    sd3 = StableDiffusion3ControlNetPipeline(
+        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+        controlnet=sd3_controlnet, **none,
+    )  # fmt: skip
+    sd3.set_progress_bar_config(disable=True)
+    encoder, cn = record_calls(vae.encoder), record_calls(sd3_controlnet)
+    g = torch.Generator().manual_seed(0)
+    prompt_embeds, pooled = torch.randn(1, 77, 32, generator=g), torch.randn(1, 16, generator=g)
+    sd3(
+        prompt_embeds=prompt_embeds, negative_prompt_embeds=prompt_embeds,
+        pooled_prompt_embeds=pooled, negative_pooled_prompt_embeds=pooled,
+        control_image=inputs()[3], num_inference_steps=2, height=HEIGHT, width=WIDTH,
+        output_type="latent",
+    )  # fmt: skip
+    assert [args[0].shape for args, _ in encoder.calls] == [(2, 3, HEIGHT, WIDTH)]
+    assert all(k["controlnet_cond"].shape == (2, 16, HEIGHT // 2, WIDTH // 2) for _, k in cn.calls)
+
+
 # ---------------------------------------------------------------- IP-Adapter, T2I-Adapter
 
 
