@@ -144,6 +144,11 @@ for b in args.block_sizes:
     tiled[b] = (float(np.abs(out - reference).max()), float(np.abs(lse - ref_lse).max()), peak)
 # --8<-- [end:attention]
 
+# The diffs are float32 rounding, of order 1e-7. Their last digits follow the order in which
+# BLAS sums each matmul, and OpenBLAS picks a different kernel (so a different order) for
+# another CPU or thread count: the page's run pins one thread, so its digits are stable, and
+# the page quotes only the order of magnitude. A fixed order (np.einsum, no BLAS) would give
+# the same digits everywhere but makes this run about a second slower.
 scores_bytes = args.heads * N * N * 4
 print(f"attention: query/key/value (1, {N}, {args.heads}, {args.head_dim}) float32, as (B, heads, N, head_dim)")  # fmt: skip
 print(f"full score matrix (1, {args.heads}, {N}, {N}) float32 = {fmt(scores_bytes)}")

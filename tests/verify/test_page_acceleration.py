@@ -11,14 +11,24 @@ the GPU-only kernels and quantization backends are named on the page as not run.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
-from test_page_lab_14 import overflowing_vae
-from test_page_lab_16 import count_transfers, default_backend, flux_inputs, run, tiny_flux
-from tiny import start_latents, tiny_unet
+from test_page_lab_14 import overflowing_vae, quiet, sdxl_call, tiny_sdxl_pipeline
+from test_page_lab_15 import cache_contexts_of_a_flux_call
+from test_page_lab_16 import (
+    count_transfers,
+    default_backend,
+    flux_inputs,
+    run,
+    sdpa_kernels_seen,
+    simulated_ring,
+    tiny_flux,
+)
+from tiny import embeds, start_latents, tiny_sd_pipeline, tiny_unet, tiny_vae
 
 __all__ = ["default_backend"]  # a fixture, used by name below
 
@@ -71,20 +81,27 @@ def test_fp16_decode_of_an_overflowing_vae_is_nan():
     assert torch.isfinite(out[torch.bfloat16]).all() and torch.isfinite(out[torch.float32]).all()
 
 
-def test_force_upcast_is_read_by_sdxl_not_by_sd15():
-    """`AutoencoderKL`'s `force_upcast` defaults to `True`; `StableDiffusionXLPipeline.__call__` upcasts the VAE to float32 (`upcast_vae()`, which calls `self.vae.to(dtype=torch.float32)`) only when it is float16 and `force_upcast` is set (so a bfloat16 pipeline is never upcast), while `StableDiffusionPipeline.__call__` never reads the flag."""
-    from diffusers import AutoencoderKL, StableDiffusionPipeline, StableDiffusionXLPipeline
+def test_force_upcast_is_read_by_sdxl_not_by_sd15(record_calls):
+    """`AutoencoderKL`'s `force_upcast` defaults to `True`; with it, a float16 `StableDiffusionXLPipeline` decodes in float32 (its deprecated `upcast_vae()`), a bfloat16 one decodes in bfloat16 (only a float16 VAE is upcast), and a float16 `StableDiffusionPipeline` decodes in float16 whatever the flag says: the dtype the decoder receives in tiny pipelines, whose overflowing VAE gives NaN images only in the float16 decode."""
+    import numpy as np
 
-    assert inspect.signature(AutoencoderKL.__init__).parameters["force_upcast"].default is True
-    sdxl = inspect.getsource(StableDiffusionXLPipeline.__call__)
-    assert (
-        "needs_upcasting = self.vae.dtype == torch.float16 and self.vae.config.force_upcast" in sdxl
-    )
-    assert "if needs_upcasting:\n                self.upcast_vae()" in sdxl
-    assert "self.vae.to(dtype=torch.float32)" in inspect.getsource(
-        StableDiffusionXLPipeline.upcast_vae
-    )
-    assert "force_upcast" not in inspect.getsource(StableDiffusionPipeline.__call__)
+    quiet()
+    assert tiny_vae().config.force_upcast is True
+    seen = {}
+    for name, dtype in [("sdxl fp16", torch.float16), ("sdxl bf16", torch.bfloat16)]:
+        pipe = tiny_sdxl_pipeline(overflowing_vae()).to(dtype)
+        decoder = record_calls(pipe.vae.decoder)
+        # the float16 call takes the upcast path, whose deprecation warning is provoked here
+        upcast = pytest.warns(FutureWarning, match="upcast_vae") if dtype == torch.float16 else contextlib.nullcontext()  # fmt: skip
+        with upcast:
+            images = sdxl_call(pipe, dtype, output_type="np")
+        seen[name] = (decoder.calls[0][0][0].dtype, bool(np.isnan(images).any()))
+    pipe = tiny_sd_pipeline(vae=overflowing_vae()).to(torch.float16)
+    decoder = record_calls(pipe.vae.decoder)
+    images = pipe(prompt_embeds=embeds(0).half(), latents=start_latents().half(),
+                  num_inference_steps=2, guidance_scale=1.0, output_type="np").images  # fmt: skip
+    seen["sd fp16"] = (decoder.calls[0][0][0].dtype, bool(np.isnan(images).all()))
+    assert seen == {"sdxl fp16": (torch.float32, False), "sdxl bf16": (torch.bfloat16, False), "sd fp16": (torch.float16, True)}  # fmt: skip
 
 
 # ---------------------------------------------------------------- weight quantization
@@ -118,7 +135,7 @@ def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
 
 
 def test_gguf_blocks_and_dequantize_on_every_call(monkeypatch):
-    """A GGUF `Q8_0` block holds 32 weights in 34 bytes and a `Q4_0` block 32 weights in 18 bytes (8.5 and 4.5 bits per weight); without `DIFFUSERS_GGUF_CUDA_KERNELS=true` a `GGUFLinear` runs `forward_native`, which dequantizes its whole weight inside every forward and calls an ordinary `linear` in `compute_dtype`; the opt-in CUDA path (`_fused_mul_mat_gguf`) also dequantizes the whole weight and multiplies in the input's dtype; and `GGUFQuantizationConfig` is `pre_quantized`: GGUF weights come quantized from the file."""
+    """A GGUF `Q8_0` block holds 32 weights in 34 bytes and a `Q4_0` block 32 weights in 18 bytes (8.5 and 4.5 bits per weight); without `DIFFUSERS_GGUF_CUDA_KERNELS=true` a `GGUFLinear` runs `forward_native`, which dequantizes its whole weight inside every forward and calls an ordinary `linear` in `compute_dtype`; the opt-in CUDA path (`_fused_mul_mat_gguf`, run with a stand-in for its kernel) also dequantizes the whole weight, in one kernel call, and multiplies in the input's dtype; and `GGUFQuantizationConfig` is `pre_quantized`: GGUF weights come quantized from the file."""
     gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
     import diffusers.quantizers.gguf.utils as gguf_utils
     import numpy as np
@@ -139,30 +156,36 @@ def test_gguf_blocks_and_dequantize_on_every_call(monkeypatch):
     assert len(calls) == 2 and y[0].dtype == torch.bfloat16
     dequantized = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w, q8), q8))
     torch.testing.assert_close(y[0], x @ dequantized.to(torch.float16).to(torch.bfloat16).T)
-    fused = inspect.getsource(gguf_utils._fused_mul_mat_gguf)
-    assert "weight = ops.ggml_dequantize(qweight, qweight_type, *shape)" in fused
-    assert "y = x @ weight.to(x.dtype).T" in fused
+    # the opt-in CUDA path, with a stand-in for the kernel's whole-weight dequantization
+    kernel_calls = []
+
+    def ggml_dequantize(qweight, qtype, rows, cols):
+        kernel_calls.append((rows, cols))
+        return gguf_utils.GGUFParameter(original(layer.weight).float(), quant_type=q8)
+
+    monkeypatch.setattr(gguf_utils, "ops", SimpleNamespace(ggml_dequantize=ggml_dequantize))
+    y_cuda = gguf_utils._fused_mul_mat_gguf(x, layer.weight, int(q8))
+    assert kernel_calls == [(8, 64)] and y_cuda.dtype == torch.bfloat16
+    torch.testing.assert_close(y_cuda, y[0])
     assert GGUFQuantizationConfig(compute_dtype=torch.bfloat16).pre_quantized is True
 
 
 def test_speed_formats_are_torchao_configs():
-    """`TorchAoConfig` takes a torchao config object; its docstring names `Float8DynamicActivationFloat8WeightConfig` (weights and activations in fp8) next to weight-only configs, and torchao is not installed here: not run."""
+    """`TorchAoConfig`, diffusers' route to torchao's formats (weight-only, or fp8 weights and activations such as `Float8DynamicActivationFloat8WeightConfig`), cannot even be constructed here: torchao is not installed and the constructor raises `ModuleNotFoundError`, so none of them is run."""
     import importlib.util
 
     from diffusers import TorchAoConfig
 
-    doc = " ".join(TorchAoConfig.__doc__.split())
-    assert "`Float8DynamicActivationFloat8WeightConfig`" in doc
     assert importlib.util.find_spec("torchao") is None
+    with pytest.raises(ModuleNotFoundError, match="torchao"):
+        TorchAoConfig(quant_type=object())
 
 
-def test_native_backend_is_torch_sdpa():
-    """The default attention backend `native` calls `torch.nn.functional.scaled_dot_product_attention` without pinning a kernel, so torch chooses it."""
-    from diffusers.models import attention_dispatch as ad
-
-    source = inspect.getsource(ad._native_attention)
-    assert "torch.nn.functional.scaled_dot_product_attention(" in source
-    assert "sdpa_kernel" not in source
+def test_native_backend_is_torch_sdpa(monkeypatch, default_backend):
+    """The default attention backend `native` calls `torch.nn.functional.scaled_dot_product_attention` with every SDPA kernel left enabled, so torch chooses the kernel (seen inside each SDPA call of a tiny Flux transformer)."""
+    seen = sdpa_kernels_seen(monkeypatch)
+    run(tiny_flux())
+    assert len(seen) == 4 and all(s == {"flash", "efficient", "math", "cudnn"} for s in seen)
 
 
 def test_block_modules_takes_the_mid_block_out_of_the_unmatched_group():
@@ -183,7 +206,7 @@ def test_block_modules_takes_the_mid_block_out_of_the_unmatched_group():
 
 def test_quantization_backend_names():
     """`PipelineQuantizationConfig(quant_mapping={"transformer": ...})` gives that component its own quantization config and the others none; diffusers 0.42.1's quantization backends include `bitsandbytes_4bit`, `bitsandbytes_8bit`, `gguf`, `torchao` and `quanto`, and the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
-    from diffusers import GGUFQuantizationConfig, PipelineQuantizationConfig
+    from diffusers import BitsAndBytesConfig, GGUFQuantizationConfig, PipelineQuantizationConfig
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
     from diffusers.quantizers.bitsandbytes import BnB4BitDiffusersQuantizer
 
@@ -192,8 +215,9 @@ def test_quantization_backend_names():
     resolve = pipeline_config._resolve_quant_config
     assert resolve(is_diffusers=True, module_name="transformer") is config
     assert resolve(is_diffusers=True, module_name="vae") is None
-    source = inspect.getsource(BnB4BitDiffusersQuantizer.validate_environment)
-    assert 'raise RuntimeError("No GPU found' in source and not torch.cuda.is_available()
+    assert not torch.cuda.is_available()
+    with pytest.raises(RuntimeError, match="No GPU found"):
+        BnB4BitDiffusersQuantizer(BitsAndBytesConfig()).validate_environment()
     for name in ["bitsandbytes_4bit", "bitsandbytes_8bit", "gguf", "torchao", "quanto"]:
         assert name in AUTO_QUANTIZATION_CONFIG_MAPPING, name
 
@@ -201,8 +225,8 @@ def test_quantization_backend_names():
 # ---------------------------------------------------------------- step caching
 
 
-def test_caching_is_a_model_mixin_flux_has_and_the_unets_lack():
-    """`enable_cache` comes from `CacheMixin`: `FluxTransformer2DModel` has it, the SD 1.5 / SDXL `UNet2DConditionModel` and SD3's `SD3Transformer2DModel` do not; the configs `FirstBlockCacheConfig`, `TaylorSeerCacheConfig`, `MagCacheConfig`, `FasterCacheConfig` and `PyramidAttentionBroadcastConfig` are exported; `FluxPipeline.__call__` runs its transformer inside `cache_context("cond")`, and `cache_context("uncond")` for the negative prompt's call."""
+def test_caching_is_a_model_mixin_flux_has_and_the_unets_lack(monkeypatch):
+    """`enable_cache` comes from `CacheMixin`: `FluxTransformer2DModel` has it, the SD 1.5 / SDXL `UNet2DConditionModel` and SD3's `SD3Transformer2DModel` do not; the configs `FirstBlockCacheConfig`, `TaylorSeerCacheConfig`, `MagCacheConfig`, `FasterCacheConfig` and `PyramidAttentionBroadcastConfig` are exported; `FluxPipeline.__call__` runs its transformer inside `cache_context("cond")`, and `cache_context("uncond")` for the negative prompt's call (a 2-step true-CFG call of a tiny pipeline with FirstBlockCache on)."""
     import diffusers
     from diffusers.models.cache_utils import CacheMixin
 
@@ -211,24 +235,33 @@ def test_caching_is_a_model_mixin_flux_has_and_the_unets_lack():
         assert not issubclass(cls, CacheMixin) and not hasattr(cls, "enable_cache")
     for name in ["FirstBlockCacheConfig", "TaylorSeerCacheConfig", "MagCacheConfig", "FasterCacheConfig", "PyramidAttentionBroadcastConfig"]:  # fmt: skip
         assert hasattr(diffusers, name), name
-    source = inspect.getsource(diffusers.FluxPipeline.__call__)
-    assert 'with self.transformer.cache_context("cond"):' in source
-    assert 'with self.transformer.cache_context("uncond"):' in source
+    assert cache_contexts_of_a_flux_call(monkeypatch) == ["cond", "uncond", "cond", "uncond"]
 
 
 def test_first_block_cache_rule_and_taylorseer_extrapolation():
-    """FirstBlockCache computes the remaining blocks when the first block's residual changed, as mean absolute change over the stored residual's mean absolute value, by more than `threshold`; TaylorSeer computes on a fixed schedule (defaults `cache_interval=5`, `disable_cache_before_step=3`) and in between predicts a hooked module's output by extrapolating its last computed outputs: at order 1, the last output plus the per-step difference times the steps elapsed."""
-    from diffusers import TaylorSeerCacheConfig
+    """FirstBlockCache computes the remaining blocks when the first block's residual changed, as mean absolute change over the stored residual's mean absolute value, by more than `threshold` (its head hook's decision, called on set residuals), and always when nothing is stored yet; TaylorSeer computes on a fixed schedule (defaults `cache_interval=5`, `disable_cache_before_step=3`) and in between predicts a hooked module's output by extrapolating its last computed outputs: at order 1, the last output plus the per-step difference times the steps elapsed."""
+    from diffusers import FirstBlockCacheConfig, TaylorSeerCacheConfig
     from diffusers.hooks.first_block_cache import FBCHeadBlockHook
     from diffusers.hooks.taylorseer_cache import TaylorSeerState
 
     defaults = TaylorSeerCacheConfig()
     assert (defaults.cache_interval, defaults.disable_cache_before_step) == (5, 3)
 
-    rule = inspect.getsource(FBCHeadBlockHook._should_compute_remaining_blocks)
-    assert "absmean = (hidden_states_residual - prev_hidden_states_residual).abs().mean()" in rule
-    assert "diff = (absmean / prev_hidden_states_absmean).item()" in rule
-    assert "return diff > self.threshold" in rule
+    # the head hook's own decision, on residuals whose relative change is exactly 0.25
+    model = tiny_flux()
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.2))
+    hook = model.transformer_blocks[0]._diffusers_hook.get_hook("fbc_leader_block_hook")
+    assert isinstance(hook, FBCHeadBlockHook)
+    previous = torch.tensor([[1.0, -2.0, 4.0, -1.0]])  # mean |r_prev| = 2
+    change = torch.tensor([[0.5, 0.5, -0.5, 0.5]])  # mean |r - r_prev| = 0.5
+    with model.cache_context("cond"):
+        assert hook._should_compute_remaining_blocks(previous)  # nothing stored yet
+        hook.state_manager.get_state().head_block_residual = previous
+        decisions = {}
+        for threshold in (0.2, 0.25, 0.3):
+            hook.threshold = threshold
+            decisions[threshold] = hook._should_compute_remaining_blocks(previous + change)
+    assert decisions == {0.2: True, 0.25: False, 0.3: False}
     # order 1: computed at steps 0 and 2, predicted at step 3 = f2 + (f2 - f0) / 2 * 1
     state = TaylorSeerState(taylor_factors_dtype=torch.float32, max_order=1)
     f0, f2 = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 6.0])
@@ -289,26 +322,40 @@ def test_attention_backend_reaches_flux_but_not_the_unet(default_backend):
     assert all(not hasattr(p, "_attention_backend") for p in unet_processors)
 
 
-def test_sd3_processor_calls_sdpa_itself_and_gpu_kernels_are_refused(default_backend):
-    """SD3's `JointAttnProcessor2_0` calls `F.scaled_dot_product_attention` itself, not `dispatch_attention_fn`; on this CPU machine `attention_backend("flash")`, `"sage"` and `"xformers"` are refused because their packages are missing: those kernels are not run here."""
+def test_sd3_processor_calls_sdpa_itself_and_gpu_kernels_are_refused(monkeypatch, default_backend):
+    """SD3's transformer ignores the backend setting: a tiny `SD3Transformer2DModel` calls SDPA with every kernel enabled even inside `attention_backend("_native_math")`, and its output is bit-identical to the default's; on this CPU machine `attention_backend("flash")`, `"sage"` and `"xformers"` are refused because their packages are missing: those kernels are not run here."""
+    from diffusers import SD3Transformer2DModel
     from diffusers.models.attention_dispatch import attention_backend
-    from diffusers.models.attention_processor import JointAttnProcessor2_0
 
-    source = inspect.getsource(JointAttnProcessor2_0.__call__)
-    assert "F.scaled_dot_product_attention(" in source and "dispatch_attention_fn" not in source
+    torch.manual_seed(0)
+    sd3 = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16).eval()  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    inputs = dict(hidden_states=torch.randn(1, 4, 8, 8, generator=g), encoder_hidden_states=torch.randn(1, 6, 16, generator=g), pooled_projections=torch.randn(1, 16, generator=g), timestep=torch.tensor([500]))  # fmt: skip
+    seen = sdpa_kernels_seen(monkeypatch)
+    with torch.no_grad():
+        before = sd3(**inputs).sample
+        with attention_backend("_native_math"):
+            after = sd3(**inputs).sample
+    assert len(seen) == 2 and all(s == {"flash", "efficient", "math", "cudnn"} for s in seen)
+    assert torch.equal(before, after)
     for name, package in [("flash", "flash-attn"), ("sage", "sageattention"), ("xformers", "xformers")]:  # fmt: skip
         with pytest.raises(RuntimeError, match=package), attention_backend(name):
             pass
 
 
-def test_ring_attention_gathers_then_merges_by_log_sum_exp():
-    """diffusers' `TemplatedRingAttention.forward` gathers every rank's keys and values with one `all_gather_tensor`, then merges the partial outputs with their log-sum-exp: `out = prev_out - sigmoid(lse - prev_lse) * (prev_out - out)`."""
-    from diffusers.models.attention_dispatch import TemplatedRingAttention
-
-    source = inspect.getsource(TemplatedRingAttention.forward)
-    assert "funcol.all_gather_tensor(kv_buffer" in source
-    assert "out = prev_out - torch.nn.functional.sigmoid(lse - prev_lse) * (prev_out - out)" in source  # fmt: skip
-    assert "lse = prev_lse - torch.nn.functional.logsigmoid(prev_lse - lse)" in source
+def test_ring_attention_gathers_then_merges_by_log_sum_exp(monkeypatch):
+    """diffusers' `TemplatedRingAttention.forward`, run for each rank of a simulated 2-device ring on the CPU, gathers the key/value shards with one `all_gather_tensor` per rank and merges the partial outputs of the two shards as `out = prev_out - sigmoid(lse - prev_lse) * (prev_out - out)`: the result equals whole-sequence attention, while averaging the two partial outputs does not."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 16, 2, 8, generator=g) for _ in range(3))  # (B, N, heads, d)
+    outs, gathers, partials = simulated_ring(q, k, v, 2, monkeypatch)
+    assert gathers == 2
+    full = torch.nn.functional.scaled_dot_product_attention(*(x.permute(0, 2, 1, 3) for x in (q, k, v))).permute(0, 2, 1, 3)  # fmt: skip
+    assert (torch.cat(outs, dim=1) - full).abs().max() <= 1e-5
+    for rank, out in enumerate(outs):
+        (_, prev_out, prev_lse), (_, part, lse) = [(r, o, x.unsqueeze(-1)) for r, o, x in partials if r == rank]  # fmt: skip
+        merged = prev_out - torch.sigmoid(lse - prev_lse) * (prev_out - part)
+        torch.testing.assert_close(out, merged)
+        assert ((prev_out + part) / 2 - out).abs().max() > 0.01
 
 
 def test_group_offload_onloads_every_group_each_call_and_changes_no_number(
@@ -324,24 +371,39 @@ def test_group_offload_onloads_every_group_each_call_and_changes_no_number(
     assert torch.equal(run(model), reference)
 
 
-def test_offload_schedules_in_the_source():
-    """`FluxPipeline.model_cpu_offload_seq` is `"text_encoder->text_encoder_2->image_encoder->transformer->vae"`, the order in which `enable_model_cpu_offload` chains the components' hooks, and its default `num_inference_steps` is 28; `enable_model_cpu_offload` chains accelerate's `cpu_offload_with_hook`, whose hook moves a component to the device when its forward starts and offloads the previous one; `enable_sequential_cpu_offload` hooks each component with accelerate's `cpu_offload`, which hooks every module that owns parameters (checked on the tiny UNet); `use_stream=True` needs an accelerator (a `ValueError` on the CPU); a UNet's `mid_block` is not in a `ModuleList`, so `block_level` keeps it in the group of modules outside the block lists."""
-    from diffusers import DiffusionPipeline, FluxPipeline
+def test_offload_schedules_in_the_source(monkeypatch):
+    """`FluxPipeline.model_cpu_offload_seq` is `"text_encoder->text_encoder_2->image_encoder->transformer->vae"`, and its default `num_inference_steps` is 28; `enable_model_cpu_offload` hooks the components present in that order with accelerate's `cpu_offload_with_hook`, each handed the previous one's hook, and that hook, before its component's forward, offloads the previous component and moves its own to the execution device; `enable_sequential_cpu_offload` hooks every module that owns parameters with accelerate's `cpu_offload` (tiny pipelines, CPU as the device; the move is shown on the meta device); `use_stream=True` needs an accelerator (a `ValueError` on the CPU); a UNet's `mid_block` is not in a `ModuleList`, so `block_level` keeps it in the group of modules outside the block lists."""
+    import inspect
+
+    import accelerate
+    from accelerate.hooks import CpuOffload, UserCpuOffloadHook
+    from diffusers import FluxPipeline
     from diffusers.hooks import HookRegistry
+    from test_page_lab_15 import tiny_flux_pipeline
 
+    assert FluxPipeline.model_cpu_offload_seq == "text_encoder->text_encoder_2->image_encoder->transformer->vae"  # fmt: skip
     assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
-    assert "cpu_offload(model, device, offload_buffers=offload_buffers)" in inspect.getsource(DiffusionPipeline.enable_sequential_cpu_offload)  # fmt: skip
-    assert "cpu_offload_with_hook(model, device, prev_module_hook=hook)" in inspect.getsource(DiffusionPipeline.enable_model_cpu_offload)  # fmt: skip
-    from accelerate import cpu_offload
-    from accelerate.hooks import CpuOffload
+    pipe, chained, original = tiny_flux_pipeline(), [], accelerate.cpu_offload_with_hook
 
-    pre_forward = inspect.getsource(CpuOffload.pre_forward)
-    assert "self.prev_module_hook.offload()" in pre_forward
-    assert "module.to(self.execution_device)" in pre_forward
-    unet = tiny_unet()
-    own = {n for n, m in unet.named_modules() if any(True for _ in m.parameters(recurse=False))}
-    cpu_offload(unet, execution_device=torch.device("cpu"))
-    assert {n for n, m in unet.named_modules() if hasattr(m, "_hf_hook")} == own | {""}
+    def cpu_offload_with_hook(model, device=None, prev_module_hook=None):
+        chained.append((model, prev_module_hook))
+        return original(model, device, prev_module_hook=prev_module_hook)
+
+    monkeypatch.setattr(accelerate, "cpu_offload_with_hook", cpu_offload_with_hook)
+    pipe.enable_model_cpu_offload(device="cpu")
+    monkeypatch.undo()
+    (transformer, first), (vae, prev) = chained  # no text encoders in the tiny pipeline
+    assert (transformer, vae, first) == (pipe.transformer, pipe.vae, None)
+    assert prev.model is pipe.transformer
+    # the hook's move, with the meta device standing in for the accelerator
+    offloaded, layer = [], torch.nn.Linear(4, 4)
+    previous = UserCpuOffloadHook(torch.nn.Linear(4, 4).to("meta"), SimpleNamespace(init_hook=offloaded.append))  # fmt: skip
+    CpuOffload(execution_device=torch.device("meta"), prev_module_hook=previous).pre_forward(layer, torch.ones(4))  # fmt: skip
+    assert offloaded == [previous.model] and layer.weight.device.type == "meta"
+    sd = tiny_sd_pipeline()
+    owners = {n for n, m in sd.unet.named_modules() if any(True for _ in m.parameters(recurse=False))}  # fmt: skip
+    sd.enable_sequential_cpu_offload(device="cpu")
+    assert {n for n, m in sd.unet.named_modules() if hasattr(m, "_hf_hook")} == owners | {""}
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="streams"):
         tiny_flux().enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, use_stream=True)  # fmt: skip
@@ -350,5 +412,3 @@ def test_offload_schedules_in_the_source():
     unet.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
     group = HookRegistry.check_if_exists_or_initialize(unet).get_hook("group_offloading").group
     assert unet.mid_block in group.modules
-
-    assert FluxPipeline.model_cpu_offload_seq == "text_encoder->text_encoder_2->image_encoder->transformer->vae"  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import runpy
 import sys
 from types import SimpleNamespace
@@ -171,8 +172,8 @@ def test_sdxl_without_force_upcast_gives_nan(record_calls):
     assert np.isnan(images).all()
 
 
-def test_vae_to_float32_alone_fails_inside_the_sdxl_call():
-    """`pipe.vae.to(torch.float32)` on an otherwise float16 SDXL pipeline is not enough inside `__call__`: the pipeline casts the latents only when it upcasts itself (and casts the VAE to the latents' dtype only when Apple MPS is available), so float16 latents meet float32 weights and the decode raises a dtype `RuntimeError`. With `output_type="latent"` and a float32 decode by hand, the image is finite."""
+def test_vae_to_float32_alone_fails_inside_the_sdxl_call(monkeypatch):
+    """`pipe.vae.to(torch.float32)` on an otherwise float16 SDXL pipeline is not enough inside `__call__`: the pipeline casts the latents only when it upcasts itself (and casts the VAE to the latents' dtype only when Apple MPS is available, which undoes the fix: NaN images), so float16 latents meet float32 weights and the decode raises a dtype `RuntimeError`. With `output_type="latent"` and a float32 decode by hand, the image is finite."""
     quiet()
     pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
     pipe.vae.to(torch.float32)
@@ -183,6 +184,10 @@ def test_vae_to_float32_alone_fails_inside_the_sdxl_call():
     with torch.no_grad():
         image = pipe.vae.decode(latents.float() / pipe.vae.config.scaling_factor).sample
     assert torch.isfinite(image).all()
+    # where MPS is available (stood in for here), the call casts the VAE back to float16
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    images = sdxl_call(pipe, torch.float16, output_type="np")
+    assert pipe.vae.dtype == torch.float16 and np.isnan(images).all()
 
 
 def test_bfloat16_pipeline_needs_no_upcast(record_calls):
@@ -195,17 +200,15 @@ def test_bfloat16_pipeline_needs_no_upcast(record_calls):
     assert np.isfinite(images).all()
 
 
-def test_sd15_pipeline_never_reads_force_upcast():
+def test_sd15_pipeline_never_reads_force_upcast(record_calls):
     """`StableDiffusionPipeline` (SD 1.x) never reads `force_upcast`: in float16 it decodes in float16, and the overflowing tiny VAE gives NaN images even with `force_upcast=True`."""
-    import inspect
-
-    from diffusers import StableDiffusionPipeline
-
     quiet()
-    assert "force_upcast" not in inspect.getsource(StableDiffusionPipeline)
     pipe = tiny_sd_pipeline(vae=overflowing_vae(force_upcast=True)).to(torch.float16)
+    assert pipe.vae.config.force_upcast is True
+    decoder = record_calls(pipe.vae.decoder)
     images = pipe(prompt_embeds=embeds(0).half(), latents=start_latents().half(),
                   num_inference_steps=2, guidance_scale=1.0, output_type="np").images  # fmt: skip
+    assert decoder.calls[0][0][0].dtype == torch.float16
     assert np.isnan(images).all()
 
 
@@ -222,14 +225,21 @@ def test_nan_images_come_out_black():
     assert np.asarray(image).max() == 0
 
 
-def test_force_upcast_default_and_the_fp16_fix():
-    """`AutoencoderKL`'s `force_upcast` defaults to `True`, and its docstring names the other way out: a VAE fine-tuned to a lower activation range, such as `madebyollin/sdxl-vae-fp16-fix`, can set `force_upcast` to `False`."""
-    from diffusers import AutoencoderKL
+def test_force_upcast_default_and_the_fp16_fix(record_calls):
+    """`AutoencoderKL`'s `force_upcast` defaults to `True`; a VAE whose decoder activations stay below 65504, which is what an fp16-fixed VAE such as `madebyollin/sdxl-vae-fp16-fix` is fine-tuned for, can set it to `False`: a float16 SDXL pipeline then decodes in float16, with no upcast and finite images (the tiny VAE without the overflowing scale)."""
+    import warnings
 
+    quiet()
     assert tiny_vae().config.force_upcast is True
-    doc = " ".join(AutoencoderKL.__doc__.split())
-    assert "can be fine-tuned / trained to a lower range" in doc
-    assert "`force_upcast` can be set to `False`" in doc and "sdxl-vae-fp16-fix" in doc
+    vae = tiny_vae()
+    vae.register_to_config(force_upcast=False)
+    pipe = tiny_sdxl_pipeline(vae).to(torch.float16)
+    decoder = record_calls(pipe.vae.decoder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # upcast_vae() would warn
+        images = sdxl_call(pipe, torch.float16, output_type="np")
+    assert decoder.calls[0][0][0].dtype == torch.float16
+    assert np.isfinite(images).all()
 
 
 def test_numpy_gguf_blocks_equal_the_gguf_package(starter):
@@ -323,16 +333,51 @@ def test_gguf_linear_dequantizes_on_every_call(starter, monkeypatch):
     torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_gguf_cuda_path_still_dequantizes_then_matmuls(starter, monkeypatch):
-    """The opt-in CUDA path is no quantized matmul either: `_fused_mul_mat_gguf` (diffusers 0.42.1) calls the kernel's `ggml_dequantize` for the whole `(out, in)` weight and then an ordinary matmul in the input's dtype; the fused MMQ / MMVQ kernel calls are commented out in the source."""
-    import inspect
+#: Imports diffusers' GGUF module under each setting of the opt-in; prints one line each.
+GGUF_GATE = """
+import importlib, os, sys, types, torch
+import diffusers.utils
+import diffusers.quantizers.gguf.utils as u
 
+# a stand-in `kernels` package: diffusers imports get_kernel from it before its trust check
+sys.modules["kernels"] = types.SimpleNamespace(get_kernel=lambda *a, **k: print("downloaded"))
+
+def load(env, capability, kernels):
+    os.environ.pop("DIFFUSERS_GGUF_CUDA_KERNELS", None)
+    os.environ.update(env)
+    torch.cuda.is_available = lambda: capability is not None
+    torch.cuda.get_device_capability = lambda *a: capability
+    diffusers.utils.is_kernels_available = lambda: kernels
+    try:
+        importlib.reload(u)
+        print(u.can_use_cuda_kernels, u.ops is None)
+    except ValueError as e:
+        print("ValueError", e)
+
+on = {"DIFFUSERS_GGUF_CUDA_KERNELS": "true"}
+load(on, None, True)      # no CUDA
+load(on, (6, 1), True)    # compute capability below 7
+load({}, (8, 0), True)    # not opted in
+load(on, (8, 0), False)   # no kernels package
+load(on, (8, 0), True)    # all set: the Hub kernel would be downloaded and run
+"""
+
+
+def test_gguf_cuda_kernels_are_opt_in():
+    """diffusers' GGUF CUDA path is opt-in: `can_use_cuda_kernels` is true only with `DIFFUSERS_GGUF_CUDA_KERNELS=true` and a CUDA GPU of compute capability 7 or more, and its kernel (`ops`) loads only if the `kernels` package is installed; then, in 0.42.1, importing the module raises `ValueError` unless `DIFFUSERS_TRUST_REMOTE_KERNELS=true`, because the kernel, `Isotr0py/ggml`, is downloaded from the Hub and executed (the module re-imported in a subprocess with a stand-in CUDA device and `kernels` package)."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_")}
+    out = subprocess.run([sys.executable, "-c", GGUF_GATE], env=env, capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert out[:4] == ["False True", "False True", "False True", "True True"]
+    assert out[4].startswith("ValueError `Isotr0py/ggml`") and "DIFFUSERS_TRUST_REMOTE_KERNELS=true" in out[4]  # fmt: skip
+
+
+def test_gguf_cuda_path_still_dequantizes_then_matmuls(starter, monkeypatch):
+    """The opt-in CUDA path is no quantized matmul either: for a Q8_0 weight, `_fused_mul_mat_gguf` (diffusers 0.42.1) calls the kernel's `ggml_dequantize` once for the whole `(out, in)` weight and then an ordinary matmul in the input's dtype (run with a stand-in for the kernel that returns the dequantized weight)."""
     import diffusers.quantizers.gguf.utils as gguf_utils
     from gguf import GGMLQuantizationType
 
-    source = inspect.getsource(gguf_utils._fused_mul_mat_gguf)
-    fused = [line.strip() for line in source.splitlines() if "ggml_mul_mat" in line]
-    assert len(fused) == 2 and all(line.startswith("#") for line in fused)  # commented out
     w = starter["weight"]
     qtype = GGMLQuantizationType.Q8_0
     qweight = gguf_utils.GGUFParameter(torch.from_numpy(starter["quantize"](w, "Q8_0")), quant_type=qtype)  # fmt: skip
@@ -364,7 +409,7 @@ def test_flux_fp8_layerwise_casting_keeps_the_modulation_in_bf16(starter):
 
 
 def test_layerwise_casting_stores_fp8_and_computes_in_float32(monkeypatch):
-    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on the tiny UNet hooks only `Linear`, `Conv`, `ConvTranspose` and `Embedding` layers, stores their weights in float8, casts each to `compute_dtype` before its forward and back after it (added casts, the same float32 matmuls: it saves memory, not time), and skips the modules matching `norm` (`DEFAULT_SKIP_MODULES_PATTERN` is `pos_embed`, `patch_embed`, `norm`, `^proj_in$`, `^proj_out$`), so parameter bytes fall to about a quarter; its output equals, bit for bit, an fp32 UNet whose hooked weights were rounded to float8 and back, and stays within 0.2 relative RMS of the fp32 output (measured 0.11 on random weights; bfloat16 storage: below 0.01)."""
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on the tiny UNet hooks only `Linear`, `Conv`, `ConvTranspose` and `Embedding` layers, stores their weights in float8, casts each to `compute_dtype` before its forward and back after it (added casts, the same float32 matmuls: it saves memory, not time), and skips the modules matching `norm` (`DEFAULT_SKIP_MODULES_PATTERN` is `pos_embed`, `patch_embed`, `norm`, `^proj_in$`, `^proj_out$`), so parameter bytes fall to about a quarter; its output equals, bit for bit, an fp32 UNet whose hooked weights were rounded to float8 and back, and stays within 0.2 relative RMS of the fp32 output (bfloat16 storage: below 0.01)."""
     from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
     from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 
@@ -420,10 +465,8 @@ def test_quantization_backends_of_diffusers():
     ]  # fmt: skip
 
 
-def test_pipeline_quantization_config_maps_components():
+def test_pipeline_quantization_config_maps_components(tmp_path):
     """`PipelineQuantizationConfig(quant_mapping={"transformer": GGUFQuantizationConfig(compute_dtype=torch.bfloat16)})` gives `transformer` that config and every other component none; `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`, because that route needs the diffusers and transformers config classes to take the same arguments and for GGUF they do not. `GGUFQuantizationConfig` is `pre_quantized` (GGUF weights are read from a GGUF file, not quantized at load) and computes in float32 unless told otherwise. `DiffusionPipeline.from_pretrained` takes the pipeline config as `quantization_config` and rejects any other type."""
-    import inspect
-
     from diffusers import DiffusionPipeline, GGUFQuantizationConfig, PipelineQuantizationConfig
 
     config = GGUFQuantizationConfig(compute_dtype=torch.bfloat16)
@@ -434,41 +477,42 @@ def test_pipeline_quantization_config_maps_components():
         PipelineQuantizationConfig(quant_backend="gguf", quant_kwargs={"compute_dtype": torch.bfloat16})  # fmt: skip
     assert config.pre_quantized is True
     assert GGUFQuantizationConfig().compute_dtype == torch.float32
-    source = inspect.getsource(DiffusionPipeline.from_pretrained)
-    assert 'quantization_config = kwargs.pop("quantization_config", None)' in source
-    assert "not isinstance(quantization_config, PipelineQuantizationConfig)" in source
+    with pytest.raises(ValueError, match="must be an instance of `PipelineQuantizationConfig`"):
+        DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=config)
+    # a saved tiny pipeline loads with a pipeline config (its "transformer" entry names no
+    # component of this pipeline, so nothing is quantized) and keeps it
+    tiny_sd_pipeline().save_pretrained(tmp_path)
+    none = dict.fromkeys(["text_encoder", "tokenizer", "safety_checker", "feature_extractor"])
+    loaded = DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=pipeline_config, **none)  # fmt: skip
+    assert loaded.quantization_config is pipeline_config
 
 
-def test_gpu_only_backends_say_so_in_their_source():
-    """The bitsandbytes quantizers refuse to run without an accelerator (`validate_environment` raises "No GPU found" unless CUDA or XPU, or for 4-bit also MPS, is available), and the Nunchaku quantizer raises unless CUDA is available: this page describes them and runs neither."""
-    import inspect
-
+def test_gpu_only_backends_refuse_to_run_here(monkeypatch):
+    """The bitsandbytes quantizers refuse to run without an accelerator (`validate_environment` raises "No GPU found" on this CPU machine), and the Nunchaku quantizer raises unless CUDA is available (here, even with the `kernels` package it asks for first taken as present): this page describes them and runs neither."""
+    import diffusers.quantizers.nunchaku.nunchaku_quantizer as nunchaku
+    from diffusers import BitsAndBytesConfig
     from diffusers.quantizers.bitsandbytes import (
         BnB4BitDiffusersQuantizer,
         BnB8BitDiffusersQuantizer,
     )
-    from diffusers.quantizers.nunchaku import NunchakuLiteQuantizer
+    from diffusers.quantizers.quantization_config import NunchakuLiteQuantizationConfig
 
-    four = inspect.getsource(BnB4BitDiffusersQuantizer.validate_environment)
-    eight = inspect.getsource(BnB8BitDiffusersQuantizer.validate_environment)
-    assert (
-        "torch.cuda.is_available() or torch.xpu.is_available() or torch.mps.is_available()" in four
-    )
-    assert "torch.cuda.is_available() or torch.xpu.is_available())" in eight
-    assert (
-        'raise RuntimeError("No GPU found' in four and 'raise RuntimeError("No GPU found' in eight
-    )
-    nunchaku = inspect.getsource(NunchakuLiteQuantizer.validate_environment)
-    assert "requires a CUDA-capable NVIDIA GPU" in nunchaku
     assert not torch.cuda.is_available()
+    for quantizer in (BnB4BitDiffusersQuantizer, BnB8BitDiffusersQuantizer):
+        with pytest.raises(RuntimeError, match="No GPU found"):
+            quantizer(BitsAndBytesConfig()).validate_environment()
+    config = NunchakuLiteQuantizationConfig(awq_w4a16={"precision": "int4", "group_size": 64, "targets": ["proj_out"]})  # fmt: skip
+    monkeypatch.setattr(nunchaku, "is_kernels_available", lambda: True)
+    with pytest.raises(ValueError, match="requires a CUDA-capable NVIDIA GPU"):
+        nunchaku.NunchakuLiteQuantizer(config).validate_environment()
 
 
-def test_speed_needs_weight_and_activation_formats_via_torchao():
-    """diffusers' `TorchAoConfig` takes a torchao config object, and its docstring names `Float8DynamicActivationFloat8WeightConfig` (fp8 weights and activations, so the matmul itself runs in fp8) next to the weight-only ones; torchao is not installed here, so none of them is run."""
+def test_torchao_formats_are_not_run_here():
+    """diffusers' `TorchAoConfig` needs the torchao package (it takes one of torchao's config objects); torchao is not installed here, so constructing a `TorchAoConfig` raises `ModuleNotFoundError` and no torchao format, weight-only or fp8 weights and activations, is run."""
     import importlib.util
 
     from diffusers import TorchAoConfig
 
-    doc = " ".join(TorchAoConfig.__doc__.split())
-    assert "`Float8DynamicActivationFloat8WeightConfig`" in doc and "`Int8WeightOnlyConfig`" in doc
     assert importlib.util.find_spec("torchao") is None
+    with pytest.raises(ModuleNotFoundError, match="torchao"):
+        TorchAoConfig(quant_type=object())

@@ -296,16 +296,69 @@ def test_numpy_taylorseer_matches_diffusers(starter):
             np.testing.assert_allclose(ts.predict(), out, rtol=1e-4, atol=1e-5)
 
 
-def test_flux_pipeline_wraps_its_calls_in_cache_context():
-    """`FluxPipeline.__call__` calls the transformer inside `transformer.cache_context("cond")`, and the negative-prompt call of true CFG inside `cache_context("uncond")`, so the two keep separate cache states; its default `num_inference_steps` is 28."""
+def tiny_flux_pipeline():
+    """The real FluxPipeline around a tiny guidance-embedding FluxTransformer2DModel (as
+    Flux.1-dev: 16 latent channels packed 2 x 2 into 64) and a 16-channel VAE; no text
+    encoders: pass prompt_embeds (B, 8, 32) and pooled_prompt_embeds (B, 32)."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        guidance_embeds=True, axes_dims_rope=[4, 4, 8],
+    ).eval()  # fmt: skip
+    vae = AutoencoderKL(
+        block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16, norm_num_groups=8,
+        use_quant_conv=False, use_post_quant_conv=False, sample_size=16,
+    ).eval()  # fmt: skip
+    none = dict.fromkeys(["text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"])
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+                        vae=vae, transformer=transformer, **none)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def cache_contexts_of_a_flux_call(monkeypatch, steps=2):
+    """Run a tiny FluxPipeline with true CFG and FirstBlockCache on its transformer; return
+    the name of the cache context each transformer call ran in (None: outside any)."""
+    import contextlib
     import inspect
 
-    from diffusers import FluxPipeline
+    from diffusers import FirstBlockCacheConfig
 
-    source = inspect.getsource(FluxPipeline.__call__)
-    assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
-    assert 'self.transformer.cache_context("cond")' in source
-    assert 'self.transformer.cache_context("uncond")' in source
+    pipe = tiny_flux_pipeline()
+    assert inspect.signature(type(pipe).__call__).parameters["num_inference_steps"].default == 28
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.0))
+    current, seen, original = [None], [], pipe.transformer.cache_context
+
+    @contextlib.contextmanager
+    def cache_context(name):
+        current[0] = name
+        with original(name):
+            yield
+        current[0] = None
+
+    monkeypatch.setattr(pipe.transformer, "cache_context", cache_context)
+    pipe.transformer.register_forward_pre_hook(lambda module, args: seen.append(current[0]))
+    g = torch.Generator().manual_seed(0)
+    text, pooled = torch.randn(2, 8, 32, generator=g), torch.randn(2, 32, generator=g)
+    pipe(prompt_embeds=text[:1], pooled_prompt_embeds=pooled[:1],
+         negative_prompt_embeds=text[1:], negative_pooled_prompt_embeds=pooled[1:],
+         true_cfg_scale=2.0, num_inference_steps=steps, height=16, width=16,
+         generator=torch.Generator().manual_seed(1), output_type="latent")  # fmt: skip
+    return seen
+
+
+def test_flux_pipeline_wraps_its_calls_in_cache_context(monkeypatch):
+    """`FluxPipeline.__call__` runs each transformer call inside `transformer.cache_context("cond")`, and with true CFG (`true_cfg_scale > 1` and negative embeddings) the negative-prompt call inside `cache_context("uncond")`, so the two keep separate cache states; its default `num_inference_steps` is 28 (a 2-step call of a tiny pipeline whose transformer has FirstBlockCache enabled)."""
+    assert cache_contexts_of_a_flux_call(monkeypatch) == ["cond", "uncond", "cond", "uncond"]
 
 
 def test_taylorseer_without_warmup_cannot_start():
