@@ -34,6 +34,8 @@ def test_report_names_pages_claims_and_new_deprecations(tmp_path):
     assert [o.kind for o in outcomes] == ["failure", "deprecation", "failure"]
     text = drift.report(total, outcomes, {name: "9.9.9" for name in drift.LIBRARIES})
     assert "4 verify tests ran; 1 passed, 3 failed." in text
+    pins = drift.pinned_versions()  # from pyproject's verify extra
+    assert pins["diffusers"] and f"| transformers | 9.9.9 | {pins['transformers']} |" in text
     cfg_part = text.split("## handbook/cfg.md")[1].split("## ")[0]
     assert "Claims whose test fails" in cfg_part and cfg.text in cfg_part
     memory_part = text.split("## handbook/memory.md")[1].split("## ")[0]

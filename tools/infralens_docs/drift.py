@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import tomllib
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from dataclasses import dataclass
@@ -54,6 +55,17 @@ def installed_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def pinned_versions() -> dict[str, str]:
+    """``name -> version`` for the ``name==version`` pins of pyproject's verify extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    pins = {}
+    for requirement in project["project"]["optional-dependencies"]["verify"]:
+        name, sep, version = requirement.partition("==")
+        if sep:
+            pins[name.strip().lower()] = version.strip()
+    return pins
 
 
 def page_of_module() -> dict[str, str]:
@@ -98,10 +110,14 @@ def read_outcomes(junit: Path) -> tuple[int, list[Outcome]]:
 
 def report(total: int, outcomes: list[Outcome], versions: dict[str, str]) -> str:
     """The Markdown report: versions, then by page the failing claims and deprecations."""
-    pinned = json.loads((claims.VERSIONS_FILE).read_text(encoding="utf-8"))
+    stated = json.loads((claims.VERSIONS_FILE).read_text(encoding="utf-8"))
+    pins = pinned_versions()
     lines = ["# Drift watch: the verify suite against the newest libraries", ""]
-    lines += ["| library | installed | pages state |", "|---|---|---|"]
-    lines += [f"| {name} | {versions[name]} | {pinned.get(name, '')} |" for name in LIBRARIES]
+    lines += ["| library | installed | pinned (verify extra) | pages state |", "|---|---|---|---|"]
+    lines += [
+        f"| {name} | {versions[name]} | {pins.get(name, '')} | {stated.get(name, '')} |"
+        for name in LIBRARIES
+    ]
     failed = {o.case for o in outcomes}
     lines += ["", f"{total} verify tests ran; {total - len(failed)} passed, {len(failed)} failed."]
     if not outcomes:
