@@ -4,11 +4,14 @@ One module per page: ``test_page_<page>.py`` holds the tests for the claims that
 page makes about diffusers' behaviour, and each test's docstring opens with the
 claim it checks (the page lists those sentences; see infralens_docs.claims).
 
-Shared here: tiny random-config Stable Diffusion parts, built in code (no weights,
-no hub), and a recorder for what a module's forward receives.
+Shared here: the fixtures several modules use (a recorder for what a module's forward
+receives, spies on pipeline methods, the attention-backend guard); the tiny random-config
+parts they run on are built in ``tiny.py`` (no weights, no hub).
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -57,12 +60,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(mark, append=False)
 
 
-from tiny import tiny_sd_pipeline  # noqa: E402
+from tiny import HEIGHT, embeds, sd1_shaped_pipeline, start_latents, tiny_sd_pipeline  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def sd_pipe():
     return tiny_sd_pipeline()
+
+
+@pytest.fixture(scope="module")
+def sd1_shaped_pipe():
+    """The real pipeline with a VAE of SD 1.x's four blocks: vae_scale_factor 8."""
+    return sd1_shaped_pipeline()
 
 
 class CallRecorder:
@@ -106,3 +115,82 @@ def restore_diffusers_verbosity():
     level = logging.get_verbosity()
     yield
     logging.set_verbosity(level)
+
+
+@pytest.fixture
+def default_backend():
+    """Every test leaves the process-wide active attention backend as it found it (`native`)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    assert _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE
+    yield
+    _AttentionBackendRegistry.set_active_backend(AttentionBackendName.NATIVE)
+
+
+@pytest.fixture
+def quiet_diffusers():
+    """from_pretrained logs progress bars and an accelerate hint; keep the test log clean.
+    A module opts in with ``pytestmark = pytest.mark.usefixtures("quiet_diffusers")``."""
+    from diffusers.utils import logging as dlogging
+
+    level = dlogging.get_verbosity()
+    dlogging.set_verbosity_error()
+    dlogging.disable_progress_bar()
+    yield
+    dlogging.set_verbosity(level)
+    dlogging.enable_progress_bar()
+
+
+@pytest.fixture
+def calls_of(monkeypatch):
+    """``spy(obj, name) -> list``: (args, kwargs) of every call of the method ``obj.name``."""
+
+    def spy(obj, name):
+        seen = []
+        original = getattr(obj, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            seen.append((args, kwargs))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(obj, name, wrapper)
+        return seen
+
+    return spy
+
+
+@pytest.fixture
+def guidance_rescale_calls(monkeypatch):
+    """``run(pipe, module, **kwargs) -> (calls, steps)``: one 2-step call of a tiny SD-family
+    pipeline; ``calls`` are (guided, noise_pred_text, guidance_rescale, result) of every
+    ``rescale_noise_cfg`` the pipeline module makes, ``steps`` every ``scheduler.step``'s
+    ``model_output``."""
+
+    def run(pipe, module, **kwargs):
+        calls, steps = [], []
+        original = module.rescale_noise_cfg
+
+        @functools.wraps(original)
+        def spy(noise_cfg, noise_pred_text, guidance_rescale=0.0):
+            out = original(noise_cfg, noise_pred_text, guidance_rescale=guidance_rescale)
+            calls.append((noise_cfg.clone(), noise_pred_text.clone(), guidance_rescale, out.clone()))  # fmt: skip
+            return out
+
+        step = pipe.scheduler.step
+
+        def step_spy(model_output, timestep, sample, *args, **kw):
+            steps.append(model_output.detach().clone())
+            return step(model_output, timestep, sample, *args, **kw)
+
+        monkeypatch.setattr(module, "rescale_noise_cfg", spy)
+        monkeypatch.setattr(pipe.scheduler, "step", step_spy)
+        extra = kwargs.pop("extra", {})
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), latents=start_latents(),
+                 num_inference_steps=2, height=HEIGHT, width=HEIGHT, output_type="latent",
+                 **extra, **kwargs)  # fmt: skip
+        monkeypatch.undo()
+        return calls, steps
+
+    return run

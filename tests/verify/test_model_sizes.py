@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 from model_configs import (
     COMPONENTS,
     FLUX_AE_ORIGINAL,
@@ -37,124 +36,15 @@ from model_configs import (
     SDXL_UNET,
     SDXL_VAE,
     T5_XXL,
-    build,
     installed_versions,
     record,
 )
+from sizes import flux_1024_record, layerwise_casting_record
 
 from labkit import model_sizes
 
 RECORD = Path(model_sizes.__file__).with_name(model_sizes.DATA_FILE)
 IDS = [f"{c.pipeline}/{c.component}" for c in COMPONENTS]
-
-
-def _flux_transformer():
-    """The real Flux.1-dev transformer from its published config, on the meta device."""
-    (flux,) = [c for c in COMPONENTS if (c.pipeline, c.component) == ("Flux.1-dev", "transformer")]
-    return build(flux)
-
-
-def _pattern(name: str) -> str:
-    """'transformer_blocks.7.norm1.linear.weight' -> 'transformer_blocks.*.norm1.linear'."""
-    parts = name.split(".")[:-1]
-    return ".".join("*" if p.isdigit() else p for p in parts)
-
-
-def layerwise_casting_record() -> dict:
-    """Flux.1-dev's transformer after diffusers' own `enable_layerwise_casting` (fp8 storage).
-
-    Runs the real method on the meta-device model, so the skip patterns are the ones
-    diffusers applies (DEFAULT_SKIP_MODULES_PATTERN plus the class's
-    `_skip_layerwise_casting_patterns`, matched by re.search on each module's name; a match
-    skips the whole subtree). The kept parameters are counted at 2 bytes: the model loaded
-    with `dtype=torch.bfloat16`.
-    """
-    import torch
-
-    model = _flux_transformer()
-    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
-    cast, kept = 0, {}
-    for name, p in model.named_parameters():
-        if p.dtype == torch.float8_e4m3fn:
-            cast += p.numel()
-        else:
-            kept[_pattern(name)] = kept.get(_pattern(name), 0) + p.numel()
-    return {
-        "Flux.1-dev/transformer": {
-            "storage_dtype": "float8_e4m3fn",
-            "compute_dtype": "bfloat16",
-            "skip_patterns": sorted(
-                {*DEFAULT_SKIP_MODULES_PATTERN, *type(model)._skip_layerwise_casting_patterns}
-            ),
-            "cast_params": cast,
-            "kept_params": sum(kept.values()),
-            "kept": dict(sorted(kept.items(), key=lambda kv: -kv[1])),
-            "bytes": cast + 2 * sum(kept.values()),
-        }
-    }
-
-
-#: Flux.1-dev at 1024 x 1024 px: (1024 / 8 / 2) ** 2 image tokens, 512 T5 tokens
-FLUX_1024 = {"image_tokens": 4096, "text_tokens": 512}
-
-
-def flux_1024_record() -> dict:
-    """One Flux.1-dev transformer call at 1024 px on the meta device: its FLOPs, the share
-    in the modules TaylorSeer hooks by default, and the bytes of TaylorSeer's stored factors.
-
-    FLOPs: torch's FlopCounterMode, per module. Factors: diffusers' own
-    `TaylorSeerCacheConfig()` hooks, run for two computed steps (orders 0 and 1 stored).
-    """
-    import torch
-    from diffusers import TaylorSeerCacheConfig
-    from diffusers.hooks.taylorseer_cache import TaylorSeerState
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = _flux_transformer()
-    n_img, n_txt = FLUX_1024["image_tokens"], FLUX_1024["text_tokens"]
-    cfg = model.config
-    with torch.device("meta"):
-        inputs = dict(
-            hidden_states=torch.randn(1, n_img, cfg.in_channels),
-            encoder_hidden_states=torch.randn(1, n_txt, cfg.joint_attention_dim),
-            pooled_projections=torch.randn(1, cfg.pooled_projection_dim),
-            guidance=torch.tensor([3.5]),
-            img_ids=torch.randn(n_img, 3),
-            txt_ids=torch.randn(n_txt, 3),
-        )
-    counter = FlopCounterMode(display=False, depth=None)
-    with torch.no_grad(), counter:
-        model(timestep=torch.tensor([1.0], device="meta"), **inputs)
-    counts = counter.get_flop_counts()
-    total = sum(counts["Global"].values())
-    model.enable_cache(TaylorSeerCacheConfig())
-    hooked = [n for n, m in model.named_modules() if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.get_hook("taylorseer_cache")]  # fmt: skip
-    hooked_flops = sum(sum(counts[f"{type(model).__name__}.{n}"].values()) for n in hooked)
-    states = []
-    original = TaylorSeerState.update
-
-    def update(self, outputs):
-        states.append(self) if self not in states else None
-        return original(self, outputs)
-
-    TaylorSeerState.update = update
-    try:
-        with torch.no_grad(), model.cache_context("cond"):
-            for t in (1.0, 0.9):  # steps 0 and 1: both computed (disable_cache_before_step=3)
-                model(timestep=torch.tensor([t], device="meta"), **inputs)
-    finally:
-        TaylorSeerState.update = original
-    factor_bytes = sum(
-        f.numel() * f.element_size() for s in states for fs in s.taylor_factors.values() for f in fs.values()
-    )  # fmt: skip
-    return {
-        **FLUX_1024,
-        "flops": total,
-        "taylorseer_hooked_modules": len(hooked),
-        "taylorseer_hooked_flops": hooked_flops,
-        "taylorseer_factor_bytes": factor_bytes,
-        "taylorseer_config": "TaylorSeerCacheConfig() defaults: max_order=1, taylor_factors_dtype=torch.bfloat16",
-    }
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,10 @@
 
 The section sums up Labs 14, 15 and 16; the diffusers behaviour it states is re-checked
 here as the section phrases it, on the real classes: torch's dtypes, a tiny overflowing
-``AutoencoderKL`` (Lab 14's builder), a tiny random-config ``FluxTransformer2DModel``
-(Lab 16's builder: 2 double-stream and 2 single-stream blocks) for layerwise casting,
-FirstBlockCache, the attention backends and group offloading, and the pipelines' source
+``AutoencoderKL`` (``tiny.overflowing_vae``), a tiny random-config
+``FluxTransformer2DModel`` (``tiny.four_block_flux_transformer``: 2 double-stream and 2
+single-stream blocks) for layerwise casting, FirstBlockCache, the attention backends and
+group offloading, and the pipelines' source
 where the behaviour is a line of it. Nothing downloads weights and nothing needs a GPU:
 the GPU-only kernels and quantization backends are named on the page as not run.
 """
@@ -17,20 +18,25 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_page_lab_14 import overflowing_vae, quiet, sdxl_call, tiny_sdxl_pipeline
-from test_page_lab_15 import cache_contexts_of_a_flux_call
-from test_page_lab_16 import (
+from tiny import (
+    cache_contexts_of_a_flux_call,
     count_transfers,
-    default_backend,
-    flux_inputs,
-    run,
+    embeds,
+    euler_sdxl_pipeline,
+    four_block_flux_inputs,
+    four_block_flux_transformer,
+    overflowing_vae,
+    quiet,
+    run_four_block_flux,
     sdpa_kernels_seen,
+    sdxl_call,
     simulated_ring,
-    tiny_flux,
+    start_latents,
+    tiny_flux_pipeline,
+    tiny_sd_pipeline,
+    tiny_unet,
+    tiny_vae,
 )
-from tiny import embeds, start_latents, tiny_sd_pipeline, tiny_unet, tiny_vae
-
-__all__ = ["default_backend"]  # a fixture, used by name below
 
 #: a short flow-matching loop for the cache tests: (sigma, next sigma) pairs
 SIGMAS = [1.0, 0.95, 0.9, 0.6, 0.55, 0.0]
@@ -38,7 +44,7 @@ SIGMAS = [1.0, 0.95, 0.9, 0.6, 0.55, 0.0]
 
 def loop(model, context="cond"):
     """Euler steps of the tiny Flux transformer; each output moves the packed latents."""
-    inputs = flux_inputs()
+    inputs = four_block_flux_inputs()
     latents = inputs.pop("hidden_states")
     inputs.pop("timestep")
     outputs = []
@@ -89,7 +95,7 @@ def test_force_upcast_is_read_by_sdxl_not_by_sd15(record_calls):
     assert tiny_vae().config.force_upcast is True
     seen = {}
     for name, dtype in [("sdxl fp16", torch.float16), ("sdxl bf16", torch.bfloat16)]:
-        pipe = tiny_sdxl_pipeline(overflowing_vae()).to(dtype)
+        pipe = euler_sdxl_pipeline(overflowing_vae()).to(dtype)
         decoder = record_calls(pipe.vae.decoder)
         # the float16 call takes the upcast path, whose deprecation warning is provoked here
         upcast = pytest.warns(FutureWarning, match="upcast_vae") if dtype == torch.float16 else contextlib.nullcontext()  # fmt: skip
@@ -115,7 +121,7 @@ def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
     assert DEFAULT_SKIP_MODULES_PATTERN == ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")  # fmt: skip
     nn = torch.nn
     assert {nn.Linear, nn.Conv2d, nn.Embedding} <= set(_GO_LC_SUPPORTED_PYTORCH_LAYERS)
-    reference, cast = tiny_flux(), tiny_flux()
+    reference, cast = four_block_flux_transformer(), four_block_flux_transformer()
     cast.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
     linears = {n: m for n, m in cast.named_modules() if isinstance(m, torch.nn.Linear)}
     for name, module in linears.items():
@@ -128,7 +134,7 @@ def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
     for name in ["transformer_blocks.0.norm1.linear", "transformer_blocks.0.norm1_context.linear", "single_transformer_blocks.0.norm.linear", "norm_out.linear"]:  # fmt: skip
         assert linears[name].weight.dtype == torch.float32, name  # AdaLN modulation: kept
     assert linears["transformer_blocks.0.attn.to_q"].weight.dtype == torch.float8_e4m3fn
-    y_ref, y_cast = run(reference), run(cast)
+    y_ref, y_cast = run_four_block_flux(reference), run_four_block_flux(cast)
     assert torch.isfinite(y_cast).all()
     rel = ((y_cast - y_ref).norm() / y_ref.norm()).item()
     assert 0 < rel < 0.2
@@ -184,7 +190,7 @@ def test_speed_formats_are_torchao_configs():
 def test_native_backend_is_torch_sdpa(monkeypatch, default_backend):
     """The default attention backend `native` calls `torch.nn.functional.scaled_dot_product_attention` with every SDPA kernel left enabled, so torch chooses the kernel (seen inside each SDPA call of a tiny Flux transformer)."""
     seen = sdpa_kernels_seen(monkeypatch)
-    run(tiny_flux())
+    run_four_block_flux(four_block_flux_transformer())
     assert len(seen) == 4 and all(s == {"flash", "efficient", "math", "cudnn"} for s in seen)
 
 
@@ -248,7 +254,7 @@ def test_first_block_cache_rule_and_taylorseer_extrapolation():
     assert (defaults.cache_interval, defaults.disable_cache_before_step) == (5, 3)
 
     # the head hook's own decision, on residuals whose relative change is exactly 0.25
-    model = tiny_flux()
+    model = four_block_flux_transformer()
     model.enable_cache(FirstBlockCacheConfig(threshold=0.2))
     hook = model.transformer_blocks[0]._diffusers_hook.get_hook("fbc_leader_block_hook")
     assert isinstance(hook, FBCHeadBlockHook)
@@ -276,9 +282,9 @@ def test_first_block_cache_threshold_trades_calls_for_exactness():
     """With `FirstBlockCacheConfig(threshold=0)` a 5-step loop on the tiny Flux transformer runs every block at every step and returns the uncached outputs exactly; with a huge threshold the blocks after the first run at step 1 only, and the outputs of later steps differ from the uncached ones, while a call with step 1's inputs returns step 1's output again (the first block's output plus the stored residual of the rest); outside `cache_context(...)` a cached model raises `ValueError`."""
     from diffusers import FirstBlockCacheConfig
 
-    reference = loop(tiny_flux())
+    reference = loop(four_block_flux_transformer())
     for threshold, tail_calls in [(0.0, len(reference)), (1e9, 1)]:
-        model = tiny_flux()
+        model = four_block_flux_transformer()
         model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
         calls = []
         model.single_transformer_blocks[-1].attn.register_forward_pre_hook(
@@ -288,7 +294,7 @@ def test_first_block_cache_threshold_trades_calls_for_exactness():
         assert len(calls) == tail_calls
         if threshold:
             # a call with step 1's inputs: first block now + the tail residual stored at step 1
-            inputs = flux_inputs()
+            inputs = four_block_flux_inputs()
             inputs["timestep"] = torch.tensor([SIGMAS[0]])
             with torch.no_grad(), model.cache_context("cond"):
                 again = model(**inputs)[0]
@@ -308,16 +314,16 @@ def test_attention_backend_reaches_flux_but_not_the_unet(default_backend):
 
     names = {b.value for b in AttentionBackendName}
     assert {"native", "_native_math", "flex", "flash", "sage", "xformers"} <= names
-    model = tiny_flux()
-    reference = run(model)
+    model = four_block_flux_transformer()
+    reference = run_four_block_flux(model)
 
     with attention_backend("_native_math"):
-        assert (run(model) - reference).abs().max() <= 1e-5
+        assert (run_four_block_flux(model) - reference).abs().max() <= 1e-5
     model.set_attention_backend("_native_math")
     processors = list(model.attn_processors.values())
     assert processors and all(str(p._attention_backend) for p in processors)
     assert {p._attention_backend.value for p in processors} == {"_native_math"}
-    assert (run(model) - reference).abs().max() <= 1e-5
+    assert (run_four_block_flux(model) - reference).abs().max() <= 1e-5
     unet_processors = tiny_unet().attn_processors.values()
     assert all(not hasattr(p, "_attention_backend") for p in unet_processors)
 
@@ -362,13 +368,13 @@ def test_group_offload_onloads_every_group_each_call_and_changes_no_number(
     monkeypatch, default_backend
 ):
     """`enable_group_offload(..., offload_type="block_level", num_blocks_per_group=1)` (CPU to CPU) onloads every block group plus one group for the rest on every forward (5 for the tiny transformer's 4 blocks, twice for two calls), and the output is bit-identical to the model without offloading."""
-    reference = run(tiny_flux())
-    model = tiny_flux()
+    reference = run_four_block_flux(four_block_flux_transformer())
+    model = four_block_flux_transformer()
     model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
     for _ in range(2):
         onloads, _ = count_transfers(model, monkeypatch)
         assert len(onloads) == 5
-    assert torch.equal(run(model), reference)
+    assert torch.equal(run_four_block_flux(model), reference)
 
 
 def test_offload_schedules_in_the_source(monkeypatch):
@@ -379,7 +385,6 @@ def test_offload_schedules_in_the_source(monkeypatch):
     from accelerate.hooks import CpuOffload, UserCpuOffloadHook
     from diffusers import FluxPipeline
     from diffusers.hooks import HookRegistry
-    from test_page_lab_15 import tiny_flux_pipeline
 
     assert FluxPipeline.model_cpu_offload_seq == "text_encoder->text_encoder_2->image_encoder->transformer->vae"  # fmt: skip
     assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
@@ -406,7 +411,7 @@ def test_offload_schedules_in_the_source(monkeypatch):
     assert {n for n, m in sd.unet.named_modules() if hasattr(m, "_hf_hook")} == owners | {""}
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="streams"):
-        tiny_flux().enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, use_stream=True)  # fmt: skip
+        four_block_flux_transformer().enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, use_stream=True)  # fmt: skip
     unet = tiny_unet()
     assert not isinstance(unet.mid_block, torch.nn.ModuleList)
     unet.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip

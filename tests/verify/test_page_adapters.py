@@ -24,7 +24,6 @@ from diffusers import (
     ControlNetModel,
     DDIMScheduler,
     StableDiffusionAdapterPipeline,
-    StableDiffusionControlNetPipeline,
     T2IAdapter,
     UNet2DConditionModel,
 )
@@ -42,13 +41,17 @@ from tiny import (
     HEIGHT,
     SD_BETAS,
     WIDTH,
+    count_dispatched_ops,
     embeds,
+    random_ip_adapter,
     start_latents,
+    tiny_controlnet,
+    tiny_controlnet_pipeline,
+    tiny_image_encoder,
     tiny_sd_pipeline,
     tiny_unet,
     tiny_vae,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
@@ -97,99 +100,13 @@ def lora_pipe(*names, rank=2):
     return pipe
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts every aten op a forward dispatches, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def dispatched_ops(unet):
     """The aten ops of one UNet forward on the fixed inputs, counted by name."""
-    with _OpCounter() as counter:
-        predict(unet)
-    return counter.ops
+    return count_dispatched_ops(lambda: predict(unet))
 
 
 def first_projection(unet):
     return unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
-
-
-def random_ip_adapter(unet, image_embed_dim=16, seed=0):
-    """A plain IP-Adapter state dict (``image_proj`` + ``ip_adapter``), random values.
-
-    ``image_proj``: ``ImageProjection``'s ``proj`` (to 4 tokens) and ``norm``;
-    ``ip_adapter``: ``to_k_ip`` / ``to_v_ip`` per cross-attention layer, keyed 1, 3, 5, ...
-    in ``unet.attn_processors`` order, which is how the loader counts them.
-    """
-    g = torch.Generator().manual_seed(seed)
-    dim = unet.config.cross_attention_dim
-    image_proj = {
-        "proj.weight": torch.randn(4 * dim, image_embed_dim, generator=g) * 0.2,
-        "proj.bias": torch.zeros(4 * dim),
-        "norm.weight": torch.ones(dim),
-        "norm.bias": torch.zeros(dim),
-    }
-    layers, key = {}, 1
-    for name in unet.attn_processors:
-        if name.endswith("attn2.processor"):
-            inner = unet.get_submodule(name.removesuffix(".processor")).to_k.out_features
-            for kind in ["to_k_ip", "to_v_ip"]:
-                layers[f"{key}.{kind}.weight"] = torch.randn(inner, dim, generator=g) * 0.2
-            key += 2
-    return {"image_proj": image_proj, "ip_adapter": layers}
-
-
-def tiny_image_encoder():
-    """A CLIPVisionModelWithProjection with a tiny config: 32 x 32 images, 16-wide embeds."""
-    torch.manual_seed(0)
-    config = CLIPVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        projection_dim=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
-    )
-    return CLIPVisionModelWithProjection(config).eval()
-
-
-def tiny_controlnet(unet, seed=0):
-    """``ControlNetModel.from_unet`` with its zero-initialised outputs re-drawn (trained)."""
-    torch.manual_seed(seed)
-    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
-    with torch.no_grad():
-        for module in [
-            controlnet.controlnet_down_blocks,
-            controlnet.controlnet_mid_block,
-            controlnet.controlnet_cond_embedding.conv_out,
-        ]:
-            for p in module.parameters():
-                p.normal_(0, 0.2)
-    return controlnet.eval()
-
-
-def controlnet_pipeline(unet, controlnet, **parts):
-    pipe = StableDiffusionControlNetPipeline(
-        vae=tiny_vae(),
-        text_encoder=None,
-        tokenizer=None,
-        unet=unet,
-        controlnet=controlnet,
-        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-        **parts,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def run(pipe, steps=2, **kwargs):
@@ -438,7 +355,7 @@ def test_controlnet_outputs_are_zero_initialised():
 def test_conditioning_scale_multiplies_every_residual():
     """`ControlNetModel` multiplies each of its residuals by `conditioning_scale`, which the pipeline passes from `controlnet_conditioning_scale`; a `controlnet_conditioning_scale` of 0 still runs the ControlNet at every step."""
     unet = tiny_unet()
-    controlnet = tiny_controlnet(unet)
+    controlnet = tiny_controlnet(unet, trained=True)
 
     def residuals(scale):
         with torch.no_grad():
@@ -455,7 +372,7 @@ def test_conditioning_scale_multiplies_every_residual():
     for full, half in zip(residuals(1.0), residuals(0.5), strict=True):
         assert full.abs().max() > 0
         torch.testing.assert_close(half, 0.5 * full)
-    pipe = controlnet_pipeline(unet, controlnet)
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
     scales = []
     controlnet.register_forward_pre_hook(
         lambda m, a, k: scales.append(k["conditioning_scale"]), with_kwargs=True
@@ -466,7 +383,7 @@ def test_conditioning_scale_multiplies_every_residual():
 
 def test_control_image_enters_after_conv_in():
     """`controlnet_cond_embedding` maps the control image `(B, 3, H, W)` to the shape of `conv_in`'s output, `(B, block_out_channels[0], h, w)`, and the ControlNet adds the two before its first down block."""
-    controlnet = tiny_controlnet(tiny_unet())
+    controlnet = tiny_controlnet(tiny_unet(), trained=True)
     seen = []
     controlnet.down_blocks[0].register_forward_pre_hook(
         lambda m, a, k: seen.append(k.get("hidden_states", a[0] if a else None)), with_kwargs=True
@@ -482,8 +399,9 @@ def test_control_image_enters_after_conv_in():
 def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
     """A list of ControlNets is wrapped in `MultiControlNetModel`, which on every step runs each ControlNet on its own control image and `controlnet_conditioning_scale` entry and adds their residuals element-wise, so the UNet still gets one `down_block_additional_residuals` tuple and one `mid_block_additional_residual`."""
     unet = tiny_unet()
-    first, second = tiny_controlnet(unet, seed=1), tiny_controlnet(unet, seed=2)
-    pipe = controlnet_pipeline(unet, [first, second])
+    first = tiny_controlnet(unet, seed=1, trained=True)
+    second = tiny_controlnet(unet, seed=2, trained=True)
+    pipe = tiny_controlnet_pipeline(unet, [first, second])
     assert isinstance(pipe.controlnet, MultiControlNetModel)
     images = [CONTROL_IMAGE, torch.rand(1, 3, HEIGHT, WIDTH)]
     calls = {"first": [], "second": []}  # (args, kwargs) of each ControlNet's forward
@@ -815,8 +733,8 @@ def test_t2i_adapter_runs_once_per_call():
 def test_lora_ip_adapter_and_controlnet_in_one_call():
     """In one `StableDiffusionControlNetPipeline` call, `load_lora_weights` and `load_ip_adapter` change only the UNet: the ControlNet keeps plain `nn.Linear` layers and default attention processors and is called without `image_embeds`, while every UNet call gets the LoRA layers, the image tokens and the ControlNet's residuals."""
     unet = tiny_unet()
-    controlnet = tiny_controlnet(unet)
-    pipe = controlnet_pipeline(unet, controlnet, image_encoder=None)
+    controlnet = tiny_controlnet(unet, trained=True)
+    pipe = tiny_controlnet_pipeline(unet, controlnet, image_encoder=None)
     pipe.load_lora_weights(lora_state_dict(unet), adapter_name="style")
     pipe.load_ip_adapter(
         random_ip_adapter(unet), subfolder="", weight_name="", image_encoder_folder=None
@@ -978,7 +896,7 @@ def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():
 def test_controlnet_is_outside_the_model_offload_chain():
     """`StableDiffusionControlNetPipeline.model_cpu_offload_seq` is `"text_encoder->image_encoder->unet->vae"`: the ControlNet is not in the chain, so `enable_model_cpu_offload` gives it a hook of its own that no other component's forward offloads, and during the loop it stays on the GPU beside the UNet until the call ends (`maybe_free_model_hooks`)."""
     unet = tiny_unet()
-    pipe = controlnet_pipeline(unet, tiny_controlnet(unet))
+    pipe = tiny_controlnet_pipeline(unet, tiny_controlnet(unet, trained=True))
     assert type(pipe).model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
     assert "controlnet" not in pipe.model_cpu_offload_seq.split("->")
     assert "controlnet" not in pipe._exclude_from_cpu_offload

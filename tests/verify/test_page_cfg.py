@@ -16,19 +16,15 @@ import functools
 import inspect
 import logging
 import re
-import string
 import warnings
 
 import numpy as np
 import pytest
 import torch
 from diffusers import (
-    AutoencoderKL,
-    ControlNetModel,
     DDIMScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
-    SD3Transformer2DModel,
     StableDiffusion3Pipeline,
     StableDiffusionControlNetPipeline,
     StableDiffusionPipeline,
@@ -44,23 +40,28 @@ from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import resca
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    POOLED_DIM,
     SD_SCHEDULER,
     WIDTH,
     embeds,
+    flux_prompt_embeds,
+    guided,
+    logged_messages,
+    spy_step,
     start_latents,
+    tiny_clip_with_projection,
+    tiny_controlnet,
+    tiny_controlnet_pipeline,
+    tiny_flux_pipeline,
+    tiny_image_encoder,
+    tiny_sd3_pipeline,
     tiny_sd_pipeline,
+    tiny_sdxl_pipeline,
+    tiny_text_encoder,
+    tiny_tokenizer,
     tiny_unet,
-    tiny_vae,
 )
-from transformers import (
-    CLIPImageProcessor,
-    CLIPTextConfig,
-    CLIPTextModel,
-    CLIPTextModelWithProjection,
-    CLIPTokenizer,
-    CLIPVisionConfig,
-    CLIPVisionModelWithProjection,
-)
+from transformers import CLIPImageProcessor
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
 
@@ -68,49 +69,15 @@ PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_em
 # ---------------------------------------------------------------- builders (this page only)
 
 
-def tiny_tokenizer():
-    """A real CLIPTokenizer over an in-memory vocabulary (letters, no merges): no files."""
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in string.ascii_lowercase:
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
-
-
-def tiny_text_encoder():
-    torch.manual_seed(0)
-    config = CLIPTextConfig(
-        vocab_size=2 + 2 * 26,
-        hidden_size=EMBED_DIM,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=77,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
-    )
-    return CLIPTextModel(config).eval()
-
-
-def tiny_image_encoder():
-    torch.manual_seed(0)
-    config = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=32,
-        patch_size=8,
-        projection_dim=16,
-    )
-    return CLIPVisionModelWithProjection(config).eval()
+def cfg_text_encoder():
+    """``tiny_text_encoder`` with exactly the tokenizer's 54 ids and a 37-wide MLP."""
+    return tiny_text_encoder(vocab_size=2 + 2 * 26, intermediate_size=37)
 
 
 @pytest.fixture(scope="module")
 def text_pipe():
     """The tiny StableDiffusionPipeline with a tiny CLIP text encoder and tokenizer."""
-    return tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
+    return tiny_sd_pipeline(text_encoder=cfg_text_encoder(), tokenizer=tiny_tokenizer())
 
 
 def run(pipe, guidance_scale, steps=3, latents=None, **kwargs):
@@ -132,20 +99,7 @@ def run(pipe, guidance_scale, steps=3, latents=None, **kwargs):
 @pytest.fixture
 def step_inputs(monkeypatch):
     """``spy(scheduler) -> list``: the (model_output, sample) of every ``scheduler.step``."""
-
-    def spy(scheduler):
-        seen = []
-        original = scheduler.step
-
-        @functools.wraps(original)
-        def step(model_output, timestep, sample, *args, **kwargs):
-            seen.append((model_output.detach().clone(), sample.detach().clone()))
-            return original(model_output, timestep, sample, *args, **kwargs)
-
-        monkeypatch.setattr(scheduler, "step", step)
-        return seen
-
-    return spy
+    return functools.partial(spy_step, monkeypatch)
 
 
 @pytest.fixture
@@ -167,11 +121,6 @@ def outputs_of():
     yield attach
     for handle in handles:
         handle.remove()
-
-
-def guided(noise_pred, guidance_scale):
-    noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
-    return noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
 
 
 # ---------------------------------------------------------------- the combination, batch doubling
@@ -332,7 +281,7 @@ def test_null_condition_is_the_encoded_empty_string(text_pipe, record_calls):
 
 def test_encode_prompt_shapes_and_dtype():
     """`encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` of shape `(batch_size * num_images_per_prompt, 77, D)` each, in `text_encoder.dtype`."""
-    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder().double(), tokenizer=tiny_tokenizer())
+    pipe = tiny_sd_pipeline(text_encoder=cfg_text_encoder().double(), tokenizer=tiny_tokenizer())
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
         ["a cat", "a dog"], "cpu", 3, True, negative_prompt=["x", "y"]
     )
@@ -511,27 +460,7 @@ def test_imagen_convention_comment():
 @pytest.fixture(scope="module")
 def sd3_pipe():
     """The real StableDiffusion3Pipeline around a tiny SD3Transformer2DModel; no text encoders."""
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=1,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=EMBED_DIM,
-        caption_projection_dim=16,
-        pooled_projection_dim=16,
-        pos_embed_max_size=16,
-    ).eval()
-    none = dict.fromkeys(["text_encoder", "text_encoder_2", "text_encoder_3"])
-    none.update(dict.fromkeys(["tokenizer", "tokenizer_2", "tokenizer_3"]))
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=tiny_vae(), **none
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return tiny_sd3_pipeline()
 
 
 def test_sd3_guides_the_flow_velocity_the_same_way(sd3_pipe, record_calls, outputs_of, step_inputs):
@@ -563,33 +492,6 @@ def test_sd3_guides_the_flow_velocity_the_same_way(sd3_pipe, record_calls, outpu
 
 
 # ---------------------------------------------------------------- SDXL, SD3's text path, Flux
-
-
-POOLED_DIM = 16
-
-
-def tiny_sdxl_pipeline(**config):
-    """The real StableDiffusionXLPipeline around a tiny UNet with SDXL's "text_time"
-    conditioning (6 time ids x 8 + the pooled width); no text encoders: pass embeddings."""
-    from diffusers import StableDiffusionXLPipeline
-
-    unet = tiny_unet(
-        addition_embed_type="text_time",
-        addition_time_embed_dim=8,
-        projection_class_embeddings_input_dim=6 * 8 + POOLED_DIM,
-    )
-    pipe = StableDiffusionXLPipeline(
-        vae=tiny_vae(),
-        text_encoder=None,
-        text_encoder_2=None,
-        tokenizer=None,
-        tokenizer_2=None,
-        unet=unet,
-        scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER),
-        **config,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def test_sdxl_batches_2b_with_zeros_as_the_default_negative(record_calls):
@@ -629,23 +531,6 @@ def test_sdxl_batches_2b_with_zeros_as_the_default_negative(record_calls):
         assert added["time_ids"].tolist() == [[8, 8, 0, 0, 8, 8], [16, 16, 0, 0, 16, 16]]
 
 
-def tiny_clip_with_projection(seed):
-    torch.manual_seed(seed)
-    config = CLIPTextConfig(
-        vocab_size=2 + 2 * 26,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=77,
-        projection_dim=8,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
-    )
-    return CLIPTextModelWithProjection(config).eval()
-
-
 def test_sd3_encodes_the_empty_string_as_the_default_negative(sd3_pipe, record_calls):
     """`StableDiffusion3Pipeline` encodes `""` when no `negative_prompt` is given (`negative_prompt = negative_prompt or ""`), and its `do_classifier_free_guidance` is `guidance_scale > 1` alone.
 
@@ -678,48 +563,7 @@ def test_sd3_encodes_the_empty_string_as_the_default_negative(sd3_pipe, record_c
         assert pipe.do_classifier_free_guidance is on
 
 
-FLUX_TEXT = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(5))  # [neg, pos]
-FLUX_POOLED = torch.randn(2, 32, generator=torch.Generator().manual_seed(6))
-
-
-def tiny_flux_pipeline(guidance_embeds=True):
-    """The real FluxPipeline around a tiny FluxTransformer2DModel (guidance embedding on, as
-    FLUX.1-dev, or off, as FLUX.1-schnell) and a 16-channel VAE; no text encoders."""
-    from diffusers import FluxPipeline, FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=64,  # 16 latent channels x a packed 2 x 2 patch
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        guidance_embeds=guidance_embeds,
-        axes_dims_rope=(4, 4, 8),
-    ).eval()
-    vae = AutoencoderKL(
-        block_out_channels=(32, 32),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        latent_channels=16,
-        norm_num_groups=8,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        sample_size=HEIGHT,
-    ).eval()
-    none = dict.fromkeys(["text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"])
-    pipe = FluxPipeline(
-        # FLUX.1's scheduler config: the shift follows the image's token count
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=vae,
-        transformer=transformer,
-        **none,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+FLUX_TEXT, FLUX_POOLED = flux_prompt_embeds()  # [neg, pos]: (2, 8, 32) and (2, 32)
 
 
 @pytest.fixture(scope="module")
@@ -790,19 +634,11 @@ def test_flux_true_cfg_adds_a_second_call(flux_pipe, record_calls, outputs_of, s
     plain = run_flux(flux_pipe)
     from diffusers.pipelines.flux import pipeline_flux
 
-    records = []
-    handler = logging.Handler(level=logging.DEBUG)
-    handler.emit = records.append
-    pipeline_flux.logger.addHandler(handler)
-    level = pipeline_flux.logger.level
-    pipeline_flux.logger.setLevel(logging.DEBUG)  # whatever verbosity an earlier test left
-    try:
+    # at DEBUG, whatever verbosity an earlier test left
+    with logged_messages(pipeline_flux.logger.name, logging.DEBUG) as records:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             without_negative = run_flux(flux_pipe, true_cfg_scale=4.0)
-    finally:
-        pipeline_flux.logger.removeHandler(handler)
-        pipeline_flux.logger.setLevel(level)
     assert records == [] and caught == []
     assert len(calls) == 4  # one call per step in each of the two runs
     torch.testing.assert_close(without_negative, plain, rtol=0, atol=0)
@@ -815,21 +651,9 @@ CONTROL_IMAGE = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manu
 def controlnet_pipe():
     """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it."""
     unet = tiny_unet()
-    torch.manual_seed(0)
-    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
-    pipe = StableDiffusionControlNetPipeline(
-        vae=tiny_vae(),
-        text_encoder=None,
-        tokenizer=None,
-        unet=unet,
-        controlnet=controlnet.eval(),
-        scheduler=DDIMScheduler(**SD_SCHEDULER),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
+    return tiny_controlnet_pipeline(
+        unet, tiny_controlnet(unet), scheduler=DDIMScheduler(**SD_SCHEDULER)
     )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def run_controlnet(pipe, guidance_scale=7.5, **kwargs):
@@ -868,7 +692,12 @@ def test_controlnet_gets_the_doubled_batch(controlnet_pipe, record_calls):
 @pytest.fixture(scope="module")
 def ip_pipe():
     """The tiny pipeline with a tiny CLIP image encoder (image_embeds width 16)."""
-    return tiny_sd_pipeline(unet=tiny_unet(), image_encoder=tiny_image_encoder())
+    return tiny_sd_pipeline(
+        unet=tiny_unet(),
+        image_encoder=tiny_image_encoder(
+            hidden_size=32, intermediate_size=37, num_attention_heads=4
+        ),
+    )
 
 
 def pixels(seed=0):

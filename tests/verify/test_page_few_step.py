@@ -1,10 +1,10 @@
 """The few-step sampling and distillation page against the installed diffusers.
 
 The schedulers are the real classes with SD 1.x's betas; the pipeline checks run the real
-``__call__`` of tiny pipelines built in code (no text encoders, no weights): the
-``FluxPipeline`` of Lab 13's verify module (a guidance-embedding ``FluxTransformer2DModel``
-and a 16-channel ``AutoencoderKL``), ``tiny.py``'s ``StableDiffusionPipeline`` and a
-``StableDiffusionXLPipeline`` around a UNet with SDXL's "text_time" conditioning.
+``__call__`` of tiny pipelines built in code (``tiny.py``; no text encoders, no weights):
+the ``FluxPipeline`` Lab 13's module runs (a guidance-embedding ``FluxTransformer2DModel``
+and a 16-channel ``AutoencoderKL`` with FLUX.1's factors), a ``StableDiffusionPipeline``
+and a ``StableDiffusionXLPipeline`` around a UNet with SDXL's "text_time" conditioning.
 """
 
 from __future__ import annotations
@@ -23,23 +23,24 @@ from diffusers import (
     LCMScheduler,
     TCDScheduler,
 )
-from test_page_lab_13 import (  # noqa: F401 (guidance_rescale_calls is a fixture)
+from tiny import (
+    FLUX_VAE_FACTORS,
     HEIGHT,
-    guidance_rescale_calls,
+    POOLED_DIM,
+    SD_BETAS,
+    SD_SCHEDULER,
+    embeds,
+    flux_image_and_calls,
     orders_used,
-    run_flux,
     spy_set_timesteps,
+    start_latents,
+    timestep_grid,
     tiny_flux_pipeline,
+    tiny_sd_pipeline,
+    tiny_sdxl_pipeline,
+    tiny_text_time_unet,
+    tiny_unet,
 )
-
-SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
-
-
-def grid(cls, spacing, n):
-    offset = 1 if spacing == "leading" else 0
-    scheduler = cls(**SD_BETAS, timestep_spacing=spacing, steps_offset=offset)
-    scheduler.set_timesteps(n)
-    return scheduler.timesteps.tolist()
 
 
 def test_leading_never_starts_at_the_noisiest_timestep():
@@ -47,12 +48,12 @@ def test_leading_never_starts_at_the_noisiest_timestep():
     signal = DDIMScheduler(**SD_BETAS).alphas_cumprod.sqrt()
     assert float(signal[751]) == pytest.approx(0.236, abs=5e-4)
     assert float(signal[801]) == pytest.approx(0.191, abs=5e-4)
-    assert grid(DDIMScheduler, "leading", 4) == [751, 501, 251, 1]
-    assert grid(DDIMScheduler, "leading", 1) == [1]
-    assert grid(DPMSolverMultistepScheduler, "leading", 4) == [801, 601, 401, 201]
+    assert timestep_grid(DDIMScheduler, "leading", 4) == [751, 501, 251, 1]
+    assert timestep_grid(DDIMScheduler, "leading", 1) == [1]
+    assert timestep_grid(DPMSolverMultistepScheduler, "leading", 4) == [801, 601, 401, 201]
     for cls in (DDIMScheduler, DPMSolverMultistepScheduler):
-        assert grid(cls, "trailing", 4) == [999, 749, 499, 249]
-        assert grid(cls, "trailing", 1) == [999]
+        assert timestep_grid(cls, "trailing", 4) == [999, 749, 499, 249]
+        assert timestep_grid(cls, "trailing", 1) == [999]
 
 
 def test_from_config_spacing_is_the_class_default():
@@ -93,32 +94,15 @@ def test_rescale_betas_zero_snr(cls, last):
     assert float(rescaled.alphas_cumprod[0]) == pytest.approx(float(plain.alphas_cumprod[0]), rel=1e-5)  # fmt: skip
 
 
-#: width of the pooled text embedding of the tiny SDXL UNet (SDXL: 1280)
-POOLED_DIM = 16
-
-
-def tiny_sdxl_pipeline(**unet_overrides):
-    """The real StableDiffusionXLPipeline around a tiny UNet with SDXL's "text_time"
-    conditioning (6 time ids x 8 + pooled width), no text encoders: pass embeddings."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
-    from tiny import tiny_unet, tiny_vae
-
-    unet = tiny_unet(
-        addition_embed_type="text_time",
-        addition_time_embed_dim=8,
-        projection_class_embeddings_input_dim=6 * 8 + POOLED_DIM,
-        **unet_overrides,
+def sdxl_pipeline(**unet_overrides):
+    """``tiny_sdxl_pipeline`` with Euler on SD's betas alone, ``unet_overrides`` on its UNet."""
+    return tiny_sdxl_pipeline(
+        EulerDiscreteScheduler(**SD_BETAS), unet=tiny_text_time_unet(**unet_overrides)
     )
-    pipe = StableDiffusionXLPipeline(
-        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
-        unet=unet, scheduler=EulerDiscreteScheduler(**SD_BETAS),
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 @pytest.mark.parametrize("name", ["StableDiffusionPipeline", "StableDiffusionXLPipeline"])
-def test_guidance_rescale(name, sd_pipe, guidance_rescale_calls):  # noqa: F811 (the imported fixture)
+def test_guidance_rescale(name, sd_pipe, guidance_rescale_calls):
     """`StableDiffusionPipeline` and `StableDiffusionXLPipeline` take `guidance_rescale` (default 0.0) and, only while guiding and only when it is above 0, pass the guided `noise_pred` through `rescale_noise_cfg`, which rescales it to the per-sample std of `noise_pred_text` and returns `guidance_rescale * rescaled + (1 - guidance_rescale) * guided`, the prediction `scheduler.step` then gets."""
     import importlib
 
@@ -127,7 +111,7 @@ def test_guidance_rescale(name, sd_pipe, guidance_rescale_calls):  # noqa: F811 
         pipe, extra = sd_pipe, {}
     else:
         module = importlib.import_module("diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl")  # fmt: skip
-        pipe = tiny_sdxl_pipeline()
+        pipe = sdxl_pipeline()
         g = torch.Generator().manual_seed(3)
         extra = dict(pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=g),
                      negative_pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=g))  # fmt: skip
@@ -147,7 +131,6 @@ def test_guidance_rescale(name, sd_pipe, guidance_rescale_calls):  # noqa: F811 
 def sd_family_pipeline(name, **unet_overrides):
     """(pipe, extra call kwargs): tiny SD 1.x with an LCMScheduler, or tiny SDXL."""
     from diffusers import LCMScheduler
-    from tiny import SD_SCHEDULER, tiny_sd_pipeline, tiny_unet
 
     if name == "StableDiffusionPipeline":
         scheduler = LCMScheduler(**dict(SD_SCHEDULER, set_alpha_to_one=True))
@@ -155,18 +138,15 @@ def sd_family_pipeline(name, **unet_overrides):
     g = torch.Generator().manual_seed(3)
     extra = dict(pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=g),
                  negative_pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=g))  # fmt: skip
-    return tiny_sdxl_pipeline(**unet_overrides), extra
+    return sdxl_pipeline(**unet_overrides), extra
 
 
 def run_sd_family(pipe, extra, record_calls, **kwargs):
     """One 2-step call on fixed embeddings and latents; the UNet's recorded calls."""
-    from tiny import HEIGHT as SD_HEIGHT
-    from tiny import embeds, start_latents
-
     recorder = record_calls(pipe.unet)
     with torch.no_grad():
         pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), latents=start_latents(),
-             num_inference_steps=2, height=SD_HEIGHT, width=SD_HEIGHT, output_type="latent",
+             num_inference_steps=2, height=HEIGHT, width=HEIGHT, output_type="latent",
              **extra, **kwargs)  # fmt: skip
     recorder.remove()
     return recorder.calls
@@ -315,9 +295,9 @@ def test_flux_pipeline_grid(record_calls, monkeypatch):
     from diffusers.pipelines.flux import pipeline_flux
 
     for config in ({}, dict(use_dynamic_shifting=False, shift=1.0)):
-        pipe = tiny_flux_pipeline(**config)
+        pipe = tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS, **config)
         seen = spy_set_timesteps(pipe, monkeypatch)
-        _, calls = run_flux(pipe, record_calls)
+        _, calls = flux_image_and_calls(pipe, record_calls)
         (kwargs,) = seen
         sigmas = np.linspace(1.0, 1 / 2, 2)
         np.testing.assert_allclose(kwargs["sigmas"], sigmas)
@@ -334,9 +314,11 @@ def test_flux_pipeline_grid(record_calls, monkeypatch):
 
 def test_guidance_scale_without_guidance_embeds(record_calls):
     """With a transformer built with `guidance_embeds=False`, `FluxPipeline` passes `guidance=None`: `guidance_scale` 0.0 and 3.5 give the same image, at one transformer call per step on the un-doubled batch."""
-    pipe = tiny_flux_pipeline(guidance_embeds=False, use_dynamic_shifting=False, shift=1.0)
-    a, calls_a = run_flux(pipe, record_calls, guidance_scale=0.0)
-    b, calls_b = run_flux(pipe, record_calls, guidance_scale=3.5)
+    pipe = tiny_flux_pipeline(
+        vae_config=FLUX_VAE_FACTORS, guidance_embeds=False, use_dynamic_shifting=False, shift=1.0
+    )
+    a, calls_a = flux_image_and_calls(pipe, record_calls, guidance_scale=0.0)
+    b, calls_b = flux_image_and_calls(pipe, record_calls, guidance_scale=3.5)
     assert len(calls_a) == len(calls_b) == 2
     assert all(kw["guidance"] is None and kw["hidden_states"].shape[0] == 1 for _, kw in calls_a + calls_b)  # fmt: skip
     np.testing.assert_array_equal(a, b)
@@ -359,9 +341,11 @@ def test_flux_dev_is_guidance_distilled():
 
 def test_embedded_guidance_against_true_cfg(record_calls, monkeypatch):
     """On a tiny guidance-embedding `FluxPipeline`, `guidance_scale` changes the image at one transformer call per step, and `true_cfg_scale > 1` with a negative prompt makes two calls per step, both with the embedded guidance, and steps with `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`."""
-    pipe = tiny_flux_pipeline()
-    a, calls_a = run_flux(pipe, record_calls, guidance_scale=1.0)
-    b, calls_b = run_flux(pipe, record_calls, guidance_scale=3.5)
+    pipe = tiny_flux_pipeline(
+        vae_config=FLUX_VAE_FACTORS,
+    )
+    a, calls_a = flux_image_and_calls(pipe, record_calls, guidance_scale=1.0)
+    b, calls_b = flux_image_and_calls(pipe, record_calls, guidance_scale=3.5)
     assert len(calls_a) == len(calls_b) == 2 and np.abs(a - b).max() > 1e-4
     assert calls_a[0][1]["hidden_states"].shape[:2] == (1, (HEIGHT // 4) ** 2)
     g = torch.Generator().manual_seed(2)
@@ -374,7 +358,9 @@ def test_embedded_guidance_against_true_cfg(record_calls, monkeypatch):
     step = pipe.scheduler.step
     monkeypatch.setattr(pipe.scheduler, "step", lambda out, t, x, **kw: steps.append(out.clone()) or step(out, t, x, **kw))  # fmt: skip
     try:
-        _, calls = run_flux(pipe, record_calls, true_cfg_scale=4.0, guidance_scale=3.5, **negative)
+        _, calls = flux_image_and_calls(
+            pipe, record_calls, true_cfg_scale=4.0, guidance_scale=3.5, **negative
+        )
     finally:
         hook.remove()
     assert len(calls) == 4 and all(kwargs["guidance"].tolist() == [3.5] for _, kwargs in calls)

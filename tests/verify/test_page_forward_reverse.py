@@ -13,13 +13,21 @@ import math
 import pytest
 import torch
 from diffusers import (
-    AutoencoderKL,
     DDIMScheduler,
     DDPMScheduler,
     EulerDiscreteScheduler,
     StableDiffusionImg2ImgPipeline,
 )
-from tiny import SD_BETAS, SD_SCHEDULER, embeds, start_latents, tiny_sd_pipeline, tiny_unet
+from tiny import (
+    SD_BETAS,
+    SD_SCHEDULER,
+    abar,
+    close,
+    embeds,
+    randn,
+    start_latents,
+    tiny_sd_pipeline,
+)
 
 SCHEDULES = ["linear", "scaled_linear", "squaredcos_cap_v2"]
 #: the beta ranges Lab 01 uses per schedule (DDPM's and SD's; cosine ignores its range)
@@ -28,19 +36,6 @@ RANGES = {
     "scaled_linear": dict(beta_start=0.00085, beta_end=0.012),
     "squaredcos_cap_v2": dict(beta_start=0.0001, beta_end=0.02),
 }
-SHAPE = (2, 4, 8, 8)
-
-
-def randn(seed: int, shape=SHAPE) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def abar(scheduler, t: int) -> torch.Tensor:
-    return scheduler.alphas_cumprod[t].to(torch.float64)
-
-
-def close(a, b, tol=1e-6):
-    torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
 
 
 def posterior(scheduler, t: int, prev: int, x0, x_t):
@@ -53,35 +48,12 @@ def posterior(scheduler, t: int, prev: int, x0, x_t):
     return mean, (1 - a_prev) / (1 - a_t) * beta, beta
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny convolutions run ~100x slower with 2 intra-op threads on the 2-core CI box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def euler_pipe():
     """The tiny pipeline with SD 1.5's scheduler config swapped to EulerDiscreteScheduler the
     usual way (from_config): init_noise_sigma != 1."""
     sd_config = DDIMScheduler(**SD_SCHEDULER).config
     return tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(sd_config))
-
-
-@pytest.fixture(scope="module")
-def sd1_shaped_pipe():
-    """The real pipeline with a VAE of SD 1.x's four blocks: vae_scale_factor 8."""
-    torch.manual_seed(0)
-    vae = AutoencoderKL(
-        block_out_channels=(32, 32, 32, 32),
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        latent_channels=4,
-        sample_size=32,
-    ).eval()
-    return tiny_sd_pipeline(vae=vae, unet=tiny_unet(sample_size=4))
 
 
 # --- forward process ---------------------------------------------------------------

@@ -8,8 +8,6 @@ test runs ``StableDiffusionPipeline.__call__`` and observes it with hooks and sp
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from diffusers import (
     EulerDiscreteScheduler,
@@ -22,6 +20,7 @@ from tiny import (
     SD_BETAS,
     SD_SCHEDULER,
     WIDTH,
+    spy_step,
     start_latents,
     tiny_sd_pipeline,
     tiny_text_encoder,
@@ -33,19 +32,6 @@ def full_pipeline(tmp_path, **components):
     return tiny_sd_pipeline(
         text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path), **components
     )
-
-
-def spy_step(monkeypatch, scheduler):
-    """The (model_output, sample) of every ``scheduler.step`` call."""
-    seen, original = [], scheduler.step
-
-    @functools.wraps(original)
-    def step(model_output, timestep, sample, *args, **kwargs):
-        seen.append((model_output.detach().clone(), sample.detach().clone()))
-        return original(model_output, timestep, sample, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "step", step)
-    return seen
 
 
 def test_prompt_is_encoded_once_to_77_token_embeddings(tmp_path, record_calls):

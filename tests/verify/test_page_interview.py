@@ -10,57 +10,39 @@ counts and batch rows, which is what these tests count.
 
 from __future__ import annotations
 
-import functools
 import inspect
-import string
 
 import pytest
 import torch
 from diffusers import (
-    ControlNetModel,
     DDIMScheduler,
     EulerDiscreteScheduler,
     HeunDiscreteScheduler,
     PNDMScheduler,
-    StableDiffusionControlNetPipeline,
-    StableDiffusionPipeline,
     UNet2DConditionModel,
 )
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    SD15_PNDM,
     SD_BETAS,
     SD_SCHEDULER,
     WIDTH,
+    count_transfers,
     embeds,
+    four_block_flux_transformer,
+    run_four_block_flux,
+    sd_with,
     start_latents,
+    tiny_controlnet,
+    tiny_controlnet_pipeline,
+    tiny_flux_pipeline,
     tiny_text_encoder,
+    tiny_tokenizer,
     tiny_unet,
-    tiny_vae,
 )
-from transformers import CLIPTokenizer
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
-#: SD 1.5's shipped scheduler config (the diffusers docs page "Load schedulers and models")
-SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
-
-
-def sd_with(pipe, **components):
-    """A new StableDiffusionPipeline sharing ``pipe``'s models, with some parts replaced."""
-    parts = dict(pipe.components)
-    parts.update(components)
-    new = StableDiffusionPipeline(**parts, requires_safety_checker=False)
-    new.set_progress_bar_config(disable=True)
-    return new
-
-
-def clip_tokenizer():
-    """A real CLIPTokenizer over an in-memory vocabulary (letters, no merges): no files."""
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in string.ascii_lowercase:
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
 
 
 def generate(pipe, steps=3, guidance_scale=7.5, batch=1, **kwargs):
@@ -77,29 +59,10 @@ def generate(pipe, steps=3, guidance_scale=7.5, batch=1, **kwargs):
     return pipe(num_inference_steps=steps, guidance_scale=guidance_scale, **kwargs).images
 
 
-@pytest.fixture
-def calls_of(monkeypatch):
-    """``spy(obj, name) -> list``: (args, kwargs) of every call of the method ``obj.name``."""
-
-    def spy(obj, name):
-        seen = []
-        original = getattr(obj, name)
-
-        @functools.wraps(original)
-        def wrapper(*args, **kwargs):
-            seen.append((args, kwargs))
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(obj, name, wrapper)
-        return seen
-
-    return spy
-
-
 @pytest.fixture(scope="module")
 def text_pipe(sd_pipe):
     """The tiny pipeline with a tiny CLIP text encoder and tokenizer."""
-    return sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=clip_tokenizer())
+    return sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
 
 
 # ---------------------------------------------------------------- latency: what runs, how often
@@ -226,7 +189,7 @@ def test_callback_runs_after_every_step_and_can_cancel(sd_pipe, record_calls, ca
 def test_prompt_embeds_let_the_pipeline_run_without_a_text_encoder(sd_pipe):
     """A `StableDiffusionPipeline` built with `text_encoder=None` and `tokenizer=None` runs a guided call when given `prompt_embeds` and `negative_prompt_embeds`, with the same result as a pipeline that has an encoder."""
     assert sd_pipe.text_encoder is None and sd_pipe.tokenizer is None
-    with_encoder = sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=clip_tokenizer())
+    with_encoder = sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
     torch.testing.assert_close(generate(sd_pipe), generate(with_encoder), rtol=0, atol=0)
 
 
@@ -374,21 +337,7 @@ def test_lora_is_not_a_line_of_the_loop(sd_pipe, record_calls):
 def controlnet_pipe():
     """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it."""
     unet = tiny_unet()
-    torch.manual_seed(0)
-    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
-    pipe = StableDiffusionControlNetPipeline(
-        vae=tiny_vae(),
-        text_encoder=None,
-        tokenizer=None,
-        unet=unet,
-        controlnet=controlnet.eval(),
-        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return tiny_controlnet_pipeline(unet, tiny_controlnet(unet))
 
 
 def test_controlnet_runs_once_per_step_on_the_guided_batch(controlnet_pipe, record_calls):
@@ -421,7 +370,6 @@ def test_save_pretrained_writes_library_and_class_per_component(sd_pipe, tmp_pat
 
 def test_leading_spacing_never_starts_at_the_noisiest_timestep():
     """With SD 1.x's `timestep_spacing="leading"` and `steps_offset=1`, `DDIMScheduler` at 4 steps visits 751, 501, 251, 1 and at one step only 1; with `"trailing"` it visits 999, 749, 499, 249 and, at one step, 999."""
-    from tiny import SD_BETAS
 
     def grid(spacing, steps):
         scheduler = DDIMScheduler(**SD_BETAS, steps_offset=1, timestep_spacing=spacing)
@@ -435,7 +383,6 @@ def test_leading_spacing_never_starts_at_the_noisiest_timestep():
 def test_lcm_step_renoises_with_fresh_noise_and_ends_on_the_prediction():
     """`LCMScheduler.step` moves the model's clean-image estimate to the next timestep with fresh noise from its `generator`, so two generators give two different `prev_sample`s from the same model output; the last step returns the estimate itself (`denoised`), whatever the generator."""
     from diffusers import LCMScheduler
-    from tiny import SD_BETAS
 
     scheduler = LCMScheduler(**SD_BETAS)
     scheduler.set_timesteps(4)
@@ -458,10 +405,13 @@ def test_lcm_step_renoises_with_fresh_noise_and_ends_on_the_prediction():
 def test_flux_guidance_is_an_input_and_true_cfg_is_opt_in(record_calls):
     """`FluxPipeline` passes `guidance_scale` to the transformer as a `guidance` tensor when its config has `guidance_embeds`, and makes the second, negative call per step only when `true_cfg_scale > 1` and a negative prompt is given; its default `num_inference_steps` is 28."""
     from diffusers import FluxPipeline
-    from test_page_memory import tiny_flux_pipeline
 
     assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
-    pipe = tiny_flux_pipeline(guidance_embeds=True)
+    pipe = tiny_flux_pipeline(
+        guidance_embeds=True,
+        vae_config=dict(use_quant_conv=True, use_post_quant_conv=True, sample_size=32),
+        use_dynamic_shifting=False,
+    )
     g = torch.Generator().manual_seed(0)
     text = dict(prompt_embeds=torch.randn(1, 8, 32, generator=g), pooled_prompt_embeds=torch.randn(1, 32, generator=g))  # fmt: skip
     negative = dict(negative_prompt_embeds=torch.randn(1, 8, 32, generator=g), negative_pooled_prompt_embeds=torch.randn(1, 32, generator=g))  # fmt: skip
@@ -479,9 +429,8 @@ def test_flux_guidance_is_an_input_and_true_cfg_is_opt_in(record_calls):
 def test_fp8_storage_gguf_dequantization_and_group_offload(monkeypatch):
     """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, ...)` stores a tiny `FluxTransformer2DModel`'s block weights in float8 except those under a module whose name matches `"norm"`, such as the AdaLN modulation Linears; GGUF's `Q8_0` and `Q4_0` blocks hold 32 weights in 34 and 18 bytes (8.5 and 4.5 bits per weight); `GGUFLinear.forward_native` dequantizes its whole weight inside every forward; and `enable_group_offload(..., offload_type="block_level", num_blocks_per_group=1)` onloads every group on every call and leaves the output bit-identical."""
     from diffusers.quantizers.gguf.utils import GGUFLinear
-    from test_page_lab_16 import count_transfers, run, tiny_flux
 
-    cast = tiny_flux()
+    cast = four_block_flux_transformer()
     cast.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
     assert cast.transformer_blocks[0].attn.to_q.weight.dtype == torch.float8_e4m3fn
     # "norm" (diffusers' default skip patterns, and Flux's own) skips whole subtrees: the
@@ -504,11 +453,11 @@ def test_fp8_storage_gguf_dequantization_and_group_offload(monkeypatch):
     for _ in range(2):  # a CPU tensor takes forward_native
         layer(torch.randn(2, 64))
     assert dequantized == [torch.Size([8, 68])] * 2  # the whole packed weight, every forward
-    reference = run(tiny_flux())
-    model = tiny_flux()
+    reference = run_four_block_flux(four_block_flux_transformer())
+    model = four_block_flux_transformer()
     cpu = torch.device("cpu")
     model.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
     for _ in range(2):
         onloads, _ = count_transfers(model, monkeypatch)
         assert len(onloads) == 5  # 4 blocks + the modules outside the block lists
-    assert torch.equal(run(model), reference)
+    assert torch.equal(run_four_block_flux(model), reference)

@@ -9,20 +9,11 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDPMScheduler
+from tiny import canonical_beta_range, t64
 
 from labkit import BETA_SCHEDULES, alphas_cumprod, make_betas
-from labkit.schedules import CANONICAL_BETA_RANGE
 
 LAB01 = "code/lab-01-forward-noise-process/forward_noise.py"
-
-
-def t64(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.float64)
-
-
-def _range(schedule: str) -> dict:
-    start, end = CANONICAL_BETA_RANGE[schedule]
-    return {"beta_start": start, "beta_end": end}
 
 
 @pytest.mark.parametrize("schedule", BETA_SCHEDULES)
@@ -51,7 +42,7 @@ def test_ddpm_scheduler_defaults_the_pages_quote():
 def test_lab01_forward_formula_is_add_noise(run_lab, schedule):
     """The starter's `x_t = sqrt(alpha_bar_t) x0 + sqrt(1 - alpha_bar_t) eps` is what `DDPMScheduler.add_noise(original_samples, noise, timesteps)` returns, at every timestep the lab prints."""
     g = run_lab(LAB01, "--schedule", schedule, "--num-samples", "500")
-    scheduler = DDPMScheduler(beta_schedule=schedule, **_range(schedule))
+    scheduler = DDPMScheduler(beta_schedule=schedule, **canonical_beta_range(schedule))
     for t, x_t in g["noised"].items():
         timesteps = torch.full((len(x_t),), t, dtype=torch.long)
         theirs = scheduler.add_noise(t64(g["x0"]), t64(g["noise"]), timesteps)
@@ -61,17 +52,19 @@ def test_lab01_forward_formula_is_add_noise(run_lab, schedule):
 def test_no_standard_schedule_reaches_zero_signal():
     """None of diffusers' three schedules reaches `alphas_cumprod[999] == 0`: some signal survives at the last training timestep, unless `rescale_betas_zero_snr=True`."""
     for schedule in BETA_SCHEDULES:
-        scheduler = DDPMScheduler(beta_schedule=schedule, **_range(schedule))
+        scheduler = DDPMScheduler(beta_schedule=schedule, **canonical_beta_range(schedule))
         assert float(scheduler.alphas_cumprod[-1]) > 0.0, schedule
         rescaled = DDPMScheduler(
-            beta_schedule=schedule, rescale_betas_zero_snr=True, **_range(schedule)
+            beta_schedule=schedule, rescale_betas_zero_snr=True, **canonical_beta_range(schedule)
         )
         assert float(rescaled.alphas_cumprod[-1]) == 0.0, schedule
 
 
 def test_add_noise_broadcasts_one_level_per_example():
     """`add_noise` with `timesteps` of shape `(B,)` gathers `alphas_cumprod[timesteps]` and broadcasts it as `(B, 1, 1, 1)` over the channels and space of `(B, 4, h, w)` latents: each example is noised at its own level."""
-    scheduler = DDPMScheduler(beta_schedule="scaled_linear", **_range("scaled_linear"))
+    scheduler = DDPMScheduler(
+        beta_schedule="scaled_linear", **canonical_beta_range("scaled_linear")
+    )
     g = torch.Generator().manual_seed(0)
     x0, noise = (torch.randn(3, 4, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))
     timesteps = torch.tensor([10, 500, 990])

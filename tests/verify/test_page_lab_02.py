@@ -9,20 +9,9 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
-from tiny import embeds, start_latents
-
-from labkit.schedules import CANONICAL_BETA_RANGE
+from tiny import canonical_beta_range, embeds, start_latents, t64
 
 LAB02 = "code/lab-02-denoising-step/denoising_step.py"
-
-
-def t64(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.float64)
-
-
-def _range(schedule: str) -> dict:
-    start, end = CANONICAL_BETA_RANGE[schedule]
-    return {"beta_start": start, "beta_end": end}
 
 
 STEP_CASES = [
@@ -41,7 +30,9 @@ def test_lab02_ddpm_step_is_ddpm_scheduler_step(run_lab, schedule, timestep, ste
         LAB02, "--schedule", schedule, "--timestep", str(timestep),
         "--num-inference-steps", str(steps), "--num-samples", "500",
     )  # fmt: skip
-    scheduler = DDPMScheduler(beta_schedule=schedule, clip_sample=False, **_range(schedule))
+    scheduler = DDPMScheduler(
+        beta_schedule=schedule, clip_sample=False, **canonical_beta_range(schedule)
+    )
     scheduler.set_timesteps(steps)
     assert timestep in scheduler.timesteps
     assert int(scheduler.previous_timestep(timestep)) == g["prev_timestep"]
@@ -67,7 +58,9 @@ def test_lab02_ddim_step_is_ddim_scheduler_step(run_lab, schedule, timestep, ste
         LAB02, "--schedule", schedule, "--timestep", str(timestep),
         "--num-inference-steps", str(steps), "--num-samples", "500",
     )  # fmt: skip
-    scheduler = DDIMScheduler(beta_schedule=schedule, clip_sample=False, **_range(schedule))
+    scheduler = DDIMScheduler(
+        beta_schedule=schedule, clip_sample=False, **canonical_beta_range(schedule)
+    )
     scheduler.set_timesteps(steps)
     out = scheduler.step(t64(g["noise_pred"]), timestep, t64(g["latent"]), eta=0.0)
     np.testing.assert_allclose(g["latent_prev_ddim"], out.prev_sample.numpy(), atol=1e-4)

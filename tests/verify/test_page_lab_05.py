@@ -10,37 +10,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import HEIGHT, WIDTH, start_latents, tiny_sd_pipeline
+from tiny import (
+    HEIGHT,
+    WIDTH,
+    images,
+    narrow_vae,
+    start_latents,
+    tiny_flux_parts,
+    tiny_sd3_parts,
+    tiny_sd_pipeline,
+)
 
 LAB05 = "code/lab-05-vae-latent-space/vae_latents.py"
-
-
-def make_vae(block_out_channels=(8, 16, 16, 16), latent_channels=4, **overrides):
-    """A real AutoencoderKL with SD's block types, a few channels per block."""
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    n = len(block_out_channels)
-    config = dict(
-        block_out_channels=block_out_channels,
-        down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n,
-        latent_channels=latent_channels,
-        layers_per_block=1,
-        norm_num_groups=4,
-    )
-    config.update(overrides)
-    return AutoencoderKL(**config).eval()
-
-
-def images(batch=2, size=32):
-    return torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
 def test_latents_are_downsampled_by_two_per_extra_block(blocks):
     """`vae.encode` maps `(B, 3, H, W)` to latents `(B, latent_channels, H/f, W/f)` with `f = 2 ** (len(block_out_channels) - 1)`, 8 for SD's four blocks, `vae.decode` maps them back to `(B, 3, H, W)`, and `StableDiffusionPipeline.vae_scale_factor` is that same `f`."""
-    vae = make_vae((8, 16, 16, 16)[:blocks])
+    vae = narrow_vae((8, 16, 16, 16)[:blocks])
     f = 2 ** (blocks - 1)
     x = images()
     with torch.no_grad():
@@ -53,7 +40,7 @@ def test_latents_are_downsampled_by_two_per_extra_block(blocks):
 
 def test_sixteen_latent_channels():
     """`latent_channels=16` (the SD3 and Flux layout) gives latents `(B, 16, H/8, W/8)`; the encoder's last convolution outputs twice that, a mean and a log-variance per channel."""
-    vae = make_vae(latent_channels=16)
+    vae = narrow_vae(latent_channels=16)
     with torch.no_grad():
         latents = vae.encode(images()).latent_dist.mean
     assert latents.shape == (2, 16, 4, 4)
@@ -73,7 +60,7 @@ def test_latent_dist_is_a_diagonal_gaussian():
     """`vae.encode(x).latent_dist` is a `DiagonalGaussianDistribution`: `.mode()` returns its `.mean`, and `.sample(generator)` returns `mean + std * noise` with `std = exp(logvar / 2)`, so encoding an image twice with different generators gives different latents."""
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
-    vae = make_vae()
+    vae = narrow_vae()
     with torch.no_grad():
         dist = vae.encode(images()).latent_dist
     assert isinstance(dist, DiagonalGaussianDistribution)
@@ -89,7 +76,7 @@ def test_decoder_walk_matches_the_starter(run_lab):
     """The starter's `decoder_activation_shapes` gives the output shape of every module of diffusers' VAE `Decoder` (`conv_in`, `mid_block`, each `up_blocks.i.resnets.j` and `upsamplers.0`, `conv_norm_out`, `conv_out`), as hooks on a real four-block decoder record them; the widest is the last upsampler's, `(1, block_out_channels[1], H, W)`, and the last up block runs `block_out_channels[0]` channels at the output resolution."""
     walk_fn = run_lab(LAB05)["decoder_activation_shapes"]
     block_out_channels, size = (8, 16, 32, 32), 64
-    vae = make_vae(block_out_channels, layers_per_block=2, norm_num_groups=8)
+    vae = narrow_vae(block_out_channels, layers_per_block=2, norm_num_groups=8)
     expected = dict(walk_fn(block_out_channels, 2, 4, size))
     recorded = {}
     modules = dict(vae.decoder.named_modules())
@@ -115,7 +102,7 @@ def test_decoder_mid_block_attention_has_one_head_at_latent_resolution(monkeypat
     """The decoder's mid block runs self-attention with one head over the `(H/8) * (W/8)` latent positions, before any upsampling."""
     import torch.nn.functional as F  # noqa: N812
 
-    vae = make_vae((8, 16, 32, 32), norm_num_groups=8)
+    vae = narrow_vae((8, 16, 32, 32), norm_num_groups=8)
     assert vae.decoder.mid_block.attentions[0].heads == 1
     sdpa, queries = F.scaled_dot_product_attention, []
 
@@ -218,27 +205,6 @@ def test_first_level_self_attention_has_one_token_per_latent_position(sd_pipe):
     assert seen == [(1, 8 * 8, unet.config.block_out_channels[0])]
 
 
-def tiny_sd3_parts():
-    """SD3's transformer and a 16-channel VAE with SD3's factors, tiny and random."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=1,
-        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
-        caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16,
-    ).eval()  # fmt: skip
-    vae = make_vae(
-        (8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
-        scaling_factor=1.5305, shift_factor=0.0609,
-    )  # fmt: skip
-    # no text encoders: the tests pass prompt_embeds and pooled_prompt_embeds directly
-    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3")}
-    return dict(
-        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), **none
-    )
-
-
 def test_sd3_subtracts_shift_factor_before_scaling_and_adds_it_back():
     """SD3 pipelines use `shift_factor` as well: `StableDiffusion3Img2ImgPipeline` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`, and `StableDiffusion3Pipeline` decodes `vae.decode(latents / scaling_factor + shift_factor)`."""
     from diffusers import StableDiffusion3Img2ImgPipeline, StableDiffusion3Pipeline
@@ -276,24 +242,10 @@ def test_sd3_subtracts_shift_factor_before_scaling_and_adds_it_back():
 
 def test_flux_pipelines_use_the_same_shift_and_scale_lines():
     """Flux pipelines use the same two lines: `FluxImg2ImgPipeline._encode_vae_image` returns `(latent_dist.sample() - shift_factor) * scaling_factor`, and `FluxPipeline` unpacks its `(B, N, 64)` tokens to `(B, 16, H/8, W/8)` and decodes `latents / scaling_factor + shift_factor`."""
-    from diffusers import (
-        FlowMatchEulerDiscreteScheduler,
-        FluxImg2ImgPipeline,
-        FluxPipeline,
-        FluxTransformer2DModel,
-    )
+    from diffusers import FluxImg2ImgPipeline, FluxPipeline
 
-    torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(
-        num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6),
-    ).eval()  # fmt: skip
-    vae = make_vae(
-        (8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
-        scaling_factor=0.3611, shift_factor=0.1159,
-    )  # fmt: skip
-    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2")}
-    parts = dict(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), **none)  # fmt: skip
+    parts = tiny_flux_parts()
+    vae = parts["vae"]
     image = images(1, HEIGHT)
     got = FluxImg2ImgPipeline(**parts)._encode_vae_image(image, torch.Generator().manual_seed(0))
     with torch.no_grad():

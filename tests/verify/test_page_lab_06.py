@@ -20,45 +20,28 @@ import pytest
 import torch
 from tiny import (
     EMBED_DIM,
+    FLUX_VAE_FACTORS,
     HEIGHT,
+    SD15_SCHEDULER_FILE,
     SD_BETAS,
     SD_SCHEDULER,
     WIDTH,
+    dit_embeds,
     embeds,
     start_latents,
+    tiny_flux_pipeline,
+    tiny_sd3_pipeline_16ch,
     tiny_sd_pipeline,
+    tiny_sdxl_pipeline,
+    tiny_sdxl_unet,
     tiny_text_encoder,
     tiny_tokenizer,
     tiny_unet,
-    tiny_vae,
 )
 
 LAB06 = "code/lab-06-diffusers-pipeline-components/pipeline_components.py"
 
-#: SD 1.5's scheduler_config.json settings, as the lab writes them
-SD15_SCHEDULER_FILE = {
-    "_class_name": "PNDMScheduler",
-    "num_train_timesteps": 1000,
-    **SD_BETAS,
-    "set_alpha_to_one": False,
-    "skip_prk_steps": True,
-    "steps_offset": 1,
-    "trained_betas": None,
-    "clip_sample": False,
-}
-
-
-@pytest.fixture(autouse=True)
-def quiet_diffusers():
-    """from_pretrained logs progress bars and an accelerate hint; keep the test log clean."""
-    from diffusers.utils import logging as dlogging
-
-    level = dlogging.get_verbosity()
-    dlogging.set_verbosity_error()
-    dlogging.disable_progress_bar()
-    yield
-    dlogging.set_verbosity(level)
-    dlogging.enable_progress_bar()
+pytestmark = pytest.mark.usefixtures("quiet_diffusers")
 
 
 @pytest.fixture
@@ -522,14 +505,10 @@ def test_text_width_mismatch_fails_in_cross_attention(lab, tmp_path, record_call
 
 def test_sdxl_pooled_width_mismatch_raises_before_the_loop(record_calls):
     """In `StableDiffusionXLPipeline.__call__`, a `pooled_prompt_embeds` width that does not fit the UNet's `projection_class_embeddings_input_dim` (six time ids of `addition_time_embed_dim` plus the pooled width) raises `ValueError` in `_get_add_time_ids`, before the first UNet call."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+    from diffusers import EulerDiscreteScheduler
 
-    pipe = StableDiffusionXLPipeline(
-        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
-        unet=_sdxl_unet(pooled=20), scheduler=EulerDiscreteScheduler(**SD_BETAS, steps_offset=1),
-        add_watermarker=False,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
+    euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
+    pipe = tiny_sdxl_pipeline(euler, unet=tiny_sdxl_unet(pooled=20), add_watermarker=False)
     unet = record_calls(pipe.unet)
     kwargs = dict(prompt_embeds=embeds(1), guidance_scale=1.0, num_inference_steps=2,
                   height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
@@ -546,21 +525,6 @@ def _frames(error):
     import traceback
 
     return traceback.extract_tb(error.__traceback__)
-
-
-def _sdxl_unet(pooled):
-    """A UNet2DConditionModel with SDXL's `text_time` added conditioning: 6 x 8 + ``pooled``."""
-    from diffusers import UNet2DConditionModel
-
-    torch.manual_seed(0)
-    return UNet2DConditionModel(
-        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
-        block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
-        use_linear_projection=True, cross_attention_dim=EMBED_DIM,
-        addition_embed_type="text_time", addition_time_embed_dim=8,
-        projection_class_embeddings_input_dim=6 * 8 + pooled,
-    ).eval()  # fmt: skip
 
 
 def test_prediction_type_mismatch_runs_without_an_error(lab):
@@ -611,70 +575,13 @@ def test_flux_packs_2x2_latent_patches_into_tokens(lab):
     assert lab["CONFIGS"]["flux"]["transformer"]["in_channels"] == 64
 
 
-# ---- tiny SD3 and Flux pipelines, built in code (Flux's as in test_page_lab_13.py) -------
-
-#: the stand-in text width and token count for SD3's and Flux's transformers
-DIT_TEXT, DIT_TOKENS = 32, 8
+# ---- tiny SD3 and Flux pipelines with 16-channel VAEs (``tiny.py``) --------------------
 
 
-def _vae_dit(**factors):
-    """A 16-channel AutoencoderKL without quant convs (as SD3's and Flux's), two blocks."""
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    return AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-                         up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16,
-                         norm_num_groups=8, use_quant_conv=False, use_post_quant_conv=False,
-                         sample_size=HEIGHT, **factors).eval()  # fmt: skip
-
-
-def tiny_sd3_pipeline(scheduler=None):
-    """StableDiffusion3Pipeline around a one-block SD3Transformer2DModel; no text encoders."""
-    from diffusers import (
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
-
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=1,
-        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=DIT_TEXT,
-        caption_projection_dim=16, pooled_projection_dim=DIT_TEXT, pos_embed_max_size=16,
-    ).eval()  # fmt: skip
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=scheduler or FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=_vae_dit(scaling_factor=1.5305, shift_factor=0.0609), text_encoder=None,
-        tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None,
-        tokenizer_3=None,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def tiny_flux_pipeline():
-    """FluxPipeline around a tiny guidance-embedding transformer (as Flux.1-dev); no encoders."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=DIT_TEXT, pooled_projection_dim=DIT_TEXT,
-        guidance_embeds=True, axes_dims_rope=(4, 4, 8),
-    ).eval()  # fmt: skip
-    pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=_vae_dit(scaling_factor=0.3611, shift_factor=0.1159), text_encoder=None,
-        tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def dit_embeds(seed, width=DIT_TEXT):
-    """Stand-in (prompt_embeds, pooled_prompt_embeds) for the tiny SD3 and Flux pipelines."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(1, DIT_TOKENS, width, generator=g), torch.randn(1, DIT_TEXT, generator=g)
+def lab_flux_pipeline():
+    """``tiny_flux_pipeline`` (guidance-embedding, as Flux.1-dev) with FLUX.1's VAE factors,
+    the VAE seeded on its own."""
+    return tiny_flux_pipeline(vae_seed=0, vae_config=FLUX_VAE_FACTORS)
 
 
 def _dit_call(pipe, seed=1, steps=2, **kwargs):
@@ -695,11 +602,11 @@ def test_flow_pipelines_start_from_unscaled_noise(record_calls):
     from diffusers import EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline
 
     assert not hasattr(FlowMatchEulerDiscreteScheduler(), "init_noise_sigma")
-    sd3 = tiny_sd3_pipeline()
+    sd3 = tiny_sd3_pipeline_16ch()
     calls = record_calls(sd3.transformer).calls
     _dit_call(sd3, guidance_scale=1.0, output_type="latent")
     torch.testing.assert_close(calls[0][1]["hidden_states"], _noise(1, 16, 8, 8))
-    flux = tiny_flux_pipeline()
+    flux = lab_flux_pipeline()
     calls = record_calls(flux.transformer).calls
     _dit_call(flux, output_type="latent")
     packed = FluxPipeline._pack_latents(_noise(1, 16, 8, 8), 1, 16, 8, 8)
@@ -713,15 +620,10 @@ def test_flow_pipelines_start_from_unscaled_noise(record_calls):
        width=WIDTH, output_type="latent", generator=torch.Generator().manual_seed(7))  # fmt: skip
     assert euler.init_noise_sigma > 10
     torch.testing.assert_close(seen[0], _noise(1, 4, 8, 8) * euler.init_noise_sigma)
-    # SDXL's loop, the same way (pooled width 20 fits _sdxl_unet(pooled=20))
-    from diffusers import StableDiffusionXLPipeline
+    # SDXL's loop, the same way (pooled width 20 fits tinytiny_sdxl_unet(pooled=20))
 
     euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
-    sdxl = StableDiffusionXLPipeline(
-        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
-        unet=_sdxl_unet(pooled=20), scheduler=euler, add_watermarker=False,
-    )  # fmt: skip
-    sdxl.set_progress_bar_config(disable=True)
+    sdxl = tiny_sdxl_pipeline(euler, unet=tiny_sdxl_unet(pooled=20), add_watermarker=False)
     seen, scale = [], euler.scale_model_input
     euler.scale_model_input = lambda sample, t: seen.append(sample.clone()) or scale(sample, t)
     sdxl(prompt_embeds=embeds(1), pooled_prompt_embeds=torch.randn(1, 20), num_inference_steps=2,
@@ -732,7 +634,7 @@ def test_flow_pipelines_start_from_unscaled_noise(record_calls):
 
 def test_sd3_guides_on_2b_rows_flux_dev_on_an_embedded_scale(record_calls):
     """With guidance on, `StableDiffusion3Pipeline` calls its transformer once per step on `2B` rows (negative rows first), while `FluxPipeline` with `guidance_embeds=True` calls it once per step on `B` rows and passes `guidance_scale` in as `guidance`; only `true_cfg_scale > 1` with a negative prompt adds a second Flux call per step."""
-    sd3 = tiny_sd3_pipeline()
+    sd3 = tiny_sd3_pipeline_16ch()
     calls = record_calls(sd3.transformer).calls
     negative, negative_pooled = dit_embeds(2)
     _dit_call(sd3, guidance_scale=5.0, negative_prompt_embeds=negative,
@@ -741,7 +643,7 @@ def test_sd3_guides_on_2b_rows_flux_dev_on_an_embedded_scale(record_calls):
     for _, kwargs in calls:
         assert kwargs["hidden_states"].shape[0] == 2
         torch.testing.assert_close(kwargs["encoder_hidden_states"][0], negative[0])
-    flux = tiny_flux_pipeline()
+    flux = lab_flux_pipeline()
     calls = record_calls(flux.transformer).calls
     _dit_call(flux, guidance_scale=3.5, output_type="latent")
     assert len(calls) == 2
@@ -757,7 +659,7 @@ def test_flux_steps_packed_tokens_and_both_decode_with_shift(lab, record_calls):
     """In `FluxPipeline.__call__`, `scheduler.step` receives `latents` and `noise_pred` as packed tokens `(B, (H/16) * (W/16), 64)`, unpacked to `(B, 16, H/8, W/8)` only for `vae.decode`; Flux and `StableDiffusion3Pipeline` both decode `latents / vae.config.scaling_factor + vae.config.shift_factor`."""
     from diffusers import FluxPipeline
 
-    for pipe in (tiny_flux_pipeline(), tiny_sd3_pipeline()):
+    for pipe in (lab_flux_pipeline(), tiny_sd3_pipeline_16ch()):
         steps, decoded = [], []
 
         def spy_step(out, t, z, _steps=steps, _step=pipe.scheduler.step, **k):
@@ -784,7 +686,7 @@ def test_flux_steps_packed_tokens_and_both_decode_with_shift(lab, record_calls):
 
 def test_dit_text_and_pooled_width_mismatches_fail_at_the_first_transformer_call(record_calls):
     """`StableDiffusion3Pipeline` and `FluxPipeline` given `prompt_embeds` wider than the transformer's `joint_attention_dim` raise in `context_embedder`, the linear layer that projects the text tokens, at the first transformer call; a `pooled_prompt_embeds` of the wrong width raises in `time_text_embed` at that same first call."""
-    for pipe in (tiny_sd3_pipeline(), tiny_flux_pipeline()):
+    for pipe in (tiny_sd3_pipeline_16ch(), lab_flux_pipeline()):
         calls = record_calls(pipe.transformer.context_embedder)
         wide, pooled = dit_embeds(3, width=48)
         with pytest.raises(RuntimeError) as error:
@@ -831,7 +733,7 @@ def test_a_flow_model_samples_with_dpm_solver_on_flow_sigmas(lab):
     out = {}
     for scheduler in (FlowMatchEulerDiscreteScheduler(shift=3.0), *solvers, deis,
                       EulerDiscreteScheduler()):  # fmt: skip
-        pipe = tiny_sd3_pipeline(scheduler)
+        pipe = tiny_sd3_pipeline_16ch(scheduler)
         out[type(scheduler).__name__] = _dit_call(
             pipe, steps=8, guidance_scale=1.0, latents=latents.clone(), output_type="latent"
         )

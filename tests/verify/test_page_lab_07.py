@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny import meta_unet_self_attention, run_starter, tiny_sd3_transformer
 
 LAB07 = "code/lab-07-unet-dit-conditioning/conditioning.py"
 
@@ -18,19 +19,7 @@ LAB07 = "code/lab-07-unet-dit-conditioning/conditioning.py"
 @pytest.fixture(scope="module")
 def lab():
     """The starter's globals after a default run (its functions and SD15_UNET)."""
-    import contextlib
-    import io
-    import runpy
-    import sys
-
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["conditioning.py"]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return runpy.run_path(str(ROOT / LAB07), run_name="__main__")
-    finally:
-        sys.argv = argv
+    return run_starter(LAB07)
 
 
 def sd15_like_unet():
@@ -50,22 +39,8 @@ def sd15_like_unet():
 
 
 def tiny_sd3(num_layers=2):
-    from diffusers import SD3Transformer2DModel
-
-    torch.manual_seed(0)
-    return SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=num_layers,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        caption_projection_dim=16,
-        pooled_projection_dim=24,
-        pos_embed_max_size=16,
-    ).eval()
+    """``tiny_sd3_transformer`` with a 24-wide pooled input, ``num_layers`` joint blocks."""
+    return tiny_sd3_transformer(pooled_projection_dim=24, num_layers=num_layers)
 
 
 def pre_hooks(modules, store):
@@ -327,7 +302,6 @@ def test_zeroed_sd3_joint_block_is_the_identity_on_both_streams():
 @pytest.mark.parametrize("model", ["SD 1.5", "SDXL"])
 def test_unet_layout_table_matches_the_real_unet(lab, model):
     """The lab's `SD15_UNET` and `SDXL_UNET` hold the published configs' layout, and its `unet_attention_levels` table (queries and heads of every transformer block, at 512 px for SD 1.5 and 1024 px for SDXL) equals what forward hooks on every `attn1` record in the real `UNet2DConditionModel` built from those configs on the meta device."""
-    from diffusers import UNet2DConditionModel
     from model_configs import SD15_UNET, SDXL_UNET
 
     published, config, side, added = {
@@ -339,23 +313,7 @@ def test_unet_layout_table_matches_the_real_unet(lab, model):
         assert (tuple(value) if isinstance(value, tuple) else value) == (
             tuple(expected) if isinstance(expected, list) else expected
         ), key
-    with torch.device("meta"):
-        unet = UNet2DConditionModel(**published)
-        sample, context = torch.zeros(1, 4, side, side), torch.zeros(1, 77, published["cross_attention_dim"])  # fmt: skip
-        added = {k: torch.zeros(*shape) for k, shape in added.items()}
-    calls = []
-    handles = [
-        m.register_forward_pre_hook(
-            lambda m, a, k: calls.append(((a[0] if a else k["hidden_states"]).shape[1], m.heads)),
-            with_kwargs=True,
-        )
-        for n, m in unet.named_modules()
-        if n.endswith("attn1")
-    ]
-    with torch.no_grad():
-        unet(sample, torch.tensor(10, device="meta"), context, **({"added_cond_kwargs": added} if added else {}))  # fmt: skip
-    for h in handles:
-        h.remove()
+    calls, _ = meta_unet_self_attention(published, side, **added)
     rows = lab["unet_attention_levels"](config, side)
     expected = [(q, heads) for _, _, q, _, heads, _, n in rows for _ in range(n)]
     assert sorted(calls) == sorted(expected)

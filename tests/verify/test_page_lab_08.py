@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny import count_dispatched_ops, run_starter
 
 LAB08 = "code/lab-08-lora-injection-reading/lora_injection.py"
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -21,19 +22,7 @@ LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k"  # a cross-
 @pytest.fixture(scope="module")
 def lab():
     """The starter's globals after a default run (its functions and lora_counts)."""
-    import contextlib
-    import io
-    import runpy
-    import sys
-
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["lora_injection.py"]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return runpy.run_path(str(ROOT / LAB08), run_name="__main__")
-    finally:
-        sys.argv = argv
+    return run_starter(LAB08)
 
 
 def lora_config(r, alpha, init=True):
@@ -297,21 +286,9 @@ def test_unfused_lora_adds_four_ops_per_adapted_layer(lab):
     from diffusers import UNet2DConditionModel
     from peft.tuners.lora import Linear as LoraLinear
     from tiny import tiny_unet
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
 
     def ops(unet):
-        with Ops() as counter:
-            predict(unet)
-        return counter.ops
+        return count_dispatched_ops(lambda: predict(unet))
 
     base = ops(tiny_unet())
     unet = adapted_unet(("a", 4, 8))
@@ -332,22 +309,10 @@ def test_unfused_lora_adds_four_ops_per_adapted_layer(lab):
 
 def test_demo_layer_follows_the_family(lab):
     """With `--family sdxl` the starter's demo layer is SDXL's first cross-attention `to_k` (`attn2` of `down_blocks.1`, 2048 -> 640), which is the shape of that layer in SDXL's real UNet."""
-    import contextlib
-    import io
-    import runpy
-    import sys
-
     import model_configs
     from diffusers import UNet2DConditionModel
 
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["lora_injection.py", "--family", "sdxl"]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            g = runpy.run_path(str(ROOT / LAB08), run_name="__main__")
-    finally:
-        sys.argv = argv
+    g = run_starter(LAB08, "--family", "sdxl")
     with torch.device("meta"):
         unet = UNet2DConditionModel(**model_configs.SDXL_UNET)
     first = next(m for n, m in unet.named_modules() if n.endswith("attn2.to_k"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny import run_starter, tiny_controlnet, tiny_controlnet_pipeline
 
 LAB09 = "code/lab-09-controlnet-conditioning-reading/controlnet_conditioning.py"
 
@@ -19,19 +20,7 @@ LAB09 = "code/lab-09-controlnet-conditioning-reading/controlnet_conditioning.py"
 @pytest.fixture(scope="module")
 def lab():
     """The starter's globals after a default run (its functions and constants)."""
-    import contextlib
-    import io
-    import runpy
-    import sys
-
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["controlnet_conditioning.py"]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return runpy.run_path(str(ROOT / LAB09), run_name="__main__")
-    finally:
-        sys.argv = argv
+    return run_starter(LAB09)
 
 
 # ---------------------------------------------------------------- helpers (this page only)
@@ -49,20 +38,7 @@ def inputs():
 
 def new_controlnet(unet, trained=False):
     """``ControlNetModel.from_unet``; ``trained`` re-draws the zero-initialised layers."""
-    from diffusers import ControlNetModel
-
-    torch.manual_seed(1)
-    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
-    if trained:
-        with torch.no_grad():
-            for module in [
-                controlnet.controlnet_down_blocks,
-                controlnet.controlnet_mid_block,
-                controlnet.controlnet_cond_embedding.conv_out,
-            ]:
-                for p in module.parameters():
-                    p.normal_(0, 0.2)
-    return controlnet.eval()
+    return tiny_controlnet(unet, seed=1, trained=trained)
 
 
 def residuals(controlnet, **kwargs):
@@ -73,19 +49,6 @@ def residuals(controlnet, **kwargs):
             return_dict=False, **kwargs,
         )  # fmt: skip
     return list(down), mid
-
-
-def controlnet_pipeline(unet, controlnet):
-    from diffusers import DDIMScheduler, StableDiffusionControlNetPipeline
-    from tiny import SD_BETAS, tiny_vae
-
-    pipe = StableDiffusionControlNetPipeline(
-        vae=tiny_vae(), text_encoder=None, tokenizer=None, unet=unet, controlnet=controlnet,
-        scheduler=DDIMScheduler(set_alpha_to_one=False, **SD_BETAS), safety_checker=None,
-        feature_extractor=None, requires_safety_checker=False,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def call(pipe, steps, **kwargs):
@@ -238,7 +201,7 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
 
     unet = tiny_unet()
     controlnet = new_controlnet(unet, trained=True)
-    pipe = controlnet_pipeline(unet, controlnet)
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
     for steps, start, end in [(10, 0.2, 0.8), (5, 0.0, 0.5), (4, 0.5, 1.0)]:
         recorder = record_calls(controlnet)
         call(pipe, steps, controlnet_conditioning_scale=0.7,
@@ -255,7 +218,7 @@ def test_guidance_window_checks():
     from tiny import tiny_unet
 
     unet = tiny_unet()
-    pipe = controlnet_pipeline(unet, new_controlnet(unet))
+    pipe = tiny_controlnet_pipeline(unet, new_controlnet(unet))
     for start, end in [(0.5, 0.5), (0.6, 0.4), (-0.1, 1.0), (0.0, 1.5)]:
         with pytest.raises(ValueError, match="control guidance"):
             call(pipe, 2, control_guidance_start=start, control_guidance_end=end)
@@ -267,7 +230,7 @@ def test_guess_mode_runs_the_controlnet_on_the_conditional_half(record_calls):
 
     unet = tiny_unet()
     controlnet = new_controlnet(unet, trained=True)
-    pipe = controlnet_pipeline(unet, controlnet)
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
     cn, un = record_calls(controlnet), record_calls(unet)
     call(pipe, 2, guess_mode=True)
     for (args, kwargs), (_, unet_kwargs) in zip(cn.calls, un.calls, strict=True):
@@ -334,7 +297,7 @@ def test_control_image_is_pixels_for_sd_and_latents_for_sd3(record_calls):
 
     unet = tiny_unet()
     controlnet = new_controlnet(unet, trained=True)
-    pipe = controlnet_pipeline(unet, controlnet)
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
     encoder, cn = record_calls(pipe.vae.encoder), record_calls(controlnet)
     call(pipe, 2)
     assert encoder.calls == []

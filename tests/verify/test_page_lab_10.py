@@ -7,26 +7,17 @@ so the processors, the tile parameters and the blend code are diffusers' own.
 
 from __future__ import annotations
 
-import runpy
-import sys
-
 import numpy as np
 import pytest
 import torch
-from tiny import embeds, start_latents, tiny_sd_pipeline, tiny_vae
+from tiny import embeds, run_starter, start_latents, tiny_sd_pipeline, tiny_vae
 
 LAB10 = "code/lab-10-memory-optimization-reading/memory_optimization.py"
 
 
 @pytest.fixture(scope="module")
 def starter():
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["memory_optimization.py"]
-    try:
-        return runpy.run_path(str(ROOT / LAB10), run_name="__main__")
-    finally:
-        sys.argv = argv
+    return run_starter(LAB10)
 
 
 def call(pipe):

@@ -13,23 +13,24 @@ import numpy as np
 import pytest
 import torch
 from diffusers import (
-    ControlNetModel,
     DDIMScheduler,
     DDPMScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     PNDMScheduler,
-    StableDiffusionControlNetPipeline,
 )
 from tiny import (
     HEIGHT,
     SD_SCHEDULER,
     WIDTH,
     embeds,
+    flux_prompt_embeds,
     start_latents,
+    tiny_controlnet,
+    tiny_controlnet_pipeline,
+    tiny_flux_pipeline,
     tiny_sd_pipeline,
     tiny_unet,
-    tiny_vae,
 )
 
 LAB11 = "code/lab-11-scheduler-loop-reading/scheduler_loop.py"
@@ -139,10 +140,10 @@ def test_euler_keeps_a_step_index_that_step_advances(cls):
 def test_flow_match_has_no_init_noise_sigma_or_scale_model_input(run_lab, record_calls):
     """diffusers' `FlowMatchEulerDiscreteScheduler` has neither `init_noise_sigma` nor `scale_model_input`, and `FluxPipeline` hands its transformer the starting noise unscaled; labkit's mirror has an `init_noise_sigma` of 1.0 and an identity `scale_model_input` so that one loop body fits all five.
 
-    The tiny FluxPipeline of ``test_page_cfg``; Flux packs the noise into 2 x 2 patches.
+    The tiny FluxPipeline built by ``tiny.tiny_flux_pipeline``; Flux packs the noise into 2 x 2
+    patches.
     """
-    from test_page_cfg import FLUX_POOLED, FLUX_TEXT, tiny_flux_pipeline
-
+    FLUX_TEXT, FLUX_POOLED = flux_prompt_embeds()
     real = FlowMatchEulerDiscreteScheduler(shift=3.0)
     assert not hasattr(real, "init_noise_sigma") and not hasattr(real, "scale_model_input")
     ours, _ = run_lab(LAB11, *QUICK)["make"]("flow_match")
@@ -163,9 +164,9 @@ def test_generator_reaches_every_step_whose_signature_takes_it(monkeypatch):
     """`StableDiffusionPipeline` passes `generator` and `eta` to `scheduler.step` whenever its signature has them (`prepare_extra_step_kwargs`): DDPM and Euler get `generator`, DDIM gets both; `FluxPipeline` passes neither to `FlowMatchEulerDiscreteScheduler.step`.
 
     A spy on ``scheduler.step`` records the keyword arguments of each pipeline's own loop; the
-    tiny FluxPipeline is ``test_page_cfg``'s.
+    tiny FluxPipeline is ``tiny.tiny_flux_pipeline``.
     """
-    from test_page_cfg import FLUX_POOLED, FLUX_TEXT, tiny_flux_pipeline
+    FLUX_TEXT, FLUX_POOLED = flux_prompt_embeds()
 
     def step_kwargs(pipe, **call):
         seen, original = [], pipe.scheduler.step
@@ -205,25 +206,8 @@ def test_controlnet_runs_every_step_and_feeds_residuals_to_the_unet(record_calls
     with what the UNet receives.
     """
     unet = tiny_unet()
-    torch.manual_seed(0)
-    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 16))
-    with torch.no_grad():
-        for module in [controlnet.controlnet_down_blocks, controlnet.controlnet_mid_block,
-                       controlnet.controlnet_cond_embedding.conv_out]:  # fmt: skip
-            for p in module.parameters():
-                p.normal_(0, 0.2)
-    pipe = StableDiffusionControlNetPipeline(
-        vae=tiny_vae(),
-        text_encoder=None,
-        tokenizer=None,
-        unet=unet,
-        controlnet=controlnet.eval(),
-        scheduler=DDIMScheduler(**SD_SCHEDULER),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.set_progress_bar_config(disable=True)
+    controlnet = tiny_controlnet(unet, trained=True, channels=(8, 16))
+    pipe = tiny_controlnet_pipeline(unet, controlnet, scheduler=DDIMScheduler(**SD_SCHEDULER))
     control_calls, unet_calls = record_calls(pipe.controlnet), record_calls(pipe.unet)
     outputs = []
     handle = pipe.controlnet.register_forward_hook(lambda m, a, out: outputs.append(out))

@@ -23,16 +23,13 @@ What "the same structure" means, exactly (see ``test_real_trace_has_the_toys_str
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tiny import EMBED_DIM, embeds, start_latents, tiny_sd_pipeline
+from tiny import EMBED_DIM, embeds, run_starter, start_latents, tiny_sd_pipeline
 
-ROOT = Path(__file__).resolve().parents[2]
 STARTER = "code/lab-12-end-to-end-inference-trace/pipeline_trace.py"
 #: the tiny pipeline's trace: a batch of 2, 3 DDIM steps, 16 x 16 pixels, 8 x 8 latents
 B, N, SIZE, GUIDANCE = 2, 3, 16, 7.5
@@ -141,20 +138,9 @@ def real_trace(pipe, guidance_scale=GUIDANCE, batch=B, steps=N, timings=None):
 @pytest.fixture(scope="module")
 def toy(request):
     """The NumPy starter run at the same B, n and guidance_scale; returns its globals."""
-    import runpy
-
-    argv = sys.argv
-    sys.argv = [STARTER, "--num-samples", str(B), "--steps", str(N),
-                "--guidance-scale", str(GUIDANCE)]  # fmt: skip
-    try:
-        from contextlib import redirect_stdout
-        from io import StringIO
-
-        with redirect_stdout(StringIO()):
-            g = runpy.run_path(str(ROOT / STARTER), run_name="__main__")
-    finally:
-        sys.argv = argv
-    return g
+    return run_starter(
+        STARTER, "--num-samples", str(B), "--steps", str(N), "--guidance-scale", str(GUIDANCE)
+    )
 
 
 def kind(dtype: str) -> str:

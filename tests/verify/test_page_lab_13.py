@@ -10,12 +10,7 @@ with ``guidance_embeds=True``, a 16-channel ``AutoencoderKL``, no text encoders
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import inspect
-import io
-import runpy
-import sys
 
 import numpy as np
 import pytest
@@ -27,21 +22,26 @@ from diffusers import (
     LCMScheduler,
     TCDScheduler,
 )
+from tiny import (
+    DIT_TEXT,
+    DIT_TOKENS,
+    FLUX_VAE_FACTORS,
+    HEIGHT,
+    SD_BETAS,
+    flux_image_and_calls,
+    orders_used,
+    run_starter,
+    spy_set_timesteps,
+    timestep_grid,
+    tiny_flux_pipeline,
+)
 
 LAB13 = "code/lab-13-few-step-sampling/few_step.py"
-SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 
 
 @pytest.fixture(scope="module")
 def starter():
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["few_step.py"]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return runpy.run_path(str(ROOT / LAB13), run_name="__main__")
-    finally:
-        sys.argv = argv
+    return run_starter(LAB13)
 
 
 def start_noise(n=64, seed=0):
@@ -108,20 +108,6 @@ def test_ode_endpoint_grid(starter, monkeypatch):
     monkeypatch.setattr(starter["DPMSolverMultistepScheduler"], "set_timesteps", spy)
     starter["ode_endpoint_eps"](start_noise(8), 999)
     assert seen == [[999, 809, 639, 490, 360, 250, 160, 90, 40, 10]]
-
-
-def orders_used(n, **config):
-    """Which update `DPMSolverMultistepScheduler.step` runs at each of ``n`` steps: 1 or 2."""
-    scheduler = DPMSolverMultistepScheduler(**SD_BETAS, timestep_spacing="trailing", **config)
-    scheduler.set_timesteps(n)
-    used = []
-    first, second = scheduler.dpm_solver_first_order_update, scheduler.multistep_dpm_solver_second_order_update  # fmt: skip
-    scheduler.dpm_solver_first_order_update = lambda *a, **k: used.append(1) or first(*a, **k)
-    scheduler.multistep_dpm_solver_second_order_update = lambda *a, **k: used.append(2) or second(*a, **k)  # fmt: skip
-    sample = torch.randn(4, 2, generator=torch.Generator().manual_seed(0))
-    for t in scheduler.timesteps:
-        sample = scheduler.step(torch.zeros_like(sample), t, sample).prev_sample
-    return used
 
 
 def test_dpm_solver_first_and_last_steps_are_first_order():
@@ -229,18 +215,12 @@ def test_tcd_step_rule():
 
 def test_leading_and_trailing_grids():
     """At 4 steps `leading` with `steps_offset=1` gives DDIM 751, 501, 251, 1 and DPM-Solver++ 801, 601, 401, 201, and at 1 step DDIM's only timestep is 1; `trailing` gives 999, 749, 499, 249 for both and 999 at 1 step: only `trailing` starts at the noisiest training timestep."""
-
-    def grid(cls, spacing, n):
-        scheduler = cls(**SD_BETAS, timestep_spacing=spacing, steps_offset=1 if spacing == "leading" else 0)  # fmt: skip
-        scheduler.set_timesteps(n)
-        return scheduler.timesteps.tolist()
-
-    assert grid(DDIMScheduler, "leading", 4) == [751, 501, 251, 1]
-    assert grid(DPMSolverMultistepScheduler, "leading", 4) == [801, 601, 401, 201]
-    assert grid(DDIMScheduler, "leading", 1) == [1]
+    assert timestep_grid(DDIMScheduler, "leading", 4) == [751, 501, 251, 1]
+    assert timestep_grid(DPMSolverMultistepScheduler, "leading", 4) == [801, 601, 401, 201]
+    assert timestep_grid(DDIMScheduler, "leading", 1) == [1]
     for cls in (DDIMScheduler, DPMSolverMultistepScheduler):
-        assert grid(cls, "trailing", 4) == [999, 749, 499, 249]
-        assert grid(cls, "trailing", 1) == [999]
+        assert timestep_grid(cls, "trailing", 4) == [999, 749, 499, 249]
+        assert timestep_grid(cls, "trailing", 1) == [999]
 
 
 def test_default_spacings():
@@ -325,44 +305,6 @@ def test_epsilon_at_zero_snr_is_not_finite(starter):
     assert not np.isfinite(starter["x0_eps"]).any()
 
 
-@pytest.fixture
-def guidance_rescale_calls(monkeypatch):
-    """``run(pipe, module, **kwargs) -> (calls, steps)``: one 2-step call of a tiny SD-family
-    pipeline; ``calls`` are (guided, noise_pred_text, guidance_rescale, result) of every
-    ``rescale_noise_cfg`` the pipeline module makes, ``steps`` every ``scheduler.step``'s
-    ``model_output``."""
-    from tiny import HEIGHT as SD_HEIGHT
-    from tiny import embeds, start_latents
-
-    def run(pipe, module, **kwargs):
-        calls, steps = [], []
-        original = module.rescale_noise_cfg
-
-        @functools.wraps(original)
-        def spy(noise_cfg, noise_pred_text, guidance_rescale=0.0):
-            out = original(noise_cfg, noise_pred_text, guidance_rescale=guidance_rescale)
-            calls.append((noise_cfg.clone(), noise_pred_text.clone(), guidance_rescale, out.clone()))  # fmt: skip
-            return out
-
-        step = pipe.scheduler.step
-
-        def step_spy(model_output, timestep, sample, *args, **kw):
-            steps.append(model_output.detach().clone())
-            return step(model_output, timestep, sample, *args, **kw)
-
-        monkeypatch.setattr(module, "rescale_noise_cfg", spy)
-        monkeypatch.setattr(pipe.scheduler, "step", step_spy)
-        extra = kwargs.pop("extra", {})
-        with torch.no_grad():
-            pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), latents=start_latents(),
-                 num_inference_steps=2, height=SD_HEIGHT, width=SD_HEIGHT, output_type="latent",
-                 **extra, **kwargs)  # fmt: skip
-        monkeypatch.undo()
-        return calls, steps
-
-    return run
-
-
 def test_guidance_rescale(sd_pipe, guidance_rescale_calls):
     """`StableDiffusionPipeline.__call__` takes `guidance_rescale` (default 0.0) and, only while guiding and only when it is above 0, passes the guided `noise_pred` and `noise_pred_text` to `rescale_noise_cfg`, which rescales the guided prediction to the per-sample std of `noise_pred_text` and mixes it with the unrescaled one by `guidance_rescale`; the result is what `scheduler.step` receives."""
     from diffusers import StableDiffusionPipeline
@@ -406,73 +348,12 @@ def test_calculate_shift_and_the_shifted_grid(starter):
         np.testing.assert_allclose(scheduler.timesteps.numpy(), 1000 * scheduler.sigmas[:-1].numpy(), rtol=1e-6)  # fmt: skip
 
 
-# ---- a tiny FluxPipeline, built in code ------------------------------------------------
-
-TEXT_DIM, TEXT_LEN, HEIGHT = 32, 8, 16
-
-
-def tiny_flux_pipeline(guidance_embeds=True, **scheduler_config):
-    """FluxPipeline around a tiny transformer (guidance-embedding, as Flux.1-dev, unless
-    ``guidance_embeds=False``, as Flux.1-schnell) and a 16-channel VAE."""
-    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=64,  # 16 latent channels x a packed 2 x 2 patch, as Flux.1
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=TEXT_DIM,
-        pooled_projection_dim=TEXT_DIM,
-        guidance_embeds=guidance_embeds,
-        axes_dims_rope=(4, 4, 8),
-    ).eval()
-    vae = AutoencoderKL(
-        block_out_channels=(32, 32),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        latent_channels=16,
-        norm_num_groups=8,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        shift_factor=0.1159,
-        scaling_factor=0.3611,
-        sample_size=HEIGHT,
-    ).eval()
-    scheduler_config = {"use_dynamic_shifting": True, **scheduler_config}
-    pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**scheduler_config),
-        vae=vae,
-        text_encoder=None,
-        tokenizer=None,
-        text_encoder_2=None,
-        tokenizer_2=None,
-        transformer=transformer,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+# ---- a tiny FluxPipeline, built in code (``tiny.py``) ----------------------------------
 
 
 @pytest.fixture(scope="module")
 def flux_pipe():
-    return tiny_flux_pipeline()
-
-
-def run_flux(pipe, record_calls, **kwargs):
-    """Image (1, 16, 16, 3) and the transformer's recorded calls for one 2-step call."""
-    g = torch.Generator().manual_seed(0)
-    embeds = dict(
-        prompt_embeds=torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g),
-        pooled_prompt_embeds=torch.randn(1, TEXT_DIM, generator=g),
-    )
-    recorder = record_calls(pipe.transformer)
-    with torch.no_grad():
-        image = pipe(**embeds, **kwargs, height=HEIGHT, width=HEIGHT, num_inference_steps=2,
-                     generator=torch.Generator().manual_seed(1), output_type="np").images  # fmt: skip
-    recorder.remove()
-    return image, recorder.calls
+    return tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS)
 
 
 def test_guidance_is_an_input_one_call_per_step(flux_pipe, record_calls):
@@ -482,7 +363,7 @@ def test_guidance_is_an_input_one_call_per_step(flux_pipe, record_calls):
     images = {}
     for scale in (1.0, 3.5):
         embedded = record_calls(embed)
-        images[scale], calls = run_flux(flux_pipe, record_calls, guidance_scale=scale)
+        images[scale], calls = flux_image_and_calls(flux_pipe, record_calls, guidance_scale=scale)
         assert len(calls) == 2 and len(embedded.calls) == 2
         for (_, kwargs), (args, _) in zip(calls, embedded.calls, strict=True):
             assert kwargs["hidden_states"].shape == (1, (HEIGHT // 4) ** 2, 64)
@@ -498,15 +379,15 @@ def test_true_cfg_doubles_the_calls(flux_pipe, record_calls, monkeypatch):
     """`true_cfg_scale > 1` with `negative_prompt_embeds` and `negative_pooled_prompt_embeds` makes two transformer calls per step (conditional, then negative), both still with `guidance` passed, and hands `scheduler.step` `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`; `true_cfg_scale > 1` without a negative prompt stays at one call per step."""
     g = torch.Generator().manual_seed(2)
     negative = dict(
-        negative_prompt_embeds=torch.randn(1, TEXT_LEN, TEXT_DIM, generator=g),
-        negative_pooled_prompt_embeds=torch.randn(1, TEXT_DIM, generator=g),
+        negative_prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+        negative_pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
     )
     outputs, steps = [], []
     hook = flux_pipe.transformer.register_forward_hook(lambda m, a, out: outputs.append(out[0].clone()))  # fmt: skip
     step = flux_pipe.scheduler.step
     monkeypatch.setattr(flux_pipe.scheduler, "step", lambda out, t, x, **kw: steps.append(out.clone()) or step(out, t, x, **kw))  # fmt: skip
     try:
-        _, calls = run_flux(flux_pipe, record_calls, true_cfg_scale=4.0, **negative)
+        _, calls = flux_image_and_calls(flux_pipe, record_calls, true_cfg_scale=4.0, **negative)
     finally:
         hook.remove()
     assert len(calls) == 4 and len(steps) == 2
@@ -520,22 +401,8 @@ def test_true_cfg_doubles_the_calls(flux_pipe, record_calls, monkeypatch):
         cond, neg = outputs[2 * k], outputs[2 * k + 1]
         torch.testing.assert_close(model_output, neg + 4.0 * (cond - neg))
     monkeypatch.undo()
-    _, calls = run_flux(flux_pipe, record_calls, true_cfg_scale=4.0)
+    _, calls = flux_image_and_calls(flux_pipe, record_calls, true_cfg_scale=4.0)
     assert len(calls) == 2
-
-
-def spy_set_timesteps(pipe, monkeypatch):
-    """Record the keyword arguments of every ``pipe.scheduler.set_timesteps`` call."""
-    seen = []
-    original = pipe.scheduler.set_timesteps
-
-    @functools.wraps(original)  # retrieve_timesteps reads its signature
-    def spy(*args, **kwargs):
-        seen.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(pipe.scheduler, "set_timesteps", spy)
-    return seen
 
 
 def test_flux_pipeline_shifts_by_token_count(record_calls, monkeypatch):
@@ -547,9 +414,9 @@ def test_flux_pipeline_shifts_by_token_count(record_calls, monkeypatch):
     assert params["num_inference_steps"].default == 28 and params["guidance_scale"].default == 3.5
     custom = dict(base_image_seq_len=4, max_image_seq_len=64, base_shift=0.2, max_shift=2.0)
     for config in ({}, custom):
-        pipe = tiny_flux_pipeline(**config)
+        pipe = tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS, **config)
         seen = spy_set_timesteps(pipe, monkeypatch)
-        _, calls = run_flux(pipe, record_calls)
+        _, calls = flux_image_and_calls(pipe, record_calls)
         tokens = calls[0][1]["hidden_states"].shape[1]
         assert tokens == (HEIGHT // 4) ** 2  # 16 px, VAE factor 2, 2 x 2 packing: 4 x 4 tokens
         (kwargs,) = seen

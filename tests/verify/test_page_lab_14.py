@@ -8,20 +8,21 @@ with tiny random configs (``tiny.py``), and the quantization API is read from di
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import runpy
 import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from sizes import layerwise_casting_record
 from tiny import (
-    HEIGHT,
-    WIDTH,
     embeds,
+    euler_sdxl_pipeline,
+    overflowing_vae,
+    quiet,
+    run_starter,
+    sdxl_call,
     start_latents,
     tiny_sd_pipeline,
     tiny_unet,
@@ -31,69 +32,11 @@ from tiny import (
 gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
 
 LAB14 = "code/lab-14-precision-and-quantization/precision_quantization.py"
-#: scale of the tiny VAE decoder's first conv: its output reaches ~1.6e5, past fp16's 65504
-OVERFLOW_SCALE = 1e5
-#: width of the pooled text embedding the tiny SDXL UNet is built for (SDXL: 1280)
-POOLED_DIM = 16
 
 
 @pytest.fixture(scope="module")
 def starter():
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["precision_quantization.py"]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return runpy.run_path(str(ROOT / LAB14), run_name="__main__")
-    finally:
-        sys.argv = argv
-
-
-def overflowing_vae(force_upcast=True):
-    """The tiny AutoencoderKL with ``decoder.conv_in`` scaled by 1e5: the residual stream
-    after it passes 65504, and the decoder's GroupNorms divide the scale out again."""
-    vae = tiny_vae()
-    vae.register_to_config(force_upcast=force_upcast)
-    with torch.no_grad():
-        vae.decoder.conv_in.weight.mul_(OVERFLOW_SCALE)
-        vae.decoder.conv_in.bias.mul_(OVERFLOW_SCALE)
-    return vae
-
-
-def tiny_sdxl_pipeline(vae):
-    """The real StableDiffusionXLPipeline around a tiny UNet with SDXL's "text_time"
-    conditioning (6 time ids x 8 + pooled width), no text encoders: pass embeddings."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
-
-    unet = tiny_unet(
-        addition_embed_type="text_time",
-        addition_time_embed_dim=8,
-        projection_class_embeddings_input_dim=6 * 8 + POOLED_DIM,
-    )
-    pipe = StableDiffusionXLPipeline(
-        vae=vae, text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
-        unet=unet, scheduler=EulerDiscreteScheduler(), force_zeros_for_empty_prompt=True,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def sdxl_call(pipe, dtype, **kwargs):
-    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(2)).to(dtype)
-    prompt_embeds = embeds(1).to(dtype)
-    return pipe(
-        prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
-        negative_prompt_embeds=torch.zeros_like(prompt_embeds),
-        negative_pooled_prompt_embeds=torch.zeros_like(pooled),
-        num_inference_steps=2, guidance_scale=1.0, height=HEIGHT, width=WIDTH, **kwargs,
-    ).images  # fmt: skip
-
-
-def quiet():
-    """Silence diffusers' "modules to keep in float32" notes when casting a model with .to()."""
-    from diffusers.utils import logging
-
-    logging.set_verbosity_error()
+    return run_starter(LAB14)
 
 
 def test_numpy_rounding_matches_torch_casts():
@@ -153,7 +96,7 @@ def test_tiny_vae_overflows_in_float16_only():
 def test_sdxl_force_upcast_decodes_in_float32(record_calls):
     """In a float16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` (the `AutoencoderKL` default), `__call__` calls the deprecated `upcast_vae()` (a `FutureWarning` that says to use `pipe.vae.to(torch.float32)`), the decoder receives float32 latents, the VAE is float16 again afterwards, and the overflowing tiny VAE's images are finite."""
     quiet()
-    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
+    pipe = euler_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
     decoder = record_calls(pipe.vae.decoder)
     with pytest.warns(FutureWarning, match=r"upcast_vae.*vae\.to\(torch\.float32\)"):
         images = sdxl_call(pipe, torch.float16, output_type="np")
@@ -165,7 +108,7 @@ def test_sdxl_force_upcast_decodes_in_float32(record_calls):
 def test_sdxl_without_force_upcast_gives_nan(record_calls):
     """With `vae.config.force_upcast=False` the same float16 SDXL pipeline decodes in float16, and every pixel of the tiny overflowing VAE's output is NaN."""
     quiet()
-    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=False)).to(torch.float16)
+    pipe = euler_sdxl_pipeline(overflowing_vae(force_upcast=False)).to(torch.float16)
     decoder = record_calls(pipe.vae.decoder)
     images = sdxl_call(pipe, torch.float16, output_type="np")
     assert decoder.calls[0][0][0].dtype == torch.float16
@@ -175,7 +118,7 @@ def test_sdxl_without_force_upcast_gives_nan(record_calls):
 def test_vae_to_float32_alone_fails_inside_the_sdxl_call(monkeypatch):
     """`pipe.vae.to(torch.float32)` on an otherwise float16 SDXL pipeline is not enough inside `__call__`: the pipeline casts the latents only when it upcasts itself (and casts the VAE to the latents' dtype only when Apple MPS is available, which undoes the fix: NaN images), so float16 latents meet float32 weights and the decode raises a dtype `RuntimeError`. With `output_type="latent"` and a float32 decode by hand, the image is finite."""
     quiet()
-    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
+    pipe = euler_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
     pipe.vae.to(torch.float32)
     with pytest.raises(RuntimeError, match="should be the same"):
         sdxl_call(pipe, torch.float16, output_type="np")
@@ -193,7 +136,7 @@ def test_vae_to_float32_alone_fails_inside_the_sdxl_call(monkeypatch):
 def test_bfloat16_pipeline_needs_no_upcast(record_calls):
     """A whole SDXL pipeline in bfloat16 never upcasts (`needs_upcasting` tests for float16 only): the decoder runs in bfloat16 and the overflowing tiny VAE's images are finite."""
     quiet()
-    pipe = tiny_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.bfloat16)
+    pipe = euler_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.bfloat16)
     decoder = record_calls(pipe.vae.decoder)
     images = sdxl_call(pipe, torch.bfloat16, output_type="np")
     assert decoder.calls[0][0][0].dtype == torch.bfloat16
@@ -233,7 +176,7 @@ def test_force_upcast_default_and_the_fp16_fix(record_calls):
     assert tiny_vae().config.force_upcast is True
     vae = tiny_vae()
     vae.register_to_config(force_upcast=False)
-    pipe = tiny_sdxl_pipeline(vae).to(torch.float16)
+    pipe = euler_sdxl_pipeline(vae).to(torch.float16)
     decoder = record_calls(pipe.vae.decoder)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # upcast_vae() would warn
@@ -397,7 +340,6 @@ def test_gguf_cuda_path_still_dequantizes_then_matmuls(starter, monkeypatch):
 def test_flux_fp8_layerwise_casting_keeps_the_modulation_in_bf16(starter):
     """On the real Flux.1-dev transformer (built on the meta device), `enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn)` skips every module whose name matches `norm` or `pos_embed` (`DEFAULT_SKIP_MODULES_PATTERN` plus the class's `_skip_layerwise_casting_patterns`); a match skips the whole subtree, so the AdaLN modulation Linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`) stay bf16 and the weights are 15.15 GB, not fp8's 11.90 GB: the figure the starter prints."""
     from diffusers import FluxTransformer2DModel
-    from test_model_sizes import layerwise_casting_record
 
     from labkit import model_sizes
 

@@ -1,22 +1,22 @@
 """Lab 15 (step caching) against diffusers' cache hooks on a tiny FluxTransformer2DModel.
 
-The tiny transformer is built in code with the config diffusers' own tests use
-(``tests/models/transformers/test_models_transformer_flux.py``: patch_size 1, 4 input
-channels, two heads of 16, joint_attention_dim 32, axes_dims_rope [4, 4, 8]), with two
-single-stream blocks so FirstBlockCache has a head, a middle and a tail block. No weights,
-no hub. The starter's NumPy ``FirstBlockCache`` and ``TaylorSeer`` are fed the tensors
+The tiny transformer (``tiny.three_block_flux_transformer``) has the config diffusers'
+own tests use (``tests/models/transformers/test_models_transformer_flux.py``: patch_size
+1, 4 input channels, two heads of 16, joint_attention_dim 32, axes_dims_rope [4, 4, 8]),
+with two single-stream blocks so FirstBlockCache has a head, a middle and a tail block.
+No weights, no hub. The starter's NumPy ``FirstBlockCache`` and ``TaylorSeer`` are fed the tensors
 diffusers computed and must make the same decisions and predictions.
 """
 
 from __future__ import annotations
 
 import itertools
-import runpy
-import sys
 
 import numpy as np
 import pytest
 import torch
+from sizes import flux_1024_record
+from tiny import cache_contexts_of_a_flux_call, run_starter, three_block_flux_transformer
 
 LAB15 = "code/lab-15-step-caching/step_caching.py"
 #: sigma-like timesteps of a short loop: small steps with a few jumps
@@ -25,31 +25,7 @@ TIMESTEPS = [1.0, 0.98, 0.96, 0.8, 0.78, 0.76, 0.5, 0.48, 0.46, 0.2]
 
 @pytest.fixture(scope="module")
 def starter():
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["step_caching.py"]
-    try:
-        return runpy.run_path(str(ROOT / LAB15), run_name="__main__")
-    finally:
-        sys.argv = argv
-
-
-def tiny_flux():
-    """FluxTransformer2DModel, diffusers' test config with 1 dual- and 2 single-stream blocks."""
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    return FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=4,
-        num_layers=1,
-        num_single_layers=2,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        axes_dims_rope=[4, 4, 8],
-    ).eval()
+    return run_starter(LAB15)
 
 
 def flux_inputs():
@@ -120,7 +96,7 @@ def test_cache_context_is_required():
     """Once a cache is enabled, calling the model outside `cache_context(...)` raises `ValueError` ("No cache context is set"): the hooks keep one state per context name, such as `"cond"` and `"uncond"`."""
     from diffusers import FirstBlockCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
     inputs = flux_inputs()
     with torch.no_grad(), pytest.raises(ValueError, match="No cache context is set"):
@@ -138,7 +114,7 @@ def test_enable_twice_raises_and_disable_restores():
     """`enable_cache` on a model that already has a cache raises `ValueError`; after `disable_cache()` the model's outputs over a loop equal the uncached ones exactly."""
     from diffusers import FirstBlockCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     reference = run_loop(model)
     model.enable_cache(FirstBlockCacheConfig(threshold=10.0))
     assert model.is_cache_enabled
@@ -156,7 +132,7 @@ def test_threshold_zero_gives_the_uncached_output():
     """With `FirstBlockCacheConfig(threshold=0)` every call of a 10-step loop on a tiny `FluxTransformer2DModel` runs all blocks and returns exactly the uncached output: a skip needs the relative change to be `<= 0`, i.e. an identical residual."""
     from diffusers import FirstBlockCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     reference = run_loop(model)
     model.enable_cache(FirstBlockCacheConfig(threshold=0.0))
     tail = Counter(model.single_transformer_blocks[-1].attn)  # runs only when the tail computes
@@ -170,7 +146,7 @@ def test_huge_threshold_reuses_the_first_steps_tail_residual():
     """With a huge threshold only the first call runs the remaining blocks; every later call runs the first block and adds the tail residual stored at step 1 (tail block output minus first block output), so a call with step 1's inputs returns step 1's output (to float32 rounding) and the other calls differ from the uncached ones."""
     from diffusers import FirstBlockCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     inputs = flux_inputs()
     head, tail = model.transformer_blocks[0], model.single_transformer_blocks[-1]
     seen = {}
@@ -213,7 +189,7 @@ def test_numpy_rule_reproduces_diffusers_skip_decisions(starter):
     """The starter's NumPy `FirstBlockCache` rule (`mean|r - r_prev| / mean|r_prev| > threshold`, with `r_prev` replaced only when the rest runs) makes the same compute/skip decision as diffusers' `FBCHeadBlockHook` at every step of a 10-step loop, fed the first block's residuals diffusers computed."""
     from diffusers import FirstBlockCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     head, tail_attn = model.transformer_blocks[0], model.single_transformer_blocks[-1].attn
     calls, ran = [], []  # the head block's kwargs per call; the calls in which the tail ran
     hooks = [head.register_forward_pre_hook(lambda m, a, kw: calls.append(kw), with_kwargs=True),
@@ -250,7 +226,7 @@ def test_taylorseer_hooks_attention_modules_by_default():
     """`TaylorSeerCacheConfig()` hooks the attention modules of the transformer blocks (regexes `^transformer_blocks.*attn` and `^single_transformer_blocks.*attn`), not whole blocks: on the tiny Flux transformer `transformer_blocks.0.attn` and both `single_transformer_blocks.*.attn`."""
     from diffusers import TaylorSeerCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     model.enable_cache(TaylorSeerCacheConfig())
     hooked = {
         name
@@ -264,7 +240,7 @@ def test_taylorseer_default_schedule():
     """With the default `TaylorSeerCacheConfig()` (`disable_cache_before_step=3`, `cache_interval=5`) an attention module really runs at calls 0, 1, 2, 4 and 9 of a 10-step loop: call 3 is already a prediction."""
     from diffusers import TaylorSeerCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     model.enable_cache(TaylorSeerCacheConfig())
     calls, ran = [0], []
     attn = model.transformer_blocks[0].attn
@@ -278,7 +254,7 @@ def test_numpy_taylorseer_matches_diffusers(starter):
     """With `cache_interval=3`, `disable_cache_before_step=2`, `max_order=2` (float32 factors), diffusers' TaylorSeer hook computes an attention module at calls 0, 1, 3, 6 and 9 of a 10-step loop and predicts the rest; the starter's NumPy `TaylorSeer` makes the same schedule and, fed the computed outputs, predicts the skipped ones to float32 rounding."""
     from diffusers import TaylorSeerCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     model.enable_cache(TaylorSeerCacheConfig(cache_interval=3, disable_cache_before_step=2, max_order=2, taylor_factors_dtype=torch.float32))  # fmt: skip
     attn = model.transformer_blocks[0].attn
     outs, ran = [], []  # attn's image-token output per call; the calls that really ran
@@ -296,66 +272,6 @@ def test_numpy_taylorseer_matches_diffusers(starter):
             np.testing.assert_allclose(ts.predict(), out, rtol=1e-4, atol=1e-5)
 
 
-def tiny_flux_pipeline():
-    """The real FluxPipeline around a tiny guidance-embedding FluxTransformer2DModel (as
-    Flux.1-dev: 16 latent channels packed 2 x 2 into 64) and a 16-channel VAE; no text
-    encoders: pass prompt_embeds (B, 8, 32) and pooled_prompt_embeds (B, 32)."""
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        FluxPipeline,
-        FluxTransformer2DModel,
-    )
-
-    torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
-        guidance_embeds=True, axes_dims_rope=[4, 4, 8],
-    ).eval()  # fmt: skip
-    vae = AutoencoderKL(
-        block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16, norm_num_groups=8,
-        use_quant_conv=False, use_post_quant_conv=False, sample_size=16,
-    ).eval()  # fmt: skip
-    none = dict.fromkeys(["text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"])
-    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-                        vae=vae, transformer=transformer, **none)  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def cache_contexts_of_a_flux_call(monkeypatch, steps=2):
-    """Run a tiny FluxPipeline with true CFG and FirstBlockCache on its transformer; return
-    the name of the cache context each transformer call ran in (None: outside any)."""
-    import contextlib
-    import inspect
-
-    from diffusers import FirstBlockCacheConfig
-
-    pipe = tiny_flux_pipeline()
-    assert inspect.signature(type(pipe).__call__).parameters["num_inference_steps"].default == 28
-    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.0))
-    current, seen, original = [None], [], pipe.transformer.cache_context
-
-    @contextlib.contextmanager
-    def cache_context(name):
-        current[0] = name
-        with original(name):
-            yield
-        current[0] = None
-
-    monkeypatch.setattr(pipe.transformer, "cache_context", cache_context)
-    pipe.transformer.register_forward_pre_hook(lambda module, args: seen.append(current[0]))
-    g = torch.Generator().manual_seed(0)
-    text, pooled = torch.randn(2, 8, 32, generator=g), torch.randn(2, 32, generator=g)
-    pipe(prompt_embeds=text[:1], pooled_prompt_embeds=pooled[:1],
-         negative_prompt_embeds=text[1:], negative_pooled_prompt_embeds=pooled[1:],
-         true_cfg_scale=2.0, num_inference_steps=steps, height=16, width=16,
-         generator=torch.Generator().manual_seed(1), output_type="latent")  # fmt: skip
-    return seen
-
-
 def test_flux_pipeline_wraps_its_calls_in_cache_context(monkeypatch):
     """`FluxPipeline.__call__` runs each transformer call inside `transformer.cache_context("cond")`, and with true CFG (`true_cfg_scale > 1` and negative embeddings) the negative-prompt call inside `cache_context("uncond")`, so the two keep separate cache states; its default `num_inference_steps` is 28 (a 2-step call of a tiny pipeline whose transformer has FirstBlockCache enabled)."""
     assert cache_contexts_of_a_flux_call(monkeypatch) == ["cond", "uncond", "cond", "uncond"]
@@ -365,7 +281,7 @@ def test_taylorseer_without_warmup_cannot_start():
     """With `disable_cache_before_step=0` and `cache_interval=2`, TaylorSeer's first call is scheduled as a prediction with nothing computed yet, and diffusers raises `ValueError` ("Cannot predict without prior initialization/update")."""
     from diffusers import TaylorSeerCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     model.enable_cache(TaylorSeerCacheConfig(disable_cache_before_step=0, cache_interval=2))
     with pytest.raises(ValueError, match="Cannot predict without prior initialization"):
         run_loop(model, TIMESTEPS[:1])
@@ -373,7 +289,6 @@ def test_taylorseer_without_warmup_cannot_start():
 
 def test_taylorseer_on_real_flux_saves_only_the_attention_share(starter):
     """On the real Flux.1-dev transformer at 1024 px (built on the meta device), the 57 attention modules that `TaylorSeerCacheConfig()` hooks hold 42% of a call's FLOPs (torch's `FlopCounterMode`), so a predicted step still runs the feed-forward layers and projections, and the Taylor factors diffusers' hooks store after two computed steps take 3.23 GB: the figures the starter prints."""
-    from test_model_sizes import flux_1024_record
 
     from labkit import model_sizes
 
@@ -387,7 +302,7 @@ def test_taylorseer_lite_mode_hooks_blocks_and_proj_out():
     """`TaylorSeerCacheConfig(use_lite_mode=True)` hooks every top-level block as "inactive" (a predicted step returns zeros of the recorded shape, so the block is skipped) and extrapolates only `proj_out`'s output: the factors of one module instead of every attention module's."""
     from diffusers import TaylorSeerCacheConfig
 
-    model = tiny_flux()
+    model = three_block_flux_transformer()
     model.enable_cache(TaylorSeerCacheConfig(use_lite_mode=True))
     hooks = {
         name: m._diffusers_hook.get_hook("taylorseer_cache")

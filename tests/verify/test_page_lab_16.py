@@ -15,16 +15,24 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import runpy
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from model_configs import COMPONENTS, build, installed_versions
-from tiny import embeds, start_latents, tiny_sd_pipeline, tiny_unet
+from tiny import (
+    count_transfers,
+    embeds,
+    four_block_flux_transformer,
+    run_four_block_flux,
+    run_starter,
+    sdpa_kernels_seen,
+    simulated_ring,
+    start_latents,
+    tiny_sd_pipeline,
+    tiny_unet,
+)
 
 from labkit import offload_groups
 
@@ -36,13 +44,7 @@ GROUPED = [("Flux.1-dev", "transformer"), ("SDXL", "unet")]
 
 @pytest.fixture(scope="module")
 def starter():
-    from infralens_docs.registry import ROOT
-
-    argv, sys.argv = sys.argv, ["attention_offload.py"]
-    try:
-        return runpy.run_path(str(ROOT / LAB16), run_name="__main__")
-    finally:
-        sys.argv = argv
+    return run_starter(LAB16)
 
 
 # ---------------------------------------------------------------- offload group sizes
@@ -134,59 +136,6 @@ def test_group_sizes_match_the_real_models(fresh_groups):
     assert "params" in unet["mid_block"]  # not a ModuleList: it joins the unmatched group
 
 
-# ---------------------------------------------------------------- a tiny Flux transformer
-
-
-def tiny_flux():
-    """A FluxTransformer2DModel with 2 double-stream and 2 single-stream blocks, random weights."""
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    return FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=4,
-        num_layers=2,
-        num_single_layers=2,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=16,
-        axes_dims_rope=(4, 6, 6),
-    ).eval()
-
-
-def flux_inputs():
-    """Packed latents (1, 16, 4) for a 4 x 4 latent grid, 8 text tokens (1, 8, 32)."""
-    g = torch.Generator().manual_seed(0)
-    img_ids = torch.zeros(16, 3)
-    img_ids[:, 1] = torch.arange(4).repeat_interleave(4)  # row of each latent token
-    img_ids[:, 2] = torch.arange(4).repeat(4)  # column
-    return dict(
-        hidden_states=torch.randn(1, 16, 4, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 16, generator=g),
-        timestep=torch.tensor([0.5]),
-        img_ids=img_ids,
-        txt_ids=torch.zeros(8, 3),
-        return_dict=False,
-    )
-
-
-def run(model, **kw):
-    with torch.no_grad():
-        return model(**flux_inputs(), **kw)[0]
-
-
-@pytest.fixture
-def default_backend():
-    """Every test leaves the process-wide active backend as it found it (`native`)."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
-    assert _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE
-    yield
-    _AttentionBackendRegistry.set_active_backend(AttentionBackendName.NATIVE)
-
-
 # ---------------------------------------------------------------- attention backends
 
 
@@ -196,12 +145,12 @@ def test_cpu_backends_agree_on_a_tiny_flux_transformer(default_backend):
 
     from diffusers.models.attention_dispatch import attention_backend
 
-    model = tiny_flux()
+    model = four_block_flux_transformer()
     outputs = {}
     for name in ["native", "_native_math", "_native_flash", "flex"]:
         with warnings.catch_warnings(record=True) as caught, attention_backend(name):
             warnings.simplefilter("always")
-            outputs[name] = run(model)
+            outputs[name] = run_four_block_flux(model)
         if name == "flex":
             assert any("materializes the full scores matrix" in str(w.message) for w in caught)
     for name, out in outputs.items():
@@ -262,15 +211,16 @@ def test_set_attention_backend_sets_processors_and_the_global_default(default_ba
     """`transformer.set_attention_backend("_native_math")` sets `_attention_backend` on every Flux attention processor and also makes it the process-wide active backend; `reset_attention_backend()` clears the processors but leaves the process-wide backend at `_native_math`, so other models still follow it."""
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-    model, other = tiny_flux(), tiny_flux()
-    before = run(other)
+    model, other = four_block_flux_transformer(), four_block_flux_transformer()
+    before = run_four_block_flux(other)
     model.set_attention_backend("_native_math")
     assert {p._attention_backend for p in model.attn_processors.values()} == {AttentionBackendName._NATIVE_MATH}  # fmt: skip
     assert _AttentionBackendRegistry._active_backend == AttentionBackendName._NATIVE_MATH
     model.reset_attention_backend()
     assert {p._attention_backend for p in model.attn_processors.values()} == {None}
     assert _AttentionBackendRegistry._active_backend == AttentionBackendName._NATIVE_MATH
-    assert not torch.equal(run(other), before)  # a model never touched now runs the math kernel
+    # a model never touched now runs the math kernel
+    assert not torch.equal(run_four_block_flux(other), before)
 
 
 def test_unet_ignores_the_attention_backend(default_backend):
@@ -283,15 +233,15 @@ def test_unet_ignores_the_attention_backend(default_backend):
     procs = list(sd3.attn_processors.values())
     assert procs and all(type(p) is JointAttnProcessor2_0 and not hasattr(p, "_attention_backend") for p in procs)  # fmt: skip
 
-    unet, flux = tiny_unet(), tiny_flux()
+    unet, flux = tiny_unet(), four_block_flux_transformer()
     latents, prompt_embeds = start_latents(1), embeds(0, 1)
     assert not any(hasattr(p, "_attention_backend") for p in unet.attn_processors.values())
     with torch.no_grad():
         before = unet(latents, 10, encoder_hidden_states=prompt_embeds).sample
-        flux_before = run(flux)
+        flux_before = run_four_block_flux(flux)
         with attention_backend("_native_math"):
             after = unet(latents, 10, encoder_hidden_states=prompt_embeds).sample
-            flux_after = run(flux)
+            flux_after = run_four_block_flux(flux)
     assert torch.equal(before, after)
     assert not torch.equal(flux_before, flux_after)
 
@@ -317,42 +267,6 @@ def test_numpy_tiled_and_ring_attention_equal_torch_sdpa(starter):
     scores = torch.from_numpy(q.astype(np.float64)) @ torch.from_numpy(k.astype(np.float64)).transpose(-1, -2) / q.shape[-1] ** 0.5  # fmt: skip
     assert np.abs(lse - torch.logsumexp(scores, -1).numpy()).max() <= 1e-5
     assert np.abs(starter["ring_attention"](q, k, v, 4) - ref).max() <= 1e-5
-
-
-def simulated_ring(q, k, v, world, monkeypatch):
-    """diffusers' own `TemplatedRingAttention.forward` for every rank of a simulated ring.
-
-    ``q, k, v``: (B, N, heads, d). The collective is replaced by an in-process gather of
-    every rank's flattened (key, value) shard; the per-shard attention (``forward_op``) is
-    plain softmax attention that also returns its log-sum-exp. Returns the ranks' outputs
-    (B, N / world, heads, d), the number of gathers, and every ``forward_op`` result in
-    call order, ``(rank, out, lse)``, as the merge received it.
-    """
-    from diffusers.models import attention_dispatch as ad
-
-    q_shards, k_shards, v_shards = (x.chunk(world, dim=1) for x in (q, k, v))  # (B, N/w, H, d)
-    gathers, partials, rank_now = [], [], [0]
-
-    def all_gather_tensor(buffer, gather_dim, group):
-        gathers.append(buffer.numel())
-        return torch.cat([torch.cat([kk.flatten(), vv.flatten()]) for kk, vv in zip(k_shards, v_shards, strict=True)])  # fmt: skip
-
-    def forward_op(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, _save_ctx=True, _parallel_config=None):  # fmt: skip
-        qh, kh, vh = (x.permute(0, 2, 1, 3) for x in (query, key, value))  # (B, H, S, d)
-        scores = qh @ kh.transpose(-1, -2) / qh.shape[-1] ** 0.5
-        out = (torch.softmax(scores, -1) @ vh).permute(0, 2, 1, 3)  # (B, S, H, d)
-        lse = torch.logsumexp(scores, -1).permute(0, 2, 1)  # (B, S, H)
-        partials.append((rank_now[0], out, lse))
-        return out, lse
-
-    monkeypatch.setattr(ad.funcol, "all_gather_tensor", all_gather_tensor)
-    outs = []
-    for rank in range(world):
-        rank_now[0] = rank
-        cp = SimpleNamespace(_ring_mesh=SimpleNamespace(get_group=lambda: None), _ring_local_rank=rank, ring_degree=world, convert_to_fp32=True)  # fmt: skip
-        outs.append(ad.TemplatedRingAttention.forward(SimpleNamespace(), q_shards[rank], k_shards[rank], v_shards[rank], None, 0.0, False, None, False, False, forward_op, None, SimpleNamespace(context_parallel_config=cp)))  # fmt: skip
-    monkeypatch.undo()
-    return outs, len(gathers), partials
 
 
 def test_diffusers_ring_merge_equals_whole_attention(starter, monkeypatch):
@@ -382,39 +296,17 @@ def test_diffusers_ring_merge_equals_whole_attention(starter, monkeypatch):
 )
 def test_group_offload_cpu_to_cpu_is_bit_identical(kwargs, default_backend):
     """`enable_group_offload(onload_device=cpu, offload_device=cpu, ...)` with `block_level` (1 or 2 blocks per group) or `leaf_level` leaves a tiny Flux transformer's output bit-identical: offloading moves weights, it does not change a number."""
-    reference = run(tiny_flux())
-    model = tiny_flux()
+    reference = run_four_block_flux(four_block_flux_transformer())
+    model = four_block_flux_transformer()
     model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), **kwargs)  # fmt: skip
-    assert torch.equal(run(model), reference)
-    assert torch.equal(run(model), reference)  # and again: groups onload each call
-
-
-def count_transfers(model, monkeypatch):
-    """(groups onloaded, class names of modules given `.to(...)`) during one forward."""
-    from diffusers.hooks.group_offloading import ModuleGroup
-
-    onloads, to_calls = [], []
-    original_onload, original_to = ModuleGroup.onload_, torch.nn.Module.to
-
-    def onload(self):
-        onloads.append(self)
-        return original_onload(self)
-
-    def to(self, *a, **kw):
-        to_calls.append(type(self).__name__)
-        return original_to(self, *a, **kw)
-
-    monkeypatch.setattr(ModuleGroup, "onload_", onload)
-    monkeypatch.setattr(torch.nn.Module, "to", to)
-    run(model)
-    monkeypatch.undo()
-    return onloads, to_calls
+    assert torch.equal(run_four_block_flux(model), reference)
+    assert torch.equal(run_four_block_flux(model), reference)  # and again: groups onload each call
 
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_block_level_onloads_every_group_every_call(n, starter, monkeypatch, default_backend):
     """With `block_level`, one forward onloads each group of `num_blocks_per_group` blocks of every `ModuleList` once, plus one "unmatched" group for everything else (embeddings, norms, projections), and without `use_stream` offloads each block group with `module.to(offload_device)` after its last block: on a GPU that is a copy back to the CPU. On the tiny Flux transformer (2 + 2 blocks): 5 onloads at n = 1, 3 at n = 2."""
-    model = tiny_flux()
+    model = four_block_flux_transformer()
     model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=n)  # fmt: skip
     onloads, to_calls = count_transfers(model, monkeypatch)
     assert len(onloads) == 2 * (2 // n) + 1 and len(set(map(id, onloads))) == len(onloads)
@@ -430,12 +322,14 @@ def test_leaf_level_groups_every_module_with_parameters(starter, monkeypatch, de
     """With `leaf_level`, one forward onloads one group per Linear / Conv / Embedding layer and one per other module that holds parameters (the RMSNorm weights of Flux's attention): the "groups/step" the lab counts for the real models; norm layers are not in the leaf-layer list, so their weights form these extra groups. accelerate's `cpu_offload`, which `enable_sequential_cpu_offload` calls per component, hooks the same modules (and the root), leaves the model's parameters on the meta device with the CPU weights held by the hooks, and after a forward nothing has been copied back; the output is unchanged."""
     import accelerate
 
-    model = tiny_flux()
+    model = four_block_flux_transformer()
     counted = count_groups(model)["leaf_level"]
     model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="leaf_level")  # fmt: skip
     onloads, _ = count_transfers(model, monkeypatch)
     assert len(onloads) == counted["layers"] + counted["other_groups"]
-    rows = {r[0]: r for r in starter["schedules"](count_groups(tiny_flux()), 1, [1])}
+    rows = {
+        r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 1, [1])
+    }
     assert rows["leaf_level / sequential"][3] == len(onloads)
     from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
 
@@ -480,7 +374,7 @@ def test_unet_mid_block_stays_in_the_unmatched_group(default_backend):
 
 def test_streams_need_an_accelerator():
     """`use_stream=True` (prefetching the next group while one runs) needs an accelerator's streams: with `onload_device=cpu` diffusers raises a `ValueError`. Streamed offloading is therefore not run here."""
-    model = tiny_flux()
+    model = four_block_flux_transformer()
     with pytest.raises(ValueError, match="streams"):
         model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1, use_stream=True)  # fmt: skip
 
@@ -538,34 +432,19 @@ def test_block_modules_splits_the_unet_mid_block(starter, monkeypatch, default_b
     assert f"{split[1] / 1e9:.2f}" == "2.43"
 
 
-def sdpa_kernels_seen(monkeypatch) -> list[set[str]]:
-    """Spy on `F.scaled_dot_product_attention`: per call, the SDPA kernels torch may choose
-    from at that moment (`torch.backends.cuda.*_sdp_enabled`, which `sdpa_kernel` narrows)."""
-    cuda, sdpa, seen = torch.backends.cuda, torch.nn.functional.scaled_dot_product_attention, []
-
-    def spy(*args, **kwargs):
-        flags = {"flash": cuda.flash_sdp_enabled(), "efficient": cuda.mem_efficient_sdp_enabled(),
-                 "math": cuda.math_sdp_enabled(), "cudnn": cuda.cudnn_sdp_enabled()}  # fmt: skip
-        seen.append({name for name, on in flags.items() if on})
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    return seen
-
-
 def test_native_backend_is_plain_sdpa(monkeypatch, default_backend):
     """The default `native` backend calls `torch.nn.functional.scaled_dot_product_attention` with all four of its kernels (flash, memory-efficient, math, cuDNN) enabled, so torch picks one itself; each `_native_*` backend enables only its own (seen inside the SDPA calls of a tiny Flux transformer, and of `dispatch_attention_fn` for the two GPU-only kernels, which then fail on the CPU)."""
     from diffusers.models import attention_dispatch as ad
 
     assert ad._AttentionBackendRegistry._active_backend == ad.AttentionBackendName.NATIVE
     seen = sdpa_kernels_seen(monkeypatch)
-    model = tiny_flux()
-    run(model)
+    model = four_block_flux_transformer()
+    run_four_block_flux(model)
     assert len(seen) == 4 and all(s == {"flash", "efficient", "math", "cudnn"} for s in seen)
     for name, kernel in [("_native_math", "math"), ("_native_flash", "flash")]:
         seen.clear()
         with ad.attention_backend(name):
-            run(model)
+            run_four_block_flux(model)
         assert len(seen) == 4 and all(s == {kernel} for s in seen), name
     q = torch.randn(1, 8, 2, 16)  # (B, N, heads, head_dim)
     for name, kernel in [("_native_efficient", "efficient"), ("_native_cudnn", "cudnn")]:

@@ -16,7 +16,6 @@ import functools
 import inspect
 import itertools
 import math
-import string
 import typing
 
 import numpy as np
@@ -24,7 +23,6 @@ import pytest
 import torch
 from diffusers import (
     AutoencoderKL,
-    ControlNetModel,
     DDIMScheduler,
     DDPMScheduler,
     EulerAncestralDiscreteScheduler,
@@ -32,9 +30,7 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     HeunDiscreteScheduler,
     PNDMScheduler,
-    SD3Transformer2DModel,
     StableDiffusion3Pipeline,
-    StableDiffusionControlNetPipeline,
     StableDiffusionPipeline,
 )
 from diffusers.models.attention_processor import AttnProcessor2_0, IPAdapterAttnProcessor2_0
@@ -44,22 +40,28 @@ from diffusers.utils.torch_utils import randn_tensor
 from tiny import (
     EMBED_DIM,
     HEIGHT,
-    SD_BETAS,
+    SD15_PNDM,
     SD_SCHEDULER,
     WIDTH,
     embeds,
+    flux_prompt_embeds,
+    guided,
+    random_ip_adapter,
+    sd_with,
     start_latents,
+    tiny_clip_with_projection,
+    tiny_controlnet,
+    tiny_controlnet_pipeline,
+    tiny_flux_pipeline,
+    tiny_sd3_pipeline,
     tiny_text_encoder,
+    tiny_tokenizer,
     tiny_unet,
     tiny_vae,
 )
-from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
 LATENT = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
-#: Stable Diffusion 1.5's shipped scheduler config, as printed on the diffusers docs page
-#: https://huggingface.co/docs/diffusers/using-diffusers/schedulers
-SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
 
 
 def sd_scheduler(cls, **overrides):
@@ -69,25 +71,7 @@ def sd_scheduler(cls, **overrides):
     return cls.from_config({**SD_SCHEDULER, **overrides})
 
 
-# ---------------------------------------------------------------- builders (this page only)
-
-
-def sd_with(pipe, **components):
-    """A new StableDiffusionPipeline sharing ``pipe``'s models, with some parts replaced."""
-    parts = dict(pipe.components)
-    parts.update(components)
-    new = StableDiffusionPipeline(**parts, requires_safety_checker=False)
-    new.set_progress_bar_config(disable=True)
-    return new
-
-
-def clip_tokenizer():
-    """A real CLIPTokenizer over an in-memory vocabulary (letters, no merges): no files."""
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in string.ascii_lowercase:
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+# ---------------------------------------------------------------- helpers (this page only)
 
 
 def run(pipe, guidance_scale=7.5, steps=3, latents=None, **kwargs):
@@ -105,11 +89,6 @@ def run(pipe, guidance_scale=7.5, steps=3, latents=None, **kwargs):
         latents=start_latents() if latents is None else latents,
         **kwargs,
     ).images
-
-
-def guided(noise_pred, guidance_scale):
-    noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
-    return noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
 
 
 @pytest.fixture
@@ -192,29 +171,10 @@ def bars(monkeypatch):
     return spy
 
 
-@pytest.fixture
-def calls_of(monkeypatch):
-    """``spy(obj, name) -> list``: (args, kwargs) of every call of the method ``obj.name``."""
-
-    def spy(obj, name):
-        seen = []
-        original = getattr(obj, name)
-
-        @functools.wraps(original)
-        def wrapper(*args, **kwargs):
-            seen.append((args, kwargs))
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(obj, name, wrapper)
-        return seen
-
-    return spy
-
-
 @pytest.fixture(scope="module")
 def text_pipe(sd_pipe):
     """The tiny pipeline with a tiny CLIP text encoder and tokenizer."""
-    return sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=clip_tokenizer())
+    return sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
 
 
 # ---------------------------------------------------------------- before the loop
@@ -700,29 +660,8 @@ def controlnet_pipe():
     start at zero); they are re-drawn here so that the residuals are not trivially zero.
     """
     unet = tiny_unet()
-    torch.manual_seed(0)
-    controlnet = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32))
-    with torch.no_grad():
-        for module in [
-            controlnet.controlnet_down_blocks,
-            controlnet.controlnet_mid_block,
-            controlnet.controlnet_cond_embedding.conv_out,
-        ]:
-            for p in module.parameters():
-                p.normal_(0, 0.2)
-    pipe = StableDiffusionControlNetPipeline(
-        vae=tiny_vae(),
-        text_encoder=None,
-        tokenizer=None,
-        unet=unet,
-        controlnet=controlnet.eval(),
-        scheduler=sd_scheduler(DDIMScheduler),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    controlnet = tiny_controlnet(unet, trained=True)
+    return tiny_controlnet_pipeline(unet, controlnet, scheduler=sd_scheduler(DDIMScheduler))
 
 
 def test_controlnet_residuals_go_into_the_unet_every_step(
@@ -849,32 +788,6 @@ def test_guess_mode_runs_the_controlnet_on_the_conditional_half(controlnet_pipe,
 
 
 # ---------------------------------------------------------------- IP-Adapter
-
-
-def random_ip_adapter(unet, image_embed_dim=16, seed=0):
-    """A plain IP-Adapter state dict in the layout ``load_ip_adapter`` reads, random values.
-
-    ``image_proj``: the ``proj`` Linear and ``norm`` of ``ImageProjection`` (4 tokens);
-    ``ip_adapter``: ``to_k_ip`` / ``to_v_ip`` for each cross-attention layer, numbered
-    1, 3, 5, ... in ``unet.attn_processors`` order, as the loader counts them.
-    """
-    g = torch.Generator().manual_seed(seed)
-    dim = unet.config.cross_attention_dim
-    image_proj = {
-        "proj.weight": torch.randn(4 * dim, image_embed_dim, generator=g) * 0.2,
-        "proj.bias": torch.zeros(4 * dim),
-        "norm.weight": torch.ones(dim),
-        "norm.bias": torch.zeros(dim),
-    }
-    layers, key_id = {}, 1
-    for name in unet.attn_processors:
-        if name.endswith("attn1.processor"):
-            continue
-        inner = unet.get_submodule(name.removesuffix(".processor")).to_k.out_features
-        for kind in ["to_k_ip", "to_v_ip"]:
-            layers[f"{key_id}.{kind}.weight"] = torch.randn(inner, dim, generator=g) * 0.2
-        key_id += 2
-    return {"image_proj": image_proj, "ip_adapter": layers}
 
 
 @pytest.fixture(scope="module")
@@ -1148,67 +1061,18 @@ def test_a_mismatched_prediction_type_runs_without_error(sd_pipe):
 # ---------------------------------------------------------------- SD3
 
 
-def tiny_transformer():
-    torch.manual_seed(0)
-    return SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=1,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=EMBED_DIM,
-        caption_projection_dim=16,
-        pooled_projection_dim=16,
-        pos_embed_max_size=16,
-    ).eval()
-
-
-def tiny_clip_with_projection(seed):
-    torch.manual_seed(seed)
-    config = CLIPTextConfig(
-        vocab_size=2 + 2 * 26,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=77,
-        projection_dim=8,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
-    )
-    return CLIPTextModelWithProjection(config).eval()
-
-
 @pytest.fixture(scope="module")
 def sd3_pipe():
     """The real StableDiffusion3Pipeline: tiny transformer, a VAE with a `shift_factor`,
     two tiny CLIP text encoders with projections, no T5 (``text_encoder_3=None``)."""
-    torch.manual_seed(0)
-    vae = AutoencoderKL(
-        block_out_channels=(32, 64),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        latent_channels=4,
-        sample_size=HEIGHT,
-        scaling_factor=1.5,
-        shift_factor=0.25,
-    ).eval()
-    pipe = StableDiffusion3Pipeline(
-        transformer=tiny_transformer(),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=vae,
+    return tiny_sd3_pipeline(
+        FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=tiny_vae(scaling_factor=1.5, shift_factor=0.25),
         text_encoder=tiny_clip_with_projection(1),
-        tokenizer=clip_tokenizer(),
+        tokenizer=tiny_tokenizer(),
         text_encoder_2=tiny_clip_with_projection(2),
-        tokenizer_2=clip_tokenizer(),
-        text_encoder_3=None,
-        tokenizer_3=None,
+        tokenizer_2=tiny_tokenizer(),
     )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 SD3_EMBEDS = torch.randn(2, 10, EMBED_DIM, generator=torch.Generator().manual_seed(8))
@@ -1385,11 +1249,10 @@ def test_sd3_decode_adds_the_shift_factor(sd3_pipe, calls_of):
 def test_flux_packs_the_noise_and_does_not_scale_it(record_calls):
     """`FluxPipeline` packs the `(B, 16, h, w)` noise into `(B, (h/2)(w/2), 64)` tokens of 2 × 2 patches and never scales it (`FlowMatchEulerDiscreteScheduler` has no `init_noise_sigma`), and calls the transformer once per step at batch `B` with `timestep = t / 1000`, the current sigma, and, for a guidance-embedding transformer (FLUX.1-dev), `guidance = guidance_scale`.
 
-    The tiny FluxPipeline of ``test_page_cfg`` (16 latent channels, a VAE with factor 2,
-    ``guidance_embeds=True``).
+    The tiny FluxPipeline built by ``tiny.tiny_flux_pipeline`` (16 latent channels, a VAE
+    with factor 2, ``guidance_embeds=True``).
     """
-    from test_page_cfg import FLUX_POOLED, FLUX_TEXT, tiny_flux_pipeline
-
+    FLUX_TEXT, FLUX_POOLED = flux_prompt_embeds()
     pipe = tiny_flux_pipeline()
     assert not hasattr(pipe.scheduler, "init_noise_sigma")
     calls = record_calls(pipe.transformer).calls

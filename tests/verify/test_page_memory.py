@@ -16,8 +16,13 @@ from tiny import (
     HEIGHT,
     WIDTH,
     embeds,
+    random_ip_adapter,
     start_latents,
+    tiny_flux_pipeline,
+    tiny_sd3_pipeline,
     tiny_sd_pipeline,
+    tiny_text_encoder,
+    tiny_tokenizer,
     tiny_unet,
     tiny_vae,
 )
@@ -56,44 +61,19 @@ def test_auto_slice_is_half_the_heads():
     assert {p.slice_size for p in pipe.unet.attn_processors.values()} == {1}
 
 
-def tiny_sd3_pipeline(text_encoders=None):
-    """StableDiffusion3Pipeline around a one-layer SD3Transformer2DModel."""
-    from diffusers import (
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
+def memory_flux_pipeline():
+    """``tiny_flux_pipeline`` without guidance embedding, with quant convs in its VAE and no
+    dynamic shifting: FluxPipeline around a one-block FluxTransformer2DModel."""
+    return tiny_flux_pipeline(
+        guidance_embeds=False,
+        vae_config=dict(use_quant_conv=True, use_post_quant_conv=True, sample_size=32),
+        use_dynamic_shifting=False,
     )
-
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2, joint_attention_dim=EMBED_DIM, caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16).eval()  # fmt: skip
-    parts = dict.fromkeys(["text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3"])  # fmt: skip
-    parts.update(text_encoders or {})
-    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(), vae=tiny_vae(), **parts)  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def tiny_flux_pipeline(guidance_embeds=False):
-    """FluxPipeline around a one-block FluxTransformer2DModel; no text encoders."""
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        FluxPipeline,
-        FluxTransformer2DModel,
-    )
-
-    torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=guidance_embeds, axes_dims_rope=(4, 4, 8)).eval()  # fmt: skip
-    vae = AutoencoderKL(block_out_channels=(32, 32), down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16, norm_num_groups=8).eval()  # fmt: skip
-    parts = dict.fromkeys(["text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"])
-    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, transformer=transformer, **parts)  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def test_attention_slicing_is_a_no_op_on_sd3_and_flux():
     """On `StableDiffusion3Pipeline` and `FluxPipeline`, `pipe.enable_attention_slicing()` changes nothing and raises nothing: the pipeline method only calls components that have `set_attention_slice`, and `SD3Transformer2DModel` and `FluxTransformer2DModel` have none."""
-    for pipe in (tiny_sd3_pipeline(), tiny_flux_pipeline()):
+    for pipe in (tiny_sd3_pipeline(), memory_flux_pipeline()):
         assert not hasattr(pipe.transformer, "set_attention_slice")
         before = dict(pipe.transformer.attn_processors)
         pipe.enable_attention_slicing()
@@ -101,21 +81,6 @@ def test_attention_slicing_is_a_no_op_on_sd3_and_flux():
         after = pipe.transformer.attn_processors
         assert after.keys() == before.keys()
         assert all(after[k] is before[k] for k in before)  # the same processor objects
-
-
-def random_ip_adapter(unet, image_embed_dim=16):
-    """A plain IP-Adapter state dict (``image_proj`` + ``ip_adapter``) of random values."""
-    g = torch.Generator().manual_seed(0)
-    dim = unet.config.cross_attention_dim
-    image_proj = {"proj.weight": torch.randn(4 * dim, image_embed_dim, generator=g), "proj.bias": torch.zeros(4 * dim), "norm.weight": torch.ones(dim), "norm.bias": torch.zeros(dim)}  # fmt: skip
-    layers, key = {}, 1  # the loader numbers cross-attention layers 1, 3, 5, ...
-    for name in unet.attn_processors:
-        if name.endswith("attn2.processor"):
-            inner = unet.get_submodule(name.removesuffix(".processor")).to_k.out_features
-            for kind in ("to_k_ip", "to_v_ip"):
-                layers[f"{key}.{kind}.weight"] = torch.randn(inner, dim, generator=g)
-            key += 2
-    return {"image_proj": image_proj, "ip_adapter": layers}
 
 
 def test_attention_slicing_drops_a_loaded_ip_adapter():
@@ -127,7 +92,7 @@ def test_attention_slicing_drops_a_loaded_ip_adapter():
     )
 
     pipe = tiny_sd_pipeline()
-    pipe.load_ip_adapter(random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None)  # fmt: skip
+    pipe.load_ip_adapter(random_ip_adapter(pipe.unet, std=1.0), subfolder="", weight_name="", image_encoder_folder=None)  # fmt: skip
     assert (
         sum(type(p) is IPAdapterAttnProcessor2_0 for p in pipe.unet.attn_processors.values()) == 4
     )
@@ -213,7 +178,7 @@ def test_t5_keeps_wo_in_float32_under_float16(tmp_path):
 
     assert T5EncoderModel._keep_in_fp32_modules == ["wo"]
     t5 = T5EncoderModel(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu"))  # fmt: skip
-    tiny_sd3_pipeline(dict(text_encoder_3=t5)).save_pretrained(tmp_path)
+    tiny_sd3_pipeline(text_encoder_3=t5).save_pretrained(tmp_path)
     absent = dict.fromkeys(["text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "tokenizer_3"])  # fmt: skip
 
     def dtypes(pipe):
@@ -233,16 +198,12 @@ def test_t5_keeps_wo_in_float32_under_float16(tmp_path):
 
 def test_sd3_runs_without_its_t5_encoder(tmp_path, record_calls):
     """`StableDiffusion3Pipeline` built with `text_encoder_3=None` and `tokenizer_3=None` encodes a prompt with its two CLIP encoders and passes zeros where the T5 tokens would be, so it runs without T5's weights."""
-    from tiny import tiny_tokenizer
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     def clip(seed):
-        torch.manual_seed(seed)
-        config = CLIPTextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, projection_dim=8, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)  # fmt: skip
-        return CLIPTextModelWithProjection(config).eval()
+        return tiny_text_encoder(16, seed=seed, with_projection=True, projection_dim=8, num_hidden_layers=1, num_attention_heads=2)  # fmt: skip
 
     tokenizer = tiny_tokenizer(tmp_path)
-    pipe = tiny_sd3_pipeline(dict(text_encoder=clip(0), text_encoder_2=clip(1), tokenizer=tokenizer, tokenizer_2=tokenizer))  # fmt: skip
+    pipe = tiny_sd3_pipeline(text_encoder=clip(0), text_encoder_2=clip(1), tokenizer=tokenizer, tokenizer_2=tokenizer)  # fmt: skip
     calls = record_calls(pipe.transformer).calls
     pipe(prompt="a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, latents=start_latents(), max_sequence_length=16, output_type="latent")  # fmt: skip
     hidden = calls[0][1]["encoder_hidden_states"]  # (2B, 77 CLIP + 16 T5 tokens, joint dim)
@@ -293,7 +254,6 @@ def watch_moves(pipe, monkeypatch):
 def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
     """Under `enable_model_cpu_offload`, a call moves each component to the GPU when its forward starts, in `model_cpu_offload_seq` order (`"text_encoder->image_encoder->unet->vae"`), and each hook holds the previous component's as `prev_module_hook`, which accelerate offloads when the forward starts if that component is not on the CPU (a move this CPU-only test sees only as the chain); at the end of the call `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves every component back, and the `safety_checker` (`_exclude_from_cpu_offload`, no hook) is moved to the GPU again right after. Every component crosses the bus twice per call."""
     from diffusers import StableDiffusionPipeline
-    from tiny import tiny_text_encoder, tiny_tokenizer
 
     assert StableDiffusionPipeline.model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
     assert StableDiffusionPipeline._exclude_from_cpu_offload == ["safety_checker"]

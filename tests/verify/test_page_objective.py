@@ -15,7 +15,6 @@ import json
 import pytest
 import torch
 from diffusers import (
-    AutoencoderKL,
     DDIMScheduler,
     DDPMScheduler,
     DPMSolverMultistepScheduler,
@@ -24,17 +23,7 @@ from diffusers import (
     UNet2DConditionModel,
 )
 from diffusers.training_utils import compute_snr
-from tiny import SD_BETAS, embeds, tiny_sd_pipeline, tiny_unet
-
-SHAPE = (2, 4, 8, 8)  # (B, C, h, w) latents-like
-
-
-def randn(seed: int, shape=SHAPE) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def abar(scheduler, t: int) -> torch.Tensor:
-    return scheduler.alphas_cumprod[t].to(torch.float64)
+from tiny import SD_BETAS, abar, close, embeds, randn, tiny_sd_pipeline, tiny_unet
 
 
 def targets(scheduler, x0, eps, t):
@@ -43,33 +32,6 @@ def targets(scheduler, x0, eps, t):
     x_t = a.sqrt() * x0 + (1 - a).sqrt() * eps
     v = a.sqrt() * eps - (1 - a).sqrt() * x0
     return x_t, {"epsilon": eps, "sample": x0, "v_prediction": v}
-
-
-def close(a, b, tol=1e-6):
-    torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny convolutions run ~100x slower with 2 intra-op threads on the 2-core CI box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def sd1_shaped_pipe():
-    """The real pipeline with a VAE of SD 1.x's four blocks: vae_scale_factor 8."""
-    torch.manual_seed(0)
-    vae = AutoencoderKL(
-        block_out_channels=(32, 32, 32, 32),
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        latent_channels=4,
-        sample_size=32,
-    ).eval()
-    return tiny_sd_pipeline(vae=vae, unet=tiny_unet(sample_size=4))
 
 
 def test_add_noise_is_the_forward_formula():

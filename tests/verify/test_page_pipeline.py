@@ -13,27 +13,23 @@ import json
 import pytest
 import torch
 from tiny import (
+    FLUX_VAE_FACTORS,
     HEIGHT,
+    SD_BETAS,
     WIDTH,
+    dit_embeds,
     embeds,
     start_latents,
+    tiny_flux_pipeline,
+    tiny_sd3_pipeline_16ch,
     tiny_sd_pipeline,
+    tiny_sdxl_pipeline,
+    tiny_sdxl_unet,
     tiny_text_encoder,
     tiny_tokenizer,
-    tiny_vae,
 )
 
-
-@pytest.fixture(autouse=True)
-def quiet_diffusers():
-    from diffusers.utils import logging as dlogging
-
-    level = dlogging.get_verbosity()
-    dlogging.set_verbosity_error()
-    dlogging.disable_progress_bar()
-    yield
-    dlogging.set_verbosity(level)
-    dlogging.enable_progress_bar()
+pytestmark = pytest.mark.usefixtures("quiet_diffusers")
 
 
 @pytest.fixture
@@ -161,16 +157,10 @@ def test_a_wrong_scaling_factor_decodes_without_an_error(pipe):
 
 def test_prompt_embeds_can_be_passed_instead_of_a_prompt(record_calls):
     """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` built without text encoders run `__call__` from `prompt_embeds` (plus `pooled_prompt_embeds` from SDXL on, and the negative pair when CFG is on), so the text encoders need not be present during the loop."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
-    from test_page_lab_06 import _sdxl_unet, dit_embeds, tiny_flux_pipeline, tiny_sd3_pipeline
-    from tiny import SD_BETAS
+    from diffusers import EulerDiscreteScheduler
 
-    sdxl = StableDiffusionXLPipeline(
-        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
-        unet=_sdxl_unet(pooled=20), scheduler=EulerDiscreteScheduler(**SD_BETAS, steps_offset=1),
-        add_watermarker=False,
-    )  # fmt: skip
-    sdxl.set_progress_bar_config(disable=True)
+    euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
+    sdxl = tiny_sdxl_pipeline(euler, unet=tiny_sdxl_unet(pooled=20), add_watermarker=False)
     (text, neg), (pooled, neg_pooled) = (embeds(1), embeds(2)), torch.randn(2, 1, 20).unbind()
     (t3, p3), (n3, np3) = dit_embeds(1), dit_embeds(2)
     cases = [  # (pipeline, kwargs, text rows the denoiser must receive)
@@ -178,10 +168,10 @@ def test_prompt_embeds_can_be_passed_instead_of_a_prompt(record_calls):
          torch.cat([neg, text])),
         (sdxl, dict(prompt_embeds=text, negative_prompt_embeds=neg, pooled_prompt_embeds=pooled,
                     negative_pooled_prompt_embeds=neg_pooled), torch.cat([neg, text])),
-        (tiny_sd3_pipeline(), dict(prompt_embeds=t3, negative_prompt_embeds=n3,
+        (tiny_sd3_pipeline_16ch(), dict(prompt_embeds=t3, negative_prompt_embeds=n3,
                                    pooled_prompt_embeds=p3, negative_pooled_prompt_embeds=np3),
          torch.cat([n3, t3])),
-        (tiny_flux_pipeline(), dict(prompt_embeds=t3, pooled_prompt_embeds=p3), t3),
+        (tiny_flux_pipeline(vae_seed=0, vae_config=FLUX_VAE_FACTORS), dict(prompt_embeds=t3, pooled_prompt_embeds=p3), t3),
     ]  # fmt: skip
     for pipe, kwargs, rows in cases:
         encoders = [v for k, v in pipe.components.items() if k.startswith("text_encoder")]

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import logging
 import math
 import re
 
@@ -32,8 +31,6 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     HeunDiscreteScheduler,
     PNDMScheduler,
-    SD3Transformer2DModel,
-    StableDiffusion3Pipeline,
     StableDiffusionPipeline,
 )
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
@@ -44,20 +41,20 @@ from diffusers.schedulers.scheduling_utils import KarrasDiffusionSchedulers
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    SD15_PNDM,
+    SD15_SCHEDULER_FILE,
     SD_BETAS,
     SD_SCHEDULER,
     WIDTH,
     embeds,
+    logged_messages,
     start_latents,
-    tiny_vae,
+    tiny_sd3_pipeline,
 )
 
 from infralens_docs.registry import ROOT
 
 SCHEDULER_PAGE = (ROOT / "docs" / "handbook" / "scheduler.md").read_text(encoding="utf-8")
-#: Stable Diffusion 1.5's shipped scheduler config, scheduler/scheduler_config.json of
-#: https://huggingface.co/stable-diffusion-v1-5/stable-diffusion-v1-5
-SD15_PNDM = dict(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
 #: SD 1.5's scheduler settings that EulerDiscreteScheduler accepts (it has no clip_sample)
 SD_SCHEDULER_EULER = dict(SD_BETAS, steps_offset=SD_SCHEDULER["steps_offset"])
 LATENT_SHAPE = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
@@ -799,16 +796,7 @@ def test_euler_step_formula():
 
 def test_euler_step_warns_without_scale_model_input():
     """If `scale_model_input` was never called on the instance, `EulerDiscreteScheduler.step` logs a warning that it should be called before `step`, and still returns a result."""
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    logger = logging.getLogger("diffusers.schedulers.scheduling_euler_discrete")
-    handler = Collect(level=logging.WARNING)
-    logger.addHandler(handler)
-    try:
+    with logged_messages("diffusers.schedulers.scheduling_euler_discrete") as messages:
         sample, model_output = tensors(18)
         scheduler = EulerDiscreteScheduler(**SD_BETAS)
         scheduler.set_timesteps(10)
@@ -820,8 +808,6 @@ def test_euler_step_warns_without_scale_model_input():
         t = scheduler.timesteps[0]
         scheduler.step(model_output, t, scheduler.scale_model_input(sample, t))
         assert messages == []
-    finally:
-        logger.removeHandler(handler)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
@@ -945,30 +931,6 @@ def test_dynamic_shifting_with_mu():
     torch.testing.assert_close(expected, shift * s / (1 + (shift - 1) * s))
 
 
-def tiny_sd3_pipeline(scheduler):
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=1,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=EMBED_DIM,
-        caption_projection_dim=16,
-        pooled_projection_dim=16,
-        pos_embed_max_size=16,
-    ).eval()
-    none = dict.fromkeys(["text_encoder", "text_encoder_2", "text_encoder_3"])
-    none.update(dict.fromkeys(["tokenizer", "tokenizer_2", "tokenizer_3"]))
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=scheduler, vae=tiny_vae(), **none
-    )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
 @pytest.fixture(scope="module")
 def sd3_pipe():
     return tiny_sd3_pipeline(FlowMatchEulerDiscreteScheduler(shift=3.0))
@@ -1068,38 +1030,15 @@ def test_compatibles_is_one_shared_list():
 
 
 #: stable-diffusion-v1-5/stable-diffusion-v1-5, scheduler/scheduler_config.json, as shipped
-SD15_SCHEDULER_CONFIG_JSON = {
-    "_class_name": "PNDMScheduler",
-    "_diffusers_version": "0.6.0",
-    "beta_end": 0.012,
-    "beta_schedule": "scaled_linear",
-    "beta_start": 0.00085,
-    "num_train_timesteps": 1000,
-    "set_alpha_to_one": False,
-    "skip_prk_steps": True,
-    "steps_offset": 1,
-    "trained_betas": None,
-    "clip_sample": False,
-}
+SD15_SCHEDULER_CONFIG_JSON = {**SD15_SCHEDULER_FILE, "_diffusers_version": "0.6.0"}
 
 
 def test_from_config_builds_any_class(tmp_path):
     """`from_config` checks no compatibility: given SD 1.5's `scheduler_config.json` loaded by `PNDMScheduler.from_pretrained`, `EDMEulerScheduler.from_config(config)` builds without an error, ignores the betas without naming them in any logged warning, and starts at its own `sigma_max` of 80 instead of SD's 14.61."""
     (tmp_path / "scheduler_config.json").write_text(json.dumps(SD15_SCHEDULER_CONFIG_JSON))
     config = PNDMScheduler.from_pretrained(tmp_path).config
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    logger = logging.getLogger("diffusers.configuration_utils")
-    handler = Collect(level=logging.WARNING)
-    logger.addHandler(handler)
-    try:
+    with logged_messages("diffusers.configuration_utils") as messages:
         edm = EDMEulerScheduler.from_config(config)
-    finally:
-        logger.removeHandler(handler)
     assert not any("beta" in m for m in messages), messages
     assert not hasattr(edm, "alphas_cumprod")  # the betas reach no __init__ argument
     edm.set_timesteps(10)

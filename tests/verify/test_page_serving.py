@@ -8,8 +8,6 @@ random tensors. Nothing here is timed.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 from diffusers import (
@@ -34,6 +32,8 @@ from tiny import (
     SD_SCHEDULER,
     WIDTH,
     embeds,
+    random_ip_adapter,
+    sd_with,
     start_latents,
     tiny_text_encoder,
 )
@@ -44,15 +44,6 @@ LATENT = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
 #: clipping), so the pipeline's outdated-config deprecation does not fire
 SD_DDPM = dict(SD_BETAS, steps_offset=1, clip_sample=False)
 SD_EULER = dict(SD_BETAS, steps_offset=1)
-
-
-def sd_with(pipe, **components):
-    """A new StableDiffusionPipeline sharing ``pipe``'s models, with some parts replaced."""
-    parts = dict(pipe.components)
-    parts.update(components)
-    new = StableDiffusionPipeline(**parts, requires_safety_checker=False)
-    new.set_progress_bar_config(disable=True)
-    return new
 
 
 def run(pipe, steps=3, guidance_scale=7.5, prompt=PROMPT, negative=NEGATIVE, **kwargs):
@@ -68,25 +59,6 @@ def run(pipe, steps=3, guidance_scale=7.5, prompt=PROMPT, negative=NEGATIVE, **k
         width=WIDTH,
         **kwargs,
     ).images
-
-
-@pytest.fixture
-def calls_of(monkeypatch):
-    """``spy(obj, name) -> list``: (args, kwargs) of every call of the method ``obj.name``."""
-
-    def spy(obj, name):
-        seen = []
-        original = getattr(obj, name)
-
-        @functools.wraps(original)
-        def wrapper(*args, **kwargs):
-            seen.append((args, kwargs))
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(obj, name, wrapper)
-        return seen
-
-    return spy
 
 
 def rand(seed, shape=LATENT):
@@ -128,7 +100,6 @@ def test_per_call_state_lives_on_the_pipeline_object(sd_pipe):
 def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe, calls_of):
     """A pipeline object per request does not separate adapter settings, because they live on the modules of the shared UNet: a call with `cross_attention_kwargs={"scale": 0.5}` rescales the UNet's LoRA layers themselves for its duration, and `set_adapters` or `set_ip_adapter_scale` on one pipeline changes what a twin built from the same components runs."""
     from peft import LoraConfig
-    from test_page_memory import random_ip_adapter
 
     fresh_unet = type(sd_pipe.unet).from_config(sd_pipe.unet.config)
     pipe = sd_with(sd_pipe, unet=fresh_unet, text_encoder=tiny_text_encoder())
@@ -148,7 +119,7 @@ def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe, calls_of):
     assert dict(layer.scaling) == {"a": 1.0, "b": 1.0}  # restored after the forward
     pipe.set_adapters("a")
     assert twin.unet.active_adapters() == ["a"]
-    pipe.load_ip_adapter(random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None)  # fmt: skip
+    pipe.load_ip_adapter(random_ip_adapter(pipe.unet, std=1.0), subfolder="", weight_name="", image_encoder_folder=None)  # fmt: skip
     pipe.set_ip_adapter_scale(0.3)
     ip = [p for p in twin.unet.attn_processors.values() if hasattr(p, "scale")]
     assert ip and all(p.scale == [0.3] for p in ip)

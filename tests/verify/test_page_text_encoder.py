@@ -14,7 +14,6 @@ concatenation and padding shows in the shapes. Only signature defaults are read 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import json
@@ -25,20 +24,22 @@ import pytest
 import torch
 from diffusers import (
     EulerDiscreteScheduler,
-    FlowMatchEulerDiscreteScheduler,
     FluxPipeline,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
     StableDiffusionPipeline,
     StableDiffusionXLPipeline,
-    UNet2DConditionModel,
 )
 from tiny import (
     EMBED_DIM,
     HEIGHT,
     WIDTH,
+    logged_messages,
     start_latents,
+    tiny_sd3_pipeline,
+    tiny_sd3_transformer,
     tiny_sd_pipeline,
+    tiny_sdxl_unet,
     tiny_text_encoder,
     tiny_tokenizer,
     tiny_unet,
@@ -47,7 +48,6 @@ from tiny import (
 from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
-    CLIPTextModelWithProjection,
     T5Config,
     T5EncoderModel,
     T5TokenizerFast,
@@ -67,21 +67,13 @@ LONG_PROMPT = " ".join(string.ascii_lowercase[i % 26] for i in range(80))
 
 def clip(hidden_size, projection_dim=None, layers=3, seed=0):
     """A tiny CLIP text encoder; with ``projection_dim``, the ...WithProjection class."""
-    torch.manual_seed(seed)
-    config = CLIPTextConfig(
-        vocab_size=64,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+    return tiny_text_encoder(
+        hidden_size,
+        seed=seed,
+        with_projection=bool(projection_dim),
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        max_position_embeddings=77,
         projection_dim=projection_dim or hidden_size,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
     )
-    model = CLIPTextModelWithProjection if projection_dim else CLIPTextModel
-    return model(config).eval()
 
 
 def t5_tokenizer():
@@ -102,22 +94,7 @@ def t5_encoder():
 
 def sdxl_unet():
     """A UNet2DConditionModel with SDXL's `text_time` added conditioning, two levels."""
-    torch.manual_seed(0)
-    return UNet2DConditionModel(
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=(2, 4),
-        use_linear_projection=True,
-        cross_attention_dim=CLIP_L + CLIP_G,
-        addition_embed_type="text_time",
-        addition_time_embed_dim=TIME_EMBED,
-        projection_class_embeddings_input_dim=6 * TIME_EMBED + CLIP_G_PROJ,
-    ).eval()
+    return tiny_sdxl_unet(CLIP_G_PROJ, cross_attention_dim=CLIP_L + CLIP_G)
 
 
 def sdxl_pipeline(tokenizers, encoders=True, **config):
@@ -139,24 +116,11 @@ def sdxl_pipeline(tokenizers, encoders=True, **config):
 
 def sd3_pipeline(tokenizers, with_t5=True, with_clip=True):
     """The real SD3 pipeline; ``with_clip=False`` / ``with_t5=False`` drop those encoders."""
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=1,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=T5_WIDTH,
-        caption_projection_dim=16,
-        pooled_projection_dim=CLIP_L + CLIP_G_PROJ,
-        pos_embed_max_size=16,
-    ).eval()
-    pipe = StableDiffusion3Pipeline(
+    transformer = tiny_sd3_transformer(
+        joint_attention_dim=T5_WIDTH, pooled_projection_dim=CLIP_L + CLIP_G_PROJ
+    )
+    return tiny_sd3_pipeline(
         transformer=transformer,
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-        vae=tiny_vae(),
         text_encoder=clip(CLIP_L, projection_dim=CLIP_L, seed=1) if with_clip else None,
         text_encoder_2=clip(CLIP_G, projection_dim=CLIP_G_PROJ, seed=2) if with_clip else None,
         text_encoder_3=t5_encoder() if with_t5 else None,
@@ -164,8 +128,6 @@ def sd3_pipeline(tokenizers, with_t5=True, with_clip=True):
         tokenizer_2=tokenizers[1] if with_clip else None,
         tokenizer_3=t5_tokenizer() if with_t5 else None,
     )
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 @pytest.fixture(scope="module")
@@ -203,25 +165,9 @@ def legacy_clip_layout(monkeypatch):
     monkeypatch.setattr(CLIPTextModel, "text_model", property(lambda self: self), raising=False)
 
 
-@contextlib.contextmanager
 def diffusers_warnings():
     """Collect what diffusers logs at its default level, WARNING (its logger does not propagate)."""
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler = Collect(logging.WARNING)
-    logger = logging.getLogger("diffusers")
-    level = logger.level  # another module may have silenced diffusers; warnings are the default
-    logger.setLevel(logging.WARNING)
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    return logged_messages("diffusers", logging.WARNING)
 
 
 def ids(tokenizer, prompt, length=77):

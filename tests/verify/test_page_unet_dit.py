@@ -11,6 +11,15 @@ import inspect
 
 import pytest
 import torch
+from tiny import (
+    SD_SCHEDULER,
+    meta_unet_self_attention,
+    no_text_encoders,
+    tiny_flux_transformer,
+    tiny_sd3_pipeline,
+    tiny_sd3_transformer,
+    tiny_vae,
+)
 
 
 def unet(**overrides):
@@ -32,55 +41,12 @@ def unet(**overrides):
 
 
 def sd3(num_layers=2):
-    from diffusers import SD3Transformer2DModel
-
-    torch.manual_seed(0)
-    return SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        out_channels=4,
-        num_layers=num_layers,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        caption_projection_dim=16,
-        pooled_projection_dim=24,
-        pos_embed_max_size=16,
-    ).eval()
+    """``tiny_sd3_transformer`` with a 24-wide pooled input, ``num_layers`` joint blocks."""
+    return tiny_sd3_transformer(pooled_projection_dim=24, num_layers=num_layers)
 
 
 def output_of(module, store, key):
     return module.register_forward_hook(lambda m, a, o: store.__setitem__(key, o))
-
-
-def meta_unet_self_attention(config, latent_side, **added):
-    """Run the real UNet2DConditionModel built from ``config`` on the meta device (shapes
-    only, no memory) on latents (1, 4, side, side); return (query length, heads) of every
-    ``attn1`` call and the model."""
-    from diffusers import UNet2DConditionModel
-
-    with torch.device("meta"):
-        model = UNet2DConditionModel(**config)
-        sample = torch.zeros(1, 4, latent_side, latent_side)
-        context = torch.zeros(1, 77, config["cross_attention_dim"])
-        added = {k: torch.zeros(*v) for k, v in added.items()}
-    calls = []
-    handles = [
-        m.register_forward_pre_hook(
-            lambda m, a, k: calls.append(((a[0] if a else k["hidden_states"]).shape[1], m.heads)),
-            with_kwargs=True,
-        )
-        for n, m in model.named_modules()
-        if n.endswith("attn1")
-    ]
-    with torch.no_grad():
-        kwargs = {"added_cond_kwargs": added} if added else {}
-        out = model(sample, torch.tensor(10, device="meta"), context, **kwargs).sample
-    for h in handles:
-        h.remove()
-    assert out.shape == sample.shape
-    return calls, model
 
 
 def test_sd15_unet_levels_channels_and_attention():
@@ -302,13 +268,8 @@ def test_adaln_zero_gates_are_not_zero_in_a_fresh_diffusers_model():
 
 
 def tiny_flux():
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    return FluxTransformer2DModel(
-        num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6),
-    ).eval()  # fmt: skip
+    """``tiny_flux_transformer`` without guidance embedding, pooled width 24."""
+    return tiny_flux_transformer(False, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6))
 
 
 def run_tiny_flux(model, n_txt=10, n_img=16):
@@ -381,25 +342,10 @@ def test_flux_dev_has_double_and_single_stream_blocks():
 
 def test_text_sequence_lengths_of_sd3_and_flux():
     """With stand-in text encoders (each CLIP giving 77 tokens, its tokenizer's length), `StableDiffusion3Pipeline.__call__` asks T5 for `max_sequence_length=256` tokens by default, joins the two CLIP outputs along the feature axis, zero-pads them to T5's width, and puts the T5 tokens after them, so its transformer receives 77 + 256 = 333 text tokens; `FluxPipeline.__call__` asks T5 for 512 by default and passes those alone."""
-    from diffusers import (
-        FlowMatchEulerDiscreteScheduler,
-        FluxPipeline,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
-    from tiny import tiny_vae
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
 
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=1,
-        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=64,
-        caption_projection_dim=16, pooled_projection_dim=24, pos_embed_max_size=16,
-    ).eval()  # fmt: skip
-    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3")}
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer, vae=tiny_vae(), scheduler=FlowMatchEulerDiscreteScheduler(), **none
-    )
-    pipe.set_progress_bar_config(disable=True)
+    transformer = tiny_sd3_transformer(joint_attention_dim=64, pooled_projection_dim=24)
+    pipe = tiny_sd3_pipeline(transformer=transformer)
     # stand-ins (no weights here): CLIP-L of width 16 filled with 1, CLIP-G of width 24
     # filled with 2 (pooled 12 + 12), T5 of width 64 filled with 3, as many tokens as asked
     asked = []
@@ -424,7 +370,7 @@ def test_text_sequence_lengths_of_sd3_and_flux():
 
     flux = FluxPipeline(
         transformer=tiny_flux(), vae=tiny_vae(), scheduler=FlowMatchEulerDiscreteScheduler(),
-        **{f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2")},
+        **no_text_encoders(2),
     )  # fmt: skip
     flux.set_progress_bar_config(disable=True)
     asked.clear(), received.clear()
@@ -474,7 +420,6 @@ def test_flux_packs_2x2_patches_and_uses_rotary_positions():
 def test_dit_pipeline_steps_on_the_first_c_of_2c_channels():
     """With `out_channels = 2C` (DiT-XL/2's learned variance), `DiTPipeline.__call__` hands `scheduler.step` only the first `C` channels of the transformer's output, the noise prediction, and its latents keep `C` channels."""
     from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
-    from tiny import SD_SCHEDULER, tiny_vae
 
     torch.manual_seed(0)
     transformer = DiTTransformer2DModel(

@@ -10,29 +10,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import HEIGHT, WIDTH, start_latents, tiny_sd_pipeline
-
-
-def make_vae(block_out_channels=(8, 16, 16, 16), latent_channels=4, **overrides):
-    """A real AutoencoderKL with SD's block types, a few channels per block."""
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    n = len(block_out_channels)
-    config = dict(
-        block_out_channels=block_out_channels,
-        down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n,
-        latent_channels=latent_channels,
-        layers_per_block=1,
-        norm_num_groups=4,
-    )
-    config.update(overrides)
-    return AutoencoderKL(**config).eval()
-
-
-def images(batch=2, size=32):
-    return torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1
+from tiny import (
+    HEIGHT,
+    WIDTH,
+    images,
+    narrow_vae,
+    start_latents,
+    tiny_flux_parts,
+    tiny_sd3_parts,
+    tiny_sd_pipeline,
+    tiny_sdxl_pipeline,
+)
 
 
 def record_decode(vae):
@@ -45,7 +33,7 @@ def record_decode(vae):
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
 def test_shape_contract(blocks):
     """`AutoencoderKL` maps `(B, 3, H, W)` to latents `(B, latent_channels, H/f, W/f)` and back, with `f = 2 ** (len(block_out_channels) - 1)`: 8 for the four blocks of the SD 1.x, SDXL, SD3 and Flux VAEs."""
-    vae = make_vae((8, 16, 16, 16)[:blocks])
+    vae = narrow_vae((8, 16, 16, 16)[:blocks])
     f = 2 ** (blocks - 1)
     with torch.no_grad():
         latents = vae.encode(images()).latent_dist.sample(torch.Generator().manual_seed(0))
@@ -56,7 +44,7 @@ def test_shape_contract(blocks):
 def test_sixteen_channel_latents():
     """With `latent_channels=16`, as in SD3 and Flux, the latents are `(B, 16, H/8, W/8)`, four times the numbers of SD 1.x's at the same size."""
     with torch.no_grad():
-        latents = make_vae(latent_channels=16).encode(images()).latent_dist.mode()
+        latents = narrow_vae(latent_channels=16).encode(images()).latent_dist.mode()
     assert latents.shape == (2, 16, 4, 4)
 
 
@@ -65,7 +53,7 @@ def test_latent_dist_mean_std_sample_mode():
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
     with torch.no_grad():
-        dist = make_vae().encode(images()).latent_dist
+        dist = narrow_vae().encode(images()).latent_dist
     assert isinstance(dist, DiagonalGaussianDistribution)
     assert dist.mean.shape == dist.std.shape == (2, 4, 4, 4)
     torch.testing.assert_close(dist.mode(), dist.mean)
@@ -137,27 +125,13 @@ def test_sd3_shift_then_scale():
     """`StableDiffusion3Pipeline` samples 16-channel latents and decodes `vae.decode(latents / scaling_factor + shift_factor)`; `StableDiffusion3Img2ImgPipeline` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
         StableDiffusion3Img2ImgPipeline,
         StableDiffusion3Pipeline,
     )
 
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=1,
-        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
-        caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16,
-    ).eval()  # fmt: skip
+    parts = tiny_sd3_parts()
+    vae = parts["vae"]
     sf, shift = 1.5305, 0.0609
-    vae = make_vae(
-        (8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
-        scaling_factor=sf, shift_factor=shift,
-    )  # fmt: skip
-    no_text = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3")}  # fmt: skip
-    parts = dict(
-        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), **no_text
-    )
-
     pipe = StableDiffusion3Pipeline(**parts)
     pipe.set_progress_bar_config(disable=True)
     seen = record_decode(pipe.vae)
@@ -185,24 +159,6 @@ def test_sd3_shift_then_scale():
         dist = vae.encode(image).latent_dist
     noise = torch.randn(dist.mean.shape, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(noised[0], (dist.mean + dist.std * noise - shift) * sf)
-
-
-def tiny_flux_parts():
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(
-        num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6),
-    ).eval()  # fmt: skip
-    vae = make_vae(
-        (8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
-        scaling_factor=0.3611, shift_factor=0.1159,
-    )  # fmt: skip
-    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2")}
-    return dict(
-        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), **none
-    )
 
 
 def test_flux_uses_the_same_lines():
@@ -247,7 +203,7 @@ def test_every_latent_depends_on_the_whole_image():
             before, after = vae.encode(x).latent_dist.mean, vae.encode(moved).latent_dist.mean
         return (after - before).abs()[0].amax(0)  # (H/f, W/f): largest change per position
 
-    full, no_attention = make_vae((8, 16)), make_vae((8, 16), mid_block_add_attention=False)
+    full, no_attention = narrow_vae((8, 16)), narrow_vae((8, 16), mid_block_add_attention=False)
     assert change(full)[-1, -1] > 0 and change(no_attention)[-1, -1] > 0  # far corner moved
     for module in list(no_attention.encoder.modules()):
         for name, child in list(module.named_children()):
@@ -259,7 +215,7 @@ def test_every_latent_depends_on_the_whole_image():
 
 def test_tiled_decoding_is_not_exact():
     """`enable_tiling()` changes the decoded image, not only the memory: tiles are decoded separately (GroupNorm and attention see one tile) and blended over their overlap, so the result differs from the whole-image decode."""
-    vae = make_vae((8, 16), sample_size=16)
+    vae = narrow_vae((8, 16), sample_size=16)
     latents = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         whole = vae.decode(latents).sample
@@ -271,7 +227,7 @@ def test_tiled_decoding_is_not_exact():
 def test_decoder_widest_activation_is_at_output_resolution():
     """In `AutoencoderKL`'s decoder the widest activation is the last upsampler's output, `(B, block_out_channels[1], H, W)` at the output resolution, and the last up block runs `block_out_channels[0]` channels there; the input latents are `(B, latent_channels, H/8, W/8)`."""
     block_out_channels, size = (8, 16, 32, 32), 64
-    vae = make_vae(block_out_channels, norm_num_groups=8)
+    vae = narrow_vae(block_out_channels, norm_num_groups=8)
     shapes = {}
     hooks = [
         module.register_forward_hook(
@@ -293,7 +249,7 @@ def test_decoder_widest_activation_is_at_output_resolution():
 
 def test_vae_slicing_decodes_one_image_at_a_time(record_calls):
     """After `vae.enable_slicing()`, `vae.decode` on a batch of `B` latents runs the decoder `B` times on one image each, with the same result."""
-    vae = make_vae()
+    vae = narrow_vae()
     latents = torch.randn(3, 4, 4, 4, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         whole = vae.decode(latents).sample
@@ -306,7 +262,7 @@ def test_vae_slicing_decodes_one_image_at_a_time(record_calls):
 
 def test_vae_tiling_bounds_each_decoder_call(record_calls):
     """After `vae.enable_tiling()`, latents larger than `tile_latent_min_size` (`sample_size / f`) are decoded in overlapping tiles of at most that many latents a side, blended into the full `(B, 3, H, W)` image, so one decoder call's activations are set by the tile, not the image."""
-    vae = make_vae((8, 16), sample_size=16)  # f = 2: tiles of 8 x 8 latents, 16 x 16 pixels
+    vae = narrow_vae((8, 16), sample_size=16)  # f = 2: tiles of 8 x 8 latents, 16 x 16 pixels
     vae.enable_tiling()
     assert vae.tile_latent_min_size == 8
     decoder = record_calls(vae.decoder)
@@ -317,22 +273,11 @@ def test_vae_tiling_bounds_each_decoder_call(record_calls):
     assert len(sides) > 1 and max(sides) <= 8
 
 
-def tiny_sdxl_pipeline():
-    """The real StableDiffusionXLPipeline around SD's tiny UNet with SDXL's "text_time"
-    conditioning (6 time ids x 8 + a 16-wide pooled vector), no text encoders."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
-    from tiny import tiny_unet, tiny_vae
+def sdxl_pipeline():
+    """``tiny_sdxl_pipeline`` with a default EulerDiscreteScheduler (its own betas)."""
+    from diffusers import EulerDiscreteScheduler
 
-    unet = tiny_unet(
-        addition_embed_type="text_time", addition_time_embed_dim=8,
-        projection_class_embeddings_input_dim=6 * 8 + 16,
-    )  # fmt: skip
-    pipe = StableDiffusionXLPipeline(
-        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
-        unet=unet, scheduler=EulerDiscreteScheduler(), force_zeros_for_empty_prompt=True,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return tiny_sdxl_pipeline(EulerDiscreteScheduler(), force_zeros_for_empty_prompt=True)
 
 
 def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast(record_calls):
@@ -340,7 +285,7 @@ def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast(record
     from diffusers.utils import logging
 
     logging.set_verbosity_error()  # diffusers' notes about modules kept in float32 on .to()
-    pipe = tiny_sdxl_pipeline().to(torch.float16)
+    pipe = sdxl_pipeline().to(torch.float16)
     assert pipe.vae.config.force_upcast is True
     decoder = record_calls(pipe.vae.decoder)
     prompt_embeds = torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(1)).half()
