@@ -10,7 +10,16 @@ t = 999 a little survives, so "x_999 is pure noise" is only approximately true.
 Run it:  python code/lab-01-forward-noise-process/forward_noise.py --schedule scaled_linear
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+# labkit, the labs' shared code, is code/labkit: code/ goes on the path so that this file
+# runs from a fresh clone with any Python that has NumPy, nothing installed (a notebook
+# has no __file__: there labkit comes from `pip install -e .`)
+if "__file__" in globals():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import BETA_SCHEDULES, alphas_cumprod, canonical_betas, default_mixture, figures
 from labkit.cli import (

@@ -12,7 +12,16 @@ Schedulers are the exception: ``from_config`` rebuilds one from another's config
 Run it:  python code/lab-06-diffusers-pipeline-components/pipeline_components.py --family sdxl
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+# labkit, the labs' shared code, is code/labkit: code/ goes on the path so that this file
+# runs from a fresh clone with any Python that has NumPy, nothing installed (a notebook
+# has no __file__: there labkit comes from `pip install -e .`)
+if "__file__" in globals():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import figures
 from labkit.cli import LabArgumentParser, add_figures_argument, in_notebook, parse_args

@@ -11,7 +11,16 @@ v-prediction, then the resolution-shifted sigma grids of a Flux pipeline.
 Run it:  python code/lab-13-few-step-sampling/few_step.py --steps 1,2,4,8
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+# labkit, the labs' shared code, is code/labkit: code/ goes on the path so that this file
+# runs from a fresh clone with any Python that has NumPy, nothing installed (a notebook
+# has no __file__: there labkit comes from `pip install -e .`)
+if "__file__" in globals():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import ExactDenoiser, default_mixture, figures, make_betas
 from labkit.cli import (

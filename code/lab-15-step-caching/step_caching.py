@@ -10,7 +10,16 @@ steps, so a 4-step model has almost nothing to reuse.
 Run it:  python code/lab-15-step-caching/step_caching.py --thresholds 0,0.05,0.1,0.2,0.4
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+# labkit, the labs' shared code, is code/labkit: code/ goes on the path so that this file
+# runs from a fresh clone with any Python that has NumPy, nothing installed (a notebook
+# has no __file__: there labkit comes from `pip install -e .`)
+if "__file__" in globals():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import FlowMatchDenoiser, default_mixture, figures, model_sizes
 from labkit.cli import (

@@ -11,7 +11,16 @@ denoiser call. The trap: neither is an approximation, and neither is free.
 Run it:  python code/lab-16-attention-kernels-and-offload/attention_offload.py --block-sizes 512,128,32
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+# labkit, the labs' shared code, is code/labkit: code/ goes on the path so that this file
+# runs from a fresh clone with any Python that has NumPy, nothing installed (a notebook
+# has no __file__: there labkit comes from `pip install -e .`)
+if "__file__" in globals():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import figures, model_sizes, offload_groups
 from labkit.cli import (

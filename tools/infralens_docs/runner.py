@@ -60,15 +60,13 @@ BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREAD
 
 
 def starter_env() -> dict[str, str]:
-    """A deterministic environment: fixed hash seed, one BLAS thread, no user site,
-    labkit importable."""
+    """A deterministic environment: fixed hash seed, one BLAS thread, no user site. No
+    PYTHONPATH is added: a starter finds labkit itself (it puts code/ on sys.path), so the
+    build runs the command exactly as the page prints it."""
     env = dict(os.environ)
     env.update(BLAS_ENV)
     env["PYTHONHASHSEED"] = "0"
     env["PYTHONNOUSERSITE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT / "code"), env.get("PYTHONPATH", "")) if p
-    )
     return env
 
 
