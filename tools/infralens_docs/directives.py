@@ -13,6 +13,8 @@ A directive stands alone on its line and is replaced by Markdown at build time:
 | ``verified-summary`` | every page's verify module, with its number of checks |
 | ``figure PATH NAME [FLAGS]`` | figure NAME that the starter saves when run with ``--figures DIR`` |
 | ``model-sizes [PIPELINE ...]`` | the real-model size table (``labkit.model_sizes``), all rows or some pipelines |
+| ``paths`` | the reading paths (``docs/paths.yml``): the core path by evening, then the tracks, with reading times |
+| ``glossary`` | every term of ``includes/abbreviations.md`` (the hover definitions), with the section that teaches it |
 
 ``DIRECTIVES`` maps each name to its function; a name not in it fails the build.
 """
@@ -32,7 +34,7 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.pages import Page
 
-from infralens_docs import claims
+from infralens_docs import claims, glossary, paths
 from infralens_docs.registry import ROOT, Lab, read_front_matter
 from infralens_docs.runner import run_starter, starter_figures
 
@@ -277,6 +279,49 @@ def model_sizes(ctx: Context, args: list[str]) -> str:
         raise ctx.fail(f"model-sizes: {exc}") from exc
 
 
+def reading_paths(ctx: Context, args: list[str]) -> str:
+    """The home page's map: the core path by evening, then the tracks; each item with its
+    kind and reading time, each part with its total (``infralens_docs.paths``)."""
+    reading = paths.load_paths()
+
+    def items(part) -> str:
+        rows = []
+        for number, page in enumerate(part.items, 1):
+            shown, depth = paths.reading_minutes(page)
+            kind = "lab" if page.startswith("labs/") else "section"
+            extra = f", +{depth} min optional" if depth else ""
+            rows.append(f"{number}. [{paths.page_title(page)}]({ctx.rel(page)}) · {kind}, {shown} min{extra}")  # fmt: skip
+        return "\n".join(rows)
+
+    core_total = sum(paths.total_minutes(e.items) for e in reading.evenings)
+    out = [f"## {reading.core_title}", ""]
+    out += [f"{reading.core_summary} About {paths.as_duration(core_total)} of reading, at {paths.WORDS_PER_MINUTE} words a minute; running each lab adds a few minutes.", ""]  # fmt: skip
+    for evening in reading.evenings:
+        out += [f"### {evening.title} ({paths.as_duration(paths.total_minutes(evening.items))})", ""]  # fmt: skip
+        out += [items(evening), ""]
+    out += ["## Tracks that go deeper", ""]
+    out += ["Each track assumes the core path. Take them in any order.", ""]
+    for track in reading.tracks:
+        out += [f"### {track.title} ({paths.as_duration(paths.total_minutes(track.items))})", ""]  # fmt: skip
+        out += [track.summary, "", items(track), ""]
+    return "\n".join(out)
+
+
+def glossary_list(ctx: Context, args: list[str]) -> str:
+    """The glossary page's list, from the file the snippets extension appends to every
+    page: one source for the hover text and the page (``infralens_docs.glossary``)."""
+    appended = ctx.config.mdx_configs.get("pymdownx.snippets", {}).get("auto_append") or []
+    source = glossary.ABBREVIATIONS.relative_to(ROOT).as_posix()
+    if source not in appended:
+        raise ctx.fail(f"glossary: mkdocs.yml must auto_append {source} (pymdownx.snippets)")
+    try:
+        terms = glossary.read_terms()
+        taught_in = ctx.page.meta.get("taught_in") or {}
+        return glossary.glossary_markdown(terms, taught_in, ROOT / "docs", ctx.rel)
+    except glossary.GlossaryError as exc:
+        raise ctx.fail(f"glossary: {exc}") from exc
+
+
 DIRECTIVES: dict[str, Callable[[Context, list[str]], str]] = {
     "run": run,
     "lab-card": lab_card,
@@ -287,4 +332,6 @@ DIRECTIVES: dict[str, Callable[[Context, list[str]], str]] = {
     "verified-summary": verified_summary,
     "figure": figure,
     "model-sizes": model_sizes,
+    "paths": reading_paths,
+    "glossary": glossary_list,
 }

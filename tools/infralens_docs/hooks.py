@@ -35,6 +35,7 @@ import base64
 import functools
 import hashlib
 import html as html_lib
+import itertools
 import json
 import os
 import posixpath
@@ -52,8 +53,9 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
+from mkdocs.utils import get_relative_url
 
-from infralens_docs import highlight_cache, notebooks, search_cache
+from infralens_docs import highlight_cache, notebooks, paths, search_cache
 from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page, page_dir
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
@@ -107,13 +109,26 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     if not os.environ.get("PATH", "").startswith(bindir + os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
+    try:
+        reading = paths.load_paths()
+    except paths.PathsError as exc:
+        raise PluginError(f"reading paths: {exc}") from exc
+    handbook_section = next(
+        (item for item in config.nav or [] if isinstance(item, dict) and "Handbook" in item), None
+    )
+    if handbook_section is None:
+        raise PluginError("mkdocs.yml nav needs a 'Handbook' section for docs/paths.yml to fill")
+    # the sections in the order the paths first reach them (core path, then tracks)
+    handbook_section["Handbook"] = [p for p in reading.order if p.startswith("handbook/")]
+
     labs_section = next(
         (item for item in config.nav or [] if isinstance(item, dict) and "Labs" in item), None
     )
     if labs_section is None:
         raise PluginError("mkdocs.yml nav needs a 'Labs' section for the registry to fill")
     for lab in _labs:
-        entries = [{"Lab guide": lab.page.as_posix()}]
+        # (titled with its number: the footer names a page by its nav title alone)
+        entries = [{f"Lab {lab.number:02d} guide": lab.page.as_posix()}]
         entries += [
             {f"Lab {lab.number:02d} · {s.path.name}": s.path.as_posix()}
             for s in lab.starters
@@ -144,6 +159,82 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
                     f.unlink()
                 stale.rmdir()
     return config
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _reading_order(nav_pages: list[Page]) -> list[Page]:
+    """The linear walk of docs/paths.yml: each page on a path in order, a lab's starter
+    pages right after the lab's own page."""
+    by_uri = {page.file.src_uri: page for page in nav_pages}
+    starters = {lab.page.as_posix(): [s.path.as_posix() for s in lab.starters] for lab in _labs}
+    walk = []
+    for uri in paths.load_paths().order:
+        walk.append(by_uri[uri])
+        walk += [by_uri[s] for s in starters.get(uri, []) if s in by_uri]
+    return walk
+
+
+def on_nav(nav, config: MkDocsConfig, files: Files):
+    """Previous/next (the footer and ``<link rel>``) follow the reading paths, not the nav:
+    the home page leads into the core path, and a page on no path (references, the labs
+    index) has neither."""
+    walk = _reading_order(nav.pages)
+    for page in nav.pages:
+        page.previous_page = page.next_page = None
+    for before, after in itertools.pairwise(walk):
+        before.next_page, after.previous_page = after, before
+    home = next((page for page in nav.pages if page.file.src_uri == "index.md"), None)
+    if home is not None and walk:
+        home.next_page = walk[0]
+    return nav
+
+
+def _lab_of_starter(uri: str) -> str | None:
+    for lab in _labs:
+        if any(s.path.as_posix() == uri for s in lab.starters):
+            return lab.page.as_posix()
+    return None
+
+
+def _you_are_here(page: Page, files: Files) -> str:
+    """The line under a page's title: which path, which step, reading time, and the
+    pages before and after it on the path (a starter page: its lab's place)."""
+    uri = page.file.src_uri
+    lab_page = _lab_of_starter(uri) if uri.startswith("code/") else None
+    step = paths.load_paths().step(lab_page or uri)
+    if step is None:
+        return ""
+
+    def link(target: str) -> str:
+        href = get_relative_url(files.get_file_from_path(target).url, page.url)
+        return f'<a href="{html_lib.escape(href)}">{html_lib.escape(paths.page_title(target))}</a>'
+
+    where = "Core path" if step.on_core else "Track"
+    parts = [f"<strong>{where} · {html_lib.escape(step.part)}</strong>, step {step.index} of {step.count}"]  # fmt: skip
+    if lab_page:
+        parts.append(f"the starter of {link(lab_page)}")
+    else:
+        shown, depth = paths.reading_minutes(uri)
+        parts.append(f"{shown} min read" + (f" (+{depth} min optional depth)" if depth else ""))
+    items = paths.load_paths().parts
+    part = next(p for p in items if p.title == step.part)
+    if step.index > 1:
+        parts.append("after " + link(part.items[step.index - 2]))
+    elif not step.on_core:
+        parts.append("after the core path")
+    if step.index < step.count:
+        parts.append("next " + link(part.items[step.index]))
+    return f'<p class="path-here">{" · ".join(parts)}</p>\n'
+
+
+def _after_title(html: str, line: str) -> str:
+    """``line`` right after the page's first ``<h1>`` (at the top if it has none)."""
+    if not line:
+        return html
+    end = html.find("</h1>")
+    return line + html if end < 0 else html[: end + 5] + "\n" + line + html[end + 5 :]
 
 
 # --------------------------------------------------------------------------- files
@@ -426,6 +517,7 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
             html = externalize_notebook_figures(html, page)
             align_toc_with_headings(html, page)
         html = _starter_header(page, files) + html
+    html = _after_title(html, _you_are_here(page, files))
     try:
         return render_math(html)
     except MathError as exc:
