@@ -19,9 +19,14 @@ DOCS = ROOT / "docs"
 CLAIM_PAGES = ["index.md"]
 CLAIM_PAGES += [f"handbook/{p.name}" for p in sorted((DOCS / "handbook").glob("*.md"))]
 CLAIM_PAGES += [lab.page.as_posix() for lab in load_labs()]
-#: Pages with no claim of their own: the generated labs list, and the references page,
-#: which shows the generated summary of every module instead.
-NO_CLAIMS = {"labs/index.md": "generated lab list", "references.md": "lists sources only"}
+#: Pages with no claim of their own: the generated labs list; the references page, which
+#: shows the generated summary of every module instead; and the glossary, whose
+#: definitions give meanings and link to the sections that state (and test) behaviour.
+NO_CLAIMS = {
+    "labs/index.md": "generated lab list",
+    "references.md": "lists sources only",
+    "glossary.md": "defines terms; links to the sections that hold their claims",
+}
 DIRECTIVE = "<!-- infralens:verified-claims"
 
 
