@@ -109,6 +109,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     if not os.environ.get("PATH", "").startswith(bindir + os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
+    paths.load_paths.cache_clear()  # `mkdocs serve` rebuilds in this process: reread the file
     try:
         reading = paths.load_paths()
     except paths.PathsError as exc:
