@@ -5,6 +5,8 @@ Prints:
 - each runnable starter's wall time (median of 5 runs, as a subprocess);
 - the byte size of each lab page with the assets it loads (raw and gzip);
 - lab 11's loop table (steps vs sample quality vs denoiser calls);
+- each page's prose shown by default and collapsed (words), against its budget
+  (``infralens_docs.anatomy.BUDGETS``), and whether a lab guide follows the anatomy;
 - lab 12's real diffusers trace, where the verify extra is installed.
 
 Budgets: each starter <= 0.5 s, warm rebuild <= 3 s, cold build <= 20 s, lab 12's real
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
+from infralens_docs import anatomy, paths
 from infralens_docs.registry import ROOT, load_labs
 from infralens_docs.runner import starter_env
 
@@ -106,8 +109,28 @@ def page_weight(site: Path, page_dir: Path) -> tuple[int, int, int]:
     return raw, gz, len(files) - 1
 
 
-def main() -> int:
+def prose_words() -> bool:
+    """Words each page on a path shows by default and keeps collapsed, with its budget."""
     ok = True
+    print("\nprose per page: words shown by default / collapsed (budget), reading minutes")
+    for page in paths.load_paths().order:
+        shown, depth = paths.reading_words((paths.DOCS / page).read_text(encoding="utf-8"))
+        budget = anatomy.BUDGETS.get(anatomy.kind(page) or "", 0)
+        flag = "ok" if not budget or shown <= budget else "OVER BUDGET"
+        if anatomy.kind(page) == "labs":
+            problems = anatomy.lab_problems((paths.DOCS / page).read_text(encoding="utf-8"))
+            flag += "" if not problems else f"; anatomy: {problems[0]}"
+        minutes = paths.reading_minutes(page)
+        print(
+            f"  {page:52s} {shown:5d} / {depth:5d}  ({budget or '-'})  "
+            f"{minutes[0]:3d} + {minutes[1]:2d} min  {flag}"
+        )
+        ok &= flag == "ok"
+    return ok
+
+
+def main() -> int:
+    ok = prose_words()
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp) / "site"
         for cache in [ROOT / ".cache" / "mkdocs-jupyter", ROOT / ".cache" / "infralens-run"]:

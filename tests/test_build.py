@@ -83,7 +83,7 @@ def test_lab_page_shows_code_and_real_output(built_site, lab):
         )
     ]
     source = (ROOT / "docs" / lab.page).read_text(encoding="utf-8")
-    directives = re.findall(r"^<!-- infralens:run (.+?) -->$", source, re.MULTILINE)
+    directives = re.findall(r"^ *<!-- infralens:run (.+?) -->$", source, re.MULTILINE)
     assert directives, f"{lab.page} shows no executed output"
     for directive in directives:
         path, *flags = shlex.split(directive)
@@ -272,7 +272,7 @@ def test_lab_page_shows_a_figure_its_starter_draws(built_site, lab):
     alt text; PNG files are small, sized and lazy, SVG charts are inline (no request)."""
     source = (ROOT / "docs" / lab.page).read_text(encoding="utf-8")
     runnable = {s.path.as_posix() for s in lab.starters if s.runnable}
-    directives = re.findall(r"^<!-- infralens:figure (\S+) ", source, re.MULTILINE)
+    directives = re.findall(r"^ *<!-- infralens:figure (\S+) ", source, re.MULTILINE)
     assert directives and set(directives) <= runnable, f"{lab.page} shows no figure of its own"
     page = built_site / lab.page.with_suffix("") / "index.html"
     text = page.read_text(encoding="utf-8")

@@ -5,6 +5,7 @@ that the file covers every page and that the built site follows it."""
 
 from __future__ import annotations
 
+import html
 import itertools
 import posixpath
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infralens_docs import paths
-from infralens_docs.registry import ROOT, load_labs
+from infralens_docs.registry import ROOT, load_labs, read_front_matter
 
 READING = paths.load_paths()
 
@@ -88,7 +89,7 @@ def test_reading_time_counts_shown_prose_and_collapsed_depth_apart():
         ]
     )  # fmt: skip
     shown, depth = paths.reading_words(text)
-    assert (shown, depth) == (4 + 4 + 3, 2 + 5)  # the "??? note Depth" line is depth too
+    assert (shown, depth) == (4 + 4 + 3 + 1, 5)  # a collapsed block's title is on screen
 
 
 def test_footer_and_rel_links_walk_the_paths(built_site):
@@ -116,6 +117,22 @@ def test_every_page_on_a_path_says_where_it_is(built_site):
             assert f"{paths.reading_minutes(page)[0]} min read" in said, said
             if index < len(part.items):
                 assert "next " + paths.page_title(part.items[index]) in said
+
+
+def test_every_page_on_a_path_opens_with_what_and_why(built_site):
+    """Its first screen, under the "you are here" line: the outcome, why it matters and
+    what to read first (a lab page's card), generated from its front matter."""
+    for page in READING.order:
+        text = html_of(built_site, url_of(page))
+        first = text[text.index('class="path-here"') :][:6000]
+        said = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", first)).split())
+        said = said.replace("\u2019", "'").replace("\u2018", "'")  # typographic apostrophes
+        for label in ("You will be able to", "Why it matters for inference work.", "Read first."):
+            assert label in said, (page, label)
+        meta = read_front_matter(paths.DOCS / page)
+        outcome = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", str(meta["outcome"]))
+        outcome = re.sub(r"[`*]|\$[^$]*\$", "", outcome)  # what renders as other markup
+        assert " ".join(outcome.split()[:3]) in said, page
 
 
 def test_home_page_map_lists_each_path_in_order_with_times(built_site):

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import markdown
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.pages import Page
@@ -115,6 +116,32 @@ def run(ctx: Context, args: list[str]) -> str:
     return f"```console\n{shown}\n```"
 
 
+def first_screen(ctx: Context) -> list[str]:
+    """The first screen's Markdown lines for a page on a reading path, from its front
+    matter: what the reader will be able to do (``outcome``), why it matters for inference
+    work (``why``), and what to read first (``prereqs``, docs-relative pages; by default
+    the page before it on its path). Empty if the page gives no ``outcome``."""
+    meta = ctx.page.meta
+    if not str(meta.get("outcome", "")).strip():
+        return []
+    if not str(meta.get("why", "")).strip():
+        raise ctx.fail("front matter gives an outcome but no 'why'")
+    prereqs = meta.get("prereqs")
+    step = paths.load_paths().step(ctx.where)
+    if prereqs is None:
+        part = next((p for p in paths.load_paths().parts if step and p.title == step.part), None)
+        prereqs = [part.items[step.index - 2]] if part and step.index > 1 else []
+    for target in prereqs:
+        if not (paths.DOCS / target).is_file():
+            raise ctx.fail(f"prereqs names {target!r}, which is not a page")
+    before = ", ".join(f"[{paths.page_title(t)}]({ctx.rel(t)})" for t in prereqs)
+    return [
+        f"**You will be able to** {str(meta['outcome']).strip()}",
+        f"**Why it matters for inference work.** {str(meta['why']).strip()}",
+        f"**Read first.** {before or 'nothing on this site: Python, and PyTorch tensors'}.",
+    ]
+
+
 def lab_card(ctx: Context, args: list[str]) -> str:
     lab = next((lab for lab in ctx.labs if lab.page.as_posix() == ctx.where), None)
     if lab is None:
@@ -126,9 +153,11 @@ def lab_card(ctx: Context, args: list[str]) -> str:
     run_line = (
         " ".join(f"`python {s.path.as_posix()}`" for s in runnable) if runnable else "reading only"
     )
+    intro = "".join(f"    {line}\n\n" for line in first_screen(ctx))
     return (
         f'!!! abstract "Lab {lab.number:02d} at a glance"\n\n'
         f"    **Question.** {lab.question}\n\n"
+        f"{intro}"
         f"    **Starter files.** {_starter_links(ctx, lab)} (folder `{lab.folder.as_posix()}/`)\n\n"
         f"    **Run.** {run_line}\n\n"
         f"    **Handbook sections.** {sections}\n"
@@ -272,11 +301,15 @@ def model_sizes(ctx: Context, args: list[str]) -> str:
     from labkit import model_sizes as sizes
 
     try:
-        # Wrapped so the build tests can read the numbers the table shows: prose may quote
-        # them (tests/test_build.py, shown_output), and they change when the data does.
-        return f'<div class="model-sizes" markdown>\n\n{sizes.markdown_table(args or None, totals=True)}\n\n</div>'
+        table = sizes.markdown_table(args or None, totals=True)
     except (OSError, KeyError, ValueError) as exc:
         raise ctx.fail(f"model-sizes: {exc}") from exc
+    # Wrapped so the build tests can read the numbers the table shows: prose may quote
+    # them (tests/test_build.py, shown_output), and they change when the data does. The
+    # table is HTML already, so the block is the same inside a collapsed block or a tab
+    # (Markdown in an indented HTML block would keep md_in_html's `markdown` attribute).
+    body = markdown.markdown(table, extensions=["tables"])
+    return f'<div class="model-sizes">\n{body}\n</div>'
 
 
 def reading_paths(ctx: Context, args: list[str]) -> str:

@@ -56,7 +56,14 @@ from mkdocs.structure.pages import Page
 from mkdocs.utils import get_relative_url
 
 from infralens_docs import highlight_cache, notebooks, paths, search_cache
-from infralens_docs.directives import DIRECTIVES, GENERATED_FILES, Context, is_page, page_dir
+from infralens_docs.directives import (
+    DIRECTIVES,
+    GENERATED_FILES,
+    Context,
+    first_screen,
+    is_page,
+    page_dir,
+)
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
 from infralens_docs.runner import (
@@ -70,7 +77,11 @@ from infralens_docs.runner import (
     starter_figures,
 )
 
-DIRECTIVE_RE = re.compile(r"^<!-- infralens:(?P<name>[a-z-]+)(?P<args>[^\n]*?)-->$", re.MULTILINE)
+#: A directive alone on its line, at any indentation: inside a collapsible block or a tab
+#: its Markdown output is indented to the same depth, so it stays inside.
+DIRECTIVE_RE = re.compile(
+    r"^(?P<indent>[ ]*)<!-- infralens:(?P<name>[a-z-]+)(?P<args>[^\n]*?)-->$", re.MULTILINE
+)
 
 _labs: list[Lab] = []
 
@@ -322,9 +333,32 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
         name, args = match.group("name"), shlex.split(match.group("args"))
         if name not in DIRECTIVES:
             raise ctx.fail(f"unknown directive infralens:{name}")
-        return DIRECTIVES[name](ctx, args)
+        indent = match.group("indent")
+        out = DIRECTIVES[name](ctx, args)
+        if not indent:
+            return out
+        return "\n".join(indent + line if line.strip() else line for line in out.split("\n"))
 
-    return DIRECTIVE_RE.sub(expand, markdown)
+    return _first_screen(DIRECTIVE_RE.sub(expand, markdown), page, ctx)
+
+
+_TITLE_RE = re.compile(r"^# .+$", re.MULTILINE)
+
+
+def _first_screen(markdown: str, page: Page, ctx: Context) -> str:
+    """Under the title of every handbook page on a reading path, an "On this page" box:
+    what the reader will be able to do, why it matters, what to read first
+    (``directives.first_screen``). A lab page's card carries the same lines."""
+    if paths.load_paths().step(page.file.src_uri) is None or "lab" in page.meta:
+        return markdown
+    lines = first_screen(ctx)
+    if not lines:
+        return markdown  # tests/test_anatomy.py requires outcome and why on every path page
+    title = _TITLE_RE.search(markdown)
+    if title is None:
+        raise ctx.fail("a page on a reading path needs a '# ' title line")
+    block = '!!! info "On this page"\n\n' + "".join(f"    {line}\n\n" for line in lines)
+    return markdown[: title.end()] + "\n\n" + block + markdown[title.end() :]
 
 
 # --------------------------------------------------------------------------- html

@@ -152,6 +152,9 @@ def reading_words(text: str) -> tuple[int, int]:
         marker = _COLLAPSED_RE.match(line)
         if marker and collapsed_at is None:
             collapsed_at = len(marker.group(1))
+            # the block's title stays on screen; its type keyword ("note") does not
+            shown += len(_WORD_RE.findall(" ".join(re.findall(r'"([^"]*)"', line))))
+            continue
         words = len(_WORD_RE.findall(_LINK_TARGET_RE.sub("]", line)))
         if collapsed_at is not None:
             depth += words
