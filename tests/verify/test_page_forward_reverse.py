@@ -2,7 +2,8 @@
 
 Schedules and steps run on the real scheduler classes; the loop claims run the real
 ``StableDiffusionPipeline`` (and ``StableDiffusionImg2ImgPipeline``) around a tiny UNet
-and VAE with random weights. One pipeline uses a VAE with SD 1.x's four blocks, so its
+and VAE with random weights, and the real ``StableDiffusion3Pipeline`` around a tiny
+transformer. One pipeline uses a VAE with SD 1.x's four blocks, so its
 ``vae_scale_factor`` is 8 as in SD 1.x and ``latents`` are ``(B, 4, H/8, W/8)``.
 """
 
@@ -16,16 +17,21 @@ from diffusers import (
     DDIMScheduler,
     DDPMScheduler,
     EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
     StableDiffusionImg2ImgPipeline,
 )
 from tiny import (
+    EMBED_DIM,
+    HEIGHT,
     SD_BETAS,
     SD_SCHEDULER,
+    WIDTH,
     abar,
     close,
     embeds,
     randn,
     start_latents,
+    tiny_sd3_pipeline,
     tiny_sd_pipeline,
 )
 
@@ -147,28 +153,17 @@ def test_lab01_numbers_are_diffusers_values():
     assert sd / (1 - sd) == pytest.approx(0.0047, abs=5e-5)
 
 
-def test_zero_terminal_snr():
-    r"""No standard `beta_schedule` reaches `alphas_cumprod[999] == 0`; with `rescale_betas_zero_snr=True` it is exactly 0 (and `alphas_cumprod[0]` is unchanged), so at `t=999` an `epsilon` output gives a non-finite `pred_original_sample`, while a `v_prediction` output $v$ gives $\hat{x}_0 = -v$."""
+def test_no_standard_schedule_reaches_zero():
+    r"""No standard `beta_schedule` reaches $\bar\alpha = 0$: `alphas_cumprod[999]` is above 0 under `linear`, `scaled_linear` and `squaredcos_cap_v2`, so `add_noise` at `t=999` still carries a trace of $x_0$ (two clean samples with the same noise give different $x_{999}$)."""
+    eps, x0_a, x0_b = randn(1), randn(2), randn(3)
+    t = torch.tensor([999, 999])
     for schedule in SCHEDULES:
-        assert DDPMScheduler(beta_schedule=schedule, **RANGES[schedule]).alphas_cumprod[-1] > 0
-    plain = DDIMScheduler(**SD_BETAS)
-    x_t, out = randn(0), randn(1)
-    x0 = {}
-    for prediction_type in ["epsilon", "v_prediction"]:
-        scheduler = DDIMScheduler(
-            rescale_betas_zero_snr=True,
-            prediction_type=prediction_type,
-            timestep_spacing="trailing",
-            clip_sample=False,
-            **SD_BETAS,
-        )
-        assert scheduler.alphas_cumprod[-1] == 0
-        close(scheduler.alphas_cumprod[0], plain.alphas_cumprod[0])
-        scheduler.set_timesteps(10)
-        assert scheduler.timesteps[0] == 999
-        x0[prediction_type] = scheduler.step(out, 999, x_t).pred_original_sample
-    assert not torch.isfinite(x0["epsilon"]).any()
-    close(x0["v_prediction"], -out)
+        scheduler = DDPMScheduler(beta_schedule=schedule, **RANGES[schedule])
+        assert scheduler.alphas_cumprod[-1] > 0, schedule
+        gap = scheduler.add_noise(x0_a, eps, t) - scheduler.add_noise(x0_b, eps, t)
+        expected = abar(scheduler, 999).sqrt() * (x0_a - x0_b)
+        close(gap, expected, tol=1e-7)
+        assert gap.abs().max() > 0, schedule
 
 
 # --- reverse process ---------------------------------------------------------------
@@ -183,18 +178,6 @@ def test_set_timesteps_picks_a_descending_subsequence(cls, spacing):
     ts = scheduler.timesteps
     assert not ts.is_floating_point() and len(ts) == 10
     assert (ts.diff() < 0).all() and 0 <= ts.min() and ts.max() < 1000
-
-
-@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
-def test_trailing_starts_at_the_last_timestep(cls):
-    """With `timestep_spacing="trailing"` the first of `scheduler.timesteps` is 999, the last training timestep; the default `"leading"` starts lower (900 for 10 steps, 901 with SD's `steps_offset=1`)."""
-    firsts = {}
-    for spacing, offset in [("trailing", 0), ("leading", 0), ("leading", 1)]:
-        scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
-        scheduler.set_timesteps(10)
-        firsts[spacing, offset] = int(scheduler.timesteps[0])
-    assert cls().config.timestep_spacing == "leading"
-    assert firsts == {("trailing", 0): 999, ("leading", 0): 900, ("leading", 1): 901}
 
 
 def first_scale_model_input_sample(pipe, **kwargs):
@@ -231,6 +214,27 @@ def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
         close(start, noise * sigma)
     assert sd_pipe.scheduler.init_noise_sigma == 1.0
     assert float(euler_pipe.scheduler.init_noise_sigma) == pytest.approx(14.6, abs=0.05)
+
+
+def test_sd3_starts_from_unscaled_noise(record_calls):
+    r"""`StableDiffusion3Pipeline` does not scale its starting `latents`: the transformer's first input is the `generator`'s $\mathcal{N}(0, I)$ draw itself, and its `FlowMatchEulerDiscreteScheduler` has no `init_noise_sigma`."""
+    pipe = tiny_sd3_pipeline(FlowMatchEulerDiscreteScheduler(shift=3.0))
+    assert not hasattr(pipe.scheduler, "init_noise_sigma")
+    recorder = record_calls(pipe.transformer)
+    g = torch.Generator().manual_seed(1)
+    pipe(
+        prompt_embeds=torch.randn(1, 10, EMBED_DIM, generator=g),
+        pooled_prompt_embeds=torch.randn(1, 16, generator=g),
+        guidance_scale=1.0,
+        num_inference_steps=2,
+        height=HEIGHT,
+        width=WIDTH,
+        output_type="latent",
+        generator=torch.Generator().manual_seed(5),
+    )
+    first = recorder.calls[0][1]["hidden_states"]
+    assert first.shape == (1, 4, HEIGHT // 2, WIDTH // 2)
+    close(first, torch.randn(first.shape, generator=torch.Generator().manual_seed(5)), tol=0)
 
 
 def test_img2img_starts_from_a_noised_encoded_image(sd_pipe):

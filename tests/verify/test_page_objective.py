@@ -23,7 +23,7 @@ from diffusers import (
     UNet2DConditionModel,
 )
 from diffusers.training_utils import compute_snr
-from tiny import SD_BETAS, abar, close, embeds, randn, tiny_sd_pipeline, tiny_unet
+from tiny import SD_BETAS, abar, close, embeds, randn, tiny_unet
 
 
 def targets(scheduler, x0, eps, t):
@@ -161,34 +161,6 @@ def test_wrong_prediction_type_runs_silently():
         prev[prediction_type] = scheduler.step(outputs["epsilon"], 600, x_t).prev_sample
     assert torch.isfinite(prev["v_prediction"]).all()
     assert (prev["v_prediction"] - prev["epsilon"]).abs().max() > 0.1
-
-
-@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
-def test_clip_sample_clamps_x0_by_default(cls):
-    r"""`DDPMScheduler` and `DDIMScheduler` default to `clip_sample=True`, which clamps $\hat{x}_0$ to `[-clip_sample_range, clip_sample_range]` (default `[-1, 1]`) inside `step`; `clip_sample=False` leaves it as converted."""
-    x_t, out = 3 * randn(0), randn(1)
-    x0 = {}
-    for clip in [True, False]:
-        kwargs = {} if clip else {"clip_sample": False}
-        scheduler = cls(**kwargs, **SD_BETAS)
-        assert scheduler.config.clip_sample is clip
-        scheduler.set_timesteps(10)
-        x0[clip] = scheduler.step(out, 100, x_t).pred_original_sample
-    assert x0[False].abs().max() > 1.5
-    close(x0[True], x0[False].clamp(-1.0, 1.0))
-
-
-def test_sd_pipeline_turns_clip_sample_off():
-    r"""`StableDiffusionPipeline` sets `clip_sample=False` in the config of a scheduler given with `clip_sample=True` (with a deprecation warning), so its `step` does not clamp $\hat{x}_0$ of SD's `latents` to `[-1, 1]`."""
-    scheduler = DDIMScheduler(steps_offset=1, **SD_BETAS)
-    assert scheduler.config.clip_sample is True
-    with pytest.warns(FutureWarning, match="clip_sample"):
-        pipe = tiny_sd_pipeline(scheduler=scheduler)
-    assert pipe.scheduler.config.clip_sample is False
-    pipe.scheduler.set_timesteps(10)
-    x_t, out = 3 * randn(0).float(), randn(1).float()
-    x0 = pipe.scheduler.step(out, 101, x_t).pred_original_sample
-    assert x0.abs().max() > 1.5
 
 
 def test_thresholding_replaces_clipping():

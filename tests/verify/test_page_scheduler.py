@@ -46,10 +46,13 @@ from tiny import (
     SD_BETAS,
     SD_SCHEDULER,
     WIDTH,
+    close,
     embeds,
     logged_messages,
+    randn,
     start_latents,
     tiny_sd3_pipeline,
+    tiny_sd_pipeline,
 )
 
 from infralens_docs.registry import ROOT
@@ -269,6 +272,18 @@ def test_class_defaults():
     assert DDPMScheduler().config.timestep_spacing == "leading"
     assert DDIMScheduler().config.timestep_spacing == "leading"
     assert EulerDiscreteScheduler().config.timestep_spacing == "linspace"
+
+
+@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
+def test_trailing_starts_at_the_last_timestep(cls):
+    """With `timestep_spacing="trailing"` the first of `scheduler.timesteps` is 999, the last training timestep; the default `"leading"` starts lower (900 for 10 steps, 901 with SD's `steps_offset=1`)."""
+    firsts = {}
+    for spacing, offset in [("trailing", 0), ("leading", 0), ("leading", 1)]:
+        scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
+        scheduler.set_timesteps(10)
+        firsts[spacing, offset] = int(scheduler.timesteps[0])
+    assert cls().config.timestep_spacing == "leading"
+    assert firsts == {("trailing", 0): 999, ("leading", 0): 900, ("leading", 1): 901}
 
 
 def test_leading_starts_euler_below_sigma_max():
@@ -616,6 +631,37 @@ def test_wrong_prediction_type_raises_no_error():
             bogus.step(eps, bogus.timesteps[0], x_t)
 
 
+# --- clip_sample -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
+def test_clip_sample_clamps_x0_by_default(cls):
+    r"""`DDPMScheduler` and `DDIMScheduler` default to `clip_sample=True`, which clamps $\hat{x}_0$ to `[-clip_sample_range, clip_sample_range]` (default `[-1, 1]`) inside `step`; `clip_sample=False` leaves it as converted."""
+    x_t, out = 3 * randn(0), randn(1)
+    x0 = {}
+    for clip in [True, False]:
+        kwargs = {} if clip else {"clip_sample": False}
+        scheduler = cls(**kwargs, **SD_BETAS)
+        assert scheduler.config.clip_sample is clip
+        scheduler.set_timesteps(10)
+        x0[clip] = scheduler.step(out, 100, x_t).pred_original_sample
+    assert x0[False].abs().max() > 1.5
+    close(x0[True], x0[False].clamp(-1.0, 1.0))
+
+
+def test_sd_pipeline_turns_clip_sample_off():
+    r"""`StableDiffusionPipeline` sets `clip_sample=False` in the config of a scheduler given with `clip_sample=True` (with a deprecation warning), so its `step` does not clamp $\hat{x}_0$ of SD's `latents` to `[-1, 1]`."""
+    scheduler = DDIMScheduler(steps_offset=1, **SD_BETAS)
+    assert scheduler.config.clip_sample is True
+    with pytest.warns(FutureWarning, match="clip_sample"):
+        pipe = tiny_sd_pipeline(scheduler=scheduler)
+    assert pipe.scheduler.config.clip_sample is False
+    pipe.scheduler.set_timesteps(10)
+    x_t, out = 3 * randn(0).float(), randn(1).float()
+    x0 = pipe.scheduler.step(out, 101, x_t).pred_original_sample
+    assert x0.abs().max() > 1.5
+
+
 # --- DDIM ------------------------------------------------------------------------------------
 
 
@@ -781,7 +827,7 @@ def test_ddpm_step_formula():
 
 
 def test_euler_step_formula():
-    """For an `epsilon` model `EulerDiscreteScheduler.step` returns `x + (sigma_next - sigma) * (x - x0_hat) / sigma` with `x0_hat = x - sigma * eps_hat`."""
+    """For an `epsilon` model (and the default `s_churn=0`) `EulerDiscreteScheduler.step` returns `x + (sigma_next - sigma) * d` with `x0_hat = x - sigma * eps_hat` and the slope `d = (x - x0_hat) / sigma`, which is `eps_hat`: `x + (sigma_next - sigma) * eps_hat`."""
     sample, model_output = tensors(17)
     scheduler = EulerDiscreteScheduler(**SD_BETAS)
     scheduler.set_timesteps(10)
@@ -792,6 +838,8 @@ def test_euler_step_formula():
     torch.testing.assert_close(
         out.prev_sample, sample + (sigma_next - sigma) * (sample - x0) / sigma
     )
+    torch.testing.assert_close(out.prev_sample, sample + (sigma_next - sigma) * model_output)
+    assert (out.prev_sample - sample).abs().max() > 0.1  # a real move, not a no-op
 
 
 def test_euler_step_warns_without_scale_model_input():
@@ -1133,3 +1181,32 @@ def test_rescale_betas_zero_snr():
         off = cls(**SD_BETAS).alphas_cumprod[-1].item()
         assert on == (2**-24 if cls is EulerDiscreteScheduler else 0.0), cls.__name__
         assert off == pytest.approx(0.00466, abs=1e-5)
+
+
+def test_zero_terminal_snr():
+    r"""No standard `beta_schedule` reaches `alphas_cumprod[999] == 0`; with `rescale_betas_zero_snr=True` it is exactly 0 (and `alphas_cumprod[0]` is unchanged), so at `t=999` an `epsilon` output gives a non-finite `pred_original_sample`, while a `v_prediction` output $v$ gives $\hat{x}_0 = -v$."""
+    for schedule, betas in [
+        ("linear", {}),
+        ("scaled_linear", SD_BETAS),
+        ("squaredcos_cap_v2", {}),
+    ]:
+        betas = {**betas, "beta_schedule": schedule}
+        assert DDPMScheduler(**betas).alphas_cumprod[-1] > 0, schedule
+    plain = DDIMScheduler(**SD_BETAS)
+    x_t, out = randn(0), randn(1)
+    x0 = {}
+    for prediction_type in ["epsilon", "v_prediction"]:
+        scheduler = DDIMScheduler(
+            rescale_betas_zero_snr=True,
+            prediction_type=prediction_type,
+            timestep_spacing="trailing",
+            clip_sample=False,
+            **SD_BETAS,
+        )
+        assert scheduler.alphas_cumprod[-1] == 0
+        close(scheduler.alphas_cumprod[0], plain.alphas_cumprod[0])
+        scheduler.set_timesteps(10)
+        assert scheduler.timesteps[0] == 999
+        x0[prediction_type] = scheduler.step(out, 999, x_t).pred_original_sample
+    assert not torch.isfinite(x0["epsilon"]).any()
+    close(x0["v_prediction"], -out)
