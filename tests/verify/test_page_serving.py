@@ -84,7 +84,8 @@ def test_stages_split_at_prompt_embeds_and_latents(sd_pipe, record_calls, calls_
 
 
 def test_per_call_state_lives_on_the_pipeline_object(sd_pipe):
-    """A pipeline keeps per-call state on itself (`_guidance_scale`, `_interrupt`, `_num_timesteps`, and the scheduler's timesteps), and `StableDiffusionPipeline(**pipe.components)` shares the same `scheduler` object as well as the models, so concurrent calls need separate pipeline objects with separate scheduler instances."""
+    """A pipeline keeps per-call state on itself (`_guidance_scale`, `_interrupt`, which `__call__` resets to `False` when it starts, `_num_timesteps`, and the scheduler's timesteps), and `StableDiffusionPipeline(**pipe.components)` shares the same `scheduler` object as well as the models, so concurrent calls need separate pipeline objects with separate scheduler instances."""
+    sd_pipe._interrupt = True  # left over from another call: the next call clears it
     run(sd_pipe, steps=3, guidance_scale=4.0)
     assert (sd_pipe.guidance_scale, sd_pipe.num_timesteps, sd_pipe.interrupt) == (4.0, 3, False)
     assert len(sd_pipe.scheduler.timesteps) == 3
