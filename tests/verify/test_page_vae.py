@@ -105,6 +105,21 @@ def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
     torch.testing.assert_close(seen[0], latents / 0.25)
 
 
+def test_decoding_undivided_latents_raises_nothing():
+    """Forgetting the division raises no error: `AutoencoderKL.decode` accepts latents at any scale, and latents not divided by `scaling_factor` decode, with no error or warning, to an image of the same shape, a different one."""
+    import warnings
+
+    pipe = tiny_sd_pipeline()
+    latents = start_latents()
+    sf = pipe.vae.config.scaling_factor  # 0.18215, the default
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        right = pipe.vae.decode(latents / sf).sample
+        forgot = pipe.vae.decode(latents).sample
+    assert forgot.shape == right.shape
+    assert (forgot - right).abs().max() > 1e-3
+
+
 def test_sd_img2img_encodes_then_scales():
     """`StableDiffusionImg2ImgPipeline.prepare_latents` multiplies `latent_dist.sample(generator)` by `vae.config.scaling_factor` before `scheduler.add_noise`."""
     from diffusers import StableDiffusionImg2ImgPipeline
