@@ -190,7 +190,7 @@ def quoted_numbers(markdown_path: Path) -> set[str]:
     md = re.sub(r"\A---\n.*?\n---\n", "", md, flags=re.DOTALL)  # front matter
     for pattern in [r"```.*?```", r"`[^`]*`", r"\$\$.*?\$\$", r"\$[^$]*\$", r"\]\([^)]*\)"]:
         md = re.sub(pattern, " ", md, flags=re.DOTALL)  # code, math, link targets
-    md = re.sub(r"\b\d+\.\d+\.\d+\b|Section \d+\.\d+|arXiv:\s*\d+\.\d+", " ", md)
+    md = re.sub(r"\b\d+\.\d+\.\d+\b|Section \d+\.\d+|arXiv:\s*\d+\.\d+|Python 3\.\d+", " ", md)
     found = set(re.findall(r"(?<![\w.])\d+\.\d+(?:e-\d+)?%?", md))
     return found - PROSE_CONSTANTS.keys() - cited_numbers(markdown_path).keys()
 

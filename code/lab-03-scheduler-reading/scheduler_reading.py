@@ -193,9 +193,9 @@ for model_type, scheduler_type in [
 # %% [markdown]
 # ## 6. Picture it
 #
-# Left: where each spacing puts its `args.steps` timesteps (step index on the x
-# axis). Right: the noise level `sigma` each Euler grid visits, on a log axis, and
-# flow matching's sigmas with and without `shift`, on the same index.
+# First: where each spacing puts its `args.steps` timesteps (step index on the x
+# axis). Second: the noise level `sigma` each Euler grid visits, on a log axis.
+# Third: all four grids (leading, trailing, linspace, Karras) on one log sigma axis.
 
 # %%
 # --8<-- [start:figures]
@@ -231,8 +231,42 @@ figures.save(
     "steps at low noise.",
     caption="Noise levels visited by EulerDiscreteScheduler, linspace against Karras sigmas.",
 )  # fmt: skip
+
+# All four grids on one sigma axis: SD 1.5's Euler config (leading, steps_offset=1) and the
+# two spacings of Lin et al., then Karras sigmas on that same SD 1.5 config. diffusers takes
+# the Karras end points from the spaced grid, so Karras spans leading's range, redistributed.
+sigma_axis = {}  # label -> (n,) sigmas visited, high to low (the final 0 is off a log axis)
+for label, config in [
+    ("leading (SD 1.5)", dict(timestep_spacing="leading", steps_offset=1)),
+    ("trailing", dict(timestep_spacing="trailing")),
+    ("linspace", dict(timestep_spacing="linspace")),
+    ("Karras (SD 1.5)", dict(timestep_spacing="leading", steps_offset=1, use_karras_sigmas=True)),
+]:  # fmt: skip
+    grid_euler = EulerDiscreteScheduler(**config, **betas_config)
+    grid_euler.set_timesteps(args.steps)
+    sigma_axis[label] = grid_euler.sigmas[:-1]
+sigma_max = float(((1 - alphas_cumprod_[-1]) / alphas_cumprod_[-1]) ** 0.5)  # sigma at t = 999
+lead, trail, lin, karras = sigma_axis.values()
+low = [int(np.sum(s < 0.5)) for s in (lead, trail, lin, karras)]  # steps spent below sigma 0.5
+sigma_grid_chart = figures.line_chart(
+    {label: (s, np.arange(len(s))) for label, s in sigma_axis.items()},
+    "sigma visited, log scale", "step index i", logx=True, markers=args.steps <= 50,
+)  # fmt: skip
+figures.save(
+    args.figures, "sigma-grids", sigma_grid_chart,
+    alt=f"Line chart with dots: the sigma each grid visits on a log x axis, step index on the "
+    f"y axis, for {args.steps} Euler steps on the {args.beta_schedule} schedule. Trailing and "
+    f"linspace start at sigma_max = {sigma_max:.2f}; leading with steps_offset=1 starts lower, "
+    f"at {lead[0]:.2f}, and so does the Karras grid, which shares leading's end points. At the "
+    f"low end linspace reaches {lin[-1]:.3f}, leading and Karras {lead[-1]:.3f}, while trailing "
+    f"stops at {trail[-1]:.3f}. Below sigma = 0.5 leading takes {low[0]} steps, trailing "
+    f"{low[1]}, linspace {low[2]} and Karras {low[3]}.",
+    caption=f"The noise levels each EulerDiscreteScheduler grid visits ({args.steps} steps, "
+    f"{args.beta_schedule}): only trailing and linspace start at sigma_max; Karras sigmas keep "
+    "the end points of the configured spacing and move steps toward low noise.",
+)  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display
 
-    display(SVG(timestep_chart), SVG(sigma_chart))
+    display(SVG(timestep_chart), SVG(sigma_chart), SVG(sigma_grid_chart))
 # --8<-- [end:figures]

@@ -32,6 +32,7 @@ from labkit.cli import (
     parse_args,
 )
 from labkit.denoiser import UNCOND
+from labkit.images import BACKGROUND, SHAPES, FiniteSet, image_grid, toy_images
 from labkit.metrics import purity
 from labkit.schedulers import DDIMScheduler
 
@@ -198,3 +199,69 @@ if in_notebook():
 
     display(SVG(sweep_figure))
 # --8<-- [end:figures]
+
+# %% [markdown]
+# ## 6. Picture it on images
+#
+# The same guidance on the toy shape images of Labs 05 and 12 (`labkit.images`: 256
+# images `(K, 3, 32, 32)` in [-1, 1], four shape classes, an exact denoiser of the
+# finite set). The prompt is "square". Each column is one guidance scale (the first: no
+# prompt), each row one starting noise, the same in every column. All columns run as
+# one doubled batch per step, with the lines of `guided_noise_pred`; a column at scale
+# <= 1 keeps the conditional half alone, as diffusers does. Drawn only with `--figures`
+# (the site's build), so the default run stays fast.
+
+# %%
+# --8<-- [start:images]
+if args.figures is not None:
+    data = toy_images(256, seed=0)  # .images (K, 3, 32, 32), .labels (K,) in SHAPES
+    training_set = FiniteSet(data.images, data.labels)
+    image_unet = ExactDenoiser(training_set, unet.alphas_cumprod, "epsilon")
+    prompt = SHAPES.index("square")  # class 1: the toy's prompt
+    R, C = 4, len(runs)  # rows: starting noises; columns: no prompt, then each scale
+    image_noise = np.random.default_rng(args.seed).standard_normal((R, 3, 32, 32))
+    # the same DDIM config, but at most 15 steps (the runs use 30): a call on 3072 pixels costs
+    # far more than on 2-D points, and this keeps the site build's --figures run short
+    image_scheduler = DDIMScheduler(**vars(scheduler.config))  # like from_config
+    image_scheduler.set_timesteps(min(args.steps, 15))
+    # column-major: rows k*R .. k*R + R-1 are column k; (C*R, 3, 32, 32)
+    latents = np.tile(image_noise, (C, 1, 1, 1)) * image_scheduler.init_noise_sigma
+    cond = np.repeat([UNCOND if s is None else prompt for _, s in runs], R)  # (C*R,)
+    scales = np.repeat([1.0 if s is None else s for _, s in runs], R)[:, None, None, None]
+    class_labels = np.concatenate([np.full(C * R, UNCOND), cond])  # (2*C*R,) uncond first
+    x0_hat_max, guidance_term = [], []  # per step: max |x0_hat|, max |guided - cond|
+    for t in image_scheduler.timesteps:
+        latent_model_input = image_scheduler.scale_model_input(np.concatenate([latents] * 2), t)
+        noise_pred_uncond, noise_pred_text = np.split(
+            image_unet(latent_model_input, t, class_labels=class_labels), 2
+        )
+        guided = noise_pred_uncond + scales * (noise_pred_text - noise_pred_uncond)
+        noise_pred = np.where(scales > 1.0, guided, noise_pred_text)  # <= 1: cond alone
+        output = image_scheduler.step(noise_pred, t, latents)
+        x0_hat_max.append(float(np.abs(output.pred_original_sample).max()))
+        guidance_term.append(float(np.abs(noise_pred - noise_pred_text).max()))
+        latents = output.prev_sample
+    nearest, nearest_rms = training_set.nearest(latents)  # (C*R,) training image reached, RMS
+    area = np.sum(np.abs(latents - BACKGROUND).max(axis=1) > 0.5, axis=(1, 2))  # (C*R,) pixels
+    image_purity, image_distinct, image_area = {}, {}, {}  # per column label
+    for k, (label, _) in enumerate(runs):
+        reached = nearest[k * R : (k + 1) * R]
+        image_purity[label] = float(np.mean(data.labels[reached] == prompt))  # share of squares
+        image_distinct[label] = len(set(reached.tolist()))  # different training images reached
+        image_area[label] = float(area[k * R : (k + 1) * R].mean())  # mean shape area, pixels
+    grid_images = latents.reshape(C, R, 3, 32, 32).transpose(1, 0, 2, 3, 4)  # rows = noises
+    titles = ["no prompt"] + [f"{s:g}" for s in args.guidance_scales]
+    figures.save(
+        args.figures, "images", figures.png(image_grid(grid_images.reshape(-1, 3, 32, 32), C), 2),
+        alt=f"A grid of {R} rows by {C} columns of small shape images. Columns, left to right: "
+        f"{', '.join(titles)} (guidance scales, prompt 'square'); each row starts from the "
+        f"same noise. Without a prompt {image_purity['uncond']:.0%} of the images are squares; "
+        "with the prompt every image is a square, and as the scale grows the squares get "
+        "larger and some rows turn into the same square.",
+        caption=f"Guidance on toy images, prompt 'square'. Columns: {', '.join(titles)}. "
+        f"Squares: {', '.join(f'{v:.0%}' for v in image_purity.values())}; distinct training "
+        f"images reached: {', '.join(map(str, image_distinct.values()))}; mean shape area "
+        f"(pixels): {', '.join(f'{v:.0f}' for v in image_area.values())}. {R} starting "
+        f"noises, {len(image_scheduler.timesteps)} DDIM steps (the 2-D runs: {args.steps}).",
+    )  # fmt: skip
+# --8<-- [end:images]

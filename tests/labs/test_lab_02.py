@@ -75,6 +75,39 @@ def test_mismatch_hides_at_low_noise(run_lab):
     assert eps_v_error("50") < 0.1 < 1.0 < eps_v_error("500")
 
 
+def test_x0_hat_collapses_toward_the_data_mean_as_t_grows(run_lab, tmp_path):
+    """The figure x0hat-vs-t: x0_hat's distance to the data mean, relative to x0's, is 1 at
+    t = 0 and falls (up to a hair of sampling noise) toward 0 by t = 999, for the 2-D mixture
+    and for the toy images; the images keep x0 exactly up to a higher t."""
+    g = run_lab(STARTER, "--figures", str(tmp_path))
+    assert (tmp_path / "x0hat-vs-t.svg").is_file() and (tmp_path / "x0hat-strip.png").is_file()
+    spread, spread_t = g["spread"], g["spread_t"]
+    assert spread_t[0] == 0 and spread_t[-1] == 999
+    for name, values in spread.items():
+        assert abs(values[0] - 1) < 0.02, name
+        assert np.all(np.diff(values) < 0.01), name  # non-increasing
+        assert values[-1] < 0.05, name
+    mixture, images = spread["2-D mixture (this lab)"], spread["toy images"]
+    mid = int(np.searchsorted(spread_t, 500))
+    assert images[mid] > 0.95 > 0.5 > mixture[mid]  # 3072 pixels identify x0 at far more noise
+    at_472 = list(spread_t).index(472)  # the page: images >= 0.99 up to t = 472, mixture 0.41
+    assert images[: at_472 + 1].min() >= 0.99 and round(mixture[at_472], 2) == 0.41
+    assert round(mixture[-1], 3) == 0.009 and round(images[-1], 3) == 0.027
+
+
+def test_the_image_strip_goes_from_the_data_mean_to_one_training_image(run_lab, tmp_path):
+    """The figure x0hat-strip: at the first step x0_hat is (nearly) the mean of the training
+    images; at the last it is one training image, and x_t has become that image too."""
+    g = run_lab(STARTER, "--figures", str(tmp_path))
+    data, mean = g["data"], g["data_mean"]
+    first, last = g["strip_x0_hat"][0], g["strip_x0_hat"][-1]
+    rms = lambda a, b: float(np.sqrt(np.mean((a - b) ** 2)))  # noqa: E731
+    assert rms(first, mean) < 0.05 < 0.2 < rms(last, mean)
+    nearest = np.sqrt(np.mean((data.images - last) ** 2, axis=(1, 2, 3))).min()
+    assert nearest < 0.02
+    assert len(g["trajectory_t"]) == 10 and g["strip"].shape == (20, 3, 32, 32)
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--timestep", "-1"], ["--timestep", "1000"], ["--num-inference-steps", "0"],

@@ -1,5 +1,7 @@
 """Lab 03 Scheduler Reading: spacings, input scaling, prediction types, the mismatch trap."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,39 @@ def test_mismatch_breaks_sampling_and_match_does_not(run_lab):
     assert rows[("epsilon", "epsilon")] > 0.95
     assert rows[("v_prediction", "epsilon")] < 0.2
     assert rows[("epsilon", "sample")] < 0.5
+
+
+@pytest.mark.parametrize("steps", ["10", "30"])
+def test_sigma_grids_figure_shows_where_each_grid_starts_and_where_it_crowds(
+    run_lab, tmp_path, steps
+):
+    """The figure sigma-grids: on SD 1.5's scaled_linear config, trailing and linspace start at
+    sigma_max (t = 999); leading with steps_offset=1 starts below it and Karras shares leading's
+    end points; trailing never visits the lowest noise; Karras puts more steps below sigma 0.5
+    than any linear-in-t grid. The alt text carries the same numbers."""
+    g = run_lab(STARTER, "--steps", steps, "--figures", str(tmp_path))
+    lead, trail, lin, karras = (g["sigma_axis"][k] for k in g["sigma_axis"])
+    ab = g["alphas_cumprod_"]
+    train_sigmas = np.sqrt((1 - ab) / ab)  # (1000,)
+    assert g["sigma_max"] == pytest.approx(train_sigmas[-1]) and g["sigma_max"] > 14
+    n = int(steps)
+    assert all(len(s) == n and np.all(np.diff(s) < 0) for s in (lead, trail, lin, karras))
+    assert trail[0] == pytest.approx(train_sigmas[999]) and lin[0] == pytest.approx(trail[0])
+    assert lead[0] == pytest.approx(train_sigmas[(n - 1) * (1000 // n) + 1])  # t = 901 at 10
+    assert lead[0] < 0.9 * g["sigma_max"]
+    assert karras[0] == pytest.approx(lead[0]) and karras[-1] == pytest.approx(lead[-1])
+    assert lin[-1] == pytest.approx(train_sigmas[0]) and lead[-1] == pytest.approx(train_sigmas[1])
+    trailing_last_t = round(1000 - (n - 1) * 1000 / n) - 1  # 99 at 10 steps, 32 at 30
+    assert trail[-1] == pytest.approx(train_sigmas[trailing_last_t]) and trail[-1] > 4 * lead[-1]
+    # the last grid built is Karras on leading: init_noise_sigma = sqrt(sigma_0^2 + 1), 8.45 at 10
+    assert g["grid_euler"].init_noise_sigma == pytest.approx((karras[0] ** 2 + 1) ** 0.5)
+    low = g["low"]
+    assert low[3] > max(low[:3]) and np.median(karras) < np.median(lead)
+    figure = json.loads((tmp_path / "figures.json").read_text())["sigma-grids"]
+    assert (tmp_path / figure["file"]).is_file()
+    assert f"sigma_max = {g['sigma_max']:.2f}" in figure["alt"]
+    assert f"starts lower, at {lead[0]:.2f}" in figure["alt"]
+    assert f"Karras {low[3]}." in figure["alt"]
 
 
 @pytest.mark.parametrize(

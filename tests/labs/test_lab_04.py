@@ -73,6 +73,35 @@ def test_negative_prompt_pushes_further(run_lab):
     assert negative > empty
 
 
+def test_guidance_grid_on_images_follows_the_scale(run_lab, tmp_path):
+    """The figure images: without a prompt few images are squares; from scale 1 on all are.
+    As the scale grows the squares get larger (the class evidence guidance climbs) and rows
+    that started from different noise end on fewer distinct training images."""
+    g = run_lab(STARTER, "--figures", str(tmp_path))
+    assert (tmp_path / "images.png").is_file()
+    purity, distinct, area = g["image_purity"], g["image_distinct"], g["image_area"]
+    scales = ["1", "2", "4", "7.5", "15"]
+    assert list(purity) == ["uncond", *scales]
+    assert purity["uncond"] < 0.5 and all(purity[s] == 1.0 for s in scales)
+    assert [area[s] for s in scales] == sorted(area[s] for s in scales)
+    assert area["15"] > area["1"] > area["uncond"]
+    assert [distinct[s] for s in scales] == sorted((distinct[s] for s in scales), reverse=True)
+    assert distinct["15"] < distinct["1"]
+    # the grid shows exactly these images: rows are noises, columns the scales
+    grid, R = g["grid_images"], g["R"]
+    assert grid.shape == (R, 6, 3, 32, 32)
+    changed = np.abs(grid[:, -1] - grid[:, 1]).max(axis=(1, 2, 3)) > 0.5  # (R,) per noise
+    assert changed.any()
+    # the page: guided x0_hat leaves the data range at high noise, the guidance term then
+    # vanishes once both posteriors settle on one training image, and every output ends on
+    # a training image (RMS 0.03: the last step's leftover noise, set_alpha_to_one=False)
+    assert len(g["image_scheduler"].timesteps) == 15 and g["args"].steps == 30
+    x0_hat_max, term = g["x0_hat_max"], g["guidance_term"]
+    assert x0_hat_max[0] > 10 and max(x0_hat_max[5:]) < 0.9 + 1e-6  # data: [-0.8, 0.9]
+    assert term[0] > 1.0 and max(term[5:]) < 1e-6  # from t = 595 on
+    assert g["nearest_rms"].max() < 0.05 and np.abs(grid).max() < 1.0
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--guidance-scales", "-1"], ["--guidance-scales", "x"], ["--steps", "0"]],
