@@ -864,10 +864,11 @@ def test_hotswap_replaces_an_adapter_in_place():
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():
-    """LoRA weights from `set_adapters` and the IP-Adapter `scale` live on the UNet's own modules, so two pipelines that share one UNet (as `from_pipe` builds them) share them too: `set_adapters` or `set_ip_adapter_scale` on one changes the other's output, and one pipeline object per request does not isolate requests."""
+    """The active adapters and LoRA weights from `set_adapters`, the per-call `scale` (while the forward runs) and the IP-Adapter `scale` live on the UNet's own modules, so two pipelines that share one UNet (as `from_pipe` builds them) share them too: switching the LoRA, `set_adapters` or `set_ip_adapter_scale` on one changes the other's output, and one pipeline object per request does not isolate requests."""
     from diffusers import StableDiffusionPipeline
 
-    pipe = lora_pipe("style")
+    pipe = lora_pipe("style", "subject")
+    pipe.set_adapters("style")  # the request before: one LoRA active
     pipe.load_ip_adapter(
         random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
     )
@@ -891,6 +892,10 @@ def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():
     assert not torch.allclose(after_lora, after_ip)
     layer = first_projection(other.unet)
     assert layer.scaling["style"] == 0.2 * other.unet.peft_config["style"].lora_alpha / 2
+    pipe.set_adapters("subject")  # another request switches LoRAs on the first pipeline
+    assert layer.active_adapters == ["subject"]
+    after_switch = run(other, steps=1, ip_adapter_image_embeds=image_embeds)
+    assert not torch.allclose(after_ip, after_switch)
 
 
 def test_controlnet_is_outside_the_model_offload_chain():
