@@ -75,3 +75,21 @@ def test_bad_arguments(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("scheduler_loop.py: error: ")
+
+
+def test_image_strip_x0_hat_settles_on_a_training_image_before_x_t_does(run_lab):
+    """The `images` figure's strip: on 32 x 32 toy images, DDIM's x0_hat starts as a blur far
+    from the image the loop ends on, its error falls at every step and is gone by mid-loop,
+    while x_t is still noisy; the output is that training image (DDIM's last step leaves a
+    little noise)."""
+    import numpy as np
+
+    g = run_lab(STARTER, "--steps", "5", "--schedulers", "ddim")
+    x_t, x0_hat, output, target = g["image_strip"](10, 0)
+    assert x_t.shape == x0_hat.shape == (10, 3, 32, 32) and output.shape == target.shape
+    err = np.sqrt(np.mean((x0_hat - target) ** 2, axis=(1, 2, 3)))
+    noisy = np.sqrt(np.mean((x_t - target) ** 2, axis=(1, 2, 3)))
+    assert err[0] > 0.2 and np.all(np.diff(err) <= 1e-9) and err[-1] < 1e-3
+    assert err[4] < 0.01 < noisy[4]  # halfway: x0_hat has arrived, x_t has not
+    assert np.all(np.diff(noisy) < 0) and noisy[0] > 1.0
+    assert np.sqrt(np.mean((output - target) ** 2)) < 0.05

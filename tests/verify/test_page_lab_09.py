@@ -196,19 +196,21 @@ def test_guess_mode_scales_residuals_by_a_logspace_ramp(lab):
 
 
 def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
-    """`StableDiffusionControlNetPipeline` calls the ControlNet at every step with `conditioning_scale = controlnet_conditioning_scale * controlnet_keep[i]`, where `controlnet_keep[i] = 1.0 - float(i / len(timesteps) < control_guidance_start or (i + 1) / len(timesteps) > control_guidance_end)`, as the starter's `controlnet_keep_for` computes; steps outside the window still run the ControlNet, with scale 0."""
+    """`StableDiffusionControlNetPipeline` calls the ControlNet at every step with `conditioning_scale = controlnet_conditioning_scale * controlnet_keep[i]`, where `controlnet_keep[i] = 1.0 - float(i / len(timesteps) < control_guidance_start or (i + 1) / len(timesteps) > control_guidance_end)`, as the starter's `controlnet_keep_for` computes; steps outside the window still run the ControlNet, with scale 0, and so does every step of a call with `controlnet_conditioning_scale=0.0`."""
     from tiny import tiny_unet
 
     unet = tiny_unet()
     controlnet = new_controlnet(unet, trained=True)
     pipe = tiny_controlnet_pipeline(unet, controlnet)
-    for steps, start, end in [(10, 0.2, 0.8), (5, 0.0, 0.5), (4, 0.5, 1.0)]:
+    for steps, start, end, scale in [
+        (10, 0.2, 0.8, 0.7), (5, 0.0, 0.5, 0.7), (4, 0.5, 1.0, 0.7), (3, 0.0, 1.0, 0.0),
+    ]:  # fmt: skip
         recorder = record_calls(controlnet)
-        call(pipe, steps, controlnet_conditioning_scale=0.7,
+        call(pipe, steps, controlnet_conditioning_scale=scale,
              control_guidance_start=start, control_guidance_end=end)  # fmt: skip
         scales = [kwargs["conditioning_scale"] for _, kwargs in recorder.calls]
         keep = lab["controlnet_keep_for"](steps, start, end)
-        assert scales == [0.7 * k for k in keep] and len(scales) == steps
+        assert scales == [scale * k for k in keep] and len(scales) == steps
         assert 0.0 in scales
         recorder.remove()
 
