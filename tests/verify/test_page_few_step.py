@@ -203,12 +203,13 @@ def test_lora_leaves_guidance_as_cfg(record_calls):
 
 
 def test_dpm_solver_orders():
-    """`DPMSolverMultistepScheduler`'s update order at 4 steps is 1, 2, 2, 1 with the default `final_sigmas_type="zero"`, and at 2 steps 1, 1 (DDIM); with `final_sigmas_type="sigma_min"` the last step is first order under the default `lower_order_final=True` below 15 steps and second order from 15, and with `lower_order_final=False` it is second order unless `euler_at_final=True`."""
+    """`DPMSolverMultistepScheduler`'s update order at 4 steps is 1, 2, 2, 1 with the default `final_sigmas_type="zero"`, and at 2 steps 1, 1 (DDIM); into sigma 0 the last step is first order whatever the step count and `lower_order_final` (checked at 15 steps and with `lower_order_final=False`); with `final_sigmas_type="sigma_min"` the last step is first order under the default `lower_order_final=True` below 15 steps and second order from 15, and with `lower_order_final=False` it is second order unless `euler_at_final=True`."""
     assert orders_used(4) == [1, 2, 2, 1]
     assert orders_used(2) == [1, 1]
     assert orders_used(14, final_sigmas_type="sigma_min")[-1] == 1
     assert orders_used(15, final_sigmas_type="sigma_min")[-1] == 2
     assert orders_used(15)[-1] == 1  # into sigma 0: first order at any step count
+    assert orders_used(15, lower_order_final=False)[-1] == 1  # ... and without lower_order_final
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False)[-1] == 2
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False, euler_at_final=True)[-1] == 1  # fmt: skip
 
