@@ -184,13 +184,17 @@ def cited_numbers(markdown_path: Path) -> dict[str, str]:
 
 
 def quoted_numbers(markdown_path: Path) -> set[str]:
-    """Decimals in a page's prose: not in code, math, link targets or version strings,
-    nor the constants and cited numbers above."""
+    """Decimals in a page's prose: not in code, math, link targets, version strings, model
+    names or a lab's prediction prompt, nor the constants and cited numbers above."""
     md = markdown_path.read_text(encoding="utf-8")
     md = re.sub(r"\A---\n.*?\n---\n", "", md, flags=re.DOTALL)  # front matter
+    # a lab's prediction prompt offers wrong answers on purpose; the right one is quoted below
+    md = re.sub(r"^## Predict first\n.*?(?=^## )", "", md, flags=re.DOTALL | re.MULTILINE)
     for pattern in [r"```.*?```", r"`[^`]*`", r"\$\$.*?\$\$", r"\$[^$]*\$", r"\]\([^)]*\)"]:
         md = re.sub(pattern, " ", md, flags=re.DOTALL)  # code, math, link targets
-    md = re.sub(r"\b\d+\.\d+\.\d+\b|Section \d+\.\d+|arXiv:\s*\d+\.\d+|Python 3\.\d+", " ", md)
+    md = re.sub(
+        r"\b\d+\.\d+\.\d+\b|Section \d+\.\d+|arXiv:\s*\d+\.\d+|Python 3\.\d+|SD ?\d\.\d", " ", md
+    )
     found = set(re.findall(r"(?<![\w.])\d+\.\d+(?:e-\d+)?%?", md))
     return found - PROSE_CONSTANTS.keys() - cited_numbers(markdown_path).keys()
 
@@ -214,8 +218,9 @@ def test_cited_numbers_name_a_source_and_are_quoted(page):
 
 
 def shown_output(built_page: Path) -> str:
-    """The text of a built page's code and console blocks (included code, real runs) and of
-    its model-sizes tables (rendered from labkit/model_sizes.json, checked by verify)."""
+    """The text of a built page's code and console blocks (included code, real runs), of
+    its model-sizes tables (rendered from labkit/model_sizes.json, checked by verify) and
+    of its figures' captions and alt texts (written by the starter at build time)."""
     import html
 
     page = built_page.read_text(encoding="utf-8")
@@ -223,6 +228,10 @@ def shown_output(built_page: Path) -> str:
         r'<div class="language-(?:console|python|text) highlight">(.*?)</div>', page, re.DOTALL
     )
     blocks += re.findall(r'<div class="model-sizes">(.*?)</div>', page, re.DOTALL)
+    # a figure's caption and alt text are written by the starter when the build runs it
+    for figure in re.findall(r'<figure class="lab-figure">(.*?)</figure>', page, re.DOTALL):
+        blocks += re.findall(r"<figcaption>(.*?)</figcaption>", figure, re.DOTALL)
+        blocks += re.findall(r'(?:alt|aria-label)="([^"]*)"', figure)
     return html.unescape(re.sub(r"<[^>]+>", "", " ".join(blocks)))
 
 

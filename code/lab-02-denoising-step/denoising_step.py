@@ -323,7 +323,7 @@ if args.figures is not None:
         alt="Line chart of the distance of the exact denoiser's x0_hat from the data mean, "
         "relative to the distance of x0 itself, against timestep for the 2-D mixture and the "
         f"toy images: both start at 1 at t = 0 and fall toward 0, to "
-        f"{spread['2-D mixture (this lab)'][-1]:.2f} and {spread['toy images'][-1]:.2f} at "
+        f"{spread['2-D mixture (this lab)'][-1]:.3f} and {spread['toy images'][-1]:.3f} at "
         f"t = {spread_t[-1]}, the images later and more steeply than the mixture.",
         caption=f"x0_hat collapses toward the data mean as t grows ({args.schedule} schedule, "
         "exact denoiser): the best guess of a clean sample from a very noisy one is the average.",

@@ -257,7 +257,8 @@ figures.save(
     alt=f"Line chart with dots: the sigma each grid visits on a log x axis, step index on the "
     f"y axis, for {args.steps} Euler steps on the {args.beta_schedule} schedule. Trailing and "
     f"linspace start at sigma_max = {sigma_max:.2f}; leading with steps_offset=1 starts lower, "
-    f"at {lead[0]:.2f}, and so does the Karras grid, which shares leading's end points. At the "
+    f"at {lead[0]:.2f} (so its init_noise_sigma is {(lead[0] ** 2 + 1) ** 0.5:.2f}), and so "
+    "does the Karras grid, which shares leading's end points. At the "
     f"low end linspace reaches {lin[-1]:.3f}, leading and Karras {lead[-1]:.3f}, while trailing "
     f"stops at {trail[-1]:.3f}. Below sigma = 0.5 leading takes {low[0]} steps, trailing "
     f"{low[1]}, linspace {low[2]} and Karras {low[3]}.",

@@ -262,6 +262,7 @@ if args.figures is not None:
         f"Squares: {', '.join(f'{v:.0%}' for v in image_purity.values())}; distinct training "
         f"images reached: {', '.join(map(str, image_distinct.values()))}; mean shape area "
         f"(pixels): {', '.join(f'{v:.0f}' for v in image_area.values())}. {R} starting "
-        f"noises, {len(image_scheduler.timesteps)} DDIM steps (the 2-D runs: {args.steps}).",
+        f"noises, {len(image_scheduler.timesteps)} DDIM steps (the 2-D runs: {args.steps}); "
+        f"each image ends within RMS {nearest_rms.max():.2f} of a training image.",
     )  # fmt: skip
 # --8<-- [end:images]

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import markdown
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.pages import Page
@@ -306,10 +305,10 @@ def model_sizes(ctx: Context, args: list[str]) -> str:
         raise ctx.fail(f"model-sizes: {exc}") from exc
     # Wrapped so the build tests can read the numbers the table shows: prose may quote
     # them (tests/test_build.py, shown_output), and they change when the data does. The
-    # table is HTML already, so the block is the same inside a collapsed block or a tab
-    # (Markdown in an indented HTML block would keep md_in_html's `markdown` attribute).
-    body = markdown.markdown(table, extensions=["tables"])
-    return f'<div class="model-sizes">\n{body}\n</div>'
+    # table stays Markdown (md_in_html), so hover definitions apply inside it; inside a
+    # collapsed block md_in_html leaves its `markdown` attribute, which
+    # hooks.on_page_content removes.
+    return f'<div class="model-sizes" markdown>\n\n{table}\n\n</div>'
 
 
 def reading_paths(ctx: Context, args: list[str]) -> str:

@@ -553,6 +553,8 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
             align_toc_with_headings(html, page)
         html = _starter_header(page, files) + html
     html = _after_title(html, _you_are_here(page, files))
+    # md_in_html keeps the attribute on a block it met indented (directives.model_sizes)
+    html = html.replace('<div class="model-sizes" markdown>', '<div class="model-sizes">')
     try:
         return render_math(html)
     except MathError as exc:
