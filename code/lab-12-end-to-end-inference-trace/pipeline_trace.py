@@ -26,8 +26,9 @@ from labkit import ExactDenoiser, alphas_cumprod, canonical_betas, figures
 from labkit.cli import (
     LabArgumentParser,
     add_figures_argument,
+    add_pipeline_arguments,
+    check_pipeline_arguments,
     in_notebook,
-    int_at_least,
     parse_args,
 )
 from labkit.denoiser import UNCOND
@@ -80,18 +81,11 @@ def expand(layout, sizes):
 # --8<-- [start:load]
 parser = LabArgumentParser(prog="pipeline_trace.py", description=__doc__.splitlines()[0])
 parser.add_argument("--prompt", choices=SHAPES, default="disc", help="the class to generate")
-parser.add_argument("--guidance-scale", type=float, default=7.5, help="CFG scale; <= 1: off")
-parser.add_argument("--steps", type=int_at_least(1), default=20, help="num_inference_steps")
-parser.add_argument("--num-samples", type=int_at_least(1), default=8, help="batch size B")
+add_pipeline_arguments(parser, guidance_help="CFG scale; <= 1: off")  # and --steps, --num-samples
 parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
 args = parse_args(parser)
-if not 0.0 <= args.guidance_scale < float("inf"):
-    parser.error(f"--guidance-scale must be a finite number >= 0, got {args.guidance_scale:g}")
-if args.steps > 1000:
-    parser.error(f"--steps must be <= num_train_timesteps (1000), got {args.steps}")
-if args.num_samples > 512:
-    parser.error(f"--num-samples must be <= 512, got {args.num_samples}")
+check_pipeline_arguments(parser, args)  # one-line errors past the toy's bounds
 
 data = toy_images(256, seed=0)  # .images (K, 3, 32, 32) in [-1, 1], .labels (K,)
 record("load", "toy_images(256)", "images", data.images, "K, 3, H, W")

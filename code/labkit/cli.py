@@ -85,6 +85,25 @@ def float_list(minimum: float):
     return convert
 
 
+def add_pipeline_arguments(parser: argparse.ArgumentParser, guidance_help: str) -> None:
+    """``--guidance-scale``, ``--steps`` and ``--num-samples`` of the toy text-to-image
+    pipeline (Labs 12 and 17); :func:`check_pipeline_arguments` bounds them once parsed."""
+    parser.add_argument("--guidance-scale", type=float, default=7.5, help=guidance_help)
+    parser.add_argument("--steps", type=int_at_least(1), default=20, help="num_inference_steps")
+    parser.add_argument("--num-samples", type=int_at_least(1), default=8, help="batch size B")
+
+
+def check_pipeline_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The bounds of :func:`add_pipeline_arguments`' values, each a one-line error: a finite
+    guidance scale >= 0, at most num_train_timesteps (1000) steps, at most 512 samples."""
+    if not 0.0 <= args.guidance_scale < math.inf:
+        parser.error(f"--guidance-scale must be a finite number >= 0, got {args.guidance_scale:g}")
+    if args.steps > 1000:
+        parser.error(f"--steps must be <= num_train_timesteps (1000), got {args.steps}")
+    if args.num_samples > 512:
+        parser.error(f"--num-samples must be <= 512, got {args.num_samples}")
+
+
 def add_figures_argument(parser: argparse.ArgumentParser) -> None:
     """``--figures DIR``: also write the lab's figures there (the site build uses it)."""
     parser.add_argument(

@@ -1,0 +1,404 @@
+"""Lab 17: can you write the loop of a text-to-image pipeline yourself, from its parts?
+
+The parts are Lab 12's toy world (shape images, a patch-PCA "VAE", the exact denoiser of
+its latents) with a NumPy scheduler of SD 1.5's config; the loop that joins them is
+yours. Five blanks (seven lines) are left: the doubled batch and its order, scale_model_input,
+the chunk(2) guidance line, scheduler.step and the division by scaling_factor before
+decode. The trap: each wrong answer still runs and returns an image, so the checker
+compares what your loop hands each part with what the solution hands it, call by call.
+
+Run it:  python code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py
+Check it:  python code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --check
+The solution's pipeline() in place of yours:  add --solution (solution.py holds it)
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# labkit, the labs' shared code, is code/labkit: code/ goes on the path so that this file
+# runs from a fresh clone with any Python that has NumPy, nothing installed (a notebook
+# has no __file__: there labkit comes from `pip install -e .`)
+if "__file__" in globals():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from labkit import ExactDenoiser, alphas_cumprod, canonical_betas, figures
+from labkit.blanks import Spy, UnfilledBlankError, error_site, load_constant, load_function
+from labkit.blanks import blank as blank  # the placeholder; solution.py has none left
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    add_pipeline_arguments,
+    check_pipeline_arguments,
+    parse_args,
+)
+from labkit.denoiser import UNCOND
+from labkit.images import SHAPES, FiniteSet, image_grid, toy_images
+from labkit.schedulers import DDIMScheduler, EulerDiscreteScheduler
+from labkit.vae import PatchPCAAutoencoder
+
+# %% [markdown]
+# ## 1. The parts
+#
+# Lab 12's toy world, built the same way: 256 training images of four shapes, the
+# patch-PCA autoencoder fitted to them as the `vae`, their latents times
+# `vae.config.scaling_factor` (unit std), and the exact denoiser of those latents as the
+# `unet`. The scheduler has SD 1.5's betas; Euler by default, because there
+# `scale_model_input` is not the identity.
+
+# %%
+# --8<-- [start:parts]
+parser = LabArgumentParser(prog=Path(sys.argv[0]).name, description=__doc__.splitlines()[0])
+parser.add_argument("--prompt", choices=SHAPES, default="disc", help="the class to generate")
+add_pipeline_arguments(parser, guidance_help="CFG scale, >= 0")  # and --steps, --num-samples
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--scheduler", choices=["euler", "ddim"], default="euler")
+parser.add_argument(
+    "--check", action="store_true",
+    help="compare your pipeline() with solution.py's, call by call; exit 1 if a blank differs",
+)  # fmt: skip
+parser.add_argument(
+    "--solution", action="store_true",
+    help="use solution.py's pipeline() in place of yours (for the run, --check and --figures)",
+)  # fmt: skip
+parser.add_argument(
+    "--demo-wrong", type=int, choices=range(1, 6), metavar="N",
+    help="check solution.py's pipeline() with a known mistake planted in blank N (1-5)",
+)  # fmt: skip
+add_figures_argument(parser)
+args = parse_args(parser)
+check_pipeline_arguments(parser, args)  # Lab 12's bounds, with its one-line errors
+
+data = toy_images(256, seed=0)  # .images (K, 3, 32, 32) in [-1, 1], .labels (K,)
+vae = PatchPCAAutoencoder.fit(data.images, patch_size=8, latent_channels=4)  # Lab 05
+training_latents = vae.encode(data.images) * vae.config.scaling_factor  # (K, 4, 4, 4), std 1
+training_set = FiniteSet(training_latents, data.labels)  # the data the "unet" knows exactly
+unet = ExactDenoiser(training_set, alphas_cumprod(canonical_betas("scaled_linear")), "epsilon")
+SD15 = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1)
+
+
+def make_scheduler(kind):
+    """A fresh scheduler with SD 1.5's config (its step index starts from scratch)."""
+    if kind == "ddim":  # Lab 12's: scale_model_input is the identity, init_noise_sigma 1
+        return DDIMScheduler(**SD15, set_alpha_to_one=False, clip_sample=False)
+    # EulerDiscreteScheduler.from_config(SD 1.5's config): init_noise_sigma = sigma_max ~ 14.6
+    return EulerDiscreteScheduler(**SD15)
+
+
+# --8<-- [end:parts]
+
+# %% [markdown]
+# ## 2. The inputs
+#
+# What `StableDiffusionPipeline.__call__` has once `encode_prompt` has run: the prompt's
+# condition and the negative prompt's, one row per image, and the starting noise. The
+# toy's condition is a class label per row, `(B,)`, with `UNCOND` (-1) for the empty
+# prompt; in SD these are `(B, 77, 768)` text embeddings.
+
+# %%
+# --8<-- [start:inputs]
+B, n = args.num_samples, args.steps
+class_labels = np.full(B, SHAPES.index(args.prompt))  # (B,): the toy's prompt_embeds
+negative_class_labels = np.full(B, UNCOND)  # (B,): the empty prompt ""
+noise = np.random.default_rng(args.seed).standard_normal((B, 4, 4, 4))  # (B, 4, h, w)
+# --8<-- [end:inputs]
+
+# %% [markdown]
+# ## 3. Your part: the pipeline
+#
+# The lines of `StableDiffusionPipeline.__call__` from the doubled condition to the
+# decoded image, on these parts. Each `blank(n)` is a line to write; the comment above it
+# gives the shapes and a hint. `solution.py` holds this function with the blanks filled
+# in; the two differ on those lines only.
+
+
+# %%
+# --8<-- [start:pipeline]
+def pipeline(
+    unet, scheduler, vae, prompt_embeds, negative_prompt_embeds, latents,
+    num_inference_steps, guidance_scale,
+):  # fmt: skip
+    """Latents (B, 4, h, w) of noise and conditions (B, ...) -> images (B, 3, H, W)."""
+    # BLANK 1 of 5 · the doubled batch and its order (this line and one in the loop). One
+    # unet call serves both halves of classifier-free guidance: 2B condition rows, here
+    # (2B,) labels, in SD (2B, 77, 768). The order is a convention blank 3 must follow;
+    # diffusers puts the negative prompt's rows first.
+    prompt_embeds = blank(1)
+
+    scheduler.set_timesteps(num_inference_steps)  # scheduler.timesteps: (n,), high to low
+    latents = latents * scheduler.init_noise_sigma  # the std the scheduler starts from
+
+    for t in scheduler.timesteps:
+        # BLANK 1 (continued) · the latents, doubled to match: (B, 4, h, w) -> (2B, 4, h, w),
+        # each half the whole batch.
+        latent_model_input = blank(1)
+
+        # BLANK 2 of 5 · what the unet sees at t is the scheduler's business: Euler keeps
+        # its latents on a larger scale than the one the unet was trained on (up to
+        # init_noise_sigma), DDIM does not. (2B, 4, h, w) in and out.
+        latent_model_input = blank(2)
+
+        noise_pred = unet(latent_model_input, t, class_labels=prompt_embeds)  # (2B, 4, h, w)
+
+        # BLANK 3 of 5 · the chunk(2) guidance line: cut the prediction into its two
+        # halves in blank 1's order, then go from the unconditional prediction towards
+        # the conditional one, guidance_scale times their difference: (B, 4, h, w).
+        noise_pred_uncond, noise_pred_text = blank(3)  # noqa: RUF059
+        noise_pred = blank(3)  # noqa: F841
+
+        # BLANK 4 of 5 · one scheduler update x_t -> x_{t-1}: the guided prediction, this
+        # timestep, and the B latents the loop carries (not the doubled, scaled input).
+        # The result holds two arrays; keep the one the next iteration needs.
+        latents = blank(4)
+
+    # BLANK 5 of 5 · the unet's latents have unit std because the training latents were
+    # multiplied by vae.config.scaling_factor; the decoder wants the scale it encoded to.
+    image = vae.decode(blank(5))  # (B, 3, H, W), about [-1, 1]
+    return image
+
+
+# --8<-- [end:pipeline]
+
+# %% [markdown]
+# ## 4. Run it
+#
+# A blank still to fill stops the run with its number; an error in your lines, with
+# its line and blank, in one line each (`--check` says more). Filled in, the images
+# come out, and the exact denoiser gives a check any reader can run: it memorises its
+# training set, so each image, encoded back, should sit on a training latent of the
+# prompted class (Lab 12). `--solution` runs solution.py's `pipeline()` instead of yours,
+# read from that file by `load_function` (its imports and its `def`, nothing else).
+
+# %%
+# --8<-- [start:run]
+#: solution.py, beside this file (a notebook has no __file__; it runs in this folder)
+SOLUTION = Path(globals().get("__file__", "solution.py")).resolve().with_name("solution.py")
+
+
+def raised(error, fn):
+    """What ``error`` in your ``fn`` was, and where: its line and the blank it belongs to."""
+    line, number, variables = error_site(error, fn)  # labkit.blanks reads the traceback
+    latents = variables.get("latents", np.zeros(0))
+    if not isinstance(latents, np.ndarray):  # e.g. step's whole output, kept by blank 4
+        kind = type(latents).__name__
+        return f"blank 4 is wrong: latents is a {kind}, not an array\nso your pipeline raised {type(error).__name__} at line {line}: {error}"  # fmt: skip
+    where = f"line {line} (in blank {number})" if number else f"line {line}"
+    return f"your pipeline raised {type(error).__name__} at {where}: {error}"
+
+
+def load_solution(mistake=None):
+    """solution.py's pipeline(); with ``mistake`` N, a copy with its MISTAKES[N] planted."""
+    edit = load_constant(SOLUTION, "MISTAKES")[mistake] if mistake else None
+    return load_function(SOLUTION, "pipeline", edit)
+
+
+yours = load_solution() if args.solution else pipeline
+image, name = None, type(make_scheduler(args.scheduler)).__name__
+if not (args.check or args.demo_wrong):
+    try:
+        image = yours(unet, make_scheduler(args.scheduler), vae, class_labels,
+                         negative_class_labels, noise, n, args.guidance_scale)  # fmt: skip
+    except UnfilledBlankError as todo:
+        print(f"blank {todo.number} of 5 is not filled in yet: find blank({todo.number}) in rebuild_pipeline.py")  # fmt: skip
+        print("replace blank(...) there with your code; the comment above it says what goes there")  # fmt: skip
+    except Exception as error:  # your own lines failed: where, in a line, not a traceback
+        print(raised(error, yours))
+        print("add --check to compare your blanks with the solution's, call by call")
+        sys.exit(1)
+if image is not None:
+    print(f"pipeline(): prompt {args.prompt!r}, guidance_scale {args.guidance_scale:g}, {n} steps of {name}, B = {B}")  # fmt: skip
+    print(f"unet: {unet.calls} calls on {unet.rows // unet.calls} rows each")
+    print(f"image: {image.shape} {image.dtype}, range {image.min():.2f}..{image.max():.2f}")
+    latents_back = vae.encode(image) * vae.config.scaling_factor  # the linear vae inverts exactly
+    nearest, rms = training_set.nearest(latents_back)
+    purity = np.mean(data.labels[nearest] == SHAPES.index(args.prompt))
+    print(f"nearest training latent has the prompt's label: {purity:.1%} of {B} (RMS distance max {rms.max():.3f})")  # fmt: skip
+    if not args.solution:
+        print("next: add --check to compare every blank with the solution's")
+# --8<-- [end:run]
+
+# %% [markdown]
+# ## 5. The checker
+#
+# `--check` runs your `pipeline()` and the solution's on the same inputs, each on fresh
+# parts wrapped in a `Spy` that records the arguments of every call: the unet's input and
+# condition, `scale_model_input`'s, `step`'s, the decoder's, and your array variables at
+# each call. It compares the two lists in call order; the first argument that differs
+# names the blank that computed it, or the one that passed it if the variable that should
+# hold it matches.
+
+# %%
+# --8<-- [start:check]
+#: (call, argument) -> (the blank that computes it, what it is), in the order checked
+BOUNDARIES = {
+    ("unet", "class_labels"): (1, "prompt_embeds after doubling: the condition rows"),
+    ("scheduler.scale_model_input", "sample"): (1, "latent_model_input after doubling"),
+    ("scheduler.scale_model_input", "timestep"): (2, "the timestep given to scale_model_input"),
+    ("unet", "sample"): (2, "latent_model_input after scale_model_input"),
+    ("scheduler.step", "model_output"): (3, "noise_pred after guidance"),
+    ("scheduler.step", "timestep"): (4, "the timestep given to step"),
+    ("scheduler.step", "sample"): (4, "the latents given to step"),
+    ("vae.decode", "latents"): (5, "the decoder's input"),
+}
+#: a call the solution makes and yours does not, or the other way round -> its blank
+CALL_OF = {"scheduler.scale_model_input": 2, "scheduler.step": 4, "vae.decode": 5}
+#: (call, argument) -> (the variable that should hold it, the blank that passes it): when
+#: the argument differs but that variable held the solution's value at the call, the blank
+#: that passes it is wrong, not the one that computed it (a Spy records your variables)
+PASSED_AS = {
+    ("scheduler.scale_model_input", "sample"): ("latent_model_input", 2),
+    ("scheduler.step", "model_output"): ("noise_pred", 4),
+}
+
+
+def run_on_spies(fn):
+    """Run pipeline ``fn`` on recorded parts: (calls, image or None, exception or None)."""
+    calls = []
+    parts = [
+        Spy("unet", unet, calls, ["__call__"]),
+        Spy("scheduler", make_scheduler(args.scheduler), calls, ["scale_model_input", "step"]),
+        Spy("vae", vae, calls, ["decode"]),
+    ]
+    try:
+        out = fn(*parts, class_labels, negative_class_labels, noise,
+                 num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
+        return calls, out, None
+    except Exception as error:  # a blank to fill, or your code failing: reported below
+        return calls, None, error
+
+
+def show(value):
+    """A short description of one argument: its shape and dtype, and the values if few."""
+    value = np.asarray(value)
+    if value.ndim == 0 or value.dtype.kind in "iu":
+        return f"{value.shape} {value.dtype} {np.array2string(value, threshold=20)}"
+    return f"{value.shape} {value.dtype}, max |value| {np.abs(value).max():.4g}"
+
+
+def same(a, b):
+    """Equal shapes and values, to rounding: a different but equal formula passes."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-7, atol=1e-9)
+
+
+def first_difference(yours, reference, complete=True):
+    """The first (blank, step, message) where the two call lists differ, or None.
+    ``complete=False``: your run stopped early, so only the calls it made are compared."""
+    step = 1
+    for k, ref in enumerate(reference[: None if complete else len(yours)]):
+        mine = yours[k] if k < len(yours) else None
+        if mine is None or mine.method != ref.method:
+            got = f"calls {mine.method}" if mine else "makes no further call"
+            number = CALL_OF.get(ref.method) or CALL_OF.get(mine.method if mine else "")
+            return number, step, f"the solution calls {ref.method} here; yours {got}"
+        for (method, arg), (number, what) in BOUNDARIES.items():
+            if method != ref.method:
+                continue
+            a, b = np.asarray(mine.arguments.get(arg)), np.asarray(ref.arguments[arg])
+            if same(a, b):
+                continue
+            lines = [f"{method}({arg}=...): {what}", f"  yours:    {show(a)}", f"  solution: {show(b)}"]  # fmt: skip
+            if a.shape == b.shape and a.dtype.kind == "f" and a.ndim:
+                ratio = np.vdot(a, b) / np.vdot(b, b)  # yours = ratio x solution, if proportional
+                error = np.abs(a - b).max()
+                lines.append(f"  max |yours - solution| {error:.4g}")
+                if np.abs(a - ratio * b).max() < 1e-6 * np.abs(b).max():
+                    lines.append(f"  yours is {ratio:.4g} x the solution's, everywhere")
+            variable, passer = PASSED_AS.get((method, arg), (None, None))
+            if variable and same(mine.caller_arrays.get(variable, np.nan), b):
+                number = passer  # the right array was there; this blank passed another one
+                passed = [k for k, v in mine.caller_arrays.items() if k != variable and same(v, a)]
+                instead = f" passes {passed[0]} instead" if passed else " passes something else"
+                lines.insert(1, f"  (your {variable} matches the solution's; blank {passer}{instead})")  # fmt: skip
+            elif number == 1 and arg == "sample" and step > 1:  # step 1 matched: the doubling is
+                number = 4  # right, so the latents it doubled are not what step 1 returned
+                lines.insert(1, "  (your doubling matched at step 1: the latents carried over differ)")  # fmt: skip
+            return number, step, "\n".join(lines)
+        step += ref.method == "scheduler.step"
+    if len(yours) > len(reference):
+        extra = yours[len(reference)].method
+        return CALL_OF.get(extra), step, f"yours calls {extra} after the solution's last call"
+    return None
+
+
+def check(fn, label):
+    """Compare ``fn`` with solution.py's pipeline; print the verdict; True if all match."""
+    ref_calls, ref_image, ref_error = run_on_spies(load_solution())
+    assert ref_error is None, ref_error  # the solution runs, or the lab is broken
+    calls, image, error = run_on_spies(fn)
+    print(f"checking {label} against solution.py: {name}, {n} steps, B = {B}, guidance_scale {args.guidance_scale:g}")  # fmt: skip
+    found = first_difference(calls, ref_calls, complete=error is None)
+    if found is None and isinstance(error, UnfilledBlankError):
+        print(f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in rebuild_pipeline.py")  # fmt: skip
+        if calls:
+            print(f"the {len(calls)} calls your pipeline made before it match the solution's")
+        return True
+    if found is None and error is not None:  # your own code failed, between two calls
+        print(raised(error, fn))
+        if calls:
+            print(f"the {len(calls)} calls before it match the solution's")
+        return False
+    if found is None and np.shape(image) != ref_image.shape:  # the calls match; the return not
+        print(f"your pipeline() returns {np.shape(image)}, the solution's {ref_image.shape}: return the decoded image")  # fmt: skip
+        return False
+    if found is None:
+        steps = sum(call.method == "scheduler.step" for call in calls)
+        print(f"all 5 blanks match: {len(calls)} calls compared ({steps} steps), the same arguments in the same order")  # fmt: skip
+        print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
+        return bool(np.allclose(image, ref_image, rtol=1e-7, atol=1e-9))
+    number, step, message = found
+    where = "after the loop" if step > n else f"step {step} of {n}"
+    print(f"blank {number} differs from the solution ({where}):")
+    print(message)
+    warned = {f"{call.method} warned: {text}": None for call in calls for text in call.warnings}
+    print("".join(f"{line}\n" for line in warned), end="")  # each once, in order
+    if error is not None:
+        print(f"then your pipeline raised {type(error).__name__}: {error}")
+    elif image is not None:
+        print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
+    return False
+
+
+if args.check or args.demo_wrong:
+    if args.demo_wrong:  # solution.py's MISTAKES: a mistake people make in that blank
+        old, new = load_constant(SOLUTION, "MISTAKES")[args.demo_wrong]
+        print(f"--demo-wrong {args.demo_wrong}: solution.py with {old} replaced by {new}")
+        check(load_solution(args.demo_wrong), "that copy")
+        print("(a planted mistake: this run exits 0; a blank of yours that differs exits 1)")
+    elif not check(yours, f"pipeline() of {(SOLUTION if args.solution else Path(__file__)).name}"):
+        sys.exit(1)
+# --8<-- [end:check]
+
+# %% [markdown]
+# ## 6. Picture it
+#
+# What each mistake of `--demo-wrong` does to the images: the first row is this file's
+# pipeline (or with `--solution`, the solution's), each row below it the solution with one
+# blank wrong. Drawn with `--figures`.
+
+# %%
+# --8<-- [start:figures]
+if args.figures and image is not None:
+    shown = min(B, 8)
+    rows = [image[:shown]]
+    for number in range(1, 6):  # the spies keep the wrong runs' warnings quiet
+        rows.append(run_on_spies(load_solution(number))[1][:shown])
+    grid = image_grid(np.clip(np.concatenate(rows), -1, 1), columns=shown)
+    mistakes = "; ".join(f"blank {k}: {old} -> {new}" for k, (old, new) in load_constant(SOLUTION, "MISTAKES").items())  # fmt: skip
+    top = "the solution's pipeline" if args.solution else "this file's pipeline"
+    figures.save(
+        args.figures, "mistakes", figures.png(grid, scale=2),
+        alt=f"Six rows of {shown} small images generated for the prompt '{args.prompt}' with "
+        f"{name}, in blank order ({mistakes}). As drawn at the default flags: the top row, "
+        f"{top}, is training images of the prompted class; rows 2 and 4 (the "
+        "condition order swapped, the guidance sign flipped) are saturated blocks far outside "
+        "the pixel range; row 3 (no scale_model_input) is clean images of the prompted class, "
+        "other ones than the top row's; row 5 (pred_original_sample carried) is one image "
+        "eight times; row 6 (no division by scaling_factor) is the top row at lower contrast.",
+        caption=f"Rows, top to bottom: {top} ({name}, prompt '{args.prompt}'), "
+        "then blank 1 to blank 5 wrong, one per row, as --demo-wrong plants them: the "
+        "condition order swapped, no scale_model_input, the guidance sign flipped, "
+        "pred_original_sample carried instead of prev_sample, no division by scaling_factor.",
+    )  # fmt: skip
+# --8<-- [end:figures]

@@ -1,0 +1,235 @@
+"""Lab 17 Rebuild the Pipeline: the blanks, the solution, and a checker that names the wrong blank."""
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from infralens_docs.registry import ROOT
+from infralens_docs.runner import starter_env
+
+FOLDER = ROOT / "code/lab-17-rebuild-the-pipeline"
+READER = "code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py"
+LAB_12 = "code/lab-12-end-to-end-inference-trace/pipeline_trace.py"
+
+
+def text(name):
+    return (FOLDER / name).read_text(encoding="utf-8")
+
+
+def pipeline_of(source):
+    """The ``pipeline`` snippet section of a file's text: the ``def`` with its blank lines."""
+    return source.split("# --8<-- [start:pipeline]\n")[1].split("# --8<-- [end:pipeline]")[0]
+
+
+def filled(old=None, new=None):
+    """rebuild_pipeline.py with its pipeline() replaced by solution.py's: what a reader who
+    filled in every blank has; with ``old`` replaced by ``new`` (it must occur there once)."""
+    reader, solution = text("rebuild_pipeline.py"), pipeline_of(text("solution.py"))
+    if old is not None:
+        assert solution.count(old) == 1, old
+        solution = solution.replace(old, new)
+    return reader.replace(pipeline_of(reader), solution)
+
+
+def run_copy(tmp_path, source, *argv):
+    """Run ``source`` (the text of a filled-in rebuild_pipeline.py) as the reader would,
+    from a copy in ``tmp_path`` with the real solution.py beside it."""
+    shutil.copy(FOLDER / "solution.py", tmp_path / "solution.py")
+    path = tmp_path / "rebuild_pipeline.py"
+    path.write_text(source, encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, str(path), *argv],
+        cwd=ROOT, env=starter_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_two_pipelines_differ_only_on_the_blank_lines():
+    """The reader's pipeline() is the solution's with each blank's line(s) replaced by blank(n)."""
+    reader = pipeline_of(text("rebuild_pipeline.py")).splitlines()
+    solution = pipeline_of(text("solution.py")).splitlines()
+    assert len(reader) == len(solution)
+    changed = [(r, s) for r, s in zip(reader, solution, strict=True) if r != s]
+    numbers = [int(re.search(r"blank\((\d)\)", r).group(1)) for r, _ in changed]
+    assert numbers == [1, 1, 2, 3, 3, 4, 5]
+    assert not any("blank(" in s for _, s in changed)
+    # the answers (and the planted mistakes, which quote them) are in solution.py only
+    reader_file = text("rebuild_pipeline.py")
+    assert not any(s.split("#")[0].strip() in reader_file for _, s in changed)
+    assert "MISTAKES = " not in reader_file
+
+
+def test_solution_py_holds_the_function_and_the_mistakes_only():
+    """Everything else (parts, inputs, run, checker, figures) lives once, in rebuild_pipeline.py."""
+    body = ast.parse(text("solution.py")).body
+    kinds = [type(node).__name__ for node in body]
+    assert kinds == ["Expr", "Import", "FunctionDef", "Assign"]  # docstring, numpy, def, table
+    assert body[2].name == "pipeline" and body[3].targets[0].id == "MISTAKES"
+
+
+def test_the_solution_reproduces_lab_12_with_its_scheduler(run_lab):
+    """With DDIM, the solution's pipeline() gives exactly Lab 12's images for the same flags."""
+    flags = ["--scheduler", "ddim", "--prompt", "hbar", "--steps", "10", "--seed", "3"]
+    ours = run_lab(READER, "--solution", *flags)
+    theirs = run_lab(LAB_12, *flags[2:])
+    np.testing.assert_array_equal(ours["image"], theirs["image"])
+
+
+def test_the_solutions_images_are_training_images_of_the_prompt(run_lab):
+    g = run_lab(READER, "--solution", "--prompt", "vbar")
+    assert g["image"].shape == (8, 3, 32, 32)
+    assert "nearest training latent has the prompt's label: 100.0% of 8" in g["__stdout__"]
+    assert g["unet"].calls == 20 and g["unet"].rows == 20 * 16  # one call per step, 2B rows
+
+
+@pytest.mark.parametrize("scheduler", ["euler", "ddim"])
+def test_the_checker_passes_the_solution(run_cli, scheduler):
+    run = run_cli(READER, "--solution", "--check", "--scheduler", scheduler)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert "all 5 blanks match: 61 calls compared (20 steps)" in run.stdout
+    assert "images: max |yours - solution| 0\n" in run.stdout
+
+
+def test_the_checker_passes_a_filled_in_copy(tmp_path):
+    run = run_copy(tmp_path, filled(), "--check")
+    assert run.returncode == 0 and "all 5 blanks match" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
+def test_unfilled_blanks_say_which_is_next_without_a_traceback(run_cli, argv):
+    run = run_cli(READER, *argv)
+    assert run.returncode == 0 and run.stderr == ""
+    assert "blank 1 of 5 is not filled in yet" in run.stdout and "rebuild_pipeline.py" in run.stdout
+
+
+def test_a_partly_filled_copy_points_at_the_next_blank(tmp_path):
+    partly = text("rebuild_pipeline.py")
+    for line in ["prompt_embeds = np.concatenate([negative_prompt_embeds, prompt_embeds])",
+                 "latent_model_input = np.concatenate([latents] * 2)"]:  # fmt: skip
+        partly = partly.replace(f"{line.split(' = ')[0]} = blank(1)", line)
+    run = run_copy(tmp_path, partly, "--check")
+    assert run.returncode == 0, run.stderr
+    assert "blank 2 of 5 is not filled in yet" in run.stdout
+
+
+#: wrong answers a reader may write, per blank: (old, new) in the solution's pipeline(),
+#: scheduler, blank
+WRONG = [
+    ("[negative_prompt_embeds, prompt_embeds]", "[prompt_embeds, negative_prompt_embeds]", "euler", 1),
+    ("np.concatenate([latents] * 2)", "np.repeat(latents, 2, axis=0)", "euler", 1),
+    ("scheduler.scale_model_input(latent_model_input, t)", "latent_model_input", "euler", 2),
+    # blank 1 is right, blank 2 scales the undoubled latents: blamed on 2, not on the doubling
+    ("scale_model_input(latent_model_input, t)", "scale_model_input(latents, t)", "euler", 2),
+    # DDIM's scale_model_input is the identity: the numbers agree, the missing call does not
+    ("scheduler.scale_model_input(latent_model_input, t)", "latent_model_input", "ddim", 2),
+    ("(noise_pred_text - noise_pred_uncond)", "(noise_pred_uncond - noise_pred_text)", "euler", 3),
+    ("noise_pred_uncond, noise_pred_text = np.split", "noise_pred_text, noise_pred_uncond = np.split", "euler", 3),
+    ("scheduler.step(noise_pred, t, latents)", "scheduler.step(noise_pred, t, latent_model_input)", "euler", 4),
+    ("scheduler.step(noise_pred, t, latents)", "scheduler.step(noise_pred, scheduler.timesteps[0], latents)", "ddim", 4),
+    (".prev_sample", ".pred_original_sample", "euler", 4),
+    # blank 3's guided noise_pred is right; blank 4 hands step the unguided half
+    ("step(noise_pred, t, latents)", "step(noise_pred_text, t, latents)", "euler", 4),
+    ("latents / vae.config.scaling_factor", "latents", "euler", 5),
+    ("latents / vae.config.scaling_factor", "latents * vae.config.scaling_factor", "ddim", 5),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("old, new, scheduler, number", WRONG, ids=lambda v: str(v)[:24])
+def test_the_checker_names_the_wrong_blank(tmp_path, old, new, scheduler, number):
+    run = run_copy(tmp_path, filled(old, new), "--check", "--scheduler", scheduler)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and run.stderr == ""
+    assert f"blank {number} differs from the solution" in run.stdout, run.stdout
+
+
+def test_the_checker_reports_your_own_error_by_line(tmp_path):
+    """An error in the reader's own code (not a part's call) is reported with its line."""
+    source = filled("np.split(noise_pred, 2)", "np.split(noise_pred, 3)")
+    run = run_copy(tmp_path, source, "--check")
+    line = source.splitlines().index("        noise_pred_uncond, noise_pred_text = np.split(noise_pred, 3)") + 1  # fmt: skip
+    assert run.returncode == 1 and run.stderr == ""
+    assert f"your pipeline raised ValueError at line {line}" in run.stdout
+
+
+def test_the_checker_names_the_variable_passed_in_place_of_the_right_one(tmp_path):
+    source = filled("step(noise_pred, t, latents)", "step(noise_pred_text, t, latents)")
+    run = run_copy(tmp_path, source, "--check")
+    assert "(your noise_pred matches the solution's; blank 4 passes noise_pred_text instead)" in run.stdout  # fmt: skip
+    source = filled("scale_model_input(latent_model_input, t)", "scale_model_input(latents, t)")
+    run = run_copy(tmp_path, source, "--check")
+    assert "blank 2 differs from the solution (step 1 of 20)" in run.stdout
+    assert "blank 2 passes latents instead" in run.stdout
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
+def test_the_whole_step_output_kept_is_blamed_on_blank_4_not_where_it_fails(tmp_path, argv):
+    """Without .prev_sample the loop fails at the next doubling (blank 1's line): blank 4 is named."""
+    run = run_copy(tmp_path, filled(".prev_sample\n", "\n"), *argv)
+    assert run.returncode == 1 and run.stderr == "", run.stderr
+    assert run.stdout.count("blank 4 is wrong: latents is a SchedulerOutput, not an array") == 1
+    assert "so your pipeline raised ValueError at line " in run.stdout
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
+def test_an_error_in_your_code_is_one_line_with_its_blank_never_a_traceback(tmp_path, argv):
+    """torch's .chunk on a NumPy array: the run and the checker name the line and blank 3."""
+    source = filled("np.split(noise_pred, 2)", "noise_pred.chunk(2)")
+    line = source.splitlines().index("        noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)") + 1  # fmt: skip
+    run = run_copy(tmp_path, source, *argv)
+    assert run.returncode == 1 and run.stderr == "", run.stderr
+    assert f"your pipeline raised AttributeError at line {line} (in blank 3): " in run.stdout
+
+
+def test_the_checker_judges_the_returned_images_too(tmp_path):
+    """Every call can match and the function still return the wrong thing."""
+    run = run_copy(tmp_path, filled("    return image\n", "    return latents\n"), "--check")
+    assert run.returncode == 1 and run.stderr == ""
+    assert "your pipeline() returns (8, 4, 4, 4), the solution's (8, 3, 32, 32)" in run.stdout
+
+
+def test_scale_model_input_and_scaling_factor_mistakes_show_their_factor(run_cli):
+    run = run_cli(READER, "--demo-wrong", "5")
+    assert "yours is 0.4778 x the solution's, everywhere" in run.stdout
+    g = run_cli(READER, "--demo-wrong", "2")
+    assert "the solution calls scheduler.scale_model_input here; yours calls unet" in g.stdout
+    assert "scheduler.step warned: call scale_model_input before step" in g.stdout
+
+
+@pytest.mark.parametrize("number", range(1, 6))
+def test_demo_wrong_plants_the_mistake_and_the_checker_names_it(run_cli, number):
+    run = run_cli(READER, "--demo-wrong", str(number))
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert f"blank {number} differs from the solution" in run.stdout
+
+
+def test_a_carried_x0_is_caught_one_step_late(run_cli):
+    """step's inputs are right at step 1; what the loop keeps of its output shows at step 2."""
+    run = run_cli(READER, "--demo-wrong", "4")
+    assert "blank 4 differs from the solution (step 2 of 20)" in run.stdout
+
+
+def test_figures(tmp_path, run_cli):
+    run = run_cli(READER, "--solution", "--figures", str(tmp_path))
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    assert set(manifest) == {"mistakes"}
+    assert (tmp_path / "mistakes.png").stat().st_size <= 60_000
+    assert len(manifest["mistakes"]["alt"]) > 80
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--steps", "0"], ["--prompt", "cat"], ["--guidance-scale", "-1"], ["--demo-wrong", "6"],
+     ["--scheduler", "pndm"], ["--num-samples", "0"]],
+    ids=" ".join,
+)  # fmt: skip
+@pytest.mark.parametrize("solution", [[], ["--solution"]], ids=["reader", "solution"])
+def test_bad_arguments(run_cli, solution, argv):
+    run = run_cli(READER, *solution, *argv)
+    assert run.returncode == 2 and run.stdout == ""
+    assert len(run.stderr.splitlines()) == 1 and ": error: " in run.stderr
