@@ -1,0 +1,118 @@
+"""Lab 18 Compilation and CUDA Graphs: a roofline-and-launch model of a FLUX.1-dev step."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+STARTER = "code/lab-18-compilation-and-cuda-graphs/launch_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """The starter's globals after a default run (module-scoped: one run for all tests)."""
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["launch_overhead.py"]
+    try:
+        return runpy.run_path(str(ROOT / STARTER), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def test_kernel_flops_match_the_real_models_meta_count(lab):
+    from labkit import model_sizes
+
+    kernels = lab["flux_step"](1, 1024)
+    counted = sum(k[2] for k in kernels if k[1] != "pointwise")
+    assert counted == model_sizes.flux_1024px()["flops"]  # exact, from the meta-device count
+
+
+def test_step_time_is_a_host_device_timeline(lab):
+    launch = lab["LAUNCH"]
+    # kernels much shorter than a launch: the host bound, launch + roofline per kernel
+    tiny = [("k", "pointwise", 1, 2)] * 100
+    dev = lab["device_times"](tiny)
+    assert lab["step_time"](tiny) == pytest.approx(100 * launch + dev[-1], rel=1e-9)
+    # one long kernel first: the host runs ahead and the launches after it hide
+    long = [("mm", "matmul", lab["PEAK_FLOPS"] * 1.0, 2), *tiny]
+    assert lab["step_time"](long) == pytest.approx(launch + 1.0 + dev.sum(), rel=1e-9)
+    # a CUDA graph: one launch for the whole step
+    assert lab["step_time"](tiny, cuda_graph=True) == pytest.approx(launch + dev.sum())
+
+
+def test_fusion_keeps_the_flops_and_cuts_kernels(lab):
+    eager = lab["flux_step"](1, 512)
+    compiled = lab["fused"](eager)
+    assert sum(k[2] for k in compiled) == sum(k[2] for k in eager)
+    assert len(compiled) < 0.6 * len(eager)
+    assert not any(a[1] == b[1] == "pointwise" for a, b in itertools.pairwise(compiled))
+    assert sum(k[0] == "to_qkv" for k in compiled) == 19 * 2 + 38
+
+
+def test_orderings_and_the_host_bound(lab):
+    for r in lab["rows"].values():
+        assert r["device"] <= r["eager"] <= r["host_bound"]
+        assert r["graph"] <= r["compiled"] <= r["eager"]
+    sweep = lab["sweep"]
+    graph = np.array(sweep["compiled + CUDA graph"])
+    assert np.ptp(graph) < 0.01 * graph.min()  # the graph hides the launch cost
+    assert sweep["eager"][-1] > 3 * sweep["eager"][0]  # eager turns host-bound
+
+
+def test_cold_start_pays_back_later_with_fewer_steps(run_cli):
+    run = run_cli(STARTER)
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if "pays back after" in line]
+    counts = [int(line.rsplit("after ", 1)[1].split()[0].replace(",", "")) for line in lines]
+    assert len(counts) == 2 and counts[0] > 5 * counts[1]  # 4 steps, then 28
+
+
+def test_shape_policies(lab):
+    assert lab["static_compiles"] == lab["RECOMPILE_LIMIT"]
+    assert lab["eager_fallback"] > 0
+    assert lab["automatic_compiles"] == 3
+    # the (batch, tokens) orders whose graph counts torch 2.13 gives on the tiny Flux model
+    # (tests/verify/test_page_lab_18.py runs the first): batch 1 is never symbolic
+    count = lab["automatic_dynamic_compiles"]
+    assert count([(1, 9), (1, 25), (1, 36), (2, 36), (4, 49), (1, 4)]) == 3
+    assert count([(4, 9), (1, 25), (2, 36), (4, 49), (1, 64)]) == 3
+    assert count([(1, 9), (2, 9), (1, 25), (4, 36)]) == 4  # batch changed first: 4 graphs
+    assert lab["bucket_shapes"] <= 9 and lab["padding"] > 0
+
+
+def test_figures_are_small(run_cli, tmp_path):
+    run = run_cli(STARTER, "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    assert set(manifest) == {"launch-sweep", "cold-start"}
+    for entry in manifest.values():
+        content = (tmp_path / entry["file"]).read_text()
+        assert len(content) <= 60_000 and " id=" not in content
+        assert len(entry["alt"]) > 80
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--seed", "x"],
+        ["--no-such-flag"],
+        ["--num-samples", "0"],
+        ["--steps", "0"],
+        ["--batch-size", "0"],
+        ["--launch-us", "0"],
+        ["--launch-us", "nan"],
+        ["--tflops", "-1"],
+        ["--resolutions", "100"],
+        ["--resolutions", "x"],
+    ],
+    ids=" ".join,
+)
+def test_bad_arguments(run_cli, argv):
+    run = run_cli(STARTER, *argv)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("launch_overhead.py: error: ")

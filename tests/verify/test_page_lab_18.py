@@ -1,0 +1,328 @@
+"""Lab 18 (compilation and CUDA graphs) against torch.compile and diffusers, on the CPU.
+
+Dynamo's graphs, guards, recompiles and graph breaks do not depend on the backend, so
+the counting tests compile with ``torch._dynamo.testing.CompileCounter`` (a backend that
+counts compiled frames and their ops and runs them eagerly) or ``torch._dynamo.explain``:
+the real capture path, minus code generation. One test compiles with the default
+inductor backend. ``mode="reduce-overhead"`` (CUDA graphs) needs a CUDA device: the page
+cites it, nothing here runs it. Every test starts from ``torch._dynamo.reset()``.
+
+Importing inductor's lowering imports ``torch.utils.mkldnn``, whose class body calls
+``torch.jit.script_method``, which raises torch's own DeprecationWarning ("`torch.jit.script_method`
+is deprecated", advising torch.compile). No name a page teaches is involved, so the one test
+that compiles with inductor lets that warning through with a ``default`` filter (it is shown
+in the run's warnings summary, not hidden); any other DeprecationWarning still fails it.
+
+The models are tiny random-config ``FluxTransformer2DModel`` (``tiny.tiny_flux_transformer``
+with 1 or 2 double- and 1 to 4 single-stream blocks of width 32 on 4-channel packed tokens
+and 8 text tokens; ``tiny.tiny_flux_pipeline`` for the LoRA tests) and
+``UNet2DConditionModel`` (``tiny.tiny_unet``); no weights, no hub.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from tiny import (
+    EMBED_DIM,
+    tiny_flux_pipeline,
+    tiny_flux_transformer,
+    tiny_unet,
+)
+from torch._dynamo.testing import CompileCounter
+
+pytestmark = pytest.mark.usefixtures("quiet_diffusers")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test starts and ends with dynamo's caches and counters empty."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def two_block_flux():
+    """``tiny.four_block_flux_transformer``'s config with one double- and one single-stream block:
+    the same capture, half the ops to trace."""
+    return tiny_flux_transformer(
+        False, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6), in_channels=4
+    )
+
+
+def flux_inputs(side, batch=1, width=None):
+    """A side x width latent grid (square by default) as packed tokens of 4 channels. Token
+    counts 9, 25, 36 differ from every other input size (8 text tokens of 32, pooled 16, 4
+    channels, 3 id columns), so under ``dynamic=True`` no size shares a symbol with them."""
+    g = torch.Generator().manual_seed(0)
+    width = width or side
+    img_ids = torch.zeros(side * width, 3)
+    img_ids[:, 1] = torch.arange(side).repeat_interleave(width)
+    img_ids[:, 2] = torch.arange(width).repeat(side)
+    return dict(
+        hidden_states=torch.randn(batch, side * width, 4, generator=g),
+        encoder_hidden_states=torch.randn(batch, 8, 32, generator=g),
+        pooled_projections=torch.randn(batch, 16, generator=g),
+        timestep=torch.full((batch,), 0.5),
+        img_ids=img_ids,
+        txt_ids=torch.zeros(8, 3),
+        return_dict=False,
+    )
+
+
+def graphs_per_side(compiled, counter, sides, mark=False):
+    """Frames compiled so far after each call, one call per side: an int (a square grid,
+    batch 1) or a ``flux_inputs`` argument tuple (side, batch[, width])."""
+    seen = []
+    with torch.no_grad():
+        for side in sides:
+            inputs = flux_inputs(*side) if isinstance(side, tuple) else flux_inputs(side)
+            if mark:
+                torch._dynamo.mark_dynamic(inputs["hidden_states"], 1)
+                torch._dynamo.mark_dynamic(inputs["img_ids"], 0)
+            compiled(**inputs)
+            seen.append(counter.frame_count)
+    return seen
+
+
+@pytest.mark.filterwarnings("default:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_inductor_compiles_a_flux_block_on_cpu():
+    """`torch.compile` with the default inductor backend compiles a `FluxSingleTransformerBlock` on the CPU, and its output matches eager to within 1e-5."""
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
+
+    torch.manual_seed(0)
+    block = FluxSingleTransformerBlock(dim=32, num_attention_heads=2, attention_head_dim=16).eval()
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, 9, 32, generator=g), torch.randn(1, 8, 32, generator=g), torch.randn(1, 32, generator=g))  # fmt: skip
+    with torch.no_grad():
+        want = block(*args)
+        got = torch.compile(block)(*args)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_whole_models_capture_without_graph_breaks():
+    """`torch._dynamo.explain` captures a tiny `FluxTransformer2DModel` and a tiny `UNet2DConditionModel` each as one graph, with no graph break."""
+    flux = two_block_flux()
+    unet = tiny_unet()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        flux_explain = torch._dynamo.explain(flux)(**flux_inputs(3))
+        unet_explain = torch._dynamo.explain(unet)(
+            torch.randn(1, 4, 8, 8, generator=g), torch.tensor(10),
+            torch.randn(1, 77, EMBED_DIM, generator=g), return_dict=False,
+        )  # fmt: skip
+    for explained in (flux_explain, unet_explain):
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def block_kind_backend(counter, kinds, gm, example_inputs):
+    """A dynamo backend: notes which Flux block a graph is (a double-stream block's graph
+    reads norm1's weights, a single-stream one's norm's), then counts it with ``counter``."""
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    kinds.append("double" if any("norm1" in n for n in names) else "single")
+    return counter(gm, example_inputs)
+
+
+def test_regional_compile_graphs_do_not_grow_with_depth():
+    """`compile_repeated_blocks` compiles the classes in `_repeated_blocks`, not each block: with 2 or with 4 single-stream blocks, a tiny Flux transformer makes the same 3 graphs, one for `FluxTransformerBlock` and two for `FluxSingleTransformerBlock` (the second single-stream block's input is a slice of the first's output, so a stride guard fails once), while a whole-model compile traces more ops for the deeper model."""
+    from torch._dynamo.utils import guard_failures
+
+    regional, whole, reasons = {}, {}, {}
+    for singles in (2, 4):
+        model = tiny_flux_transformer(
+            False, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6), in_channels=4,
+            num_layers=2, num_single_layers=singles,
+        )  # fmt: skip
+        counter = CompileCounter()
+        torch._dynamo.reset()
+        torch.compile(model, backend=counter)(**flux_inputs(3))
+        whole[singles] = counter.op_count
+        counter, kinds = CompileCounter(), []
+        backend = functools.partial(block_kind_backend, counter, kinds)
+        torch._dynamo.reset()
+        model.compile_repeated_blocks(backend=backend)
+        with torch.no_grad():
+            model(**flux_inputs(3))
+        regional[singles] = (counter.frame_count, counter.op_count, sorted(kinds))
+        reasons[singles] = [r for failures in guard_failures.values() for r in failures]
+    assert regional[2] == regional[4] == (3, regional[2][1], ["double", "single", "single"])
+    for failed in reasons.values():  # the one recompile: hidden_states' stride, not its shape
+        assert len(failed) == 1 and "'hidden_states' stride mismatch" in failed[0]
+    assert whole[4] > whole[2] > regional[2][1]
+
+
+def test_new_resolution_recompiles_static_and_once_by_default():
+    """With `dynamic=False` every new resolution compiles a new graph (2 sizes, 2 graphs), a size seen before reuses its graph, and under `torch.compiler.set_stance("fail_on_recompile")` a new size raises instead of compiling; with the default `dynamic=None` the first new size recompiles once, with the token count made symbolic, and later sizes compile nothing, while batch 1 stays a constant: batch 2 compiles a graph with a symbolic batch, which batch 4 reuses."""
+    model = two_block_flux()
+    counter = CompileCounter()
+    static = torch.compile(model, backend=counter, dynamic=False)
+    assert graphs_per_side(static, counter, [3, 5, 3]) == [1, 2, 2]
+    with torch.compiler.set_stance("fail_on_recompile"), torch.no_grad():
+        static(**flux_inputs(5))  # a compiled shape runs
+        with pytest.raises(RuntimeError, match="fail_on_recompile"):
+            static(**flux_inputs(7))
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    default = torch.compile(model, backend=counter)
+    sides = [3, 5, 6, (6, 2), (7, 4), (2, 1)]  # (side, batch)
+    assert graphs_per_side(default, counter, sides) == [1, 2, 2, 3, 3, 3]
+
+
+def test_dynamic_true_or_mark_dynamic_compile_once():
+    """With `dynamic=True`, or with `torch._dynamo.mark_dynamic` on the token dimension of `hidden_states` and `img_ids`, three resolutions compile one graph; but under `dynamic=True` a first call whose 32 image tokens equal another input's size (the text width of `encoder_hidden_states`, fixed at 32 by `context_embedder`'s weight) shares that size's symbol, so the token count is specialised and the next resolution recompiles."""
+    model = two_block_flux()
+    counter = CompileCounter()
+    assert graphs_per_side(torch.compile(model, backend=counter, dynamic=True), counter, [3, 5, 6]) == [1, 1, 1]  # fmt: skip
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    sides = [(4, 1, 8), 5, 6]  # a 4 x 8 grid: 32 tokens, then 25 and 36
+    assert graphs_per_side(torch.compile(model, backend=counter, dynamic=True), counter, sides) == [1, 2, 2]  # fmt: skip
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    static = torch.compile(model, backend=counter, dynamic=False)
+    assert graphs_per_side(static, counter, [3, 5, 6], mark=True) == [1, 1, 1]
+
+
+def test_recompile_limit_falls_back_to_eager():
+    """Past `torch._dynamo.config.recompile_limit` (8 by default) compiled versions of a function, dynamo compiles no more and runs new shapes eagerly, with the same output; compiled with `fullgraph=True`, the call past the limit raises instead."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    assert torch._dynamo.config.recompile_limit == 8
+    model = two_block_flux()
+    counter = CompileCounter()
+    static = torch.compile(model, backend=counter, dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=1), torch.no_grad():
+        assert graphs_per_side(static, counter, [3, 5, 6]) == [1, 1, 1]
+        torch.testing.assert_close(static(**flux_inputs(6))[0], model(**flux_inputs(6))[0])
+        torch._dynamo.reset()
+        full = torch.compile(model, backend=CompileCounter(), dynamic=False, fullgraph=True)
+        full(**flux_inputs(3))
+        with pytest.raises(FailOnRecompileLimitHit):
+            full(**flux_inputs(5))
+
+
+def test_first_block_cache_breaks_the_graph():
+    """With FirstBlockCache enabled the tiny Flux transformer no longer captures as one graph: the hook's `_should_compute_remaining_blocks`, which calls `.item()`, is wrapped in `torch.compiler.disable`, `torch._dynamo.explain` reports graph breaks there, and `torch.compile(..., fullgraph=True)` raises at that break instead of splitting the graph."""
+    import inspect
+
+    from diffusers import FirstBlockCacheConfig
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+    from torch._dynamo.exc import Unsupported
+
+    decide = FBCHeadBlockHook._should_compute_remaining_blocks
+    assert ".item()" in inspect.getsource(decide) and decide._torchdynamo_disable
+    model = two_block_flux()
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    with torch.no_grad(), model.cache_context("cond"):
+        explained = torch._dynamo.explain(model)(**flux_inputs(3))
+    assert explained.graph_break_count > 0 and explained.graph_count > 1
+    assert any("_should_compute_remaining_blocks" in str(r.reason) for r in explained.break_reasons)  # fmt: skip
+    torch._dynamo.reset()
+    with torch.no_grad(), model.cache_context("cond"), pytest.raises(Unsupported, match="disable"):
+        torch.compile(model, backend=CompileCounter(), fullgraph=True)(**flux_inputs(3))
+
+
+def test_mag_cache_runs_its_blocks_outside_the_graph():
+    """MagCache's head and block hooks run their whole `new_forward` under `torch.compiler.disable`, so with MagCache enabled `torch._dynamo.explain` reports graph breaks in the tiny Flux transformer."""
+    from diffusers import MagCacheConfig
+    from diffusers.hooks.mag_cache import MagCacheBlockHook, MagCacheHeadHook
+
+    assert MagCacheHeadHook.new_forward._torchdynamo_disable
+    assert MagCacheBlockHook.new_forward._torchdynamo_disable
+    model = two_block_flux()
+    model.enable_cache(MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
+    with torch.no_grad(), model.cache_context("cond"):
+        explained = torch._dynamo.explain(model)(**flux_inputs(3))
+    assert explained.graph_break_count > 0 and explained.graph_count > 1
+
+
+def test_fuse_qkv_projections_keeps_the_output():
+    """`fuse_qkv_projections()` on a tiny `UNet2DConditionModel` gives each self-attention one `to_qkv` linear and each cross-attention one `to_kv`, sets `FusedAttnProcessor2_0`, and leaves the output unchanged to within 1e-5."""
+    from diffusers.models.attention_processor import Attention, FusedAttnProcessor2_0
+
+    unet = tiny_unet()
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, 4, 8, 8, generator=g), torch.tensor(10), torch.randn(1, 77, EMBED_DIM, generator=g))  # fmt: skip
+    with torch.no_grad():
+        want = unet(*args).sample
+        unet.fuse_qkv_projections()
+        got = unet(*args).sample
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    attns = [m for m in unet.modules() if isinstance(m, Attention)]
+    assert attns and all(isinstance(m.processor, FusedAttnProcessor2_0) for m in attns)
+    assert all(hasattr(m, "to_kv") if m.is_cross_attention else hasattr(m, "to_qkv") for m in attns)  # fmt: skip
+    assert any(not m.is_cross_attention for m in attns) and any(m.is_cross_attention for m in attns)
+
+
+def lora(pipe, rank, seed):
+    """A random diffusers-format LoRA on every attention's to_q and to_v, as a state dict."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, module in pipe.transformer.named_modules():
+        if name.endswith(("attn.to_q", "attn.to_v")):
+            state[f"transformer.{name}.lora_A.weight"] = 0.3 * torch.randn(rank, module.in_features, generator=g)  # fmt: skip
+            state[f"transformer.{name}.lora_B.weight"] = 0.3 * torch.randn(module.out_features, rank, generator=g)  # fmt: skip
+    return state
+
+
+def transformer_inputs():
+    """One call of tiny_flux_pipeline's transformer: 16 packed tokens of 64, 8 text tokens."""
+    g = torch.Generator().manual_seed(0)
+    return dict(
+        hidden_states=torch.randn(1, 16, 64, generator=g),
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+        pooled_projections=torch.randn(1, 32, generator=g),
+        timestep=torch.tensor([0.5]),
+        guidance=torch.tensor([3.5]),
+        img_ids=torch.zeros(16, 3),
+        txt_ids=torch.zeros(8, 3),
+        return_dict=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def rank8_reference():
+    """The eager transformer's output with the rank-8 LoRA loaded, and both LoRAs."""
+    pipe = tiny_flux_pipeline()
+    rank4, rank8 = lora(pipe, 4, 1), lora(pipe, 8, 2)
+    pipe.load_lora_weights(dict(rank8), adapter_name="b")
+    with torch.no_grad():
+        return pipe.transformer(**transformer_inputs())[0], rank4, rank8
+
+
+def test_lora_hotswap_on_a_compiled_model_does_not_recompile(rank8_reference):
+    """After `pipe.enable_lora_hotswap(target_rank=8)` and a first `load_lora_weights`, `load_lora_weights(..., hotswap=True)` swaps a rank-8 LoRA into the compiled Flux transformer without a recompile, and the output equals the eager model with that LoRA."""
+    want, rank4, rank8 = rank8_reference
+    pipe = tiny_flux_pipeline()
+    pipe.enable_lora_hotswap(target_rank=8)
+    pipe.load_lora_weights(dict(rank4), adapter_name="default_0")
+    counter = CompileCounter()
+    pipe.transformer.compile(backend=counter)
+    with torch.no_grad():
+        first = pipe.transformer(**transformer_inputs())[0]
+        pipe.load_lora_weights(dict(rank8), adapter_name="default_0", hotswap=True)
+        swapped = pipe.transformer(**transformer_inputs())[0]
+    assert counter.frame_count == 1
+    assert not torch.allclose(first, want)
+    torch.testing.assert_close(swapped, want, atol=1e-6, rtol=1e-6)
+
+
+def test_set_adapters_on_a_compiled_model_recompiles(rank8_reference):
+    """Switching between two loaded LoRAs with `set_adapters` on a compiled Flux transformer recompiles it: a second graph, with the right output."""
+    want, rank4, rank8 = rank8_reference
+    pipe = tiny_flux_pipeline()
+    pipe.load_lora_weights(dict(rank4), adapter_name="a")
+    pipe.load_lora_weights(dict(rank8), adapter_name="b")
+    pipe.set_adapters("a")
+    counter = CompileCounter()
+    pipe.transformer.compile(backend=counter)
+    with torch.no_grad():
+        pipe.transformer(**transformer_inputs())
+        assert counter.frame_count == 1
+        pipe.set_adapters("b")
+        switched = pipe.transformer(**transformer_inputs())[0]
+    assert counter.frame_count == 2
+    torch.testing.assert_close(switched, want, atol=1e-6, rtol=1e-6)
