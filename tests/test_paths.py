@@ -128,7 +128,7 @@ def test_every_page_on_a_path_opens_with_what_and_why(built_site):
         first = re.sub(r"</?(?:abbr|code|a|em|strong)\b[^>]*>", "", first)  # inline: no gap
         said = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", first)).split())
         said = said.replace("\u2019", "'").replace("\u2018", "'")  # typographic apostrophes
-        for label in ("You will be able to", "Why it matters for inference work.", "Read first."):
+        for label in ("You will be able to", "Why it matters for inference work.", "Read first"):
             assert label in said, (page, label)
         meta = read_front_matter(paths.DOCS / page)
         outcome = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", str(meta["outcome"]))

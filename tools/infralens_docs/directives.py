@@ -137,7 +137,7 @@ def first_screen(ctx: Context) -> list[str]:
     return [
         f"**You will be able to** {str(meta['outcome']).strip()}",
         f"**Why it matters for inference work.** {str(meta['why']).strip()}",
-        f"**Read first.** {before or 'nothing on this site: Python, and PyTorch tensors'}.",
+        f"**Read first** {before or 'nothing on this site: Python, and PyTorch tensors'}.",
     ]
 
 
@@ -152,15 +152,17 @@ def lab_card(ctx: Context, args: list[str]) -> str:
     run_line = (
         " ".join(f"`python {s.path.as_posix()}`" for s in runnable) if runnable else "reading only"
     )
-    intro = "".join(f"    {line}\n\n" for line in first_screen(ctx))
-    return (
-        f'!!! abstract "Lab {lab.number:02d} at a glance"\n\n'
-        f"    **Question.** {lab.question}\n\n"
-        f"{intro}"
-        f"    **Starter files.** {_starter_links(ctx, lab)} (folder `{lab.folder.as_posix()}/`)\n\n"
-        f"    **Run.** {run_line}\n\n"
-        f"    **Handbook sections.** {sections}\n"
-    )
+    *intro, before = first_screen(ctx) or [""]
+    # the facts a reader looks up, on one line, so the figure stays near the first screen
+    where = [
+        before.rstrip("."),
+        f"**Starter files** {_starter_links(ctx, lab)} in `{lab.folder.as_posix()}/`",
+        f"**Run** {run_line}",
+        f"**Handbook** {sections}",
+    ]
+    lines = [f"**Question.** {lab.question}", *intro, " · ".join(w for w in where if w)]
+    body = "".join(f"    {line}\n\n" for line in lines)
+    return f'!!! abstract "Lab {lab.number:02d} at a glance"\n\n{body}'
 
 
 def labs_table(ctx: Context, args: list[str]) -> str:
