@@ -26,15 +26,18 @@ def url_of(page: str) -> str:
 
 
 def walk() -> list[str]:
-    """The reading order as site URLs (directory URLs), starter pages after their lab."""
-    starters = {lab.page.as_posix(): lab.starters for lab in load_labs()}
-    urls = []
-    for page in READING.order:
-        urls.append(url_of(page))
-        for s in starters.get(page, ()):
-            if s.path.suffix in {".py", ".md"}:
-                urls.append("/" + s.path.with_suffix("").as_posix() + "/")
-    return urls
+    """The reading order as site URLs (directory URLs): the pages on the paths, in order."""
+    return [url_of(page) for page in READING.order]
+
+
+def starter_urls() -> dict[str, str]:
+    """Each starter page's URL -> its lab page's URL (starters are off the walk)."""
+    return {
+        "/" + s.path.with_suffix("").as_posix() + "/": url_of(lab.page.as_posix())
+        for lab in load_labs()
+        for s in lab.starters
+        if s.path.suffix in {".py", ".md"}
+    }
 
 
 def html_of(site: Path, url: str) -> str:
@@ -104,6 +107,12 @@ def test_footer_and_rel_links_walk_the_paths(built_site):
     for page in READING.reference:
         text = html_of(built_site, url_of(page))
         assert rel_link(text, "next") is None and rel_link(text, "prev") is None, page
+    following = dict(itertools.pairwise(order))
+    for starter, lab in starter_urls().items():
+        text = html_of(built_site, starter)
+        assert resolve(starter, rel_link(text, "prev")) == lab, starter
+        after, link = following.get(lab), rel_link(text, "next")
+        assert (link is None) if after is None else resolve(starter, link) == after, starter
 
 
 def test_every_page_on_a_path_says_where_it_is(built_site):
@@ -117,6 +126,9 @@ def test_every_page_on_a_path_says_where_it_is(built_site):
             assert f"{paths.reading_minutes(page)[0]} min read" in said, said
             if index < len(part.items):
                 assert "next " + paths.page_title(part.items[index]) in said
+            elif page != READING.order[-1]:  # the last page of a part leads on to the next part
+                following = READING.order[READING.order.index(page) + 1]
+                assert paths.page_title(following) in said.split(" then ")[-1], said
 
 
 def test_every_page_on_a_path_opens_with_what_and_why(built_site):

@@ -1,8 +1,8 @@
 """Every run command the site prints works verbatim from the root of a fresh clone with a
 Python that has NumPy and nothing else: no venv of ours, no ``pip install -e .``, no
 PYTHONPATH. The commands are read where a reader meets them: each lab card's
-``python <starter>``, the "Run it:" line of each starter's docstring, and the
-``python code/...`` lines of the docs pages. They run in a throwaway venv holding only
+``python3 <starter>``, the "Run it:" line of each starter's docstring, and the
+``python3 code/...`` lines of the docs pages. They run in a throwaway venv holding only
 NumPy (the version the project pins), so a starter that needed labkit installed, or any
 other package, fails here.
 """
@@ -23,22 +23,22 @@ import pytest
 from infralens_docs.hooks import DIRECTIVE_RE
 from infralens_docs.registry import ROOT, load_labs
 
-#: ``python code/lab-NN-.../x.py [flags]`` wherever a page or a docstring prints one
-COMMAND_RE = re.compile(r"(?m)(?:^|Run it:|`)\s*(python code/lab-[\w./-]+\.py(?: [^`\n]*)?)")
+#: ``python3 code/lab-NN-.../x.py [flags]`` wherever a page or a docstring prints one
+COMMAND_RE = re.compile(r"(?m)(?:^|Run it:|`)\s*(python3 code/lab-[\w./-]+\.py(?: [^`\n]*)?)")
 
 
 def printed_commands() -> list[str]:
-    commands = {f"python {s.path.as_posix()}" for lab in load_labs() for s in lab.starters if s.runnable}  # fmt: skip
+    commands = {f"python3 {s.path.as_posix()}" for lab in load_labs() for s in lab.starters if s.runnable}  # fmt: skip
     sources = [*sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "code").glob("lab-*/*.py"))]
     for source in sources:
         text = source.read_text(encoding="utf-8")
         for match in COMMAND_RE.finditer(text):
             commands.add(match.group(1).strip().rstrip("`").strip())
-        # the `run` directive prints "$ python <starter> <flags>" above the starter's output
+        # the `run` directive prints "$ python3 <starter> <flags>" above the starter's output
         for match in DIRECTIVE_RE.finditer(text):
             args = shlex.split(match.group("args"))
             if match.group("name") == "run" and args and "--expect-error" not in args:
-                commands.add(shlex.join(["python", *args]))
+                commands.add(shlex.join(["python3", *args]))
     return sorted(commands)
 
 
@@ -74,7 +74,7 @@ def numpy_only_python(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_command_runs_verbatim_with_numpy_alone(command, numpy_only_python, tmp_path):
     argv = shlex.split(command)
-    assert argv[0] == "python"
+    assert argv[0] == "python3"  # what Debian and macOS name it; a venv has both names
     # a clean environment: nothing of this checkout's venv, no PYTHONPATH, no user site;
     # the working directory is the repository root, where the pages tell readers to be
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONNOUSERSITE": "1"}

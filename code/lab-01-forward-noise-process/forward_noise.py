@@ -7,7 +7,7 @@ steps before it. The trap: the schedule
 (``beta_schedule``) decides how much signal survives at each t, and even at
 t = 999 a little survives, so "x_999 is pure noise" is only approximately true.
 
-Run it:  python code/lab-01-forward-noise-process/forward_noise.py --schedule scaled_linear
+Run it:  python3 code/lab-01-forward-noise-process/forward_noise.py --schedule scaled_linear
 """
 
 import sys

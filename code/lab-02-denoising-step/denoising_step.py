@@ -8,7 +8,7 @@ scheduler must read the prediction as the type the model was trained on
 (``epsilon``, ``sample`` or ``v_prediction``); read it as another type and the
 step is silently wrong.
 
-Run it:  python code/lab-02-denoising-step/denoising_step.py --timestep 500
+Run it:  python3 code/lab-02-denoising-step/denoising_step.py --timestep 500
 """
 
 import sys

@@ -7,7 +7,7 @@ trained on; ``step`` maps the network's prediction to the next ``latents``. The
 trap: ``step`` reads the prediction through ``prediction_type``, and a mismatch
 with the checkpoint still runs, producing garbage.
 
-Run it:  python code/lab-03-scheduler-reading/scheduler_reading.py --steps 10
+Run it:  python3 code/lab-03-scheduler-reading/scheduler_reading.py --steps 10
 """
 
 import sys

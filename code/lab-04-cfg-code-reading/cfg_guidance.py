@@ -8,7 +8,7 @@ trade-off: class purity rises with the scale while diversity falls and, at high
 scale, samples overshoot past the class they were pushed toward, and every
 guided step costs two denoiser evaluations instead of one.
 
-Run it:  python code/lab-04-cfg-code-reading/cfg_guidance.py --guidance-scales 1,3,7.5
+Run it:  python3 code/lab-04-cfg-code-reading/cfg_guidance.py --guidance-scales 1,3,7.5
 """
 
 import sys

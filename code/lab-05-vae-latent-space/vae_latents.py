@@ -8,7 +8,7 @@ forgetting that division decodes washed-out or blown-out images with no error, a
 thinking the pixel cost is gone, when the decoder still runs once at full resolution
 and owns its own memory peak.
 
-Run it:  python code/lab-05-vae-latent-space/vae_latents.py --latent-channels 4
+Run it:  python3 code/lab-05-vae-latent-space/vae_latents.py --latent-channels 4
 """
 
 import sys

@@ -9,7 +9,7 @@ is a tensor of a fixed shape, so the trap is swapping a part whose config no
 longer matches its neighbours': latent channels, text width, prediction type.
 Schedulers are the exception: ``from_config`` rebuilds one from another's config.
 
-Run it:  python code/lab-06-diffusers-pipeline-components/pipeline_components.py --family sdxl
+Run it:  python3 code/lab-06-diffusers-pipeline-components/pipeline_components.py --family sdxl
 """
 
 import sys

@@ -9,7 +9,7 @@ and MMDiT (SD3, Flux) attends over text and image tokens as one sequence. The
 trade-off: self-attention memory grows with the square of the token count, and the
 token count with the square of the resolution.
 
-Run it:  python code/lab-07-unet-dit-conditioning/conditioning.py --resolution 1024
+Run it:  python3 code/lab-07-unet-dit-conditioning/conditioning.py --resolution 1024
 """
 
 import sys

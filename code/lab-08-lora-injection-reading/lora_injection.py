@@ -8,7 +8,7 @@ matmuls; fused, the delta sits inside ``W`` and costs nothing per step, but the
 strength can no longer change per call. The trade-off is flexibility against
 per-step compute, for a delta that is a small fraction of the base weights.
 
-Run it:  python code/lab-08-lora-injection-reading/lora_injection.py --rank 4,16,64 --family sdxl
+Run it:  python3 code/lab-08-lora-injection-reading/lora_injection.py --rank 4,16,64 --family sdxl
 """
 
 import sys

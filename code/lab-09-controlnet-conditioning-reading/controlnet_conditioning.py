@@ -8,7 +8,7 @@ pipeline scales the residuals by ``controlnet_conditioning_scale`` and by a 0/1
 ``controlnet_keep`` per step. The trade-off: a second network runs at every step.
 IP-Adapter, for contrast, adds attention keys and values, not residuals.
 
-Run it:  python code/lab-09-controlnet-conditioning-reading/controlnet_conditioning.py
+Run it:  python3 code/lab-09-controlnet-conditioning-reading/controlnet_conditioning.py
 """
 
 import sys

@@ -7,7 +7,7 @@ arithmetic on shapes: attention slicing (``pipe.enable_attention_slicing``), VAE
 tiling trade time for a smaller peak of one intermediate; precision halves every byte and
 adds rounding error; offload trades GPU bytes for bytes over the PCIe bus on every call.
 
-Run it:  python code/lab-10-memory-optimization-reading/memory_optimization.py --slice-sizes 16,8,4,2,1
+Run it:  python3 code/lab-10-memory-optimization-reading/memory_optimization.py --slice-sizes 16,8,4,2,1
 """
 
 import sys

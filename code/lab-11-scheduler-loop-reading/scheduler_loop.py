@@ -7,7 +7,7 @@ scheduler and its timesteps decide how much quality each call buys. The trap:
 the loop is not a progress bar; changing the timesteps changes both the result
 and the cost.
 
-Run it:  python code/lab-11-scheduler-loop-reading/scheduler_loop.py --steps 5,10,25,50
+Run it:  python3 code/lab-11-scheduler-loop-reading/scheduler_loop.py --steps 5,10,25,50
 """
 
 import sys

@@ -8,7 +8,7 @@ latents into pixels. This starter runs all four on a toy world (shape images, a 
 device of every array that crosses a boundary. The trap: a pipeline is not "the model";
 the scheduler and the VAE are in the path, and the loop is where the work goes.
 
-Run it:  python code/lab-12-end-to-end-inference-trace/pipeline_trace.py --prompt disc
+Run it:  python3 code/lab-12-end-to-end-inference-trace/pipeline_trace.py --prompt disc
 """
 
 import sys

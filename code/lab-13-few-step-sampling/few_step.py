@@ -8,7 +8,7 @@ This starter runs DDIM, Euler, DPM-Solver++ 2M and the LCM step on the toy mixtu
 exact denoiser, leading against trailing spacing, a zero-terminal-SNR schedule with
 v-prediction, then the resolution-shifted sigma grids of a Flux pipeline.
 
-Run it:  python code/lab-13-few-step-sampling/few_step.py --steps 1,2,4,8
+Run it:  python3 code/lab-13-few-step-sampling/few_step.py --steps 1,2,4,8
 """
 
 import sys

@@ -7,7 +7,7 @@ and, for fp16, a ceiling of 65504 past which an activation becomes inf and then 
 trap: the error of a format is not one number; range (overflow) and step size (rounding)
 fail differently, and block quantization spends bytes on scales to keep both in check.
 
-Run it:  python code/lab-14-precision-and-quantization/precision_quantization.py --block-size 32
+Run it:  python3 code/lab-14-precision-and-quantization/precision_quantization.py --block-size 32
 """
 
 import sys

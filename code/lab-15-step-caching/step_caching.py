@@ -7,7 +7,7 @@ blocks when that block's residual barely moved; TaylorSeer runs everything every
 and extrapolates the features in between. The trap: the savings come from many small
 steps, so a 4-step model has almost nothing to reuse.
 
-Run it:  python code/lab-15-step-caching/step_caching.py --thresholds 0,0.05,0.1,0.2,0.4
+Run it:  python3 code/lab-15-step-caching/step_caching.py --thresholds 0,0.05,0.1,0.2,0.4
 """
 
 import sys

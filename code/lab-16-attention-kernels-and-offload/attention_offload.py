@@ -8,7 +8,7 @@ the denoiser's weights one group at a time: group offloading (``enable_group_off
 lowers the peak on the device, but every byte of the model then crosses the bus on every
 denoiser call. The trap: neither is an approximation, and neither is free.
 
-Run it:  python code/lab-16-attention-kernels-and-offload/attention_offload.py --block-sizes 512,128,32
+Run it:  python3 code/lab-16-attention-kernels-and-offload/attention_offload.py --block-sizes 512,128,32
 """
 
 import sys

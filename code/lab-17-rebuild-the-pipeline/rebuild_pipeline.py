@@ -7,8 +7,8 @@ the chunk(2) guidance line, scheduler.step and the division by scaling_factor be
 decode. The trap: each wrong answer still runs and returns an image, so the checker
 compares what your loop hands each part with what the solution hands it, call by call.
 
-Run it:  python code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py
-Check it:  python code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --check
+Run it:  python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py
+Check it:  python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --check
 The solution's pipeline() in place of yours:  add --solution (solution.py holds it)
 """
 
@@ -174,6 +174,8 @@ def pipeline(
 # --8<-- [start:run]
 #: solution.py, beside this file (a notebook has no __file__; it runs in this folder)
 SOLUTION = Path(globals().get("__file__", "solution.py")).resolve().with_name("solution.py")
+if not SOLUTION.is_file() and (args.check or args.solution or args.demo_wrong or args.figures):
+    parser.error(f"solution.py is not beside this file ({SOLUTION.parent}): run the copy in the repository's code/lab-17-rebuild-the-pipeline/")  # fmt: skip
 
 
 def raised(error, fn):

@@ -6,9 +6,9 @@ both from here (``labkit.blanks.load_function`` runs only this file's imports an
 ``def``; ``load_constant`` reads the table without running anything) and runs them on its
 own parts, inputs, checker and figures:
 
-- ``python code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --solution`` runs this
+- ``python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --solution`` runs this
   pipeline() in place of yours (add ``--check`` to check it, ``--figures DIR`` to draw);
-- ``python code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --demo-wrong 4`` checks a
+- ``python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --demo-wrong 4`` checks a
   copy of it with ``MISTAKES[4]`` planted (any blank from 1 to 5).
 
 The function is the reader's line for line, except that each ``blank(n)`` of the
@@ -27,7 +27,7 @@ import numpy as np
 # the same arguments passes `--check` too.
 #
 # This page only defines the function: to run it, use
-# `python code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --solution`.
+# `python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --solution`.
 
 
 # %%

@@ -7,7 +7,7 @@ into fewer, larger ones; a CUDA graph replays a whole captured step from one lau
 trap: this is a model with assumed hardware constants, not a measurement, and compiling
 costs a cold start that only enough requests of the same shape pay back.
 
-Run it:  python code/lab-18-compilation-and-cuda-graphs/launch_overhead.py --launch-us 20
+Run it:  python3 code/lab-18-compilation-and-cuda-graphs/launch_overhead.py --launch-us 20
 """
 
 import sys

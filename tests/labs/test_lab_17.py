@@ -233,3 +233,18 @@ def test_bad_arguments(run_cli, solution, argv):
     run = run_cli(READER, *solution, *argv)
     assert run.returncode == 2 and run.stdout == ""
     assert len(run.stderr.splitlines()) == 1 and ": error: " in run.stderr
+
+
+def test_a_copy_away_from_solution_py_says_so_in_one_line(tmp_path):
+    """A reader who copies the file elsewhere and runs --check gets one line, not a traceback."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(FOLDER / "rebuild_pipeline.py", alone)
+    env = dict(starter_env(), PYTHONPATH=str(ROOT / "code"))
+    run = subprocess.run(
+        [sys.executable, str(alone / "rebuild_pipeline.py"), "--check"],
+        cwd=alone, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "solution.py is not beside this file" in lines[0]

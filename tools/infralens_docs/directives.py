@@ -150,7 +150,7 @@ def lab_card(ctx: Context, args: list[str]) -> str:
     )
     runnable = [s for s in lab.starters if s.runnable]
     run_line = (
-        " ".join(f"`python {s.path.as_posix()}`" for s in runnable) if runnable else "reading only"
+        " ".join(f"`python3 {s.path.as_posix()}`" for s in runnable) if runnable else "reading only"
     )
     *intro, before = first_screen(ctx) or [""]
     # the facts a reader looks up, on one line, so the figure stays near the first screen
@@ -324,12 +324,15 @@ def reading_paths(ctx: Context, args: list[str]) -> str:
             shown, depth = paths.reading_minutes(page)
             kind = "lab" if page.startswith("labs/") else "section"
             extra = f", +{depth} min optional" if depth else ""
+            if paths.exercise_minutes(page):
+                extra += f", +{paths.exercise_minutes(page)} min exercise"
             rows.append(f"{number}. [{paths.page_title(page)}]({ctx.rel(page)}) · {kind}, {shown} min{extra}")  # fmt: skip
         return "\n".join(rows)
 
     core_total = sum(paths.total_minutes(e.items) for e in reading.evenings)
     out = [f"## {reading.core_title}", ""]
-    out += [f"{reading.core_summary} About {paths.as_duration(core_total)} of reading, at {paths.WORDS_PER_MINUTE} words a minute; running each lab adds a few minutes.", ""]  # fmt: skip
+    exercises = sum(paths.exercise_minutes(p) for e in reading.evenings for p in e.items)
+    out += [f"{reading.core_summary} About {paths.as_duration(core_total)} of reading at {paths.WORDS_PER_MINUTE} words a minute, and {exercises} min of exercise. That rate suits prose: with the maths worked through and each lab run, plan on about twice the reading time.", ""]  # fmt: skip
     for evening in reading.evenings:
         out += [f"### {evening.title} ({paths.as_duration(paths.total_minutes(evening.items))})", ""]  # fmt: skip
         out += [items(evening), ""]

@@ -177,26 +177,29 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
 
 def _reading_order(nav_pages: list[Page]) -> list[Page]:
-    """The linear walk of docs/paths.yml: each page on a path in order, a lab's starter
-    pages right after the lab's own page."""
+    """The linear walk of docs/paths.yml: each page on a path in order. A lab's starter
+    pages are off the walk (the lab card and the nav open them): the reader who follows
+    "next" goes from a lab to the next page on its path."""
     by_uri = {page.file.src_uri: page for page in nav_pages}
-    starters = {lab.page.as_posix(): [s.path.as_posix() for s in lab.starters] for lab in _labs}
-    walk = []
-    for uri in paths.load_paths().order:
-        walk.append(by_uri[uri])
-        walk += [by_uri[s] for s in starters.get(uri, []) if s in by_uri]
-    return walk
+    return [by_uri[uri] for uri in paths.load_paths().order]
 
 
 def on_nav(nav, config: MkDocsConfig, files: Files):
     """Previous/next (the footer and ``<link rel>``) follow the reading paths, not the nav:
-    the home page leads into the core path, and a page on no path (references, the labs
-    index) has neither."""
+    the home page leads into the core path, a starter's page leads back to its lab and on
+    to the page after it, and a page on no path (references, the labs index) has neither."""
     walk = _reading_order(nav.pages)
     for page in nav.pages:
         page.previous_page = page.next_page = None
     for before, after in itertools.pairwise(walk):
         before.next_page, after.previous_page = after, before
+    by_uri = {page.file.src_uri: page for page in nav.pages}
+    for lab in _labs:
+        lab_page = by_uri.get(lab.page.as_posix())
+        for starter in lab.starters:
+            page = by_uri.get(starter.path.as_posix())
+            if page is not None and lab_page is not None:
+                page.previous_page, page.next_page = lab_page, lab_page.next_page
     home = next((page for page in nav.pages if page.file.src_uri == "index.md"), None)
     if home is not None and walk:
         home.next_page = walk[0]
@@ -229,7 +232,12 @@ def _you_are_here(page: Page, files: Files) -> str:
         parts.append(f"the starter of {link(lab_page)}")
     else:
         shown, depth = paths.reading_minutes(uri)
-        parts.append(f"{shown} min read" + (f" (+{depth} min optional depth)" if depth else ""))
+        exercise = paths.exercise_minutes(uri)
+        parts.append(
+            f"{shown} min read"
+            + (f" (+{depth} min optional depth)" if depth else "")
+            + (f" + {exercise} min exercise" if exercise else "")
+        )
     items = paths.load_paths().parts
     part = next(p for p in items if p.title == step.part)
     if step.index > 1:
@@ -238,6 +246,12 @@ def _you_are_here(page: Page, files: Files) -> str:
         parts.append("after the core path")
     if step.index < step.count:
         parts.append("next " + link(part.items[step.index]))
+    else:  # the last page of an evening or a track: where the walk goes on
+        order = paths.load_paths().order
+        at = order.index(step.page)
+        if at + 1 < len(order):
+            after = paths.load_paths().step(order[at + 1])
+            parts.append(f"then {html_lib.escape(after.part)}: " + link(order[at + 1]))
     return f'<p class="path-here">{" · ".join(parts)}</p>\n'
 
 

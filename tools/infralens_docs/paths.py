@@ -170,6 +170,12 @@ def reading_minutes(page: str) -> tuple[int, int]:
     return max(minutes, 1), math.ceil(depth / WORDS_PER_MINUTE)
 
 
+def exercise_minutes(page: str) -> int:
+    """Minutes a page's hands-on exercise takes beyond reading (front matter
+    ``exercise_minutes``, e.g. Lab 17's blanks), 0 for a page without one."""
+    return int(read_front_matter(DOCS / page).get("exercise_minutes") or 0)
+
+
 def total_minutes(pages) -> int:
     return sum(reading_minutes(p)[0] for p in pages)
 

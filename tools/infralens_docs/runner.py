@@ -35,7 +35,7 @@ CACHE_DIR = CACHE_ROOT / "infralens-run"
 
 @dataclass(frozen=True)
 class Run:
-    command: str  # as a reader types it, e.g. "python code/lab-01-.../forward_noise.py --seed 1"
+    command: str  # as a reader types it, e.g. "python3 code/lab-01-.../forward_noise.py --seed 1"
     stdout: str
     stderr: str
     returncode: int
@@ -166,7 +166,7 @@ def run_starter(
     starter: str | Path, args: list[str] | tuple[str, ...] = (), cache: bool = True
 ) -> Run:
     starter, source = _source(starter)
-    command = shlex.join(["python", starter.as_posix(), *args])
+    command = shlex.join(["python3", starter.as_posix(), *args])
     cached = CACHE_DIR / f"{_key(command, source)}.json"
     if cache:
         _wait_for_prefetch(cached)
@@ -188,7 +188,7 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
     ``figures.json`` manifest (file, alt text, caption per figure name).
     """
     starter, source = _source(starter)
-    command = shlex.join(["python", starter.as_posix(), *args])
+    command = shlex.join(["python3", starter.as_posix(), *args])
     directory = CACHE_DIR / f"{_key(command, source, 'figures')}-figures"
     _wait_for_prefetch(directory)
     if (directory / "figures.json").is_file():
@@ -243,7 +243,7 @@ def prefetch(jobs: list[tuple[str, list[str], bool]], workers: int = 0) -> None:
             rel, source = _source(starter)
         except FileNotFoundError:
             continue  # the directive reports it with the page's name
-        command = shlex.join(["python", rel.as_posix(), *args])
+        command = shlex.join(["python3", rel.as_posix(), *args])
         if figures:
             target = CACHE_DIR / f"{_key(command, source, 'figures')}-figures"
             done = (target / "figures.json").is_file()
