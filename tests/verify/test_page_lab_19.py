@@ -1,0 +1,440 @@
+"""Lab 19 (parallel inference) against diffusers' context parallelism, on two CPU processes.
+
+diffusers 0.42.1 splits a transformer's sequence across processes with
+``ContextParallelConfig(ring_degree=..., ulysses_degree=...)`` passed to
+``ModelMixin.enable_parallelism(config=...)``; the model's ``_cp_plan`` says which inputs
+are split and which output is gathered. One module-scoped fixture starts two processes of
+this file (``python test_page_lab_19.py RANK PORT OUT``, torchrun's environment variables
+set by hand) that join a ``gloo`` process group on the CPU and run every case on a tiny
+random-config ``FluxTransformer2DModel`` (``tiny.tiny_flux_transformer``: 1 double- and 1
+single-stream block, 2 heads of 16, 16 image and 8 text tokens); each writes its results
+as JSON, and the tests read them. The reference is the same model without parallelism,
+in the same process.
+
+What the run found on this CPU-only machine: ``enable_parallelism`` refuses before it
+builds a device mesh, because ``_resolve_parallel_config`` picks the device as
+``rank % torch.accelerator.device_count()`` and a CPU-only torch counts 0 accelerators.
+With that count patched to 1 (``unittest.mock``, in the worker only: nothing else is
+changed), Ulysses runs diffusers' own code end to end; ring then stops at the native
+(SDPA) backend, whose forward op cannot return the log-sum-exp the ring merge needs. With
+that op also replaced by one that returns it (plain torch, ``_lse_forward_op`` below),
+diffusers' ring runs. Separately, the same two splits are written by hand with
+``torch.distributed`` on gloo (``batch_isend_irecv`` for a rotating ring,
+``all_to_all`` for Ulysses) on the q, k, v the real model's first attention receives.
+
+Warnings in the workers are recorded, not filtered: one test reports the FutureWarning
+that diffusers' context-parallel code raises through torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+WORLD = 2
+
+
+def _flux_inputs():
+    """16 image tokens (a 4 x 4 grid of packed 64-channel latents) and 8 text tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    img_ids = torch.zeros(16, 3)
+    img_ids[:, 1] = torch.arange(4).repeat_interleave(4)
+    img_ids[:, 2] = torch.arange(4).repeat(4)
+    return dict(
+        hidden_states=torch.randn(1, 16, 64, generator=g),
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+        pooled_projections=torch.randn(1, 32, generator=g),
+        timestep=torch.full((1,), 0.5),
+        guidance=torch.full((1,), 3.5),
+        img_ids=img_ids,
+        txt_ids=torch.zeros(8, 3),
+        return_dict=False,
+    )
+
+
+def _lse_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
+                    _parallel_config=None):  # fmt: skip
+    """The native forward op's attention, (B, S, H, D) in and out, plus its log-sum-exp
+    (B, S, H): softmax written out in torch, the one thing the native op lacks for ring."""
+    import torch
+
+    q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
+    scores = q @ k.transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
+    out = torch.softmax(scores, dim=-1) @ v
+    return out.permute(0, 2, 1, 3), torch.logsumexp(scores, dim=-1).permute(0, 2, 1)
+
+
+def _error(e):
+    return [type(e).__name__, str(e)]
+
+
+def _rank_main(rank, out_path):
+    """One rank: every case, results to ``out_path.RANK`` as JSON (rank 0 runs inside pytest:
+    every patch is a context manager, and the process group is destroyed at the end)."""
+    import time
+    import warnings
+    from datetime import timedelta
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=90))
+
+    import diffusers.models.attention_dispatch as dispatch
+    import diffusers.models.transformers.transformer_flux as transformer_flux
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+
+    res = {}
+    attention_calls = []
+    real_dispatch = transformer_flux.dispatch_attention_fn
+
+    def spy(query, key, value, *a, **kw):
+        out = real_dispatch(query, key, value, *a, **kw)
+        attention_calls.append((query, key, value, out))
+        return out
+
+    def diff(model):
+        return (model(**_flux_inputs())[0] - reference).abs().max().item()
+
+    no_accelerator_count = mock.patch("torch.accelerator.device_count", return_value=1)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mock.patch.object(transformer_flux, "dispatch_attention_fn", spy):
+            reference = tiny_flux_transformer()(**_flux_inputs())[0]  # (1, 16, 64)
+        res["reference_shape"] = list(reference.shape)
+
+        # 1. as installed: the refusal
+        try:
+            tiny_flux_transformer().enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))  # fmt: skip
+            res["as_installed"] = "ran"
+        except Exception as e:
+            res["as_installed"] = _error(e)
+
+        with no_accelerator_count:
+            # 2. Ulysses, diffusers' own code end to end; the shapes the first block sees
+            model = tiny_flux_transformer()
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+            seen = []
+            model.transformer_blocks[0].register_forward_pre_hook(
+                lambda m, a, kw: seen.append(
+                    [list(kw["hidden_states"].shape), list(kw["encoder_hidden_states"].shape)]
+                ),
+                with_kwargs=True,
+            )
+            res["ulysses"] = diff(model)
+            res["block_inputs"] = seen[0]
+
+            # 3. ring on the native backend. The ring issues its K/V all-gather before the
+            # native op raises; that gather is never used, so it is waited for here (else torch
+            # reports "1 unwaited collective calls" when the process exits)
+            real_gather, real_wait = dispatch.funcol.all_gather_tensor, dispatch.funcol.wait_tensor
+            issued = []
+
+            def keeping_gather(tensor, *a, **kw):
+                issued.append(real_gather(tensor, *a, **kw))
+                return issued[-1]
+
+            model = tiny_flux_transformer()
+            model.enable_parallelism(config=ContextParallelConfig(ring_degree=2))
+            with mock.patch.object(dispatch.funcol, "all_gather_tensor", keeping_gather):
+                try:
+                    res["ring_native"] = diff(model)
+                except Exception as e:
+                    res["ring_native"] = _error(e)
+            res["ring_native_gathers"] = len(issued)
+            for tensor in issued:
+                dispatch._wait_tensor(tensor)
+
+            # 4. ring with a forward op that returns the log-sum-exp; count its all-gathers and
+            # record the order of gather, block attention and wait (funcol's wait_tensor)
+            gathers, events = [], []
+
+            def counting_gather(tensor, *a, **kw):
+                out = real_gather(tensor, *a, **kw)
+                gathers.append([tensor.numel(), out.numel()])
+                events.append("gather")
+                return out
+
+            def recording_wait(tensor):
+                events.append("wait")
+                return real_wait(tensor)
+
+            def recording_op(*a, **kw):
+                out = _lse_forward_op(*a, **kw)
+                events.append("attention")  # one block's attention, done
+                return out
+
+            with mock.patch.object(dispatch, "_native_attention_forward_op", recording_op):
+                model = tiny_flux_transformer()
+                model.enable_parallelism(config=ContextParallelConfig(ring_degree=2))
+                with (
+                    mock.patch.object(dispatch.funcol, "all_gather_tensor", counting_gather),
+                    mock.patch.object(dispatch.funcol, "wait_tensor", recording_wait),
+                ):
+                    res["ring_lse"] = diff(model)
+            res["ring_gathers"] = gathers
+            res["ring_events"] = events
+
+            # 5. heads that the Ulysses degree does not divide (3 heads, 2 ranks)
+            three = dict(num_attention_heads=3)
+            for name, config in (
+                ("ulysses_3_heads", ContextParallelConfig(ulysses_degree=2)),
+                (
+                    "ulysses_anything_3_heads",
+                    ContextParallelConfig(ulysses_degree=2, ulysses_anything=True),
+                ),
+            ):
+                want = tiny_flux_transformer(**three)(**_flux_inputs())[0]
+                model = tiny_flux_transformer(**three)
+                model.enable_parallelism(config=config)
+                try:
+                    res[name] = (model(**_flux_inputs())[0] - want).abs().max().item()
+                except Exception as e:
+                    res[name] = _error(e)
+
+        # 6. by hand on the real first attention's q, k, v (B, S, H, D), token shard per rank
+        query, key, value, out = attention_calls[0]
+        tokens = query.shape[1]
+        mine = slice(rank * tokens // WORLD, (rank + 1) * tokens // WORLD)
+        q, k, v, want = query[:, mine], key[:, mine], value[:, mine], out[:, mine]
+        kv = torch.cat([k, v]).contiguous()
+        acc = lse = None
+        for step in range(WORLD):
+            if step:  # send my block to rank + 1, receive rank - 1's
+                incoming = torch.empty_like(kv)
+                ops = [dist.P2POp(dist.isend, kv, (rank + 1) % WORLD),
+                       dist.P2POp(dist.irecv, incoming, (rank - 1) % WORLD)]  # fmt: skip
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+                kv = incoming
+            block_out, block_lse = _lse_forward_op(None, q, kv[:1], kv[1:])
+            if acc is None:
+                acc, lse = block_out, block_lse
+            else:
+                new = torch.logaddexp(lse, block_lse)
+                acc = acc * (lse - new).exp()[..., None] + block_out * (block_lse - new).exp()[..., None]  # fmt: skip
+                lse = new
+        res["hand_ring"] = (acc - want.reshape(acc.shape)).abs().max().item()
+
+        def all_to_all(x, scatter, gather):
+            parts = [p.contiguous() for p in x.chunk(WORLD, dim=scatter)]
+            received = [torch.empty_like(p) for p in parts]
+            dist.all_to_all(received, parts)
+            return torch.cat(received, dim=gather)
+
+        heads = [all_to_all(x, 2, 1) for x in (q, k, v)]  # (B, S, H/2, D): all tokens, my heads
+        res["hand_ulysses_heads_shape"] = list(heads[0].shape)
+        local = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in heads))  # fmt: skip
+        back = all_to_all(local.transpose(1, 2), 1, 2)  # (B, S/2, H, D)
+        res["hand_ulysses"] = (back - want.reshape(back.shape)).abs().max().item()
+        sent = torch.arange(2.0) + 10 * rank
+        got = torch.empty(2)
+        dist.all_to_all_single(got, sent)
+        res["all_to_all_single"] = got.tolist()
+
+    res["warnings"] = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    res["seconds"] = time.perf_counter() - start
+    Path(f"{out_path}.{rank}").write_text(json.dumps(res))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _rank_main(int(sys.argv[1]), sys.argv[2])
+    sys.exit(0)
+
+
+# ---------------------------------------------------------------- the tests
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("quiet_diffusers")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both ranks' results: rank 1 is a process of this file, rank 0 runs here (one import
+    of diffusers fewer), on one gloo process group; torchrun's variables set by hand."""
+    out = tmp_path_factory.mktemp("lab19") / "rank"
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(WORLD)}
+    child = subprocess.Popen([sys.executable, __file__, "1", str(out)], env=dict(os.environ, **env, RANK="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        _rank_main(0, out)
+    finally:
+        if torch.distributed.is_initialized():  # rank 0 failed mid-way: leave no group behind
+            torch.distributed.destroy_process_group()
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        try:  # the child's collectives time out after 90 s if rank 0 is gone
+            _, err = child.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            _, err = child.communicate()
+    assert child.returncode == 0, err[-3000:]
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
+
+
+def test_enable_parallelism_needs_an_initialised_process_group():
+    """`enable_parallelism` raises a RuntimeError unless `torch.distributed` is initialised first."""
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(RuntimeError, match=r"torch\.distributed must be available and initialized"):
+        tiny_flux_transformer().enable_parallelism(config=ContextParallelConfig(ring_degree=2))
+
+
+def test_enable_parallelism_refuses_a_cpu_only_torch(ranks):
+    """On a CPU-only torch, `enable_parallelism` raises ZeroDivisionError ("integer modulo by zero") in `_resolve_parallel_config`, which picks the device as `rank % torch.accelerator.device_count()`, and the count is 0."""
+    import inspect
+
+    from diffusers.models.modeling_utils import ModelMixin
+
+    assert torch.accelerator.device_count() == 0
+    assert "rank % torch.accelerator.device_count()" in inspect.getsource(ModelMixin._resolve_parallel_config)  # fmt: skip
+    for r in ranks:
+        assert r["as_installed"] == ["ZeroDivisionError", "integer modulo by zero"]
+
+
+def test_the_same_refusal_in_one_process():
+    """The refusal needs no second process: a one-rank gloo group raises the same ZeroDivisionError."""
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.raises(ZeroDivisionError, match="integer modulo by zero"):
+            tiny_flux_transformer().enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))  # fmt: skip
+    finally:
+        torch.distributed.destroy_process_group()
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_ulysses_equals_one_process(ranks):
+    """With the accelerator count patched to 1, `enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))` runs diffusers' Ulysses attention over gloo, and each rank's output equals the single-process model's to within 1e-5."""
+    for r in ranks:
+        assert r["ulysses"] < 1e-5
+        assert r["reference_shape"] == [1, 16, 64]
+
+
+def test_flux_cp_plan_splits_image_and_text_tokens(ranks):
+    """FluxTransformer2DModel's `_cp_plan` splits `hidden_states` and `encoder_hidden_states` on the token axis (and the ids with them) and gathers `proj_out`'s output: each rank's blocks see 8 of the 16 image tokens and 4 of the 8 text tokens."""
+    from diffusers import FluxTransformer2DModel
+
+    plan = FluxTransformer2DModel._cp_plan
+    assert {k: v.split_dim for k, v in plan[""].items()} == {
+        "hidden_states": 1, "encoder_hidden_states": 1, "img_ids": 0, "txt_ids": 0}  # fmt: skip
+    assert plan["proj_out"].gather_dim == 1
+    for r in ranks:
+        assert r["block_inputs"] == [[1, 8, 32], [1, 4, 32]]
+
+
+def test_ring_stops_at_the_native_backend(ranks):
+    """`ContextParallelConfig(ring_degree=2)` on the default native (SDPA) backend raises ValueError "Native attention does not support return_lse=True" at the first attention call: the ring merge needs the log-sum-exp, and the native forward op cannot return it."""
+    for r in ranks:
+        assert r["ring_native"] == ["ValueError", "Native attention does not support return_lse=True"]  # fmt: skip
+
+
+def test_ring_equals_one_process_with_an_lse_op(ranks):
+    """With the native forward op replaced by one that also returns the log-sum-exp, diffusers' ring attention (`TemplatedRingAttention`) over gloo equals the single-process model to within 1e-5."""
+    for r in ranks:
+        assert r["ring_lse"] < 1e-5
+
+
+def test_ring_all_gathers_kv_once_per_attention(ranks):
+    """diffusers 0.42.1's `TemplatedRingAttention` does not rotate K/V blocks: it calls `all_gather_tensor` once per attention layer on its K and V concatenated, receives every rank's block at once, then merges block by block with `out = prev_out - sigmoid(lse - prev_lse) * (prev_out - out)` (2 layers here: 2 gathers of 768 elements to 1,536, then one of the output at `proj_out`); `rotate_method="alltoall"` raises NotImplementedError, although `ContextParallelConfig`'s docstring says ring holds "only 1/N of KV at a time"."""
+    import inspect
+
+    from diffusers import ContextParallelConfig
+    from diffusers.models.attention_dispatch import TemplatedRingAttention
+
+    source = inspect.getsource(TemplatedRingAttention.forward)
+    assert "funcol.all_gather_tensor(kv_buffer" in source
+    assert (
+        "out = prev_out - torch.nn.functional.sigmoid(lse - prev_lse) * (prev_out - out)" in source
+    )
+    assert "send" not in source and "recv" not in source
+    doc = " ".join(ContextParallelConfig.__doc__.split())
+    assert "overlaps compute with communication" in doc and "only holds 1/N of KV at a time" in doc
+    with pytest.raises(NotImplementedError, match="Only rotate_method='allgather'"):
+        ContextParallelConfig(ring_degree=2, rotate_method="alltoall")
+    for r in ranks:
+        # the two attention layers' K/V, then the hook that gathers proj_out's (1, 8, 64) output
+        assert r["ring_gathers"] == [[768, 1536], [768, 1536], [512, 1024]]
+
+
+def test_ring_gather_overlaps_only_the_local_block(ranks):
+    """The ring's all-gather is asynchronous: in each attention layer the rank's own block's attention completes before the gather is first waited for, and every other block waits for it, so only one block of compute can overlap the whole K/V gather."""
+    for r in ranks:
+        # per layer: gather issued; own block computed; wait (the key and value views); the
+        # other rank's block; then the gather of proj_out's output at the end
+        layer = ["gather", "attention", "wait", "wait", "attention"]
+        assert r["ring_events"] == layer + layer + ["gather", "wait"]
+
+
+def test_the_failed_native_ring_issued_one_gather(ranks):
+    """The native-backend ring issues its K/V all-gather before the native op raises at the first attention: one gather, never used."""
+    for r in ranks:
+        assert r["ring_native_gathers"] == 1
+
+
+def test_ulysses_needs_heads_divisible_by_the_degree(ranks):
+    """Ulysses with 3 heads on 2 ranks fails at the first attention (a reshape to heads/2 per rank); `ulysses_anything=True` runs it and equals the single-process model to within 1e-5."""
+    for r in ranks:
+        assert r["ulysses_3_heads"][0] == "RuntimeError" and "invalid for input of size" in r["ulysses_3_heads"][1]  # fmt: skip
+        assert r["ulysses_anything_3_heads"] < 1e-5
+
+
+def test_config_validation():
+    """`ContextParallelConfig()` with both degrees 1 raises ValueError, a `ParallelConfig` holding both a context- and a tensor-parallel config raises ValueError, and `TensorParallelConfig`'s docstring names CUDA, Neuron and TPU as its device types."""
+    from diffusers import ContextParallelConfig, ParallelConfig
+    from diffusers.models._modeling_parallel import TensorParallelConfig
+
+    with pytest.raises(ValueError, match="Either ring_degree or ulysses_degree must be greater than 1"):  # fmt: skip
+        ContextParallelConfig()
+    with pytest.raises(ValueError, match="Combining context parallelism and tensor parallelism"):
+        ParallelConfig(context_parallel_config=ContextParallelConfig(ring_degree=2),
+                       tensor_parallel_config=TensorParallelConfig(tp_degree=2))  # fmt: skip
+    assert 'Supported device types are `"cuda"`, `"neuron"` and `"tpu"`' in " ".join(TensorParallelConfig.__doc__.split())  # fmt: skip
+
+
+def test_diffusers_cp_warns_through_torch(ranks):
+    """diffusers' context-parallel code calls `torch.distributed._functional_collectives.all_gather_tensor`, which torch 2.13 deprecates with a FutureWarning (use `all_gather_single`); it is the only warning the workers raise."""
+    for r in ranks:
+        # exactly this one: any other warning in the workers (which record rather than raise) fails here
+        assert r["warnings"] == [
+            "FutureWarning: `torch.distributed._functional_collectives.all_gather_tensor` is deprecated. "
+            "Please use `torch.distributed._functional_collectives.all_gather_single` instead."
+        ]
+
+
+def test_the_same_splits_by_hand_on_gloo(ranks):
+    """By hand with `torch.distributed` on gloo, on the q, k, v of the tiny model's first attention: a ring that rotates K/V with `batch_isend_irecv` and merges by log-sum-exp, and Ulysses with `all_to_all` (each rank then holds all 24 tokens of 1 head), each equal the real attention's output to within 1e-5; gloo also runs `all_to_all_single`."""
+    for rank, r in enumerate(ranks):
+        assert r["hand_ring"] < 1e-5 and r["hand_ulysses"] < 1e-5
+        assert r["hand_ulysses_heads_shape"] == [1, 24, 1, 16]
+        assert r["all_to_all_single"] == [rank, 10 + rank]
