@@ -90,7 +90,7 @@ verify: $(VERIFY) ## Install the verify extra (CPU torch 2.13.0 + diffusers) and
 verify-refresh: verify ## After upgrading diffusers: rerun verify and record the versions the pages state
 	INFRALENS_REFRESH_VERSIONS=1 $(BIN)/python -m pytest tests/verify
 
-# The drift watch's own venv: the newest diffusers, transformers, peft, accelerate and gguf
+# The drift watch's own venv: the newest diffusers, transformers, peft, accelerate, gguf and torchao
 # (upgraded on every run), beside the pinned torch here. The Drift workflow passes the newest
 # CPU torch instead: LATEST_TORCH="torch --index-url https://download.pytorch.org/whl/cpu".
 LATEST       := .venv-latest
@@ -100,7 +100,7 @@ verify-latest: ## The verify suite against the newest diffusers/transformers/pef
 	$(LATEST)/bin/python -m pip install --quiet --upgrade $(LATEST_TORCH)
 	$(LATEST)/bin/python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > $(LATEST)/torch.txt
 	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/torch.txt -e '.[dev]'
-	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/torch.txt --upgrade diffusers transformers peft accelerate gguf
+	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/torch.txt --upgrade diffusers transformers peft accelerate gguf torchao
 	$(LATEST)/bin/python -m infralens_docs.drift --output $(LATEST)/drift-report.md
 
 bench: $(STAMP) ## Prose words per page vs budget, cold/warm build time, starter wall times, lab page weight

@@ -239,3 +239,25 @@ def test_precision_round_to_matches_numpy_and_rounds_half_to_even():
     assert round_to(np.array([2.0**-9, 2.0**-10, 3 * 2.0**-11]), "fp8_e4m3").tolist() == [2.0**-9, 0.0, 2.0**-9]  # fmt: skip
     assert np.isnan(round_to(np.array([np.nan]), "bf16")[0])
     assert round_to(3.0, "fp8_e5m2") == 3.0 and round_to([-0.0], "fp16")[0] == 0.0
+
+
+def test_precision_quantize_scaled_per_tensor_and_per_row():
+    from labkit.precision import quantize_scaled, round_to
+
+    x = np.array([[1.0, -0.5, 0.25, 0.0], [100.0, 1.0, -1.0, 0.5]])
+    # int8: amax / 127.5 per slice, q clipped to [-128, 127]; the top value lands on 127
+    per_row = quantize_scaled(x, "int8", axis=-1)
+    scale = np.array([[1.0], [100.0]]) / 127.5
+    assert np.array_equal(per_row, np.clip(np.round(x / scale), -128, 127) * scale)
+    assert np.all(np.abs(per_row - x) <= scale / 2 + 1e-12)
+    # one scale for the tensor: row 0 shares row 1's step of 100 / 127.5 and is wiped out
+    per_tensor = quantize_scaled(x, "int8")
+    assert np.abs(per_tensor[0] - x[0]).max() > 0.2 and np.abs(per_row[0] - x[0]).max() < 0.01
+    # int4: 15 levels, [-8, 7]
+    q4 = quantize_scaled(np.linspace(-1, 1, 101), "int4") / (1 / 7.5)
+    assert set(np.round(q4).tolist()) <= set(range(-8, 8)) and np.allclose(q4, np.round(q4))
+    # a float format: the slice's amax goes to the top (448 for e4m3), then round_to
+    fp8 = quantize_scaled(x, "fp8_e4m3", axis=-1)
+    s = np.array([[1.0], [100.0]]) / 448.0
+    assert np.array_equal(fp8, round_to(x / s, "fp8_e4m3") * s)
+    assert np.array_equal(quantize_scaled(np.zeros(3), "int8"), np.zeros(3))  # no 0 / 0

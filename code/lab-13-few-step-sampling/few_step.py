@@ -460,7 +460,51 @@ for label, calls_per_step, rows_per_call in [
 table("Denoiser work per image", ["guidance", "steps", "transformer calls", "rows processed"], call_rows)  # fmt: skip
 
 # %% [markdown]
-# ## 10. Picture it
+# ## 10. Fixed costs: the VAE decode and the text encoders at few steps
+#
+# A step costs one denoiser call (two rows with CFG); the text encoders run once per
+# prompt (twice with CFG in SD 1.5, which encodes the negative prompt too; SDXL zeroes an
+# empty one, so there the count is an upper bound) and the VAE decodes once per image. So
+# the fixed part's share grows as the steps fall. The FLOPs below are the real models',
+# counted once from their published configs on the meta device with torch's
+# FlopCounterMode (2 per multiply-add, batch 1, one image): it counts matmuls, convolutions
+# and attention only, not norms, activations or upsampling; tests/verify/test_page_lab_13.py
+# recounts them with the installed diffusers. FLOPs are not seconds: a decode at 1024 px moves large
+# activations, and SDXL's fp16 pipeline decodes in fp32 (`force_upcast`).
+
+# %%
+# --8<-- [start:fixed-costs]
+GFLOPS = {  # one call at batch 1, GFLOPs
+    "SD 1.5, 512 px": dict(unet=803.3, text_encoders=13.3, vae_decode=2514.5, taesd_decode=141.4),
+    "SDXL, 1024 px": dict(unet=6761.2, text_encoders=111.2, vae_decode=10470.4, taesd_decode=565.4),
+}
+FIXED_STEPS = (1, 2, 4, 8, 25, 50)
+
+
+def decode_share(g, steps, cfg, decode="vae_decode"):
+    """Share of an image's FLOPs in the decode: rows = 2 with CFG (batch doubled), else 1."""
+    rows = 2 if cfg else 1
+    total = rows * g["text_encoders"] + steps * rows * g["unet"] + g[decode]
+    return g[decode] / total
+
+
+fixed_rows = [
+    [model, n, f"{decode_share(g, n, cfg=False):.1%}", f"{decode_share(g, n, cfg=True):.1%}",
+     f"{decode_share(g, n, cfg=False, decode='taesd_decode'):.1%}"]
+    for model, g in GFLOPS.items()
+    for n in FIXED_STEPS
+]  # fmt: skip
+# --8<-- [end:fixed-costs]
+table(
+    "Share of an image's FLOPs in the VAE decode (real configs, meta device)",
+    ["model", "steps", "no CFG", "CFG", "AutoencoderTiny, no CFG"],
+    fixed_rows,
+)
+for model, g in GFLOPS.items():
+    print(f"{model}: one decode = {g['vae_decode'] / g['unet']:.1f} UNet calls; AutoencoderTiny's = {g['taesd_decode'] / g['unet']:.2f}; text encoders = {g['text_encoders'] / g['unet']:.3f}")  # fmt: skip
+
+# %% [markdown]
+# ## 11. Picture it
 
 # %%
 # --8<-- [start:figures]

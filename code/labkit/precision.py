@@ -71,3 +71,31 @@ def round_to(x, name: str) -> np.ndarray:
 
 
 # --8<-- [end:formats]
+
+
+# --8<-- [start:scaled]
+def quantize_scaled(x, fmt: str, axis=None) -> np.ndarray:
+    """Store ``x`` as ``scale * q`` and return that value (float64): fake quantization.
+
+    ``fmt`` is ``"int8"`` / ``"int4"`` (symmetric integers) or a float format of
+    :data:`FORMATS` (e.g. ``"fp8_e4m3"``). One scale per slice: ``axis=None`` one for the
+    whole tensor (per-tensor), ``axis=-1`` one per row (per-token for activations
+    ``(tokens, in)``, per-output-channel for weights ``(out, in)``). The scale maps the
+    slice's largest magnitude to the format's top: for ``b``-bit integers that is
+    ``amax / (2**b - 1) * 2`` (``amax / 127.5`` for int8, so ``+amax`` rounds to 128 and is
+    clipped to 127) at least float32's eps, with ``q = round(x / scale)`` clipped to
+    ``[-2**(b-1), 2**(b-1) - 1]``: the rule of torchao's symmetric int8 (``choose_qparams_affine``;
+    tests/verify/test_page_lab_14.py compares them value for value on float32 weights).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    amax = np.max(np.abs(x), axis=axis, keepdims=axis is not None)
+    if fmt in ("int8", "int4"):
+        bits = int(fmt[3:])
+        scale = np.maximum(amax / ((2**bits - 1) / 2), np.finfo(np.float32).eps)  # amax / 127.5
+        q = np.clip(np.round(x / scale), -(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        return q * scale
+    scale = np.maximum(amax, 1e-30) / format_limits(fmt)[0]  # amax -> the top (448 for e4m3)
+    return round_to(x / scale, fmt) * scale
+
+
+# --8<-- [end:scaled]

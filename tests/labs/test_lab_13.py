@@ -138,6 +138,19 @@ def test_guidance_calls(lab):
     assert rows["true_cfg_scale > 1 + negative prompt", 28][2] == 56
 
 
+def test_fixed_costs(lab):
+    # the decode's share falls as steps grow, is lower with CFG (more denoiser rows), and
+    # AutoencoderTiny's decode is a small fraction of AutoencoderKL's
+    for g in lab["GFLOPS"].values():
+        shares = [lab["decode_share"](g, n, cfg=False) for n in lab["FIXED_STEPS"]]
+        assert shares == sorted(shares, reverse=True)
+        assert all(lab["decode_share"](g, n, cfg=True) < s for n, s in zip(lab["FIXED_STEPS"], shares, strict=True))  # fmt: skip
+        assert g["taesd_decode"] < 0.1 * g["vae_decode"]
+    sd15 = lab["GFLOPS"]["SD 1.5, 512 px"]
+    assert lab["decode_share"](sd15, 1, cfg=False) > 0.5 > lab["decode_share"](sd15, 4, cfg=False)
+    assert lab["decode_share"](sd15, 50, cfg=True) < 0.05
+
+
 def test_default_output(run_cli):
     run = run_cli(STARTER)
     assert run.returncode == 0, run.stderr

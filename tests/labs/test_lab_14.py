@@ -156,3 +156,100 @@ def test_bad_arguments(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("precision_quantization.py: error: ")
+
+
+# ---------------------------------------------------------------- w8a8_outliers.py
+
+OUTLIERS = "code/lab-14-precision-and-quantization/w8a8_outliers.py"
+
+
+@pytest.fixture(scope="module")
+def w8a8():
+    """w8a8_outliers.py's globals after a default run."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    argv, sys.argv = sys.argv, ["w8a8_outliers.py"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return runpy.run_path(str(ROOT / OUTLIERS), run_name="__main__")
+    finally:
+        sys.argv = argv
+
+
+def test_w8a8_uses_the_one_emulation(w8a8):
+    from labkit import precision
+
+    assert w8a8["quantize_scaled"] is precision.quantize_scaled
+    assert w8a8["round_to"] is precision.round_to
+
+
+def test_smoothing_leaves_the_product_unchanged(w8a8):
+    x, w = w8a8["x"], w8a8["weight"]
+    xs, ws = w8a8["smooth"](x, w, 0.5)
+    np.testing.assert_allclose(xs @ ws.T, x @ w.T, rtol=1e-10, atol=1e-10)
+    # alpha 0.5 gives both operands the same largest value per input channel
+    np.testing.assert_allclose(np.abs(xs).max(axis=0), np.abs(ws).max(axis=0), rtol=1e-12)
+
+
+def test_outliers_hurt_activation_quantization_and_not_weight_only(w8a8):
+    e, calm = w8a8["errors"], w8a8["errors_calm"]
+    # weight-only: the activations stay 16-bit, the outliers change nothing
+    assert e["weight-only int8 (W8A16)"] == pytest.approx(calm["weight-only int8 (W8A16)"], rel=0.2)  # fmt: skip
+    assert e["weight-only int8 (W8A16)"] < e["W8A8 int8, per-token x"] / 3
+    # one scale per tensor or per token is set by the outliers: several times the calm error
+    for name in ("W8A8 int8, per-tensor x", "W8A8 int8, per-token x"):
+        assert e[name] > 2 * calm[name], name
+    assert e["W8A8 int8, per-tensor x"] > e["W8A8 int8, per-token x"]
+    # fp8's grid is relative: outliers barely matter, but 3 mantissa bits cost on calm data
+    fp8 = "W8A8 fp8 e4m3, per-tensor"
+    assert e[fp8] == pytest.approx(calm[fp8], rel=0.1) and calm[fp8] > 3 * calm["W8A8 int8, per-token x"]  # fmt: skip
+    # SmoothQuant brings int8 W8A8 back to the per-channel reference that no GEMM can use
+    smooth = e["SmoothQuant + W8A8 int8, per-token x"]
+    assert smooth < 1.2 * e["W8A8 int8, per-channel x (not a GEMM)"] and smooth < e["W8A8 int8, per-token x"] / 2.5  # fmt: skip
+    # 4 bits: smoothing helps, the low-rank 16-bit branch helps most
+    svd = next(n for n in e if n.startswith("SVDQuant"))
+    assert e[svd] < e["SmoothQuant + W4A4"] / 2 < e["W4A4 int4, per-group"] / 2
+
+
+def test_low_rank_branch_is_the_top_singular_directions(w8a8):
+    _, ws = w8a8["smooth"](w8a8["x"], w8a8["weight"], 0.5)
+    u, sv, vt = np.linalg.svd(ws, full_matrices=False)
+    r = w8a8["args"].rank
+    low_rank = (u[:, :r] * sv[:r]) @ vt[:r]
+    assert np.linalg.matrix_rank(low_rank) == r
+    # the residual left for 4 bits has a smaller largest value than the smoothed weight
+    assert np.abs(ws - low_rank).max() < np.abs(ws).max() / 2
+
+
+def test_w8a8_figure(run_cli, tmp_path):
+    run = run_cli(OUTLIERS, "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    assert set(manifest) == {"outliers-vs-error"}
+    content = (tmp_path / manifest["outliers-vs-error"]["file"]).read_text()
+    assert len(content) <= 60_000 and " id=" not in content
+    assert "SVDQuant" in manifest["outliers-vs-error"]["alt"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--outlier-scale", "0.5"],
+        ["--alpha", "1.5"],
+        ["--group-size", "48"],
+        ["--rank", "500"],
+        ["--tokens", "0"],
+        ["--outliers", "1000"],
+        ["--seed", "x"],
+    ],
+    ids=" ".join,
+)
+def test_w8a8_bad_arguments(run_cli, argv):
+    run = run_cli(OUTLIERS, *argv)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("w8a8_outliers.py: error: ")

@@ -176,15 +176,93 @@ def test_gguf_blocks_and_dequantize_on_every_call(monkeypatch):
     assert GGUFQuantizationConfig(compute_dtype=torch.bfloat16).pre_quantized is True
 
 
-def test_speed_formats_are_torchao_configs():
-    """`TorchAoConfig`, diffusers' route to torchao's formats (weight-only, or fp8 weights and activations such as `Float8DynamicActivationFloat8WeightConfig`), cannot even be constructed here: torchao is not installed and the constructor raises `ModuleNotFoundError`, so none of them is run."""
-    import importlib.util
+# ------------------------------------------- low precision: torchao int8 W8A8, fp8, Nunchaku
 
-    from diffusers import TorchAoConfig
 
-    assert importlib.util.find_spec("torchao") is None
-    with pytest.raises(ModuleNotFoundError, match="torchao"):
-        TorchAoConfig(quant_type=object())
+def needs_torchao():
+    """torchao is in the verify extra: skip where a venv lacks it, fail in CI (CI=true), which
+    installs the extra, so that a missing torchao cannot pass as a skip."""
+    import os
+
+    if os.environ.get("CI"):
+        import torchao  # noqa: F401
+    else:
+        pytest.importorskip("torchao", reason="the verify extra includes torchao")
+
+
+def test_torchao_int8_weights_and_activations_run_here(tmp_path, monkeypatch):
+    """`TorchAoConfig` takes torchao config objects only (a string such as `"int8dq"` raises `TypeError`); with `Int8DynamicActivationInt8WeightConfig()` a tiny Flux transformer loads with int8 `Linear` weights and a float32 scale per row, quantizes each input per token and multiplies in `torch._int_mm`, its output within 2% of bf16; `Int8WeightOnlyConfig()` widens the int8 weight to bf16 for an ordinary matmul (no integer matmul)."""
+    needs_torchao()
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+    from torchao.quantization import (
+        Int8DynamicActivationInt8WeightConfig,
+        Int8Tensor,
+        Int8WeightOnlyConfig,
+    )
+
+    with pytest.raises(TypeError, match="must be an AOBaseConfig instance"):
+        TorchAoConfig("int8dq")
+    four_block_flux_transformer().save_pretrained(tmp_path)
+    quiet()
+    load = lambda c=None: FluxTransformer2DModel.from_pretrained(tmp_path, torch_dtype=torch.bfloat16, quantization_config=c and TorchAoConfig(c))  # noqa: E731  # fmt: skip
+    floats = ("hidden_states", "encoder_hidden_states", "pooled_projections")
+    inputs = {k: v.to(torch.bfloat16) if k in floats else v for k, v in four_block_flux_inputs().items()}  # fmt: skip
+    calls, int_mm = [], torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(b.dtype) or int_mm(a, b))
+
+    def run(model):
+        with torch.no_grad():
+            return model(**inputs)[0].float()
+
+    y_ref = run(load())
+    w8a8 = load(Int8DynamicActivationInt8WeightConfig())
+    linears = [m for m in w8a8.modules() if isinstance(m, torch.nn.Linear)]
+    for m in linears:
+        assert m.weight.qdata.dtype == torch.int8 and m.weight.scale.dtype == torch.float32
+        assert m.weight.scale.shape == (m.weight.shape[0], 1)
+    scales, from_hp = [], Int8Tensor.from_hp.__func__  # each input's scale, as it is quantized
+    monkeypatch.setattr(Int8Tensor, "from_hp", classmethod(lambda cls, x, *a, **k: scales.append((x.shape, (t := from_hp(cls, x, *a, **k)).scale.shape)) or t))  # fmt: skip
+    y = run(w8a8)
+    monkeypatch.setattr(Int8Tensor, "from_hp", classmethod(from_hp))
+    assert len(calls) >= len(linears) and set(calls) == {torch.int8}
+    # per token: input (batch, tokens, in) -> scale (batch, tokens, 1)
+    assert len(scales) == len(calls) and all(sc == (*s[:-1], 1) for s, sc in scales)
+    assert ((y - y_ref).norm() / y_ref.norm()).item() < 0.02
+    calls.clear()
+    y = run(load(Int8WeightOnlyConfig()))
+    assert calls == [] and ((y - y_ref).norm() / y_ref.norm()).item() < 0.02
+
+
+def test_fp8_activations_and_nunchaku_check_the_gpu(monkeypatch):
+    """`Float8DynamicActivationFloat8WeightConfig()` refuses without a CUDA capability of `(8, 9)` or more (torchao's `_check_hardware_support`), torchao's prototype `NVFP4DynamicActivationNVFP4WeightConfig()` without `sm_100` or more; `NunchakuLiteQuantizer.validate_environment` raises for capability major 9 ("not supported on Hopper"), asks `(10, 0)` for `nvfp4` and `(7, 5)`, Turing, for `int4` (capabilities simulated)."""
+    needs_torchao()
+    import diffusers.quantizers.nunchaku.nunchaku_quantizer as nunchaku
+    from diffusers.quantizers.quantization_config import NunchakuLiteQuantizationConfig
+    from torchao.prototype.mx_formats import NVFP4DynamicActivationNVFP4WeightConfig
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, quantize_
+
+    with pytest.raises(AssertionError, match=r"requires CUDA compute capability ≥8\.9"):
+        quantize_(torch.nn.Linear(32, 32).to(torch.bfloat16), Float8DynamicActivationFloat8WeightConfig())  # fmt: skip
+    with pytest.raises(AssertionError, match=r"only supported on sm100\+"):
+        quantize_(torch.nn.Linear(64, 64).to(torch.bfloat16), NVFP4DynamicActivationNVFP4WeightConfig())  # fmt: skip
+    monkeypatch.setattr(nunchaku, "is_kernels_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def check(capability, precision):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+        group = 16 if precision == "nvfp4" else 64
+        svdq = {"precision": precision, "group_size": group, "rank": 32, "targets": ["proj_out"]}
+        nunchaku.NunchakuLiteQuantizer(NunchakuLiteQuantizationConfig(svdq_w4a4=svdq)).validate_environment()  # fmt: skip
+
+    for capability in ((9, 0), (9, 9)):
+        with pytest.raises(ValueError, match="not supported on Hopper"):
+            check(capability, "int4")
+    with pytest.raises(ValueError, match="requires a Blackwell"):
+        check((8, 9), "nvfp4")
+    with pytest.raises(ValueError, match="requires a Turing"):
+        check((7, 0), "int4")
+    check((10, 0), "nvfp4")
+    check((7, 5), "int4")
 
 
 def test_native_backend_is_torch_sdpa(monkeypatch, default_backend):
@@ -303,6 +381,185 @@ def test_first_block_cache_threshold_trades_calls_for_exactness():
                 model(**inputs)
         same = [torch.equal(a, b) for a, b in zip(cached, reference, strict=True)]
         assert all(same) if threshold == 0 else (same[0] and not any(same[1:]))
+
+
+#: ten Euler steps for the cache-family counts
+TEN_SIGMAS = [1 - i / 10 for i in range(11)]
+
+
+def _stored_tensors(model):
+    """Every tensor the cache hooks' states hold after a run, deduplicated by identity."""
+    seen = {}
+
+    def collect(obj):
+        if isinstance(obj, torch.Tensor):
+            seen.setdefault(id(obj), obj)
+        elif isinstance(obj, (list, tuple)):
+            for o in obj:
+                collect(o)
+        elif isinstance(obj, dict):
+            for o in obj.values():
+                collect(o)
+
+    for module in model.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        for hook in registry.hooks.values() if registry is not None else ():
+            manager = getattr(hook, "state_manager", None)
+            states = list(manager._state_cache.values()) if manager is not None else []
+            states += [hook.state] if hasattr(hook, "state") else []
+            for state in states:
+                collect(vars(state))
+    return list(seen.values())
+
+
+def _cache_run(config, sigmas=TEN_SIGMAS, seed=None):
+    """A 10-step Euler loop of the tiny Flux transformer under ``config`` (None: uncached):
+    real attention calls per block (a pre-hook on each ``attn.to_q``, below any cache hook),
+    ``Tensor.item`` calls, the tensors the cache holds after the loop, the outputs."""
+    model = four_block_flux_transformer()
+    calls = {}
+
+    def counter(block):
+        calls[block] = 0
+        return lambda module, args: calls.__setitem__(block, calls[block] + 1)
+
+    for name, module in model.named_modules():
+        if name.endswith(".attn.to_q"):
+            module.register_forward_pre_hook(counter(name.removesuffix(".attn.to_q")))
+    if config is not None:
+        model.enable_cache(config)
+    inputs = four_block_flux_inputs()
+    latents = inputs.pop("hidden_states")
+    if seed is not None:
+        latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(seed))
+    inputs.pop("timestep")
+    items, item = [], torch.Tensor.item
+    outputs = []
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(torch.Tensor, "item", lambda self: items.append(1) or item(self))
+        for sigma, sigma_next in itertools.pairwise(sigmas):
+            with contextlib.ExitStack() as stack:
+                if config is not None:
+                    stack.enter_context(model.cache_context("cond"))
+                noise_pred = model(hidden_states=latents, timestep=torch.tensor([sigma]), **inputs)[0]  # fmt: skip
+            outputs.append(noise_pred)
+            latents = latents + (sigma_next - sigma) * noise_pred
+    return SimpleNamespace(calls=list(calls.values()), items=len(items), stored=_stored_tensors(model), outputs=outputs)  # fmt: skip
+
+
+def _pab():
+    from diffusers import PyramidAttentionBroadcastConfig
+
+    return PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=2,
+        spatial_attention_timestep_skip_range=(-1, 1001),
+        current_timestep_callback=lambda: 500,
+    )
+
+
+@pytest.fixture(scope="module")
+def cache_runs():
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
+
+    flat = dict(mag_ratios=torch.ones(10), num_inference_steps=10)
+    return {
+        "none": _cache_run(None),
+        "fbc": _cache_run(FirstBlockCacheConfig(threshold=0.3)),
+        "mag": _cache_run(MagCacheConfig(**flat)),
+        "mag_other_input": _cache_run(MagCacheConfig(**flat), seed=1),
+        "mag_5_of_10": _cache_run(MagCacheConfig(**flat), TEN_SIGMAS[:6]),
+        "mag_calibrate": _cache_run(MagCacheConfig(calibrate=True, num_inference_steps=10)),
+        "taylorseer": _cache_run(TaylorSeerCacheConfig()),
+        "pab": _cache_run(_pab()),
+    }
+
+
+def test_enable_cache_accepts_exactly_seven_configs():
+    """`CacheMixin.enable_cache` in 0.42.1 dispatches on exactly seven config classes, all exported by diffusers: `FasterCacheConfig`, `FirstBlockCacheConfig`, `MagCacheConfig`, `PyramidAttentionBroadcastConfig`, `SeaCacheConfig`, `TaylorSeerCacheConfig` and `TextKVCacheConfig`; there is no TeaCache config, and any other object raises `ValueError`; `TextKVCacheConfig` hooks only `NucleusMoEImageTransformerBlock`s."""
+    import inspect
+    import re
+
+    import diffusers
+    from diffusers.hooks import text_kv_cache
+    from diffusers.models.cache_utils import CacheMixin
+
+    names = set(
+        re.findall(r"isinstance\(config, (\w+)\)", inspect.getsource(CacheMixin.enable_cache))
+    )
+    assert names == {"FasterCacheConfig", "FirstBlockCacheConfig", "MagCacheConfig", "PyramidAttentionBroadcastConfig", "SeaCacheConfig", "TaylorSeerCacheConfig", "TextKVCacheConfig"}  # fmt: skip
+    assert all(hasattr(diffusers, n) for n in names)
+    assert not [n for n in dir(diffusers) if "teacache" in n.lower()]
+    with pytest.raises(ValueError, match="is not supported"):
+        four_block_flux_transformer().enable_cache(object())
+    assert "NucleusMoEImageTransformerBlock" in inspect.getsource(text_kv_cache.apply_text_kv_cache)
+
+
+def test_each_cache_cuts_real_attention_calls(cache_runs):
+    """On a 10-step Euler loop of a tiny Flux transformer (2 double- and 2 single-stream blocks; a forward pre-hook on each block's `attn.to_q` counts the attention calls that really run): uncached, every block runs 10 times; `FirstBlockCacheConfig(threshold=0.3)` runs the first block every step and the other three on 4 steps; `MagCacheConfig` with flat `mag_ratios` skips all four blocks, the first included, on 6 steps (`retention_ratio=0.2` protects the first 2, `max_skip_steps=3` forces a compute after 3 skips); `TaylorSeerCacheConfig()` computes each attention on steps 0, 1, 2, 4 and 9 (5 of 10) and `PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2)` on every other step (5 of 10), whatever the input."""
+    assert cache_runs["none"].calls == [10, 10, 10, 10]
+    assert cache_runs["fbc"].calls == [10, 4, 4, 4]
+    assert cache_runs["mag"].calls == [4, 4, 4, 4]
+    assert cache_runs["taylorseer"].calls == [5, 5, 5, 5]
+    assert cache_runs["pab"].calls == [5, 5, 5, 5]
+    for key in ("fbc", "mag", "taylorseer", "pab"):
+        assert not torch.equal(cache_runs[key].outputs[-1], cache_runs["none"].outputs[-1])
+
+
+def test_what_each_cache_keeps(cache_runs):
+    """What each cache holds, read from its hooks' state after the loop (tokens: 16 image, 8 text; width 32): FirstBlockCache five activation-sized tensors (the first block's output, image and text, its image residual, and the residual of the remaining blocks, image and text); MagCache one residual of the image tokens over all blocks, `previous_residual`, dropped when the loop reaches `num_inference_steps`; TaylorSeer `max_order + 1` factors of every hooked attention output, in `taylor_factors_dtype` (bfloat16 by default: 12 tensors here); Pyramid Attention Broadcast the last output of every hooked attention (6 tensors, in the model's dtype)."""
+    shapes = lambda run: sorted(tuple(t.shape) for t in run.stored)  # noqa: E731
+    image, text, joint = (1, 16, 32), (1, 8, 32), (1, 24, 32)
+    assert shapes(cache_runs["fbc"]) == sorted([image, image, image, text, text])
+    # mid-loop: previous_residual, plus a reference to this call's input and 0-d accumulators
+    mag = [t for t in cache_runs["mag_5_of_10"].stored if t.ndim]
+    assert [tuple(t.shape) for t in mag] == [image, image]
+    assert all(tuple(t.shape) == image for t in cache_runs["mag"].stored) and len(cache_runs["mag"].stored) == 1  # fmt: skip
+    ts = cache_runs["taylorseer"].stored
+    assert len(ts) == 12 and {t.dtype for t in ts} == {torch.bfloat16}
+    assert shapes(cache_runs["taylorseer"]) == sorted([image, text] * 4 + [joint] * 4)
+    pab = cache_runs["pab"].stored
+    assert shapes(cache_runs["pab"]) == sorted([image, text] * 2 + [joint] * 2)
+    assert {t.dtype for t in pab} == {torch.float32}
+
+
+def test_first_block_cache_pays_a_host_sync_per_call_magcache_none(cache_runs):
+    """FirstBlockCache decides from the activations: its head hook calls `.item()` on the relative change once per call after the first (9 in 10 steps; `first_block_cache.py`, `_should_compute_remaining_blocks`), a device-to-host sync on a GPU; MagCache, TaylorSeer and Pyramid Attention Broadcast call `.item()` never while they run: MagCache's decision reads only the calibrated `mag_ratios`, so it skips the same steps for any input; its calibration run (`calibrate=True`) skips nothing and calls `.item()` once per step after the first (`_perform_calibration_step`)."""
+    assert cache_runs["fbc"].items == 9
+    for key in ("mag", "taylorseer", "pab", "none"):
+        assert cache_runs[key].items == 0, key
+    assert cache_runs["mag_other_input"].calls == cache_runs["mag"].calls
+    assert cache_runs["mag_calibrate"].calls == [10, 10, 10, 10]
+    assert cache_runs["mag_calibrate"].items == 9
+
+
+def test_magcache_needs_calibrated_ratios():
+    """`MagCacheConfig()` without `mag_ratios` raises `ValueError` unless `calibrate=True`; diffusers ships one calibrated set, `FLUX_MAG_RATIOS` (28 values, for Flux's default 28 steps), and a config for another step count resamples it to `num_inference_steps` by nearest neighbour."""
+    from diffusers import MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS, nearest_interp
+
+    with pytest.raises(ValueError, match="mag_ratios"):
+        MagCacheConfig()
+    assert len(FLUX_MAG_RATIOS) == 28
+    four = MagCacheConfig(mag_ratios=FLUX_MAG_RATIOS, num_inference_steps=4).mag_ratios
+    assert len(four) == 4 and torch.equal(four, nearest_interp(FLUX_MAG_RATIOS, 4))
+    assert four[0] == FLUX_MAG_RATIOS[0] and four[-1] == FLUX_MAG_RATIOS[-1]
+
+
+def test_seacache_needs_the_step_in_its_context_and_video_latents():
+    """`SeaCacheConfig` extrapolates the block stack's residual from the last two (`residual_order=1` by default) and ships adapters for Wan and Cosmos 3 only; it also needs `step_index`, `sigma` and `num_inference_steps` in `cache_context`, which the Wan and Cosmos 3 pipelines pass and `FluxPipeline` does not: on the tiny Flux transformer, inside `cache_context("cond")` as `FluxPipeline` enters it, and with a threshold that would skip almost every step, it runs every block on all 10 steps."""
+    import inspect
+
+    from diffusers import FluxPipeline, SeaCacheConfig, WanPipeline
+    from diffusers.hooks import sea_cache
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
+
+    assert SeaCacheConfig().residual_order == 1
+    assert {"_prepare_wan_t2v_raw_vision_metadata", "_prepare_cosmos3_raw_vision_metadata"} <= set(dir(sea_cache))  # fmt: skip
+    for pipeline, passes in [(WanPipeline, True), (Cosmos3OmniPipeline, True), (FluxPipeline, False)]:  # fmt: skip
+        assert ('"step_index"' in inspect.getsource(pipeline.__call__) or "step_index=i" in inspect.getsource(pipeline.__call__)) is passes, pipeline.__name__  # fmt: skip
+    run = _cache_run(SeaCacheConfig(threshold=10.0))
+    assert run.calls == [10, 10, 10, 10]
+    assert torch.equal(run.outputs[-1], _cache_run(None).outputs[-1])
 
 
 # ---------------------------------------------------------------- attention and offload

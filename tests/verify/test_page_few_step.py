@@ -395,3 +395,46 @@ def test_fixed_shift_is_the_dynamic_shift_at_exp_mu():
     dynamic = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
     dynamic.set_timesteps(sigmas=s, mu=float(np.log(3.0)))
     np.testing.assert_allclose(dynamic.sigmas.numpy(), fixed.sigmas.numpy(), rtol=1e-5)
+
+
+def test_distilled_checkpoints_scheduler_settings():
+    """The scheduler settings the distilled checkpoints' cards name do what the table says in diffusers: `EulerDiscreteScheduler(timestep_spacing="trailing")` (SDXL-Lightning) and `DDIMScheduler(timestep_spacing="trailing")` (Hyper-SD) visit 999, 749, 499, 249 at 4 steps; `LCMScheduler.set_timesteps(timesteps=[999, 749, 499, 249])` (DMD2) runs exactly those; `LCMScheduler` and `TCDScheduler` default to `original_inference_steps=50`; `SanaSprintPipeline` defaults to `num_inference_steps=2` and an embedded `guidance_scale=4.5`, with `SCMScheduler` (`prediction_type="trigflow"`) stepping from `max_timesteps=1.5708` through `intermediate_timesteps=1.3` to 0."""
+    from diffusers import SanaSprintPipeline, SCMScheduler
+
+    trailing = [999, 749, 499, 249]
+    for cls in (EulerDiscreteScheduler, DDIMScheduler):
+        assert timestep_grid(cls, "trailing", 4) == trailing, cls.__name__
+    lcm = LCMScheduler(**SD_BETAS)
+    lcm.set_timesteps(timesteps=trailing)
+    assert lcm.timesteps.tolist() == trailing
+    for cls in (LCMScheduler, TCDScheduler):
+        assert cls().config.original_inference_steps == 50
+    defaults = {k: p.default for k, p in inspect.signature(SanaSprintPipeline.__call__).parameters.items()}  # fmt: skip
+    assert (defaults["num_inference_steps"], defaults["guidance_scale"]) == (2, 4.5)
+    assert (defaults["max_timesteps"], defaults["intermediate_timesteps"]) == (1.5708, 1.3)
+    scm = SCMScheduler()
+    assert scm.config.prediction_type == "trigflow"
+    scm.set_timesteps(2, max_timesteps=1.5708, intermediate_timesteps=1.3)
+    torch.testing.assert_close(scm.timesteps, torch.tensor([1.5708, 1.3, 0.0]))
+    assert "guidance_embeds_scale" in inspect.getsource(SanaSprintPipeline.__call__)
+
+
+def test_unet_time_cond_proj_consumes_timestep_cond():
+    """A `UNet2DConditionModel` built with `time_cond_proj_dim` adds a linear projection of `timestep_cond` to its timestep embedding (`time_embedding.cond_proj`, called once per forward with the `(B, time_cond_proj_dim)` tensor), so a different guidance embedding changes `noise_pred`; without `time_cond_proj_dim` there is no `cond_proj`."""
+    from diffusers.pipelines.latent_consistency_models.pipeline_latent_consistency_text2img import (
+        LatentConsistencyModelPipeline,
+    )
+
+    unet = tiny_unet(time_cond_proj_dim=8)
+    seen = []
+    unet.time_embedding.cond_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    sample, prompt_embeds = start_latents(), embeds(0)
+    w_embedding = LatentConsistencyModelPipeline.get_guidance_scale_embedding(
+        None, torch.tensor([7.5]), embedding_dim=8
+    )
+    with torch.no_grad():
+        a = unet(sample, 999, prompt_embeds, timestep_cond=w_embedding).sample
+        b = unet(sample, 999, prompt_embeds, timestep_cond=2 * w_embedding).sample
+    assert len(seen) == 2 and torch.equal(seen[0], w_embedding) and seen[0].shape == (1, 8)
+    assert not torch.allclose(a, b)
+    assert tiny_unet().time_embedding.cond_proj is None

@@ -425,3 +425,146 @@ def test_flux_pipeline_shifts_by_token_count(record_calls, monkeypatch):
         expected = calculate_shift(tokens, c["base_image_seq_len"], c["max_image_seq_len"], c["base_shift"], c["max_shift"])  # fmt: skip
         assert kwargs["mu"] == pytest.approx(expected)
         monkeypatch.undo()
+
+
+# ---------------------------------------------------------------- fixed costs at few steps
+
+
+def _gflops(fn, *args, **kwargs):
+    """GFLOPs of ``fn(*args, **kwargs)`` by torch's FlopCounterMode (2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        fn(*args, **kwargs)
+    return counter.get_total_flops() / 1e9
+
+
+def test_fixed_cost_flops_are_the_real_models(starter):
+    """The starter's GFLOPs per call are the real models': counted with torch's `FlopCounterMode` on the meta device from the published configs (`model_configs`: SD 1.5's UNet, CLIP text encoder and KL-f8 VAE at 512 px, SDXL's at 1024 px with both text encoders, 77 tokens), and `AutoencoderTiny()`'s default config (TAESD's) decoding the same latents, all at batch 1."""
+    from diffusers import AutoencoderTiny
+    from model_configs import COMPONENTS, build
+
+    parts = {(c.pipeline, c.component): c for c in COMPONENTS}
+    for (pipe, px), key in [(("SD 1.5", 512), "SD 1.5, 512 px"), (("SDXL", 1024), "SDXL, 1024 px")]:  # fmt: skip
+        unet, vae = build(parts[pipe, "unet"]), build(parts[pipe, "vae"])
+        with torch.device("meta"):
+            latents = torch.randn(1, 4, px // 8, px // 8)  # (B, 4, H/8, W/8)
+            prompt_embeds = torch.randn(1, 77, unet.config.cross_attention_dim)
+            added = dict(text_embeds=torch.randn(1, 1280), time_ids=torch.randn(1, 6))
+            input_ids = torch.zeros(1, 77, dtype=torch.long)
+            taesd = AutoencoderTiny()
+        extra = dict(added_cond_kwargs=added) if pipe == "SDXL" else {}
+        t = torch.tensor([999], device="meta")
+        encoders = [build(parts[c]) for c in [(pipe, "text_encoder"), (pipe, "text_encoder_2")] if c in parts]  # fmt: skip
+        counted = dict(
+            unet=_gflops(unet, latents, t, prompt_embeds, **extra),
+            vae_decode=_gflops(vae.decode, latents),
+            taesd_decode=_gflops(taesd.decode, latents),
+            text_encoders=sum(_gflops(encoder, input_ids) for encoder in encoders),
+        )
+        for name, value in counted.items():
+            assert starter["GFLOPS"][key][name] == pytest.approx(value, rel=2e-3, abs=0.06), (key, name)  # fmt: skip
+
+
+def tiny_taesd(**overrides):
+    """A random AutoencoderTiny with two blocks each way: 4 latent channels, scale factor 2."""
+    from diffusers import AutoencoderTiny
+
+    torch.manual_seed(0)
+    config = dict(
+        encoder_block_out_channels=(8, 8), decoder_block_out_channels=(8, 8),
+        num_encoder_blocks=(1, 1), num_decoder_blocks=(1, 1),
+    )  # fmt: skip
+    config.update(overrides)
+    return AutoencoderTiny(**config).eval()
+
+
+def test_autoencoder_tiny_decodes_like_autoencoder_kl():
+    """`AutoencoderTiny` (TAESD) is a drop-in decoder: its default config (TAESD's: four blocks each way, 4 latent channels) has `scaling_factor=1.0` and maps SD's `(1, 4, 64, 64)` latents to a `(1, 3, 512, 512)` image, the shape `AutoencoderKL` with SD 1.5's config returns (both on the meta device); its decoder squashes the latents with `tanh(x / 3) * 3` and returns `x.mul(2).sub(1)`, images in AutoencoderKL's [-1, 1] convention (a final layer forced to 0 or 1 gives -1 or 1); encoding an image returns `(B, 4, H/f, W/f)` latents."""
+    from diffusers import AutoencoderKL, AutoencoderTiny
+    from model_configs import COMPONENTS
+
+    (sd15_vae,) = [c for c in COMPONENTS if (c.pipeline, c.component) == ("SD 1.5", "vae")]
+    with torch.device("meta"):
+        taesd, kl = AutoencoderTiny(), AutoencoderKL(**sd15_vae.config)
+        latents = torch.randn(1, 4, 64, 64)
+        assert taesd.config.scaling_factor == 1.0 and taesd.config.latent_channels == 4
+        assert taesd.decode(latents).sample.shape == kl.decode(latents).sample.shape == (1, 3, 512, 512)  # fmt: skip
+    vae = tiny_taesd()
+    x = torch.zeros(1, 4, 8, 8)
+    with torch.no_grad():
+        assert vae.encode(torch.rand(1, 3, 16, 16) * 2 - 1).latents.shape == (1, 4, 8, 8)
+        saturated = [vae.decode(x + v).sample for v in (30.0, 300.0)]
+        torch.testing.assert_close(saturated[0], saturated[1])  # tanh(x / 3) * 3 saturates
+        last = vae.decoder.layers[-1]
+        for value, expected in [(0.0, -1.0), (1.0, 1.0)]:
+            handle = last.register_forward_hook(lambda m, a, out, v=value: torch.full_like(out, v))
+            assert torch.all(vae.decode(x).sample == expected)
+            handle.remove()
+
+
+def test_autoencoder_tiny_swapped_into_a_pipeline():
+    """Set as `pipe.vae` on a `StableDiffusionPipeline`, `AutoencoderTiny` decodes the final latents divided by its `scaling_factor` of 1.0, that is the latents as they are, into the image the pipeline post-processes."""
+    from tiny import tiny_sd_pipeline
+
+    pipe = tiny_sd_pipeline()
+    pipe.vae = tiny_taesd()
+    seen = []
+    pipe.vae.decoder.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+    g = torch.Generator().manual_seed(0)
+    prompt_embeds = torch.randn(1, 77, 32, generator=g)
+    with torch.no_grad():
+        latents = pipe(prompt_embeds=prompt_embeds, num_inference_steps=2, guidance_scale=1.0, output_type="latent", generator=torch.Generator().manual_seed(1)).images  # fmt: skip
+        image = pipe(prompt_embeds=prompt_embeds, num_inference_steps=2, guidance_scale=1.0, output_type="pt", generator=torch.Generator().manual_seed(1)).images  # fmt: skip
+    torch.testing.assert_close(seen[-1], latents)
+    assert image.shape == (1, 3, 16, 16)
+
+
+def test_prompt_embeds_skip_the_text_encoder():
+    """`StableDiffusionPipeline.__call__` given `prompt_embeds` and `negative_prompt_embeds` never calls its text encoder; given a prompt with CFG on, it calls it twice (the prompt, then the negative prompt), and the two calls give the same latents when the embeddings are the ones `encode_prompt` returns: cached embeddings are the whole text-encoder cost saved."""
+    from tiny import tiny_sd_pipeline, tiny_text_encoder, tiny_tokenizer
+
+    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
+    calls = []
+    pipe.text_encoder.register_forward_pre_hook(lambda m, a, k=None: calls.append(1))
+    common = dict(num_inference_steps=2, guidance_scale=7.5, output_type="latent")
+    with torch.no_grad():
+        from_prompt = pipe("a cat", generator=torch.Generator().manual_seed(0), **common).images
+        assert len(calls) == 2
+        prompt_embeds, negative_prompt_embeds = pipe.encode_prompt("a cat", "cpu", 1, True)
+        calls.clear()
+        cached = pipe(prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds, generator=torch.Generator().manual_seed(0), **common).images  # fmt: skip
+    assert calls == []
+    torch.testing.assert_close(cached, from_prompt)
+
+
+def test_flop_counter_counts_matmuls_convolutions_and_attention_only():
+    """torch's `FlopCounterMode`, which counts the starter's GFLOPs, counts 2 per multiply-add in matmuls, convolutions and attention only: a group norm, a SiLU, a nearest upsampling and a softmax count 0, so the decoder's full-resolution elementwise work is not in the table. Attention counts on the meta device, where `scaled_dot_product_attention` runs as two batched matmuls; on CPU tensors its fused CPU kernel counts 0."""
+    from torch.nn import functional
+
+    x = torch.randn(1, 8, 16, 16)
+    assert _gflops(torch.nn.Conv2d(8, 8, 3, padding=1), x) == 2 * 8 * 8 * 9 * 16 * 16 / 1e9
+    q = torch.randn(1, 2, 16, 4)  # (B, heads, tokens, head_dim)
+    attention = 2 * (2 * 2 * 16 * 16 * 4) / 1e9  # QK^T and PV, 2 FLOPs per multiply-add
+    assert _gflops(functional.scaled_dot_product_attention, *[q.to("meta")] * 3) == attention
+    assert _gflops(functional.scaled_dot_product_attention, q, q, q) == 0
+    for fn in (torch.nn.GroupNorm(4, 8), functional.silu, lambda t: functional.interpolate(t, scale_factor=2.0), lambda t: t.softmax(-1)):  # fmt: skip
+        assert _gflops(fn, x) == 0
+
+
+def test_sdxl_zeroes_an_empty_negative_prompt():
+    """`StableDiffusionXLPipeline` (default `force_zeros_for_empty_prompt=True`) with CFG on and no negative prompt returns zero `negative_prompt_embeds` without calling a text encoder (the tiny pipeline has none), so its text encoders run once per prompt, not twice: the starter's count with CFG is an upper bound for SDXL."""
+    import inspect
+
+    from diffusers import StableDiffusionXLPipeline
+    from tiny import tiny_sdxl_pipeline
+
+    default = inspect.signature(StableDiffusionXLPipeline.__init__).parameters["force_zeros_for_empty_prompt"].default  # fmt: skip
+    assert default is True
+    pipe = tiny_sdxl_pipeline()
+    g = torch.Generator().manual_seed(0)
+    prompt_embeds, pooled = torch.randn(1, 77, 32, generator=g), torch.randn(1, pipe.unet.config.projection_class_embeddings_input_dim - 48, generator=g)  # fmt: skip
+    _, negative, _, negative_pooled = pipe.encode_prompt(None, device="cpu", do_classifier_free_guidance=True, prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled)  # fmt: skip
+    assert torch.count_nonzero(negative) == 0 and torch.count_nonzero(negative_pooled) == 0
+    assert negative.shape == prompt_embeds.shape

@@ -398,8 +398,13 @@ def test_layerwise_casting_stores_fp8_and_computes_in_float32(monkeypatch):
 
 
 def test_quantization_backends_of_diffusers():
-    """diffusers 0.42.1 maps ten backend names to quantization configs (`AUTO_QUANTIZATION_CONFIG_MAPPING`): `bfl`, `bitsandbytes_4bit`, `bitsandbytes_8bit`, `gguf`, `quanto`, `torchao`, `modelopt`, `auto-round`, `nunchaku_lite` and `sdnq`. Only `gguf`'s library is part of this project's verify extra."""
+    """diffusers 0.42.1 maps ten backend names to quantization configs (`AUTO_QUANTIZATION_CONFIG_MAPPING`): `bfl`, `bitsandbytes_4bit`, `bitsandbytes_8bit`, `gguf`, `quanto`, `torchao`, `modelopt`, `auto-round`, `nunchaku_lite` and `sdnq`. Only `gguf`'s and `torchao`'s libraries are part of this project's verify extra (bitsandbytes, optimum-quanto, modelopt, auto-round, sdnq and the `kernels` package Nunchaku needs are not installed)."""
+    import importlib.util
+
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
+
+    for name in ("bitsandbytes", "optimum", "modelopt", "auto_round", "sdnq", "kernels"):
+        assert importlib.util.find_spec(name) is None, name
 
     assert list(AUTO_QUANTIZATION_CONFIG_MAPPING) == [
         "bfl", "bitsandbytes_4bit", "bitsandbytes_8bit", "gguf", "quanto", "torchao",
@@ -449,12 +454,241 @@ def test_gpu_only_backends_refuse_to_run_here(monkeypatch):
         nunchaku.NunchakuLiteQuantizer(config).validate_environment()
 
 
-def test_torchao_formats_are_not_run_here():
-    """diffusers' `TorchAoConfig` needs the torchao package (it takes one of torchao's config objects); torchao is not installed here, so constructing a `TorchAoConfig` raises `ModuleNotFoundError` and no torchao format, weight-only or fp8 weights and activations, is run."""
-    import importlib.util
+# ------------------------------------------------ torchao: weights and activations in int8
 
+#: torchao is in the verify extra (and in the drift watch's venv)
+NEEDS_TORCHAO = "the verify extra includes torchao"
+
+
+def needs_torchao():
+    """Skip where torchao is missing (a venv made before it joined the verify extra), but
+    fail in CI (CI=true), which installs the verify extra: there a skip would hide a failure."""
+    if os.environ.get("CI"):
+        import torchao  # noqa: F401  (ModuleNotFoundError: the verify extra is incomplete)
+    else:
+        pytest.importorskip("torchao", reason=NEEDS_TORCHAO)
+
+
+def _bf16_inputs():
+    """The four-block Flux transformer's fixed inputs, its float tensors in bfloat16."""
+    from tiny import four_block_flux_inputs
+
+    floats = ("hidden_states", "encoder_hidden_states", "pooled_projections")
+    return {k: v.to(torch.bfloat16) if k in floats else v for k, v in four_block_flux_inputs().items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def torchao_flux(tmp_path_factory):
+    """A tiny random Flux transformer saved to disk, loaded back three ways: bf16, and
+    through `TorchAoConfig` with int8 weights and int8 dynamic activations, or int8 weights
+    only (diffusers quantizes at load time, so the model goes through from_pretrained)."""
+    needs_torchao()
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+    from tiny import four_block_flux_transformer
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+
+    directory = tmp_path_factory.mktemp("tiny-flux")
+    four_block_flux_transformer().save_pretrained(directory)
+    load = lambda **kw: FluxTransformer2DModel.from_pretrained(directory, torch_dtype=torch.bfloat16, **kw)  # noqa: E731  # fmt: skip
+    quiet()
+    return SimpleNamespace(
+        directory=directory,
+        bf16=load(),
+        w8a8=load(quantization_config=TorchAoConfig(Int8DynamicActivationInt8WeightConfig())),
+        w8=load(quantization_config=TorchAoConfig(Int8WeightOnlyConfig())),
+    )
+
+
+def _forward(model, monkeypatch=None, calls=None):
+    if monkeypatch is not None:  # record every integer matmul torch runs
+        int_mm = torch._int_mm
+        monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append((a.dtype, b.dtype)) or int_mm(a, b))  # fmt: skip
+    with torch.no_grad():
+        out = model(**_bf16_inputs())[0]
+    if monkeypatch is not None:
+        monkeypatch.undo()
+    return out.float()
+
+
+def test_torchao_config_takes_torchao_config_objects(monkeypatch):
+    """diffusers 0.42.1's `TorchAoConfig` takes one of torchao's config objects (`Int8DynamicActivationInt8WeightConfig()`, `Int8WeightOnlyConfig()`, `Float8DynamicActivationFloat8WeightConfig()`...) and needs torchao >= 0.15; the old string names such as `"int8dq"` are gone, not deprecated: a string raises `TypeError` (checked with torchao 0.18.0, the verify extra's)."""
+    needs_torchao()
     from diffusers import TorchAoConfig
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig
 
-    assert importlib.util.find_spec("torchao") is None
-    with pytest.raises(ModuleNotFoundError, match="torchao"):
-        TorchAoConfig(quant_type=object())
+    with pytest.raises(TypeError, match="quant_type must be an AOBaseConfig instance, got str"):
+        TorchAoConfig("int8dq")
+    import diffusers.quantizers.quantization_config as qc
+
+    with monkeypatch.context() as m:  # an older torchao, as diffusers' version check sees it
+        m.setattr(qc, "is_torchao_version", lambda op, v: op == "<" and v == "0.15.0")
+        with pytest.raises(ValueError, match=r"requires torchao >= 0\.15\.0"):
+            TorchAoConfig(Float8DynamicActivationFloat8WeightConfig())
+    config = TorchAoConfig(Float8DynamicActivationFloat8WeightConfig())
+    assert config.quant_method == "torchao"
+    fp8 = config.quant_type
+    assert fp8.activation_dtype == fp8.weight_dtype == torch.float8_e4m3fn
+    assert [type(g).__name__ for g in fp8.granularity] == ["PerTensor", "PerTensor"]
+
+
+def test_torchao_int8_stores_int8_weights_with_a_scale_per_row(torchao_flux):
+    """Loaded through `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())`, every `nn.Linear` weight of a tiny Flux transformer becomes torchao's `Int8Tensor`: `int8` values `(out, in)` and one float32 scale per output row, about half the bfloat16 bytes; the model's other weights (norms, biases) stay bfloat16. Each row's scale is its largest magnitude over 127.5 (rounded to bfloat16 for a bfloat16 model) and the values are `round(w / scale)` clipped to [-128, 127], the rule `labkit.precision.quantize_scaled(weight, "int8", axis=-1)` emulates: on float32 values it gives torchao's int8 values, value for value."""
+    from torchao.quantization import Int8Tensor, PerRow
+
+    from labkit.precision import quantize_scaled, round_to
+
+    ref = dict(torchao_flux.bf16.named_modules())
+    linear_bytes = bf16_bytes = 0
+    for name, module in torchao_flux.w8a8.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        w = module.weight
+        assert isinstance(w, Int8Tensor), name
+        assert w.qdata.dtype == torch.int8 and w.qdata.shape == w.shape
+        assert w.scale.dtype == torch.float32 and w.scale.shape == (w.shape[0], 1)
+        linear_bytes += w.qdata.nbytes + w.scale.nbytes
+        bf16_bytes += ref[name].weight.nbytes
+        assert module.bias is None or module.bias.dtype == torch.bfloat16
+        # torchao's rule: s = amax / 127.5 per row (rounded to bf16, the model's dtype),
+        # q = round(w / s) clipped to [-128, 127]
+        w_ref = ref[name].weight.detach().double().numpy()
+        s = w.scale.double().numpy()
+        np.testing.assert_array_equal(s[:, 0], round_to(np.abs(w_ref).max(axis=1) / 127.5, "bf16"))
+        np.testing.assert_array_equal(w.qdata.numpy(), np.clip(np.round(w_ref / s), -128, 127))
+        # labkit's emulation (its scale unrounded) lands within one int8 step of every value
+        stored = w.qdata.double().numpy() * s  # what the integer matmul multiplies
+        assert np.all(np.abs(quantize_scaled(w_ref, "int8", axis=-1) - stored) <= s * 1.01)
+    # on float32 values (no bf16 rounding of the scale) labkit's rule IS torchao's, value for
+    # value: same q everywhere, the scales equal to float32 precision. The one exception is
+    # a row's most negative value when it is the row's amax: -127.5 steps, a tie that
+    # float32 and float64 may break to -127 or -128.
+    w32 = torch.randn(96, 256, generator=torch.Generator().manual_seed(1)) * 0.05
+    theirs = Int8Tensor.from_hp(w32, PerRow())
+    ours = quantize_scaled(w32.double().numpy(), "int8", axis=-1)
+    s32 = theirs.scale.double().numpy()
+    np.testing.assert_allclose(s32[:, 0], np.abs(w32.double().numpy()).max(axis=1) / 127.5, rtol=1e-6)  # fmt: skip
+    q_ours, q_theirs = np.round(ours / s32), theirs.qdata.double().numpy()
+    ties = w32.double().numpy() == -np.abs(w32.double().numpy()).max(axis=1, keepdims=True)
+    assert np.array_equal(q_ours[~ties], q_theirs[~ties])
+    assert np.all(np.abs(q_ours - q_theirs)[ties] <= 1) and q_theirs.max() <= 127
+    assert 0.5 < linear_bytes / bf16_bytes < 0.6
+    norms = [p.dtype for n, p in torchao_flux.w8a8.named_parameters() if "norm" in n and "linear" not in n]  # fmt: skip
+    assert norms and set(norms) == {torch.bfloat16}
+
+
+def test_torchao_int8_dynamic_activations_run_an_integer_matmul(torchao_flux, monkeypatch):
+    """With int8 weights *and* dynamic int8 activations, each `Linear` quantizes its input per token on every call and multiplies int8 by int8 in `torch._int_mm` (int32 accumulation), on this CPU too; its output stays within 2% (relative RMS) of the bfloat16 model's. With `Int8WeightOnlyConfig` no integer matmul runs: the int8 weight is cast to bfloat16 for an ordinary matmul, the weight-only path."""
+    from torchao.quantization import Int8Tensor
+
+    calls, scales = [], []
+    y_ref = _forward(torchao_flux.bf16)
+    from_hp = Int8Tensor.from_hp.__func__  # record each activation's scale shape as it is quantized
+    spy = classmethod(lambda cls, x, *a, **k: scales.append((x.shape, (t := from_hp(cls, x, *a, **k)).scale.shape)) or t)  # fmt: skip
+    monkeypatch.setattr(Int8Tensor, "from_hp", spy)
+    y_w8a8 = _forward(torchao_flux.w8a8, monkeypatch, calls)
+    # one float32 scale per token: hidden_states (batch, tokens, in) -> scale (batch, tokens, 1)
+    assert len(scales) == len(calls)
+    assert all(sc == (*shape[:-1], 1) for shape, sc in scales), scales[:3]
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in torchao_flux.w8a8.modules())
+    assert len(calls) >= n_linear and {b for _, b in calls} == {torch.int8}
+    assert {a for a, _ in calls} <= {
+        torch.int8,
+        torch.uint8,
+    }  # uint8: the VNNI form, shifted by 128
+    w8a8 = {type(m.weight.act_quant_kwargs.granularity).__name__ for m in torchao_flux.w8a8.modules() if isinstance(m, torch.nn.Linear)}  # fmt: skip
+    assert w8a8 == {"PerRow"}  # one activation scale per token (row of hidden_states)
+    calls.clear()
+    y_w8 = _forward(torchao_flux.w8, monkeypatch, calls)
+    assert calls == []
+    assert all(m.weight.act_quant_kwargs is None for m in torchao_flux.w8.modules() if isinstance(m, torch.nn.Linear))  # fmt: skip
+    for y in (y_w8a8, y_w8):
+        assert 0 < ((y - y_ref).norm() / y_ref.norm()).item() < 0.02
+
+
+def test_torchao_fp8_activations_refuse_this_cpu(torchao_flux):
+    """`Float8DynamicActivationFloat8WeightConfig` (fp8 weights and activations) cannot load here: torchao's `_check_hardware_support` (`torchao/float8/inference.py`) asserts "Float8 dynamic quantization requires CUDA compute capability ≥8.9 or MI300+ or XPU", i.e. an Ada or Hopper GPU or newer; fp8 *weight-only* (`Float8WeightOnlyConfig`) loads on the CPU."""
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Float8WeightOnlyConfig,
+    )
+
+    load = lambda c: FluxTransformer2DModel.from_pretrained(torchao_flux.directory, torch_dtype=torch.bfloat16, quantization_config=TorchAoConfig(c))  # noqa: E731  # fmt: skip
+    with pytest.raises(AssertionError, match=r"requires CUDA compute capability ≥8\.9"):
+        load(Float8DynamicActivationFloat8WeightConfig())
+    fp8_weights = load(Float8WeightOnlyConfig()).transformer_blocks[0].attn.to_q.weight
+    assert fp8_weights.qdata.dtype == torch.float8_e4m3fn
+
+
+def test_nunchaku_refuses_hopper_and_asks_blackwell_for_nvfp4(monkeypatch):
+    """diffusers 0.42.1's Nunchaku backend (`nunchaku_lite`, pre-quantized SVDQuant W4A4 and AWQ W4A16 checkpoints with kernels from the Hub) checks the GPU in `NunchakuLiteQuantizer.validate_environment` (`quantizers/nunchaku/nunchaku_quantizer.py`): it raises on any compute capability 9.x ("not supported on Hopper"), asks for 10.0 or newer (Blackwell) for `nvfp4` and 7.5 or newer (Turing) for `int4`; an int4 checkpoint passes on 8.9 (Ada) and nvfp4 on 10.0 and 12.0 (capability simulated, kernels package taken as present)."""
+    import diffusers.quantizers.nunchaku.nunchaku_quantizer as nunchaku
+    from diffusers.quantizers.quantization_config import NunchakuLiteQuantizationConfig
+
+    def check(capability, precision):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+        group = 16 if precision == "nvfp4" else 64
+        svdq = {"precision": precision, "group_size": group, "rank": 32, "targets": ["proj_out"]}
+        nunchaku.NunchakuLiteQuantizer(NunchakuLiteQuantizationConfig(svdq_w4a4=svdq)).validate_environment()  # fmt: skip
+
+    monkeypatch.setattr(nunchaku, "is_kernels_available", lambda: True)
+    for precision in ("int4", "nvfp4"):
+        with pytest.raises(ValueError, match="not supported on Hopper"):
+            check((9, 0), precision)
+    with pytest.raises(ValueError, match="NVFP4 checkpoints requires a Blackwell"):
+        check((8, 9), "nvfp4")
+    with pytest.raises(ValueError, match="INT4 checkpoints on CUDA requires a Turing"):
+        check((7, 0), "int4")
+    check((8, 9), "int4")
+    check((10, 0), "nvfp4")
+    check((12, 0), "nvfp4")
+
+
+def test_torchao_import_logs_warnings_with_diffusers_0421():
+    """With torchao 0.18.0 installed, `from diffusers import FluxTransformer2DModel` prints warnings to stderr (logs, not Python warnings): diffusers 0.42.1's torchao quantizer logs "Unable to import `torchao` Tensor objects", because `_update_torch_safe_globals` looks for `NF4Tensor` and the `Uintx` tensors in `torchao.dtypes`, which 0.18.0 no longer has (it still registers the `torch.uint1`...`uint7` dtypes, and the configs run here never load through those classes), and torchao logs the compiled extensions it cannot load on this CPU machine."""
+    import subprocess
+
+    needs_torchao()
+    import torchao.dtypes
+    from diffusers.quantizers.torchao import torchao_quantizer
+    from tiny import logged_messages
+
+    assert not hasattr(torchao.dtypes, "NF4Tensor")
+    with logged_messages("diffusers.quantizers.torchao.torchao_quantizer") as messages:
+        torchao_quantizer._update_torch_safe_globals()
+    assert messages == ["Unable to import `torchao` Tensor objects. This may affect loading checkpoints serialized with `torchao`"]  # fmt: skip
+    run = subprocess.run([sys.executable, "-W", "error", "-c", "from diffusers import FluxTransformer2DModel"], capture_output=True, text=True, check=True)  # fmt: skip
+    assert "Unable to import `torchao` Tensor objects" in run.stderr
+    assert "Failed to load" in run.stderr and run.stdout == ""
+
+
+#: Builds diffusers' Nunchaku layer on the meta device with a stand-in `kernels` package
+#: (diffusers fetches the real kernel from the Hub at import); prints each parameter.
+SVDQ_LAYER = """
+import sys, types
+import diffusers.utils, diffusers.utils.constants as constants
+sys.modules["kernels"] = types.SimpleNamespace(get_kernel=lambda *a, **k: types.SimpleNamespace(ops=None))
+diffusers.utils.is_kernels_available = lambda: True
+diffusers.utils.is_kernels_version = lambda *a: True
+constants.DIFFUSERS_TRUST_REMOTE_KERNELS = True
+from diffusers.quantizers.nunchaku.utils import SVDQW4A4Linear
+for precision, group in (("int4", 64), ("nvfp4", 16)):
+    layer = SVDQW4A4Linear(256, 128, rank=32, precision=precision, group_size=group, device="meta")
+    for name, p in layer.named_parameters():
+        print(precision, name, *p.shape, str(p.dtype).removeprefix("torch."))
+"""
+
+
+def test_nunchaku_layer_holds_svdquant_pieces():
+    """diffusers 0.42.1's Nunchaku layer `SVDQW4A4Linear` (`quantizers/nunchaku/utils.py`) holds SVDQuant's pieces: `smooth_factor` (one per input channel), the 16-bit low-rank branch `proj_down` `(in, rank)` and `proj_up` `(out, rank)`, the 4-bit weight `qweight` packed two values per int8 byte `(out, in / 2)`, and `wscales` per group of inputs, bf16 per 64 for `int4` and fp8 e4m3 per 16 for `nvfp4` (built on the meta device with a stand-in `kernels` package)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", SVDQ_LAYER], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    params = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines()}
+    for precision, groups, scale_dtype in (("int4", "4", "bfloat16"), ("nvfp4", "16", "float8_e4m3fn")):  # fmt: skip
+        assert params[precision, "smooth_factor"] == ["256", "bfloat16"]
+        assert params[precision, "proj_down"] == ["256", "32", "bfloat16"]
+        assert params[precision, "proj_up"] == ["128", "32", "bfloat16"]
+        assert params[precision, "qweight"] == ["128", "128", "int8"]
+        assert params[precision, "wscales"] == [groups, "128", scale_dtype]
