@@ -461,3 +461,46 @@ def test_fp8_storage_gguf_dequantization_and_group_offload(monkeypatch):
         onloads, _ = count_transfers(model, monkeypatch)
         assert len(onloads) == 5  # 4 blocks + the modules outside the block lists
     assert torch.equal(run_four_block_flux(model), reference)
+
+
+def test_layerwise_casting_multiplies_in_the_compute_dtype_and_torchao_takes_fp8_activations(
+    monkeypatch,
+):
+    """Under `enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)` every Linear of a tiny `FluxTransformer2DModel` multiplies a bf16 weight by bf16 inputs (the fp8 weight is cast up for its forward and stored in fp8 again after it), so no matmul runs in fp8; `TorchAoConfig(Float8DynamicActivationFloat8WeightConfig())` is how diffusers asks torchao for fp8 weights and activations."""
+    from tiny import four_block_flux_inputs
+
+    model = four_block_flux_transformer().to(torch.bfloat16)  # as loaded with torch_dtype
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    seen = set()
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: seen.add((x.dtype, w.dtype)) or linear(x, w, b))  # fmt: skip
+    inputs = {
+        k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+        for k, v in four_block_flux_inputs().items()
+    }
+    with torch.no_grad():
+        model(**inputs)
+    assert seen == {(torch.bfloat16, torch.bfloat16)}
+    to_q = model.transformer_blocks[0].attn.to_q
+    assert to_q.weight.dtype == torch.float8_e4m3fn  # stored in fp8 between forwards
+    pytest.importorskip("torchao", reason="the verify extra includes torchao")
+    from diffusers import TorchAoConfig
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig
+
+    config = TorchAoConfig(Float8DynamicActivationFloat8WeightConfig())
+    assert isinstance(config.quant_type, Float8DynamicActivationFloat8WeightConfig)
+
+
+# ---------------------------------------------------------------- parallel inference
+
+
+def test_context_parallelism_is_a_config_passed_to_enable_parallelism():
+    """diffusers 0.42.1 describes context parallelism with `ContextParallelConfig(ulysses_degree=..., ring_degree=...)`, handed to a model's `enable_parallelism(config=...)` inside a `ParallelConfig`, or directly."""
+    import inspect
+
+    from diffusers import ContextParallelConfig, FluxTransformer2DModel
+
+    config = ContextParallelConfig(ulysses_degree=2)
+    assert (config.ulysses_degree, config.ring_degree) == (2, 1)
+    assert ContextParallelConfig(ring_degree=4).ring_degree == 4
+    assert "config" in inspect.signature(FluxTransformer2DModel.enable_parallelism).parameters
