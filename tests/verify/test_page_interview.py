@@ -463,10 +463,8 @@ def test_fp8_storage_gguf_dequantization_and_group_offload(monkeypatch):
     assert torch.equal(run_four_block_flux(model), reference)
 
 
-def test_layerwise_casting_multiplies_in_the_compute_dtype_and_torchao_takes_fp8_activations(
-    monkeypatch,
-):
-    """Under `enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)` every Linear of a tiny `FluxTransformer2DModel` multiplies a bf16 weight by bf16 inputs (the fp8 weight is cast up for its forward and stored in fp8 again after it), so no matmul runs in fp8; `TorchAoConfig(Float8DynamicActivationFloat8WeightConfig())` is how diffusers asks torchao for fp8 weights and activations."""
+def test_weight_only_layers_multiply_in_the_compute_dtype(monkeypatch):
+    """Under `enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)` every Linear of a tiny `FluxTransformer2DModel` multiplies a bf16 weight by bf16 inputs (the fp8 weight is cast up for its forward and stored in fp8 again after it), and a `GGUFLinear` with `compute_dtype=torch.bfloat16` multiplies a whole dequantized bf16 weight on both of its paths: `forward_native`, and `forward_cuda` (the optional CUDA kernels, simulated), whose `_fused_mul_mat_gguf` calls `ggml_dequantize` for the whole weight before `x @ weight.T`; so no matmul runs in fp8 or Q8_0."""
     from tiny import four_block_flux_inputs
 
     model = four_block_flux_transformer().to(torch.bfloat16)  # as loaded with torch_dtype
@@ -483,24 +481,72 @@ def test_layerwise_casting_multiplies_in_the_compute_dtype_and_torchao_takes_fp8
     assert seen == {(torch.bfloat16, torch.bfloat16)}
     to_q = model.transformer_blocks[0].attn.to_q
     assert to_q.weight.dtype == torch.float8_e4m3fn  # stored in fp8 between forwards
-    pytest.importorskip("torchao", reason="the verify extra includes torchao")
-    from diffusers import TorchAoConfig
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig
+    gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
+    from diffusers.quantizers.gguf import utils as gguf_utils
 
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    weight = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)).numpy()
+    layer = gguf_utils.GGUFLinear(64, 8, bias=False, compute_dtype=torch.bfloat16)
+    layer.weight = gguf_utils.GGUFParameter(torch.from_numpy(gguf.quants.quantize(weight, q8)), quant_type=q8)  # fmt: skip
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    seen.clear()
+    with torch.no_grad():
+        native = layer(x)  # a CPU tensor takes forward_native
+    assert seen == {(torch.bfloat16, torch.bfloat16)}
+    calls = []
+
+    class FakeKernels:  # stands in for the Hub's ggml kernels, which need CUDA
+        def ggml_dequantize(self, qweight, quant_type, rows, cols):
+            calls.append((quant_type, rows, cols))
+            # a torch op on a GGUFParameter returns one (its __torch_function__), hence the wrap
+            return gguf_utils.GGUFParameter(gguf_utils.dequantize_gguf_tensor(qweight), quant_type=quant_type)  # fmt: skip
+
+    monkeypatch.setattr(gguf_utils, "ops", FakeKernels())
+    with torch.no_grad():
+        kernel = layer.forward_cuda(x)
+    assert calls == [(q8, 8, 64)]  # the whole (out, in) weight, before the matmul
+    assert kernel.dtype == torch.bfloat16 and torch.equal(kernel, native)
+
+
+def test_torchao_fp8_quantizes_weights_and_activations_for_an_fp8_matmul(tmp_path, monkeypatch):
+    """`TorchAoConfig(Float8DynamicActivationFloat8WeightConfig())` loads a tiny Flux transformer with float8 e4m3 `Linear` weights and, with torchao's GPU check bypassed (it asks for capability `(8, 9)`), quantizes each Linear's input to float8 and multiplies in `torch._scaled_mm`, fp8 by fp8: the matmul an Ada or Hopper GPU runs on its fp8 tensor cores."""
+    pytest.importorskip("torchao", reason="the verify extra includes torchao")
+    from diffusers import FluxTransformer2DModel, TorchAoConfig
+    from tiny import four_block_flux_inputs
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, quant_api
+
+    four_block_flux_transformer().save_pretrained(tmp_path)
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
     config = TorchAoConfig(Float8DynamicActivationFloat8WeightConfig())
-    assert isinstance(config.quant_type, Float8DynamicActivationFloat8WeightConfig)
+    model = FluxTransformer2DModel.from_pretrained(tmp_path, torch_dtype=torch.bfloat16, quantization_config=config)  # fmt: skip
+    fp8 = [
+        m for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m.weight, "qdata")
+    ]
+    assert fp8 and all(m.weight.qdata.dtype == torch.float8_e4m3fn for m in fp8)
+    calls, scaled_mm = [], torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda a, b, *r, **k: calls.append((a.dtype, b.dtype)) or scaled_mm(a, b, *r, **k))  # fmt: skip
+    floats = ("hidden_states", "encoder_hidden_states", "pooled_projections")
+    inputs = {k: v.to(torch.bfloat16) if k in floats else v for k, v in four_block_flux_inputs().items()}  # fmt: skip
+    with torch.no_grad():
+        model(**inputs)
+    assert len(calls) >= len(fp8) and set(calls) == {(torch.float8_e4m3fn, torch.float8_e4m3fn)}
 
 
 # ---------------------------------------------------------------- parallel inference
 
 
 def test_context_parallelism_is_a_config_passed_to_enable_parallelism():
-    """diffusers 0.42.1 describes context parallelism with `ContextParallelConfig(ulysses_degree=..., ring_degree=...)`, handed to a model's `enable_parallelism(config=...)` inside a `ParallelConfig`, or directly."""
-    import inspect
+    """diffusers 0.42.1 describes context parallelism with `ContextParallelConfig(ulysses_degree=..., ring_degree=...)`, handed as the keyword `config=` to a model's `enable_parallelism`, alone or inside a `ParallelConfig`, which holds a context- or a tensor-parallel config and no CFG-parallel setting."""
+    import dataclasses
 
-    from diffusers import ContextParallelConfig, FluxTransformer2DModel
+    from diffusers import ContextParallelConfig, FluxTransformer2DModel, ParallelConfig
 
     config = ContextParallelConfig(ulysses_degree=2)
     assert (config.ulysses_degree, config.ring_degree) == (2, 1)
     assert ContextParallelConfig(ring_degree=4).ring_degree == 4
-    assert "config" in inspect.signature(FluxTransformer2DModel.enable_parallelism).parameters
+    parameter = inspect.signature(FluxTransformer2DModel.enable_parallelism).parameters["config"]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    public = {f.name for f in dataclasses.fields(ParallelConfig) if not f.name.startswith("_")}
+    assert public == {"context_parallel_config", "tensor_parallel_config"}
+    names = {f.name for c in (ParallelConfig, ContextParallelConfig) for f in dataclasses.fields(c)}
+    assert not [n for n in names if "cfg" in n or "guidance" in n or "batch" in n]
