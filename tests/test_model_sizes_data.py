@@ -12,7 +12,11 @@ import pytest
 
 from labkit import model_sizes
 
-PIPELINES = ["SD 1.5", "SDXL", "SD3 Medium", "Flux.1-dev"]
+PIPELINES = ["SD 1.5", "SDXL", "SD3 Medium", "Flux.1-dev", "SD3.5 Large", "Qwen-Image"]
+PIPELINES += ["Wan 2.1 T2V 14B", "Wan 2.1 T2V 1.3B"]
+#: denoisers whose only published size is the rounded number in their name, which the count
+#: misses by more than the tolerance; their note says so
+NAMED_ONLY = {"Wan 2.1 T2V 1.3B"}
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +25,7 @@ def data() -> dict:
 
 
 def test_data_file_is_well_formed(data):
-    """The data file names its versions, byte sizes and tolerance, and one row per (pipeline, component) of four pipelines."""
+    """The data file names its versions, byte sizes and tolerance, and one row per (pipeline, component) of eight pipelines."""
     assert set(data["versions"]) == {"diffusers", "transformers", "torch"}
     assert all(re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", v) for v in data["versions"].values())
     assert data["bytes_per_element"] == {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -74,10 +78,13 @@ def test_published_figures_are_complete_and_agree(data):
 
 
 def test_every_denoiser_has_a_published_figure(data):
-    """Every pipeline's denoiser (UNet or transformer) is checked against a published total."""
+    """Every pipeline's denoiser (UNet or transformer) is checked against a published total, except one known only by the rounded size in its name, whose note says how far the count is from it."""
     denoisers = [r for r in data["components"] if r["component"] in {"unet", "transformer"}]
     assert [r["pipeline"] for r in denoisers] == PIPELINES
-    assert all(r["published"] for r in denoisers)
+    assert all(r["published"] for r in denoisers if r["pipeline"] not in NAMED_ONLY)
+    for row in denoisers:
+        if row["pipeline"] in NAMED_ONLY:
+            assert row["published"] is None and "name" in row["note"]
 
 
 def test_markdown_table_renders_every_row(data):

@@ -1,7 +1,8 @@
 """Real model sizes: parameter counts and weight bytes of the pipelines readers run.
 
 ``model_sizes.json`` (next to this file) holds, for the SD 1.5, SDXL, SD3 Medium and
-Flux.1-dev denoisers, VAEs and text encoders, the parameter count of the real
+Flux.1-dev denoisers, VAEs and text encoders, and for the SD3.5 Large, Qwen-Image and
+Wan 2.1 (14B, 1.3B) transformers and Wan's VAE, the parameter count of the real
 diffusers/transformers class built from its published config on the meta device
 (no weights downloaded), its weight bytes in fp32/fp16/bf16, the config's source and
 the published figure it was checked against. ``tests/verify/test_model_sizes.py``

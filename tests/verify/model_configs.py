@@ -31,6 +31,8 @@ DIFFUSERS = "huggingface/diffusers@58eb52c0803e"
 OPEN_CLIP = "mlfoundations/open_clip@89fb801f1e60"
 OPENAI_CLIP = "openai/CLIP@d05afc436d78"
 T5_REPO = "google-research/text-to-text-transfer-transformer@e081111ccd51"
+WAN = "Wan-Video/Wan2.1@9737cba9c1c3"
+QWEN_IMAGE = "QwenLM/Qwen-Image@6b5e1f5cec98"
 
 #: a published total is a rounded number: counts must agree within this relative tolerance
 PUBLISHED_RTOL = 0.03
@@ -325,6 +327,71 @@ FLUX_DEV_TRANSFORMER = {
     "axes_dims_rope": [16, 56, 56],
 }
 
+#: SD3.5 Large's MMDiT: sd3_impls.py's rule (hidden = 64 x depth, heads = depth, head 64)
+#: at depth 38 (diffusers' single_file_utils identifies "sd35_large" by joint_blocks.37),
+#: with QK-norm (sd3_impls.py sets qk_norm "rms" when the checkpoint has ln_q/ln_k).
+#: pos_embed_max_size is a buffer's size, not counted: SD3's 192 is assumed here.
+SD35_LARGE_TRANSFORMER = {
+    **SD3_MEDIUM_TRANSFORMER,
+    "num_layers": 38,
+    "num_attention_heads": 38,
+    "caption_projection_dim": 64 * 38,
+    "qk_norm": "rms_norm",
+}
+
+#: Qwen-Image's MMDiT: diffusers' QwenImageTransformer2DModel defaults (the published
+#: transformer/config.json lives on the Hugging Face hub, not reachable from these tests)
+QWEN_IMAGE_TRANSFORMER = {
+    "patch_size": 2,
+    "in_channels": 64,
+    "out_channels": 16,
+    "num_layers": 60,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 3584,
+    "guidance_embeds": False,
+    "axes_dims_rope": [16, 56, 56],
+}
+
+#: Wan 2.1 text-to-video transformers: Wan-Video/Wan2.1 wan/configs/wan_t2v_14B.py and
+#: wan_t2v_1_3B.py, as diffusers' scripts/convert_wan_to_diffusers.py maps them
+_WAN_COMMON = {
+    "patch_size": [1, 2, 2],
+    "attention_head_dim": 128,
+    "in_channels": 16,
+    "out_channels": 16,
+    "text_dim": 4096,
+    "freq_dim": 256,
+    "cross_attn_norm": True,
+    "qk_norm": "rms_norm_across_heads",
+    "eps": 1e-06,
+    "added_kv_proj_dim": None,
+}
+WAN_T2V_14B_TRANSFORMER = {
+    **_WAN_COMMON,
+    "num_attention_heads": 40,
+    "ffn_dim": 13824,
+    "num_layers": 40,
+}
+WAN_T2V_1_3B_TRANSFORMER = {
+    **_WAN_COMMON,
+    "num_attention_heads": 12,
+    "ffn_dim": 8960,
+    "num_layers": 30,
+}
+
+#: Wan 2.1's causal 3D VAE: convert_wan_to_diffusers.py builds AutoencoderKLWan() with its
+#: defaults; Wan2.1 wan/modules/vae.py _video_vae (dim 96, z_dim 16, dim_mult [1,2,4,4],
+#: num_res_blocks 2, attn_scales [], temperal_downsample [False, True, True])
+WAN_VAE = {
+    "base_dim": 96,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+}
+
 #: OpenAI CLIP ViT-L/14 text tower (QuickGELU, openai/CLIP clip/model.py)
 CLIP_L_TEXT = {
     "vocab_size": 49408,
@@ -546,6 +613,61 @@ COMPONENTS: list[Component] = [
         f"(google/t5-v1_1-xxl as T5EncoderModel); {_T5_SOURCE}",
         note="Same T5 v1.1 XXL encoder as SD3's text_encoder_3.",
     ),
+    Component(
+        "SD3.5 Large",
+        "transformer",
+        "SD3Transformer2DModel",
+        "diffusers",
+        SD35_LARGE_TRANSFORMER,
+        f"{SD3} sd3_impls.py BaseModel (hidden = 64 x depth, heads = depth, patch 2, qk_norm "
+        f"'rms' when the checkpoint has ln_k) at depth 38, which {DIFFUSERS} "
+        f"src/diffusers/loaders/single_file_utils.py uses to identify sd35_large "
+        f"(joint_blocks.37.x_block.mlp.fc1.weight); other settings as SD3 Medium",
+        note="Not counted: pos_embed, a buffer; its size (192 per side here, as SD3 Medium) is assumed, not read from the checkpoint. Text encoders and VAE as SD3 Medium.",
+    ),
+    Component(
+        "Qwen-Image",
+        "transformer",
+        "QwenImageTransformer2DModel",
+        "diffusers",
+        QWEN_IMAGE_TRANSFORMER,
+        f"{DIFFUSERS} src/diffusers/models/transformers/transformer_qwenimage.py "
+        f"QwenImageTransformer2DModel defaults (60 double-stream blocks, 24 heads x 128, "
+        f"text width 3584, packed 64-channel tokens); the published config.json is on the "
+        f"Hugging Face hub, which these tests do not reach",
+        note="Its text encoder is the Qwen2.5-VL language model (not counted here).",
+    ),
+    Component(
+        "Wan 2.1 T2V 14B",
+        "transformer",
+        "WanTransformer3DModel",
+        "diffusers",
+        WAN_T2V_14B_TRANSFORMER,
+        f"{WAN} wan/configs/wan_t2v_14B.py (dim 5120, ffn_dim 13824, freq_dim 256, 40 heads, "
+        f"40 layers, patch (1, 2, 2), eps 1e-6), mapped by {DIFFUSERS} "
+        f"scripts/convert_wan_to_diffusers.py (Wan-T2V-14B)",
+    ),
+    Component(
+        "Wan 2.1 T2V 14B",
+        "vae",
+        "AutoencoderKLWan",
+        "diffusers",
+        WAN_VAE,
+        f"{WAN} wan/modules/vae.py _video_vae (dim 96, z_dim 16, dim_mult [1,2,4,4], "
+        f"num_res_blocks 2, attn_scales [], temperal_downsample [False, True, True]); "
+        f"{DIFFUSERS} scripts/convert_wan_to_diffusers.py builds AutoencoderKLWan() with these defaults",
+        note="A causal 3D VAE: 4x in time, 8x in space, 16 channels; the same VAE serves the 1.3B model.",
+    ),
+    Component(
+        "Wan 2.1 T2V 1.3B",
+        "transformer",
+        "WanTransformer3DModel",
+        "diffusers",
+        WAN_T2V_1_3B_TRANSFORMER,
+        f"{WAN} wan/configs/wan_t2v_1_3B.py (dim 1536, ffn_dim 8960, freq_dim 256, 12 heads, "
+        f"30 layers), mapped by {DIFFUSERS} scripts/convert_wan_to_diffusers.py (Wan-T2V-1.3B)",
+        note="The model's name says 1.3B; its counted parameters are about 9% more (no published count to check against).",
+    ),
 ]
 
 _SD1_README = f'{SD1} README.md: "With its 860M UNet and 123M text encoder"'
@@ -597,6 +719,27 @@ PUBLISHED: dict[tuple[str, str], Published] = {
     ),
     ("Flux.1-dev", "text_encoder"): _CLIP_L_123M,
     ("Flux.1-dev", "text_encoder_2"): _t5_xxl_47b("text_encoder_2"),
+    ("SD3.5 Large", "transformer"): Published(
+        "8B",
+        8_000_000_000,
+        "SD3.5 reference code",
+        f'{SD3} sd3_impls.py BaseModel: "eg 2B vs 8B primarily differ in their depth"',
+        ("transformer",),
+    ),
+    ("Qwen-Image", "transformer"): Published(
+        "20B",
+        20_000_000_000,
+        "Qwen-Image README",
+        f'{QWEN_IMAGE} README.md: "Qwen-Image, a 20B MMDiT image foundation model"',
+        ("transformer",),
+    ),
+    ("Wan 2.1 T2V 14B", "transformer"): Published(
+        "14B",
+        14_000_000_000,
+        "Wan2.1 README",
+        f'{WAN} README.md: "two Text-to-Video models (1.3B and 14B)"',
+        ("transformer",),
+    ),
 }
 
 
@@ -654,7 +797,7 @@ def record() -> dict:
         )
     data = {
         "description": (
-            "Parameter counts and weight bytes of the real components of four diffusion "
+            "Parameter counts and weight bytes of the real components of eight diffusion "
             "pipelines, counted by instantiating the real diffusers/transformers classes from "
             "their published configs on the meta device (no weights downloaded). Bytes count "
             "parameters only, not buffers: params x 4 (fp32) or x 2 (fp16, bf16). Configs and "

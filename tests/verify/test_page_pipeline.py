@@ -183,3 +183,51 @@ def test_prompt_embeds_can_be_passed_instead_of_a_prompt(record_calls):
                  width=WIDTH, output_type="latent")  # fmt: skip
         assert len(calls) == 2, type(pipe).__name__
         torch.testing.assert_close(calls[0][1]["encoder_hidden_states"], rows)
+
+
+def test_from_pipe_shares_the_loaded_modules(pipe):
+    """`StableDiffusionImg2ImgPipeline.from_pipe(pipe)` builds a second pipeline around the same objects (the same `id` for `unet`, `vae`, `text_encoder`, `tokenizer` and even `scheduler`), so no weights are loaded or copied; a component passed by keyword (`scheduler=...`) replaces it in the new pipeline only, and changing a shared module (casting the UNet) changes it in both; `from_pipe` ends with `.to(dtype)`, float32 by default, so on a float16 pipeline without `dtype=torch.float16` it casts the original's modules to float32 too."""
+    from diffusers import DDIMScheduler, StableDiffusionImg2ImgPipeline
+
+    second = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
+    for name in ("unet", "vae", "text_encoder", "tokenizer", "scheduler"):
+        assert id(getattr(second, name)) == id(getattr(pipe, name))
+    ddim = DDIMScheduler.from_config(pipe.scheduler.config)
+    third = StableDiffusionImg2ImgPipeline.from_pipe(pipe, scheduler=ddim)
+    assert third.scheduler is ddim and pipe.scheduler is not ddim and third.unet is pipe.unet
+    second.unet.to(torch.float64)
+    assert pipe.unet.dtype == torch.float64
+    pipe.to(torch.float16)
+    StableDiffusionImg2ImgPipeline.from_pipe(pipe, dtype=torch.float16)
+    assert pipe.unet.dtype == pipe.vae.dtype == torch.float16
+    StableDiffusionImg2ImgPipeline.from_pipe(pipe)  # no dtype: float32
+    assert pipe.unet.dtype == pipe.vae.dtype == torch.float32
+
+
+def test_resolution_rules_differ_by_pipeline():
+    """`StableDiffusionPipeline.check_inputs` raises `ValueError` unless height and width are divisible by 8; `StableDiffusion3Pipeline` raises unless they are divisible by `vae_scale_factor * patch_size` (16 for SD3's VAE and patch 2); `FluxPipeline` only logs a warning for sizes not divisible by `vae_scale_factor * 2` and rounds the latent grid down."""
+    from tiny import (
+        DIT_TEXT,
+        DIT_TOKENS,
+        embeds,
+        logged_messages,
+        tiny_flux_pipeline,
+        tiny_sd3_pipeline,
+    )
+
+    sd = tiny_sd_pipeline()
+    with pytest.raises(ValueError, match="divisible by 8"):
+        sd(prompt_embeds=embeds(0), height=20, width=16, num_inference_steps=1)
+    sd3 = tiny_sd3_pipeline()  # tiny VAE: vae_scale_factor 2, patch 2: multiples of 4
+    step = sd3.vae_scale_factor * sd3.patch_size
+    assert step == 4
+    with pytest.raises(ValueError, match=f"divisible by {step}"):
+        sd3(prompt_embeds=torch.randn(1, 5, 32), pooled_prompt_embeds=torch.randn(1, 16),
+            height=18, width=16, num_inference_steps=1)  # fmt: skip
+    flux = tiny_flux_pipeline()
+    with logged_messages() as messages, torch.no_grad():
+        out = flux(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT),
+                   pooled_prompt_embeds=torch.randn(1, DIT_TEXT), height=18, width=16,
+                   num_inference_steps=1, output_type="latent").images  # fmt: skip
+    assert any("divisible by 4" in m for m in messages)
+    assert out.shape == (1, 4 * 4, 64)  # 18 px rounds down to a 4-patch side, as 16 px

@@ -726,3 +726,22 @@ def test_model_offload_order_puts_text_encoders_first():
         StableDiffusion3Pipeline.model_cpu_offload_seq
         == "text_encoder->text_encoder_2->text_encoder_3->image_encoder->transformer->vae"
     )
+
+
+def test_t5_keeps_its_feed_forward_output_in_float32_when_loaded_in_float16(tmp_path):
+    """transformers keeps T5's feed-forward output projections (`wo`, `T5PreTrainedModel._keep_in_fp32_modules`) in float32 when a T5 encoder is loaded with `dtype=torch.float16`, and casts the activations to float32 before them; the other weights are float16, and a later `.to(torch.float16)` casts `wo` too (checked on a tiny gated-GELU `T5EncoderModel` saved and reloaded here)."""
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=64, d_model=T5_WIDTH, d_kv=8, d_ff=2 * T5_WIDTH, num_layers=1,
+                      num_heads=4, feed_forward_proj="gated-gelu")  # fmt: skip
+    T5EncoderModel(config).save_pretrained(tmp_path)
+    model = T5EncoderModel.from_pretrained(tmp_path, dtype=torch.float16)
+    assert T5EncoderModel._keep_in_fp32_modules == ["wo"]
+    ff = model.encoder.block[0].layer[1].DenseReluDense
+    assert ff.wo.weight.dtype == torch.float32 and ff.wi_0.weight.dtype == torch.float16
+    seen = []
+    ff.wo.register_forward_pre_hook(lambda m, a: seen.append(a[0].dtype))
+    with torch.no_grad():
+        out = model(torch.tensor([[5, 6, 7, 1]])).last_hidden_state
+    assert seen == [torch.float32] and out.dtype == torch.float16
+    model.to(torch.float16)
+    assert ff.wo.weight.dtype == torch.float16

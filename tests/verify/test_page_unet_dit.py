@@ -440,3 +440,145 @@ def test_dit_pipeline_steps_on_the_first_c_of_2c_channels():
         assert full.shape == (1, 8, 8, 8) and used.shape == (1, 4, 8, 8)
         torch.testing.assert_close(used, full[:, :4])
     assert image.images.shape == (1, 3, 16, 16)  # the tiny VAE: f = 2
+
+
+def test_flux_pack_and_unpack_latents_are_exact_inverses():
+    """`FluxPipeline._pack_latents` turns latents `(B, 16, h, w)` into `(B, (h/2)(w/2), 64)` tokens, row by row, each holding one 2 x 2 patch ordered (channel, row, column); `_unpack_latents(packed, H, W, vae_scale_factor)` gives back `(B, 16, H/8, W/8)` exactly."""
+    from diffusers import FluxPipeline
+
+    latents = torch.randn(2, 16, 6, 8)  # (B, C, H/8, W/8) for a 48 x 64 px image
+    packed = FluxPipeline._pack_latents(latents, 2, 16, 6, 8)
+    assert packed.shape == (2, 3 * 4, 64)
+    # token 5 = patch row 1, patch column 1: latent rows 2-3, columns 2-3
+    torch.testing.assert_close(packed[:, 5], latents[:, :, 2:4, 2:4].reshape(2, 64))
+    unpacked = FluxPipeline._unpack_latents(packed, 48, 64, 8)
+    assert unpacked.shape == latents.shape and torch.equal(unpacked, latents)
+
+
+def test_flux_position_ids_are_three_axes_and_text_ids_are_zero():
+    """`FluxPipeline.__call__` passes the transformer `txt_ids` of shape `(N_txt, 3)`, all zero (from `encode_prompt`), and `img_ids` `(N_img, 3)` from `_prepare_latent_image_ids`: axis 0 zero, axis 1 the patch row, axis 2 the patch column; `FluxPosEmbed` rotates each head's dimensions in three groups of `axes_dims_rope`, which in Flux.1-dev's published config are (16, 56, 56), summing to its head width 128."""
+    from model_configs import FLUX_DEV_TRANSFORMER
+
+    assert sum(FLUX_DEV_TRANSFORMER["axes_dims_rope"]) == FLUX_DEV_TRANSFORMER["attention_head_dim"] == 128  # fmt: skip
+    from tiny import DIT_TEXT, DIT_TOKENS, tiny_flux_pipeline
+
+    pipe = tiny_flux_pipeline()
+    calls = []
+    pipe.transformer.register_forward_pre_hook(lambda m, a, k: calls.append(k), with_kwargs=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g), height=16, width=16,
+             num_inference_steps=1, output_type="latent")  # fmt: skip
+    kwargs = calls[0]
+    n_txt = kwargs["encoder_hidden_states"].shape[1]
+    assert kwargs["txt_ids"].shape == (n_txt, 3) and not kwargs["txt_ids"].any()
+    img_ids = kwargs["img_ids"]  # 16 px, vae_scale_factor 2: 8 x 8 latents, 4 x 4 patches
+    assert img_ids.shape == (16, 3) and not img_ids[:, 0].any()
+    rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    torch.testing.assert_close(img_ids[:, 1], rows.flatten())
+    torch.testing.assert_close(img_ids[:, 2], cols.flatten())
+    assert tuple(pipe.transformer.pos_embed.axes_dim) == tuple(pipe.transformer.config.axes_dims_rope)  # fmt: skip
+
+
+def test_sd3_position_table_is_a_hard_resolution_ceiling():
+    """SD3's `PatchEmbed` holds one `pos_embed_max_size`² table, saved in the state dict, and crops its centre to the latent's patch grid: a tiny `SD3Transformer2DModel` with `pos_embed_max_size=16` and `patch_size=2` runs on a 32 x 32 latent and raises `ValueError` on a 34 x 34 one; SD3 Medium's published `pos_embed_max_size=192` puts the ceiling at 192 x 2 x 8 = 3072 px a side."""
+    from model_configs import SD3_MEDIUM_CHECKPOINT_SHAPES, SD3_MEDIUM_TRANSFORMER
+
+    model = tiny_sd3_transformer()  # pos_embed_max_size=16, patch 2, 4 channels
+    assert "pos_embed.pos_embed" in model.state_dict()
+    assert model.pos_embed.pos_embed.shape[1] == 16 * 16
+
+    def run(side):
+        with torch.no_grad():
+            return model(
+                hidden_states=torch.randn(1, 4, side, side),
+                encoder_hidden_states=torch.randn(1, 5, 32),
+                pooled_projections=torch.randn(1, 16),
+                timestep=torch.tensor([500]),
+            ).sample
+
+    assert run(32).shape == (1, 4, 32, 32)
+    with pytest.raises(ValueError, match="pos_embed_max_size"):
+        run(34)
+    size = SD3_MEDIUM_TRANSFORMER["pos_embed_max_size"]
+    assert size**2 == SD3_MEDIUM_CHECKPOINT_SHAPES["pos_embed_patches"]
+    assert size * SD3_MEDIUM_TRANSFORMER["patch_size"] * 8 == 3072
+
+
+def test_qk_norm_is_rms_norm_on_queries_and_keys():
+    """Flux's attention normalises queries and keys per head with an RMSNorm (`torch.nn.RMSNorm` as `norm_q`, `norm_k`, and `norm_added_q`, `norm_added_k` for the text stream) before the dot product; `SD3Transformer2DModel` does so (diffusers' `RMSNorm`) only with `qk_norm="rms_norm"` (SD3.5's setting) and has no QK-norm by default (SD3 Medium)."""
+    from diffusers import SD3Transformer2DModel
+    from diffusers.models.normalization import RMSNorm
+
+    flux = tiny_flux()
+    for attn in [flux.transformer_blocks[0].attn, flux.single_transformer_blocks[0].attn]:
+        assert isinstance(attn.norm_q, torch.nn.RMSNorm) and isinstance(
+            attn.norm_k, torch.nn.RMSNorm
+        )
+        assert attn.norm_q.weight.shape == (flux.config.attention_head_dim,)
+    assert isinstance(flux.transformer_blocks[0].attn.norm_added_q, torch.nn.RMSNorm)
+    assert sd3().transformer_blocks[0].attn.norm_q is None
+    torch.manual_seed(0)
+    sd35 = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16,
+        pooled_projection_dim=16, pos_embed_max_size=16, qk_norm="rms_norm",
+        dual_attention_layers=(0,),
+    )  # fmt: skip
+    assert isinstance(sd35.transformer_blocks[0].attn.norm_q, RMSNorm)
+    assert isinstance(sd35.transformer_blocks[0].attn.norm_added_k, RMSNorm)
+
+
+def test_sd35_dual_attention_layers_add_an_image_only_attention():
+    """`SD3Transformer2DModel(dual_attention_layers=(0,))` gives block 0 a second attention `attn2` over the image tokens alone (its normaliser `SD35AdaLayerNormZeroX` returns 9 modulation vectors instead of 6), beside the joint attention; the other blocks have none."""
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16,
+        pooled_projection_dim=16, pos_embed_max_size=16, dual_attention_layers=(0,),
+    )  # fmt: skip
+    first, second = model.transformer_blocks
+    assert first.use_dual_attention and not second.use_dual_attention
+    assert type(first.norm1).__name__ == "SD35AdaLayerNormZeroX"
+    assert first.norm1.linear.out_features == 9 * 16
+    assert first.attn2 is not None and first.attn2.add_q_proj is None  # image tokens only
+    assert getattr(second, "attn2", None) is None
+    seen = {}
+    first.attn2.register_forward_pre_hook(
+        lambda m, a, k: seen.update(args=a, kwargs=k), with_kwargs=True
+    )
+    with torch.no_grad():
+        model(
+            hidden_states=torch.randn(1, 4, 8, 8), encoder_hidden_states=torch.randn(1, 5, 32),
+            pooled_projections=torch.randn(1, 16), timestep=torch.tensor([500]),
+        )  # fmt: skip
+    hidden = seen["kwargs"].get("hidden_states", seen["args"][0] if seen["args"] else None)
+    assert hidden.shape == (1, 16, 16)  # 16 image tokens, no text
+    assert seen["kwargs"].get("encoder_hidden_states") is None
+
+
+def test_flux_dev_takes_guidance_scale_as_an_input_in_one_pass():
+    """With `guidance_embeds=True` (Flux.1-dev), `FluxPipeline.__call__` runs the transformer once per step on batch 1 and passes `guidance_scale` as its `guidance` input, embedded beside the timestep, instead of a second, unconditional batch; only `true_cfg_scale > 1` with a negative prompt adds a second (negative-prompt) call per step."""
+    from tiny import DIT_TEXT, DIT_TOKENS, tiny_flux_pipeline
+
+    pipe = tiny_flux_pipeline(guidance_embeds=True)
+    calls = []
+    pipe.transformer.register_forward_pre_hook(lambda m, a, k: calls.append(k), with_kwargs=True)
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT), guidance_scale=3.5, height=16,
+             width=16, num_inference_steps=2, output_type="latent")  # fmt: skip
+    assert len(calls) == 2
+    assert all(k["hidden_states"].shape[0] == 1 for k in calls)
+    assert all(torch.equal(k["guidance"], torch.tensor([3.5])) for k in calls)
+    calls.clear()
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT),
+             negative_prompt_embeds=torch.zeros(1, DIT_TOKENS, DIT_TEXT),
+             negative_pooled_prompt_embeds=torch.zeros(1, DIT_TEXT), true_cfg_scale=2.0,
+             height=16, width=16, num_inference_steps=2, output_type="latent")  # fmt: skip
+    assert len(calls) == 4 and all(k["hidden_states"].shape[0] == 1 for k in calls)

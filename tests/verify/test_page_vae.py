@@ -316,3 +316,103 @@ def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast(record
     pipe.vae.to(torch.float32)
     with pytest.raises(RuntimeError, match="should be the same"):
         pipe(**run)
+
+
+def test_flux_latent_output_is_packed_and_normalised_so_a_decoder_service_must_undo_both():
+    """`FluxPipeline(..., output_type="latent")` returns the loop's packed tokens `(B, (H/16)(W/16), 64)`, still scaled and shifted: a separate decode step must `_unpack_latents`, compute `latents / scaling_factor + shift_factor`, then `vae.decode` and postprocess, which reproduces the pipeline's own image exactly."""
+    from diffusers import FluxPipeline
+
+    parts = tiny_flux_parts()
+    pipe = FluxPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(1)
+    run = dict(
+        prompt_embeds=torch.randn(1, 10, 32, generator=g),
+        pooled_prompt_embeds=torch.randn(1, 24, generator=g),
+        guidance_scale=1.0, num_inference_steps=2, height=HEIGHT, width=WIDTH,
+    )  # fmt: skip
+    with torch.no_grad():
+        packed = pipe(
+            **run, generator=torch.Generator().manual_seed(2), output_type="latent"
+        ).images
+        image = pipe(**run, generator=torch.Generator().manual_seed(2), output_type="pt").images
+        f = pipe.vae_scale_factor
+        assert packed.shape == (1, (HEIGHT // (2 * f)) * (WIDTH // (2 * f)), 64)
+        grid = FluxPipeline._unpack_latents(packed, HEIGHT, WIDTH, f)  # (B, 16, H/f, W/f)
+        config = pipe.vae.config
+        decoded = pipe.vae.decode(grid / config.scaling_factor + config.shift_factor).sample
+        naive = pipe.vae.decode(grid).sample  # forgetting the normalisation
+    ours = pipe.image_processor.postprocess(decoded, output_type="pt")
+    torch.testing.assert_close(ours, image)
+    assert (pipe.image_processor.postprocess(naive, output_type="pt") - image).abs().amax() > 1e-3
+
+
+def test_sdxl_uses_per_channel_latents_mean_and_std_when_the_vae_config_sets_them():
+    """When the VAE's config sets `latents_mean` and `latents_std` (one value per channel), `StableDiffusionXLPipeline` decodes `latents * latents_std / scaling_factor + latents_mean` instead of `latents / scaling_factor`; `AutoencoderKL` defaults both to None."""
+    from tiny import sdxl_call, tiny_sdxl_pipeline, tiny_vae
+
+    assert tiny_vae().config.latents_mean is None and tiny_vae().config.latents_std is None
+    mean, std = [0.1, -0.2, 0.3, 0.0], [1.0, 2.0, 0.5, 1.5]
+    seen = {}
+    for name, vae in (("plain", tiny_vae()), ("stats", tiny_vae(latents_mean=mean, latents_std=std))):  # fmt: skip
+        pipe = tiny_sdxl_pipeline(vae=vae)
+        seen[name] = record_decode(pipe.vae)
+        with torch.no_grad():
+            sdxl_call(pipe, torch.float32, output_type="np")
+    sf = 0.18215  # AutoencoderKL's default scaling_factor
+    latents = seen["plain"][0] * sf  # the loop's final latents (same seed, same loop)
+    m, s = torch.tensor(mean).view(1, 4, 1, 1), torch.tensor(std).view(1, 4, 1, 1)
+    torch.testing.assert_close(seen["stats"][0], latents * s / sf + m)
+
+
+def test_wan_and_flux2_vaes_normalise_per_channel():
+    """`AutoencoderKLWan`'s defaults carry 16 `latents_mean` and 16 `latents_std` values, one per latent channel (`z_dim=16`); `AutoencoderKLFlux2` defaults to 32 latent channels (Flux.1's `AutoencoderKL` has 16) and normalises with a `BatchNorm2d` over the 2 x 2-patchified 128 channels, whose running mean and variance `Flux2Pipeline` uses in place of `scaling_factor` and `shift_factor` (see the next test)."""
+    from diffusers import AutoencoderKLFlux2, AutoencoderKLWan
+    from model_configs import FLUX_VAE
+
+    with torch.device("meta"):
+        wan = AutoencoderKLWan()
+        flux2 = AutoencoderKLFlux2()
+    assert wan.config.z_dim == len(wan.config.latents_mean) == len(wan.config.latents_std) == 16
+    assert FLUX_VAE["latent_channels"] == 16 and flux2.config.latent_channels == 32
+    assert isinstance(flux2.bn, torch.nn.BatchNorm2d) and flux2.bn.num_features == 4 * 32
+    assert not flux2.bn.affine and flux2.bn.track_running_stats
+
+
+def test_flux2_pipeline_decodes_with_the_batchnorm_running_statistics():
+    """`Flux2Pipeline` (tiny random `Flux2Transformer2DModel` and `AutoencoderKLFlux2`, prompt_embeds given) hands `vae.decode` its packed tokens unpacked to the patchified grid, times `sqrt(bn.running_var + batch_norm_eps)` plus `bn.running_mean`, then unpatchified; `AutoencoderKLFlux2` has no `scaling_factor` or `shift_factor` to use."""
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2Pipeline,
+        Flux2Transformer2DModel,
+    )
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLFlux2(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4,
+                             norm_num_groups=4, layers_per_block=1)  # fmt: skip
+    transformer = Flux2Transformer2DModel(in_channels=16, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2,
+                                          joint_attention_dim=32, timestep_guidance_channels=32,
+                                          axes_dims_rope=(4, 4, 4, 4))  # fmt: skip
+    pipe = Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                         tokenizer=None, transformer=transformer)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    assert "scaling_factor" not in vae.config and "shift_factor" not in vae.config
+    vae.bn.running_mean.normal_()
+    vae.bn.running_var.uniform_(0.5, 2.0)
+    seen = record_decode(vae)
+    run = dict(prompt_embeds=torch.randn(1, 6, 32), height=16, width=16, num_inference_steps=1)
+    with torch.no_grad():
+        packed = pipe(
+            **run, generator=torch.Generator().manual_seed(0), output_type="latent"
+        ).images
+        pipe(**run, generator=torch.Generator().manual_seed(0), output_type="pt")
+    # vae_scale_factor 2 here: 8 x 8 latents of 4 channels, 4 x 4 tokens of 4 x 2 x 2 = 16
+    assert packed.shape == (1, 16, 16)
+    grid = packed.transpose(1, 2).reshape(1, 16, 4, 4)  # tokens in raster order
+    std = torch.sqrt(vae.bn.running_var + vae.config.batch_norm_eps).view(1, -1, 1, 1)
+    expected = Flux2Pipeline._unpatchify_latents(grid * std + vae.bn.running_mean.view(1, -1, 1, 1))
+    assert seen[0].shape == (1, 4, 8, 8)
+    torch.testing.assert_close(seen[0], expected)
