@@ -1018,3 +1018,81 @@ def close(a, b, tol=1e-6):
     import torch
 
     torch.testing.assert_close(a.to(torch.float64), b.to(torch.float64), rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------- Wan (video): lab 21
+
+
+def tiny_wan_vae(seed=0):
+    """``AutoencoderKLWan`` with diffusers' own test config (``base_dim=3``, one resnet per
+    level) and the real compression: ``z_dim=16``, temporal downsampling at the last two
+    levels (4x in time), three spatial downsamplings (8x). Random weights, eval mode."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])  # fmt: skip
+    return vae.eval()
+
+
+#: the tiny Wan transformer's text width; prompt_embeds are (B, WAN_TEXT_TOKENS, WAN_TEXT)
+WAN_TEXT, WAN_TEXT_TOKENS = 32, 8
+
+
+def tiny_wan_transformer(seed=0):
+    """``WanTransformer3DModel`` with the real ``patch_size=(1, 2, 2)`` and 16 latent
+    channels; 2 blocks, 2 heads of 12 (diffusers' test config). Random weights."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+        out_channels=16, text_dim=WAN_TEXT, freq_dim=256, ffn_dim=32, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    ).eval()  # fmt: skip
+
+
+def tiny_wan_pipeline():
+    """The real ``WanPipeline`` around ``tiny_wan_vae`` and ``tiny_wan_transformer``, no
+    tokenizer or UMT5 text encoder: pass ``prompt_embeds`` and ``negative_prompt_embeds``
+    (B, WAN_TEXT_TOKENS, WAN_TEXT). Wan 2.1's scheduler class, flow matching with shift 3."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=tiny_wan_vae(),
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                       transformer=tiny_wan_transformer())  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# ---------------------------------------------------------------- image-to-image and inpainting
+
+
+def tiny_sd_variant(cls_name, unet=None):
+    """The real ``StableDiffusionImg2ImgPipeline`` or ``StableDiffusionInpaintPipeline``
+    (``cls_name``) around ``tiny_sd_pipeline``'s parts, ``unet`` replaced if given (an
+    inpainting UNet: ``tiny_unet(in_channels=9)``). 16 px images, (B, 4, 8, 8) latents."""
+    import diffusers
+
+    parts = dict(tiny_sd_pipeline().components)
+    if unet is not None:
+        parts["unet"] = unet
+    pipe = getattr(diffusers, cls_name)(**parts, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def pil_image_and_mask(size=HEIGHT, hole=None):
+    """A seeded RGB PIL image ``size`` px square and an L mask, white (repaint) over ``hole``
+    = (x1, y1, x2, y2), default the right half."""
+    import numpy as np
+    import PIL.Image
+
+    rng = np.random.default_rng(0)
+    image = PIL.Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+    x1, y1, x2, y2 = hole or (size // 2, 0, size, size)
+    mask = np.zeros((size, size), dtype=np.uint8)
+    mask[y1:y2, x1:x2] = 255
+    return image, PIL.Image.fromarray(mask)

@@ -1,0 +1,283 @@
+"""Lab 20's claims about image-to-image, inpainting and reference editing, on tiny
+random-config pipelines (diffusers 0.42.1, CPU): the real ``StableDiffusionImg2ImgPipeline``,
+``StableDiffusionInpaintPipeline`` (4- and 9-channel UNets) and ``FluxKontextPipeline``
+run end to end with spies on the UNet / transformer, ``scheduler.add_noise`` and
+``scheduler.step``."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from tiny import (
+    DIT_TEXT,
+    DIT_TOKENS,
+    FLUX_VAE_FACTORS,
+    HEIGHT,
+    embeds,
+    pil_image_and_mask,
+    tiny_dit_vae,
+    tiny_flux_transformer,
+    tiny_sd_variant,
+    tiny_unet,
+)
+
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def img2img():
+    return tiny_sd_variant("StableDiffusionImg2ImgPipeline")
+
+
+@pytest.fixture(scope="module")
+def inpaint4():
+    return tiny_sd_variant("StableDiffusionInpaintPipeline")
+
+
+@pytest.fixture(scope="module")
+def inpaint9():
+    return tiny_sd_variant("StableDiffusionInpaintPipeline", unet=tiny_unet(in_channels=9))
+
+
+def spy(monkeypatch, obj, name, returns=False):
+    """Record the (args, kwargs[, result]) of every call of ``obj.name``, tensors cloned."""
+    seen, original = [], getattr(obj, name)
+
+    def clone(x):
+        return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+    def wrapper(*args, **kwargs):
+        out = original(*args, **kwargs)
+        row = [tuple(map(clone, args)), {k: clone(v) for k, v in kwargs.items()}]
+        if returns:
+            row.append(clone(out[0] if isinstance(out, tuple) else out))
+        seen.append(row)
+        return out
+
+    monkeypatch.setattr(obj, name, wrapper)
+    return seen
+
+
+def run(pipe, **kwargs):
+    with torch.no_grad():
+        return pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=STEPS,
+                    generator=torch.Generator().manual_seed(0), **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize("strength", [0.3, 0.6, 1.0])
+def test_img2img_runs_the_last_int_n_times_strength_timesteps(img2img, record_calls, monkeypatch, strength):  # fmt: skip
+    """`StableDiffusionImg2ImgPipeline` runs the last `int(num_inference_steps * strength)` timesteps of the grid (`get_timesteps`), one UNet call each, and noises the encoded image once, with `scheduler.add_noise(init_latents, noise, timesteps[:1])` at the first of them, where `init_latents` is `vae.encode(image)` times `scaling_factor`; at `strength=1.0` too."""
+    import diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img as module
+
+    image, _ = pil_image_and_mask()
+    encoded = spy(monkeypatch, module, "retrieve_latents", returns=True)
+    noised = spy(monkeypatch, img2img.scheduler, "add_noise")
+    calls = record_calls(img2img.unet)
+    run(img2img, image=image, strength=strength, output_type="latent")
+
+    img2img.scheduler.set_timesteps(STEPS)
+    full = img2img.scheduler.timesteps
+    expected = full[STEPS - int(STEPS * strength) :]
+    assert [int(c[0][1]) for c in calls.calls] == expected.tolist()
+    assert len(calls.calls) == int(STEPS * strength)
+    assert len(noised) == 1
+    (init_latents, _, timestep), _ = noised[0]
+    assert timestep.tolist() == [int(expected[0])]
+    sf = img2img.vae.config.scaling_factor
+    assert torch.equal(init_latents, sf * encoded[0][2])
+    assert init_latents.shape == (1, 4, HEIGHT // 2, HEIGHT // 2)
+
+
+def test_strength_too_small_runs_nothing(img2img, inpaint4):
+    """When `int(num_inference_steps * strength)` is 0 (strength 0.1 of 4 steps), `StableDiffusionImg2ImgPipeline` runs no UNet call and returns an empty batch, latents of shape `(0, 4, H/8, W/8)`, without an error; `StableDiffusionInpaintPipeline` raises a `ValueError` instead."""
+    image, mask_image = pil_image_and_mask()
+    with torch.no_grad():
+        out = img2img(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4,
+                      image=image, strength=0.1, output_type="latent").images  # fmt: skip
+    assert out.shape == (0, 4, HEIGHT // 2, HEIGHT // 2)
+    with pytest.raises(ValueError, match="After adjusting"), torch.no_grad():
+        inpaint4(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4, image=image,
+                 mask_image=mask_image, strength=0.1, output_type="latent")  # fmt: skip
+
+
+def test_strength_one_still_carries_the_image(img2img):
+    """At `strength=1.0` the first timestep of SD 1.5's 50-step grid (`timestep_spacing="leading"`, `steps_offset=1`: its shipped `PNDMScheduler` config, and `DDIMScheduler` with the same settings) is 981, where `sqrt(alpha_bar)` is 0.076, not 0: `add_noise` keeps 7.6% of the image latents; a `"trailing"` grid starts at 999, where it is 0.068."""
+    from diffusers import DDIMScheduler, PNDMScheduler
+    from tiny import SD15_PNDM, SD_SCHEDULER
+
+    pndm = PNDMScheduler(**SD15_PNDM)
+    pndm.set_timesteps(50)
+    assert int(pndm.timesteps[0]) == 981
+    trailing = DDIMScheduler(**SD_SCHEDULER, timestep_spacing="trailing")
+    trailing.set_timesteps(50)
+    assert int(trailing.timesteps[0]) == 999
+    s = img2img.scheduler
+    assert s.config.timestep_spacing == "leading" and s.config.steps_offset == 1
+    s.set_timesteps(50)
+    t = int(s.timesteps[0])
+    assert t == 981
+    assert float(s.alphas_cumprod[t] ** 0.5) == pytest.approx(0.076, abs=5e-4)
+    assert float(s.alphas_cumprod[999] ** 0.5) == pytest.approx(0.068, abs=5e-4)
+
+
+def test_inpaint_4_channel_blends_after_every_step(inpaint4, record_calls, monkeypatch):
+    """With a 4-channel UNet, `StableDiffusionInpaintPipeline` blends after every `scheduler.step`: `latents = (1 - mask) * add_noise(image_latents, noise, t_next) + mask * latents`, with the un-noised `image_latents` after the last step, so the kept region of the output latents is the image's latents exactly; at `strength=1.0` it starts from the noise itself, not from `add_noise`."""
+    image, mask_image = pil_image_and_mask()
+    steps = spy(monkeypatch, inpaint4.scheduler, "step", returns=True)
+    noised = spy(monkeypatch, inpaint4.scheduler, "add_noise")
+    masks = spy(monkeypatch, inpaint4, "prepare_mask_latents", returns=True)
+    calls = record_calls(inpaint4.unet)
+    latents = run(inpaint4, image=image, mask_image=mask_image, strength=1.0, output_type="latent").images  # fmt: skip
+
+    mask = masks[0][2]  # (1, 1, 8, 8): 1 = repaint
+    assert mask.shape == (1, 1, HEIGHT // 2, HEIGHT // 2)
+    assert torch.equal(mask[0, 0, :, 4:], torch.ones(8, 4)) and not mask[0, 0, :, :4].any()
+    timesteps = [int(c[0][1]) for c in calls.calls]
+    assert len(timesteps) == STEPS and len(noised) == STEPS - 1  # one add_noise per t_next
+    image_latents, noise, _ = noised[0][0]
+    assert torch.equal(calls.calls[0][0][0], noise)  # strength 1.0: pure noise, no add_noise
+    for i in range(STEPS - 1):
+        (orig, n, t_next), _ = noised[i]
+        assert torch.equal(orig, image_latents) and torch.equal(n, noise)
+        assert t_next.tolist() == [timesteps[i + 1]]
+        expected = (1 - mask) * inpaint4.scheduler.add_noise(image_latents, noise, t_next) + mask * steps[i][2]  # fmt: skip
+        torch.testing.assert_close(calls.calls[i + 1][0][0], expected)
+    keep = mask[0, 0] == 0
+    torch.testing.assert_close(latents[..., keep], image_latents[..., keep])
+    assert not torch.allclose(latents[..., ~keep], image_latents[..., ~keep])
+
+
+def test_inpaint_9_channel_unet_gets_latents_mask_and_masked_image(inpaint9, record_calls, monkeypatch):  # fmt: skip
+    """With a 9-channel UNet (`in_channels=9`), every UNet call gets `torch.cat([latents, mask, masked_image_latents], dim=1)`: 4 + 1 + 4 channels, the mask resized to latent size by `prepare_mask_latents` (`interpolate` to `height // vae_scale_factor`) and no blending afterwards."""
+    image, mask_image = pil_image_and_mask()
+    steps = spy(monkeypatch, inpaint9.scheduler, "step", returns=True)
+    noised = spy(monkeypatch, inpaint9.scheduler, "add_noise")
+    calls = record_calls(inpaint9.unet)
+    run(inpaint9, image=image, mask_image=mask_image, strength=1.0, output_type="latent")
+
+    assert len(calls.calls) == STEPS and not noised  # no blending, and pure noise at 1.0
+    first = calls.calls[0][0][0]
+    assert first.shape == (1, 9, HEIGHT // 2, HEIGHT // 2)
+    mask = first[:, 4]
+    assert torch.equal(mask[0, :, 4:], torch.ones(8, 4)) and not mask[0, :, :4].any()
+    for i in range(STEPS - 1):  # the next call's latents are the step's output, unblended
+        x = calls.calls[i + 1][0][0]
+        torch.testing.assert_close(x[:, :4], steps[i][2])
+        assert torch.equal(x[:, 4:], first[:, 4:])  # mask and masked_image_latents: fixed
+
+
+@pytest.mark.parametrize("channels", [5, 8])
+def test_inpaint_raises_unless_4_or_9_channels(channels):
+    """`StableDiffusionInpaintPipeline` raises a `ValueError` for a UNet with other than 4 or 9 input channels ("should have either 4 or 9 input channels"); its source names the 9-channel branch the "default case for stable-diffusion-v1-5/stable-diffusion-inpainting"."""
+    from diffusers import StableDiffusionInpaintPipeline
+
+    source = inspect.getsource(StableDiffusionInpaintPipeline.__call__)
+    comment = "# default case for stable-diffusion-v1-5/stable-diffusion-inpainting"
+    assert "if num_channels_unet == 9:\n            " + comment in source
+    pipe = tiny_sd_variant("StableDiffusionInpaintPipeline", unet=tiny_unet(in_channels=channels))
+    image, mask_image = pil_image_and_mask()
+    with pytest.raises(ValueError, match="either 4 or 9 input channels"):
+        run(pipe, image=image, mask_image=mask_image, output_type="latent")
+
+
+def test_padding_mask_crop(inpaint4, record_calls):
+    """`padding_mask_crop=pad` crops the mask's bounding box grown by `pad` px (`VaeImageProcessor.get_crop_region`: a 200 px hole in a 2048 px image with pad 32 gives a 264 px crop), inpaints the crop at the call's `height x width` and pastes it back over the original: the output has the original's size and its pixels outside the mask; it needs PIL `image` and `mask_image` and `output_type="pil"`, else `ValueError`."""
+    from diffusers.image_processor import VaeImageProcessor
+
+    _, big = pil_image_and_mask(2048, hole=(924, 924, 1124, 1124))
+    assert VaeImageProcessor.get_crop_region(big, 512, 512, pad=32) == (892, 892, 1156, 1156)
+
+    image, mask_image = pil_image_and_mask(32, hole=(20, 20, 26, 26))
+    calls = record_calls(inpaint4.unet)
+    out = run(inpaint4, image=image, mask_image=mask_image, height=HEIGHT, width=HEIGHT,
+              padding_mask_crop=2, output_type="pil").images[0]  # fmt: skip
+    assert calls.calls[0][0][0].shape[-1] == HEIGHT // 2  # the crop runs at 16 px
+    assert out.size == image.size == (32, 32)
+    a, b, m = np.asarray(out, int), np.asarray(image, int), np.asarray(mask_image) == 0
+    assert np.abs(a[m] - b[m]).max() <= 1  # kept pixels: the original (RGBa rounding)
+    with pytest.raises(ValueError, match="PIL"):
+        run(inpaint4, image=torch.zeros(1, 3, 32, 32), mask_image=mask_image, padding_mask_crop=2, output_type="pil")  # fmt: skip
+
+
+def test_kontext_appends_reference_tokens(record_calls):
+    """`FluxKontextPipeline` packs the reference image's latents like the noisy ones and concatenates them along the sequence axis (`torch.cat([latents, image_latents], dim=1)`), so the transformer sees 2N image tokens for N generated (with `img_ids` rows whose first coordinate is 1), and keeps only the first N of its output (`noise_pred[:, : latents.size(1)]`)."""
+    import PIL.Image
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
+
+    pipe = FluxKontextPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=tiny_dit_vae(**FLUX_VAE_FACTORS),
+        transformer=tiny_flux_transformer(), text_encoder=None, tokenizer=None,
+        text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    text = dict(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+                pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g))  # fmt: skip
+    n = (HEIGHT // 2 // 2) ** 2  # 16 px -> 8 x 8 latents -> 4 x 4 packed tokens
+    seen = {}
+    for image in (None, PIL.Image.new("RGB", (HEIGHT, HEIGHT), (200, 30, 30))):
+        calls = record_calls(pipe.transformer)
+        with torch.no_grad():
+            out = pipe(**text, image=image, height=HEIGHT, width=HEIGHT, num_inference_steps=2,
+                       _auto_resize=False, max_area=HEIGHT * HEIGHT,
+                       generator=torch.Generator().manual_seed(1),
+                       output_type="latent").images  # fmt: skip
+        kw = calls.calls[0][1]
+        seen[image is None] = (kw["hidden_states"].shape, kw["img_ids"])
+        assert out.shape == (1, n, 64)  # packed latents: only the N generated tokens
+        calls.remove()
+    assert seen[True][0] == (1, n, 64) and seen[False][0] == (1, 2 * n, 64)
+    ids = seen[False][1]
+    assert (ids[:n, 0] == 0).all() and (ids[n:, 0] == 1).all()
+
+
+def test_kontext_resizes_the_reference_to_a_preferred_resolution(record_calls, monkeypatch):
+    """By default (`_auto_resize=True`) `FluxKontextPipeline` resizes the reference image to the entry of `PREFERRED_KONTEXT_RESOLUTIONS` nearest its aspect ratio, whatever the output size: every entry is about 1 MP (1024 x 1024 among them), so the reference adds about 4,096 tokens; N tokens become 2N only when the output is about 1 MP too."""
+    import diffusers.pipelines.flux.pipeline_flux_kontext as module
+    import PIL.Image
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
+
+    sizes = module.PREFERRED_KONTEXT_RESOLUTIONS
+    assert (1024, 1024) in sizes and all(abs(w * h / 1024**2 - 1) < 0.02 for w, h in sizes)
+    tiny_sizes = [(32, 32), (64, 16)]  # stand-ins the tiny VAE encodes in milliseconds
+    monkeypatch.setattr(module, "PREFERRED_KONTEXT_RESOLUTIONS", tiny_sizes)
+    pipe = FluxKontextPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=tiny_dit_vae(**FLUX_VAE_FACTORS),
+        transformer=tiny_flux_transformer(), text_encoder=None, tokenizer=None,
+        text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    calls = record_calls(pipe.transformer)
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+             image=PIL.Image.new("RGB", (HEIGHT, HEIGHT), (200, 30, 30)), height=HEIGHT, width=HEIGHT,
+             max_area=HEIGHT * HEIGHT, num_inference_steps=1, output_type="latent")  # fmt: skip
+    n = (HEIGHT // 2 // 2) ** 2  # the 16 px output: 16 tokens
+    assert calls.calls[0][1]["hidden_states"].shape[1] == n + (32 // 2 // 2) ** 2  # 32 px reference
+
+
+def test_kontext_resizes_the_output_to_max_area(record_calls):
+    """`FluxKontextPipeline` rescales the requested `height` and `width` to `max_area` pixels (default `1024**2`) at their aspect ratio, rounded down to a multiple of `vae_scale_factor * 2`, with a logged warning: a 16 px request with `max_area=32 * 32` generates 32 px, 64 image tokens instead of 16."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
+    from tiny import logged_messages
+
+    pipe = FluxKontextPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    assert inspect.signature(FluxKontextPipeline.__call__).parameters["max_area"].default == 1024**2
+    g = torch.Generator().manual_seed(0)
+    calls = record_calls(pipe.transformer)
+    with logged_messages("diffusers") as messages, torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g), height=HEIGHT,
+             width=HEIGHT, max_area=32 * 32, num_inference_steps=1, output_type="latent")  # fmt: skip
+    assert calls.calls[0][1]["hidden_states"].shape[1] == (32 // 2 // 2) ** 2
+    assert any("adjusted to 32 and 32" in m for m in messages)
