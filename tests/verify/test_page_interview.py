@@ -550,3 +550,106 @@ def test_context_parallelism_is_a_config_passed_to_enable_parallelism():
     assert public == {"context_parallel_config", "tensor_parallel_config"}
     names = {f.name for c in (ParallelConfig, ContextParallelConfig) for f in dataclasses.fields(c)}
     assert not [n for n in names if "cfg" in n or "guidance" in n or "batch" in n]
+
+
+# ---------------------------------------------------------------- image-to-image
+
+
+def test_img2img_runs_the_last_strength_share_of_the_grid_from_the_noised_image(record_calls, monkeypatch):  # fmt: skip
+    """`StableDiffusionImg2ImgPipeline` keeps the last `int(num_inference_steps * strength)` timesteps of the grid, one UNet call each, and noises the encoded image latents once, with `scheduler.add_noise` at the first of them; with SD 1.5's scheduler settings (leading grid, `steps_offset=1`) strength 1.0 at 50 steps starts at 981, where `add_noise` keeps `sqrt(alpha_bar)` = 7.6% of the image."""
+    from tiny import pil_image_and_mask, tiny_sd_variant
+
+    pipe = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
+    image, _ = pil_image_and_mask()
+    noised = []
+    add_noise = pipe.scheduler.add_noise
+    monkeypatch.setattr(pipe.scheduler, "add_noise", lambda x, n, t: noised.append(t.tolist()) or add_noise(x, n, t))  # fmt: skip
+    calls = record_calls(pipe.unet)
+    with torch.no_grad():
+        pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=10, strength=0.6,
+             image=image, generator=torch.Generator().manual_seed(0), output_type="latent")  # fmt: skip
+    pipe.scheduler.set_timesteps(10)
+    kept = pipe.scheduler.timesteps[10 - int(10 * 0.6) :].tolist()
+    assert [int(c[0][1]) for c in calls.calls] == kept and len(kept) == 6
+    assert noised == [[kept[0]]]
+
+    class NoisedError(Exception):  # stop the strength-1.0 run once the start latents are made
+        pass
+
+    def stop(x, n, t):
+        raise NoisedError(x, n, t, add_noise(x, n, t))
+
+    monkeypatch.setattr(pipe.scheduler, "add_noise", stop)
+    with torch.no_grad(), pytest.raises(NoisedError) as caught:
+        pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=50, strength=1.0,
+             image=image, generator=torch.Generator().manual_seed(0), output_type="latent")  # fmt: skip
+    x, n, t, noisy = caught.value.args
+    assert t.tolist() == [981]  # leading grid, steps_offset=1 (DDIM with SD 1.5's settings)
+    signal = float(pipe.scheduler.alphas_cumprod[981] ** 0.5)
+    assert signal == pytest.approx(0.076, abs=5e-4)
+    assert torch.allclose(noisy, signal * x + (1 - signal**2) ** 0.5 * n, atol=1e-5)
+
+
+def test_inpainting_pastes_the_known_region_with_4_channels_and_feeds_it_with_9(record_calls):
+    """`StableDiffusionInpaintPipeline` with a 4-channel UNet pastes the known region back after every step, re-noised to the next timestep (clean after the last), so the known region of its output latents is the image's latents exactly; with a 9-channel inpainting UNet the UNet's input is latents, mask and masked-image latents (4 + 1 + 4 channels)."""
+    from tiny import pil_image_and_mask, tiny_sd_variant, tiny_unet
+
+    image, mask_image = pil_image_and_mask()  # repaint the right half
+    kwargs = dict(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4, image=image,
+                  mask_image=mask_image, generator=torch.Generator().manual_seed(0), output_type="latent")  # fmt: skip
+    pipe4 = tiny_sd_variant("StableDiffusionInpaintPipeline")
+    pasted, to = [], []  # the image latents the pipeline re-noises and pastes back, and to when
+    add_noise = pipe4.scheduler.add_noise
+    pipe4.scheduler.add_noise = lambda x, n, t: pasted.append(x.clone()) or to.append(t.tolist()) or add_noise(x, n, t)  # fmt: skip
+    with torch.no_grad():
+        latents = pipe4(**kwargs).images
+    del pipe4.scheduler.add_noise
+    image_latents = pasted[0]
+    pipe4.scheduler.set_timesteps(4)
+    # after steps 1-3, re-noised to the next timestep; after step 4 pasted clean
+    assert to == [[t] for t in pipe4.scheduler.timesteps[1:].tolist()]
+    half = latents.shape[-1] // 2
+    assert torch.allclose(latents[..., :half], image_latents[..., :half], atol=1e-6)
+    assert not torch.allclose(latents[..., half:], image_latents[..., half:], atol=1e-2)
+    pipe9 = tiny_sd_variant("StableDiffusionInpaintPipeline", unet=tiny_unet(in_channels=9))
+    calls = record_calls(pipe9.unet)
+    with torch.no_grad():
+        pipe9(**kwargs)
+    assert {c[0][0].shape[1] for c in calls.calls} == {9}
+
+
+# ---------------------------------------------------------------- video
+
+
+def test_wan_video_latents_tokens_and_guidance_calls():
+    """Wan 2.1's `AutoencoderKLWan` compresses 4x in time and 8x in space, the first frame alone (9 frames -> 3 latent frames), and decodes one latent frame per decoder call, each causal convolution carrying a cache of at most 2 frames; `WanPipeline` with `guidance_scale > 1` calls the transformer twice a step, each on batch 1 (cond, then uncond)."""
+    from tiny import WAN_TEXT, WAN_TEXT_TOKENS, tiny_wan_pipeline
+
+    pipe = tiny_wan_pipeline()
+    vae = pipe.vae
+    assert (pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial) == (4, 8)
+    video = torch.rand(1, 3, 9, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    encoder_inputs, decoder_inputs, cached = [], [], []
+    hooks = [vae.encoder.register_forward_pre_hook(lambda m, a: encoder_inputs.append(a[0].shape[2])),
+             vae.decoder.register_forward_pre_hook(lambda m, a: decoder_inputs.append(a[0].shape[2])),
+             vae.decoder.register_forward_hook(lambda m, a, out: cached.append(max(c.shape[2] for c in vae._feat_map if isinstance(c, torch.Tensor))))]  # fmt: skip
+    with torch.no_grad():
+        z = vae.encode(video).latent_dist.mode()
+        vae.decode(z)
+    for hook in hooks:
+        hook.remove()
+    assert encoder_inputs == [1, 4, 4]  # frame 0 alone, then 4 frames a call
+    assert z.shape == (1, 16, 3, 2, 2) and decoder_inputs == [1, 1, 1]
+    assert max(cached) == 2  # each causal conv carries at most 2 frames between calls
+    g = torch.Generator().manual_seed(0)
+    text = dict(prompt_embeds=torch.randn(1, WAN_TEXT_TOKENS, WAN_TEXT, generator=g),
+                negative_prompt_embeds=torch.randn(1, WAN_TEXT_TOKENS, WAN_TEXT, generator=g))  # fmt: skip
+    rows, texts = [], []
+    hook = pipe.transformer.register_forward_pre_hook(lambda m, a, k: rows.append(k["hidden_states"].shape[0]) or texts.append(k["encoder_hidden_states"]), with_kwargs=True)  # fmt: skip
+    with torch.no_grad():
+        pipe(**text, height=16, width=16, num_frames=5, num_inference_steps=2, guidance_scale=5.0,
+             generator=torch.Generator().manual_seed(1), output_type="latent")  # fmt: skip
+    hook.remove()
+    assert rows == [1, 1, 1, 1]  # 2 steps x (cond, uncond), batch 1 each
+    order = [next(name for name, e in text.items() if torch.equal(e, h)) for h in texts]
+    assert order == ["prompt_embeds", "negative_prompt_embeds"] * 2
