@@ -71,10 +71,12 @@ offline: $(SITE) ## Strict build to read from the file system, and its zip (offl
 	cd offline && ../$(BIN)/python -m zipfile -c infralens-diffusion-handbook.zip infralens-diffusion-handbook
 	@echo "open $(OFFLINE)/index.html, or unzip offline/infralens-diffusion-handbook.zip anywhere"
 
+# One pytest worker per core (at most 4: the browser tests open two pages each), tests
+# handed out as workers free up; `pytest` alone runs in one process.
 test: $(STAMP) ## Run everything: lint, contracts, starters, labs, strict build, browser, verify (if installed)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal
 
 lint: $(STAMP) ## ruff check + format check
 	$(BIN)/ruff check .

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from infralens_docs.registry import ROOT, Lab, load_labs
 from infralens_docs.runner import Run, run_starter
@@ -55,7 +57,6 @@ def strict_build(site: Path, **env_vars: str) -> Path:
     """``mkdocs build --strict`` into ``site`` as a subprocess, as `make build`/CI run it;
     fails on a non-zero exit or on any WARNING line (strict mode would also abort, but
     this names the warning in the test report)."""
-    import os
     import subprocess
 
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", INFRALENS_REPO_URL=TEST_REPO_URL)
@@ -76,10 +77,33 @@ def strict_build(site: Path, **env_vars: str) -> Path:
     return site
 
 
+def once_per_run(tmp_path_factory, name: str, make: Callable[[Path], Path]) -> Path:
+    """``make(folder)``'s result, made once per test run. `make test` runs the suite on
+    several pytest-xdist workers (each its own session): the first worker to ask makes it
+    in the run's shared temporary folder while a file lock holds the others, which then
+    take what it made. Without xdist, in this session's own folder."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, above every popen-gwK/
+    folder, made, failed = shared / name, shared / f"{name}.made", shared / f"{name}.failed"
+    with FileLock(shared / f"{name}.lock"):
+        if failed.exists():  # made and failed once: the other workers report it, not redo it
+            pytest.fail(f"{name} failed on another worker:\n{failed.read_text(encoding='utf-8')}")
+        if not made.exists():
+            folder.mkdir()
+            try:
+                result = make(folder)
+            except BaseException as error:
+                failed.write_text(f"{type(error).__name__}: {error}"[-6000:], encoding="utf-8")
+                raise
+            made.write_text(str(result), encoding="utf-8")
+    return Path(made.read_text(encoding="utf-8"))
+
+
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory) -> Path:
-    """One strict build per test session, into a temporary site_dir."""
-    return strict_build(tmp_path_factory.mktemp("site"))
+    """One strict build per test run, into a temporary site_dir."""
+    return once_per_run(tmp_path_factory, "site", strict_build)
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +111,8 @@ def offline_site(tmp_path_factory, built_site) -> Path:
     """The offline build (``make offline``: INFRALENS_OFFLINE=1), after ``built_site`` so
     it reuses that build's caches."""
     # (built without a repository address: a build without one has no edit links)
-    return strict_build(
-        tmp_path_factory.mktemp("offline"), INFRALENS_OFFLINE="1", INFRALENS_REPO_URL=""
+    return once_per_run(
+        tmp_path_factory,
+        "offline",
+        lambda folder: strict_build(folder, INFRALENS_OFFLINE="1", INFRALENS_REPO_URL=""),
     )

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import TEST_REPO_URL
+from conftest import TEST_REPO_URL, strict_build
 
 from infralens_docs.registry import ROOT, load_labs
 
@@ -397,22 +397,11 @@ def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
     The second build renders every notebook page in the build process itself, so the
     prebuild workers (infralens_docs.notebooks) are checked to render the same pages.
     No page holds an absolute path of the build machine or a kernel's stderr output."""
-    import os
-    import subprocess
-    import sys
-
-    site = tmp_path / "site"
-    env = dict(
-        os.environ,
-        NO_MKDOCS_2_WARNING="1",
-        INFRALENS_REPO_URL=TEST_REPO_URL,
+    site = strict_build(
+        tmp_path / "site",
         INFRALENS_CACHE_DIR=str(tmp_path / "cache"),
         INFRALENS_NOTEBOOK_WORKERS="0",
     )
-    subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site)],
-        cwd=ROOT, env=env, check=True, capture_output=True, timeout=900,
-    )  # fmt: skip
 
     def files(root: Path) -> dict[str, Path]:
         return {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}

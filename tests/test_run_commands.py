@@ -19,6 +19,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from conftest import once_per_run
 
 from infralens_docs.hooks import DIRECTIVE_RE
 from infralens_docs.registry import ROOT, load_labs
@@ -54,15 +55,20 @@ def test_the_commands_were_found():
 
 @pytest.fixture(scope="session")
 def numpy_only_python(tmp_path_factory) -> Path:
-    """A new venv with NumPy alone (pip from the venv itself, the pinned NumPy)."""
-    where = tmp_path_factory.mktemp("numpy-only")
-    venv.create(where, with_pip=True, clear=True)
-    python = where / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         f"numpy=={version('numpy')}"],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+    """A new venv with NumPy alone (pip from the venv itself, the pinned NumPy), one per
+    test run."""
+
+    def make(where: Path) -> Path:
+        venv.create(where, with_pip=True, clear=True)
+        python = where / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        subprocess.run(
+            [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             f"numpy=={version('numpy')}"],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+        return python
+
+    python = once_per_run(tmp_path_factory, "numpy-only", make)
     listed = subprocess.run(
         [python, "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
         check=True, capture_output=True, text=True,

@@ -27,6 +27,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import types
 from concurrent.futures import Future
@@ -36,17 +37,28 @@ import jupytext
 from mkdocs.exceptions import PluginError
 
 from infralens_docs.registry import ROOT
-from infralens_docs.runner import CACHE_DIR
+
+
+def _socket_folder() -> Path:
+    """This user's folder for the kernels' sockets, in the system's temporary folder (a
+    socket's path may not pass about 100 bytes: 107 on Linux, 103 on macOS, which one under
+    a deep checkout or a test's temporary folder does). Readable by this user alone; if the
+    name is taken by another user or a link, a fresh private folder instead."""
+    folder = Path(tempfile.gettempdir()) / f"infralens-kernel-ipc-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.is_symlink() or folder.stat().st_uid != os.getuid():
+        return Path(tempfile.mkdtemp(prefix="infralens-ipc-"))
+    return folder
 
 
 def configure() -> None:
     """Three settings for mkdocs-jupyter's notebook runs, applied once.
 
-    - Kernels over IPC (Unix sockets under .cache/) instead of TCP: nbclient starts each
-      kernel with the exporter's traitlets config, so ``KernelManager.transport = "ipc"``
-      there keeps the build off the network and silences ipykernel's "running over TCP
-      without encryption" warning. mkdocs-jupyter builds that config in
-      ``get_nbconvert_app``; wrap it.
+    - Kernels over IPC (Unix sockets in a private folder of the system's temporary folder,
+      ``_socket_folder``) instead of TCP: nbclient starts each kernel with the exporter's
+      traitlets config, so ``KernelManager.transport = "ipc"`` there keeps the build off the
+      network and silences ipykernel's "running over TCP without encryption" warning.
+      mkdocs-jupyter builds that config in ``get_nbconvert_app``; wrap it.
     - Adjacent stream outputs merged and stable cell ids, so that two clean builds of the
       same sources give byte-identical pages.
     - One kernel for all the starter pages of a build, reset before each (``%reset -f``,
@@ -63,8 +75,7 @@ def configure() -> None:
     if getattr(nbconvert2.get_nbconvert_app, "infralens_ipc", False):
         return
     original = nbconvert2.get_nbconvert_app
-    sockets = CACHE_DIR / "kernel-ipc"
-    sockets.mkdir(parents=True, exist_ok=True)
+    sockets = _socket_folder()
 
     def get_nbconvert_app(*args, **kwargs):
         app = original(*args, **kwargs)

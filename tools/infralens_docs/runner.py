@@ -177,7 +177,11 @@ def run_starter(
     run = Run(command, proc.stdout, proc.stderr, proc.returncode)
     if cache:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(run.__dict__), encoding="utf-8")
+        # written whole, then renamed: a build or test reading the cache at the same time
+        # (`make test` runs on several workers) sees the old file or the new one
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(run.__dict__), encoding="utf-8")
+        tmp.replace(cached)
     return run
 
 
