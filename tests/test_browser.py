@@ -12,10 +12,12 @@ import re
 import shutil
 import subprocess
 import threading
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
 import pytest
+from filelock import FileLock
 
 pytestmark = pytest.mark.browser
 
@@ -115,15 +117,30 @@ def start_bundle(page) -> None:
 LOAD_BUDGET_BYTES = 120_000
 
 
-def test_every_page_loads_clean_and_within_its_byte_budget(built_site, server, browser):
+#: The suite runs on several workers (`make test`): the tests that visit every page do so in
+#: parts (every PARTS-th page), so that no one test holds a worker for minutes while the
+#: others have run out of work.
+PARTS = 4
+in_parts = pytest.mark.parametrize("part", range(PARTS), ids=lambda k: f"part{k + 1}of{PARTS}")
+
+
+@functools.cache
+def gzipped_size(url: str, body: bytes) -> int:
+    """A response body's size gzipped as a static host would serve it (the theme's assets
+    are the same bytes on every page: compressed once)."""
+    return len(gzip.compress(body, 6))
+
+
+@in_parts
+def test_every_page_loads_clean_and_within_its_byte_budget(built_site, server, browser, part):
     failures, heavy = {}, {}
-    for path in page_urls(built_site):
+    for path in page_urls(built_site)[part::PARTS]:
         responses: list = []
         page, problems = visit(browser, server + path, responses)
         if problems:
             failures[path] = problems
         weight = sum(
-            len(gzip.compress(r.body(), 6))
+            gzipped_size(r.url, r.body())
             for r in responses
             if r.request.resource_type not in {"image", "media"} and r.status == 200
         )
@@ -312,41 +329,180 @@ AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practi
 
 @pytest.fixture(scope="module")
 def axe_source() -> str:
-    """axe-core from npm, installed into .cache/axe on first use (CI has npm)."""
+    """axe-core from npm, installed into .cache/axe on first use (CI has npm); one install
+    when several test workers ask at once."""
     from infralens_docs.runner import CACHE_ROOT
 
     prefix = CACHE_ROOT / "axe"
     script = prefix / "node_modules" / "axe-core" / "axe.min.js"
-    if not script.is_file():
-        if not shutil.which("npm"):
-            if os.environ.get("CI"):
-                pytest.fail("npm is required in CI for axe-core (apt-get install npm)")
-            pytest.skip("npm is not installed: cannot fetch axe-core")
-        subprocess.run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix),
-             f"axe-core@{AXE_VERSION}"],
-            check=True, capture_output=True, timeout=300,
-        )  # fmt: skip
+    prefix.mkdir(parents=True, exist_ok=True)
+    with FileLock(prefix.with_suffix(".lock")):
+        if not script.is_file():
+            if not shutil.which("npm"):
+                if os.environ.get("CI"):
+                    pytest.fail("npm is required in CI for axe-core (apt-get install npm)")
+                pytest.skip("npm is not installed: cannot fetch axe-core")
+            subprocess.run(
+                ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix",
+                 str(prefix), f"axe-core@{AXE_VERSION}"],
+                check=True, capture_output=True, timeout=300,
+            )  # fmt: skip
     return script.read_text(encoding="utf-8")
 
 
 #: The rules whose result depends on the colour scheme: text contrast, and a link told
 #: apart from its paragraph by colour alone. The dark scheme changes colours only (Material's
 #: `slate` palette is CSS custom properties; the DOM and layout are the light scheme's), so
-#: in dark the colour rules run, and every rule runs in light.
+#: in dark the colour rules run; where each rule runs is ``axe_passes``'.
 AXE_COLOUR_RULES = ["color-contrast", "link-in-text-block"]
+AXE_ALL = {"runOnly": {"type": "tag", "values": AXE_TAGS}, "resultTypes": ["violations"]}
+AXE_NOT_COLOUR = {**AXE_ALL, "rules": {rule: {"enabled": False} for rule in AXE_COLOUR_RULES}}
+AXE_COLOUR = {
+    "runOnly": {"type": "rule", "values": AXE_COLOUR_RULES},
+    "resultTypes": ["violations"],
+}
 
 #: Pages axe judges at once, each in its own browser context (its own renderer process):
 #: axe's work is JavaScript on one thread per page, so two pages keep both cores busy.
 AXE_PAGES_AT_ONCE = 2
 
-#: (scheme, rules, states): every rule in light as loaded and once the bundle has started;
-#: in dark the colour rules once the bundle has started (the DOM at load is a subset of it:
-#: the bundle adds copy buttons, the search UI and a11y.js's fixes, and removes nothing).
-AXE_PASSES = {
-    "light": (None, ("at load", "after interaction")),
-    "dark": (AXE_COLOUR_RULES, ("after interaction",)),
-}
+DESKTOP, MOBILE = 1280, 390
+
+
+#: INFRALENS_AXE_EVERYWHERE=1 (the weekly run of the Tests workflow): every pass on every page
+AXE_EVERYWHERE = bool(os.environ.get("INFRALENS_AXE_EVERYWHERE"))
+
+
+def axe_passes(width: int, on_cover: bool) -> list[tuple[str, dict]]:
+    """(state, axe options) for one page, in the order they run: which rules run where.
+
+    Every rule but the colour rules runs on every page at both widths, in light, as loaded
+    and once the first interaction has started Material's bundle. The colour rules (half of
+    axe's time: text contrast walks every text node's backgrounds) run on every page at
+    desktop once the bundle has started, in light and then in dark, where the page shows all
+    of its text: the sidebars as well as the content. At mobile width and at load (light and
+    dark) they run on the fewest pages that together show every kind of element of the site
+    (``colour_pages``), and on every page in the weekly run (``AXE_EVERYWHERE``).
+
+    That rests on an assumption, measured once (2026-11-26, the site's 70 pages, every
+    element's computed colour, background, opacity and font in the content, at load, after
+    the first interaction and at 390 px) and re-checked by the weekly run: a text's colours
+    in the content do not depend on the width or on the bundle, only on the CSS, which tells
+    elements apart by their tag, classes, ancestors and attributes. The differences found were
+    Material's own parts, present on the covering pages: the header and drawer at mobile,
+    content tabs before the bundle turns them into tabs, and their scroll gradient at mobile.
+    What the kinds (tag, classes, parent, inline style) cannot see, such as a background that
+    lies behind a text at one width only, is what the weekly run is for."""
+    if AXE_EVERYWHERE or on_cover:
+        return [
+            ("dark at load", AXE_COLOUR),
+            ("at load", AXE_ALL),
+            ("after interaction", AXE_ALL),
+            ("dark", AXE_COLOUR),
+        ]
+    if width == DESKTOP:
+        return [
+            ("at load", AXE_NOT_COLOUR),
+            ("after interaction", AXE_ALL),
+            ("dark", AXE_COLOUR),
+        ]
+    return [("at load", AXE_NOT_COLOUR), ("after interaction", AXE_NOT_COLOUR)]
+
+
+#: Run in a context's pages before their own scripts: forget the palette the last page saved,
+#: so that each page opens as on a first visit
+FIRST_VISIT = "try { localStorage.clear(); } catch (error) {}"
+
+
+def open_page(page, url: str, scheme: str) -> None:
+    """Open ``url`` as a first visit (``FIRST_VISIT``) of a reader whose system prefers
+    ``scheme``: the page takes its palette from the preference at load, as
+    bundle_on_interaction.js does before any interaction."""
+    page.emulate_media(color_scheme=scheme)
+    page.goto(url, wait_until="load")
+    want = "slate" if scheme == "dark" else "default"
+    assert page.evaluate("() => document.body.getAttribute('data-md-color-scheme')") == want
+
+
+def set_scheme(page, scheme: str) -> None:
+    """Switch the colour scheme of a started page as a reader does, with the header's
+    toggle, their system preferring it too (the site's CSS keys every colour on the
+    palette's ``data-md-color-scheme``, none on the media query)."""
+    page.emulate_media(color_scheme=scheme)
+    want = "slate" if scheme == "dark" else "default"
+    page.evaluate(
+        """want => { if (document.body.getAttribute("data-md-color-scheme") !== want)
+            document.querySelector("[data-md-component=palette] label:not([hidden])").click(); }""",
+        want,
+    )
+    page.wait_for_function(
+        "want => document.body.getAttribute('data-md-color-scheme') === want", arg=want
+    )
+    next_frames(page)
+
+
+VOID_ELEMENTS = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+     "track", "wbr"}
+)  # fmt: skip
+
+
+class ElementKinds(HTMLParser):
+    """The kinds of element a page's HTML holds, as CSS selectors tell them apart: tag and
+    classes, its parent's tag and classes, and its inline style."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.kinds: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        classes = attrs.get("class") or ""
+        me = ".".join([tag, *sorted(classes.split())])
+        in_code = any(kind.split(".")[0] == "pre" for kind in self.stack)
+        if not (in_code and tag == "span" and classes and "md-" not in classes):
+            # (code's token spans are ``token_pages``' to cover: unwrapped on other pages)
+            self.kinds.add(
+                f"{self.stack[-1] if self.stack else ''}>{me}{{{attrs.get('style') or ''}}}"
+            )
+        if tag not in VOID_ELEMENTS:
+            self.stack.append(me)
+
+    def handle_endtag(self, tag):
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i].split(".")[0] == tag:
+                del self.stack[i:]
+                break
+
+
+def element_kinds(site: Path, path: str) -> set[str]:
+    parser = ElementKinds()
+    parser.feed((site / path.strip("/") / "index.html").read_text(encoding="utf-8"))
+    return parser.kinds
+
+
+def colour_pages(site: Path, paths: list[str]) -> set[str]:
+    """The fewest pages (chosen greedily) that together hold every element kind of the site."""
+    kinds = {path: element_kinds(site, path) for path in paths}
+    need, chosen = set().union(*kinds.values()), set()
+    while need:
+        best = max(paths, key=lambda path: len(kinds[path] & need))
+        chosen.add(best)
+        need -= kinds[best]
+    return chosen
+
+
+def test_colour_pages_hold_every_element_kind(built_site):
+    """The pages the colour rules judge at mobile width and at load hold every element kind
+    of the site (content tabs and figures among them), and they are not all the pages."""
+    paths = page_urls(built_site)
+    chosen = colour_pages(built_site, paths)
+    everywhere = set().union(*(element_kinds(built_site, path) for path in paths))
+    assert set().union(*(element_kinds(built_site, path) for path in chosen)) == everywhere
+    assert any("tabbed-set" in kind for kind in everywhere) and len(everywhere) > 300
+    assert len(chosen) < len(paths) / 2
+
 
 #: Pygments' token spans: the only property of theirs a rule reads is their colour, one per
 #: token class and kind of page, yet on a page of code they are most of what axe walks
@@ -390,58 +546,68 @@ def test_every_token_kind_is_judged_on_some_page(built_site):
     assert len(chosen) < len(paths) / 4
 
 
-@pytest.mark.parametrize("scheme", ["light", "dark"])
-@pytest.mark.parametrize("width", [1280, 390], ids=["desktop", "mobile"])
-def test_axe_finds_no_violation_on_any_page(built_site, server, browser, axe_source, scheme,
-                                            width):  # fmt: skip
+@pytest.fixture(scope="module")
+def axe_pages(built_site) -> tuple[list[str], set[str], set[str]]:
+    """Every page, the pages judged with their token spans, the pages the colour rules
+    judge at mobile width and at load."""
+    paths = page_urls(built_site)
+    return paths, token_pages(built_site, paths), colour_pages(built_site, paths)
+
+
+@in_parts
+@pytest.mark.parametrize("width", [DESKTOP, MOBILE], ids=["desktop", "mobile"])
+def test_axe_finds_no_violation_on_any_page(server, browser, axe_source, axe_pages, width,
+                                            part):  # fmt: skip
     """axe-core's WCAG 2.0-2.2 A/AA and best-practice rules pass on every page at desktop and
-    at mobile width: all of them in the light scheme, as loaded and once the first
-    interaction has started Material's bundle (which raises no error on any page), and the
-    colour rules in the dark scheme; code's token colours on the pages that show every token
-    class (``token_pages``)."""
-    rules, states = AXE_PASSES[scheme]
-    options = (
-        {"runOnly": {"type": "rule", "values": rules}, "resultTypes": ["violations"]}
-        if rules
-        else {"runOnly": {"type": "tag", "values": AXE_TAGS}, "resultTypes": ["violations"]}
-    )
+    at mobile width, as loaded and once the first interaction has started Material's bundle
+    (which raises no error on any page), in light and in dark: the colour rules where
+    ``axe_passes`` says, code's token colours on the pages that show every token class
+    (``token_pages``)."""
     # Reduced motion, which Material's CSS honours by turning every transition off: axe
     # scrolls elements into view to measure them, Material hides its tabs while the page is
     # scrolled and fades them back in (0.25 s, 20 ms later per tab), and a measurement taken
     # mid-fade saw a tab link at partial opacity (a color-contrast failure that came and
-    # went with CPU load). The settled states axe must judge are the same either way.
+    # went with CPU load). The settled states axe must judge are the same either way; so is
+    # the switch to dark, which would otherwise fade every colour over 0.25 s.
     contexts = [
         browser.new_context(
-            viewport={"width": width, "height": 800}, color_scheme=scheme, reduced_motion="reduce"
+            viewport={"width": width, "height": 800}, color_scheme="light", reduced_motion="reduce"
         )
         for _ in range(AXE_PAGES_AT_ONCE)
     ]
     tabs = []
     for context in contexts:
+        context.add_init_script(FIRST_VISIT)
         page = context.new_page()
         errors: list[str] = []
         page.on("console", lambda m, e=errors: e.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda exc, e=errors: e.append(str(exc)))
         tabs.append((page, errors))
     found = {}
-    paths = page_urls(built_site)
-    with_tokens = token_pages(built_site, paths)
+    paths, with_tokens, cover = axe_pages
+    plans = {path: axe_passes(width, path in cover) for path in paths}
+    paths = paths[part::PARTS]
+    assert paths
     for i in range(0, len(paths), AXE_PAGES_AT_ONCE):
         batch = list(zip(paths[i : i + AXE_PAGES_AT_ONCE], tabs, strict=False))
-        for path, (page, _) in batch:
-            page.goto(server + path, wait_until="load")
-            page.add_script_tag(content=axe_source)
-            if path not in with_tokens:
-                page.evaluate(UNWRAP_TOKENS, TOKEN_SPANS)
-        for state in states:
+        for step in range(max(len(plans[path]) for path, _ in batch)):
             # start axe on every page of the batch, then collect: the pages run at once
-            for _, (page, _) in batch:
-                if state == "after interaction":
+            running = [(path, page) for path, (page, _) in batch if step < len(plans[path])]
+            for path, page in running:
+                state, options = plans[path][step]
+                if state in ("at load", "dark at load"):
+                    open_page(page, server + path, "dark" if state == "dark at load" else "light")
+                    page.add_script_tag(content=axe_source)
+                    if path not in with_tokens:
+                        page.evaluate(UNWRAP_TOKENS, TOKEN_SPANS)
+                    next_frames(page)  # a11y.js's first pass runs in the first frame
+                elif state == "after interaction":
                     start_bundle(page)
-                else:  # a11y.js's first pass runs in the first frame
-                    next_frames(page)
+                else:
+                    set_scheme(page, "dark")
                 page.evaluate("options => { window.__axe = axe.run(document, options); }", options)
-            for path, (page, _) in batch:
+            for path, page in running:
+                state = plans[path][step][0]
                 for violation in page.evaluate("() => window.__axe")["violations"]:
                     targets = [node["target"] for node in violation["nodes"]][:3]
                     found.setdefault(f"{path} {state}", []).append(f"{violation['id']}: {targets}")
