@@ -3,7 +3,8 @@
 The pipeline call paths (timesteps run, add_noise, blending, the 9-channel UNet's input,
 padding_mask_crop, Kontext's sequence) are run in Lab 20's module,
 ``test_page_lab_20.py``. These tests read the pipelines' signatures, call their
-``get_timesteps`` on real schedulers, and run a tiny ``FluxImg2ImgPipeline``.
+``get_timesteps`` on real schedulers, and run a tiny ``FluxImg2ImgPipeline`` and a tiny
+``QwenImageEditPipeline`` (built offline: no hub, no weights).
 """
 
 from __future__ import annotations
@@ -91,11 +92,156 @@ def test_flux_img2img_at_strength_one_is_pure_noise(monkeypatch):
     assert pipe.scheduler.sigmas[0] == pytest.approx(1.0)
 
 
-def test_qwen_image_edit_appends_its_reference_like_kontext():
-    """`QwenImageEditPipeline`'s loop has the same two lines as `FluxKontextPipeline`'s: `torch.cat([latents, image_latents], dim=1)` before the transformer and `noise_pred[:, : latents.size(1)]` after it (read from the installed source; Lab 20's module runs Kontext's)."""
-    from diffusers import FluxKontextPipeline, QwenImageEditPipeline
+@pytest.fixture(scope="module")
+def qwen_edit_run(tmp_path_factory):
+    """One call of a tiny random `QwenImageEditPipeline`, built offline, with what it passed.
 
-    for cls in (QwenImageEditPipeline, FluxKontextPipeline):
-        source = inspect.getsource(cls.__call__)
-        assert "torch.cat([latents, image_latents], dim=1)" in source
-        assert "noise_pred[:, : latents.size(1)]" in source
+    The Qwen2Tokenizer is loaded from a byte-level vocab.json (the 256 byte symbols, no
+    merges) written to a temporary directory, plus the special tokens the pipeline's prompt
+    template uses. The processor's image processor is built from its defaults. torchvision
+    is not installed, so transformers does not export `VideoProcessorMixin` and
+    `ProcessorMixin.check_argument_for_proper_class` fails for any `video_processor`; the
+    check is skipped for `video_processor=None` while the processor is built, and nothing
+    else is patched. The reference is 64x32 px (2:1); the output is asked for at 32 px.
+    """
+    import json
+
+    import PIL.Image
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImageEditPipeline,
+        QwenImageTransformer2DModel,
+    )
+    from tokenizers import AddedToken
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2Tokenizer,
+        Qwen2VLImageProcessorPil,
+        Qwen2VLProcessor,
+    )
+    from transformers.processing_utils import ProcessorMixin
+
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    shifted = [b for b in range(256) if b not in printable]  # GPT-2's bytes_to_unicode
+    symbols = [chr(b) for b in printable] + [chr(256 + n) for n in range(len(shifted))]
+    directory = tmp_path_factory.mktemp("qwen_tokenizer")
+    (directory / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(symbols)}))
+    (directory / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = Qwen2Tokenizer(str(directory / "vocab.json"), str(directory / "merges.txt"))
+    special = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+               "<|image_pad|>", "<|video_pad|>"]  # fmt: skip
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in special])
+    ids = dict(zip(special, tokenizer.convert_tokens_to_ids(special), strict=True))
+
+    original_check = ProcessorMixin.check_argument_for_proper_class
+
+    def check(self, name, argument):
+        return (
+            None
+            if name == "video_processor" and argument is None
+            else original_check(self, name, argument)
+        )
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ProcessorMixin, "check_argument_for_proper_class", check)
+        processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer,
+                                     video_processor=None)  # fmt: skip
+
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    torch.manual_seed(0)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, rope_theta=1e6, vocab_size=len(tokenizer), bos_token_id=eos,
+                         eos_token_id=eos, rope_scaling=dict(mrope_section=[1, 1, 2], rope_type="default")),
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16),
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+    )  # fmt: skip
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    torch.manual_seed(0)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4),
+    ).eval()  # fmt: skip
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(
+        base_dim=2, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True], latents_mean=[0.0] * 16, latents_std=[1.0] * 16,
+    ).eval()  # the real 8x compression and 16 channels  # fmt: skip
+    pipe = QwenImageEditPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+        tokenizer=tokenizer, processor=processor, transformer=transformer,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+
+    seen = dict(calls=[], outputs=[], steps=[], encoded=[], rope=[], text=[])
+    text_encoder.register_forward_pre_hook(
+        lambda m, a, kw: seen["text"].append(dict(kw)), with_kwargs=True
+    )
+    transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen["calls"].append(dict(kw)), with_kwargs=True
+    )
+    transformer.register_forward_hook(lambda m, a, out: seen["outputs"].append(out[0]))
+    transformer.pos_embed.register_forward_hook(lambda m, a, out: seen["rope"].append(out[0]))
+    vae.encoder.register_forward_pre_hook(lambda m, a: seen["encoded"].append(tuple(a[0].shape)))
+    step = pipe.scheduler.step
+
+    def spy(model_output, timestep, sample, **kwargs):
+        seen["steps"].append((model_output.clone(), sample.clone()))
+        return step(model_output, timestep, sample, **kwargs)
+
+    pipe.scheduler.step = spy
+    with torch.no_grad():
+        pipe(prompt="make it blue", image=PIL.Image.new("RGB", (64, 32), (200, 30, 30)), height=32,
+             width=32, num_inference_steps=2, true_cfg_scale=1.0, output_type="latent",
+             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    return pipe, seen
+
+
+def test_qwen_image_edit_appends_its_reference_like_kontext(qwen_edit_run):
+    """A tiny `QwenImageEditPipeline` run appends its reference like Kontext: each transformer call gets `torch.cat([latents, image_latents], dim=1)`, N + M tokens (4 + 4,140 here), the reference's tokens the same at every step, and only the first N output tokens reach `scheduler.step` as `noise_pred`."""
+    _, seen = qwen_edit_run
+    assert len(seen["calls"]) == len(seen["steps"]) == 2
+    for call, output, (noise_pred, latents) in zip(
+        seen["calls"], seen["outputs"], seen["steps"], strict=True
+    ):
+        hidden = call["hidden_states"]
+        assert tuple(hidden.shape) == (1, 4 + 4140, 64) and tuple(latents.shape) == (1, 4, 64)
+        assert torch.equal(hidden[:, :4], latents)
+        assert torch.equal(hidden[:, 4:], seen["calls"][0]["hidden_states"][:, 4:])
+        assert tuple(output.shape) == (1, 4144, 64)
+        assert torch.equal(noise_pred, output[:, :4])
+
+
+def test_qwen_image_edit_resizes_its_reference_to_1_mp_and_gives_it_frame_1(qwen_edit_run):
+    """`QwenImageEditPipeline` resizes the reference to about 1 MP at its aspect ratio, `calculate_dimensions(1024 * 1024, w / h)` rounded to multiples of 32 (a 64x32 image to 1440x736, 4,140 tokens), keeps a requested 32 px output at 32 px (4 tokens), and passes `img_shapes=[[(1, 2, 2), (1, 46, 90)]]`, one (frame, height, width) token grid per image; the transformer's RoPE gives the reference frame index 1, the generated tokens 0."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+    pipe, seen = qwen_edit_run
+    assert calculate_dimensions(1024 * 1024, 64 / 32)[:2] == (1440, 736)
+    assert seen["encoded"] == [(1, 3, 1, 736, 1440)]
+    assert [tuple(latents.shape) for _, latents in seen["steps"]] == [(1, 4, 64)] * 2
+    for call in seen["calls"]:
+        assert call["img_shapes"] == [[(1, 2, 2), (1, 46, 90)]]
+    (freqs, *_) = seen["rope"]
+    frame = pipe.transformer.pos_embed.axes_dim[0] // 2  # the first columns: the frame axis
+    pos = pipe.transformer.pos_embed.pos_freqs
+    assert tuple(freqs.shape) == (4144, sum(pipe.transformer.pos_embed.axes_dim) // 2)
+    assert torch.equal(freqs[:4, :frame], pos[0, :frame].expand(4, frame))
+    assert torch.equal(freqs[4:, :frame], pos[1, :frame].expand(4140, frame))
+
+
+def test_qwen_image_edit_reference_also_lengthens_prompt_embeds(qwen_edit_run):
+    """`QwenImageEditPipeline` also gives the reference to its text encoder (Qwen2.5-VL) as image tokens, which stay in `prompt_embeds` after the template's first `prompt_template_encode_start_idx` tokens are dropped: the text stream grows with the reference too (one token per 2x2 merge of the processor's patch grid)."""
+    pipe, seen = qwen_edit_run
+    (text,) = seen["text"]
+    image_token = pipe.text_encoder.config.image_token_id
+    image_tokens = int((text["input_ids"] == image_token).sum())
+    assert image_tokens == int(text["image_grid_thw"].prod()) // 4 > 0
+    length = seen["calls"][0]["encoder_hidden_states"].shape[1]
+    assert length == text["input_ids"].shape[1] - pipe.prompt_template_encode_start_idx
+    print(
+        f"QWEN prompt_embeds {length} tokens, {image_tokens} of them the reference's, grid {text['image_grid_thw'].tolist()}"
+    )
