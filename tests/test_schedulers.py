@@ -532,3 +532,21 @@ def test_ddim_eta_zero_loop_is_reproducible():
     scheduler = DDIMScheduler(clip_sample=False)
     b = run_loop(scheduler, exact_denoiser(), 20, seed=3, generator=np.random.default_rng(9))
     np.testing.assert_array_equal(a, b)
+
+
+def test_flow_match_dynamic_shift_takes_mu_and_refuses_sigmas_alone():
+    """With ``mu`` the given sigmas get diffusers' exponential time shift (a final 0 appended,
+    timesteps = sigma * T); sigmas without ``mu``, or as many sigmas as steps not, raise."""
+    from labkit.schedulers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    sigmas = np.linspace(1.0, 1 / 4, 4)
+    scheduler.set_timesteps(4, sigmas=sigmas, mu=0.0)  # e^0 / (e^0 + 1/s - 1) = s
+    np.testing.assert_allclose(scheduler.sigmas, [*sigmas, 0.0])
+    np.testing.assert_allclose(scheduler.timesteps, sigmas * 1000)
+    scheduler.set_timesteps(4, sigmas=sigmas, mu=1.15)
+    assert np.all(scheduler.sigmas[1:-1] > sigmas[1:])  # shifted toward noise
+    with pytest.raises(ValueError):
+        scheduler.set_timesteps(4, sigmas=sigmas)
+    with pytest.raises(ValueError):
+        scheduler.set_timesteps(3, sigmas=sigmas, mu=1.0)

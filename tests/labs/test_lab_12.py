@@ -126,3 +126,88 @@ def test_bad_arguments(run_cli, argv):
     assert run.returncode == 2 and run.stdout == ""
     assert len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("pipeline_trace.py: error: ")
+
+
+# ---------------------------------------------------------------- flux_trace.py
+
+FLUX = "code/lab-12-end-to-end-inference-trace/flux_trace.py"
+
+
+def test_flux_packing_round_trip_is_the_identity(run_lab):
+    """`_unpack_latents(_pack_latents(x))` returns `x` exactly, and token `(i, j)` holds the 2 x 2 block at row `2i`, column `2j`, channel-major."""
+    g = run_lab(FLUX, "--steps", "2")
+    x = np.random.default_rng(1).standard_normal((3, 4, 6, 8))
+    packed = g["_pack_latents"](x, 3, 4, 6, 8)
+    assert packed.shape == (3, 12, 16)
+    np.testing.assert_array_equal(g["_unpack_latents"](packed, 6, 8), x)
+    # token 5 = (i, j) = (1, 1): rows 2-3, columns 2-3; its first 4 numbers are channel 0
+    np.testing.assert_array_equal(packed[:, 5, :4], x[:, 0, 2:4, 2:4].reshape(3, 4))
+
+
+def test_flux_ids(run_lab):
+    """`text_ids` is `(L, 3)` of zeros; `latent_image_ids` is `(N, 3)` = (0, row, column) of each token, N = (h/2)(w/2)."""
+    g = run_lab(FLUX, "--steps", "2")
+    assert not g["text_ids"].any() and g["text_ids"].shape == (1, 3)
+    ids = g["latent_image_ids"]
+    assert ids.shape == (4, 3)
+    np.testing.assert_array_equal(ids, [[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1]])
+
+
+@pytest.mark.parametrize("true_cfg", ["1", "2"])
+def test_flux_per_step_batch(run_lab, true_cfg):
+    """Each step calls the transformer once on B rows with guidance `(B,)`; with true CFG twice, again on B rows each, never 2B."""
+    g = run_lab(FLUX, "--steps", "3", "--num-samples", "5", "--true-cfg-scale", true_cfg)
+    calls = 2 if true_cfg == "2" else 1
+    assert g["transformer"].rows == [5] * 3 * calls
+    assert g["guidance"].shape == (5,) and g["guidance"].dtype == np.float32
+    loop = [r for r in g["trace"] if r["stage"] == "loop"]
+    assert all(r["shape"][0] == 5 for r in loop)
+    assert len(loop) == 3 * (8 if calls == 2 else 4)
+
+
+def test_flux_shift_and_sigmas(run_lab):
+    """`mu` is `calculate_shift(N)` and the sigmas are `e^mu / (e^mu + 1/s - 1)` of `linspace(1, 1/n, n)`, then 0."""
+    g = run_lab(FLUX, "--steps", "4")
+    mu = g["mu"]
+    assert mu == pytest.approx(0.5 + (1.15 - 0.5) / (4096 - 256) * (4 - 256))
+    s = np.linspace(1, 1 / 4, 4)
+    expected = np.exp(mu) / (np.exp(mu) + 1 / s - 1)
+    np.testing.assert_allclose(g["scheduler"].sigmas, [*expected, 0.0])
+    np.testing.assert_allclose(g["scheduler"].timesteps, expected * 1000)
+
+
+def test_flux_decode_undo(run_lab):
+    """The decoder gets `_unpack_latents(latents) / scaling_factor + shift_factor`, the inverse of the training latents' `(z - shift_factor) * scaling_factor`."""
+    g = run_lab(FLUX, "--steps", "6")
+    vae = g["vae"]
+    np.testing.assert_allclose(
+        g["vae_input"], g["latents"] / vae.config.scaling_factor + vae.config.shift_factor
+    )
+    np.testing.assert_allclose(g["image"], vae.decode(g["vae_input"]))
+    z = g["z"]
+    back = g["training_latents"] / vae.config.scaling_factor + vae.config.shift_factor
+    np.testing.assert_allclose(back, z)
+
+
+def test_flux_figure(tmp_path, run_cli):
+    """The starter writes one SVG figure with alt text from the run's values."""
+    run = run_cli(FLUX, "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    assert set(manifest) == {"flux"}
+    assert "(B, N, 4C)" in (tmp_path / "flux.svg").read_text()
+    assert "one transformer call of 2 rows" in manifest["flux"]["alt"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--steps", "0"], ["--true-cfg-scale", "-1"], ["--true-cfg-scale", "nan"],
+     ["--prompt", "cat"], ["--num-samples", "0"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_flux_bad_arguments(run_cli, argv):
+    """Bad input gives one line on stderr and exit code 2, no traceback."""
+    run = run_cli(FLUX, *argv)
+    assert run.returncode == 2 and run.stdout == ""
+    assert len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith("flux_trace.py: error: ")

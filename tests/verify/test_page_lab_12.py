@@ -23,6 +23,7 @@ What "the same structure" means, exactly (see ``test_real_trace_has_the_toys_str
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -276,3 +277,173 @@ def test_the_loop_takes_the_most_time_then_decode():
     finally:
         torch.set_num_threads(threads)
     assert best["loop"] > best["decode"] > best["prepare"] > 0, best
+
+
+# ---------------------------------------------------------------- the Flux trace
+
+FLUX_STARTER = "code/lab-12-end-to-end-inference-trace/flux_trace.py"
+
+
+def real_flux_trace(monkeypatch, true_cfg_scale=1.0, batch=B, steps=N):
+    """Run the tiny real ``FluxPipeline.__call__`` with wrappers and transformer hooks; return
+    (trace rows, guidance shapes seen by each transformer call)."""
+    import diffusers.pipelines.flux.pipeline_flux as pipeline_flux
+    from tiny import DIT_TEXT, DIT_TOKENS, FLUX_VAE_FACTORS, tiny_flux_pipeline
+
+    pipe = tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS)  # FLUX.1's scaling and shift
+    rows, step, calls, guidance = [], [1], [0], []
+
+    def add(stage, boundary, name, array, at_step=None):
+        array = array if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array))
+        rows.append(dict(stage=stage, step=at_step, boundary=boundary, name=name,
+                         shape=tuple(array.shape), dtype=str(array.dtype).removeprefix("torch.")))  # fmt: skip
+
+    def wrap(owner, attr, after):
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)  # retrieve_timesteps reads set_timesteps' signature
+        def wrapper(*args, **kwargs):
+            out = original(*args, **kwargs)
+            after(args, kwargs, out)
+            return out
+
+        monkeypatch.setattr(owner, attr, wrapper)
+
+    encodes = []
+
+    def on_encode(args, kwargs, out):  # (prompt_embeds, pooled_prompt_embeds, text_ids)
+        neg = " (negative)" if encodes else ""
+        pre = "negative_" if encodes else ""
+        encodes.append(1)
+        add("prepare", "encode_prompt" + (neg or " (T5 stand-in)"), pre + "prompt_embeds", out[0])
+        add("prepare", "encode_prompt" + (neg or " (CLIP pooled stand-in)"),
+            pre + "pooled_prompt_embeds", out[1])  # fmt: skip
+        add("prepare", "encode_prompt" + neg, pre + "text_ids", out[2])
+
+    def on_pack(args, kwargs, out):
+        add("prepare", "prepare_latents: randn", "latents", args[0])
+        add("prepare", "_pack_latents", "latents", out)
+
+    def on_prepare_latents(args, kwargs, out):  # (latents, latent_image_ids)
+        add("prepare", "_prepare_latent_image_ids", "latent_image_ids", out[1])
+
+    mus = []
+
+    def on_shift(args, kwargs, out):
+        mus.append(out)
+        add("prepare", "calculate_shift(image_seq_len)", "mu", np.asarray(out))
+
+    def on_set_timesteps(args, kwargs, out):
+        add("prepare", "set_timesteps(sigmas=..., mu=mu)", "timesteps", pipe.scheduler.timesteps)
+        add("prepare", "set_timesteps(sigmas=..., mu=mu)", "sigmas", pipe.scheduler.sigmas)
+
+    outputs = []
+
+    def on_step(args, kwargs, out):  # step(noise_pred, t, latents, return_dict=False)
+        if true_cfg_scale > 1:
+            add("loop", "true CFG combine", "noise_pred", args[0], step[0])
+            cond, uncond = outputs[-2:]  # this step's calls: the prompt's, then the negative's
+            combined = uncond + true_cfg_scale * (cond - uncond)
+            torch.testing.assert_close(args[0], combined)
+        add("loop", "scheduler.step(...).prev_sample", "latents", out[0], step[0])
+        step[0] += 1
+
+    unpacked, timesteps_in = [], []
+
+    def on_unpack(args, kwargs, out):
+        unpacked.append(out)
+        add("decode", "_unpack_latents", "latents", out)
+
+    def on_decode(args, kwargs, out):
+        config = pipe.vae.config  # the decoder gets the unpacked latents, unscaled and shifted
+        torch.testing.assert_close(
+            args[0], unpacked[-1] / config.scaling_factor + config.shift_factor
+        )
+        add("decode", "latents / scaling_factor + shift_factor", "latents", args[0])
+        add("decode", "vae.decode", "image", out[0])
+
+    def pre(module, args, kwargs):
+        if calls[0] == 0:  # the guidance the pipeline built before its loop
+            add("prepare", "torch.full(guidance_scale).expand", "guidance", kwargs["guidance"])
+        neg = calls[0] % (2 if true_cfg_scale > 1 else 1) == 1
+        calls[0] += 1
+        timesteps_in.append(kwargs["timestep"])
+        guidance.append(tuple(kwargs["guidance"].shape))
+        add("loop", "transformer(negative)" if neg else "transformer(hidden_states=latents)",
+            "latents", kwargs["hidden_states"], step[0])  # fmt: skip
+        add("loop", "timestep / 1000" + (" (negative)" if neg else ""), "timestep",
+            kwargs["timestep"], step[0])  # fmt: skip
+        module._neg = neg
+
+    def post(module, args, kwargs, output):
+        outputs.append(output[0])
+        neg = module._neg
+        add("loop", "transformer(negative ...)" if neg else "transformer(...)",
+            "neg_noise_pred" if neg else "noise_pred", output[0], step[0])  # fmt: skip
+
+    wrap(pipe, "encode_prompt", on_encode)
+    wrap(pipe, "_pack_latents", on_pack)
+    wrap(pipe, "prepare_latents", on_prepare_latents)
+    wrap(pipeline_flux, "calculate_shift", on_shift)
+    wrap(pipe.scheduler, "set_timesteps", on_set_timesteps)
+    wrap(pipe.scheduler, "step", on_step)
+    wrap(pipe, "_unpack_latents", on_unpack)
+    wrap(pipe.vae, "decode", on_decode)
+    handles = [pipe.transformer.register_forward_pre_hook(pre, with_kwargs=True),
+               pipe.transformer.register_forward_hook(post, with_kwargs=True)]  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    embeds = dict(prompt_embeds=torch.randn(batch, DIT_TOKENS, DIT_TEXT, generator=g),
+                  pooled_prompt_embeds=torch.randn(batch, DIT_TEXT, generator=g))  # fmt: skip
+    if true_cfg_scale > 1:
+        embeds.update(negative_prompt_embeds=torch.randn(batch, DIT_TOKENS, DIT_TEXT, generator=g),
+                      negative_pooled_prompt_embeds=torch.randn(batch, DIT_TEXT, generator=g))  # fmt: skip
+    try:
+        with torch.no_grad():
+            images = pipe(**embeds, true_cfg_scale=true_cfg_scale, num_inference_steps=steps,
+                          height=SIZE, width=SIZE, output_type="np",
+                          generator=torch.Generator().manual_seed(1)).images  # fmt: skip
+    finally:
+        for handle in handles:
+            handle.remove()
+    add("decode", 'postprocess(output_type="np")', "image", images)
+    # the values behind three rows' names: timestep / 1000 on every call, and the sigmas,
+    # shifted by mu = calculate_shift(N), equal to labkit's, which the starter steps with
+    from labkit.schedulers import FlowMatchEulerDiscreteScheduler as ToyScheduler
+
+    per_call = 2 if true_cfg_scale > 1 else 1
+    for i, t in enumerate(timesteps_in):
+        expected = pipe.scheduler.timesteps[i // per_call].expand(batch) / 1000
+        torch.testing.assert_close(t, expected.to(t.dtype))
+    toy = ToyScheduler()
+    toy.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=mus[0])
+    np.testing.assert_allclose(pipe.scheduler.sigmas.numpy(), toy.sigmas, atol=1e-6)
+    sizes = dict(B=batch, n=steps, C=pipe.transformer.config.in_channels // 4,
+                 h=SIZE // pipe.vae_scale_factor, w=SIZE // pipe.vae_scale_factor,
+                 f=pipe.vae_scale_factor, L=DIT_TOKENS, D=DIT_TEXT, P=DIT_TEXT)  # fmt: skip
+    return rows, guidance, sizes
+
+
+@pytest.mark.parametrize("true_cfg", [1.0, 2.0], ids=["guidance-embedding", "true-cfg"])
+def test_real_flux_trace_has_the_toys_structure(monkeypatch, true_cfg):
+    """The real `FluxPipeline.__call__` crosses the same boundaries in the same order as `flux_trace.py`, every shape equals the toy's layout expanded with the tiny pipeline's sizes (`prompt_embeds (B, L, D)`, `pooled_prompt_embeds (B, P)`, `text_ids (L, 3)`, latents packed to `(B, N, 4C)`, `latent_image_ids (N, 3)`, a scalar `mu`, `timesteps (n,)`, `sigmas (n+1,)`, `guidance (B,)`, `noise_pred (B, N, 4C)`, unpacked `(B, C, h, w)` before `vae.decode`), and each step calls the transformer once on B rows, twice (B rows each) with `true_cfg_scale > 1` and a negative prompt, the prompt's call first, combined as `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)` before `scheduler.step`; the values behind the rows' names hold too: every call's `timestep` is `timesteps[i] / 1000`, the sigmas (shifted by the pipeline's `mu = calculate_shift(N)`) equal labkit's to 1e-6, and `vae.decode` gets the unpacked latents `/ scaling_factor + shift_factor`; the starter's `calculate_shift` is the pipeline's (at its token count, 256 and 4,096)."""
+    toy = run_starter(FLUX_STARTER, "--num-samples", str(B), "--steps", str(N),
+                      "--true-cfg-scale", str(true_cfg))  # fmt: skip
+    import diffusers.pipelines.flux.pipeline_flux as pipeline_flux
+
+    for tokens in (toy["image_seq_len"], 256, 4096):  # the starter's mu is the pipeline's
+        assert toy["calculate_shift"](tokens) == pytest.approx(
+            pipeline_flux.calculate_shift(tokens)
+        )
+    rows, guidance, sizes = real_flux_trace(monkeypatch, true_cfg)
+    toy_rows = [r for r in toy["trace"] if r["stage"] != "load"]
+    key = lambda r: (r["stage"], r["step"], r["boundary"], r["name"])  # noqa: E731
+    assert [key(r) for r in rows] == [key(r) for r in toy_rows]
+    for real, mine in zip(rows, toy_rows, strict=True):
+        assert real["shape"] == toy["expand"](mine["layout"], sizes), (real, mine["layout"])
+        assert kind(real["dtype"]) == kind(mine["dtype"]), (real, mine)
+    calls = 2 if true_cfg > 1 else 1
+    assert guidance == [(B,)] * N * calls  # the guidance input: (B,) on every call
+    loop_in = [
+        r for r in rows if r["boundary"].startswith("transformer(") and r["name"] == "latents"
+    ]
+    assert [r["shape"][0] for r in loop_in] == [B] * N * calls  # B rows a call, never 2B

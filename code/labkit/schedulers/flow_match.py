@@ -35,8 +35,9 @@ class FlowMatchEulerDiscreteScheduler:
     """Euler sampling of a rectified flow with a static ``shift``, diffusers' names and defaults.
 
     The config lives in ``scheduler.config`` and is copied to plain attributes
-    (``scheduler.shift``). diffusers' dynamic (resolution-dependent) shifting, Karras /
-    exponential / beta sigmas and stochastic sampling are not implemented.
+    (``scheduler.shift``), or diffusers' dynamic (resolution-dependent) shifting when
+    ``set_timesteps`` is given ``mu``. Karras / exponential / beta sigmas and stochastic
+    sampling are not implemented.
     """
 
     #: model evaluations per step (diffusers pipelines use it for warm-up steps)
@@ -89,12 +90,35 @@ class FlowMatchEulerDiscreteScheduler:
         """Start at ``self.timesteps[begin_index]`` without looking the timestep up."""
         self._begin_index = begin_index
 
-    def set_timesteps(self, num_inference_steps: int) -> None:
+    def set_timesteps(
+        self, num_inference_steps: int, sigmas: np.ndarray | None = None, mu: float | None = None
+    ) -> None:
         """n shifted sigmas from sigma_max down to sigma_min, then a final 0.
 
         ``self.timesteps``: ``(n,)`` float64 = sigma * T; ``self.sigmas``: ``(n + 1,)``.
+        With ``mu``, diffusers' dynamic shifting (``use_dynamic_shifting=True``, as in
+        FLUX.1-dev's config; its pipeline passes ``sigmas = linspace(1, 1/n, n)`` and
+        ``mu = calculate_shift(image_seq_len)``): the given ``sigmas`` get diffusers'
+        exponential ``time_shift`` instead of the static ``shift``,
+        ``sigma' = e^mu / (e^mu + (1/sigma - 1))``. ``sigmas`` without ``mu`` (diffusers'
+        static shift of given sigmas) is not emulated, and raises.
         """
         T = self.config.num_train_timesteps
+        if sigmas is not None and mu is None:
+            raise ValueError("sigmas without mu (a static shift of given sigmas) is not emulated")
+        if mu is not None:
+            if sigmas is None:
+                sigmas = np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps)
+            if len(sigmas) != num_inference_steps or not 1 <= num_inference_steps <= T:
+                raise ValueError(f"{len(sigmas)} sigmas for {num_inference_steps} steps")
+            # diffusers' _time_shift_exponential(mu, 1.0, sigmas)
+            sigmas = np.exp(mu) / (np.exp(mu) + (1.0 / np.asarray(sigmas, dtype=np.float64) - 1.0))
+            self.num_inference_steps = len(sigmas)
+            self.timesteps = sigmas * T
+            self.sigmas = np.concatenate([sigmas, [0.0]])
+            self._step_index = None
+            self._begin_index = None
+            return
         if not 1 <= num_inference_steps <= T:
             raise ValueError(
                 f"num_inference_steps must be between 1 and num_train_timesteps={T}, "
