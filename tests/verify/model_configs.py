@@ -33,6 +33,9 @@ OPENAI_CLIP = "openai/CLIP@d05afc436d78"
 T5_REPO = "google-research/text-to-text-transfer-transformer@e081111ccd51"
 WAN = "Wan-Video/Wan2.1@9737cba9c1c3"
 QWEN_IMAGE = "QwenLM/Qwen-Image@6b5e1f5cec98"
+MUSUBI_QWEN_IMAGE = (
+    "kohya-ss/musubi-tuner@4953fe371683 src/musubi_tuner/qwen_image/qwen_image_model.py"
+)
 
 #: a published total is a rounded number: counts must agree within this relative tolerance
 PUBLISHED_RTOL = 0.03
@@ -339,18 +342,29 @@ SD35_LARGE_TRANSFORMER = {
     "qk_norm": "rms_norm",
 }
 
-#: Qwen-Image's MMDiT: diffusers' QwenImageTransformer2DModel defaults (the published
-#: transformer/config.json lives on the Hugging Face hub, not reachable from these tests)
-QWEN_IMAGE_TRANSFORMER = {
-    "patch_size": 2,
-    "in_channels": 64,
-    "out_channels": 16,
-    "num_layers": 60,
+#: Qwen/Qwen-Image transformer/config.json (on the Hugging Face hub, which these tests do
+#: not reach), as quoted verbatim in MUSUBI_QWEN_IMAGE's create_model docstring
+QWEN_IMAGE_PUBLISHED = {
+    "_class_name": "QwenImageTransformer2DModel",
+    "_diffusers_version": "0.34.0.dev0",
     "attention_head_dim": 128,
-    "num_attention_heads": 24,
-    "joint_attention_dim": 3584,
-    "guidance_embeds": False,
     "axes_dims_rope": [16, 56, 56],
+    "guidance_embeds": False,
+    "in_channels": 64,
+    "joint_attention_dim": 3584,
+    "num_attention_heads": 24,
+    "num_layers": 60,
+    "out_channels": 16,
+    "patch_size": 2,
+    "pooled_projection_dim": 768,
+}
+#: "pooled_projection_dim" is not an __init__ argument of QwenImageTransformer2DModel
+#: (from_config would drop it), so the counted config leaves it out with the metadata;
+#: test_model_sizes checks both that and that the rest equals the class's defaults
+QWEN_IMAGE_TRANSFORMER = {
+    k: v
+    for k, v in QWEN_IMAGE_PUBLISHED.items()
+    if k not in ("_class_name", "_diffusers_version", "pooled_projection_dim")
 }
 
 #: Wan 2.1 text-to-video transformers: Wan-Video/Wan2.1 wan/configs/wan_t2v_14B.py and
@@ -631,10 +645,9 @@ COMPONENTS: list[Component] = [
         "QwenImageTransformer2DModel",
         "diffusers",
         QWEN_IMAGE_TRANSFORMER,
-        f"{DIFFUSERS} src/diffusers/models/transformers/transformer_qwenimage.py "
-        f"QwenImageTransformer2DModel defaults (60 double-stream blocks, 24 heads x 128, "
-        f"text width 3584, packed 64-channel tokens); the published config.json is on the "
-        f"Hugging Face hub, which these tests do not reach",
+        f"Qwen/Qwen-Image transformer/config.json as quoted in {MUSUBI_QWEN_IMAGE} "
+        f"create_model (60 double-stream blocks, 24 heads x 128, text width 3584, packed "
+        f"64-channel tokens); equal to {DIFFUSERS} QwenImageTransformer2DModel's defaults",
         note="Its text encoder is the Qwen2.5-VL language model (not counted here).",
     ),
     Component(

@@ -24,6 +24,8 @@ from model_configs import (
     OPEN_CLIP_TEXT_ORIGINAL,
     PUBLISHED,
     PUBLISHED_RTOL,
+    QWEN_IMAGE_PUBLISHED,
+    QWEN_IMAGE_TRANSFORMER,
     SD3_CLIPG_CONFIG_ORIGINAL,
     SD3_CLIPL_CONFIG_ORIGINAL,
     SD3_MEDIUM_CHECKPOINT_SHAPES,
@@ -179,6 +181,21 @@ def test_flux_and_sd3_configs_follow_the_reference_parameters():
     assert sd3["num_attention_heads"] * sd3["attention_head_dim"] == hidden
     assert sd3["pos_embed_max_size"] ** 2 == SD3_MEDIUM_CHECKPOINT_SHAPES["pos_embed_patches"]
     assert sd3["pooled_projection_dim"] == 768 + 1280  # pooled CLIP-L + CLIP-G
+
+
+def test_qwen_image_config_is_the_published_one_and_the_class_defaults():
+    """The counted Qwen-Image config is the published `transformer/config.json` without its metadata and `pooled_projection_dim`, which `QwenImageTransformer2DModel.__init__` does not take; what remains equals the class's defaults."""
+    from diffusers import QwenImageTransformer2DModel
+
+    parameters = inspect.signature(QwenImageTransformer2DModel.__init__).parameters
+    assert "pooled_projection_dim" not in parameters
+    left_out = set(QWEN_IMAGE_PUBLISHED) - set(QWEN_IMAGE_TRANSFORMER)
+    assert left_out == {"_class_name", "_diffusers_version", "pooled_projection_dim"}
+    assert QWEN_IMAGE_PUBLISHED["_class_name"] == QwenImageTransformer2DModel.__name__
+    defaults = {k: parameters[k].default for k in QWEN_IMAGE_TRANSFORMER}
+    assert {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()} == (
+        QWEN_IMAGE_TRANSFORMER
+    )
 
 
 def test_text_encoder_configs_follow_open_clip_and_sd3():
