@@ -9,6 +9,7 @@ padding_mask_crop, Kontext's sequence) are run in Lab 20's module,
 
 from __future__ import annotations
 
+import functools
 import inspect
 from types import SimpleNamespace
 
@@ -30,7 +31,7 @@ def test_default_strengths():
 
 
 def test_sd_floors_the_steps_run_and_flux_rounds_them_up():
-    """SD's `get_timesteps` runs `int(num_inference_steps * strength)` steps (strength 0.35 of 10: 3), Flux's skips `int(num_inference_steps - num_inference_steps * strength)` and so runs 4. Flux's `strength` counts steps, not noise: at 1024 px (4,096 image tokens, `mu` 1.15) the shifted grid's first sigma run at strength 0.6 of 10 steps is 0.83, not 0.6."""
+    """SD's `get_timesteps` with DDIM runs `int(num_inference_steps * strength)` steps (strength 0.35 of 10: 3), Flux's skips `int(num_inference_steps - num_inference_steps * strength)` and so runs 4."""
     from diffusers import (
         DDIMScheduler,
         FlowMatchEulerDiscreteScheduler,
@@ -48,16 +49,79 @@ def test_sd_floors_the_steps_run_and_flux_rounds_them_up():
     timesteps, n = FluxImg2ImgPipeline.get_timesteps(flux, 10, 0.35, "cpu")
     assert n == len(timesteps) == 4
 
-    import numpy as np
-    from diffusers.pipelines.flux.pipeline_flux_img2img import calculate_shift
 
-    mu = calculate_shift(4096)  # the pipeline's call with the scheduler's defaults
-    assert mu == pytest.approx(1.15)
-    flux = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True))
-    flux.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / 10, 10), mu=mu)  # as the pipeline
-    timesteps, n = FluxImg2ImgPipeline.get_timesteps(flux, 10, 0.6, "cpu")
-    assert n == 6
-    assert float(timesteps[0]) / 1000 == pytest.approx(0.83, abs=5e-3)
+def test_flux_strength_counts_steps_not_noise_at_1024px(monkeypatch, record_calls):
+    """Run through `FluxImg2ImgPipeline.__call__` with 4,096 image tokens (FLUX.1 at 1024 px; here a tiny VAE at 256 px gives the same token grid): `mu` is 1.15, the shifted grid's first sigma run at strength 0.6 of 10 steps is 0.83, not 0.6, and 6 transformer calls run."""
+    import PIL.Image
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+    from tiny import DIT_TEXT, DIT_TOKENS, FLUX_VAE_FACTORS, tiny_dit_vae, tiny_flux_transformer
+
+    pipe = FluxImg2ImgPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    mus, starts = [], []
+    set_timesteps, scale_noise = pipe.scheduler.set_timesteps, pipe.scheduler.scale_noise
+
+    @functools.wraps(set_timesteps)  # the pipeline inspects its signature for `sigmas`
+    def spy_set(*args, **kwargs):
+        mus.append(kwargs.get("mu"))
+        return set_timesteps(*args, **kwargs)
+
+    def spy_scale(sample, timestep, noise=None):
+        starts.append(float(timestep.flatten()[0]))
+        return scale_noise(sample, timestep, noise)
+
+    monkeypatch.setattr(pipe.scheduler, "set_timesteps", spy_set)
+    monkeypatch.setattr(pipe.scheduler, "scale_noise", spy_scale)
+    calls = record_calls(pipe.transformer)
+    g = torch.Generator().manual_seed(0)
+    size = 2 * pipe.vae_scale_factor * 64  # 64 x 64 packed tokens
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+             image=PIL.Image.new("RGB", (size, size), (200, 30, 30)), strength=0.6,
+             height=size, width=size, num_inference_steps=10, output_type="latent")  # fmt: skip
+    assert calls.calls[0][1]["hidden_states"].shape[1] == 4096
+    assert mus == [pytest.approx(1.15)]
+    assert [s / 1000 for s in starts] == [pytest.approx(0.83, abs=5e-3)]
+    assert len(calls.calls) == 6
+
+
+@pytest.mark.parametrize("strength", [1.0, 0.5])
+def test_pndm_img2img_drops_the_repeat_plms_expects(monkeypatch, record_calls, strength):
+    """`StableDiffusionImg2ImgPipeline` with SD 1.5's shipped `PNDMScheduler` config, 50 steps: each call's `_get_prev_sample(sample, timestep, prev_timestep, ...)` is recorded beside the UNet's `t`. At strength 1.0 the grid starts 981, 961, 961 and from the second call on each call is told the timestep the previous step produced. At strength 0.5 the slice starts at 501 and holds no repeat; PLMS's warm-up still redoes its first step (501 to 481) on the second call, the third call is told t=461 for latents the second step produced for 481, and the later steps follow on from 461: the run denoises 20 timesteps fewer than its labels cover."""
+    from diffusers import PNDMScheduler
+    from tiny import SD15_PNDM, embeds, pil_image_and_mask, tiny_sd_variant
+
+    base = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
+    pipe = type(base)(**{**base.components, "scheduler": PNDMScheduler(**SD15_PNDM)})
+    pipe.set_progress_bar_config(disable=True)
+    steps, original = [], pipe.scheduler._get_prev_sample
+
+    def spy(sample, timestep, prev_timestep, model_output):
+        steps.append((int(timestep), int(prev_timestep)))
+        return original(sample, timestep, prev_timestep, model_output)
+
+    monkeypatch.setattr(pipe.scheduler, "_get_prev_sample", spy)
+    calls = record_calls(pipe.unet)
+    with torch.no_grad():
+        pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=50,
+             strength=strength, image=pil_image_and_mask()[0],
+             generator=torch.Generator().manual_seed(0), output_type="latent")  # fmt: skip
+    told = [int(c[0][1]) for c in calls.calls]
+    produced = [prev for _, prev in steps]
+    assert [t for t, _ in steps[2:]] == told[2:]  # the step works from the timestep the UNet got
+    if strength == 1.0:
+        assert told[:3] == [981, 961, 961] and len(told) == 51
+        assert told[1:] == produced[:-1]
+    else:
+        assert told[:3] == [501, 481, 461] and len(told) == 26
+        assert steps[:2] == [(501, 481), (501, 481)]  # the warm-up's redo of the first step
+        assert (produced[1], told[2]) == (481, 461)  # 20 timesteps no step denoises
+        assert told[3:] == produced[2:-1]  # later steps follow on from 461
 
 
 def test_flux_img2img_at_strength_one_is_pure_noise(monkeypatch):

@@ -556,7 +556,7 @@ def test_context_parallelism_is_a_config_passed_to_enable_parallelism():
 
 
 def test_img2img_runs_the_last_strength_share_of_the_grid_from_the_noised_image(record_calls, monkeypatch):  # fmt: skip
-    """`StableDiffusionImg2ImgPipeline` keeps the last `int(num_inference_steps * strength)` timesteps of the grid, one UNet call each, and noises the encoded image latents once, with `scheduler.add_noise` at the first of them; with SD 1.5's scheduler settings (leading grid, `steps_offset=1`) strength 1.0 at 50 steps starts at 981, where `add_noise` keeps `sqrt(alpha_bar)` = 7.6% of the image."""
+    """`StableDiffusionImg2ImgPipeline` skips the first `num_inference_steps - int(num_inference_steps * strength)` steps of the grid (with DDIM: keeps the last `int(num_inference_steps * strength)` timesteps), one UNet call each, and noises the encoded image latents once, with `scheduler.add_noise` at the first of them; with SD 1.5's scheduler settings (leading grid, `steps_offset=1`) strength 1.0 at 50 steps starts at 981, where `add_noise` keeps `sqrt(alpha_bar)` = 7.6% of the image."""
     from tiny import pil_image_and_mask, tiny_sd_variant
 
     pipe = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
@@ -588,6 +588,29 @@ def test_img2img_runs_the_last_strength_share_of_the_grid_from_the_noised_image(
     signal = float(pipe.scheduler.alphas_cumprod[981] ** 0.5)
     assert signal == pytest.approx(0.076, abs=5e-4)
     assert torch.allclose(noisy, signal * x + (1 - signal**2) ** 0.5 * n, atol=1e-5)
+
+
+def test_img2img_calls_at_strength_0_6_of_50_steps_ddim_and_pndm(record_calls):
+    """Strength 0.6 at 50 steps runs 30 UNet calls with DDIM and 31 with SD 1.5's shipped `PNDMScheduler` config, whose 50-step grid repeats one timestep (51 entries): `get_timesteps` skips the same first 20 entries of either, so DDIM starts at t=581 and PNDM at 601."""
+    from diffusers import PNDMScheduler
+    from tiny import SD15_PNDM, pil_image_and_mask, tiny_sd_variant
+
+    ddim = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
+    pndm = type(ddim)(**{**ddim.components, "scheduler": PNDMScheduler(**SD15_PNDM)})
+    pndm.set_progress_bar_config(disable=True)
+    counts, firsts = [], []
+    for pipe in (ddim, pndm):
+        calls = record_calls(pipe.unet)
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=50,
+                 strength=0.6, image=pil_image_and_mask()[0],
+                 generator=torch.Generator().manual_seed(0), output_type="latent")  # fmt: skip
+        counts.append(len(calls.calls))
+        firsts.append(int(calls.calls[0][0][1]))
+        calls.remove()
+    assert counts == [30, 31]
+    assert firsts == [581, 601]  # the 21st entry of each grid: 981 - 20 * 20, and PNDM's one higher
+    assert len(pndm.scheduler.timesteps) == 51
 
 
 def test_inpainting_pastes_the_known_region_with_4_channels_and_feeds_it_with_9(record_calls):

@@ -103,6 +103,37 @@ def test_strength_too_small_runs_nothing(img2img, inpaint4):
                  mask_image=mask_image, strength=0.1, output_type="latent")  # fmt: skip
 
 
+@pytest.mark.parametrize(("steps", "strength", "ddim_calls", "pndm_calls"), [(50, 0.5, 25, 26), (10, 0.35, 3, 4), (4, 0.1, 0, 1)])  # fmt: skip
+def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strength, ddim_calls, pndm_calls):  # fmt: skip
+    """`get_timesteps` slices `scheduler.timesteps[t_start * scheduler.order:]` with `t_start = num_inference_steps - int(num_inference_steps * strength)`. DDIM's grid has `num_inference_steps` entries, so it runs `int(num_inference_steps * strength)` UNet calls (0.5 of 50: 25, starting at t=481; 0.35 of 10: 3; 0.1 of 4: none). SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) repeats one timestep, so its grid has `num_inference_steps + 1` entries and the same slice runs one call more (0.5 of 50: 26, starting at t=501; 0.35 of 10: 4; 0.1 of 4: one call, at t=1, not an empty batch)."""
+    from diffusers import DDIMScheduler, PNDMScheduler
+    from tiny import SD15_PNDM
+
+    def calls_and_first(pipe):
+        calls = record_calls(pipe.unet)
+        run_with = dict(num_inference_steps=steps, image=pil_image_and_mask()[0])
+        with torch.no_grad():
+            out = pipe(prompt_embeds=embeds(0), guidance_scale=1.0, strength=strength,
+                       generator=torch.Generator().manual_seed(0), output_type="latent",
+                       **run_with).images  # fmt: skip
+        timesteps = [int(c[0][1]) for c in calls.calls]
+        calls.calls.clear()
+        return timesteps, out.shape[0]
+
+    assert isinstance(img2img.scheduler, DDIMScheduler)
+    ddim, ddim_batch = calls_and_first(img2img)
+    pndm_pipe = type(img2img)(**{**img2img.components, "scheduler": PNDMScheduler(**SD15_PNDM)})
+    pndm_pipe.set_progress_bar_config(disable=True)
+    pndm, pndm_batch = calls_and_first(pndm_pipe)
+    assert (len(ddim), len(pndm)) == (ddim_calls, pndm_calls)
+    pndm_pipe.scheduler.set_timesteps(steps)
+    assert len(pndm_pipe.scheduler.timesteps) == steps + 1
+    if steps == 50:
+        assert (ddim[0], pndm[0]) == (481, 501)
+    if steps == 4:
+        assert (ddim_batch, pndm_batch, pndm) == (0, 1, [1])
+
+
 def test_strength_one_still_carries_the_image(img2img):
     """At `strength=1.0` the first timestep of SD 1.5's 50-step grid (`timestep_spacing="leading"`, `steps_offset=1`: its shipped `PNDMScheduler` config, and `DDIMScheduler` with the same settings) is 981, where `sqrt(alpha_bar)` is 0.076, not 0: `add_noise` keeps 7.6% of the image latents; a `"trailing"` grid starts at 999, where it is 0.068."""
     from diffusers import DDIMScheduler, PNDMScheduler
