@@ -5,8 +5,8 @@ transformers ``Cls(ConfigCls(**config))``). ``count_params`` builds a component
 under ``torch.device("meta")``: shapes only, no memory, no weights, no hub.
 
 Sources are public repositories at the commit they were read at (``repo@commit path``);
-no config here comes from the Hugging Face hub, which is not reachable from this repo's
-tests. Where diffusers names a setting differently from the original code, the original
+the Hugging Face hub is not reachable from this repo's tests, so a config published only
+there (Qwen-Image's) is taken from a public repository that quotes it verbatim. Where diffusers names a setting differently from the original code, the original
 parameters are transcribed below too (``*_ORIGINAL``) and test_model_sizes.py checks that
 diffusers' own conversion (``single_file_utils``) or the documented mapping gives the
 config used here.
@@ -343,7 +343,7 @@ SD35_LARGE_TRANSFORMER = {
 }
 
 #: Qwen/Qwen-Image transformer/config.json (on the Hugging Face hub, which these tests do
-#: not reach), as quoted verbatim in MUSUBI_QWEN_IMAGE's create_model docstring
+#: not reach), as quoted verbatim in a string literal in MUSUBI_QWEN_IMAGE's create_model
 QWEN_IMAGE_PUBLISHED = {
     "_class_name": "QwenImageTransformer2DModel",
     "_diffusers_version": "0.34.0.dev0",

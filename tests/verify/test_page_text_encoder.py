@@ -525,8 +525,8 @@ def test_sd3_t5_runs_without_an_attention_mask(sd3_pipe, record_calls):
     torch.testing.assert_close(masked[:, :5], masked_short[:, :5])
 
 
-def test_sd3_without_t5_uses_zeros(tokenizers):
-    """With `text_encoder_3=None`, `_get_t5_prompt_embeds` returns zeros of shape `(B, max_sequence_length, joint_attention_dim)`, so `prompt_embeds` keeps its shape and only the CLIP tokens carry the prompt."""
+def test_sd3_without_t5_uses_zeros(tokenizers, record_calls):
+    """With `text_encoder_3=None`, `_get_t5_prompt_embeds` returns zeros of shape `(B, max_sequence_length, joint_attention_dim)`, so `prompt_embeds` keeps its shape and only the CLIP tokens carry the prompt; in `StableDiffusion3Pipeline.__call__` the transformer still receives those zero rows, 77 + `max_sequence_length` text tokens, at every step."""
     pipe = sd3_pipeline(tokenizers, with_t5=False)
     t5 = pipe._get_t5_prompt_embeds(["ab", "cd"], num_images_per_prompt=2, max_sequence_length=12)
     assert t5.shape == (4, 12, pipe.transformer.config.joint_attention_dim)
@@ -536,6 +536,15 @@ def test_sd3_without_t5_uses_zeros(tokenizers):
     )
     assert prompt_embeds.shape == (1, 77 + 12, T5_WIDTH)
     assert not prompt_embeds[:, 77:].any() and prompt_embeds[:, :77].any()
+    calls = record_calls(pipe.transformer).calls
+    with torch.no_grad():
+        pipe("ab", guidance_scale=1.0, num_inference_steps=2, max_sequence_length=12,
+             height=HEIGHT, width=HEIGHT, output_type="latent")  # fmt: skip
+    assert len(calls) == 2
+    for _, kwargs in calls:
+        text = kwargs["encoder_hidden_states"]
+        assert text.shape == (1, 77 + 12, T5_WIDTH)
+        assert not text[:, 77:].any() and text[:, :77].any()
 
 
 def test_sd3_negative_prompt_is_the_encoded_empty_string(sd3_pipe):

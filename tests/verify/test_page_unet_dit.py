@@ -340,6 +340,39 @@ def test_flux_dev_has_double_and_single_stream_blocks():
     assert model.time_text_embed.guidance_embedder.linear_2.out_features == dim
 
 
+def test_flux_single_stream_block_runs_attention_and_mlp_side_by_side():
+    """In a forward of a tiny `FluxTransformer2DModel`, its single-stream block (`FluxSingleTransformerBlock`) feeds the same `AdaLayerNormZeroSingle` output to its attention and to its MLP's first projection (`proj_mlp`), and `proj_out` takes their two outputs concatenated along the feature axis: attention and MLP in parallel, not one after the other."""
+    from tiny import tiny_flux_transformer
+
+    model = tiny_flux_transformer()
+    block = model.single_transformer_blocks[0]
+    seen = {}
+    hooks = [
+        block.norm.register_forward_hook(lambda m, a, out: seen.__setitem__("norm", out[0])),
+        block.attn.register_forward_hook(
+            lambda m, a, kw, out: seen.update(attn_in=kw["hidden_states"], attn_out=out),
+            with_kwargs=True,
+        ),
+        block.proj_mlp.register_forward_hook(
+            lambda m, a, out: seen.update(mlp_in=a[0], mlp_out=out)
+        ),
+        block.proj_out.register_forward_hook(lambda m, a, out: seen.__setitem__("out_in", a[0])),
+    ]
+    g = torch.Generator().manual_seed(0)
+    n_img, n_txt = 16, 4
+    with torch.no_grad():
+        model(hidden_states=torch.randn(1, n_img, 64, generator=g),
+              encoder_hidden_states=torch.randn(1, n_txt, model.config.joint_attention_dim, generator=g),
+              pooled_projections=torch.randn(1, model.config.pooled_projection_dim, generator=g),
+              timestep=torch.tensor([0.5]), guidance=torch.tensor([3.5]),
+              img_ids=torch.zeros(n_img, 3), txt_ids=torch.zeros(n_txt, 3))  # fmt: skip
+    for hook in hooks:
+        hook.remove()
+    assert seen["attn_in"] is seen["norm"] and seen["mlp_in"] is seen["norm"]
+    expected = torch.cat([seen["attn_out"], block.act_mlp(seen["mlp_out"])], dim=2)
+    assert torch.equal(seen["out_in"], expected)
+
+
 def test_text_sequence_lengths_of_sd3_and_flux():
     """With stand-in text encoders (each CLIP giving 77 tokens, its tokenizer's length), `StableDiffusion3Pipeline.__call__` asks T5 for `max_sequence_length=256` tokens by default, joins the two CLIP outputs along the feature axis, zero-pads them to T5's width, and puts the T5 tokens after them, so its transformer receives 77 + 256 = 333 text tokens; `FluxPipeline.__call__` asks T5 for 512 by default and passes those alone."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
