@@ -95,6 +95,7 @@ def visit(browser, url, responses: list | None = None):
     page.on("request", on_request)
     response = page.goto(url, wait_until="networkidle")
     assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
+    settled(page)
     return page, problems
 
 
@@ -103,13 +104,22 @@ def next_frames(page) -> None:
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
+def settled(page) -> None:
+    """Wait until a11y.js has laid out every block of the article and made its pass over
+    the page as it now is (``<html data-settled>``)."""
+    page.wait_for_function(
+        "() => document.documentElement.hasAttribute('data-settled')", timeout=10_000
+    )
+
+
 def start_bundle(page) -> None:
     """Interact as a reader would (a pointer move), which starts Material's bundle; wait
-    until it has set up the page and a11y.js has made its pass (two frames)."""
+    until it has set up the page and a11y.js has made its pass over what it built."""
     page.mouse.move(5, 5)
     page.mouse.move(40, 60)
     page.wait_for_function("() => !!window.component$", timeout=10_000)
     next_frames(page)
+    settled(page)
 
 
 #: What a page may fetch before the reader does anything, gzip-compressed, images aside
@@ -174,6 +184,38 @@ def test_notebook_page_links_back_and_its_downloads_work(server, browser):
     assert page.locator("h1").first.inner_text().startswith("Lab 13")
     assert problems == []
     page.context.close()
+
+
+#: The blocks site.css leaves to the browser to lay out when they come near the screen
+#: (content-visibility: auto) until a11y.js has laid them out after load
+BLOCKS = ".md-content__inner > *, .jp-Notebook > .jp-Cell"
+
+SKIPPED = """blocks => Array.from(document.querySelectorAll(blocks)).filter(
+    b => b.firstElementChild && !b.firstElementChild.checkVisibility({contentVisibilityAuto: true})
+).length"""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/labs/lab-06-diffusers-pipeline-components/",
+        "/code/lab-01-forward-noise-process/forward_noise/",
+    ],
+)
+def test_blocks_off_screen_are_laid_out_after_the_page_has_loaded(server, browser, path):
+    """While a long page loads, the browser renders only the blocks on screen; once it has
+    loaded, a11y.js lays out the rest and the page settles with none left skipped."""
+    context = browser.new_context(viewport={"width": 412, "height": 823})
+    # runs before a11y.js's own load listener, which schedules the first slice for a frame later
+    context.add_init_script(
+        f"addEventListener('load', () => {{ window.__skippedAtLoad = ({SKIPPED})({BLOCKS!r}); }});"
+    )
+    page = context.new_page()
+    page.goto(server + path, wait_until="load")
+    assert page.evaluate("() => window.__skippedAtLoad") > 3
+    settled(page)
+    assert page.evaluate(SKIPPED, BLOCKS) == 0
+    context.close()
 
 
 def test_mathml_renders_with_size(server, browser):
@@ -600,7 +642,7 @@ def test_axe_finds_no_violation_on_any_page(server, browser, axe_source, axe_pag
                     page.add_script_tag(content=axe_source)
                     if path not in with_tokens:
                         page.evaluate(UNWRAP_TOKENS, TOKEN_SPANS)
-                    next_frames(page)  # a11y.js's first pass runs in the first frame
+                    settled(page)  # every block laid out, a11y.js's pass made
                 elif state == "after interaction":
                     start_bundle(page)
                 else:

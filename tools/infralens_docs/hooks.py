@@ -592,7 +592,8 @@ def on_post_page(output: str, page: Page, config: MkDocsConfig) -> str:
       is set without it (``bundle_on_interaction.js``, which replaces the bundle's tag);
     - search on demand: the search index and worker wait until the reader reaches for
       search (``search_on_demand.js``);
-    - accessibility fixes for what the bundle builds at run time (``a11y.js``).
+    - the article's blocks off screen laid out after load, a few at a time, and the
+      accessibility fixes that need their layout (``a11y.js``).
 
     The three scripts are inlined in one ``<script>`` where the bundle's tag was.
     """
