@@ -95,7 +95,6 @@ def visit(browser, url, responses: list | None = None):
     page.on("request", on_request)
     response = page.goto(url, wait_until="networkidle")
     assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
-    settled(page)
     return page, problems
 
 
@@ -186,6 +185,8 @@ def test_notebook_page_links_back_and_its_downloads_work(server, browser):
     page.context.close()
 
 
+DESKTOP, MOBILE = 1280, 390
+
 #: The blocks site.css leaves to the browser to lay out when they come near the screen
 #: (content-visibility: auto) until a11y.js has laid them out after load
 BLOCKS = ".md-content__inner > *, .jp-Notebook > .jp-Cell"
@@ -194,32 +195,75 @@ SKIPPED = """blocks => Array.from(document.querySelectorAll(blocks)).filter(
     b => b.firstElementChild && !b.firstElementChild.checkVisibility({contentVisibilityAuto: true})
 ).length"""
 
+#: Run before the page's scripts: count the blocks skipped when the load event fires (before
+#: a11y.js's first slice, a frame later), the tasks in which blocks were marked laid out, and
+#: the layout shifts the reader did not cause
+WATCH_SETTLE = f"""
+window.__slices = 0;
+window.__shift = 0;
+new MutationObserver(records => {{
+    if (records.some(r => r.attributeName === "data-shown")) window.__slices += 1;
+}}).observe(document, {{ attributes: true, attributeFilter: ["data-shown"], subtree: true }});
+new PerformanceObserver(list => {{
+    for (const e of list.getEntries()) if (!e.hadRecentInput) window.__shift += e.value;
+}}).observe({{ type: "layout-shift", buffered: true }});
+addEventListener("load", () => {{ window.__skippedAtLoad = ({SKIPPED})({BLOCKS!r}); }});
+"""
+
 
 @pytest.mark.parametrize(
-    "path",
+    ("path", "width"),
     [
-        "/labs/lab-06-diffusers-pipeline-components/",
-        "/code/lab-01-forward-noise-process/forward_noise/",
+        ("/labs/lab-06-diffusers-pipeline-components/", MOBILE),
+        ("/code/lab-01-forward-noise-process/forward_noise/", MOBILE),
+        ("/code/lab-06-diffusers-pipeline-components/pipeline_components/", DESKTOP),
     ],
 )
-def test_blocks_off_screen_are_laid_out_after_the_page_has_loaded(server, browser, path):
-    """While a long page loads, the browser renders only the blocks on screen; once it has
-    loaded, a11y.js lays out the rest and the page settles with none left skipped."""
-    context = browser.new_context(viewport={"width": 412, "height": 823})
-    # runs before a11y.js's own load listener, which schedules the first slice for a frame later
-    context.add_init_script(
-        f"addEventListener('load', () => {{ window.__skippedAtLoad = ({SKIPPED})({BLOCKS!r}); }});"
-    )
+def test_blocks_off_screen_are_laid_out_after_load_in_slices(server, browser, path, width):
+    """While a long page loads, the browser renders only the blocks near the screen; once it
+    has loaded, a11y.js lays out the rest over several tasks, nothing on screen moves, and
+    the page settles with no block left skipped."""
+    context = browser.new_context(viewport={"width": width, "height": 800})
+    context.add_init_script(WATCH_SETTLE)
     page = context.new_page()
     page.goto(server + path, wait_until="load")
     assert page.evaluate("() => window.__skippedAtLoad") > 3
     settled(page)
     assert page.evaluate(SKIPPED, BLOCKS) == 0
+    assert page.evaluate("() => window.__slices") >= 2
+    assert page.evaluate("() => window.__shift") == 0
+    context.close()
+
+
+def test_a_fragment_stays_in_view_without_scroll_anchoring(server, browser):
+    """A page opened at a #fragment deep in it is scrolled there while the blocks above are
+    placeholders; with scroll anchoring off (as in Safari) the heading is still at the top
+    of the window once the page has settled."""
+    context = browser.new_context(viewport={"width": MOBILE, "height": 800})
+    page = context.new_page()
+
+    def no_anchoring(route):
+        body = (
+            route.fetch()
+            .text()
+            .replace("</head>", "<style>html, body { overflow-anchor: none; }</style></head>")
+        )
+        route.fulfill(body=body, content_type="text/html")
+
+    path = "/labs/lab-06-diffusers-pipeline-components/"
+    page.route(server + path, no_anchoring)
+    page.goto(server + path + "#common-misunderstandings", wait_until="load")
+    settled(page)
+    top = page.evaluate(
+        "() => document.getElementById('common-misunderstandings').getBoundingClientRect().top"
+    )
+    assert 0 <= top < 120, top
     context.close()
 
 
 def test_mathml_renders_with_size(server, browser):
     page, problems = visit(browser, server + "/handbook/objective/")
+    settled(page)  # an equation below the first screen is laid out once the page settles
     box = page.locator("math").first.bounding_box()
     assert box and box["width"] > 5 and box["height"] > 5
     assert problems == []
@@ -407,8 +451,6 @@ AXE_COLOUR = {
 #: Pages axe judges at once, each in its own browser context (its own renderer process):
 #: axe's work is JavaScript on one thread per page, so two pages keep both cores busy.
 AXE_PAGES_AT_ONCE = 2
-
-DESKTOP, MOBILE = 1280, 390
 
 
 #: INFRALENS_AXE_EVERYWHERE=1 (the weekly run of the Tests workflow): every pass on every page

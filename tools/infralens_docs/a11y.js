@@ -2,15 +2,21 @@
 // (axe-core rules of WCAG 2.2 AA). Inlined by hooks.on_post_page.
 //
 // - site.css gives each block of the article, and each notebook cell, content-visibility:
-//   auto, so while the page loads the browser styles and lays out only the blocks on
+//   auto, so while the page loads the browser styles and lays out only the blocks near the
 //   screen (on the longest pages the rest was most of the main thread's work before the
-//   reader could scroll). Once the page has loaded, this lays the other blocks out a few at
-//   a time, each slice about 5 ms, so the page answers input throughout; then it marks
-//   <html data-settled>. A block laid out keeps its normal rendering (data-shown).
+//   reader could scroll). Once the page has loaded, this lays the blocks out in document
+//   order, in tasks of about 5 ms (at least one block each) between which the page
+//   answers input and draws frames; it marks each block laid out (data-shown), then
+//   <html data-settled>. A block that was on screen keeps the layout containment it was
+//   first drawn with (data-shown="on-screen"), so that nothing the reader sees moves.
+// - A page opened at a #fragment was scrolled there while the blocks above were
+//   placeholders; browsers without scroll anchoring (Safari) then drift as those blocks
+//   grow, so once settled the target is scrolled to again, unless the reader has moved.
 // - A table, an equation, a row of tab labels or a code block wider than its column
 //   scrolls sideways; a keyboard reader can scroll it only if it takes focus
-//   (scrollable-region-focusable). Each block is checked as it is laid out, the whole page
-//   after that and after every change to the page.
+//   (scrollable-region-focusable). Each block's are checked as it is laid out (until then
+//   it is not, so a Tab pressed before the page has settled can miss one), the whole page's
+//   once settled and again when elements are added to the page or the window is resized.
 // - Each code block's copy button sits in an unnamed <nav>, so a notebook page with forty
 //   code cells had forty identical navigation landmarks (landmark-unique); the buttons
 //   are not site navigation, so their wrapper gets role="none".
@@ -36,7 +42,18 @@
   var running = false;
   var again = false;
   var pending = false;
+  var first = true;
+  var moved = false;
 
+  ["wheel", "touchmove", "keydown", "pointerdown"].forEach(function (type) {
+    window.addEventListener(
+      type,
+      function () {
+        moved = true;
+      },
+      { capture: true, passive: true, once: true }
+    );
+  });
   function focusable(scope) {
     var wide = Array.prototype.slice.call(scope.querySelectorAll(WIDE));
     if (scope.matches && scope.matches(WIDE)) wide.push(scope);
@@ -52,33 +69,56 @@
       nav.setAttribute("role", "none");
     });
   }
-  var later = window.requestIdleCallback
-    ? function (fn) {
-        requestIdleCallback(fn, { timeout: 100 });
-      }
-    : function (fn) {
-        setTimeout(fn, 0);
-      };
+  function show(block) {
+    var box = block.getBoundingClientRect();
+    var seen = box.bottom > 0 && box.top < window.innerHeight && box.height > 0;
+    block.setAttribute("data-shown", seen ? "on-screen" : "");
+    // reading its height lays the block out now, inside this slice, not in the next
+    // frame together with every block the slice reached; a block that holds blocks (a
+    // notebook's cells) is not searched: that would lay out all of them at once
+    if (block.offsetHeight && !block.querySelector(BLOCKS)) focusable(block);
+  }
+  function back() {
+    var id = decodeURIComponent(location.hash.slice(1));
+    var target = id && document.getElementById(id);
+    if (target) target.scrollIntoView();
+  }
+  // the next slice runs as a task of its own: input and frames can come first, and unlike
+  // setTimeout a message is not held back 4 ms after a few in a row
+  var channel = new MessageChannel();
+  var next = null;
+  channel.port1.onmessage = function () {
+    var fn = next;
+    next = null;
+    fn();
+  };
+  function later(fn) {
+    next = fn;
+    channel.port2.postMessage(0);
+  }
   function settle() {
     running = true;
     var blocks = Array.prototype.slice.call(document.querySelectorAll(BLOCKS));
     function slice() {
       var start = performance.now();
-      while (blocks.length && performance.now() - start < SLICE_MS) {
-        var block = blocks.shift();
-        block.setAttribute("data-shown", "");
-        // reading its height lays the block out now, inside this slice, not in the next
-        // frame together with every block the slice reached
-        if (block.offsetHeight) focusable(block);
+      try {
+        while (blocks.length && performance.now() - start < SLICE_MS) show(blocks.shift());
+      } finally {
+        if (blocks.length) later(slice);
+        else finish();
       }
-      if (blocks.length) return later(slice);
+    }
+    function finish() {
       fix();
+      if (first && !moved && location.hash) back();
+      first = false;
       running = false;
       if (again) {
         again = false;
-        return schedule();
+        schedule();
+      } else {
+        root.setAttribute("data-settled", "");
       }
-      root.setAttribute("data-settled", "");
     }
     slice();
   }
