@@ -215,6 +215,7 @@ addEventListener("load", () => {{ window.__skippedAtLoad = ({SKIPPED})({BLOCKS!r
     ("path", "width"),
     [
         ("/labs/lab-06-diffusers-pipeline-components/", MOBILE),
+        ("/labs/lab-06-diffusers-pipeline-components/", DESKTOP),
         ("/code/lab-01-forward-noise-process/forward_noise/", MOBILE),
         ("/code/lab-06-diffusers-pipeline-components/pipeline_components/", DESKTOP),
     ],
@@ -235,14 +236,11 @@ def test_blocks_off_screen_are_laid_out_after_load_in_slices(server, browser, pa
     context.close()
 
 
-def test_a_fragment_stays_in_view_without_scroll_anchoring(server, browser):
-    """A page opened at a #fragment deep in it is scrolled there while the blocks above are
-    placeholders; with scroll anchoring off (as in Safari) the heading is still at the top
-    of the window once the page has settled."""
-    context = browser.new_context(viewport={"width": MOBILE, "height": 800})
-    page = context.new_page()
+def without_scroll_anchoring(page, url: str) -> None:
+    """Serve ``url`` to ``page`` with scroll anchoring off, as Safari has none: Chromium's
+    anchoring would otherwise hold the reader's place by itself."""
 
-    def no_anchoring(route):
+    def route(route):
         body = (
             route.fetch()
             .text()
@@ -250,14 +248,72 @@ def test_a_fragment_stays_in_view_without_scroll_anchoring(server, browser):
         )
         route.fulfill(body=body, content_type="text/html")
 
+    page.route(url, route)
+
+
+ANCHORING = "() => getComputedStyle(document.documentElement).overflowAnchor"
+
+
+def test_a_fragment_stays_in_view_without_scroll_anchoring(server, browser):
+    """A page opened at a #fragment deep in it is scrolled there while the blocks above are
+    placeholders; the heading is at the top of the window once the page has settled."""
+    context = browser.new_context(viewport={"width": MOBILE, "height": 800})
+    page = context.new_page()
     path = "/labs/lab-06-diffusers-pipeline-components/"
-    page.route(server + path, no_anchoring)
+    without_scroll_anchoring(page, server + path)
     page.goto(server + path + "#common-misunderstandings", wait_until="load")
+    assert page.evaluate(ANCHORING) == "none"
     settled(page)
     top = page.evaluate(
         "() => document.getElementById('common-misunderstandings').getBoundingClientRect().top"
     )
     assert 0 <= top < 120, top
+    context.close()
+
+
+def test_a_reload_comes_back_to_where_the_reader_was(server, browser):
+    """A reloaded page read halfway, with scroll anchoring off (as in Safari): once it has
+    settled the reader sees what they saw before (Chromium restores the position late
+    enough for the deferred blocks not to move it; a11y.js does nothing for it)."""
+    context = browser.new_context(viewport={"width": MOBILE, "height": 800})
+    page = context.new_page()
+    path = "/labs/lab-06-diffusers-pipeline-components/"
+    without_scroll_anchoring(page, server + path)
+    page.goto(server + path, wait_until="load")
+    settled(page)
+    where = "() => document.getElementById('the-code-explained').getBoundingClientRect().top"
+    page.evaluate("() => document.getElementById('the-code-explained').scrollIntoView()")
+    before = page.evaluate(where)
+    page.reload(wait_until="load")
+    assert page.evaluate(ANCHORING) == "none"
+    settled(page)
+    assert abs(page.evaluate(where) - before) < 5, (before, page.evaluate(where))
+    context.close()
+
+
+def test_back_comes_back_to_where_the_reader_was(server, browser):
+    """Back to a page read halfway, through Material's instant navigation and with scroll
+    anchoring off: once the article swapped back in has settled, the reader sees what they
+    saw before they left (a11y.js does nothing for it)."""
+    context = browser.new_context(viewport={"width": MOBILE, "height": 800})
+    page = context.new_page()
+    path = "/labs/lab-06-diffusers-pipeline-components/"
+    without_scroll_anchoring(page, server + path)
+    page.goto(server + path, wait_until="load")
+    settled(page)
+    start_bundle(page)
+    where = "() => document.getElementById('the-code-explained').getBoundingClientRect().top"
+    page.evaluate("() => document.getElementById('the-code-explained').scrollIntoView()")
+    page.wait_for_timeout(300)  # Material saves the position as the reader scrolls
+    before = page.evaluate(where)
+    page.evaluate("() => document.querySelector('a.md-footer__link--next').click()")
+    page.wait_for_function("() => !document.getElementById('the-code-explained')")
+    settled(page)
+    page.go_back()
+    page.wait_for_function("() => !!document.getElementById('the-code-explained')")
+    settled(page)
+    assert page.evaluate(ANCHORING) == "none"
+    assert abs(page.evaluate(where) - before) < 5, (before, page.evaluate(where))
     context.close()
 
 

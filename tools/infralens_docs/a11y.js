@@ -1,22 +1,27 @@
 // The article below the first screen, and the accessibility fixes that need its layout
 // (axe-core rules of WCAG 2.2 AA). Inlined by hooks.on_post_page.
 //
-// - site.css gives each block of the article, and each notebook cell, content-visibility:
-//   auto, so while the page loads the browser styles and lays out only the blocks near the
-//   screen (on the longest pages the rest was most of the main thread's work before the
-//   reader could scroll). Once the page has loaded, this lays the blocks out in document
-//   order, in tasks of about 5 ms (at least one block each) between which the page
-//   answers input and draws frames; it marks each block laid out (data-shown), then
-//   <html data-settled>. A block that was on screen keeps the layout containment it was
-//   first drawn with (data-shown="on-screen"), so that nothing the reader sees moves.
+// - With scripting, site.css gives the article's blocks from the fifth on, and each
+//   notebook cell, content-visibility: auto, so while the page loads the browser styles and
+//   lays out only those near the screen (on the longest pages the rest was most of the main
+//   thread's work before the reader could scroll). Once the page has loaded, this lays the
+//   blocks out in document order, in tasks of about 5 ms (at least one block each) between
+//   which the browser can handle input and draw; it marks each block laid out
+//   (data-shown), then <html data-settled>. A block on screen at its turn keeps the layout
+//   containment it was drawn with (data-shown="on-screen"), so that nothing the reader
+//   sees moves.
 // - A page opened at a #fragment was scrolled there while the blocks above were
-//   placeholders; browsers without scroll anchoring (Safari) then drift as those blocks
-//   grow, so once settled the target is scrolled to again, unless the reader has moved.
+//   placeholders; they grow as they are laid out, and a browser without scroll anchoring
+//   (Safari) drifts with them. So a settle that laid blocks out ends by scrolling to the
+//   fragment again, unless the reader has scrolled, touched or pressed a key meanwhile.
+//   (A position the browser restores, on a reload or Back, needed no such help in
+//   Chromium with anchoring off: tests/test_browser.py holds both.)
 // - A table, an equation, a row of tab labels or a code block wider than its column
 //   scrolls sideways; a keyboard reader can scroll it only if it takes focus
 //   (scrollable-region-focusable). Each block's are checked as it is laid out (until then
-//   it is not, so a Tab pressed before the page has settled can miss one), the whole page's
-//   once settled and again when elements are added to the page or the window is resized.
+//   they are not, so a Tab pressed before the page has settled can miss one), the whole
+//   page's once settled and again when elements are added to the page or the window is
+//   resized (not when a <details> opens or a tab is switched).
 // - Each code block's copy button sits in an unnamed <nav>, so a notebook page with forty
 //   code cells had forty identical navigation landmarks (landmark-unique); the buttons
 //   are not site navigation, so their wrapper gets role="none".
@@ -42,16 +47,15 @@
   var running = false;
   var again = false;
   var pending = false;
-  var first = true;
-  var moved = false;
+  var inputs = 0; // the reader's scrolls, touches and key presses so far
 
   ["wheel", "touchmove", "keydown", "pointerdown"].forEach(function (type) {
     window.addEventListener(
       type,
       function () {
-        moved = true;
+        inputs += 1;
       },
-      { capture: true, passive: true, once: true }
+      { capture: true, passive: true }
     );
   });
   function focusable(scope) {
@@ -78,10 +82,14 @@
     // notebook's cells) is not searched: that would lay out all of them at once
     if (block.offsetHeight && !block.querySelector(BLOCKS)) focusable(block);
   }
-  function back() {
-    var id = decodeURIComponent(location.hash.slice(1));
-    var target = id && document.getElementById(id);
-    if (target) target.scrollIntoView();
+  function target(hash) {
+    var id = hash.slice(1);
+    try {
+      id = decodeURIComponent(id);
+    } catch (error) {
+      // a malformed escape (#50%): the id as written
+    }
+    return id ? document.getElementById(id) : null;
   }
   // the next slice runs as a task of its own: input and frames can come first, and unlike
   // setTimeout a message is not held back 4 ms after a few in a row
@@ -99,6 +107,9 @@
   function settle() {
     running = true;
     var blocks = Array.prototype.slice.call(document.querySelectorAll(BLOCKS));
+    var laying = blocks.length > 0;
+    var hash = location.hash;
+    var seen = inputs;
     function slice() {
       var start = performance.now();
       try {
@@ -109,15 +120,18 @@
       }
     }
     function finish() {
-      fix();
-      if (first && !moved && location.hash) back();
-      first = false;
-      running = false;
-      if (again) {
-        again = false;
-        schedule();
-      } else {
-        root.setAttribute("data-settled", "");
+      try {
+        fix();
+        var at = laying && inputs === seen && hash && location.hash === hash && target(hash);
+        if (at) at.scrollIntoView();
+      } finally {
+        running = false;
+        if (again) {
+          again = false;
+          schedule();
+        } else {
+          root.setAttribute("data-settled", "");
+        }
       }
     }
     slice();
