@@ -189,7 +189,7 @@ DESKTOP, MOBILE = 1280, 390
 
 #: The blocks site.css leaves to the browser to lay out when they come near the screen
 #: (content-visibility: auto) until a11y.js has laid them out after load
-BLOCKS = ".md-content__inner > *, .jp-Notebook > .jp-Cell"
+BLOCKS = ".md-content__inner > *"
 
 SKIPPED = """blocks => Array.from(document.querySelectorAll(blocks)).filter(
     b => b.firstElementChild && !b.firstElementChild.checkVisibility({contentVisibilityAuto: true})
@@ -216,8 +216,7 @@ addEventListener("load", () => {{ window.__skippedAtLoad = ({SKIPPED})({BLOCKS!r
     [
         ("/labs/lab-06-diffusers-pipeline-components/", MOBILE),
         ("/labs/lab-06-diffusers-pipeline-components/", DESKTOP),
-        ("/code/lab-01-forward-noise-process/forward_noise/", MOBILE),
-        ("/code/lab-06-diffusers-pipeline-components/pipeline_components/", DESKTOP),
+        ("/handbook/memory/", MOBILE),
     ],
 )
 def test_blocks_off_screen_are_laid_out_after_load_in_slices(server, browser, path, width):

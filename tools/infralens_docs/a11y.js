@@ -1,9 +1,9 @@
 // The article below the first screen, and the accessibility fixes that need its layout
 // (axe-core rules of WCAG 2.2 AA). Inlined by hooks.on_post_page.
 //
-// - With scripting, site.css gives the article's blocks from the fifth on, and each
-//   notebook cell, content-visibility: auto, so while the page loads the browser styles and
-//   lays out only those near the screen (on the longest pages the rest was most of the main
+// - With scripting, site.css gives the article's blocks from the fifth on
+//   content-visibility: auto, so while the page loads the browser styles and lays out only
+//   those near the screen (on the longest pages the rest was most of the main
 //   thread's work before the reader could scroll). Once the page has loaded, this lays the
 //   blocks out in document order, in tasks of about 5 ms (at least one block each) between
 //   which the browser can handle input and draw; it marks each block laid out
@@ -28,10 +28,7 @@
 (function () {
   "use strict";
   var root = document.documentElement;
-  var BLOCKS = [
-    ".md-content__inner > :not([data-shown])",
-    ".jp-Notebook > .jp-Cell:not([data-shown])",
-  ].join(", ");
+  var BLOCKS = ".md-content__inner > :not([data-shown])";
   // (before the bundle starts, a code block scrolls on its <code> element and a table
   // on itself: the bundle then makes the code focusable and wraps the tables)
   var WIDE = [
@@ -78,9 +75,8 @@
     var seen = box.bottom > 0 && box.top < window.innerHeight && box.height > 0;
     block.setAttribute("data-shown", seen ? "on-screen" : "");
     // reading its height lays the block out now, inside this slice, not in the next
-    // frame together with every block the slice reached; a block that holds blocks (a
-    // notebook's cells) is not searched: that would lay out all of them at once
-    if (block.offsetHeight && !block.querySelector(BLOCKS)) focusable(block);
+    // frame together with every block the slice reached
+    if (block.offsetHeight) focusable(block);
   }
   function target(hash) {
     var id = hash.slice(1);
