@@ -140,14 +140,30 @@ def gzipped_size(url: str, body: bytes) -> int:
     return len(gzip.compress(body, 6))
 
 
+#: Where the first block left to lay out after load (data-later; in a window at most 480 px
+#: wide, data-later="narrow" too) starts on the page, and the window's height
+FIRST_LATER = """() => {
+    const narrow = matchMedia("(max-width: 480px)").matches;
+    const block = document.querySelector(narrow ? "[data-later]" : '[data-later=""]');
+    return [block && block.getBoundingClientRect().top + scrollY, innerHeight];
+}"""
+
+
 @in_parts
 def test_every_page_loads_clean_and_within_its_byte_budget(built_site, server, browser, part):
-    failures, heavy = {}, {}
+    failures, heavy, marked = {}, {}, []
     for path in page_urls(built_site)[part::PARTS]:
         responses: list = []
         page, problems = visit(browser, server + path, responses)
         if problems:
             failures[path] = problems
+        # the first block the browser may leave unrendered at load (later.py) is below the
+        # first screen, with half a screen to spare: a placeholder there moves nothing seen
+        top, screen = page.evaluate(FIRST_LATER)
+        if top is not None:
+            marked.append(path)
+            if top < 1.5 * screen:
+                failures.setdefault(path, []).append(f"data-later at {top:.0f} px ({screen})")
         weight = sum(
             gzipped_size(r.url, r.body())
             for r in responses
@@ -158,6 +174,7 @@ def test_every_page_loads_clean_and_within_its_byte_budget(built_site, server, b
         page.context.close()
     assert failures == {}
     assert heavy == {}, f"pages over {LOAD_BUDGET_BYTES:,} bytes (gzip) at load: {heavy}"
+    assert len(marked) > 5, marked  # every part holds long pages
 
 
 def test_notebook_page_links_back_and_its_downloads_work(server, browser):
@@ -187,9 +204,10 @@ def test_notebook_page_links_back_and_its_downloads_work(server, browser):
 
 DESKTOP, MOBILE = 1280, 390
 
-#: The blocks site.css leaves to the browser to lay out when they come near the screen
-#: (content-visibility: auto) until a11y.js has laid them out after load
-BLOCKS = ".md-content__inner > *"
+#: The blocks site.css may leave to the browser to lay out when they come near the screen
+#: (content-visibility: auto) until a11y.js has laid them out after load: data-later="narrow"
+#: ones only in a window at most 480 px wide (elsewhere they are never skipped)
+BLOCKS = "[data-later]"
 
 SKIPPED = """blocks => Array.from(document.querySelectorAll(blocks)).filter(
     b => b.firstElementChild && !b.firstElementChild.checkVisibility({contentVisibilityAuto: true})
@@ -217,12 +235,14 @@ addEventListener("load", () => {{ window.__skippedAtLoad = ({SKIPPED})({BLOCKS!r
         ("/labs/lab-06-diffusers-pipeline-components/", MOBILE),
         ("/labs/lab-06-diffusers-pipeline-components/", DESKTOP),
         ("/handbook/memory/", MOBILE),
+        ("/code/lab-01-forward-noise-process/forward_noise/", DESKTOP),
+        ("/code/lab-10-memory-optimization-reading/memory_optimization/", MOBILE),
     ],
 )
 def test_blocks_off_screen_are_laid_out_after_load_in_slices(server, browser, path, width):
-    """While a long page loads, the browser renders only the blocks near the screen; once it
-    has loaded, a11y.js lays out the rest over several tasks, nothing on screen moves, and
-    the page settles with no block left skipped."""
+    """While a long page (an article, or a notebook's cells) loads, the browser renders only
+    the blocks near the screen; once it has loaded, a11y.js lays out the rest over several
+    tasks, nothing on screen moves, and the page settles with no block left skipped."""
     context = browser.new_context(viewport={"width": width, "height": 800})
     context.add_init_script(WATCH_SETTLE)
     page = context.new_page()
@@ -701,7 +721,8 @@ def test_axe_finds_no_violation_on_any_page(server, browser, axe_source, axe_pag
     at mobile width, as loaded and once the first interaction has started Material's bundle
     (which raises no error on any page), in light and in dark: the colour rules where
     ``axe_passes`` says, code's token colours on the pages that show every token class
-    (``token_pages``)."""
+    (``token_pages``). And the first block left to lay out after load (later.py) starts 1.2
+    windows down or more."""
     # Reduced motion, which Material's CSS honours by turning every transition off: axe
     # scrolls elements into view to measure them, Material hides its tabs while the page is
     # scrolled and fades them back in (0.25 s, 20 ms later per tab), and a measurement taken
@@ -740,6 +761,9 @@ def test_axe_finds_no_violation_on_any_page(server, browser, axe_source, axe_pag
                     if path not in with_tokens:
                         page.evaluate(UNWRAP_TOKENS, TOKEN_SPANS)
                     settled(page)  # every block laid out, a11y.js's pass made
+                    top, screen = page.evaluate(FIRST_LATER)
+                    if state == "at load" and top is not None and top < 1.2 * screen:
+                        found[f"{path} data-later at {top:.0f} px ({screen} px window)"] = []
                 elif state == "after interaction":
                     start_bundle(page)
                 else:

@@ -79,7 +79,7 @@ def test_lab_page_shows_code_and_real_output(built_site, lab):
     consoles = [
         html.unescape(re.sub(r"<[^>]+>", "", block))
         for block in re.findall(
-            r'<div class="language-console highlight">(.*?)</div>', text, re.DOTALL
+            r'<div class="language-console highlight"[^>]*>(.*?)</div>', text, re.DOTALL
         )
     ]
     source = (ROOT / "docs" / lab.page).read_text(encoding="utf-8")
@@ -225,11 +225,11 @@ def shown_output(built_page: Path) -> str:
 
     page = built_page.read_text(encoding="utf-8")
     blocks = re.findall(
-        r'<div class="language-(?:console|python|text) highlight">(.*?)</div>', page, re.DOTALL
+        r'<div class="language-(?:console|python|text) highlight"[^>]*>(.*?)</div>', page, re.DOTALL
     )
-    blocks += re.findall(r'<div class="model-sizes">(.*?)</div>', page, re.DOTALL)
+    blocks += re.findall(r'<div class="model-sizes"[^>]*>(.*?)</div>', page, re.DOTALL)
     # a figure's caption and alt text are written by the starter when the build runs it
-    for figure in re.findall(r'<figure class="lab-figure">(.*?)</figure>', page, re.DOTALL):
+    for figure in re.findall(r'<figure class="lab-figure"[^>]*>(.*?)</figure>', page, re.DOTALL):
         blocks += re.findall(r"<figcaption>(.*?)</figcaption>", figure, re.DOTALL)
         blocks += re.findall(r'(?:alt|aria-label)="([^"]*)"', figure)
     return html.unescape(re.sub(r"<[^>]+>", "", " ".join(blocks)))
@@ -285,7 +285,7 @@ def test_lab_page_shows_a_figure_its_starter_draws(built_site, lab):
     assert directives and set(directives) <= runnable, f"{lab.page} shows no figure of its own"
     page = built_site / lab.page.with_suffix("") / "index.html"
     text = page.read_text(encoding="utf-8")
-    found = re.findall(r'<figure class="lab-figure">(.*?)</figure>', text, re.DOTALL)
+    found = re.findall(r'<figure class="lab-figure"[^>]*>(.*?)</figure>', text, re.DOTALL)
     assert len(found) >= len(directives)
     for figure in found:
         assert re.search(r'(?:aria-label|alt)="[^"]{20,}"', figure), "figure without alt text"
@@ -303,7 +303,7 @@ def test_home_and_loop_pages_show_the_pipeline_diagram(built_site, page):
     trace is inline SVG on the home page and the inference-loop section: no script, no
     request, with a text alternative that names every tensor."""
     text = (built_site / page).read_text(encoding="utf-8")
-    found = [f for f in re.findall(r'<figure class="lab-figure">(.*?)</figure>', text, re.DOTALL)
+    found = [f for f in re.findall(r'<figure class="lab-figure"[^>]*>(.*?)</figure>', text, re.DOTALL)
              if "A text-to-image pipeline call" in f]  # fmt: skip
     assert len(found) == 1, f"{page} shows no pipeline diagram"
     label = re.search(r'role="img" aria-label="([^"]+)"', found[0]).group(1)
@@ -440,6 +440,90 @@ def test_adjacent_stream_outputs_merge_and_keep_their_place():
         out("stream", "c\nd\n"),
     ]  # fmt: skip
     assert merge_adjacent_streams([]) == []
+
+
+def test_blocks_are_marked_later_only_below_a_lower_bound_of_1000_px():
+    """later.mark_later marks a block (a top-level element, or a notebook cell) once the
+    height above it, counted as a lower bound (code lines CODE_PX, lines of prose
+    PROSE_PX, nothing hidden at load), reaches LATER_PX; the mark lands at the end of the
+    start tag, once."""
+    from infralens_docs.later import (
+        CODE_PX,
+        LATER_PX,
+        LINE_CHARS,
+        PROSE_PX,
+        SMALL_HEADING_PX,
+        mark_later,
+    )
+
+    def page(code_lines):  # a title line, then a code block, then two blocks
+        code = "<pre><code>" + "x = 1\n" * code_lines + "</code></pre>"
+        return f"<h1>T</h1>\n{code}\n<p>b</p>\n<p>c</p>"
+
+    enough = -(-(LATER_PX - PROSE_PX) // CODE_PX)  # code lines that reach LATER_PX
+    # one line short: "b" starts above LATER_PX, and its line takes "c" below
+    assert mark_later(page(enough - 1)) == page(enough - 1).replace("<p>c", "<p data-later>c")
+    assert mark_later(page(enough)) == page(enough).replace("<p>", "<p data-later>")
+    # prose: a paragraph of up to LINE_CHARS[0] characters is one line in any window (white
+    # space collapses), one per LINE_CHARS[1] in a narrow one
+    narrow = LINE_CHARS[1]
+    lines = LATER_PX // PROSE_PX
+    prose = "".join(f"<p>{'w ' * (narrow // 2)}{' ' * 500}</p>" for _ in range(lines - 1))
+    assert "data-later" not in mark_later(prose + "<div><p>x</p></div>")
+    marked = mark_later(prose + "<p>a</p><div><p>x</p></div>")
+    assert marked.endswith("<div data-later><p>x</p></div>")  # a nested <p> is not a block
+    assert mark_later(marked) == marked
+    # 1 line in any window, 1.5 in a narrow one: far enough down only there
+    longer = prose.replace("w " * (narrow // 2), "w " * (3 * narrow // 4))
+    assert mark_later(longer + "<div><p>x</p></div>").endswith(
+        '<div data-later="narrow"><p>x</p></div>'
+    )
+    # a notebook: the cells are blocks, the wrapper and the notebook are not
+    cell = '<div class="jp-Cell"><pre>{}</pre><img src="f.png"></div>'
+    cells = cell.format("y\n" * enough * 2) + cell.format("z")
+    wrapped = f'<div class="jupyter-wrapper"><div class="jp-Notebook">{cells}</div></div>'
+    for html in (wrapped, f'<div class="jp-Notebook">{cells}</div>'):
+        marked = mark_later(html)
+        assert marked.count("data-later") == 1
+        assert '<div class="jp-Cell" data-later><pre>z' in marked
+    # what is hidden at load counts nothing; an open <details> counts
+    tall = "<pre>" + "y\n" * enough * 2 + "</pre>"
+    hidden = [
+        f"<details><summary>s</summary>{tall}</details>",
+        f'<div class="tabbed-set"><div class="tabbed-content"><div class="tabbed-block"><p>a</p>'
+        f'</div><div class="tabbed-block">{tall}</div></div></div>',
+        f"<div hidden>{tall}</div>",
+        f"<template>{tall}</template>",
+        f"<style>{'a{}' * 9999}</style>",
+        f"<svg><text>{'label ' * 9999}</text></svg>",
+        f"<p><math><annotation>{'x' * 99999}</annotation></math></p>",
+        f"<details><summary>s</summary>{'raw text ' * 9999}</details>",
+    ]
+    for html in hidden:
+        assert "data-later" not in mark_later(html + "<p>z</p>"), html[:40]
+    assert mark_later(f"<details open><summary>s</summary>{tall}</details><p>z</p>").endswith(
+        "<p data-later>z</p>"
+    )
+    # a newline right after <pre> is not a line; a small heading's line is shorter
+    k = (LATER_PX - PROSE_PX - CODE_PX - 1) // CODE_PX  # "b" above LATER_PX by < a line
+    one, two = "<pre>\ny\n</pre>", "<pre>y\ny\n</pre>"
+    assert mark_later(one + page(k)) == one + page(k).replace("<p>c", "<p data-later>c")
+    assert "<p data-later>b" in mark_later(two + page(k))
+    heads = -(-LATER_PX // SMALL_HEADING_PX)  # small headings that reach LATER_PX
+    assert "data-later" not in mark_later("<h5>h</h5>" * (heads - 1) + "<p>z</p>")
+    assert mark_later("<h5>h</h5>" * heads + "<p>z</p>").endswith("<p data-later>z</p>")
+    # line breaks the parser does not count as lines do not move the mark
+    text = "<p>one\u2028two\rthree</p>\n" + page(enough)
+    assert mark_later(text) == text.replace("<p>b", "<p data-later>b").replace(
+        "<p>c", "<p data-later>c"
+    )
+    # the mark ends the start tag, however the tag is written
+    tag = '<div\n  title="a > b"\n  class="x">'
+    assert mark_later(page(enough) + tag + "d</div>").endswith(
+        '<div\n  title="a > b"\n  class="x" data-later>d</div>'
+    )
+    # in HTML <div/> opens a div (what follows is inside it)
+    assert mark_later(page(enough) + "<div/><p>d</p>").endswith("<div data-later/><p>d</p>")
 
 
 def test_every_in_page_anchor_has_its_target(built_site):

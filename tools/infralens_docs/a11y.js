@@ -1,8 +1,9 @@
 // The article below the first screen, and the accessibility fixes that need its layout
 // (axe-core rules of WCAG 2.2 AA). Inlined by hooks.on_post_page.
 //
-// - With scripting, site.css gives the article's blocks from the fifth on
-//   content-visibility: auto, so while the page loads the browser styles and lays out only
+// - With scripting, site.css gives the blocks below the first screen (data-later: the
+//   article's, or a notebook's cells, marked by later.py at build time where what is
+//   above them is certainly taller than 1,000 px) content-visibility: auto, so while the page loads the browser styles and lays out only
 //   those near the screen (on the longest pages the rest was most of the main
 //   thread's work before the reader could scroll). Once the page has loaded, this lays the
 //   blocks out in document order, in tasks of about 5 ms (at least one block each) between
@@ -28,7 +29,12 @@
 (function () {
   "use strict";
   var root = document.documentElement;
-  var BLOCKS = ".md-content__inner > :not([data-shown])";
+  // in a window at most 480 px wide (as site.css), data-later="narrow" blocks are deferred too
+  var NARROW = window.matchMedia("(max-width: 480px)");
+  function blocks() {
+    var marked = NARROW.matches ? "[data-later]" : '[data-later=""]';
+    return document.querySelectorAll(marked + ":not([data-shown])");
+  }
   // (before the bundle starts, a code block scrolls on its <code> element and a table
   // on itself: the bundle then makes the code focusable and wraps the tables)
   var WIDE = [
@@ -102,16 +108,16 @@
   }
   function settle() {
     running = true;
-    var blocks = Array.prototype.slice.call(document.querySelectorAll(BLOCKS));
-    var laying = blocks.length > 0;
+    var queue = Array.prototype.slice.call(blocks());
+    var laying = queue.length > 0;
     var hash = location.hash;
     var seen = inputs;
     function slice() {
       var start = performance.now();
       try {
-        while (blocks.length && performance.now() - start < SLICE_MS) show(blocks.shift());
+        while (queue.length && performance.now() - start < SLICE_MS) show(queue.shift());
       } finally {
-        if (blocks.length) later(slice);
+        if (queue.length) later(slice);
         else finish();
       }
     }

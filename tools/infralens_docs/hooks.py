@@ -16,7 +16,8 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   ``verified-summary``).
 - ``on_page_content``: TeX to MathML; strips the notebook pages' inline
   CSS and their MathJax / Mermaid CDN scripts (styles come from site.css) and
-  turns their code cells into Material code blocks.
+  turns their code cells into Material code blocks; marks the blocks well below the
+  first screen, which the browser may render after load (``later.mark_later``).
 - ``on_post_page``: names Material's search dialog and defers its bundle
   (accessibility and render-blocking fixes, without copying a template).
 - ``on_post_build``: copies the figure files the pages reference into the site, and
@@ -64,6 +65,7 @@ from infralens_docs.directives import (
     is_page,
     page_dir,
 )
+from infralens_docs.later import mark_later
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
 from infralens_docs.runner import (
@@ -570,9 +572,10 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
     # md_in_html keeps the attribute on a block it met indented (directives.model_sizes)
     html = html.replace('<div class="model-sizes" markdown>', '<div class="model-sizes">')
     try:
-        return render_math(html)
+        html = render_math(html)
     except MathError as exc:
         raise PluginError(f"{page.file.src_uri}: {exc}") from exc
+    return mark_later(html)
 
 
 # --------------------------------------------------------------------------- page

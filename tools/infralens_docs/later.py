@@ -1,0 +1,183 @@
+"""Which of a page's blocks the browser may leave unrendered while the page loads.
+
+site.css gives a block marked ``data-later`` ``content-visibility: auto`` until a11y.js has
+laid it out after load (see both files). A block is marked only when what comes before
+it is certainly taller than 1,000 px, because Chromium can draw its first frame with
+every such block at its placeholder height, on screen or not (Lighthouse saw it on one
+run in five of lab 07's notebook page: the footer came into view, then moved, layout
+shift 0.19). So in a window up to 1,000 px tall a block on the first screen, the title
+and the opening among them, is never marked, however short the blocks before it are.
+
+"Certainly taller" is a lower bound on the height, estimated without layout from what
+was measured on the built site (Chromium, every page, <details> opened) and Material's
+CSS:
+- a code line is at least 13 px (13.98 px, console code in an admonition; a ``<pre>``
+  never wraps: it scrolls), a line of prose at least 20 px (20.48 px in an admonition),
+  16 px in an ``<h5>`` or ``<h6>`` (16.38 px in an admonition: none on the site yet);
+- a paragraph, heading, list item, table row or summary with text takes at least one
+  line, or one per 180 characters: the most a line held was 164, at 1219 px wide, where
+  the column is widest (the left sidebar has become a drawer and the table of contents
+  still shows); 118.7 at 1280 px and wider, 136 at 1100, 130 at 800, 123 at 744. In a
+  window at most 480 px wide, one per 80 characters (76 at 481 px, 73 at 480, 58.8 at
+  390): a block certainly that far down only there is marked ``data-later="narrow"``,
+  which site.css and a11y.js defer only in such a window;
+- what is hidden at load counts nothing: a closed ``<details>`` but its summary, a tab
+  but the first, ``hidden``, ``<template>``, ``<script>``, ``<style>``, a MathML
+  annotation. Margins, padding, images and SVGs count nothing either.
+
+So the bound is loose: the first marked block starts further down than 1,000 px (the
+browser tests hold it at 1.2 windows or more below the top on every page at 390 x 800 and
+1280 x 800, and 1.5 at 1280 x 720; they measure no other width). In a taller window a
+marked block can be on the first screen, where it is drawn at its placeholder height if
+the first frame comes before Chromium has decided it is near the screen. A window
+resized across 480 px after load can see a block's margins change as the narrow marks
+start or stop applying.
+
+The blocks are the article's top-level elements and the cells of a notebook
+(``.jp-Notebook``'s children).
+"""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+#: a window's height up to which a marked block is never on the first screen
+LATER_PX = 1000
+#: the shortest code line, line of prose, and line of a small heading (see the docstring)
+CODE_PX, PROSE_PX, SMALL_HEADING_PX = 13, 20, 16
+#: the most characters a line of prose holds: in any window, in one at most 480 px wide
+LINE_CHARS = (180, 80)
+
+#: elements whose text takes at least a line of its own
+LINE_TAGS = {"p", "li", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "dt", "dd", "summary",
+             "figcaption", "caption"}  # fmt: skip
+#: elements with no end tag
+VOID = {
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+    "track", "wbr",
+}  # fmt: skip
+#: elements whose content counts nothing: never drawn as text of the page, or (an SVG)
+#: of a height its text does not tell
+UNCOUNTED = {
+    "template", "script", "style", "noscript", "title", "annotation", "annotation-xml", "svg",
+}  # fmt: skip
+#: elements in which <x/> closes x (SVG and MathML); in HTML it opens it
+FOREIGN = {"svg", "math"}
+
+
+class _Element:
+    __slots__ = ("chars", "children", "classes", "foreign", "open", "shown", "tag", "text")
+
+    def __init__(self, tag: str, classes: list[str], shown: bool, attrs: dict, foreign: bool):
+        self.tag, self.classes, self.shown, self.foreign = tag, classes, shown, foreign
+        self.children = 0
+        self.open = "open" in attrs
+        self.chars = 0  # prose characters in a LINE_TAGS element
+        self.text: list[str] = []  # a <pre>'s text
+
+
+class _Blocks(HTMLParser):
+    """Each block's insertion point (the end of its start tag) and the height above it."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__(convert_charrefs=True)
+        # getpos() counts lines at "\n" only (not at every character splitlines() splits at)
+        self.starts = [0] + [i + 1 for i, c in enumerate(html) if c == "\n"]
+        self.stack: list[_Element] = []
+        self.px = [0.0, 0.0]  # the height so far: in any window, in a narrow one
+        self.blocks: list[tuple[int, list[float], bool]] = []  # (offset, px, marked already)
+
+    def _offset(self) -> int:
+        line, column = self.getpos()
+        return self.starts[line - 1] + column
+
+    def _shown(self, tag: str, attrs: dict) -> bool:
+        if tag in UNCOUNTED or "hidden" in attrs:
+            return False
+        if not self.stack:
+            return True
+        parent = self.stack[-1]
+        if not parent.shown:
+            return False
+        if parent.tag == "details" and not parent.open and tag != "summary":
+            return False
+        return not ("tabbed-content" in parent.classes and parent.children > 0)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = dict(attrs)
+        classes = (named.get("class") or "").split()
+        parent = self.stack[-1] if self.stack else None
+        holds_cells = {"jupyter-wrapper", "jp-Notebook"} & set(classes)
+        if (parent is None and not holds_cells) or (parent and "jp-Notebook" in parent.classes):
+            # the mark goes at the end of the start tag: what matches a tag by its opening
+            # (<figure class="lab-figure") still does
+            raw = self.get_starttag_text() or ""
+            end = self._offset() + len(raw) - (2 if raw.endswith("/>") else 1)
+            self.blocks.append((end, self.px[:], "data-later" in named))
+        shown = self._shown(tag, named)
+        foreign = tag in FOREIGN or bool(parent and parent.foreign)
+        if parent:
+            parent.children += 1
+        if tag not in VOID:
+            self.stack.append(_Element(tag, classes, shown, named, foreign))
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in VOID and self.stack[-1].foreign:
+            self.handle_endtag(tag)
+
+    def _close(self, element: _Element) -> None:
+        if not element.shown:
+            return
+        if element.tag == "pre":
+            # a newline right after <pre> is not drawn (HTML drops it), nor is the last one
+            text = "".join(element.text).removeprefix("\n").rstrip("\n")
+            lines = text.count("\n") + 1 if text.strip() else 0
+            self.px = [px + CODE_PX * lines for px in self.px]
+        elif element.tag in LINE_TAGS and element.chars:
+            line = SMALL_HEADING_PX if element.tag in ("h5", "h6") else PROSE_PX
+            self.px = [
+                px + line * max(1.0, element.chars / chars)
+                for px, chars in zip(self.px, LINE_CHARS, strict=True)
+            ]
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in VOID:
+            return
+        # close up to the matching element (markdown and nbconvert close what they open)
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i].tag == tag:
+                while len(self.stack) > i:
+                    self._close(self.stack.pop())
+                break
+
+    def handle_data(self, data: str) -> None:
+        if self.stack and not self._shown("#text", {}):
+            return
+        chars = len(" ".join(data.split()))  # white space collapses
+        for element in reversed(self.stack):
+            if element.tag == "pre":
+                element.text.append(data)
+                return
+            if element.tag in LINE_TAGS:
+                element.chars += chars
+                return
+        # text outside any line element: no line of its own
+        self.px = [px + PROSE_PX * chars / n for px, n in zip(self.px, LINE_CHARS, strict=True)]
+
+
+def mark_later(html: str) -> str:
+    """``html`` (a page's content) with ``data-later`` on each block with at least
+    ``LATER_PX`` of height above it in any window, ``data-later="narrow"`` on each with as
+    much only in a narrow one (see the module's docstring)."""
+    parser = _Blocks(html)
+    parser.feed(html)
+    parser.close()
+    out, last = [], 0
+    for offset, (wide, narrow), marked in parser.blocks:
+        if narrow >= LATER_PX and not marked:
+            out.append(html[last:offset])
+            out.append(" data-later" if wide >= LATER_PX else ' data-later="narrow"')
+            last = offset
+    out.append(html[last:])
+    return "".join(out)
