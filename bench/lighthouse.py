@@ -8,7 +8,8 @@ category scores, the bytes fetched at load (transfer size, images aside), total
 blocking time, largest contentful paint, and that run's CPU benchmark index
 (Lighthouse's measure of the machine's speed at that moment; on a shared 2-core VM
 it moves between about 800 and 2,100 within minutes, and a slow moment stretches
-every long task, so read a low score next to its index). Targets (issue 9):
+every long task, so read a low score next to its index), then every run's performance
+score. Targets (issue 9):
 accessibility, best practices and SEO 100 on every page; performance 100 at the
 median, no page below 99; at most 120 KB at load.
 
@@ -116,7 +117,7 @@ def main() -> int:
             prefixes = sys.argv[1:]
             pages = [p for p in pages if not prefixes or p.startswith(tuple(prefixes))]
             header = f"{'page':58s} {'perf':>4s} {'a11y':>4s} {'bp':>4s} {'seo':>4s} "
-            print(header + f"{'KB load':>8s} {'TBT ms':>7s} {'LCP s':>6s} {'CPU idx':>7s}")
+            print(header + f"{'KB load':>8s} {'TBT ms':>7s} {'LCP s':>6s} {'CPU idx':>7s}  runs")
             for page in pages:
                 url = f"http://127.0.0.1:{port}/{page}"
                 runs = [audit(lighthouse, url, Path(tmp), chromium) for _ in range(RUNS)]
@@ -131,11 +132,12 @@ def main() -> int:
                 tbt = result["audits"]["total-blocking-time"]["numericValue"]
                 lcp = result["audits"]["largest-contentful-paint"]["numericValue"] / 1000
                 cpu = result["environment"]["benchmarkIndex"]
-                worst = min(r["categories"]["performance"]["score"] for r in runs) * 100
+                perf = [round(r["categories"]["performance"]["score"] * 100) for r in runs]
+                worst = min(perf)
                 print(
                     f"{'/' + page:58s} {scores['performance']:4d} {scores['accessibility']:4d}"
                     f" {scores['best-practices']:4d} {scores['seo']:4d} {load / 1000:8.1f}"
-                    f" {tbt:7.0f} {lcp:6.2f} {cpu:7.0f}",
+                    f" {tbt:7.0f} {lcp:6.2f} {cpu:7.0f}  {','.join(map(str, perf))}",
                     flush=True,
                 )
                 for key in ("performance", "accessibility", "best-practices", "seo"):

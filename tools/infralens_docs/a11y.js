@@ -22,7 +22,8 @@
 //   (scrollable-region-focusable). Each block's are checked as it is laid out (until then
 //   they are not, so a Tab pressed before the page has settled can miss one), the whole
 //   page's once settled and again when elements are added to the page or the window is
-//   resized (not when a <details> opens or a tab is switched).
+//   resized, and a <details>'s or a tab set's when it is opened or switched (what a closed
+//   <details> holds, its summary aside, is not measured until then).
 // - Each code block's copy button sits in an unnamed <nav>, so a notebook page with forty
 //   code cells had forty identical navigation landmarks (landmark-unique); the buttons
 //   are not site navigation, so their wrapper gets role="none".
@@ -61,11 +62,24 @@
       { capture: true, passive: true }
     );
   });
+  function shut(el) {
+    // hidden in a closed <details> (any around it, but for its own summary): nothing there
+    // can take focus until it opens (the toggle listener below), and measuring it makes
+    // the browser lay the hidden content out (a closed note of MathML and code on lab
+    // 03's guide: 80-110 ms at a phone's speed)
+    var d = el.closest("details");
+    while (d) {
+      var summary = d.querySelector(":scope > summary");
+      if (!d.open && !(summary && summary.contains(el))) return true;
+      d = d.parentElement && d.parentElement.closest("details");
+    }
+    return false;
+  }
   function focusable(scope) {
     var wide = Array.prototype.slice.call(scope.querySelectorAll(WIDE));
     if (scope.matches && scope.matches(WIDE)) wide.push(scope);
     wide.forEach(function (el) {
-      if (!el.hasAttribute("tabindex") && el.scrollWidth > el.clientWidth + 1) {
+      if (!el.hasAttribute("tabindex") && !shut(el) && el.scrollWidth > el.clientWidth + 1) {
         el.setAttribute("tabindex", "0");
       }
     });
@@ -102,16 +116,17 @@
     next = null;
     fn();
   };
+  // one message in flight at a time: the next slice, or the start of a settle (never both,
+  // since a settle starts only while none is running)
   function later(fn) {
     next = fn;
     channel.port2.postMessage(0);
   }
-  function settle() {
+  function settle(seen) {
     running = true;
     var queue = Array.prototype.slice.call(blocks());
     var laying = queue.length > 0;
     var hash = location.hash;
-    var seen = inputs;
     function slice() {
       var start = performance.now();
       try {
@@ -145,12 +160,32 @@
       again = true;
     } else if (!pending) {
       pending = true;
+      var seen = inputs;
+      // in a task after the next frame's work: run in the frame's own callback, the first
+      // slice would hold that frame back by its length (on a first load, possibly the
+      // page's first paint: so it was in Lighthouse's runs)
       requestAnimationFrame(function () {
-        pending = false;
-        settle();
+        later(function () {
+          pending = false;
+          settle(seen);
+        });
       });
     }
   }
+  // a <details> opened shows elements the passes skip (a <details> open in the page as
+  // loaded fires toggle too, before load: the settle after load measures those); a tab
+  // switched to shows elements measured while hidden, at width 0
+  document.addEventListener(
+    "toggle",
+    function (event) {
+      if (loaded && event.target.open) focusable(event.target);
+    },
+    true
+  );
+  document.addEventListener("change", function (event) {
+    var set = event.target.closest && event.target.closest(".tabbed-set");
+    if (set) focusable(set);
+  });
   new MutationObserver(schedule).observe(root, { childList: true, subtree: true });
   window.addEventListener("resize", schedule);
   if (loaded) {
