@@ -265,8 +265,64 @@ def test_blocks_off_screen_are_laid_out_after_load_in_slices(server, browser, pa
     assert page.evaluate("() => window.__skippedAtLoad") > 3
     settled(page)
     assert page.evaluate(SKIPPED, BLOCKS) == 0
+    # every block a11y.js lays out in this window is marked laid out, those with no element
+    # to check the skipping of among them (a run of plain text)
+    deferred = "[data-later]" if width <= 480 else '[data-later=""]'
+    assert (
+        page.evaluate(f"() => document.querySelectorAll('{deferred}:not([data-shown])').length")
+        == 0
+    )
     assert page.evaluate("() => window.__slices") >= 2
     assert page.evaluate("() => window.__shift") == 0, page.evaluate("() => window.__shifts")
+    context.close()
+
+
+@pytest.mark.parametrize("runs", ["laid-out", "skipped"])
+def test_a_code_block_in_runs_copies_as_written(server, browser, runs):
+    """A long code block's lines come in runs, each a block (later.split_code). Material's
+    copy button copies the block's text with no line break of the runs' own, once they are
+    laid out and while the runs below the button are still skipped (as before the page has
+    settled), and a selection of the block reads the same; a run drawn before it is laid
+    out clips none of its lines."""
+    context = browser.new_context(viewport={"width": DESKTOP, "height": 800})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server)
+    page = context.new_page()
+    page.goto(server + "/labs/lab-17-rebuild-the-pipeline/", wait_until="load")
+    start_bundle(page)  # the copy buttons are the bundle's
+    code = page.locator("pre > code:has(> .code-lines:nth-child(5))").first
+    if runs == "skipped":
+        code.evaluate(
+            "c => c.querySelectorAll('.code-lines').forEach(r => r.removeAttribute('data-shown'))"
+        )
+    button = code.locator("xpath=..").locator("button.md-code__button[data-md-type=copy]")
+    button.scroll_into_view_if_needed()
+    skipped = code.evaluate(
+        "c => [...c.children].filter(r => !r.firstElementChild.checkVisibility("
+        "{contentVisibilityAuto: true})).length"
+    )
+    assert (skipped >= 2) if runs == "skipped" else (skipped == 0)
+    page.evaluate("() => navigator.clipboard.writeText('')")  # the browser's, shared
+    button.click()
+    copied = page.wait_for_function("() => navigator.clipboard.readText()").json_value()
+    assert copied == code.evaluate("c => c.textContent").rstrip()
+    assert copied.count("\n") > 100
+    # a reader's own selection of the block (what Ctrl+C copies) reads the same
+    selected = code.evaluate(
+        "c => { const range = document.createRange(); range.selectNodeContents(c);"
+        " getSelection().removeAllRanges(); getSelection().addRange(range);"
+        " return getSelection().toString(); }"
+    )
+    assert selected.rstrip() == copied
+    if runs == "skipped":
+        # a run drawn before a11y.js has laid it out has paint containment, which clips
+        # what overflows it: it is as wide as its longest line, wider than the column
+        widths = code.evaluate(
+            "c => [...c.children].filter(r => r.firstElementChild.checkVisibility("
+            "{contentVisibilityAuto: true})).map(r => [r.scrollWidth, r.clientWidth, "
+            "c.clientWidth])"
+        )
+        assert widths and all(scroll <= box for scroll, box, _ in widths), widths
+        assert max(box - column for _, box, column in widths) > 50, widths
     context.close()
 
 

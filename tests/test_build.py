@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -443,8 +444,8 @@ def test_adjacent_stream_outputs_merge_and_keep_their_place():
 
 
 def test_blocks_are_marked_later_only_below_a_lower_bound_of_1000_px():
-    """later.mark_later marks a block (a top-level element, or a notebook cell) once the
-    height above it, counted as a lower bound (code lines CODE_PX, lines of prose
+    """later.mark_later marks a block (a top-level element, a notebook cell or its outputs,
+    a run of a long code block's lines) once the height above it, counted as a lower bound (code lines CODE_PX, lines of prose
     PROSE_PX, nothing hidden at load), reaches LATER_PX; the mark lands at the end of the
     start tag, once."""
     from infralens_docs.later import (
@@ -454,11 +455,12 @@ def test_blocks_are_marked_later_only_below_a_lower_bound_of_1000_px():
         PROSE_PX,
         SMALL_HEADING_PX,
         mark_later,
+        split_code,
     )
 
-    def page(code_lines):  # a title line, then a code block, then two blocks
+    def page(code_lines):  # a title line, then a code block (in runs), then two blocks
         code = "<pre><code>" + "x = 1\n" * code_lines + "</code></pre>"
-        return f"<h1>T</h1>\n{code}\n<p>b</p>\n<p>c</p>"
+        return split_code(f"<h1>T</h1>\n{code}\n<p>b</p>\n<p>c</p>")
 
     enough = -(-(LATER_PX - PROSE_PX) // CODE_PX)  # code lines that reach LATER_PX
     # one line short: "b" starts above LATER_PX, and its line takes "c" below
@@ -484,7 +486,10 @@ def test_blocks_are_marked_later_only_below_a_lower_bound_of_1000_px():
     wrapped = f'<div class="jupyter-wrapper"><div class="jp-Notebook">{cells}</div></div>'
     for html in (wrapped, f'<div class="jp-Notebook">{cells}</div>'):
         marked = mark_later(html)
-        assert marked.count("data-later") == 1
+        assert re.findall(r'<div class="jp-Cell"[^>]*>', marked) == [
+            '<div class="jp-Cell">',
+            '<div class="jp-Cell" data-later>',
+        ]
         assert '<div class="jp-Cell" data-later><pre>z' in marked
     # what is hidden at load counts nothing; an open <details> counts
     tall = "<pre>" + "y\n" * enough * 2 + "</pre>"
@@ -524,6 +529,141 @@ def test_blocks_are_marked_later_only_below_a_lower_bound_of_1000_px():
     )
     # in HTML <div/> opens a div (what follows is inside it)
     assert mark_later(page(enough) + "<div/><p>d</p>").endswith("<div data-later/><p>d</p>")
+
+
+def test_long_code_blocks_are_split_into_runs_of_lines():
+    """later.split_code wraps the lines of a <pre> longer than CODE_RUN lines in runs of
+    at most CODE_RUN lines, as even as they go, each cut at a newline outside every element
+    (a cut due inside a multi-line span moves past it) and with its line count in --lines;
+    the text is unchanged. mark_later marks a run by the lines above it in its <pre>."""
+    from infralens_docs.later import (
+        CODE_PX,
+        CODE_RUN,
+        LATER_PX,
+        PROSE_PX,
+        mark_later,
+        split_code,
+    )
+
+    def runs(html):
+        return re.findall(r'<span class="code-lines" style="--lines: (\d+)">', html)
+
+    def text(html):  # the block's text and elements, runs aside
+        return re.sub(r'<span class="code-lines"[^>]*>((?:(?!<span class="code-lines").)*?)'
+                      r"</span>(?=<span class=\"code-lines\"|</code>|</pre>)", r"\1", html,
+                      flags=re.S)  # fmt: skip
+
+    line = '<span class="n">x</span> <span class="o">=</span> <span class="mi">1</span>\n'
+    last = '<span class="s">y\n</span>'  # a span that ends with its line's newline
+    for n in (CODE_RUN, CODE_RUN + 1, 2 * CODE_RUN, 5 * CODE_RUN + 3):
+        body = line * (n - 1) + last
+        html = f'<div class="highlight"><pre><span></span><code>{body}</code></pre></div>'
+        split = split_code(html)
+        assert text(split) == html
+        counts = [int(c) for c in runs(split)]
+        if n <= CODE_RUN:
+            assert split == html
+            continue
+        assert sum(counts) == n and max(counts) <= CODE_RUN and max(counts) - min(counts) <= 1
+        assert split_code(split) == split
+        for run in re.findall(r'<span class="code-lines"[^>]*>(.*?)(?=<span class="code-l|</c)',
+                              split, re.S):  # fmt: skip
+            assert run.count("<span") == run.count("</span>") - 1  # balanced, and its end
+    # two runs, the cut due after line CODE_RUN: inside a span of two lines (as a coloured
+    # output's), it moves to the next newline outside every element
+    span = '<span class="ansi-red-fg">a\nb\n</span>'
+    body = line * (CODE_RUN - 1) + span + line * (CODE_RUN - 2)
+    split = split_code(f"<pre><code>{body}</code></pre>")
+    assert text(split) == f"<pre><code>{body}</code></pre>"
+    assert f'{span}{line}</span><span class="code-lines" style="--lines: 21">' in split
+    # a <pre> with no <code>: the newline right after <pre> (never drawn) stays outside
+    out = split_code("<pre>\n" + "z\n" * (2 * CODE_RUN) + "</pre>")
+    assert out.startswith('<pre>\n<span class="code-lines" style="--lines: 24">z\n')
+    # the runs far enough down are blocks of their own: a run starts below the lines above
+    # it in its <pre>. Not a block: a run hidden at load (a closed <details>), nor one in a
+    # table cell (a <pre> of line numbers beside it would count as above it)
+    n = 8 * CODE_RUN
+    block = "<pre><code>" + "x\n" * n + "</code></pre>"
+    starts = [i * CODE_RUN * CODE_PX for i in range(8)]
+    assert starts[1] < LATER_PX <= starts[-1]
+    run_marks = re.compile(r'<span class="code-lines" style="--lines: \d+"( data-later)?>')
+    assert [bool(m) for m in run_marks.findall(mark_later(block))] == [
+        px >= LATER_PX for px in starts
+    ]
+    prose = "<p>p</p>" * (LATER_PX // PROSE_PX)  # over LATER_PX of visible text first
+    for hidden in (
+        f"<details><summary>s</summary>{block}</details>",
+        f"<table><tr><td>{block}</td></tr></table>",
+    ):
+        marked = mark_later(prose + hidden)
+        assert marked.count('class="code-lines"') == 8
+        assert not any(run_marks.findall(marked)), hidden[:20]
+    # a notebook cell's outputs are a block of their own
+    cell = (
+        '<div class="jp-Cell"><div class="jp-Cell-inputWrapper"><pre>x</pre></div>'
+        '<div class="jp-Cell-outputWrapper"><div class="jp-Collapser"></div>'
+        '<div class="jp-OutputArea jp-Cell-outputArea"><pre>y</pre></div></div></div>'
+    )
+    marked = mark_later(f'<div class="jp-Notebook">{prose}{cell}</div>')
+    assert '<div class="jp-OutputArea jp-Cell-outputArea" data-later>' in marked
+    assert '<div class="jp-Cell-outputWrapper">' in marked
+    # what is not a <pre> element is left as it is
+    lines = "x\n" * n
+    for html in (
+        f"<script>'<pre>{lines}</pre>'</script>",
+        f"<!-- <pre>{lines}</pre> -->",
+        f"<template><pre>{lines}</pre></template>",
+        f"<pre-x>{lines}</pre-x>",
+        f"<pre><samp>{lines}</samp></pre>",  # no newline outside every element
+        f"<pre><code></span>{lines}<span></code></pre>",  # markup that does not balance
+        f'<pre><code><span class="hll">a\n</span>{lines}</code></pre>',  # highlighted lines
+    ):
+        assert split_code(html) == html, html[:24]
+    # void elements do not nest; a newline before <code> stays before it
+    broken = "a<br>\n" * n
+    assert split_code(f"<pre><code>{broken}</code></pre>").count("code-lines") == 8
+    assert split_code(f"<pre>\n<code>{lines}</code></pre>").startswith(
+        '<pre>\n<code><span class="code-lines"'
+    )
+
+
+def test_every_run_of_lines_on_the_site_belongs_to_a_code_block(built_site):
+    """Every run later.split_code wrote on the built site is an element, a child of a
+    <pre>'s <code> or of a <pre>, holding no <pre> (nothing that only looked like a <pre>
+    was split: an attribute's value, a script, a comment), and the longest code blocks
+    were split."""
+
+    class Runs(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.stack, self.runs, self.bad = [], 0, []
+
+        def handle_starttag(self, tag, attrs):
+            if "code-lines" in (dict(attrs).get("class") or "").split():
+                self.runs += 1
+                path = [t for t, _ in self.stack[-2:]]
+                if path[-1:] != ["pre"] and path != ["pre", "code"]:
+                    self.bad.append(path)
+            elif tag == "pre" and any(t == "span" and c for t, c in self.stack):
+                self.bad.append(["pre in a run"])
+            if tag not in {"br", "img", "input", "meta", "link", "hr", "wbr", "source"}:
+                run = "code-lines" in (dict(attrs).get("class") or "")
+                self.stack.append((tag, run))
+
+        def handle_endtag(self, tag):
+            while self.stack and self.stack.pop()[0] != tag:
+                pass
+
+    total = 0
+    for page in sorted(built_site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        parser = Runs()
+        parser.feed(text)
+        name = page.relative_to(built_site).as_posix()
+        assert parser.bad == [], name
+        assert parser.runs == text.count('<span class="code-lines"'), name
+        total += parser.runs
+    assert total > 100
 
 
 def test_every_in_page_anchor_has_its_target(built_site):

@@ -2,8 +2,9 @@
 // (axe-core rules of WCAG 2.2 AA). Inlined by hooks.on_post_page.
 //
 // - With scripting, site.css gives the blocks below the first screen (data-later: the
-//   article's, or a notebook's cells, marked by later.py at build time where what is
-//   above them is certainly taller than 1,000 px) content-visibility: auto, so while the page loads the browser styles and lays out only
+//   article's, a notebook's cells, or runs of a long code block's lines, marked by
+//   later.py at build time where what is above them is certainly taller than 1,000 px)
+//   content-visibility: auto, so while the page loads the browser styles and lays out only
 //   those near the screen (on the longest pages the rest was most of the main
 //   thread's work before the reader could scroll). Once the page has loaded, this lays the
 //   blocks out in document order, in tasks of about 5 ms (at least one block each) between
@@ -19,11 +20,13 @@
 //   Chromium with anchoring off: tests/test_browser.py holds both.)
 // - A table, an equation, a row of tab labels or a code block wider than its column
 //   scrolls sideways; a keyboard reader can scroll it only if it takes focus
-//   (scrollable-region-focusable). Each block's are checked as it is laid out (until then
-//   they are not, so a Tab pressed before the page has settled can miss one), the whole
-//   page's once settled and again when elements are added to the page or the window is
-//   resized, and a <details>'s or a tab set's when it is opened or switched (what a closed
-//   <details> holds, its summary aside, is not measured until then).
+//   (scrollable-region-focusable). Each block's are checked as it is laid out (for a
+//   run of a code block's lines, its code block, as wide as the runs laid out so far).
+//   Until then they are not, so a Tab pressed before the page has settled can miss one.
+//   The whole page's are checked once settled and again when elements are added to the
+//   page or the window is resized, and a <details>'s or a tab set's when it is opened or
+//   switched (what a closed <details> holds, its summary aside, is not measured until
+//   then).
 // - Each code block's copy button sits in an unnamed <nav>, so a notebook page with forty
 //   code cells had forty identical navigation landmarks (landmark-unique); the buttons
 //   are not site navigation, so their wrapper gets role="none".
@@ -95,8 +98,9 @@
     var seen = box.bottom > 0 && box.top < window.innerHeight && box.height > 0;
     block.setAttribute("data-shown", seen ? "on-screen" : "");
     // reading its height lays the block out now, inside this slice, not in the next
-    // frame together with every block the slice reached
-    if (block.offsetHeight) focusable(block);
+    // frame together with every block the slice reached. A run of a code block's lines
+    // holds no wide element: its code block is (as wide as the runs laid out so far)
+    if (block.offsetHeight) focusable(block.closest("pre") || block);
   }
   function target(hash) {
     var id = hash.slice(1);

@@ -33,16 +33,30 @@ the first frame comes before Chromium has decided it is near the screen. A windo
 resized across 480 px after load can see a block's margins change as the narrow marks
 start or stop applying.
 
-The blocks are the article's top-level elements and the cells of a notebook
-(``.jp-Notebook``'s children).
+The blocks are the article's top-level elements, the cells of a notebook
+(``.jp-Notebook``'s children) and each cell's outputs, and the runs of a long code block's
+lines. A block is laid out whole, in one task of a11y.js's settle, so its size bounds that
+task. On lab 06's notebook page, a code cell of 106 lines (1,173 highlighted spans) and a
+figure took 74-116 ms to style and lay out the first time (Chromium at 4x CPU throttling,
+412 px, three loads, timed around setting ``data-shown`` and reading ``offsetHeight``);
+Lighthouse counts each task's time over 50 ms as blocking. So :func:`split_code` wraps the
+lines of a ``<pre>`` longer than ``CODE_RUN`` lines in runs of at most that many
+(``<span class="code-lines">``, a block in site.css). A run ends at a newline outside
+every element, so the runs hold the block's text and elements unchanged, and a copy of
+the block (Material copies its ``innerText``, with ``data-md-copying`` set, under which
+site.css gives the runs ``display: contents``) is the same text.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from html.parser import HTMLParser
 
 #: a window's height up to which a marked block is never on the first screen
 LATER_PX = 1000
+#: the most lines in one run of a code block's lines (see the docstring)
+CODE_RUN = 24
 #: the shortest code line, line of prose, and line of a small heading (see the docstring)
 CODE_PX, PROSE_PX, SMALL_HEADING_PX = 13, 20, 16
 #: the most characters a line of prose holds: in any window, in one at most 480 px wide
@@ -108,13 +122,29 @@ class _Blocks(HTMLParser):
         classes = (named.get("class") or "").split()
         parent = self.stack[-1] if self.stack else None
         holds_cells = {"jupyter-wrapper", "jp-Notebook"} & set(classes)
-        if (parent is None and not holds_cells) or (parent and "jp-Notebook" in parent.classes):
+        shown = self._shown(tag, named)
+        px = self.px
+        if "code-lines" in classes:
+            # a run of a code block's lines, below the lines before it in its <pre>. Not a
+            # block: one hidden at load (what a closed <details> or a later tab holds is
+            # laid out when shown), nor one in a table cell (the cells beside it, a
+            # <pre> of line numbers among them, count as above it here)
+            pre = next((e for e in reversed(self.stack) if e.tag == "pre"), None)
+            above = "".join(pre.text).removeprefix("\n").count("\n") if pre else 0
+            in_cell = any(e.tag in ("td", "th") for e in self.stack)
+            px = [p + CODE_PX * above for p in self.px] if shown and not in_cell else None
+        elif not (
+            (parent is None and not holds_cells)
+            or (parent and "jp-Notebook" in parent.classes)
+            or "jp-OutputArea" in classes
+        ):
+            px = None
+        if px is not None:
             # the mark goes at the end of the start tag: what matches a tag by its opening
             # (<figure class="lab-figure") still does
             raw = self.get_starttag_text() or ""
             end = self._offset() + len(raw) - (2 if raw.endswith("/>") else 1)
-            self.blocks.append((end, self.px[:], "data-later" in named))
-        shown = self._shown(tag, named)
+            self.blocks.append((end, px[:], "data-later" in named))
         foreign = tag in FOREIGN or bool(parent and parent.foreign)
         if parent:
             parent.children += 1
@@ -166,10 +196,96 @@ class _Blocks(HTMLParser):
         self.px = [px + PROSE_PX * chars / n for px, n in zip(self.px, LINE_CHARS, strict=True)]
 
 
+#: a <pre> (start tag, content, end tag); or a comment, <script>, <style> or <template>,
+#: whose text may look like one without being one (left as it is). "<pre" in an attribute's
+#: value would be taken for one: Python-Markdown's serializer and the hooks here write "<"
+#: there as "&lt;", and tests/test_build.py checks that every run on the built site is a
+#: run of a <pre>'s lines.
+PRE_RE = re.compile(
+    r"(<!--.*?-->|<(script|style|template)\b.*?</\2\s*>)|(<pre(?=[\s>])[^>]*>)(.*?)(</pre>)",
+    re.S | re.I,
+)
+#: where a <pre>'s lines start: after its <code> start tag (pymdownx writes an empty
+#: <span> before it; a notebook cell's lines begin with one, inside the first run)
+CODE_START_RE = re.compile(r"\s*(?:<span></span>)?<code\b[^>]*>")
+#: a tag; a tag (its name), or a newline
+TAG_RE = re.compile(r"<[^>]*>")
+TAG_OR_NEWLINE_RE = re.compile(r"<(/?)([^\s/>]*)[^>]*>|\n")
+
+
+def _lines(text: str) -> int:
+    """How many lines ``text`` (markup included) draws in a ``<pre>``: a last newline
+    starts no line."""
+    text = TAG_RE.sub("", text)
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
+def _runs(text: str) -> str:
+    """``text`` (a ``<pre>``'s lines, markup included) in runs of at most ``CODE_RUN``
+    lines, as even as they go, each ending at a newline outside every element; a cut
+    that falls inside an element (a multi-line span) moves to the next newline outside,
+    so that run is longer. ``text`` as it is if it has at most ``CODE_RUN`` lines, no
+    newline outside every element, or markup that does not balance."""
+    lines = _lines(text)
+    if lines <= CODE_RUN:
+        return text
+    k = -(-lines // CODE_RUN)  # runs
+    # where each run but the first starts: k runs whose sizes differ by one line at most
+    starts = [-(-lines * j // k) for j in range(1, k)]
+    cuts, depth, done = [0], 0, 0
+    for m in TAG_OR_NEWLINE_RE.finditer(text):
+        token, closing, name = m.group(), m.group(1), (m.group(2) or "").lower()
+        if token == "\n":
+            done += 1
+            if depth == 0 and len(cuts) < k and done >= starts[len(cuts) - 1]:
+                cuts.append(m.end())
+        elif closing:
+            depth -= 1
+            if depth < 0:
+                return text
+        elif name in VOID or token.endswith("/>") or token.startswith("<!"):
+            continue
+        else:
+            depth += 1
+    if depth != 0 or len(cuts) == 1:
+        return text
+    cuts.append(len(text))
+    return "".join(
+        f'<span class="code-lines" style="--lines: {_lines(text[a:b])}">{text[a:b]}</span>'
+        for a, b in itertools.pairwise(cuts)
+    )
+
+
+def split_code(html: str) -> str:
+    """``html`` with the lines of each ``<pre>`` longer than ``CODE_RUN`` lines wrapped in
+    runs (see the module's docstring). Left as it is: a ``<pre>`` already split, and one
+    with highlighted lines (pymdownx's ``.hll``: Material draws their background and bar
+    outside the line's box, which a run not yet laid out would clip)."""
+
+    def split(m: re.Match) -> str:
+        if m.group(1):
+            return m.group()
+        start, body, end = m.group(3, 4, 5)
+        if '<span class="code-lines"' in body or 'class="hll"' in body:
+            return m.group()
+        code = CODE_START_RE.match(body)
+        at = code.end() if code else 0
+        close = body.rfind("</code>") if code else len(body)
+        if close < at:
+            return m.group()
+        if not code and body.startswith("\n"):
+            at = 1  # the newline right after <pre> is not drawn: it stays where it is
+        return start + body[:at] + _runs(body[at:close]) + body[close:] + end
+
+    return PRE_RE.sub(split, html)
+
+
 def mark_later(html: str) -> str:
-    """``html`` (a page's content) with ``data-later`` on each block with at least
-    ``LATER_PX`` of height above it in any window, ``data-later="narrow"`` on each with as
-    much only in a narrow one (see the module's docstring)."""
+    """``html`` (a page's content) with its long code blocks split (:func:`split_code`),
+    then ``data-later`` on each block with at least ``LATER_PX`` of height above it in any
+    window, ``data-later="narrow"`` on each with as much only in a narrow one (see the
+    module's docstring)."""
+    html = split_code(html)
     parser = _Blocks(html)
     parser.feed(html)
     parser.close()
