@@ -9,7 +9,8 @@ blocking time, largest contentful paint, and that run's CPU benchmark index
 (Lighthouse's measure of the machine's speed at that moment; on a shared 2-core VM
 it moves between about 800 and 2,100 within minutes, and a slow moment stretches
 every long task, so read a low score next to its index), then every run's performance
-score. Targets (issue 9):
+score. A run below 100 keeps its JSON report in .cache/lighthouse/reports/ (its path
+printed), to read what cost it the points. Targets (issue 9):
 accessibility, best practices and SEO 100 on every page; performance 100 at the
 median, no page below 99; at most 120 KB at load.
 
@@ -66,15 +67,26 @@ http {{
 RUNS = 3  # audits per page; the median performance run is reported
 
 
+REPORTS = PREFIX / "reports"
+
+
 def audit(lighthouse: Path, url: str, tmp: Path, chromium: str) -> dict:
-    """One Lighthouse run (mobile preset, Lighthouse defaults); the parsed JSON report."""
+    """One Lighthouse run (mobile preset, Lighthouse defaults); the parsed JSON report,
+    kept in REPORTS if its performance score is below 100."""
     report = tmp / "report.json"
     subprocess.run(
         [str(lighthouse), url, "--quiet", "--output=json", f"--output-path={report}",
          f"--chrome-flags={CHROME_FLAGS}"],
         env=dict(os.environ, CHROME_PATH=chromium), check=True,
     )  # fmt: skip
-    return json.loads(report.read_text())
+    result = json.loads(report.read_text())
+    if result["categories"]["performance"]["score"] < 1:
+        REPORTS.mkdir(parents=True, exist_ok=True)
+        name = url.split("/", 3)[-1].strip("/").replace("/", "_") or "home"
+        kept = REPORTS / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+        shutil.copyfile(report, kept)
+        print(f"    kept a run below 100: {kept}", flush=True)
+    return result
 
 
 def free_port() -> int:

@@ -445,9 +445,9 @@ def test_adjacent_stream_outputs_merge_and_keep_their_place():
 
 def test_blocks_are_marked_later_only_below_a_lower_bound_of_1000_px():
     """later.mark_later marks a block (a top-level element, a notebook cell or its outputs,
-    a run of a long code block's lines) once the height above it, counted as a lower bound (code lines CODE_PX, lines of prose
-    PROSE_PX, nothing hidden at load), reaches LATER_PX; the mark lands at the end of the
-    start tag, once."""
+    a run of a long code block's lines) once the height above it, counted as a lower bound
+    (code lines CODE_PX, lines of prose PROSE_PX, nothing hidden at load), reaches
+    LATER_PX; the mark lands at the end of the start tag, once."""
     from infralens_docs.later import (
         CODE_PX,
         LATER_PX,
@@ -576,6 +576,9 @@ def test_long_code_blocks_are_split_into_runs_of_lines():
     split = split_code(f"<pre><code>{body}</code></pre>")
     assert text(split) == f"<pre><code>{body}</code></pre>"
     assert f'{span}{line}</span><span class="code-lines" style="--lines: 21">' in split
+    # after a cut that moved, the runs left share the lines left evenly
+    body = "x\n" * 10 + '<span class="s">' + "y\n" * 30 + "</span>" + "x\n" * 60
+    assert runs(split_code(f"<pre><code>{body}</code></pre>")) == ["41", "15", "15", "15", "14"]
     # a <pre> with no <code>: the newline right after <pre> (never drawn) stays outside
     out = split_code("<pre>\n" + "z\n" * (2 * CODE_RUN) + "</pre>")
     assert out.startswith('<pre>\n<span class="code-lines" style="--lines: 24">z\n')
@@ -598,25 +601,33 @@ def test_long_code_blocks_are_split_into_runs_of_lines():
         marked = mark_later(prose + hidden)
         assert marked.count('class="code-lines"') == 8
         assert not any(run_marks.findall(marked)), hidden[:20]
-    # a notebook cell's outputs are a block of their own
-    cell = (
-        '<div class="jp-Cell"><div class="jp-Cell-inputWrapper"><pre>x</pre></div>'
-        '<div class="jp-Cell-outputWrapper"><div class="jp-Collapser"></div>'
-        '<div class="jp-OutputArea jp-Cell-outputArea"><pre>y</pre></div></div></div>'
-    )
-    marked = mark_later(f'<div class="jp-Notebook">{prose}{cell}</div>')
-    assert '<div class="jp-OutputArea jp-Cell-outputArea" data-later>' in marked
-    assert '<div class="jp-Cell-outputWrapper">' in marked
+
+    # a notebook cell's outputs are a block of their own, below the cell's code
+    def cell(code_lines):
+        return (
+            '<div class="jp-Cell"><div class="jp-Cell-inputWrapper"><pre>'
+            + "x\n" * code_lines
+            + '</pre></div><div class="jp-Cell-outputWrapper"><div class="jp-Collapser"></div>'
+            '<div class="jp-OutputArea jp-Cell-outputArea"><pre>y</pre></div></div></div>'
+        )
+
+    enough = -(-LATER_PX // CODE_PX)  # code lines that reach LATER_PX
+    for code_lines, later in ((enough - 1, False), (enough, True)):
+        marked = mark_later(f'<div class="jp-Notebook">{cell(code_lines)}</div>')
+        mark = '<div class="jp-OutputArea jp-Cell-outputArea" data-later>'
+        assert (mark in marked) == later
+        assert '<div class="jp-Cell-outputWrapper">' in marked
     # what is not a <pre> element is left as it is
     lines = "x\n" * n
     for html in (
         f"<script>'<pre>{lines}</pre>'</script>",
         f"<!-- <pre>{lines}</pre> -->",
         f"<template><pre>{lines}</pre></template>",
-        f"<pre-x>{lines}</pre-x>",
+        f"<pre-x>{lines}</pre>",
         f"<pre><samp>{lines}</samp></pre>",  # no newline outside every element
         f"<pre><code></span>{lines}<span></code></pre>",  # markup that does not balance
         f'<pre><code><span class="hll">a\n</span>{lines}</code></pre>',  # highlighted lines
+        f"<pre><code><span/>{lines}</code></pre>",  # in HTML <span/> opens a span
     ):
         assert split_code(html) == html, html[:24]
     # void elements do not nest; a newline before <code> stays before it
@@ -630,8 +641,9 @@ def test_long_code_blocks_are_split_into_runs_of_lines():
 def test_every_run_of_lines_on_the_site_belongs_to_a_code_block(built_site):
     """Every run later.split_code wrote on the built site is an element, a child of a
     <pre>'s <code> or of a <pre>, holding no <pre> (nothing that only looked like a <pre>
-    was split: an attribute's value, a script, a comment), and the longest code blocks
-    were split."""
+    was split: an attribute's value, a script, a comment), and no code block longer than
+    CODE_RUN lines was left whole."""
+    from infralens_docs.later import CODE_RUN
 
     class Runs(HTMLParser):
         def __init__(self):
@@ -654,7 +666,7 @@ def test_every_run_of_lines_on_the_site_belongs_to_a_code_block(built_site):
             while self.stack and self.stack.pop()[0] != tag:
                 pass
 
-    total = 0
+    total, whole = 0, {}
     for page in sorted(built_site.rglob("*.html")):
         text = page.read_text(encoding="utf-8")
         parser = Runs()
@@ -663,7 +675,16 @@ def test_every_run_of_lines_on_the_site_belongs_to_a_code_block(built_site):
         assert parser.bad == [], name
         assert parser.runs == text.count('<span class="code-lines"'), name
         total += parser.runs
+        # a <pre> left whole draws at most CODE_RUN lines (unless its lines are highlighted)
+        for body in re.findall(r"<pre\b[^>]*>(.*?)</pre>", text, re.S):
+            if 'class="code-lines"' in body or 'class="hll"' in body:
+                continue
+            drawn = re.sub(r"<[^>]*>", "", body).removeprefix("\n")
+            lines = drawn.count("\n") + (not drawn.endswith("\n"))
+            if lines > CODE_RUN:
+                whole[name] = lines
     assert total > 100
+    assert whole == {}
 
 
 def test_every_in_page_anchor_has_its_target(built_site):

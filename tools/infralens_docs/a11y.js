@@ -2,11 +2,11 @@
 // (axe-core rules of WCAG 2.2 AA). Inlined by hooks.on_post_page.
 //
 // - With scripting, site.css gives the blocks below the first screen (data-later: the
-//   article's, a notebook's cells, or runs of a long code block's lines, marked by
-//   later.py at build time where what is above them is certainly taller than 1,000 px)
-//   content-visibility: auto, so while the page loads the browser styles and lays out only
-//   those near the screen (on the longest pages the rest was most of the main
-//   thread's work before the reader could scroll). Once the page has loaded, this lays the
+//   article's, a notebook's cells and their outputs, or runs of a long code block's
+//   lines, marked by later.py at build time where what is above them is certainly taller
+//   than 1,000 px) content-visibility: auto, so while the page loads the browser styles
+//   and lays out only those near the screen (on the longest pages the rest was most of
+//   the main thread's work before the reader could scroll). Once the page has loaded, this lays the
 //   blocks out in document order, in tasks of about 5 ms (at least one block each) between
 //   which the browser can handle input and draw; it marks each block laid out
 //   (data-shown), then <html data-settled>. A block on screen at its turn keeps the layout
@@ -35,9 +35,11 @@
   var root = document.documentElement;
   // in a window at most 480 px wide (as site.css), data-later="narrow" blocks are deferred too
   var NARROW = window.matchMedia("(max-width: 480px)");
+  function deferred() {
+    return (NARROW.matches ? "[data-later]" : '[data-later=""]') + ":not([data-shown])";
+  }
   function blocks() {
-    var marked = NARROW.matches ? "[data-later]" : '[data-later=""]';
-    return document.querySelectorAll(marked + ":not([data-shown])");
+    return document.querySelectorAll(deferred());
   }
   // (before the bundle starts, a code block scrolls on its <code> element and a table
   // on itself: the bundle then makes the code focusable and wraps the tables)
@@ -81,8 +83,16 @@
   function focusable(scope) {
     var wide = Array.prototype.slice.call(scope.querySelectorAll(WIDE));
     if (scope.matches && scope.matches(WIDE)) wide.push(scope);
+    var later = deferred();
     wide.forEach(function (el) {
-      if (!el.hasAttribute("tabindex") && !shut(el) && el.scrollWidth > el.clientWidth + 1) {
+      // one in a block not laid out yet (a notebook cell's outputs, inside the cell) is
+      // measured at that block's turn: measuring it now would lay that block out here
+      if (
+        !el.hasAttribute("tabindex") &&
+        !shut(el) &&
+        !el.closest(later) &&
+        el.scrollWidth > el.clientWidth + 1
+      ) {
         el.setAttribute("tabindex", "0");
       }
     });

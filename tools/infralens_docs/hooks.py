@@ -16,8 +16,9 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   ``verified-summary``).
 - ``on_page_content``: TeX to MathML; strips the notebook pages' inline
   CSS and their MathJax / Mermaid CDN scripts (styles come from site.css) and
-  turns their code cells into Material code blocks; marks the blocks well below the
-  first screen, which the browser may render after load (``later.mark_later``).
+  turns their code cells into Material code blocks; splits long code blocks into runs
+  of lines and marks the blocks well below the first screen, which the browser may
+  render after load (``later.mark_later``).
 - ``on_post_page``: names Material's search dialog and defers its bundle
   (accessibility and render-blocking fixes, without copying a template).
 - ``on_post_build``: copies the figure files the pages reference into the site, and

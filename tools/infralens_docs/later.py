@@ -34,16 +34,19 @@ resized across 480 px after load can see a block's margins change as the narrow 
 start or stop applying.
 
 The blocks are the article's top-level elements, the cells of a notebook
-(``.jp-Notebook``'s children) and each cell's outputs, and the runs of a long code block's
-lines. A block is laid out whole, in one task of a11y.js's settle, so its size bounds that
-task. On lab 06's notebook page, a code cell of 106 lines (1,173 highlighted spans) and a
-figure took 74-116 ms to style and lay out the first time (Chromium at 4x CPU throttling,
-412 px, three loads, timed around setting ``data-shown`` and reading ``offsetHeight``);
-Lighthouse counts each task's time over 50 ms as blocking. So :func:`split_code` wraps the
-lines of a ``<pre>`` longer than ``CODE_RUN`` lines in runs of at most that many
-(``<span class="code-lines">``, a block in site.css). A run ends at a newline outside
-every element, so the runs hold the block's text and elements unchanged, and a copy of
-the block (Material copies its ``innerText``, with ``data-md-copying`` set, under which
+(``.jp-Notebook``'s children) and each cell's outputs (``.jp-OutputArea``), and the runs of
+a long code block's lines. A block is laid out whole, in one task of a11y.js's settle, so
+its size bounds that task; Lighthouse counts each task's time over 50 ms as blocking. On
+lab 06's notebook page, a code cell of 106 lines (1,172 highlighted spans) and its figure
+took 74-116 ms to style and lay out the first time (Chromium at 4x CPU throttling, 412 px,
+three loads, timed around setting ``data-shown`` and reading ``offsetHeight``): layout
+grows with the lines, style with the spans. So :func:`split_code` wraps the lines of a
+``<pre>`` longer than ``CODE_RUN`` lines in runs of that many lines at most (more only
+where an element spans the cut: none on the site), ``<span class="code-lines">``, each a
+block in site.css. In runs of 24 lines, that cell's took 17-25 ms each and its figure
+34-57 ms (five loads, timed the same way). A run ends at a newline outside every
+element, so the runs hold the block's text and elements unchanged, and a copy of the
+block (Material copies its ``innerText``, with ``data-md-copying`` set, under which
 site.css gives the runs ``display: contents``) is the same text.
 """
 
@@ -55,7 +58,7 @@ from html.parser import HTMLParser
 
 #: a window's height up to which a marked block is never on the first screen
 LATER_PX = 1000
-#: the most lines in one run of a code block's lines (see the docstring)
+#: the most lines in one run of a code block's lines (see the docstring: 17-25 ms each)
 CODE_RUN = 24
 #: the shortest code line, line of prose, and line of a small heading (see the docstring)
 CODE_PX, PROSE_PX, SMALL_HEADING_PX = 13, 20, 16
@@ -136,7 +139,7 @@ class _Blocks(HTMLParser):
         elif not (
             (parent is None and not holds_cells)
             or (parent and "jp-Notebook" in parent.classes)
-            or "jp-OutputArea" in classes
+            or ("jp-OutputArea" in classes and shown)
         ):
             px = None
         if px is not None:
@@ -198,9 +201,10 @@ class _Blocks(HTMLParser):
 
 #: a <pre> (start tag, content, end tag); or a comment, <script>, <style> or <template>,
 #: whose text may look like one without being one (left as it is). "<pre" in an attribute's
-#: value would be taken for one: Python-Markdown's serializer and the hooks here write "<"
-#: there as "&lt;", and tests/test_build.py checks that every run on the built site is a
-#: run of a <pre>'s lines.
+#: value would be taken for one. Python-Markdown's serializer and the hooks here write "<"
+#: there as "&lt;", but raw HTML (in Markdown, or a notebook's Markdown cells) passes as
+#: written; no attribute on the built site holds a "<", and tests/test_build.py checks
+#: that every run there is a run of a <pre>'s lines.
 PRE_RE = re.compile(
     r"(<!--.*?-->|<(script|style|template)\b.*?</\2\s*>)|(<pre(?=[\s>])[^>]*>)(.*?)(</pre>)",
     re.S | re.I,
@@ -224,26 +228,27 @@ def _runs(text: str) -> str:
     """``text`` (a ``<pre>``'s lines, markup included) in runs of at most ``CODE_RUN``
     lines, as even as they go, each ending at a newline outside every element; a cut
     that falls inside an element (a multi-line span) moves to the next newline outside,
-    so that run is longer. ``text`` as it is if it has at most ``CODE_RUN`` lines, no
-    newline outside every element, or markup that does not balance."""
+    so that run is longer and the runs after it share the lines left. ``text`` as it is if
+    it has at most ``CODE_RUN`` lines, no newline outside every element before its last
+    line, or markup that does not balance (in HTML ``<span/>`` opens a span)."""
     lines = _lines(text)
     if lines <= CODE_RUN:
         return text
     k = -(-lines // CODE_RUN)  # runs
-    # where each run but the first starts: k runs whose sizes differ by one line at most
-    starts = [-(-lines * j // k) for j in range(1, k)]
     cuts, depth, done = [0], 0, 0
+    due = -(-lines // k)  # the lines before the next cut: the lines left, shared evenly
     for m in TAG_OR_NEWLINE_RE.finditer(text):
         token, closing, name = m.group(), m.group(1), (m.group(2) or "").lower()
         if token == "\n":
             done += 1
-            if depth == 0 and len(cuts) < k and done >= starts[len(cuts) - 1]:
+            if depth == 0 and len(cuts) < k and due <= done < lines:
                 cuts.append(m.end())
+                due = done + -(-(lines - done) // (k - len(cuts) + 1))
         elif closing:
             depth -= 1
             if depth < 0:
                 return text
-        elif name in VOID or token.endswith("/>") or token.startswith("<!"):
+        elif name in VOID or token.startswith("<!"):
             continue
         else:
             depth += 1
