@@ -137,7 +137,8 @@ def softmax(x):
 
 def attention(query, key, value):
     """(BH, N, d) x3 -> (BH, N, d), storing the whole (BH, N, N) score matrix."""
-    scores = query @ key.transpose(0, 2, 1) / np.sqrt(query.shape[-1])  # (BH, N, N)
+    # a float32 divisor: NumPy 2 would promote the scores to float64 for np.sqrt's float64
+    scores = query @ key.transpose(0, 2, 1) / np.float32(np.sqrt(query.shape[-1]))  # (BH, N, N)
     return softmax(scores) @ value
 
 

@@ -119,7 +119,8 @@ def table(title, header, rows):
 # --8<-- [start:attention]
 def naive_attention(query, key, value):
     """(B, H, Nq, d), (B, H, Nk, d) x2 -> out (B, H, Nq, d), lse (B, H, Nq), storing all scores."""
-    scores = query @ key.swapaxes(-1, -2) / np.sqrt(query.shape[-1])  # (B, H, Nq, Nk)
+    # a float32 divisor: NumPy 2 would promote the scores to float64 for np.sqrt's float64
+    scores = query @ key.swapaxes(-1, -2) / np.float32(np.sqrt(query.shape[-1]))  # (B, H, Nq, Nk)
     m = scores.max(axis=-1, keepdims=True)  # (B, H, Nq, 1): per query row
     p = np.exp(scores - m)  # another (B, H, Nq, Nk)
     l = p.sum(axis=-1, keepdims=True)  # noqa: E741  (the softmax denominator / exp(m))
@@ -134,7 +135,7 @@ def tiled_attention(query, key, value, block_size):
     acc = np.zeros(query.shape, dtype=np.float32)  # (B, H, Nq, d): running exp(score - m) @ v
     for start in range(0, key.shape[2], block_size):
         k, v = key[:, :, start : start + block_size], value[:, :, start : start + block_size]
-        s = query @ k.swapaxes(-1, -2) / np.sqrt(query.shape[-1])  # (B, H, Nq, block)
+        s = query @ k.swapaxes(-1, -2) / np.float32(np.sqrt(query.shape[-1]))  # (B, H, Nq, block)
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
         correction = np.exp(m - m_new)  # rescales what was summed under the old max
         p = np.exp(s - m_new)  # (B, H, Nq, block)
@@ -153,10 +154,10 @@ for b in args.block_sizes:
     tiled[b] = (float(np.abs(out - reference).max()), float(np.abs(lse - ref_lse).max()), peak)
 # --8<-- [end:attention]
 
-# The diffs are float32 rounding, of order 1e-7. Their last digits follow the order in which
-# BLAS sums each matmul, and OpenBLAS picks a different kernel (so a different order) for
-# another CPU or thread count: the page's run pins one thread, so its digits are stable, and
-# the page quotes only the order of magnitude. A fixed order (np.einsum, no BLAS) would give
+# The diffs are float32 rounding, under 1e-6. Their last digits follow the order in which
+# BLAS sums each matmul, and OpenBLAS picks its kernel (so the order) by CPU and thread
+# count: the page's run pins one thread, but another CPU prints other digits, so the page
+# quotes only the order of magnitude. A fixed order (np.einsum, no BLAS) would give
 # the same digits everywhere but makes this run about a second slower.
 scores_bytes = args.heads * N * N * 4
 print(f"attention: query/key/value (1, {N}, {args.heads}, {args.head_dim}) float32, as (B, heads, N, head_dim)")  # fmt: skip
