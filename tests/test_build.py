@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
+import shlex
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -244,6 +246,79 @@ def test_numbers_in_lab_prose_come_from_the_page_runs(built_site, lab):
     quoted = quoted_numbers(ROOT / "docs" / lab.page)
     shown = shown_output(built_site / lab.page.with_suffix("") / "index.html")
     assert sorted(n for n in quoted if n.rstrip("%") not in shown) == []
+
+
+def other_cpu_kernels() -> dict[str, str]:
+    """Environment variables that make a starter compute as an old x86 CPU would: OpenBLAS's
+    Prescott (SSE3) kernels in place of the one it picks for this CPU, and NumPy's SIMD
+    loops held to its baseline. Both change the order of floating-point sums."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    dispatched = [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+    return {"OPENBLAS_CORETYPE": "Prescott", "NPY_DISABLE_CPU_FEATURES": " ".join(dispatched)}
+
+
+def page_runs(page: Path) -> list[tuple[str, list[str], bool]]:
+    """(starter, flags, figures) for each run and figure directive of a page that prints."""
+    source = page.read_text(encoding="utf-8")
+    runs = []
+    for name, body in re.findall(r"^ *<!-- infralens:(run|figure) (.+?) -->$", source, re.M):
+        args = shlex.split(body)
+        if name == "run" and args[1:2] != ["--expect-error"]:
+            runs.append((args[0], args[1:], False))
+        elif name == "figure":
+            runs.append((args[0], args[2:], True))
+    return runs
+
+
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"),
+    reason="OpenBLAS's Prescott kernels and NumPy's x86 dispatch exist only on x86-64",
+)
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
+def test_numbers_in_lab_prose_hold_on_other_cpu_kernels(built_site, lab, tmp_path):
+    """A number the prose quotes must not depend on the CPU the site is built on. The CPU
+    picks OpenBLAS's and NumPy's kernels, and with them the order of each sum, so a
+    rounding-level difference (1.0e-15 against 8.9e-16) or a value that a tie makes hang on
+    its last bit (an SVD feeding int4 rounding) prints other digits on another machine: it
+    did, for labs 14 and 19, on an AMD EPYC. Each run that shows a quoted number is run
+    again with other kernels (:func:`other_cpu_kernels`); it must show that number too."""
+    import json
+    import subprocess
+    import sys
+
+    from infralens_docs.runner import run_starter, starter_env, starter_figures
+
+    def figure_text(folder: Path) -> str:
+        manifest = json.loads((folder / "figures.json").read_text(encoding="utf-8"))
+        return " ".join(f"{entry['alt']} {entry['caption']}" for entry in manifest.values())
+
+    quoted = {n.rstrip("%") for n in quoted_numbers(ROOT / "docs" / lab.page)}
+    moved, checked = [], 0
+    for k, (starter, flags, figures) in enumerate(page_runs(ROOT / "docs" / lab.page)):
+        # what the built page shows (the build's cached run) against a run on other kernels
+        shown = (
+            figure_text(starter_figures(starter, flags))
+            if figures
+            else run_starter(starter, flags).stdout
+        )
+        at_stake = sorted(n for n in quoted if n in shown)
+        if not at_stake:
+            continue
+        extra = ["--figures", str(tmp_path / str(k))] if figures else []
+        proc = subprocess.run(
+            [sys.executable, starter, *flags, *extra],
+            cwd=ROOT,
+            env=dict(starter_env(), **other_cpu_kernels()),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        other = figure_text(tmp_path / str(k)) if figures else proc.stdout
+        moved += [f"{n} ({starter} {shlex.join(flags)})" for n in at_stake if n not in other]
+        checked += 1
+    assert moved == [], f"quoted numbers that move with the CPU's kernels ({checked} runs rerun)"
 
 
 #: Handbook passages that quote diffusers' own numbers; tests/verify/test_page_scheduler.py
