@@ -304,7 +304,7 @@ def attention(q, k, v, heads):
     def split(t):
         return t.reshape(B, -1, heads, d).transpose(0, 2, 1, 3)  # (B, heads, L, d)
 
-    scores = split(q) @ split(k).transpose(0, 1, 3, 2) / np.sqrt(d)
+    scores = split(q) @ split(k).transpose(0, 1, 3, 2) / np.float32(np.sqrt(d))  # stays float32
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)  # softmax over the keys
     return (weights @ split(v)).transpose(0, 2, 1, 3).reshape(B, Lq, C)

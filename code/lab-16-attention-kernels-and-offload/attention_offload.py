@@ -145,8 +145,8 @@ def tiled_attention(query, key, value, block_size):
     return acc / l, (m + np.log(l))[..., 0]
 
 
-# the least of two calls: block_size=512's peak sits 2 KB from a rounding step of the
-# printed MiB, and a notebook kernel's own threads can add that much to one call
+# the least of two calls: a notebook kernel's own threads can add a few KB to one call's
+# peak, and a peak near a rounding step of the printed MiB would then move
 (reference, ref_lse), naive_peak = peak_bytes(naive_attention, query, key, value, repeats=2)
 tiled = {}  # block_size -> (max abs diff of out, max abs diff of lse, peak bytes)
 for b in args.block_sizes:
@@ -154,11 +154,10 @@ for b in args.block_sizes:
     tiled[b] = (float(np.abs(out - reference).max()), float(np.abs(lse - ref_lse).max()), peak)
 # --8<-- [end:attention]
 
-# The diffs are float32 rounding, under 1e-6. Their last digits follow the order in which
-# BLAS sums each matmul, and OpenBLAS picks its kernel (so the order) by CPU and thread
-# count: the page's run pins one thread, but another CPU prints other digits, so the page
-# quotes only the order of magnitude. A fixed order (np.einsum, no BLAS) would give
-# the same digits everywhere but makes this run about a second slower.
+# The diffs are float32 rounding, a few units in the last place. Their last digits follow
+# the order in which BLAS sums each matmul and the SIMD loops NumPy picks for exp and log,
+# both chosen per CPU (BLAS's also per thread count): the page's run pins one thread, but
+# another CPU prints other digits, so the page quotes none of them.
 scores_bytes = args.heads * N * N * 4
 print(f"attention: query/key/value (1, {N}, {args.heads}, {args.head_dim}) float32, as (B, heads, N, head_dim)")  # fmt: skip
 print(f"full score matrix (1, {args.heads}, {N}, {N}) float32 = {fmt(scores_bytes)}")

@@ -55,8 +55,9 @@ def labkit_digest() -> str:
 # One BLAS thread: the same sums in the same order whatever the machine's core count, and
 # no thread-pool spin-up for the labs' small matrices, which made lab 05 ~30% slower with
 # the default pool. The kernel OpenBLAS and NumPy pick still depends on the CPU, so the
-# last digits of rounding-level results do too: prose quotes none of those
-# (tests/test_build.py::test_numbers_in_lab_prose_hold_on_other_cpu_kernels). Notebook kernels inherit
+# last digits of rounding-level results do too: prose quotes none that moves under the
+# other kernels tests/test_build.py::test_numbers_in_lab_prose_hold_on_other_cpu_kernels
+# tries. Notebook kernels inherit
 # these through the build's environment (hooks.on_config).
 BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
