@@ -273,8 +273,9 @@ print(get().decode() if get else "")
 def other_cpu_kernels() -> list[dict[str, str]]:
     """Environments in which a starter computes as other x86 CPUs would: OpenBLAS's Prescott
     (SSE3) kernels with NumPy's SIMD loops held to its baseline, and, on a CPU with AVX2,
-    OpenBLAS's Haswell kernels with NumPy's AVX-512 loops off. Both change the order of
-    floating-point sums. Each must really change OpenBLAS's kernels or NumPy's loops."""
+    OpenBLAS's Haswell kernels with NumPy's AVX-512 loops off. OpenBLAS's kernels sum in
+    another order; NumPy's loops compute exp and log with other approximations. Prescott's
+    must really change OpenBLAS's kernels (an unknown name is silently ignored)."""
     import subprocess
     import sys
 

@@ -162,8 +162,9 @@ def chunked_attention(query, key, value, rows):
 
 head_dim = 40  # SD 1.5's first level: 320 channels / 8 heads
 query, key, value = (rng.standard_normal((batch_heads, args.tokens, head_dim)).astype(np.float32) for _ in range(3))  # fmt: skip
-# the least of two calls: a notebook kernel's own threads can add a few KB to one call's
-# peak, and the naive peak sits 1.3 KB under a rounding step of the printed MiB
+# the least of two calls: a notebook kernel's own threads can add a hundred bytes to a few
+# KB to one call's peak (labkit.memory), and the naive peak sits within 2 KB of a rounding
+# step of the printed MiB
 reference, naive_peak = peak_bytes(attention, query, key, value, repeats=2)
 sliced = {}  # slice_size -> (max abs diff to naive, peak bytes)
 for s in args.slice_sizes:
@@ -582,8 +583,9 @@ table("Strategy summary (this run)", ["strategy", "reduces", "measured saving", 
 xs = np.array(list(sliced))
 chart = figures.line_chart(
     {
-        "sliced": (xs, np.array([sliced[s][1] for s in xs]) / 2**20),
-        "naive": (xs, np.full(len(xs), naive_peak / 2**20)),
+        # the MiB the table prints: bytes of noise (labkit.memory) must not move the chart
+        "sliced": (xs, np.round(np.array([sliced[s][1] for s in xs]) / 2**20, 1)),
+        "naive": (xs, np.full(len(xs), round(naive_peak / 2**20, 1))),
     },
     xlabel="slice_size (rows of B*heads per slice)",
     ylabel="peak MiB",

@@ -145,8 +145,9 @@ def tiled_attention(query, key, value, block_size):
     return acc / l, (m + np.log(l))[..., 0]
 
 
-# the least of two calls: a notebook kernel's own threads can add a few KB to one call's
-# peak, and a peak near a rounding step of the printed MiB would then move
+# the least of two calls: a notebook kernel's own threads can add a hundred bytes to a few
+# KB to one call's peak (labkit.memory), and a peak near a rounding step of the printed
+# MiB would then move
 (reference, ref_lse), naive_peak = peak_bytes(naive_attention, query, key, value, repeats=2)
 tiled = {}  # block_size -> (max abs diff of out, max abs diff of lse, peak bytes)
 for b in args.block_sizes:
@@ -154,9 +155,9 @@ for b in args.block_sizes:
     tiled[b] = (float(np.abs(out - reference).max()), float(np.abs(lse - ref_lse).max()), peak)
 # --8<-- [end:attention]
 
-# The diffs are float32 rounding, a few units in the last place. Their last digits follow
-# the order in which BLAS sums each matmul and the SIMD loops NumPy picks for exp and log,
-# both chosen per CPU (BLAS's also per thread count): the page's run pins one thread, but
+# The diffs are float32 rounding: about 1e-7 for out, 1e-6 for lse (values near 7). Their
+# last digits follow the order in which BLAS sums each matmul and the SIMD loops NumPy
+# picks for exp and log, both chosen per CPU: the page's run pins one BLAS thread, but
 # another CPU prints other digits, so the page quotes none of them.
 scores_bytes = args.heads * N * N * 4
 print(f"attention: query/key/value (1, {N}, {args.heads}, {args.head_dim}) float32, as (B, heads, N, head_dim)")  # fmt: skip
@@ -360,8 +361,9 @@ print(
 xs = np.array(args.block_sizes)
 chart = figures.line_chart(
     {
-        "tiled (online softmax)": (xs, np.array([tiled[b][2] for b in xs]) / 2**20),
-        "naive": (xs, np.full(len(xs), naive_peak / 2**20)),
+        # the MiB the table prints: bytes of noise (labkit.memory) must not move the chart
+        "tiled (online softmax)": (xs, np.round(np.array([tiled[b][2] for b in xs]) / 2**20, 1)),
+        "naive": (xs, np.full(len(xs), round(naive_peak / 2**20, 1))),
     },
     xlabel="block_size (key/value rows per block)",
     ylabel="peak MiB",
