@@ -29,7 +29,14 @@ from labkit import (
     default_mixture,
     figures,
 )
-from labkit.cli import LabArgumentParser, add_figures_argument, in_notebook, int_list, parse_args
+from labkit.cli import (
+    LabArgumentParser,
+    add_figures_argument,
+    in_notebook,
+    int_at_least,
+    int_list,
+    parse_args,
+)
 from labkit.images import FiniteSet, image_grid, toy_images
 from labkit.metrics import sample_quality
 from labkit.schedulers import (
@@ -58,7 +65,7 @@ parser.add_argument(
 )
 parser.add_argument("--schedulers", default=",".join(SCHEDULERS), help="comma-separated subset")
 parser.add_argument("--class-label", type=int, choices=[0, 1], default=None)
-parser.add_argument("--num-samples", type=int, default=2000)
+parser.add_argument("--num-samples", type=int_at_least(100), default=2000)
 parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
 args = parse_args(parser)
@@ -70,8 +77,6 @@ if unknown or not names:
     )
 if not all(1 <= n <= 1000 for n in args.steps):
     parser.error(f"--steps values must be in [1, 1000], got {args.steps}")
-if args.num_samples < 100:
-    parser.error(f"--num-samples must be >= 100, got {args.num_samples}")
 
 # SD 1.5's scheduler_config.json, the keys these schedulers share (steps_offset moves only
 # the `leading` grid, DDPM's here; `trailing` and `linspace` ignore it)

@@ -15,6 +15,7 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 class LabArgumentParser(argparse.ArgumentParser):
@@ -29,15 +30,36 @@ def in_notebook() -> bool:
     return "ipykernel" in sys.modules
 
 
+#: NumPy's generators take seeds in [0, 2**32) from a legacy ``RandomState`` caller, and any
+#: non-negative integer from ``default_rng``; one range for every starter.
+MAX_SEED = 2**32 - 1
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None):
-    """Parse ``argv`` (default: the command line, or nothing inside a kernel)."""
+    """Parse ``argv`` (default: the command line, or nothing inside a kernel), then check the
+    flags every starter shares, each a one-line error: ``--seed`` in [0, 2**32), and
+    ``--figures DIR`` a folder that exists or can be made (made here, before any work)."""
     if argv is None:
         argv = [] if in_notebook() else sys.argv[1:]
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(list(argv))
+    seed = getattr(args, "seed", None)
+    if isinstance(seed, int) and not 0 <= seed <= MAX_SEED:
+        parser.error(f"--seed must be an integer in [0, {MAX_SEED}], got {seed}")
+    folder = getattr(args, "figures", None)
+    if folder is not None:
+        if not folder.strip():
+            parser.error("--figures needs a folder name, got ''")
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--figures {folder}: cannot make that folder ({err.strerror})")
+    return args
 
 
-def int_at_least(minimum: int):
-    """argparse ``type=`` for an integer >= ``minimum``."""
+def int_at_least(minimum: int, maximum: int = 100_000):
+    """argparse ``type=`` for an integer in [``minimum``, ``maximum``]: a size or a count a
+    toy run can hold in memory and finish (a starter passes a tighter ``maximum`` where its
+    arrays grow faster than the value)."""
 
     def convert(text: str) -> int:
         try:
@@ -46,6 +68,8 @@ def int_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
 
     return convert
