@@ -272,8 +272,8 @@ def ode_endpoint_eps(sample, timestep, substeps=10):
 #
 # The loop is a pipeline's: `set_timesteps`, `latents = noise * init_noise_sigma`, then per
 # timestep `scale_model_input`, one `unet` call, `step(...).prev_sample`. DDIM, Euler and
-# DPM-Solver++ use `timestep_spacing="trailing"`, as few-step checkpoints ship them; DDIM
-# keeps SD's `set_alpha_to_one=False`.
+# DPM-Solver++ use `timestep_spacing="trailing"`, as the SDXL-Turbo, SDXL-Lightning and
+# Hyper-SD cards set them; DDIM keeps SD's `set_alpha_to_one=False`.
 
 
 # %%

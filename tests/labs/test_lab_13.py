@@ -101,6 +101,28 @@ def test_wrong_spacing(lab):
         assert float(rows[name, 4, "leading"][7]) > 1.5 * float(rows[name, 4, "trailing"][7])
 
 
+def test_ddim_on_an_ideal_consistency_model_is_exact_only_at_one_step(lab):
+    # the page: "ddim-ideal" is exact only at one step; each further deterministic jump
+    # leaves the ODE trajectory, so on_mode falls with the steps (why LCM re-noises)
+    from labkit.schedulers import DDIMScheduler
+
+    rows = {(r[0], r[1], r[2]): r for r in lab["spacing_rows"]}
+    one, four = (float(rows["ddim-ideal", n, "trailing"][6].rstrip("%")) for n in (1, 4))
+    assert one - four > 2  # the starter's own table: 99.4% against 94.8%
+
+    def ddim_ideal(n):  # alpha_bar = 1 at the end: no noise added back, not SD's setting
+        ddim = DDIMScheduler(clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing", **lab["SD_BETAS"])  # fmt: skip
+        return run(lab, ddim, n, ideal=True)
+
+    noise, a = lab["noise"], lab["alphas_cumprod"][999]
+    end_point = (noise - (1 - a) ** 0.5 * lab["ode_endpoint_eps"](noise, 999)) / a**0.5
+    np.testing.assert_allclose(ddim_ideal(1), end_point, atol=1e-12)  # one step: the end point
+    ends = {n: ddim_ideal(n) for n in (1, 2, 4, 8)}
+    assert np.abs(ends[4] - ends[1]).max() > 0.1  # more jumps: another end point
+    on_mode = [lab["sample_quality"](lab["mixture"], ends[n]).on_mode for n in (1, 2, 4, 8)]
+    assert on_mode == sorted(on_mode, reverse=True) and on_mode[0] - on_mode[-1] > 0.02
+
+
 def test_zero_snr_run(lab):
     rows = {r[0]: r for r in lab["zero_snr_rows"]}
     plain, zero = rows["scaled_linear, epsilon"], rows["zero SNR, v_prediction"]

@@ -73,6 +73,37 @@ def test_from_config_spacing_is_the_class_default():
         assert [int(t) for t in scheduler.timesteps] == timesteps
 
 
+def test_from_config_keeps_a_saved_timestep_spacing(tmp_path):
+    """`from_config` takes the class default only when the loaded config omits `timestep_spacing`, as SD 1.5's original `scheduler_config.json` does; a config saved by diffusers' `save_config` writes `"leading"`, and `DPMSolverMultistepScheduler.from_config` keeps it (801, 601, 401, 201 at 4 steps); `timestep_spacing="trailing"` passed to `from_config` gives 999, 749, 499, 249 from either.
+
+    The shipped file is SD 1.5's ``scheduler/scheduler_config.json`` (PNDM, no
+    ``timestep_spacing``), loaded with ``from_pretrained`` as a pipeline loads it.
+    """
+    import json
+
+    from diffusers import PNDMScheduler
+
+    shipped = dict(_class_name="PNDMScheduler", beta_end=0.012, beta_schedule="scaled_linear",
+                   beta_start=0.00085, num_train_timesteps=1000, set_alpha_to_one=False,
+                   skip_prk_steps=True, steps_offset=1, trained_betas=None, clip_sample=False)  # fmt: skip
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "shipped" / "scheduler_config.json").write_text(json.dumps(shipped))
+    as_shipped = PNDMScheduler.from_pretrained(tmp_path / "shipped")
+    as_shipped.save_config(tmp_path / "resaved")  # what save_pretrained writes for the scheduler
+    assert json.loads((tmp_path / "resaved" / "scheduler_config.json").read_text())["timestep_spacing"] == "leading"  # fmt: skip
+    resaved = PNDMScheduler.from_pretrained(tmp_path / "resaved")
+
+    def grid(config, **kwargs):
+        scheduler = DPMSolverMultistepScheduler.from_config(config, **kwargs)
+        scheduler.set_timesteps(4)
+        return scheduler.config.timestep_spacing, [int(t) for t in scheduler.timesteps]
+
+    assert grid(as_shipped.config) == ("linspace", [999, 749, 500, 250])
+    assert grid(resaved.config) == ("leading", [801, 601, 401, 201])
+    for config in (as_shipped.config, resaved.config):
+        assert grid(config, timestep_spacing="trailing") == ("trailing", [999, 749, 499, 249])
+
+
 @pytest.mark.parametrize(
     "cls, last",
     [
@@ -171,16 +202,53 @@ def test_time_cond_proj_dim_embeds_guidance(name, record_calls):
                 torch.testing.assert_close(kwargs["timestep_cond"], expected)
 
 
-@pytest.mark.parametrize("name, default", list(zip(SD_FAMILY, [7.5, 5.0], strict=True)))
-def test_guidance_scale_zero_turns_cfg_off(name, default, record_calls):
-    """`StableDiffusionPipeline` defaults to `guidance_scale=7.5` and `StableDiffusionXLPipeline` to `5.0`: classifier-free guidance, every UNet call on a doubled batch; at `guidance_scale=0.0` each step is one UNet call on the un-doubled batch."""
-    pipe, extra = sd_family_pipeline(name)
-    calls = run_sd_family(pipe, extra, record_calls)  # guidance_scale left at its default
-    assert pipe.guidance_scale == default and pipe.do_classifier_free_guidance
-    assert len(calls) == 2 and all(args[0].shape[0] == 2 for args, _ in calls)
-    calls = run_sd_family(pipe, extra, record_calls, guidance_scale=0.0)
-    assert not pipe.do_classifier_free_guidance
-    assert len(calls) == 2 and all(args[0].shape[0] == 1 for args, _ in calls)
+def guidance_pipeline(name):
+    """(pipe, denoiser, cond, uncond): tiny SD 1.x (PNDM), SDXL (Euler) or SD3 (flow-match
+    Euler), all deterministic; ``cond`` and ``uncond`` are two sets of embedding kwargs."""
+    from tiny import EMBED_DIM, tiny_sd3_pipeline
+
+    g = torch.Generator().manual_seed(3)
+    if name == "StableDiffusion3Pipeline":
+        pipe = tiny_sd3_pipeline()
+        text = [torch.randn(1, 10, EMBED_DIM, generator=g) for _ in range(2)]
+        pooled = [torch.randn(1, 16, generator=g) for _ in range(2)]
+    else:
+        pipe = tiny_sd_pipeline() if name == "StableDiffusionPipeline" else sdxl_pipeline()
+        text = [embeds(1), embeds(2)]
+        pooled = [torch.randn(1, POOLED_DIM, generator=g) for _ in range(2)]
+    cond, uncond = ({"prompt_embeds": t} for t in text)
+    if name != "StableDiffusionPipeline":
+        cond["pooled_prompt_embeds"], uncond["pooled_prompt_embeds"] = pooled
+    return pipe, getattr(pipe, "unet", None) or pipe.transformer, cond, uncond
+
+
+GUIDED_FAMILY = {"StableDiffusionPipeline": 7.5, "StableDiffusionXLPipeline": 5.0, "StableDiffusion3Pipeline": 7.0}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", GUIDED_FAMILY)
+def test_guidance_scale_at_most_one_is_the_conditional_prediction(name, record_calls):
+    """In `StableDiffusionPipeline`, `StableDiffusionXLPipeline` and `StableDiffusion3Pipeline` any `guidance_scale <= 1` turns classifier-free guidance off: at `0.0` and at `1.0` each step is one denoiser call on the un-doubled batch with the prompt's embeddings alone, and `0.0` returns exactly the latents of `1.0`, not the unconditional prediction's; at each pipeline's default (7.5, 5.0, 7.0) every call takes a doubled batch."""
+    pipe, denoiser, cond, uncond = guidance_pipeline(name)
+    negative = {f"negative_{k}": v for k, v in uncond.items()}
+
+    def run(embeddings, **kwargs):
+        recorder = record_calls(denoiser)
+        with torch.no_grad():
+            latents = pipe(**embeddings, latents=start_latents(), num_inference_steps=2,
+                           height=HEIGHT, width=HEIGHT, output_type="latent", **kwargs).images  # fmt: skip
+        recorder.remove()
+        rows = [(kw.get("hidden_states", args[0] if args else None)).shape[0] for args, kw in recorder.calls]  # fmt: skip
+        return latents, rows, [kw["encoder_hidden_states"] for _, kw in recorder.calls]
+
+    _, rows, _ = run({**cond, **negative})  # guidance_scale left at the pipeline's default
+    assert pipe.guidance_scale == GUIDED_FAMILY[name] and rows == [2, 2]
+    at_one, rows, hidden = run({**cond, **negative}, guidance_scale=1.0)
+    assert rows == [1, 1] and all(torch.equal(h, cond["prompt_embeds"]) for h in hidden)
+    at_zero, rows, hidden = run({**cond, **negative}, guidance_scale=0.0)
+    assert rows == [1, 1] and all(torch.equal(h, cond["prompt_embeds"]) for h in hidden)
+    torch.testing.assert_close(at_zero, at_one, rtol=0, atol=0)
+    unconditional, _, _ = run(uncond, guidance_scale=1.0)  # the negative embeddings alone
+    assert not torch.allclose(at_zero, unconditional)
 
 
 def test_lora_leaves_guidance_as_cfg(record_calls):
@@ -397,26 +465,84 @@ def test_fixed_shift_is_the_dynamic_shift_at_exp_mu():
     np.testing.assert_allclose(dynamic.sigmas.numpy(), fixed.sigmas.numpy(), rtol=1e-5)
 
 
-def test_distilled_checkpoints_scheduler_settings():
-    """The scheduler settings the distilled checkpoints' cards name do what the table says in diffusers: `EulerDiscreteScheduler(timestep_spacing="trailing")` (SDXL-Lightning) and `DDIMScheduler(timestep_spacing="trailing")` (Hyper-SD) visit 999, 749, 499, 249 at 4 steps; `LCMScheduler.set_timesteps(timesteps=[999, 749, 499, 249])` (DMD2) runs exactly those; `LCMScheduler` and `TCDScheduler` default to `original_inference_steps=50`; `SanaSprintPipeline` defaults to `num_inference_steps=2` and an embedded `guidance_scale=4.5`, with `SCMScheduler` (`prediction_type="trigflow"`) stepping from `max_timesteps=1.5708` through `intermediate_timesteps=1.3` to 0."""
-    from diffusers import SanaSprintPipeline, SCMScheduler
+def test_distilled_checkpoints_scheduler_settings(record_calls):
+    """The scheduler settings the distilled checkpoints' cards name do what the table says in diffusers: `EulerDiscreteScheduler(timestep_spacing="trailing")` (SDXL-Lightning) and `DDIMScheduler(timestep_spacing="trailing")` (Hyper-SD) visit 999, 749, 499, 249 at 4 steps; `StableDiffusionXLPipeline` with `LCMScheduler` and `timesteps=[999, 749, 499, 249]` (DMD2's 4-step UNet) or `timesteps=[399]` (its 1-step UNet) calls the UNet at exactly those timesteps; `LCMScheduler` and `TCDScheduler` default to `original_inference_steps=50`; `SCMScheduler` (`prediction_type="trigflow"`) steps from `max_timesteps=1.5708` through `intermediate_timesteps=1.3` to 0."""
+    from diffusers import SCMScheduler
 
     trailing = [999, 749, 499, 249]
     for cls in (EulerDiscreteScheduler, DDIMScheduler):
         assert timestep_grid(cls, "trailing", 4) == trailing, cls.__name__
-    lcm = LCMScheduler(**SD_BETAS)
-    lcm.set_timesteps(timesteps=trailing)
-    assert lcm.timesteps.tolist() == trailing
+    g = torch.Generator().manual_seed(3)
+    pooled = torch.randn(1, POOLED_DIM, generator=g)
+    pipe = tiny_sdxl_pipeline(LCMScheduler(**SD_BETAS), unet=tiny_text_time_unet())
+    for timesteps in (trailing, [399]):
+        recorder = record_calls(pipe.unet)
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), pooled_prompt_embeds=pooled, guidance_scale=0.0,
+                 num_inference_steps=len(timesteps), timesteps=timesteps, latents=start_latents(),
+                 height=HEIGHT, width=HEIGHT, output_type="latent")  # fmt: skip
+        recorder.remove()
+        assert [int(args[1]) for args, _ in recorder.calls] == timesteps
     for cls in (LCMScheduler, TCDScheduler):
         assert cls().config.original_inference_steps == 50
-    defaults = {k: p.default for k, p in inspect.signature(SanaSprintPipeline.__call__).parameters.items()}  # fmt: skip
-    assert (defaults["num_inference_steps"], defaults["guidance_scale"]) == (2, 4.5)
-    assert (defaults["max_timesteps"], defaults["intermediate_timesteps"]) == (1.5708, 1.3)
     scm = SCMScheduler()
     assert scm.config.prediction_type == "trigflow"
     scm.set_timesteps(2, max_timesteps=1.5708, intermediate_timesteps=1.3)
     torch.testing.assert_close(scm.timesteps, torch.tensor([1.5708, 1.3, 0.0]))
-    assert "guidance_embeds_scale" in inspect.getsource(SanaSprintPipeline.__call__)
+
+
+def tiny_sana_sprint_pipeline():
+    """The real SanaSprintPipeline around a one-layer `SanaTransformer2DModel` with
+    `guidance_embeds=True` (4 latent channels, 8-wide captions) and a two-block
+    `AutoencoderDC` (vae_scale_factor 2), SCMScheduler's defaults; no text encoder or
+    tokenizer: pass ``prompt_embeds`` (B, N, 8) and ``prompt_attention_mask`` (B, N)."""
+    from diffusers import AutoencoderDC, SanaSprintPipeline, SanaTransformer2DModel, SCMScheduler
+
+    torch.manual_seed(0)
+    transformer = SanaTransformer2DModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2,
+        attention_head_dim=4, num_cross_attention_heads=2, cross_attention_head_dim=4,
+        cross_attention_dim=8, caption_channels=8, sample_size=32,
+        qk_norm="rms_norm_across_heads", guidance_embeds=True,
+    ).eval()  # fmt: skip
+    vae = AutoencoderDC(
+        in_channels=3, latent_channels=4, attention_head_dim=2,
+        encoder_block_types=("ResBlock", "EfficientViTBlock"),
+        decoder_block_types=("ResBlock", "EfficientViTBlock"),
+        encoder_block_out_channels=(8, 8), decoder_block_out_channels=(8, 8),
+        encoder_qkv_multiscales=((), (5,)), decoder_qkv_multiscales=((), (5,)),
+        encoder_layers_per_block=(1, 1), decoder_layers_per_block=(1, 1),
+        downsample_block_type="conv", upsample_block_type="interpolate",
+    ).eval()  # fmt: skip
+    pipe = SanaSprintPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=SCMScheduler())  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_sana_sprint_guidance_is_embedded(record_calls):
+    """`SanaSprintPipeline.__call__` with its defaults (`num_inference_steps=2`, `guidance_scale=4.5`) makes one transformer call per step on the un-doubled batch, each passed `guidance = guidance_scale * transformer.config.guidance_embeds_scale` (0.45 at the default 0.1), which the transformer embeds with the timestep: a different `guidance_scale` changes the image at the same number of calls."""
+    pipe = tiny_sana_sprint_pipeline()
+    g = torch.Generator().manual_seed(0)
+    prompt_embeds, mask = torch.randn(1, 5, 8, generator=g), torch.ones(1, 5)
+
+    def run(**kwargs):
+        recorder = record_calls(pipe.transformer)
+        with torch.no_grad():
+            image = pipe(prompt_embeds=prompt_embeds, prompt_attention_mask=mask, height=32,
+                         width=32, use_resolution_binning=False, output_type="pt",
+                         generator=torch.Generator().manual_seed(0), **kwargs).images  # fmt: skip
+        recorder.remove()
+        return image, recorder.calls
+
+    image, calls = run()  # the pipeline's defaults
+    assert len(calls) == 2
+    for args, kwargs in calls:
+        assert args[0].shape[0] == 1 and kwargs["encoder_hidden_states"].shape[0] == 1
+        torch.testing.assert_close(kwargs["guidance"], torch.tensor([0.45]))
+    other, calls = run(guidance_scale=2.0)
+    assert len(calls) == 2
+    torch.testing.assert_close(calls[0][1]["guidance"], torch.tensor([0.2]))
+    assert not torch.allclose(image, other)
 
 
 def test_unet_time_cond_proj_consumes_timestep_cond():
