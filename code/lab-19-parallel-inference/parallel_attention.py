@@ -36,7 +36,8 @@ from labkit.cli import (
 #
 # The toy: one layer's `query`, `key`, `value` of shape `(tokens, heads, head_dim)`, float64,
 # random; `--ranks` simulated GPUs, each starting with `tokens / ranks` consecutive tokens
-# (the split diffusers' `_cp_plan` makes on the sequence axis). The real shapes come from
+# (diffusers' `_cp_plan` splits each input on its token axis: FLUX's image and text tokens
+# separately, Wan's video tokens only). The real shapes come from
 # FLUX.1-dev's config (`labkit.model_sizes`): 24 heads x 128, 19 double- and 38
 # single-stream blocks, 4,096 image + 512 text tokens at 1024 px; and from diffusers'
 # `WanTransformer3DModel` defaults (Wan 2.1 14B: 40 heads x 128, 40 blocks; its text enters
@@ -159,7 +160,8 @@ ulysses_diff = np.abs(np.concatenate(ulysses_out) - full_out).max()
 # lse)` (diffusers writes the same as `out_a - sigmoid(lse_b - lse_a) (out_a - out_b)`).
 # Bytes a rank sends per layer: (R-1) sends of a K and a V block of T/R x H x d:
 # `2 (R-1) (T/R) H d * 2` bytes, which tends to `4 T H d` as R grows: ring's traffic per rank
-# does not fall, but it can hide behind the block's attention, and heads need not divide.
+# does not fall, and heads need not divide. A send can hide behind the attention of the block
+# in hand only if that block is long enough (section 5 computes the condition).
 
 
 # %%
@@ -193,7 +195,13 @@ print(f" ring    = full attention: max abs difference {ring_diff:.1e}; each rank
 # The toy's counts equal the formulas; then the formulas at the real models' sizes. Per
 # rank per attention layer, bf16 (T tokens, H heads of d, R ranks):
 # Ulysses `8 (R-1) T H d / R^2` bytes (4 all-to-alls), ring `4 (R-1) T H d / R` (R-1 K/V
-# sends). Their ratio is R/2: equal at 2 ranks, ring twice Ulysses at 4.
+# sends). Their ratio is R/2: equal at 2 ranks, ring twice Ulysses at 4. Per transformer call
+# means all layers once; a step with two guidance branches makes two calls.
+#
+# When can a rotating ring hide its sends? A block's attention is `4 (T/R)^2 H d` FLOPs (QK^T
+# and PV), its K/V send `4 (T/R) H d` bytes, so the send takes no longer than the attention
+# only if `T/R >= peak FLOP/s / link bytes/s`: the block-size condition of Ring Attention
+# (Liu et al. 2023). Long videos pass it; a 1024 px image split many ways does not.
 
 
 # %%
@@ -211,13 +219,25 @@ def ring_bytes(tokens, heads, head_dim, ranks):
 assert ulysses_sent_bytes == ulysses_bytes(T, H, HEAD_DIM, R)  # the toy sent what the formula says
 assert ring_sent_bytes == ring_bytes(T, H, HEAD_DIM, R)
 RANKS = [2, 4, 8]
-print("\nMB each rank sends per attention layer (bf16), and per step (all layers):")
-print(" model                  | tokens | ranks | Ulysses MB | ring MB | per step: Ulysses MB, ring MB")  # fmt: skip
+print("\nMB each rank sends per attention layer (bf16), and per transformer call (all layers):")
+print(" model                  | tokens | ranks | Ulysses MB | ring MB | per call: Ulysses MB, ring MB")  # fmt: skip
 for m in (FLUX, WAN):
     for r in RANKS:
         u, g = (f(m["tokens"], m["heads"], m["head_dim"], r) / 1e6 for f in (ulysses_bytes, ring_bytes))  # fmt: skip
         print(f" {m['name']:22s} | {m['tokens']:6,d} | {r:5d} | {u:10,.1f} | {g:7,.1f} | "
               f"{u * m['layers']:,.0f}, {g * m['layers']:,.0f}")  # fmt: skip
+
+# a rotating ring's block: attention 4 (T/R)^2 H d FLOPs against a send of 4 (T/R) H d bytes
+min_block_tokens = args.tflops * 1e12 / (args.link_gbs * 1e9)  # peak FLOP/s / link bytes/s
+print(f"\nring overlap: a block's K/V send hides behind its attention only if T/R >= {args.tflops:g} TFLOP/s / {args.link_gbs:g} GB/s = {min_block_tokens:,.0f} tokens")  # fmt: skip
+print(" model                  | ranks | T/R tokens | block attention us | block send us | send / attention")  # fmt: skip
+for m in (FLUX, WAN):
+    for r in RANKS:
+        block, width = m["tokens"] // r, m["heads"] * m["head_dim"]
+        attend_us = 4 * block**2 * width / (args.tflops * 1e12) * 1e6
+        send_us = 4 * block * width / (args.link_gbs * 1e9) * 1e6
+        verdict = "hidden" if block >= min_block_tokens else "exposed"
+        print(f" {m['name']:22s} | {r:5d} | {block:10,d} | {attend_us:18,.1f} | {send_us:13,.1f} | {send_us / attend_us:5.2f} {verdict}")  # fmt: skip
 # --8<-- [end:traffic]
 
 # %% [markdown]
@@ -238,23 +258,29 @@ def gb(n):
     return n / 1e9
 
 
-print("\nper rank, bf16: GB held (residual stream; attention set: Ulysses / rotating ring / all-gather ring; scores if materialised)")  # fmt: skip
+print("\nper rank, bf16: GB held (residual stream; attention set: Ulysses / rotating ring / all-gather ring, of which the gathered K and V; scores if materialised)")  # fmt: skip
 for m in (FLUX, WAN):
     width = m["heads"] * m["head_dim"]
     for r in RANKS:
         shard = m["tokens"] // r * width * BF16  # one (T/R, H d) tensor
-        sets = (4 * shard, 6 * shard, 2 * shard + 2 * m["tokens"] * width * BF16)
+        whole_kv = 2 * m["tokens"] * width * BF16  # the whole K and V, (T, H, d) each
+        sets = (4 * shard, 6 * shard, 2 * shard + whole_kv)
         scores = m["heads"] // r * m["tokens"] ** 2 * BF16
         print(f" {m['name']:22s} R={r}: {m['tokens'] // r:6,d} tokens, stream {gb(shard):.3f}; "
-              f"attention {' / '.join(f'{gb(s):.3f}' for s in sets)}; scores {gb(scores):,.1f}")  # fmt: skip
+              f"attention {' / '.join(f'{gb(s):.3f}' for s in sets)} (K and V {gb(whole_kv):.3f}); scores {gb(scores):,.1f}")  # fmt: skip
+# context parallelism replicates the weights: every rank holds the whole transformer
+for name in ("Flux.1-dev", "Wan 2.1 T2V 14B"):
+    (row,) = [c for c in model_sizes.rows(name) if c["component"] == "transformer"]
+    print(f" weights on every rank: {name} transformer {row['params']:,} parameters, {gb(row['bytes']['bf16']):.1f} GB in bf16")  # fmt: skip
 # --8<-- [end:paper]
 
 # %% [markdown]
 # ## 7. Four ways to use 2 or 4 GPUs, for a model that runs two guidance branches
 #
-# A step with classifier-free guidance runs the denoiser on (uncond, cond): batch 2 on one
-# GPU. Data parallel gives each GPU its own request: no traffic, the same latency, more
-# images per second. CFG-parallel puts uncond on one GPU and cond on the other; after each
+# A step with classifier-free guidance runs the denoiser on uncond and cond: FluxPipeline
+# (true CFG) and WanPipeline make two batch-1 calls a step, one after the other (SD-style
+# pipelines make one batch-2 call; the roofline time is the same). Data parallel gives each
+# GPU its own request: no traffic, the same latency, more images per second. CFG-parallel puts uncond on one GPU and cond on the other; after each
 # step one all-gather of `noise_pred` (B, tokens, channels) lets both compute
 # `uncond + guidance_scale (cond - uncond)`. Context parallel splits the tokens with Ulysses.
 # A call's time is its FLOPs at the peak rate (a roofline: real kernels are slower, and a
@@ -271,12 +297,13 @@ link = args.link_gbs * 1e9  # bytes per second
 noise_pred_bytes = model_sizes.flux_1024px()["image_tokens"] * 64 * BF16
 
 
-def ulysses_step_comm(ranks, batch):
-    return batch * FLUX["layers"] * ulysses_bytes(FLUX["tokens"], FLUX["heads"], FLUX["head_dim"], ranks) / link  # fmt: skip
+def ulysses_step_comm(ranks, calls):
+    """Seconds of Ulysses traffic in a step of ``calls`` transformer calls."""
+    return calls * FLUX["layers"] * ulysses_bytes(FLUX["tokens"], FLUX["heads"], FLUX["head_dim"], ranks) / link  # fmt: skip
 
 
 schemes = {  # name: (GPUs, compute seconds per step for one image, traffic seconds, images in flight)
-    "1 GPU, CFG batch 2": (1, 2 * call_s, 0.0, 1),
+    "1 GPU, 2 calls a step": (1, 2 * call_s, 0.0, 1),
     "data parallel": (2, 2 * call_s, 0.0, 2),
     "CFG-parallel": (2, call_s, noise_pred_bytes / link, 1),
     "Ulysses 2": (2, call_s, ulysses_step_comm(2, 2), 1),
@@ -294,7 +321,7 @@ print(" scheme                   | GPUs | s per image | images/s | traffic share
 for name, (gpus, compute_s, comm_s, inflight) in schemes.items():
     latency = args.steps * (compute_s + comm_s)  # seconds for one image
     print(f" {name:24s} | {gpus:4d} | {latency:11.2f} | {inflight / latency:8.2f} | {comm_s / (compute_s + comm_s):6.1%}")  # fmt: skip
-print(f" noise_pred all-gather: {noise_pred_bytes / 1e6:.2f} MB a step; one Ulysses layer at 2 ranks, batch 2: {2 * ulysses_bytes(FLUX['tokens'], FLUX['heads'], FLUX['head_dim'], 2) / 1e6:.1f} MB")  # fmt: skip
+print(f" noise_pred all-gather: {noise_pred_bytes / 1e6:.2f} MB a step; one Ulysses layer at 2 ranks, both calls: {2 * ulysses_bytes(FLUX['tokens'], FLUX['heads'], FLUX['head_dim'], 2) / 1e6:.1f} MB")  # fmt: skip
 # --8<-- [end:schemes]
 
 # %% [markdown]
@@ -310,7 +337,7 @@ for m in (FLUX, WAN):
     series[f"ring, {short}"] = (sweep, np.array([ring_bytes(m["tokens"], m["heads"], m["head_dim"], int(r)) / 1e6 for r in sweep]))  # fmt: skip
 chart = figures.line_chart(series, xlabel="ranks (GPUs sharing one sequence)", ylabel="MB sent per rank per layer", logx=True, logy=True, markers=True)  # fmt: skip
 f2, f16 = (series["ring, FLUX.1-dev"][1][i] / series["Ulysses, FLUX.1-dev"][1][i] for i in (0, 3))
-figures.save(args.figures, "traffic-per-rank", chart, alt=f"Log-log line chart of megabytes each rank sends per attention layer against 2 to 16 ranks, for FLUX.1-dev at 1024 px ({FLUX['tokens']:,} tokens) and Wan 2.1 14B for 5 s of 720p ({WAN['tokens']:,} tokens): Ulysses falls as ranks grow, ring levels off; the two are equal at 2 ranks (ratio {f2:.0f}), and ring sends {f16:.0f} times what Ulysses sends at 16.", caption="Bytes each rank sends per attention layer, from the formulas the toy's counts check (bf16). Ulysses at 16 ranks does not divide FLUX.1-dev's 24 heads: shown for the formula only.")  # fmt: skip
+figures.save(args.figures, "traffic-per-rank", chart, alt=f"Log-log line chart of megabytes each rank sends per attention layer against 2 to 16 ranks, for FLUX.1-dev at 1024 px ({FLUX['tokens']:,} tokens) and Wan 2.1 14B for 5 s of 720p ({WAN['tokens']:,} tokens): Ulysses falls as ranks grow, ring levels off; the two are equal at 2 ranks (ratio {f2:.0f}), and ring sends {f16:.0f} times what Ulysses sends at 16.", caption="Bytes each rank sends per attention layer, from the formulas the toy's counts check (bf16). Ulysses at 16 ranks divides neither FLUX.1-dev's 24 heads nor Wan 2.1's 40: those points show the formula only.")  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display
 

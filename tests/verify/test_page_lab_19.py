@@ -7,9 +7,11 @@ are split and which output is gathered. One module-scoped fixture starts two pro
 this file (``python test_page_lab_19.py RANK PORT OUT``, torchrun's environment variables
 set by hand) that join a ``gloo`` process group on the CPU and run every case on a tiny
 random-config ``FluxTransformer2DModel`` (``tiny.tiny_flux_transformer``: 1 double- and 1
-single-stream block, 2 heads of 16, 16 image and 8 text tokens); each writes its results
-as JSON, and the tests read them. The reference is the same model without parallelism,
-in the same process.
+single-stream block, 2 heads of 16, 16 image and 8 text tokens), and one case on a tiny
+``WanTransformer3DModel``; each writes its results as JSON, and the tests read them. A
+second fixture starts four processes for what needs more than two ranks: a ring over 4
+(one block against all of the gathered K/V) and ring 2 x Ulysses 2 (diffusers' unified
+attention). The reference is the same model without parallelism, in the same process.
 
 What the run found on this CPU-only machine: ``enable_parallelism`` refuses before it
 builds a device mesh, because ``_resolve_parallel_config`` picks the device as
@@ -186,7 +188,19 @@ def _rank_main(rank, out_path):
             res["ring_gathers"] = gathers
             res["ring_events"] = events
 
-            # 5. heads that the Ulysses degree does not divide (3 heads, 2 ranks)
+            # 5. heads that the Ulysses degree does not divide (3 heads, 2 ranks); with
+            # ulysses_anything, the q each forward op call receives and every all-to-all buffer
+            real_op, real_a2a = dispatch._native_attention_forward_op, dispatch.funcol.all_to_all_single  # fmt: skip
+            op_q, a2a_in = [], []
+
+            def op_spy(ctx, query, *a, **kw):
+                op_q.append(list(query.shape))  # (B, S, heads this rank attends, D)
+                return real_op(ctx, query, *a, **kw)
+
+            def a2a_spy(x, *a, **kw):
+                a2a_in.append(list(x.shape))  # (R * S_LOCAL, B, head slots per rank, D)
+                return real_a2a(x, *a, **kw)
+
             three = dict(num_attention_heads=3)
             for name, config in (
                 ("ulysses_3_heads", ContextParallelConfig(ulysses_degree=2)),
@@ -199,11 +213,51 @@ def _rank_main(rank, out_path):
                 model = tiny_flux_transformer(**three)
                 model.enable_parallelism(config=config)
                 try:
-                    res[name] = (model(**_flux_inputs())[0] - want).abs().max().item()
+                    with (
+                        mock.patch.object(dispatch, "_native_attention_forward_op", op_spy),
+                        mock.patch.object(dispatch.funcol, "all_to_all_single", a2a_spy),
+                    ):
+                        res[name] = (model(**_flux_inputs())[0] - want).abs().max().item()
                 except Exception as e:
                     res[name] = _error(e)
+                res[name + "_op_q"], res[name + "_all_to_all"] = op_q[:], a2a_in[:]
+                op_q.clear()
+                a2a_in.clear()
 
-        # 6. by hand on the real first attention's q, k, v (B, S, H, D), token shard per rank
+            # 6. every attention backend the installed diffusers registers, set on the model's
+            # processors as `set_attention_backend` sets it (without its kernel-install check,
+            # as most kernels are CUDA-only): does `enable_parallelism` take it?
+            res["backends"] = {}
+            for backend in dispatch._AttentionBackendRegistry.list_backends():
+                model = tiny_flux_transformer()
+                for module in model.modules():
+                    if hasattr(getattr(module, "processor", None), "_attention_backend"):
+                        module.processor._attention_backend = backend.value
+                try:
+                    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+                    res["backends"][backend.value] = "accepted"
+                except Exception as e:
+                    res["backends"][backend.value] = _error(e)
+
+            # 7. Wan under Ulysses: what its first block receives (its text enters by
+            # cross-attention), and the output against the one-process model
+            from tiny import WAN_TEXT, WAN_TEXT_TOKENS, tiny_wan_transformer
+
+            g = torch.Generator().manual_seed(0)
+            wan_inputs = dict(hidden_states=torch.randn(1, 16, 2, 4, 4, generator=g),  # 8 tokens
+                              encoder_hidden_states=torch.randn(1, WAN_TEXT_TOKENS, WAN_TEXT, generator=g),
+                              timestep=torch.full((1,), 500.0), return_dict=False)  # fmt: skip
+            want = tiny_wan_transformer()(**wan_inputs)[0]
+            model = tiny_wan_transformer()
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+            seen = []  # the first block's cross-attention: (hidden_states, encoder_hidden_states)
+            model.blocks[0].attn2.register_forward_pre_hook(
+                lambda m, a, kw: seen.append([list(x.shape) for x in a[:2]]), with_kwargs=True
+            )
+            res["wan_ulysses"] = (model(**wan_inputs)[0] - want).abs().max().item()
+            res["wan_cross_attention_inputs"] = seen[0]
+
+        # 8. by hand on the real first attention's q, k, v (B, S, H, D), token shard per rank
         query, key, value, out = attention_calls[0]
         tokens = query.shape[1]
         mine = slice(rank * tokens // WORLD, (rank + 1) * tokens // WORLD)
@@ -249,8 +303,77 @@ def _rank_main(rank, out_path):
     dist.destroy_process_group()
 
 
+MESH = 4
+
+
+def _mesh_main(rank, out_path):
+    """One of four ranks: ring over 4 ranks, and ring 2 x Ulysses 2 (diffusers' unified
+    attention), both with the native op replaced by ``_lse_forward_op``; results as JSON."""
+    import time
+    import warnings
+    from datetime import timedelta
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    dist.init_process_group("gloo", rank=rank, world_size=MESH, timeout=timedelta(seconds=90))
+
+    import diffusers.models.attention_dispatch as dispatch
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+
+    res, events, unified = {}, [], []
+    real_gather, real_wait = dispatch.funcol.all_gather_tensor, dispatch.funcol.wait_tensor
+    real_unified = dispatch._templated_unified_attention
+
+    def counting_gather(tensor, *a, **kw):
+        out = real_gather(tensor, *a, **kw)
+        events.append(["gather", tensor.numel(), out.numel()])  # sent, received (no wait)
+        return out
+
+    def recording_wait(tensor):
+        events.append(["wait"])
+        return real_wait(tensor)
+
+    def recording_op(*a, **kw):
+        out = _lse_forward_op(*a, **kw)
+        events.append(["attention"])
+        return out
+
+    def unified_spy(*a, **kw):
+        unified.append("unified")
+        return real_unified(*a, **kw)
+
+    with torch.no_grad(), warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        reference = tiny_flux_transformer()(**_flux_inputs())[0]
+        with (
+            mock.patch("torch.accelerator.device_count", return_value=1),
+            mock.patch.object(dispatch, "_native_attention_forward_op", recording_op),
+            mock.patch.object(dispatch.funcol, "all_gather_tensor", counting_gather),
+            mock.patch.object(dispatch.funcol, "wait_tensor", recording_wait),
+            mock.patch.object(dispatch, "_templated_unified_attention", unified_spy),
+        ):
+            model = tiny_flux_transformer()
+            model.enable_parallelism(config=ContextParallelConfig(ring_degree=4))
+            res["ring4"] = (model(**_flux_inputs())[0] - reference).abs().max().item()
+            res["ring4_events"], res["ring4_unified_calls"] = events[:], len(unified)
+            events.clear()
+            model = tiny_flux_transformer()
+            model.enable_parallelism(config=ContextParallelConfig(ring_degree=2, ulysses_degree=2))
+            res["unified"] = (model(**_flux_inputs())[0] - reference).abs().max().item()
+            res["unified_calls"] = len(unified)
+            res["unified_events"] = events[:]
+    res["seconds"] = time.perf_counter() - start
+    Path(f"{out_path}.{rank}").write_text(json.dumps(res))
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), sys.argv[2])
+    (_rank_main if sys.argv[3] == str(WORLD) else _mesh_main)(int(sys.argv[1]), sys.argv[2])
     sys.exit(0)
 
 
@@ -268,30 +391,45 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """Both ranks' results: rank 1 is a process of this file, rank 0 runs here (one import
-    of diffusers fewer), on one gloo process group; torchrun's variables set by hand."""
-    out = tmp_path_factory.mktemp("lab19") / "rank"
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(WORLD)}
-    child = subprocess.Popen([sys.executable, __file__, "1", str(out)], env=dict(os.environ, **env, RANK="1"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+def _run_ranks(out, world, main):
+    """Every rank's results: ranks 1.. are processes of this file, rank 0 runs ``main`` here
+    (one import of diffusers fewer), on one gloo process group; torchrun's variables set by
+    hand."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
+    children = [subprocess.Popen([sys.executable, __file__, str(r), str(out), str(world)],
+                                 env=dict(os.environ, **env, RANK=str(r)), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for r in range(1, world)]  # fmt: skip
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    errors = []
     try:
-        _rank_main(0, out)
+        main(0, out)
     finally:
         if torch.distributed.is_initialized():  # rank 0 failed mid-way: leave no group behind
             torch.distributed.destroy_process_group()
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        try:  # the child's collectives time out after 90 s if rank 0 is gone
-            _, err = child.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            _, err = child.communicate()
-    assert child.returncode == 0, err[-3000:]
-    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
+        for child in children:
+            try:  # the children's collectives time out after 90 s if rank 0 is gone
+                _, err = child.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                _, err = child.communicate()
+            errors += [err[-3000:]] if child.returncode else []
+    assert not errors, errors
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both ranks' results of ``_rank_main``."""
+    return _run_ranks(tmp_path_factory.mktemp("lab19") / "rank", WORLD, _rank_main)
+
+
+@pytest.fixture(scope="module")
+def mesh_ranks(tmp_path_factory):
+    """The four ranks' results of ``_mesh_main``."""
+    return _run_ranks(tmp_path_factory.mktemp("lab19mesh") / "rank", MESH, _mesh_main)
 
 
 def test_enable_parallelism_needs_an_initialised_process_group():
@@ -353,9 +491,20 @@ def test_flux_cp_plan_splits_image_and_text_tokens(ranks):
         assert r["block_inputs"] == [[1, 8, 32], [1, 4, 32]]
 
 
-def test_ring_stops_at_the_native_backend(ranks):
-    """`ContextParallelConfig(ring_degree=2)` on the default native (SDPA) backend raises ValueError "Native attention does not support return_lse=True" at the first attention call: the ring merge needs the log-sum-exp, and the native forward op cannot return it."""
+def test_wan_cp_plan_splits_video_tokens_not_text(ranks):
+    """`WanTransformer3DModel`'s `_cp_plan` splits only the video tokens: under `ulysses_degree=2` each rank's first block cross-attends its 4 of the 8 video tokens to all 8 text tokens (`encoder_hidden_states` is not split), and the output equals the single-process model to within 1e-5."""
     for r in ranks:
+        assert r["wan_cross_attention_inputs"] == [[1, 4, 24], [1, 8, 24]]  # text projected to 24
+        assert r["wan_ulysses"] < 1e-5
+
+
+def test_ring_stops_at_the_native_backend(ranks):
+    """`native`, the default backend, passes `enable_parallelism`'s check, but `ContextParallelConfig(ring_degree=2)` on it raises ValueError "Native attention does not support return_lse=True" at the first attention call: the ring merge needs the log-sum-exp, and the native forward op cannot return it."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    assert _AttentionBackendRegistry.get_active_backend()[0] == AttentionBackendName.NATIVE
+    for r in ranks:
+        assert r["backends"]["native"] == "accepted"
         assert r["ring_native"] == ["ValueError", "Native attention does not support return_lse=True"]  # fmt: skip
 
 
@@ -387,13 +536,73 @@ def test_ring_all_gathers_kv_once_per_attention(ranks):
         assert r["ring_gathers"] == [[768, 1536], [768, 1536], [512, 1024]]
 
 
-def test_ring_gather_overlaps_only_the_local_block(ranks):
-    """The ring's all-gather is asynchronous: in each attention layer the rank's own block's attention completes before the gather is first waited for, and every other block waits for it, so only one block of compute can overlap the whole K/V gather."""
+def test_ring_gather_overlaps_only_the_local_block(mesh_ranks):
+    """The ring's all-gather is asynchronous and brings every block at once: on four gloo processes (`ring_degree=4`), each attention layer issues one gather that receives all 4 K/V blocks, the rank's own block's attention completes before the gather is first waited for, and the other 3 blocks' attention comes after that wait, so one block of compute can overlap all of the K/V traffic; the output equals the single-process model to within 1e-5."""
+    # per layer: the gather (384 elements sent, 1,536 received); own block; then for each other
+    # block a wait (its key and value views) and its attention; last, the gather of proj_out
+    other_block = [["wait"], ["wait"], ["attention"]]
+    layer = [["gather", 384, 1536], ["attention"], *other_block * 3]
+    for r in mesh_ranks:
+        assert r["ring4_events"] == layer + layer + [["gather", 256, 1024], ["wait"]]
+        assert r["ring4"] < 1e-5
+
+
+def test_ring_and_ulysses_compose_as_unified_attention(mesh_ranks):
+    """With `ContextParallelConfig(ring_degree=2, ulysses_degree=2)` on four gloo processes, diffusers 0.42.1 runs `_templated_unified_attention` in every attention layer (Ulysses all-to-alls around a ring of 2), and the output equals the single-process model to within 1e-5; `ring_degree=4` alone never calls it."""
+    for r in mesh_ranks:
+        assert r["unified_calls"] == 2 and r["ring4_unified_calls"] == 0  # 2 attention layers
+        assert r["unified"] < 1e-5
+        # the ring inside is 2 ranks: each layer's gather receives 2 blocks (after Ulysses, a
+        # rank's K/V block is its ring pair's 12 tokens of 1 head)
+        assert [e for e in r["unified_events"] if e[0] == "gather"][:2] == [["gather", 384, 768]] * 2  # fmt: skip
+
+
+def test_ulysses_anything_drops_padded_heads_before_attention(ranks):
+    """With 3 heads on 2 ranks and `ulysses_anything=True`, diffusers 0.42.1 pads the heads to 4 for the all-to-alls (every buffer carries 2 head slots a rank) but drops the padding before attention: the forward op attends 2 heads on rank 0 and 1 head on rank 1, over all 24 tokens, and the output equals the single-process model to within 1e-5."""
+    heads_attended = []
     for r in ranks:
-        # per layer: gather issued; own block computed; wait (the key and value views); the
-        # other rank's block; then the gather of proj_out's output at the end
-        layer = ["gather", "attention", "wait", "wait", "attention"]
-        assert r["ring_events"] == layer + layer + ["gather", "wait"]
+        assert r["ulysses_anything_3_heads"] < 1e-5
+        # 2 attention layers x (q, k, v, o): (R * S_LOCAL, B, head slots per rank, D)
+        assert r["ulysses_anything_3_heads_all_to_all"] == [[24, 1, 2, 16]] * 8
+        shapes = r["ulysses_anything_3_heads_op_q"]
+        assert len(shapes) == 2 and len({tuple(x) for x in shapes}) == 1
+        heads_attended.append(shapes[0])
+    assert heads_attended == [[1, 24, 2, 16], [1, 24, 1, 16]]
+
+
+#: the backends the pages name as accepted by `enable_parallelism`
+CONTEXT_PARALLEL_BACKENDS = {
+    "flash", "flash_hub", "flash_varlen_hub", "_flash_3_hub", "_flash_3_varlen_hub", "native",
+    "_native_cudnn", "_native_flash", "_native_npu", "sage", "sage_hub",
+}  # fmt: skip
+
+
+def test_enable_parallelism_accepts_only_context_parallel_backends(ranks):
+    """Of the 27 attention backends diffusers 0.42.1 registers, `enable_parallelism` accepts the 11 registered with context-parallel support (`flash`, `flash_hub`, `flash_varlen_hub`, `_flash_3_hub`, `_flash_3_varlen_hub`, `native`, `_native_cudnn`, `_native_flash`, `_native_npu`, `sage`, `sage_hub`) and raises ValueError for each of the other 16."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    registered = {b.value for b in _AttentionBackendRegistry.list_backends()}
+    flagged = {b.value for b in _AttentionBackendRegistry.list_backends()
+               if _AttentionBackendRegistry._is_context_parallel_available(b)}  # fmt: skip
+    assert len(registered) == 27 and flagged == CONTEXT_PARALLEL_BACKENDS
+    for r in ranks:
+        assert set(r["backends"]) == registered  # every backend tried on both ranks
+        accepted = {name for name, got in r["backends"].items() if got == "accepted"}
+        assert accepted == flagged
+        for name in registered - flagged:
+            kind, message = r["backends"][name]
+            assert kind == "ValueError" and f"'{name}' which does not support context parallelism" in message  # fmt: skip
+
+
+def test_native_npu_op_cannot_return_the_lse():
+    """`_native_npu`, also registered with context-parallel support, has a forward op that raises ValueError for `return_lse=True`, as the native op does: neither can run ring attention."""
+    import diffusers.models.attention_dispatch as dispatch
+
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="NPU attention backend does not support setting `return_lse=True`"):  # fmt: skip
+        dispatch._npu_attention_forward_op(None, q, q, q, return_lse=True)
+    with pytest.raises(ValueError, match="Native attention does not support return_lse=True"):
+        dispatch._native_attention_forward_op(None, q, q, q, return_lse=True)
 
 
 def test_the_failed_native_ring_issued_one_gather(ranks):

@@ -10,8 +10,6 @@ defaults, and what ``ParallelConfig`` holds. No weights, no hub.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,34 +18,71 @@ pytestmark = pytest.mark.usefixtures("quiet_diffusers")
 
 
 def test_wan_five_seconds_of_720p_is_75600_tokens():
-    """`WanPipeline.prepare_latents` turns 81 frames of 720 x 1280 into (1, 16, 21, 90, 160) latents (`(81 - 1) // 4 + 1` latent frames, 8x spatial), and `WanTransformer3DModel`'s default `patch_size` (1, 2, 2) makes 21 x 45 x 80 = 75,600 tokens; its defaults are Wan 2.1 14B's 40 heads of 128 in 40 blocks."""
-    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+    """`WanPipeline.__call__`'s default 81 frames reach the transformer as 21 latent frames (`(81 - 1) // 4 + 1`), `WanPipeline.prepare_latents` turns 720 x 1280 into (1, 16, 21, 90, 160) latents with Wan's VAE compression (4x in time, 8x in space), and `WanTransformer3DModel()`'s default `patch_size` (1, 2, 2) makes 21 x 45 x 80 = 75,600 tokens; its defaults are Wan 2.1 14B's 40 heads of 128 in 40 blocks."""
+    from diffusers import WanTransformer3DModel
+    from tiny import WAN_TEXT, WAN_TEXT_TOKENS, tiny_wan_pipeline
 
-    vae = inspect.signature(AutoencoderKLWan.__init__).parameters
-    scales = dict(
-        vae_scale_factor_temporal=vae["scale_factor_temporal"].default,
-        vae_scale_factor_spatial=vae["scale_factor_spatial"].default,
+    pipe = tiny_wan_pipeline()  # the tiny VAE has Wan's real compression
+    seen = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(tuple(kw["hidden_states"].shape)), with_kwargs=True
     )
-    latents = WanPipeline.prepare_latents(
-        SimpleNamespace(**scales), 1, 16, 720, 1280, 81, torch.bfloat16, torch.device("meta")
-    )
+    text = torch.randn(1, WAN_TEXT_TOKENS, WAN_TEXT, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        pipe(prompt_embeds=text, negative_prompt_embeds=text, height=16, width=16,
+             num_inference_steps=1, output_type="latent")  # fmt: skip
+    assert seen[0] == (1, 16, 21, 2, 2)  # default num_frames: 21 latent frames
+    latents = pipe.prepare_latents(1, 16, 720, 1280, 81, torch.bfloat16, torch.device("meta"))
     assert tuple(latents.shape) == (1, 16, 21, 90, 160)
-    defaults = {k: v.default for k, v in inspect.signature(WanTransformer3DModel.__init__).parameters.items()}  # fmt: skip
-    assert defaults["patch_size"] == (1, 2, 2)
-    assert (defaults["num_attention_heads"], defaults["attention_head_dim"], defaults["num_layers"]) == (40, 128, 40)  # fmt: skip
-    t, h, w = (n // p for n, p in zip(latents.shape[2:], defaults["patch_size"], strict=True))
+    with torch.device("meta"):
+        config = WanTransformer3DModel().config
+    assert tuple(config.patch_size) == (1, 2, 2)
+    assert (config.num_attention_heads, config.attention_head_dim, config.num_layers) == (40, 128, 40)  # fmt: skip
+    t, h, w = (n // p for n, p in zip(latents.shape[2:], config.patch_size, strict=True))
     assert t * h * w == 75_600
-    assert inspect.signature(WanPipeline.__call__).parameters["num_frames"].default == 81
+
+
+def _batches_per_call(pipe, **kwargs):
+    """The batch size of each transformer call in a 2-step ``pipe(...)`` at 16 x 16 px."""
+    batches = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda m, a, kw: batches.append(kw["hidden_states"].shape[0]), with_kwargs=True
+    )
+    with torch.no_grad():
+        pipe(height=16, width=16, num_inference_steps=2, output_type="latent", **kwargs)
+    return batches
+
+
+def test_flux_true_cfg_and_wan_make_two_batch_one_calls_a_step():
+    """With two guidance branches, `FluxPipeline.__call__` (`true_cfg_scale > 1` and a negative prompt) and `WanPipeline.__call__` (its default `guidance_scale` 5.0) each make two transformer calls a step, batch 1 each (cond, then uncond), not one batch-2 call: the two calls CFG-parallel can put on two GPUs."""
+    from tiny import (
+        WAN_TEXT,
+        WAN_TEXT_TOKENS,
+        flux_prompt_embeds,
+        tiny_flux_pipeline,
+        tiny_wan_pipeline,
+    )
+
+    text = torch.randn(2, WAN_TEXT_TOKENS, WAN_TEXT, generator=torch.Generator().manual_seed(0))
+    wan = _batches_per_call(tiny_wan_pipeline(), prompt_embeds=text[1:],
+                            negative_prompt_embeds=text[:1], num_frames=5)  # fmt: skip
+    text, pooled = flux_prompt_embeds()
+    flux = _batches_per_call(tiny_flux_pipeline(), true_cfg_scale=4.0, prompt_embeds=text[1:],
+                             pooled_prompt_embeds=pooled[1:], negative_prompt_embeds=text[:1],
+                             negative_pooled_prompt_embeds=pooled[:1])  # fmt: skip
+    assert wan == flux == [1, 1, 1, 1]  # 2 steps x (cond, uncond)
 
 
 def test_parallel_config_is_context_or_tensor_parallel():
-    """diffusers 0.42.1's `ParallelConfig` holds a `context_parallel_config` and a `tensor_parallel_config` and nothing else, and its source lists "CFG/Data Parallel" as not yet supported."""
-    from diffusers import ParallelConfig
-    from diffusers.models import _modeling_parallel
+    """diffusers 0.42.1's `ParallelConfig` holds a `context_parallel_config` and a `tensor_parallel_config` and nothing else: no field of it, of `ContextParallelConfig` or of `TensorParallelConfig` sets CFG or data parallelism."""
+    from diffusers import ContextParallelConfig, ParallelConfig
+    from diffusers.models._modeling_parallel import TensorParallelConfig
 
     public = [f.name for f in dataclasses.fields(ParallelConfig) if not f.name.startswith("_")]
     assert public == ["context_parallel_config", "tensor_parallel_config"]
-    assert "# - CFG/Data Parallel" in inspect.getsource(_modeling_parallel)
+    names = {f.name for c in (ParallelConfig, ContextParallelConfig, TensorParallelConfig)
+             for f in dataclasses.fields(c)}  # fmt: skip
+    assert not [n for n in names if any(w in n for w in ("cfg", "guidance", "data", "batch"))]
 
 
 def test_context_parallel_config_degrees():
@@ -61,16 +96,35 @@ def test_context_parallel_config_degrees():
         ContextParallelConfig(ring_degree=1, ulysses_degree=1)
 
 
-def test_flux_1024px_is_4096_image_and_512_text_tokens():
-    """`FluxPipeline.prepare_latents` packs a 1024 x 1024 image into (1, 4096, 64) latents (8x VAE, 2 x 2 patches of 16 channels), and `FluxPipeline.__call__` pads the T5 prompt to `max_sequence_length=512` by default: 4,608 tokens in each joint attention; the packed `noise_pred` is 4,096 x 64 bf16 values, 0.52 MB."""
-    from diffusers import FluxPipeline
+def test_flux_1024px_is_4096_image_and_512_text_tokens(tmp_path):
+    """`FluxPipeline.__call__` at 1024 x 1024 packs the latents into (1, 4096, 64) (a four-block VAE, 8x, as FLUX.1's; 2 x 2 patches of 16 channels), and by default it pads the prompt through `tokenizer_2` (T5's; a tiny stand-in here) to `max_sequence_length=512` tokens: 4,608 tokens in each joint attention; the packed `noise_pred` is 4,096 x 64 bf16 values, 0.52 MB."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+    from tiny import DIT_TEXT, narrow_vae, tiny_flux_transformer, tiny_tokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    pipe = SimpleNamespace(vae_scale_factor=8, _pack_latents=FluxPipeline._pack_latents,
-                           _prepare_latent_image_ids=FluxPipeline._prepare_latent_image_ids)  # fmt: skip
-    latents, ids = FluxPipeline.prepare_latents(pipe, 1, 16, 1024, 1024, torch.bfloat16, torch.device("meta"), None)  # fmt: skip
-    assert tuple(latents.shape) == (1, 4096, 64) and ids.shape[0] == 4096
-    assert inspect.signature(FluxPipeline.__call__).parameters["max_sequence_length"].default == 512  # fmt: skip
-    assert latents.numel() * latents.element_size() == 524_288
+    torch.manual_seed(0)
+    clip = CLIPTextModel(CLIPTextConfig(
+        vocab_size=64, hidden_size=DIT_TEXT, intermediate_size=64, projection_dim=DIT_TEXT,
+        num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=77,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()  # fmt: skip
+    t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=DIT_TEXT, d_kv=8, d_ff=64, num_layers=1,
+                                 num_heads=4)).eval()  # fmt: skip
+    tok = tiny_tokenizer(tmp_path)
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+                        vae=narrow_vae(latent_channels=16), text_encoder=clip, tokenizer=tok,
+                        text_encoder_2=t5, tokenizer_2=tok, transformer=tiny_flux_transformer())  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    seen = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda m, a, kw: seen.append((kw["hidden_states"].shape, kw["encoder_hidden_states"].shape, kw["txt_ids"].shape)),
+        with_kwargs=True,
+    )  # fmt: skip
+    with torch.no_grad():
+        latents = pipe("a cat", height=1024, width=1024, num_inference_steps=1, output_type="latent").images  # fmt: skip
+    assert pipe.vae_scale_factor == 8
+    assert seen == [((1, 4096, 64), (1, 512, DIT_TEXT), (512, 3))]
+    assert tuple(latents.shape) == (1, 4096, 64)
+    assert latents.numel() * torch.tensor([], dtype=torch.bfloat16).element_size() == 524_288
 
 
 def test_ulysses_anything_pads_heads_up_to_a_multiple_of_the_degree():
