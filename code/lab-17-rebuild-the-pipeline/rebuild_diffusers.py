@@ -1,12 +1,22 @@
 """Lab 17 on diffusers' own parts: the five blanks, filled, around a StableDiffusionPipeline.
 
 The same loop as ``pipeline()`` in ``solution.py``, written against a real pipeline's
-``unet``, ``scheduler`` and ``vae`` and its ``encode_prompt``: the lines of
-``StableDiffusionPipeline.__call__`` (diffusers 0.42.1) that the blanks stand for, with
-nothing else of ``__call__`` (no callbacks, IP-Adapter, guidance rescale or safety
-checker). For the same prompt and generator it returns what ``pipe(...)`` returns with
-``output_type="np"``: ``tests/verify/test_page_lab_17.py`` checks that on a tiny random
-StableDiffusionPipeline, with DDIM and with Euler.
+``unet``, ``scheduler`` and ``vae`` and its ``encode_prompt``, ``prepare_extra_step_kwargs``
+and ``image_processor``: the lines of ``StableDiffusionPipeline.__call__`` (diffusers
+0.42.1) that the blanks stand for, plus the three places where ``__call__`` differs from
+the toy's loop: no guidance at ``guidance_scale <= 1`` (one undoubled batch, the prompt's
+rows alone), ``generator`` and ``eta`` passed on to ``scheduler.step`` (the schedulers that
+draw noise in ``step`` need it), and the starting noise from diffusers' ``randn_tensor`` on
+the pipeline's device. Nothing else of ``__call__`` is here: no callbacks, IP-Adapter,
+guidance rescale, safety checker, or ``timestep_cond`` (a UNet with ``time_cond_proj_dim``,
+such as an LCM-distilled one, is not handled).
+
+``tests/verify/test_page_lab_17.py`` checks that it returns what ``pipe(...)`` returns with
+``output_type="np"`` for the same prompt and generator, to 1e-6, on a tiny random
+StableDiffusionPipeline on the CPU: with DDIM, Euler, Euler Ancestral and DDPM (the last
+two draw noise in ``step``), each at ``guidance_scale`` 7.5, 1.0 and 0.0. The device
+handling (``randn_tensor(..., device=pipe.device)``) follows ``prepare_latents`` and was
+not run on a GPU.
 
 It needs the verify extra (torch, diffusers, transformers: ``pip install -e '.[verify]'``)
 and a pipeline, for example ``StableDiffusionPipeline.from_pretrained(...)``; then
@@ -17,42 +27,56 @@ this file only defines the function, so it imports torch inside it.
 
 # %%
 # --8<-- [start:pipeline]
-def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator=None):
+def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator=None, eta=0.0):
     """``pipe(prompt, ...)`` from its parts: images (B, H, W, 3), float32 in [0, 1]."""
     import torch
+    from diffusers.utils.torch_utils import randn_tensor
 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     height = width = pipe.unet.config.sample_size * pipe.vae_scale_factor  # the defaults
-    # (B, 77, D) each; the negative prompt is "" (diffusers encodes it when guiding)
+    # __call__ guides only when guidance_scale > 1 (do_classifier_free_guidance); at 1 or
+    # below it runs the prompt's rows alone, so guidance_scale=0 is not the unguided image
+    guide = guidance_scale > 1
+    # (B, 77, D) each; the negative prompt is "" (encoded only when guiding)
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
-        prompts, pipe.device, num_images_per_prompt=1, do_classifier_free_guidance=True
+        prompts, pipe.device, num_images_per_prompt=1, do_classifier_free_guidance=guide
     )
     # BLANK 1 · the doubled batch, negative rows first: (2B, 77, D)
-    prompt_embeds = torch.cat([negative_prompt_embeds, prompt_embeds])
+    if guide:
+        prompt_embeds = torch.cat([negative_prompt_embeds, prompt_embeds])
 
     pipe.scheduler.set_timesteps(num_inference_steps, device=pipe.device)
-    # prepare_latents: randn_tensor(shape, generator) * init_noise_sigma, (B, 4, H/f, W/f)
+    # prepare_latents: randn_tensor on the pipeline's device, times init_noise_sigma
     shape = (len(prompts), pipe.unet.config.in_channels,
              height // pipe.vae_scale_factor, width // pipe.vae_scale_factor)  # fmt: skip
-    latents = torch.randn(shape, generator=generator, dtype=prompt_embeds.dtype)
+    latents = randn_tensor(
+        shape, generator=generator, device=pipe.device, dtype=prompt_embeds.dtype
+    )
     latents = latents * pipe.scheduler.init_noise_sigma
+    # eta and generator, for the schedulers whose step takes them (DDIM: eta; DDPM, Euler
+    # Ancestral: generator, for the noise they add back each step)
+    extra_step_kwargs = pipe.prepare_extra_step_kwargs(generator, eta)
 
     with torch.no_grad():
         for t in pipe.scheduler.timesteps:
             # BLANK 1 (continued) · the latents, doubled: (2B, 4, H/f, W/f)
-            latent_model_input = torch.cat([latents] * 2)
+            latent_model_input = torch.cat([latents] * 2) if guide else latents
             # BLANK 2 · the scheduler's input scaling (Euler: / sqrt(sigma^2 + 1))
             latent_model_input = pipe.scheduler.scale_model_input(latent_model_input, t)
             noise_pred = pipe.unet(
                 latent_model_input, t, encoder_hidden_states=prompt_embeds, return_dict=False
             )[0]
             # BLANK 3 · the chunk(2) guidance line: (2B, ...) -> (B, ...)
-            noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
-            noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
+            if guide:
+                noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
+                noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)  # fmt: skip
             # BLANK 4 · one step x_t -> x_{t-1} of the B latents; [0] is prev_sample
-            latents = pipe.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+            out = pipe.scheduler.step(noise_pred, t, latents, **extra_step_kwargs, return_dict=False)  # fmt: skip
+            latents = out[0]
         # BLANK 5 · back to the VAE's scale, then decode: (B, 3, H, W) in about [-1, 1]
-        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
+        image = pipe.vae.decode(
+            latents / pipe.vae.config.scaling_factor, return_dict=False, generator=generator
+        )[0]
     return pipe.image_processor.postprocess(image, output_type="np")  # (B, H, W, 3) in [0, 1]
 
 

@@ -24,7 +24,15 @@ if "__file__" in globals():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labkit import ExactDenoiser, alphas_cumprod, canonical_betas, figures
-from labkit.blanks import Spy, UnfilledBlankError, error_site, load_constant, load_function
+from labkit.blanks import (
+    Spy,
+    UnfilledBlankError,
+    blank_at,
+    error_site,
+    innermost_line,
+    load_constant,
+    load_function,
+)
 from labkit.blanks import blank as blank  # the placeholder; solution.py has none left
 from labkit.cli import (
     LabArgumentParser,
@@ -94,7 +102,7 @@ def make_scheduler(kind):
 # What `StableDiffusionPipeline.__call__` has once `encode_prompt` has run: the prompt's
 # condition and the negative prompt's, one row per image, and the starting noise. The
 # toy's condition is a class label per row, `(B,)`, with `UNCOND` (-1) for the empty
-# prompt; in SD these are `(B, 77, 768)` text embeddings.
+# prompt; in SD 1.x these are `(B, 77, 768)` text embeddings.
 
 # %%
 # --8<-- [start:inputs]
@@ -108,7 +116,7 @@ noise = np.random.default_rng(args.seed).standard_normal((B, 4, 4, 4))  # (B, 4,
 # ## 3. Your part: the pipeline
 #
 # The lines of `StableDiffusionPipeline.__call__` from the doubled condition to the
-# decoded image, on these parts. Each `blank(n)` is a line to write; the comment above it
+# decoded image, as it runs when it guides (`guidance_scale > 1`), on these parts. Each `blank(n)` is a line to write; the comment above it
 # gives the shapes and a hint. `solution.py` holds this function with the blanks filled
 # in; the two differ on those lines only.
 
@@ -122,7 +130,7 @@ def pipeline(
     """Latents (B, 4, h, w) of noise and conditions (B, ...) -> images (B, 3, H, W)."""
     # BLANK 1 of 5 · the doubled batch and its order (this line and one in the loop). One
     # unet call serves both halves of classifier-free guidance: 2B condition rows, here
-    # (2B,) labels, in SD (2B, 77, 768). The order is a convention blank 3 must follow;
+    # (2B,) labels, in SD 1.x (2B, 77, 768). The order is a convention blank 3 must follow;
     # diffusers puts the negative prompt's rows first.
     prompt_embeds = blank(1)
 
@@ -177,16 +185,96 @@ SOLUTION = Path(globals().get("__file__", "solution.py")).resolve().with_name("s
 if not SOLUTION.is_file() and (args.check or args.solution or args.demo_wrong or args.figures):
     parser.error(f"solution.py is not beside this file ({SOLUTION.parent}): run the copy in the repository's code/lab-17-rebuild-the-pipeline/")  # fmt: skip
 
+#: (call, argument) -> (the blank that computes it, its rows in units of B): the contract
+#: between the parts. The unet sees 2B rows, everything else B; every latent keeps the
+#: noise's (4, h, w) and float64, the condition rows class_labels' dtype.
+CONTRACT = {
+    ("unet", "class_labels"): (1, 2),
+    ("scheduler.scale_model_input", "sample"): (1, 2),
+    ("unet", "sample"): (2, 2),
+    ("scheduler.step", "model_output"): (3, 1),
+    ("scheduler.step", "sample"): (4, 1),
+    ("vae.decode", "latents"): (5, 1),
+}
+#: (call, argument) -> (the variable that should hold it, the blank that passes it): when
+#: the argument is wrong but that variable held the right thing at the call, the blank
+#: that passes it is wrong, not the one that computed it (a Spy records your variables)
+PASSED_AS = {
+    ("scheduler.scale_model_input", "sample"): ("latent_model_input", 2),
+    ("scheduler.step", "model_output"): ("noise_pred", 4),
+}
+
+
+def run_on_spies(fn):
+    """Run pipeline ``fn`` on fresh parts wrapped in labkit's Spy, which records every
+    call's arguments and your array variables at that moment: (calls, image, error)."""
+    calls = []
+    parts = [
+        Spy("unet", unet, calls, ["__call__"]),
+        Spy("scheduler", make_scheduler(args.scheduler), calls, ["scale_model_input", "step"]),
+        Spy("vae", vae, calls, ["decode"]),
+    ]
+    try:
+        out = fn(*parts, class_labels, negative_class_labels, noise,
+                 num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
+        return calls, out, None
+    except Exception as error:  # a blank to fill, or your code failing: reported, no traceback
+        return calls, None, error
+
+
+def describe(value):
+    """An argument in a few words: an array's shape and dtype, or what else it is."""
+    if isinstance(value, np.ndarray):
+        return f"{value.shape} {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+def fits(value, shape, dtype):
+    """An array of this shape and dtype."""
+    return isinstance(value, np.ndarray) and value.shape == shape and value.dtype == dtype
+
+
+def contract_break(calls):
+    """Where the first argument that breaks CONTRACT is, and which blank, or None."""
+    step = 1
+    for call in calls:
+        for (method, arg), (number, rows) in CONTRACT.items():
+            like = class_labels if arg == "class_labels" else noise
+            shape, value = (rows * B, *like.shape[1:]), call.arguments.get(arg)
+            if method != call.method or fits(value, shape, like.dtype):
+                continue
+            variable, passer = PASSED_AS.get((method, arg), (None, None))
+            if variable and fits(call.caller_arrays.get(variable), shape, like.dtype):
+                number = passer  # the right variable was there: this blank passed another
+            elif arg == "sample" and number < 3 and step > 1:
+                number = 4  # step 1 was right: the latents step returned, carried over, are not
+            where = "after the loop" if step > n else f"step {step} of {n}"
+            rows_are = f"2B = {2 * B}" if rows == 2 else f"B = {B}"
+            return f"blank {number} breaks the contract ({where}): {method}({arg}=...) gets {describe(value)}; it takes {shape} {like.dtype}, {rows_are} rows"  # fmt: skip
+        step += call.method == "scheduler.step"
+    return None
+
+
+def return_break(image):
+    """What is wrong with pipeline()'s return value, or None: it must be vae.decode's images."""
+    decoded = (B, *data.images.shape[1:])
+    if fits(image, decoded, np.float64):
+        return None
+    return f"your pipeline() returns {describe(image)}; return the decoded images, {decoded} float64"  # fmt: skip
+
 
 def raised(error, fn):
     """What ``error`` in your ``fn`` was, and where: its line and the blank it belongs to."""
     line, number, variables = error_site(error, fn)  # labkit.blanks reads the traceback
+    text = " ".join(str(error).split())  # one line, whatever the message
     latents = variables.get("latents", np.zeros(0))
     if not isinstance(latents, np.ndarray):  # e.g. step's whole output, kept by blank 4
-        kind = type(latents).__name__
-        return f"blank 4 is wrong: latents is a {kind}, not an array\nso your pipeline raised {type(error).__name__} at line {line}: {error}"  # fmt: skip
+        return f"blank 4 is wrong: latents is a {type(latents).__name__}, not an array\nso your pipeline raised {type(error).__name__} at line {line}: {text}"  # fmt: skip
     where = f"line {line} (in blank {number})" if number else f"line {line}"
-    return f"your pipeline raised {type(error).__name__} at {where}: {error}"
+    deepest = innermost_line(error, fn.__code__.co_filename)  # a helper of yours that raised
+    if deepest and deepest[1] != line:
+        where += f", from your {deepest[0]}() at line {deepest[1]}"
+    return f"your pipeline raised {type(error).__name__} at {where}: {text}"
 
 
 def load_solution(mistake=None):
@@ -198,14 +286,18 @@ def load_solution(mistake=None):
 yours = load_solution() if args.solution else pipeline
 image, name = None, type(make_scheduler(args.scheduler)).__name__
 if not (args.check or args.demo_wrong):
-    try:
-        image = yours(unet, make_scheduler(args.scheduler), vae, class_labels,
-                         negative_class_labels, noise, n, args.guidance_scale)  # fmt: skip
-    except UnfilledBlankError as todo:
-        print(f"blank {todo.number} of 5 is not filled in yet: find blank({todo.number}) in rebuild_pipeline.py")  # fmt: skip
+    calls, image, error = run_on_spies(yours)
+    broken = contract_break(calls) or (return_break(image) if error is None else None)
+    for text in dict.fromkeys(f"{c.method} warned: {w}" for c in calls for w in c.warnings):
+        print(text)  # each warning a part raised, once
+    if broken is None and isinstance(error, UnfilledBlankError):
+        print(f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in rebuild_pipeline.py")  # fmt: skip
         print("replace blank(...) there with your code; the comment above it says what goes there")  # fmt: skip
-    except Exception as error:  # your own lines failed: where, in a line, not a traceback
-        print(raised(error, yours))
+    elif broken or error:  # a wrong shape or dtype, or your own lines failed: a line each
+        if broken:
+            print(broken)
+        if error is not None:
+            print(("then " if broken else "") + raised(error, yours))
         print("add --check to compare your blanks with the solution's, call by call")
         sys.exit(1)
 if image is not None:
@@ -215,7 +307,9 @@ if image is not None:
     latents_back = vae.encode(image) * vae.config.scaling_factor  # the linear vae inverts exactly
     nearest, rms = training_set.nearest(latents_back)
     purity = np.mean(data.labels[nearest] == SHAPES.index(args.prompt))
-    print(f"nearest training latent has the prompt's label: {purity:.1%} of {B} (RMS distance max {rms.max():.3f})")  # fmt: skip
+    print(f"nearest training latent has the prompt's label: {purity:.1%} of {len(image)} (RMS distance max {rms.max():.3f})")  # fmt: skip
+    if args.guidance_scale <= 1:  # where StableDiffusionPipeline stops guiding
+        print("note: StableDiffusionPipeline does not guide at guidance_scale <= 1 (one batch, the prompt's rows alone); this loop always guides: at 1 that is the prompt's prediction on 2B rows, at 0 the unconditional one")  # fmt: skip
     if not args.solution:
         print("next: add --check to compare every blank with the solution's")
 # --8<-- [end:run]
@@ -245,63 +339,51 @@ BOUNDARIES = {
 }
 #: a call the solution makes and yours does not, or the other way round -> its blank
 CALL_OF = {"scheduler.scale_model_input": 2, "scheduler.step": 4, "vae.decode": 5}
-#: (call, argument) -> (the variable that should hold it, the blank that passes it): when
-#: the argument differs but that variable held the solution's value at the call, the blank
-#: that passes it is wrong, not the one that computed it (a Spy records your variables)
-PASSED_AS = {
-    ("scheduler.scale_model_input", "sample"): ("latent_model_input", 2),
-    ("scheduler.step", "model_output"): ("noise_pred", 4),
-}
-
-
-def run_on_spies(fn):
-    """Run pipeline ``fn`` on recorded parts: (calls, image or None, exception or None)."""
-    calls = []
-    parts = [
-        Spy("unet", unet, calls, ["__call__"]),
-        Spy("scheduler", make_scheduler(args.scheduler), calls, ["scale_model_input", "step"]),
-        Spy("vae", vae, calls, ["decode"]),
-    ]
-    try:
-        out = fn(*parts, class_labels, negative_class_labels, noise,
-                 num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
-        return calls, out, None
-    except Exception as error:  # a blank to fill, or your code failing: reported below
-        return calls, None, error
+#: the numbers (NumPy scalars and arrays, not a SchedulerOutput or None) the checker compares
+NUMBERS = (np.ndarray, np.number, int, float)
 
 
 def show(value):
     """A short description of one argument: its shape and dtype, and the values if few."""
+    if not isinstance(value, NUMBERS):
+        return describe(value)
     value = np.asarray(value)
-    if value.ndim == 0 or value.dtype.kind in "iu":
+    if value.ndim == 0 or (value.ndim == 1 and value.dtype.kind in "biu"):
         return f"{value.shape} {value.dtype} {np.array2string(value, threshold=20)}"
     return f"{value.shape} {value.dtype}, max |value| {np.abs(value).max():.4g}"
 
 
 def same(a, b):
-    """Equal shapes and values, to rounding: a different but equal formula passes."""
+    """Equal shapes, dtypes (of arrays; a timestep may be an int or a float) and values, to
+    rounding: a different but equal formula passes."""
+    if not (isinstance(a, NUMBERS) and isinstance(b, NUMBERS)):
+        return a is b
     a, b = np.asarray(a), np.asarray(b)
+    if (a.ndim and a.dtype != b.dtype) or a.dtype.kind not in "biuf":
+        return False
     return a.shape == b.shape and np.allclose(a, b, rtol=1e-7, atol=1e-9)
 
 
-def first_difference(yours, reference, complete=True):
+def first_difference(yours, reference, complete=True, fn=None):
     """The first (blank, step, message) where the two call lists differ, or None.
-    ``complete=False``: your run stopped early, so only the calls it made are compared."""
+    ``complete=False``: your run stopped early, so only the calls it made are compared.
+    ``fn``: your pipeline, whose blank paragraphs name the blank of a call made in one."""
     step = 1
     for k, ref in enumerate(reference[: None if complete else len(yours)]):
         mine = yours[k] if k < len(yours) else None
         if mine is None or mine.method != ref.method:
             got = f"calls {mine.method}" if mine else "makes no further call"
-            number = CALL_OF.get(ref.method) or CALL_OF.get(mine.method if mine else "")
+            made_in = blank_at(fn, mine.line) if mine and fn else None  # the blank that made it
+            number = made_in or CALL_OF.get(ref.method) or CALL_OF.get(mine.method if mine else "")
             return number, step, f"the solution calls {ref.method} here; yours {got}"
         for (method, arg), (number, what) in BOUNDARIES.items():
             if method != ref.method:
                 continue
-            a, b = np.asarray(mine.arguments.get(arg)), np.asarray(ref.arguments[arg])
+            a, b = mine.arguments.get(arg), ref.arguments[arg]
             if same(a, b):
                 continue
             lines = [f"{method}({arg}=...): {what}", f"  yours:    {show(a)}", f"  solution: {show(b)}"]  # fmt: skip
-            if a.shape == b.shape and a.dtype.kind == "f" and a.ndim:
+            if isinstance(a, np.ndarray) and a.shape == b.shape and a.dtype.kind == b.dtype.kind == "f":  # fmt: skip
                 ratio = np.vdot(a, b) / np.vdot(b, b)  # yours = ratio x solution, if proportional
                 error = np.abs(a - b).max()
                 lines.append(f"  max |yours - solution| {error:.4g}")
@@ -319,8 +401,9 @@ def first_difference(yours, reference, complete=True):
             return number, step, "\n".join(lines)
         step += ref.method == "scheduler.step"
     if len(yours) > len(reference):
-        extra = yours[len(reference)].method
-        return CALL_OF.get(extra), step, f"yours calls {extra} after the solution's last call"
+        extra = yours[len(reference)]
+        number = (blank_at(fn, extra.line) if fn else None) or CALL_OF.get(extra.method)
+        return number, step, f"yours calls {extra.method} after the solution's last call"
     return None
 
 
@@ -330,7 +413,7 @@ def check(fn, label):
     assert ref_error is None, ref_error  # the solution runs, or the lab is broken
     calls, image, error = run_on_spies(fn)
     print(f"checking {label} against solution.py: {name}, {n} steps, B = {B}, guidance_scale {args.guidance_scale:g}")  # fmt: skip
-    found = first_difference(calls, ref_calls, complete=error is None)
+    found = first_difference(calls, ref_calls, complete=error is None, fn=fn)
     if found is None and isinstance(error, UnfilledBlankError):
         print(f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in rebuild_pipeline.py")  # fmt: skip
         if calls:
@@ -341,14 +424,14 @@ def check(fn, label):
         if calls:
             print(f"the {len(calls)} calls before it match the solution's")
         return False
-    if found is None and np.shape(image) != ref_image.shape:  # the calls match; the return not
-        print(f"your pipeline() returns {np.shape(image)}, the solution's {ref_image.shape}: return the decoded image")  # fmt: skip
+    if found is None and return_break(image):  # every call matches; the return value does not
+        print(return_break(image))
         return False
     if found is None:
         steps = sum(call.method == "scheduler.step" for call in calls)
         print(f"all 5 blanks match: {len(calls)} calls compared ({steps} steps), the same arguments in the same order")  # fmt: skip
         print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
-        return bool(np.allclose(image, ref_image, rtol=1e-7, atol=1e-9))
+        return same(image, ref_image)
     number, step, message = found
     where = "after the loop" if step > n else f"step {step} of {n}"
     print(f"blank {number} differs from the solution ({where}):")
@@ -356,7 +439,9 @@ def check(fn, label):
     warned = {f"{call.method} warned: {text}": None for call in calls for text in call.warnings}
     print("".join(f"{line}\n" for line in warned), end="")  # each once, in order
     if error is not None:
-        print(f"then your pipeline raised {type(error).__name__}: {error}")
+        print(f"then {raised(error, fn)}")
+    elif return_break(image):  # a wrong batch or shape: no difference to print
+        print(return_break(image))
     elif image is not None:
         print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
     return False

@@ -20,7 +20,8 @@ import numpy as np
 # %% [markdown]
 # ## The solution: the loop of `StableDiffusionPipeline.__call__`
 #
-# The five blanks of `rebuild_pipeline.py`, filled in as diffusers 0.42.1 writes them:
+# The five blanks of `rebuild_pipeline.py`, filled in as diffusers 0.42.1 writes them when
+# it guides (`guidance_scale > 1`; at 1 or below it runs the prompt's rows alone):
 # the negative prompt's rows first, `scale_model_input` before the unet, `np.split` in
 # the same order for the guidance line, `step(...).prev_sample`, and the division by
 # `scaling_factor` before decode. Any other way of writing a line that hands the parts
@@ -39,7 +40,7 @@ def pipeline(
     """Latents (B, 4, h, w) of noise and conditions (B, ...) -> images (B, 3, H, W)."""
     # BLANK 1 of 5 · the doubled batch and its order (this line and one in the loop). One
     # unet call serves both halves of classifier-free guidance: 2B condition rows, here
-    # (2B,) labels, in SD (2B, 77, 768). The order is a convention blank 3 must follow;
+    # (2B,) labels, in SD 1.x (2B, 77, 768). The order is a convention blank 3 must follow;
     # diffusers puts the negative prompt's rows first.
     prompt_embeds = np.concatenate([negative_prompt_embeds, prompt_embeds])
 

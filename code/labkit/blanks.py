@@ -15,10 +15,11 @@ work:
   dicts) from another file without running it, such as the solution's table of mistakes;
 - :class:`Spy` stands in for a part (``unet``, ``scheduler``, ``vae``) and records a copy of
   the arguments of every call of the methods it is told to watch, by parameter name, and of
-  the caller's array variables at that moment;
+  the caller's array variables and line at that moment;
 - :func:`error_site` finds, for an exception raised inside a function, the line of that
-  function that raised it, the blank whose comment heads that line's paragraph, and the
-  function's variables there.
+  function that raised it, the blank whose comment heads that line's paragraph
+  (:func:`blank_at`), and the function's variables there; :func:`innermost_line` finds the deepest line of the
+  reader's file, so an error raised in a helper of theirs names the helper's line too.
 
 NumPy is the only dependency, as for the rest of labkit.
 """
@@ -113,6 +114,7 @@ class Call:
     method: str  # "scheduler.step", or "unet" for a call of the part itself
     arguments: dict[str, Any]
     caller_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    line: int | None = None  # the caller's line that made the call
     result: Any = None
     warnings: list[str] = field(default_factory=list)
 
@@ -146,7 +148,7 @@ class Spy:
             frame = frame.f_back  # out of this file: the line that called the part
         arrays = {} if frame is None else frame.f_locals
         arrays = {k: np.array(v) for k, v in arrays.items() if isinstance(v, np.ndarray)}
-        call = Call(name, copied, arrays)
+        call = Call(name, copied, arrays, None if frame is None else frame.f_lineno)
         self._calls.append(call)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -166,14 +168,34 @@ def error_site(error: BaseException, fn: FunctionType) -> tuple[int | None, int 
         tb = tb.tb_next
     if line is None:
         return None, None, {}
+    return line, blank_at(fn, line), variables
+
+
+def blank_at(fn: FunctionType, line: int | None) -> int | None:
+    """The blank whose ``# BLANK n`` comment heads the paragraph (no empty line between
+    them) that holds line ``line`` of ``fn``'s file, or None."""
     number = None
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
-        lines, first = [], line
+        return None
+    if line is None or not first <= line < first + len(lines):
+        return None
     for text in lines[: line - first + 1]:
         if not text.strip():  # an empty line ends a blank's paragraph
             number = None
         elif text.strip().startswith("# BLANK ") and text.split("# BLANK ")[1][:1].isdigit():
             number = int(text.split("# BLANK ")[1][0])
-    return line, number, variables
+    return number
+
+
+def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | None:
+    """(function name, line) of the deepest frame of ``error``'s traceback in ``filename``:
+    where the reader's own code raised, even inside a helper they wrote. None if no frame
+    of the traceback is in that file."""
+    found, tb = None, error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            found = tb.tb_frame.f_code.co_name, tb.tb_lineno
+        tb = tb.tb_next
+    return found

@@ -87,6 +87,54 @@ def test_the_solutions_images_are_training_images_of_the_prompt(run_lab):
     assert g["unet"].calls == 20 and g["unet"].rows == 20 * 16  # one call per step, 2B rows
 
 
+def test_without_scale_model_input_the_exact_denoiser_still_snaps_to_training_images(run_lab):
+    """Euler's images without scale_model_input are still training images of the prompted
+    class only because the toy's exact denoiser snaps any input to one (the page's caveat):
+    each decodes onto a training latent, mostly other ones than the solution's."""
+    g = run_lab(READER, "--solution")
+    _, wrong, error = g["run_on_spies"](g["load_solution"](2))
+    assert error is None
+    nearest, rms = g["training_set"].nearest(
+        g["vae"].encode(wrong) * g["vae"].config.scaling_factor
+    )
+    ours, _ = g["training_set"].nearest(
+        g["vae"].encode(g["image"]) * g["vae"].config.scaling_factor
+    )
+    assert rms.max() < 0.01 and (g["data"].labels[nearest] == g["SHAPES"].index("disc")).all()
+    assert (nearest != ours).sum() > len(ours) // 2
+
+
+@pytest.mark.parametrize("scale, purity", [("0", "25.0%"), ("1", "100.0%")])
+def test_the_toy_loop_always_guides_and_says_so_at_guidance_scale_1_or_below(
+    run_cli, scale, purity
+):
+    """The toy's loop has no guidance_scale <= 1 branch: at 0 it makes unconditional images
+    (a quarter of them discs), at 1 the prompt's; the run says where diffusers differs."""
+    run = run_cli(READER, "--solution", "--guidance-scale", scale)
+    assert run.returncode == 0 and run.stderr == ""
+    assert f"nearest training latent has the prompt's label: {purity} of 8" in run.stdout
+    assert "StableDiffusionPipeline does not guide at guidance_scale <= 1" in run.stdout
+    assert "does not guide" not in run_cli(READER, "--solution").stdout
+
+
+@pytest.mark.parametrize("kind", ["euler", "ddim"])
+def test_labkit_step_output_indexes_like_diffusers(kind):
+    """labkit's SchedulerOutput[0] is prev_sample and [1] pred_original_sample, as diffusers'
+    BaseOutput indexes its fields that are not None; iterating it is an error, not keys."""
+    from labkit.schedulers import DDIMScheduler, EulerDiscreteScheduler, SchedulerOutput
+
+    sd15 = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1)
+    scheduler = EulerDiscreteScheduler(**sd15) if kind == "euler" else DDIMScheduler(**sd15)
+    scheduler.set_timesteps(4)
+    t, sample = scheduler.timesteps[0], np.ones((2, 4, 4, 4))
+    out = scheduler.step(np.zeros_like(sample), t, scheduler.scale_model_input(sample, t))
+    assert out[0] is out.prev_sample and out[1] is out.pred_original_sample
+    assert out["prev_sample"] is out.prev_sample and out[:] == (out[0], out[1])
+    assert SchedulerOutput(sample)[:] == (sample,)  # no pred_original_sample: one field
+    with pytest.raises(TypeError):
+        iter(out)
+
+
 @pytest.mark.parametrize("scheduler", ["euler", "ddim"])
 def test_the_checker_passes_the_solution(run_cli, scheduler):
     run = run_cli(READER, "--solution", "--check", "--scheduler", scheduler)
@@ -147,6 +195,78 @@ def test_the_checker_names_the_wrong_blank(tmp_path, old, new, scheduler, number
     assert f"blank {number} differs from the solution" in run.stdout, run.stdout
 
 
+#: odd learner inputs, per blank: (id, old, new, blank). Each breaks the contract between
+#: the parts (a wrong batch, shape or dtype, a SchedulerOutput where an array goes, [0] on
+#: an array) or fails in the learner's own code; blank None: a syntax error, whose line
+#: Python itself names
+ODD = [
+    ("1 batch 3B labels", "[negative_prompt_embeds, prompt_embeds])", "[negative_prompt_embeds, prompt_embeds, prompt_embeds])", 1),
+    ("1 batch 3B latents", "np.concatenate([latents] * 2)", "np.concatenate([latents] * 3)", 1),
+    ("1 shape axis=1", "np.concatenate([latents] * 2)", "np.concatenate([latents] * 2, axis=1)", 1),
+    ("1 labels axis=1", "[negative_prompt_embeds, prompt_embeds])", "[negative_prompt_embeds, prompt_embeds], axis=1)", 1),
+    ("1 dtype float16", "np.concatenate([latents] * 2)", "np.concatenate([latents] * 2).astype(np.float16)", 1),
+    ("1 dtype int", "np.concatenate([latents] * 2)", "np.concatenate([latents] * 2).astype(int)", 1),
+    ("1 dtype float labels", "[negative_prompt_embeds, prompt_embeds])", "[negative_prompt_embeds, prompt_embeds]).astype(float)", 1),
+    ("1 [0]", "np.concatenate([latents] * 2)", "np.concatenate([latents] * 2)[0]", 1),
+    ("2 batch B", "scale_model_input(latent_model_input, t)", "scale_model_input(latents, t)", 2),
+    ("2 shape", "scale_model_input(latent_model_input, t)", "scale_model_input(latent_model_input, t)[:, :2]", 2),
+    ("2 dtype float16", "scale_model_input(latent_model_input, t)", "scale_model_input(latent_model_input, t).astype(np.float16)", 2),
+    ("2 [0]", "scale_model_input(latent_model_input, t)", "scale_model_input(latent_model_input, t)[0]", 2),
+    ("3 shape axis=1", "np.split(noise_pred, 2)", "np.split(noise_pred, 2, axis=1)", 3),
+    ("3 batch 2B", "np.split(noise_pred, 2)", "noise_pred, noise_pred", 3),
+    ("3 [0]", "np.split(noise_pred, 2)", "noise_pred[0], noise_pred[1]", 3),
+    ("3 dtype float16", "noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)",
+     "noise_pred = (noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)).astype(np.float16)", 3),
+    ("3 NameError", "(noise_pred_text - noise_pred_uncond)", "(noise_pred_txt - noise_pred_uncond)", 3),
+    ("3 own raise", "np.split(noise_pred, 2)", "np.split(noise_pred, 2)\n        raise RuntimeError('my own check failed')", 3),
+    ("3 own helper raises", "        noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)\n",
+     "        def guide(u, c):\n            raise RuntimeError('not written yet')\n        noise_pred = guide(noise_pred_uncond, noise_pred_text)\n", 3),
+    ("3 syntax error", "(noise_pred_text - noise_pred_uncond)", "(noise_pred_text - noise_pred_uncond", None),
+    ("4 batch 2B", "scheduler.step(noise_pred, t, latents)", "scheduler.step(noise_pred, t, latent_model_input)", 4),
+    ("4 shape", ".prev_sample", ".prev_sample[:, :2]", 4),
+    ("4 dtype float16", ".prev_sample", ".prev_sample.astype(np.float16)", 4),
+    ("4 dtype int", ".prev_sample", ".prev_sample.astype(int)", 4),
+    ("4 output kept", ".prev_sample\n", "\n", 4),
+    ("4 output as sample", "scheduler.step(noise_pred, t, latents).prev_sample", "scheduler.step(noise_pred, t, scheduler.step(noise_pred, t, latents))", 4),
+    ("5 batch 2B latent_model_input", "latents / vae.config.scaling_factor", "latent_model_input / vae.config.scaling_factor", 5),
+    ("5 batch 2B doubled", "latents / vae.config.scaling_factor", "np.concatenate([latents] * 2) / vae.config.scaling_factor", 5),
+    ("5 shape", "latents / vae.config.scaling_factor", "latents[:, :2] / vae.config.scaling_factor", 5),
+    ("5 dtype float16", "latents / vae.config.scaling_factor", "(latents / vae.config.scaling_factor).astype(np.float16)", 5),
+    ("5 dtype int", "latents / vae.config.scaling_factor", "(latents / vae.config.scaling_factor).astype(int)", 5),
+    ("5 [0]", "latents / vae.config.scaling_factor", "latents[0] / vae.config.scaling_factor", 5),
+    ("5 output decoded", "latents / vae.config.scaling_factor", "scheduler.step(noise_pred, t, latents)", 5),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("old, new, number", [v[1:] for v in ODD], ids=[v[0] for v in ODD])
+def test_odd_input_gets_a_message_naming_the_blank_never_a_traceback(tmp_path, old, new, number):
+    """The plain run and --check each exit 1 and name the blank (or the reader's line) on
+    odd input: a wrong batch, shape or dtype, a SchedulerOutput where an array goes, [0]
+    on an array, a NameError, the reader's own raise, a syntax error; no traceback."""
+    source = filled(old, new)
+    parts = [part.strip() for part in new.splitlines() if part.strip()]
+    mine = [k + 1 for k, line in enumerate(source.splitlines()) if any(p in line for p in parts)]
+    for argv in [], ["--check"]:
+        run = run_copy(tmp_path, source, *argv)
+        out = run.stdout + run.stderr
+        assert run.returncode == 1 and "Traceback" not in out, out
+        if number is None:  # Python's own SyntaxError: the file, the reader's line, one caret
+            assert "SyntaxError" in run.stderr and f"line {mine[0]}" in run.stderr, out
+            continue
+        verdict = run.stdout.splitlines()[1 if argv else 0]  # --check prints a header first
+        assert re.search(rf"\bblank {number}\b", verdict), out
+        if "raised" in verdict:  # the reader's own line failed: its line is named
+            assert any(f"line {k}" in verdict for k in mine), out
+
+
+def test_the_diffusers_idiom_step_0_is_prev_sample(tmp_path):
+    """scheduler.step(...)[0] is prev_sample, as diffusers' BaseOutput[0]: the checker passes it."""
+    for argv in [], ["--check"]:
+        run = run_copy(tmp_path, filled(".prev_sample", "[0]"), *argv)
+        assert run.returncode == 0 and run.stderr == "", run.stdout + run.stderr
+    assert "all 5 blanks match" in run.stdout
+
+
 def test_the_checker_reports_your_own_error_by_line(tmp_path):
     """An error in the reader's own code (not a part's call) is reported with its line."""
     source = filled("np.split(noise_pred, 2)", "np.split(noise_pred, 3)")
@@ -185,11 +305,18 @@ def test_an_error_in_your_code_is_one_line_with_its_blank_never_a_traceback(tmp_
     assert f"your pipeline raised AttributeError at line {line} (in blank 3): " in run.stdout
 
 
-def test_the_checker_judges_the_returned_images_too(tmp_path):
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
+@pytest.mark.parametrize(
+    "returned, what", [("latents", "(8, 4, 4, 4) float64"), ("None", "a NoneType")]
+)
+def test_the_run_and_the_checker_judge_the_returned_images_too(tmp_path, argv, returned, what):
     """Every call can match and the function still return the wrong thing."""
-    run = run_copy(tmp_path, filled("    return image\n", "    return latents\n"), "--check")
+    run = run_copy(tmp_path, filled("    return image\n", f"    return {returned}\n"), *argv)
     assert run.returncode == 1 and run.stderr == ""
-    assert "your pipeline() returns (8, 4, 4, 4), the solution's (8, 3, 32, 32)" in run.stdout
+    assert (
+        f"your pipeline() returns {what}; return the decoded images, (8, 3, 32, 32) float64"
+        in run.stdout
+    )
 
 
 def test_scale_model_input_and_scaling_factor_mistakes_show_their_factor(run_cli):

@@ -26,6 +26,17 @@ class SchedulerOutput:
     prev_sample: np.ndarray
     pred_original_sample: np.ndarray | None = None
 
+    def __getitem__(self, index: int | slice | str) -> object:
+        """``output[0]`` is ``prev_sample``, as in diffusers' ``BaseOutput``: an integer indexes
+        the fields that are not None, in order; a string, one of those fields by name."""
+        fields = {"prev_sample": self.prev_sample, "pred_original_sample": self.pred_original_sample}  # fmt: skip
+        fields = {k: v for k, v in fields.items() if v is not None}
+        return fields[index] if isinstance(index, str) else tuple(fields.values())[index]
+
+    #: no iteration: diffusers' outputs iterate over their field *names* (a dict's keys),
+    #: so unpacking ``prev, x0 = step(...)`` is an error here rather than a silent difference
+    __iter__ = None
+
 
 def check_choice(name: str, value: object, choices: Sequence[str]) -> None:
     """Raise a one-line ``ValueError`` if a config string is not one the scheduler implements."""
