@@ -2,9 +2,11 @@
 
 The pipeline call paths (timesteps run, add_noise, blending, the 9-channel UNet's input,
 padding_mask_crop, Kontext's sequence) are run in Lab 20's module,
-``test_page_lab_20.py``. These tests read the pipelines' signatures, call their
-``get_timesteps`` on real schedulers, and run a tiny ``FluxImg2ImgPipeline`` and a tiny
-``QwenImageEditPipeline`` (built offline: no hub, no weights).
+``test_page_lab_20.py``. These tests spy on the ``strength`` each pipeline's ``__call__``
+passes to ``get_timesteps``, call SD's and Flux's ``get_timesteps`` on real schedulers, and
+run tiny ``StableDiffusionImg2ImgPipeline`` (PNDM, zero-terminal-SNR DDIM),
+``FluxImg2ImgPipeline``, ``FluxFillPipeline`` and ``QwenImageEditPipeline`` calls (built
+offline: no hub, no weights).
 """
 
 from __future__ import annotations
@@ -17,16 +19,81 @@ import pytest
 import torch
 
 
-def test_default_strengths():
+def test_default_strengths(monkeypatch):
     """The default `strength` is 0.8 in `StableDiffusionImg2ImgPipeline`, 1.0 in `StableDiffusionInpaintPipeline`, 0.3 in `StableDiffusionXLImg2ImgPipeline`, 0.9999 in `StableDiffusionXLInpaintPipeline` and 0.6 in `FluxImg2ImgPipeline` and `FluxInpaintPipeline`; `FluxKontextPipeline` has no `strength`."""
     import diffusers
+    import PIL.Image
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from tiny import (
+        DIT_TEXT,
+        DIT_TOKENS,
+        FLUX_VAE_FACTORS,
+        POOLED_DIM,
+        embeds,
+        pil_image_and_mask,
+        tiny_dit_vae,
+        tiny_flux_transformer,
+        tiny_sd_variant,
+        tiny_sdxl_pipeline,
+    )
 
+    class StopError(Exception):
+        pass
+
+    def strength_passed(pipe, **call):
+        """The `strength` a call without one hands to `get_timesteps` (the run stops there)."""
+        seen = []
+
+        def spy(*args, **kwargs):
+            seen.append(kwargs["strength"] if "strength" in kwargs else args[1])
+            raise StopError
+
+        monkeypatch.setattr(pipe, "get_timesteps", spy)
+        with pytest.raises(StopError), torch.no_grad():
+            pipe(num_inference_steps=10, output_type="latent", **call)
+        return seen[0]
+
+    image, mask_image = pil_image_and_mask()
+    sd = dict(prompt_embeds=embeds(0), guidance_scale=1.0, image=image)
+    xl_parts = tiny_sdxl_pipeline().components
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(2))
+    xl = dict(sd, pooled_prompt_embeds=pooled)
+    g = torch.Generator().manual_seed(0)
+    flux = dict(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+                pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+                image=PIL.Image.new("RGB", (16, 16), (200, 30, 30)), height=16, width=16)  # fmt: skip
+
+    def flux_pipe(name):
+        return getattr(diffusers, name)(
+            scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+            vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+            text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+        )  # fmt: skip
+
+    runs = {
+        "StableDiffusionImg2ImgPipeline": (tiny_sd_variant("StableDiffusionImg2ImgPipeline"), sd),
+        "StableDiffusionInpaintPipeline": (
+            tiny_sd_variant("StableDiffusionInpaintPipeline"),
+            dict(sd, mask_image=mask_image),
+        ),
+        "StableDiffusionXLImg2ImgPipeline": (
+            diffusers.StableDiffusionXLImg2ImgPipeline(**xl_parts),
+            xl,
+        ),
+        "StableDiffusionXLInpaintPipeline": (
+            diffusers.StableDiffusionXLInpaintPipeline(**xl_parts),
+            dict(xl, mask_image=mask_image),
+        ),
+        "FluxImg2ImgPipeline": (flux_pipe("FluxImg2ImgPipeline"), flux),
+        "FluxInpaintPipeline": (
+            flux_pipe("FluxInpaintPipeline"),
+            dict(flux, mask_image=mask_image),
+        ),
+    }
     expected = dict(StableDiffusionImg2ImgPipeline=0.8, StableDiffusionInpaintPipeline=1.0,
                     StableDiffusionXLImg2ImgPipeline=0.3, StableDiffusionXLInpaintPipeline=0.9999,
                     FluxImg2ImgPipeline=0.6, FluxInpaintPipeline=0.6)  # fmt: skip
-    for name, strength in expected.items():
-        params = inspect.signature(getattr(diffusers, name).__call__).parameters
-        assert params["strength"].default == strength, name
+    assert {name: strength_passed(pipe, **call) for name, (pipe, call) in runs.items()} == expected
     assert "strength" not in inspect.signature(diffusers.FluxKontextPipeline.__call__).parameters
 
 
@@ -158,6 +225,11 @@ def test_flux_img2img_at_strength_one_is_pure_noise(monkeypatch):
 
 @pytest.fixture(scope="module")
 def qwen_edit_run(tmp_path_factory):
+    """One call of a tiny random `QwenImageEditPipeline` (see :func:`run_qwen_edit`)."""
+    return run_qwen_edit(tmp_path_factory)
+
+
+def run_qwen_edit(tmp_path_factory, **image_processor_kwargs):
     """One call of a tiny random `QwenImageEditPipeline`, built offline, with what it passed.
 
     The Qwen2Tokenizer is loaded from a byte-level vocab.json (the 256 byte symbols, no
@@ -166,7 +238,8 @@ def qwen_edit_run(tmp_path_factory):
     is not installed, so transformers does not export `VideoProcessorMixin` and
     `ProcessorMixin.check_argument_for_proper_class` fails for any `video_processor`; the
     check is skipped for `video_processor=None` while the processor is built, and nothing
-    else is patched. The reference is 64x32 px (2:1); the output is asked for at 32 px.
+    else is patched. ``image_processor_kwargs`` go to `Qwen2VLImageProcessorPil`
+    (`max_pixels=...`). The reference is 64x32 px (2:1); the output is asked for at 32 px.
     """
     import json
 
@@ -210,7 +283,7 @@ def qwen_edit_run(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ProcessorMixin, "check_argument_for_proper_class", check)
-        processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer,
+        processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(**image_processor_kwargs), tokenizer=tokenizer,
                                      video_processor=None)  # fmt: skip
 
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -297,15 +370,17 @@ def test_qwen_image_edit_resizes_its_reference_to_1_mp_and_gives_it_frame_1(qwen
     assert torch.equal(freqs[4:, :frame], pos[1, :frame].expand(4140, frame))
 
 
-def test_qwen_image_edit_reference_also_lengthens_prompt_embeds(qwen_edit_run):
-    """`QwenImageEditPipeline` also gives the reference to its text encoder (Qwen2.5-VL) as image tokens, which stay in `prompt_embeds` after the template's first `prompt_template_encode_start_idx` tokens are dropped: the text stream grows with the reference too (one token per 2x2 merge of the processor's patch grid)."""
-    pipe, seen = qwen_edit_run
-    (text,) = seen["text"]
-    image_token = pipe.text_encoder.config.image_token_id
-    image_tokens = int((text["input_ids"] == image_token).sum())
-    assert image_tokens == int(text["image_grid_thw"].prod()) // 4 > 0
-    length = seen["calls"][0]["encoder_hidden_states"].shape[1]
-    assert length == text["input_ids"].shape[1] - pipe.prompt_template_encode_start_idx
-    print(
-        f"QWEN prompt_embeds {length} tokens, {image_tokens} of them the reference's, grid {text['image_grid_thw'].tolist()}"
-    )
+def test_qwen_image_edit_reference_also_lengthens_prompt_embeds(qwen_edit_run, tmp_path_factory):
+    """`QwenImageEditPipeline` also gives the reference to its text encoder (Qwen2.5-VL) as image tokens, one per 2x2 merge of the processor's 14 px patch grid, which stay in `prompt_embeds` after the template's first `prompt_template_encode_start_idx` tokens are dropped: 1,250 for the 1440x736 reference at the image processor's default `max_pixels` (28 * 28 * 1280, which scales it to 1400x700 px), 1,326 with `max_pixels` above the reference's area (1428x728 px); a checkpoint's processor config sets `max_pixels`."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    assert Qwen2VLImageProcessorPil().size["longest_edge"] == 28 * 28 * 1280
+    counts = []
+    for pipe, seen in (qwen_edit_run, run_qwen_edit(tmp_path_factory, max_pixels=1440 * 736)):
+        (text,) = seen["text"]
+        image_tokens = int((text["input_ids"] == pipe.text_encoder.config.image_token_id).sum())
+        assert image_tokens == int(text["image_grid_thw"].prod()) // 4
+        length = seen["calls"][0]["encoder_hidden_states"].shape[1]
+        assert length == text["input_ids"].shape[1] - pipe.prompt_template_encode_start_idx
+        counts.append((image_tokens, text["image_grid_thw"].tolist()))
+    assert counts == [(1250, [[1, 50, 100]]), (1326, [[1, 52, 102]])]

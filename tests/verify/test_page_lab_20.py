@@ -134,24 +134,36 @@ def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strengt
         assert (ddim_batch, pndm_batch, pndm) == (0, 1, [1])
 
 
-def test_strength_one_still_carries_the_image(img2img):
-    """At `strength=1.0` the first timestep of SD 1.5's 50-step grid (`timestep_spacing="leading"`, `steps_offset=1`: its shipped `PNDMScheduler` config, and `DDIMScheduler` with the same settings) is 981, where `sqrt(alpha_bar)` is 0.076, not 0: `add_noise` keeps 7.6% of the image latents; a `"trailing"` grid starts at 999, where it is 0.068."""
+def test_strength_one_still_carries_the_image(img2img, record_calls, monkeypatch):
+    """At `strength=1.0` the first timestep of SD 1.5's 50-step grid (`timestep_spacing="leading"`, `steps_offset=1`: its shipped `PNDMScheduler` config, and `DDIMScheduler` with the same settings) is 981, where `sqrt(alpha_bar)` is 0.076, not 0: run through `StableDiffusionImg2ImgPipeline`, `add_noise` returns `sqrt(alpha_bar_981) * init_latents + sqrt(1 - alpha_bar_981) * noise`, 7.6% of the image latents, and the UNet's first call gets exactly that; a `"trailing"` grid starts at 999, where it is 0.068."""
     from diffusers import DDIMScheduler, PNDMScheduler
     from tiny import SD15_PNDM, SD_SCHEDULER
 
     pndm = PNDMScheduler(**SD15_PNDM)
     pndm.set_timesteps(50)
     assert int(pndm.timesteps[0]) == 981
-    trailing = DDIMScheduler(**SD_SCHEDULER, timestep_spacing="trailing")
-    trailing.set_timesteps(50)
-    assert int(trailing.timesteps[0]) == 999
     s = img2img.scheduler
     assert s.config.timestep_spacing == "leading" and s.config.steps_offset == 1
-    s.set_timesteps(50)
-    t = int(s.timesteps[0])
-    assert t == 981
-    assert float(s.alphas_cumprod[t] ** 0.5) == pytest.approx(0.076, abs=5e-4)
-    assert float(s.alphas_cumprod[999] ** 0.5) == pytest.approx(0.068, abs=5e-4)
+    trailing = type(img2img)(**{**img2img.components, "scheduler": DDIMScheduler(**SD_SCHEDULER, timestep_spacing="trailing")})  # fmt: skip
+    trailing.set_progress_bar_config(disable=True)
+    for pipe, t_first, weight in ((img2img, 981, 0.076), (trailing, 999, 0.068)):
+        noised = spy(monkeypatch, pipe.scheduler, "add_noise", returns=True)
+        calls = record_calls(pipe.unet)
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=50, strength=1.0,
+                 image=pil_image_and_mask()[0], generator=torch.Generator().manual_seed(0),
+                 output_type="latent")  # fmt: skip
+        (((init_latents, noise, timestep), _, latents),) = noised
+        assert timestep.tolist() == [t_first] and len(calls.calls) == 50
+        alpha_bar = pipe.scheduler.alphas_cumprod[t_first]
+        assert float(alpha_bar.sqrt()) == pytest.approx(weight, abs=5e-4)
+        expected = alpha_bar.sqrt() * init_latents + (1 - alpha_bar).sqrt() * noise
+        torch.testing.assert_close(latents, expected)
+        assert (
+            init_latents.abs().mean() > 0.1
+        )  # the image latents are not zero: 7.6% of them is seen
+        assert torch.equal(calls.calls[0][0][0], latents) and int(calls.calls[0][0][1]) == t_first
+        calls.remove()
 
 
 def test_inpaint_4_channel_blends_after_every_step(inpaint4, record_calls, monkeypatch):
@@ -200,7 +212,7 @@ def test_inpaint_9_channel_unet_gets_latents_mask_and_masked_image(inpaint9, rec
         assert torch.equal(x[:, 4:], first[:, 4:])  # mask and masked_image_latents: fixed
 
 
-@pytest.mark.parametrize("channels", [5, 8])
+@pytest.mark.parametrize("channels", [1, 5, 8, 16])
 def test_inpaint_raises_unless_4_or_9_channels(channels):
     """`StableDiffusionInpaintPipeline` raises a `ValueError` for a UNet with other than 4 or 9 input channels ("should have either 4 or 9 input channels"); its source names the 9-channel branch the "default case for stable-diffusion-v1-5/stable-diffusion-inpainting"."""
     from diffusers import StableDiffusionInpaintPipeline
