@@ -38,9 +38,9 @@ from labkit.cli import (
 # config (`labkit.model_sizes`): 19 double-stream blocks, 38 single-stream blocks, width
 # 3072 = 24 heads x 128, 512 text tokens, one image token per 16 x 16 pixels, bf16. The
 # hardware constants are assumptions, each a flag: peak FLOP/s and bandwidth are the
-# H100 SXM datasheet's dense BF16 and HBM3 figures, the launch overhead is a few
-# microseconds per kernel (more in eager PyTorch, where Python and the dispatcher run per
-# op). `--num-samples` requests with `--seed`-drawn shapes feed the shape-bucket section.
+# H100 SXM datasheet's dense BF16 and HBM3 figures, the launch overhead is an assumption:
+# the default 5 us is about a bare driver-level launch; eager PyTorch adds Python and the
+# dispatcher per op, so try `--launch-us 20` for that. `--num-samples` requests with `--seed`-drawn shapes feed the shape-bucket section.
 
 # %%
 # --8<-- [start:setup]
@@ -146,8 +146,10 @@ def flux_step(batch, side):
 def fused(kernels):
     """What the compiler does here: each run of consecutive pointwise kernels becomes one
     kernel that reads its input once and writes its output once (bytes: the run's largest
-    member), and to_q/to_k/to_v become one matmul (fuse_qkv_projections). Matmuls and
-    attention stay separate kernels."""
+    member, which undercounts a run that spans several tensors, and inductor would not fuse
+    every such run), and to_q/to_k/to_v become one matmul, as the separate, manual
+    fuse_qkv_projections() does (torch.compile does not merge them). Matmuls and attention
+    stay separate kernels."""
     out = []
     for name, kind, flops, nbytes in kernels:
         prev = out[-1] if out else None
@@ -168,9 +170,11 @@ def fused(kernels):
 # Each kernel's device time is a roofline: `max(FLOPs / peak, bytes / bandwidth)`. The host
 # spends `LAUNCH` per kernel and the device cannot start a kernel before it is issued, so
 # kernel i ends at `max(device free, host issued i)` + its device time. If every kernel is
-# shorter than a launch, the step costs `launch + roofline` per kernel (the host bound);
-# if the host runs ahead, launches hide behind the device. A CUDA graph replays the whole
-# captured step from one launch.
+# shorter than a launch, the device finishes each before the next is issued, and the step
+# costs `K x launch` plus the last kernel (host-bound); if the host runs ahead, launches hide
+# behind the device. The `serialised` column, `K x (launch + roofline)`, has no overlap at
+# all, as with a sync after every kernel: the timeline never exceeds it. A CUDA graph
+# replays the whole captured step from one launch.
 
 
 # %%
@@ -202,17 +206,17 @@ for side in args.resolutions:
         tflop=sum(k[2] for k in eager) / 1e12,
         device=device_times(eager).sum(),
         eager=step_time(eager),
-        host_bound=LAUNCH * len(eager) + device_times(eager).sum(),  # every launch waited for
+        serialised=LAUNCH * len(eager) + device_times(eager).sum(),  # no overlap at all
         compiled=step_time(compiled),
         graph=step_time(compiled, cuda_graph=True),
     )
 print(f"FLUX.1-dev transformer, batch {args.batch_size}, launch {args.launch_us:g} us, "
       f"{args.tflops:g} TFLOP/s, {args.bandwidth:g} TB/s (a model, not a measurement)")  # fmt: skip
-print(" side px | kernels eager/fused | TFLOP | eager ms | host-bound ms | compiled ms | + CUDA graph ms | eager idle")  # fmt: skip
+print(" side px | kernels eager/fused | TFLOP | eager ms | serialised ms | compiled ms | + CUDA graph ms | eager idle")  # fmt: skip
 for side, r in rows.items():
     idle = 1 - r["device"] / r["eager"]  # share of the eager step the device waits
     print(f" {side:7d} | {r['kernels'][0]:6d} / {r['kernels'][1]:<10d} | {r['tflop']:5.1f} | "
-          f"{r['eager'] * 1e3:8.2f} | {r['host_bound'] * 1e3:13.2f} | {r['compiled'] * 1e3:11.2f} | "
+          f"{r['eager'] * 1e3:8.2f} | {r['serialised'] * 1e3:13.2f} | {r['compiled'] * 1e3:11.2f} | "
           f"{r['graph'] * 1e3:15.2f} | {idle:8.1%}")  # fmt: skip
 check = sum(k[2] for k in flux_step(1, 1024) if k[1] != "pointwise")
 print(f"check: matmul + attention FLOPs at 1024 px, batch 1 = {check / 1e12:.2f} T; the real "

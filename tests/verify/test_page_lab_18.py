@@ -1,7 +1,8 @@
 """Lab 18 (compilation and CUDA graphs) against torch.compile and diffusers, on the CPU.
 
-Dynamo's graphs, guards, recompiles and graph breaks do not depend on the backend, so
-the counting tests compile with ``torch._dynamo.testing.CompileCounter`` (a backend that
+With static shapes dynamo's graphs, guards, recompiles and graph breaks do not depend on
+the backend (under dynamic shapes inductor can add shape guards while it lowers a graph, so
+``CompileCounter`` may undercount recompiles there), so the counting tests compile with ``torch._dynamo.testing.CompileCounter`` (a backend that
 counts compiled frames and their ops and runs them eagerly) or ``torch._dynamo.explain``:
 the real capture path, minus code generation. One test compiles with the default
 inductor backend. ``mode="reduce-overhead"`` (CUDA graphs) needs a CUDA device: the page
@@ -32,6 +33,7 @@ from tiny import (
     tiny_unet,
 )
 from torch._dynamo.testing import CompileCounter
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytestmark = pytest.mark.usefixtures("quiet_diffusers")
 
@@ -186,6 +188,35 @@ def test_dynamic_true_or_mark_dynamic_compile_once():
     assert graphs_per_side(static, counter, [3, 5, 6], mark=True) == [1, 1, 1]
 
 
+def test_mark_dynamic_needs_img_ids_and_batches_still_recompile():
+    """`torch._dynamo.mark_dynamic` has to mark the token dimension of both the packed `latents` passed as `hidden_states` (dim 1) and `img_ids` (dim 0): marking only `hidden_states` raises `ConstraintViolationError`, because `img_ids`' static length pins the token count; and neither option covers batch sizes: under `dynamic=True` batch 1 and batch 2 need two graphs (batch 4 reuses the second), and with both marks under `dynamic=False` each batch size compiles its own graph."""
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    model = two_block_flux()
+    for dynamic in (False, None):
+        torch._dynamo.reset()
+        inputs = flux_inputs(3)
+        torch._dynamo.mark_dynamic(inputs["hidden_states"], 1)  # img_ids left static
+        with torch.no_grad(), pytest.raises(ConstraintViolationError, match="hidden_states"):
+            torch.compile(model, backend=CompileCounter(), dynamic=dynamic)(**inputs)
+    sides = [(3, 1), (5, 1), (5, 2), (6, 4)]  # (side, batch): 9, 25, 25, 36 tokens
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    assert graphs_per_side(torch.compile(model, backend=counter, dynamic=True), counter, sides) == [1, 1, 2, 2]  # fmt: skip
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    static = torch.compile(model, backend=counter, dynamic=False)
+    assert graphs_per_side(static, counter, sides, mark=True) == [1, 1, 2, 3]
+
+
+def test_default_graph_count_depends_on_the_order():
+    """Under the default automatic dynamic shapes the graph count depends on the order of requests: had the batch gone from 1 to 2 before any token count changed, the shapes (batch 1, 9 tokens), (2, 9), (1, 25), (4, 36), (2, 49), (1, 36) compile 4 graphs, not 3."""
+    model = two_block_flux()
+    counter = CompileCounter()
+    sides = [(3, 1), (3, 2), (5, 1), (6, 4), (7, 2), (6, 1)]  # (side, batch): tokens = side**2
+    assert graphs_per_side(torch.compile(model, backend=counter), counter, sides) == [1, 2, 3, 4, 4, 4]  # fmt: skip
+
+
 def test_recompile_limit_falls_back_to_eager():
     """Past `torch._dynamo.config.recompile_limit` (8 by default) compiled versions of a function, dynamo compiles no more and runs new shapes eagerly, with the same output; compiled with `fullgraph=True`, the call past the limit raises instead."""
     from torch._dynamo.exc import FailOnRecompileLimitHit
@@ -204,16 +235,45 @@ def test_recompile_limit_falls_back_to_eager():
             full(**flux_inputs(5))
 
 
-def test_first_block_cache_breaks_the_graph():
-    """With FirstBlockCache enabled the tiny Flux transformer no longer captures as one graph: the hook's `_should_compute_remaining_blocks`, which calls `.item()`, is wrapped in `torch.compiler.disable`, `torch._dynamo.explain` reports graph breaks there, and `torch.compile(..., fullgraph=True)` raises at that break instead of splitting the graph."""
-    import inspect
+def cached_op_counts(config):
+    """(frames, ops) that ``CompileCounter`` captures for one call of ``two_block_flux`` with
+    ``config`` enabled through ``enable_cache`` (None: no cache)."""
+    import contextlib
+
+    model = two_block_flux()
+    if config is not None:
+        model.enable_cache(config)
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    context = model.cache_context("cond") if config is not None else contextlib.nullcontext()
+    with torch.no_grad(), context:
+        compiled(**flux_inputs(3))
+    return counter.frame_count, counter.op_count
+
+
+def test_first_block_cache_breaks_the_graph(monkeypatch):
+    """With FirstBlockCache enabled the tiny Flux transformer no longer captures as one graph: the hook's `_should_compute_remaining_blocks`, which calls `.item()`, is wrapped in `torch.compiler.disable`, `torch._dynamo.explain` reports graph breaks there, and `torch.compile(..., fullgraph=True)` raises at that break instead of splitting the graph; the blocks themselves stay compiled (nearly all of the uncached model's ops are captured)."""
+    import sys
 
     from diffusers import FirstBlockCacheConfig
     from diffusers.hooks.first_block_cache import FBCHeadBlockHook
     from torch._dynamo.exc import Unsupported
 
-    decide = FBCHeadBlockHook._should_compute_remaining_blocks
-    assert ".item()" in inspect.getsource(decide) and decide._torchdynamo_disable
+    assert FBCHeadBlockHook._should_compute_remaining_blocks._torchdynamo_disable
+    callers, item = [], torch.Tensor.item
+
+    def spy(tensor):  # who calls .item() in an eager cached call
+        callers.append(sys._getframe(1).f_code.co_name)
+        return item(tensor)
+
+    eager = two_block_flux()
+    eager.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    with torch.no_grad(), eager.cache_context("cond"):
+        monkeypatch.setattr(torch.Tensor, "item", spy)
+        eager(**flux_inputs(3))  # the first call stores the head block's residual
+        eager(**flux_inputs(3))  # the second compares against it
+        monkeypatch.undo()
+    assert "_should_compute_remaining_blocks" in callers
     model = two_block_flux()
     model.enable_cache(FirstBlockCacheConfig(threshold=0.1))
     with torch.no_grad(), model.cache_context("cond"):
@@ -223,20 +283,35 @@ def test_first_block_cache_breaks_the_graph():
     torch._dynamo.reset()
     with torch.no_grad(), model.cache_context("cond"), pytest.raises(Unsupported, match="disable"):
         torch.compile(model, backend=CompileCounter(), fullgraph=True)(**flux_inputs(3))
+    torch._dynamo.reset()
+    _, uncached = cached_op_counts(None)
+    torch._dynamo.reset()
+    frames, ops = cached_op_counts(FirstBlockCacheConfig(threshold=0.1))
+    assert frames > 1 and ops >= 0.95 * uncached
 
 
 def test_mag_cache_runs_its_blocks_outside_the_graph():
-    """MagCache's head and block hooks run their whole `new_forward` under `torch.compiler.disable`, so with MagCache enabled `torch._dynamo.explain` reports graph breaks in the tiny Flux transformer."""
+    """MagCache's head and block hooks run their whole `new_forward` under `torch.compiler.disable`, and that function calls the block's own forward, so with MagCache enabled a compiled Flux transformer runs every transformer block eagerly: `torch._dynamo.explain` reports graph breaks, `CompileCounter` captures under a third of the uncached model's ops (the embedders and the output layers), and `fullgraph=True` raises."""
     from diffusers import MagCacheConfig
     from diffusers.hooks.mag_cache import MagCacheBlockHook, MagCacheHeadHook
+    from torch._dynamo.exc import Unsupported
 
     assert MagCacheHeadHook.new_forward._torchdynamo_disable
     assert MagCacheBlockHook.new_forward._torchdynamo_disable
+    config = MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4)
     model = two_block_flux()
-    model.enable_cache(MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
+    model.enable_cache(config)
     with torch.no_grad(), model.cache_context("cond"):
         explained = torch._dynamo.explain(model)(**flux_inputs(3))
     assert explained.graph_break_count > 0 and explained.graph_count > 1
+    torch._dynamo.reset()
+    with torch.no_grad(), model.cache_context("cond"), pytest.raises(Unsupported, match="disable"):
+        torch.compile(model, backend=CompileCounter(), fullgraph=True)(**flux_inputs(3))
+    torch._dynamo.reset()
+    _, uncached = cached_op_counts(None)
+    torch._dynamo.reset()
+    _, ops = cached_op_counts(MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
+    assert ops < uncached / 3
 
 
 def test_fuse_qkv_projections_keeps_the_output():
@@ -257,14 +332,15 @@ def test_fuse_qkv_projections_keeps_the_output():
     assert any(not m.is_cross_attention for m in attns) and any(m.is_cross_attention for m in attns)
 
 
-def lora(pipe, rank, seed):
-    """A random diffusers-format LoRA on every attention's to_q and to_v, as a state dict."""
+def lora(pipe, rank, seed, targets=("attn.to_q", "attn.to_v"), component="transformer"):
+    """A random diffusers-format LoRA on every Linear of ``pipe.<component>`` whose name ends
+    in one of ``targets`` (by default every attention's to_q and to_v), as a state dict."""
     g = torch.Generator().manual_seed(seed)
     state = {}
-    for name, module in pipe.transformer.named_modules():
-        if name.endswith(("attn.to_q", "attn.to_v")):
-            state[f"transformer.{name}.lora_A.weight"] = 0.3 * torch.randn(rank, module.in_features, generator=g)  # fmt: skip
-            state[f"transformer.{name}.lora_B.weight"] = 0.3 * torch.randn(module.out_features, rank, generator=g)  # fmt: skip
+    for name, module in getattr(pipe, component).named_modules():
+        if name.endswith(targets):
+            state[f"{component}.{name}.lora_A.weight"] = 0.3 * torch.randn(rank, module.in_features, generator=g)  # fmt: skip
+            state[f"{component}.{name}.lora_B.weight"] = 0.3 * torch.randn(module.out_features, rank, generator=g)  # fmt: skip
     return state
 
 
@@ -326,3 +402,63 @@ def test_set_adapters_on_a_compiled_model_recompiles(rank8_reference):
         switched = pipe.transformer(**transformer_inputs())[0]
     assert counter.frame_count == 2
     torch.testing.assert_close(switched, want, atol=1e-6, rtol=1e-6)
+
+
+def test_lora_hotswap_needs_the_first_adapters_layers_and_no_text_encoder():
+    """A hotswapped LoRA may target only layers the first-loaded adapter already targets: through `FluxPipeline.load_lora_weights(..., hotswap=True)`, an adapter on `to_q` and `to_v` swapped into one loaded on `to_q` alone raises peft's `RuntimeError` ("unexpected keys"), and the failed call also deletes the loaded adapter; and a LoRA with text-encoder weights cannot be hotswapped (a `ValueError`)."""
+    from tiny import tiny_text_encoder
+
+    pipe = tiny_flux_pipeline()
+    pipe.enable_lora_hotswap(target_rank=8)
+    pipe.load_lora_weights(lora(pipe, 4, 1, targets=("attn.to_q",)), adapter_name="default_0")
+    with pytest.raises(RuntimeError, match="unexpected keys found"):
+        pipe.load_lora_weights(lora(pipe, 4, 2), adapter_name="default_0", hotswap=True)
+    assert "default_0" not in getattr(pipe.transformer, "peft_config", {})
+    pipe = tiny_flux_pipeline()
+    pipe.register_modules(text_encoder=tiny_text_encoder())  # FluxPipeline's CLIPTextModel slot
+    pipe.enable_lora_hotswap(target_rank=8)
+    both = lambda seed: {**lora(pipe, 4, seed), **lora(pipe, 4, seed, ("q_proj",), "text_encoder")}  # noqa: E731
+    pipe.load_lora_weights(both(1), adapter_name="default_0")
+    assert "default_0" in pipe.text_encoder.peft_config  # loaded without hotswap: fine
+    with pytest.raises(ValueError, match="hotswapping is not supported for text encoders"):
+        pipe.load_lora_weights(both(2), adapter_name="default_0", hotswap=True)
+
+
+class DispatchCounter(TorchDispatchMode):
+    """Counts the aten operations a forward dispatches, views (outputs aliasing an input) left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        aliases = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)  # fmt: skip
+        self.count += not aliases
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(num_layers, num_single_layers):
+    """Non-view aten ops of one bfloat16 call of a tiny FLUX.1-dev-like transformer (guidance
+    embedder on) with the given block counts; img_ids and txt_ids in bfloat16, as FluxPipeline
+    passes them."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built and fed in bf16, as a bf16 pipeline runs it
+    try:
+        model = tiny_flux_transformer(
+            True, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6), in_channels=4,
+            num_layers=num_layers, num_single_layers=num_single_layers,
+        )  # fmt: skip
+        inputs = dict(flux_inputs(3), guidance=torch.full((1,), 3.5))
+        with torch.no_grad(), DispatchCounter() as counter:
+            model(**inputs)
+    finally:
+        torch.set_default_dtype(default)
+    return counter.count
+
+
+def test_diffusers_flux_forward_dispatches_far_more_ops_than_the_toy_counts():
+    """Diffusers' `FluxTransformer2DModel` forward in bfloat16, counted on tiny models and scaled to FLUX.1-dev's 19 double- and 38 single-stream blocks, dispatches about 3,700 non-view aten operations per step, more than twice the lab's 1,422 kernels (a count of operations, not of CUDA kernels: a fused RMSNorm or an op with several kernels would move it)."""
+    base = dispatched_ops(1, 1)
+    double, single = dispatched_ops(2, 1) - base, dispatched_ops(1, 2) - base
+    per_step = base + 18 * double + 37 * single  # FLUX.1-dev: 19 and 38 blocks
+    assert round(per_step, -2) == 3700 and per_step > 2 * 1422
