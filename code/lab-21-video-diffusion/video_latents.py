@@ -137,7 +137,9 @@ print(f" {video.size:,} numbers -> {latents.size:,}: {video.size / latents.size:
 # %% [markdown]
 # ## 3. Tokens: a clip against an image
 #
-# `WanPipeline.prepare_latents` makes `(B, 16, (F-1)//4 + 1, H/8, W/8)` latents; the
+# With Wan 2.1's VAE and transformer, `WanPipeline.prepare_latents` makes
+# `(B, 16, (F-1)//4 + 1, H/8, W/8)` latents (the pipeline reads the channels and factors
+# from the checkpoint's configs: Wan 2.2 TI2V-5B's are 48 and 16x in space); the
 # transformer's patch `(1, 2, 2)` turns each latent frame into `(H/16) x (W/16)` tokens, and
 # all frames form one self-attention sequence (text enters by cross-attention). FLUX.1-dev at
 # 1024 px has 4,096 image tokens (`labkit.model_sizes`).
@@ -146,7 +148,7 @@ print(f" {video.size:,} numbers -> {latents.size:,}: {video.size / latents.size:
 # %%
 # --8<-- [start:tokens]
 def latent_shape(frames, height, width, batch=1):
-    """WanPipeline.prepare_latents's shape: (B, 16, (F-1)//4 + 1, H/8, W/8)."""
+    """WanPipeline.prepare_latents's shape with Wan 2.1's VAE: (B, 16, (F-1)//4 + 1, H/8, W/8)."""
     return (batch, Z_DIM, (frames - 1) // T_DOWN + 1, height // S_DOWN, width // S_DOWN)
 
 
@@ -203,7 +205,9 @@ for f in (1, 17, 33, 49, 81):
 # residual blocks of 2, and `conv_out`). Here: one 96-channel full-resolution feature map
 # for the whole clip, against one call's 4 output frames plus those 7 two-frame caches;
 # bf16 (diffusers' Wan example loads the VAE in float32: twice these). A lower bound: the
-# lower-resolution stages' caches and a call's transient activations come on top.
+# lower-resolution stages' caches and a call's transient activations come on top. The
+# measured peak (a verify test runs the real decoder on the meta device and records the
+# live tensors' bytes in labkit/model_sizes.json) is about three times that bound.
 # Context parallelism splits the token sequence over GPUs (Lab 19). With
 # `guidance_scale=5.0` (WanPipeline's default) each of the 50 default steps runs the
 # transformer twice, cond and uncond.
@@ -218,7 +222,15 @@ def feature_map_gb(frames, height=720, width=1280, channels=96):
 FULL_RES_CAUSAL_CONVS, CACHE_T = 7, 2  # AutoencoderKLWan's decoder at full resolution
 per_call = 4 + FULL_RES_CAUSAL_CONVS * CACHE_T  # frames of 96-channel maps held: 4 out + caches
 print(f"\n96-channel 720p decoder feature maps (bf16): one map of the whole 81-frame clip {feature_map_gb(81):.1f} GB; "
-      f"frame by frame, 4 output frames + {FULL_RES_CAUSAL_CONVS} caches x {CACHE_T} frames = {feature_map_gb(per_call):.2f} GB, whatever the clip's length")  # fmt: skip
+      f"frame by frame, 4 output frames + {FULL_RES_CAUSAL_CONVS} caches x {CACHE_T} frames = {feature_map_gb(per_call):.2f} GB (a lower bound), whatever the clip's length")  # fmt: skip
+DECODE = model_sizes.load()["wan_vae_decode_720p"]  # measured by tests/verify (meta device)
+peak = {k: v / 1e9 for k, v in DECODE["peak_bytes"].items()}
+print(f"measured: AutoencoderKLWan() decoding {DECODE['frames']} frames of 720p peaks at {peak['bf16']:.1f} GB of live tensors in bf16 "
+      f"({DECODE['bf16_peak_float32_bytes'] / 1e9:.1f} GB of them float32), {peak['fp32']:.1f} GB in float32; "
+      f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB (weights not counted)")  # fmt: skip
+(wan14b,) = [r for r in model_sizes.rows("Wan 2.1 T2V 14B") if r["component"] == "transformer"]
+print(f"on top, growing with the clip: the decoded frames, {3 * 81 * 720 * 1280 * 2 / 1e9:.2f} GB for 81 frames of 720p in bf16; "
+      f"for scale, Wan 2.1 14B's transformer weights are {wan14b['bytes']['bf16'] / 1e9:.1f} GB in bf16 (labkit.model_sizes)")  # fmt: skip
 n720 = tokens(81, 720, 1280)
 print(f"context parallel, {n720:,} tokens: " + ", ".join(f"{r} GPUs -> {n720 // r:,} a GPU" for r in (2, 4, 8)))  # fmt: skip
 steps, calls_per_step = 50, 2  # num_inference_steps default; cond + uncond while guidance_scale > 1

@@ -101,3 +101,19 @@ def test_bad_arguments(run_cli, argv):
 def test_frames_must_be_4k_plus_1(run_cli):
     run = run_cli(STARTER, "--frames", "80")
     assert "--frames must be 4k+1" in run.stderr and "use 77 or 81" in run.stderr
+
+
+def test_decode_memory_prints_the_measured_peak_beside_the_bound(run_cli):
+    """The 3.19 GB cache bound is printed with the real decoder's measured peak (the record a
+    verify test writes to labkit/model_sizes.json), about three times the bound, and tiling's."""
+    from labkit import model_sizes
+
+    run = run_cli(STARTER)
+    assert run.returncode == 0, run.stderr
+    peak = {k: v / 1e9 for k, v in model_sizes.load()["wan_vae_decode_720p"]["peak_bytes"].items()}
+    assert "= 3.19 GB (a lower bound)" in run.stdout
+    assert f"peaks at {peak['bf16']:.1f} GB of live tensors in bf16" in run.stdout
+    assert f"{peak['fp32']:.1f} GB in float32" in run.stdout
+    assert f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB" in run.stdout
+    assert 2.8 < peak["bf16"] / 3.19 < 3.2 and peak["bf16_tiled"] < 1
+    assert "transformer weights are 28.6 GB in bf16" in run.stdout

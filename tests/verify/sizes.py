@@ -1,4 +1,4 @@
-"""Meta-device records of the real Flux.1-dev transformer, shared by the verify tests.
+"""Meta-device records of the real Flux.1-dev transformer and Wan 2.1 VAE, shared by the verify tests.
 
 Built from its published config (``model_configs``) on the meta device: no weights, no
 memory. ``test_model_sizes`` writes these records to ``labkit/model_sizes.json``; the lab
@@ -7,6 +7,8 @@ pages' tests compare them with what the starters print. Import with ``from sizes
 """
 
 from __future__ import annotations
+
+import functools
 
 from model_configs import COMPONENTS, build
 
@@ -118,4 +120,85 @@ def flux_1024_record() -> dict:
         "taylorseer_hooked_flops": hooked_flops,
         "taylorseer_factor_bytes": factor_bytes,
         "taylorseer_config": "TaylorSeerCacheConfig() defaults: max_order=1, taylor_factors_dtype=torch.bfloat16",
+    }
+
+
+#: Wan 2.1's VAE decoding 9 frames of 720p: 3 latent frames of 90 x 160
+WAN_DECODE_720P = {"latents": [1, 16, 3, 90, 160], "frames": 9, "height": 720, "width": 1280}
+
+
+def _live_tensor_peak(run, exclude):
+    """Peak bytes of live tensor storages while ``run()`` executes, and the float32 bytes live
+    at that peak. A TorchDispatchMode adds each op's new output storages and drops a storage
+    once it is freed (a weak reference expires); ``exclude`` (weights, inputs) is not counted.
+    On the meta device nothing is allocated: the bytes are what the shapes and dtypes need."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    excluded = {StorageWeakRef(t.untyped_storage()).cdata for t in exclude}
+    live = {}  # storage -> (weak reference, bytes, float32?)
+    state = {"now": 0, "peak": 0, "fp32_at_peak": 0}
+
+    class Live(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            for key, (ref, n, _) in list(live.items()):
+                if ref.expired():
+                    del live[key]
+                    state["now"] -= n
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    ref = StorageWeakRef(t.untyped_storage())
+                    if ref.cdata not in excluded and ref.cdata not in live:
+                        n = t.untyped_storage().nbytes()
+                        live[ref.cdata] = (ref, n, t.dtype == torch.float32)
+                        state["now"] += n
+            if state["now"] > state["peak"]:
+                state["peak"] = state["now"]
+                state["fp32_at_peak"] = sum(n for _, n, fp32 in live.values() if fp32)
+            return out
+
+    with torch.no_grad(), Live():
+        run()
+    return state["peak"], state["fp32_at_peak"]
+
+
+@functools.cache
+def wan_vae_decode_record() -> dict:
+    """The live-tensor peak of the real Wan 2.1 VAE (`AutoencoderKLWan()`, its defaults) in
+    `vae.decode` of 3 latent frames of 720p, built on the meta device: in bfloat16, in
+    float32 (diffusers' Wan example loads the VAE so), and in bfloat16 after
+    `vae.enable_tiling()` with its defaults. Weights and the input latents are not counted.
+    Cached: the tiled decode runs ~60,000 meta ops (about 45 s)."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    def peak(dtype, tiling=False):
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # build in dtype: no .to() cast
+        try:
+            with torch.device("meta"):
+                vae = AutoencoderKLWan()
+                z = torch.randn(WAN_DECODE_720P["latents"])
+        finally:
+            torch.set_default_dtype(old)
+        if tiling:
+            vae.enable_tiling()
+        out = []
+        bytes_, fp32 = _live_tensor_peak(lambda: out.append(vae.decode(z).sample.shape), [*vae.parameters(), *vae.buffers(), z])  # fmt: skip
+        assert list(out[0]) == [1, 3, WAN_DECODE_720P["frames"], WAN_DECODE_720P["height"], WAN_DECODE_720P["width"]]  # fmt: skip
+        return bytes_, fp32
+
+    bf16, bf16_fp32 = peak(torch.bfloat16)
+    return {
+        **WAN_DECODE_720P,
+        "peak_bytes": {
+            "bf16": bf16,
+            "fp32": peak(torch.float32)[0],
+            "bf16_tiled": peak(torch.bfloat16, tiling=True)[0],
+        },
+        "bf16_peak_float32_bytes": bf16_fp32,
+        "method": "AutoencoderKLWan() defaults (Wan 2.1) on the meta device; peak of live tensor storages during vae.decode (new op outputs added, freed storages dropped; weights and input latents not counted); tiled: enable_tiling() defaults",
     }

@@ -41,7 +41,7 @@ from model_configs import (
     installed_versions,
     record,
 )
-from sizes import flux_1024_record, layerwise_casting_record
+from sizes import flux_1024_record, layerwise_casting_record, wan_vae_decode_record
 
 from labkit import model_sizes
 
@@ -56,6 +56,7 @@ def fresh() -> dict:
     # added fields (another page reads the components: only add, never rename)
     counted["layerwise_casting"] = layerwise_casting_record()
     counted["flux_1024px"] = flux_1024_record()
+    counted["wan_vae_decode_720p"] = wan_vae_decode_record()
     if os.environ.get("INFRALENS_REFRESH_VERSIONS") == "1":
         RECORD.write_text(
             json.dumps(counted, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

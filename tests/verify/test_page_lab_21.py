@@ -5,7 +5,8 @@ own test config, ``base_dim=3``, with the real 16 latent channels, 4x temporal a
 spatial compression) and ``WanTransformer3DModel`` (``tiny.tiny_wan_transformer``: the real
 ``patch_size=(1, 2, 2)``, 2 blocks of 2 heads), and ``WanPipeline`` around them
 (``tiny.tiny_wan_pipeline``: no tokenizer or UMT5 text encoder, stand-in
-``prompt_embeds``). The real models' shapes come from the classes' defaults. No weights,
+``prompt_embeds``). The real models' shapes come from the classes' defaults, and the real
+default VAE's decode peak from ``sizes.wan_vae_decode_record`` (meta device). No weights,
 no hub.
 """
 
@@ -36,19 +37,36 @@ def encode(vae, video):
         return vae.encode(video).latent_dist.mode()
 
 
-def defaults(cls):
-    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
+@pytest.fixture(scope="module")
+def starter():
+    """The starter's globals after a default run."""
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    old, sys.argv = sys.argv, ["video_latents.py"]
+    try:
+        return runpy.run_path(str(ROOT / "code/lab-21-video-diffusion/video_latents.py"), run_name="__main__")  # fmt: skip
+    finally:
+        sys.argv = old
 
 
-def test_wan_defaults_the_starter_uses():
-    """`AutoencoderKLWan`'s defaults are Wan 2.1's VAE: `z_dim=16`, `scale_factor_temporal=4`, `scale_factor_spatial=8`, `base_dim=96`; `WanTransformer3DModel`'s are Wan 2.1 14B: `patch_size=(1, 2, 2)`, 40 blocks, 40 heads of 128, `ffn_dim=13824`."""
+def test_wan_defaults_the_starter_uses(starter):
+    """`AutoencoderKLWan`'s defaults are Wan 2.1's VAE: `z_dim=16`, `scale_factor_temporal=4`, `scale_factor_spatial=8`, `base_dim=96`; `WanTransformer3DModel`'s are Wan 2.1 14B: `patch_size=(1, 2, 2)`, 40 blocks, 40 heads of 128, `ffn_dim=13824`: the starter's constants."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
-    v = defaults(AutoencoderKLWan)
-    assert (v["z_dim"], v["scale_factor_temporal"], v["scale_factor_spatial"], v["base_dim"]) == (16, 4, 8, 96)  # fmt: skip
-    t = defaults(WanTransformer3DModel)
-    assert t["patch_size"] == (1, 2, 2)
-    assert (t["num_layers"], t["num_attention_heads"], t["attention_head_dim"], t["ffn_dim"]) == (40, 40, 128, 13824)  # fmt: skip
+    with torch.device("meta"):
+        v, t = AutoencoderKLWan().config, WanTransformer3DModel().config
+    assert (v.z_dim, v.scale_factor_temporal, v.scale_factor_spatial, v.base_dim) == (starter["Z_DIM"], starter["T_DOWN"], starter["S_DOWN"], 96)  # fmt: skip
+    assert tuple(t.patch_size) == starter["PATCH"]
+    assert dict(layers=t.num_layers, heads=t.num_attention_heads, head_dim=t.attention_head_dim, ffn_dim=t.ffn_dim) == starter["WAN"]  # fmt: skip
+    assert (v.z_dim, v.scale_factor_temporal, v.scale_factor_spatial, t.num_layers) == (
+        16,
+        4,
+        8,
+        40,
+    )
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
@@ -137,7 +155,8 @@ def run(pipe, **kwargs):
     calls, blocks = [], []
     h1 = pipe.transformer.register_forward_pre_hook(lambda m, a, k: calls.append(tuple(k["hidden_states"].shape)), with_kwargs=True)  # fmt: skip
     h2 = pipe.transformer.blocks[0].register_forward_pre_hook(lambda m, a: blocks.append(tuple(a[0].shape)))  # fmt: skip
-    kwargs = {"height": 16, "width": 16, "num_inference_steps": 2, **kwargs}
+    if kwargs:  # run(pipe) alone passes nothing: the pipeline's own defaults
+        kwargs = {"height": 16, "width": 16, "num_inference_steps": 2, **kwargs}
     try:
         with logged_messages() as messages, torch.no_grad():
             out = pipe(**embeds, generator=torch.Generator().manual_seed(1), **kwargs).frames
@@ -161,13 +180,24 @@ def test_pipeline_rounds_num_frames_with_a_warning(pipe):
     assert calls[0][2] == 21 and frames.shape[:2] == (1, 81)
 
 
-def test_guidance_runs_the_transformer_twice_a_step(pipe):
+def test_guidance_runs_the_transformer_twice_a_step(pipe, monkeypatch):
     """`WanPipeline.__call__` defaults to `guidance_scale=5.0`, `num_inference_steps=50`, `num_frames=81`, 480 x 832; with guidance_scale > 1 each step calls the transformer twice (cond, then uncond, each on batch 1), with `guidance_scale=1.0` once."""
-    from diffusers import WanPipeline
 
-    p = inspect.signature(WanPipeline.__call__).parameters
-    assert (p["guidance_scale"].default, p["num_inference_steps"].default, p["num_frames"].default) == (5.0, 50, 81)  # fmt: skip
-    assert (p["height"].default, p["width"].default) == (480, 832)
+    class StopCallError(Exception):
+        pass
+
+    seen = {}
+
+    def prepare_latents(batch, channels, height, width, num_frames, *args, **kwargs):
+        seen.update(guidance_scale=pipe.guidance_scale, steps=len(pipe.scheduler.timesteps),
+                    num_frames=num_frames, height=height, width=width)  # fmt: skip
+        raise StopCallError  # before any transformer call: the defaults are what __call__ passed
+
+    with monkeypatch.context() as m:
+        m.setattr(pipe, "prepare_latents", prepare_latents)
+        with pytest.raises(StopCallError):
+            run(pipe)  # no guidance_scale, steps, num_frames, height or width given
+    assert seen == dict(guidance_scale=5.0, steps=50, num_frames=81, height=480, width=832)
     _, calls, _, _ = run(pipe, num_frames=5, output_type="latent")
     assert len(calls) == 4 and all(c[0] == 1 for c in calls)
     _, calls, _, _ = run(pipe, num_frames=5, output_type="latent", guidance_scale=1.0)
@@ -215,24 +245,12 @@ def test_real_decoder_caches_7_full_resolution_maps():
     assert full == [(1, 96, 2, 720, 1280)] * 7
 
 
-def test_starter_flops_estimate_is_within_5_percent_of_torch():
+def test_starter_flops_estimate_is_within_5_percent_of_torch(starter):
     """The starter's `call_flops` estimate of one Wan 2.1 14B call at 81 frames of 720p (75,600 tokens) is within 5% of what torch's `FlopCounterMode` counts for `WanTransformer3DModel()` with its default config on the meta device."""
-    import runpy
-    import sys
-
     from diffusers import WanTransformer3DModel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from infralens_docs.registry import ROOT
-
-    old, sys.argv = sys.argv, ["video_latents.py"]
-    try:
-        g = runpy.run_path(
-            str(ROOT / "code/lab-21-video-diffusion/video_latents.py"), run_name="__main__"
-        )
-    finally:
-        sys.argv = old
-    estimate = sum(g["call_flops"](g["tokens"](81, 720, 1280)))
+    estimate = sum(starter["call_flops"](starter["tokens"](81, 720, 1280)))
     with torch.device("meta"):
         model = WanTransformer3DModel()
         x = torch.randn(1, 16, 21, 90, 160)
@@ -241,3 +259,18 @@ def test_starter_flops_estimate_is_within_5_percent_of_torch():
     with torch.no_grad(), counter:
         model(x, timestep=torch.tensor([500], device="meta"), encoder_hidden_states=text)
     assert abs(estimate / counter.get_total_flops() - 1) < 0.05
+
+
+def test_real_decode_peak_is_about_3x_the_cache_bound_and_tiling_cuts_it(starter):
+    """The real Wan 2.1 VAE (`AutoencoderKLWan()`) decoding 9 frames of 720p on the meta device peaks at about 9.4 GB of live tensors in bf16 (2.8 GB of them float32 copies), about 3 times the 3.19 GB of full-resolution caches and outputs, and at about 18.0 GB in float32; `vae.enable_tiling()` with its defaults brings the bf16 peak below 1 GB: the figures the starter prints."""
+    from sizes import wan_vae_decode_record
+
+    from labkit import model_sizes
+
+    fresh = wan_vae_decode_record()
+    assert fresh == model_sizes.load()["wan_vae_decode_720p"] == starter["DECODE"], "run `make verify-refresh`"  # fmt: skip
+    peak = fresh["peak_bytes"]
+    assert 9.0e9 < peak["bf16"] < 9.8e9 and 2.5e9 < fresh["bf16_peak_float32_bytes"] < 3.1e9
+    assert 2.8 < peak["bf16"] / (starter["feature_map_gb"](starter["per_call"]) * 1e9) < 3.2
+    assert 17.0e9 < peak["fp32"] < 19.0e9
+    assert peak["bf16_tiled"] < 1e9

@@ -10,7 +10,6 @@ frame-by-frame encode and decode. No weights, no hub.
 from __future__ import annotations
 
 import inspect
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,29 +18,85 @@ from tiny import WAN_TEXT, WAN_TEXT_TOKENS, logged_messages, tiny_wan_pipeline
 pytestmark = pytest.mark.usefixtures("quiet_diffusers")
 
 
-def real_latents(frames, height, width):
-    """WanPipeline.prepare_latents with AutoencoderKLWan's default scale factors, on meta."""
-    from diffusers import AutoencoderKLWan, WanPipeline
+@pytest.fixture(scope="module")
+def wan21():
+    """The real `WanPipeline` around Wan 2.1's default `AutoencoderKLWan()` and
+    `WanTransformer3DModel()` (14B), built on the meta device: no weights, no text encoder."""
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
 
-    vae = inspect.signature(AutoencoderKLWan.__init__).parameters
-    scales = SimpleNamespace(vae_scale_factor_temporal=vae["scale_factor_temporal"].default,
-                             vae_scale_factor_spatial=vae["scale_factor_spatial"].default)  # fmt: skip
-    return WanPipeline.prepare_latents(scales, 1, 16, height, width, frames, torch.bfloat16, torch.device("meta"))  # fmt: skip
+    with torch.device("meta"):
+        vae, transformer = AutoencoderKLWan(), WanTransformer3DModel()
+    return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(), transformer=transformer)  # fmt: skip
+
+
+def tokens(pipe, latents):
+    """Tokens of `latents` under the pipeline transformer's `patch_size`."""
+    patch = pipe.transformer.config.patch_size
+    t, h, w = (n // p for n, p in zip(latents.shape[2:], patch, strict=True))
+    return t * h * w
+
+
+def meta_latents(pipe, frames, height, width):
+    """`pipe.prepare_latents` with the channels `__call__` passes it (`transformer.config.in_channels`), on meta."""
+    channels = pipe.transformer.config.in_channels
+    return pipe.prepare_latents(1, channels, height, width, frames, torch.bfloat16, torch.device("meta"))  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "size, latent_shape, tokens",
+    "size, latent_shape, n_tokens",
     [((480, 832), (1, 16, 21, 60, 104), 32_760), ((720, 1280), (1, 16, 21, 90, 160), 75_600)],
 )
-def test_latent_shapes_and_tokens_of_81_frames(size, latent_shape, tokens):
-    """`WanPipeline.prepare_latents` makes (B, 16, (F - 1) // 4 + 1, H/8, W/8) latents: 81 frames are 21 latent frames; with `patch_size` (1, 2, 2) that is 32,760 tokens at 480 x 832 (the pipeline's default size) and 75,600 at 720 x 1280."""
-    from diffusers import WanTransformer3DModel
-
-    latents = real_latents(81, *size)
+def test_latent_shapes_and_tokens_of_81_frames(wan21, size, latent_shape, n_tokens):
+    """With Wan 2.1's VAE and transformer, `WanPipeline.prepare_latents` makes (B, 16, (F - 1) // 4 + 1, H/8, W/8) latents: 81 frames are 21 latent frames; with `patch_size` (1, 2, 2) that is 32,760 tokens at 480 x 832 (the pipeline's default size) and 75,600 at 720 x 1280."""
+    latents = meta_latents(wan21, 81, *size)
     assert tuple(latents.shape) == latent_shape
-    patch = inspect.signature(WanTransformer3DModel.__init__).parameters["patch_size"].default
-    t, h, w = (n // p for n, p in zip(latents.shape[2:], patch, strict=True))
-    assert t * h * w == tokens
+    assert tokens(wan21, latents) == n_tokens
+
+
+def tiny_ti2v_pipeline():
+    """The real `WanPipeline` (`expand_timesteps=True`, as for Wan 2.2 TI2V-5B) around a tiny
+    random `AutoencoderKLWan` configured like TI2V-5B's VAE (diffusers'
+    scripts/convert_wan_to_diffusers.py `vae22_diffusers_config`: `z_dim=48`, `patch_size=2`,
+    `scale_factor_spatial=16`, `is_residual=True`, 12 in/out channels; widths shrunk to 8) and
+    a tiny `WanTransformer3DModel` with 48 in/out channels."""
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
+                           patch_size=2, scale_factor_temporal=4, scale_factor_spatial=16,
+                           latents_mean=[0.0] * 48, latents_std=[1.0] * 48).eval()  # fmt: skip
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=48,
+                                        out_channels=48, text_dim=WAN_TEXT, freq_dim=256, ffn_dim=32, num_layers=2,
+                                        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32).eval()  # fmt: skip
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+                       transformer=transformer, expand_timesteps=True)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_wan22_ti2v_latents_are_48_channels_and_16x_in_space(record_calls):
+    """`WanPipeline` takes the latents' channels from `transformer.config.in_channels` and the compression from `vae.config`, so (B, 16, ..., H/8, W/8) is Wan 2.1's (and Wan 2.2 A14B's) shape: with a VAE configured like Wan 2.2 TI2V-5B's (`z_dim=48`, `patch_size=2`, `scale_factor_spatial=16`) and a 48-channel transformer, 9 frames at 64 x 96 px are latents (1, 48, 3, 4, 6), and TI2V-5B's 121 frames at 704 x 1280 are (1, 48, 31, 44, 80): 27,280 tokens."""
+    pipe = tiny_ti2v_pipeline()
+    rec = record_calls(pipe.transformer)
+    video = torch.rand(1, 3, 9, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        assert tuple(pipe.vae.encode(video).latent_dist.mode().shape) == (1, 48, 3, 4, 6)
+        latents = pipe(**embeds(), num_frames=9, height=64, width=96, num_inference_steps=1, output_type="latent").frames  # fmt: skip
+    assert tuple(latents.shape) == (1, 48, 3, 4, 6)
+    assert {tuple(k["hidden_states"].shape) for _, k in rec.calls} == {(1, 48, 3, 4, 6)}
+    big = meta_latents(pipe, 121, 704, 1280)
+    assert tuple(big.shape) == (1, 48, 31, 44, 80) and tokens(pipe, big) == 27_280
 
 
 def test_ltx_video_vae_compresses_differently():
@@ -113,24 +168,38 @@ def test_text_enters_by_cross_attention(pipe):
     assert seen["cross"][1] == 2 and seen["cross_ctx"][1] == WAN_TEXT_TOKENS
 
 
-def test_cfg_two_calls_per_step(pipe, record_calls):
-    """With `guidance_scale` above 1 (the default is 5.0), `WanPipeline` calls the transformer twice a step, on the prompt's and the negative prompt's embeddings, and combines them as `noise_uncond + guidance_scale * (noise_pred - noise_uncond)`."""
-    from diffusers import WanPipeline
+def guided_steps(pipe, calls_of, **kwargs):
+    """Run a 4-step `pipe(...)`; return, per step, the transformer's (cond, uncond) outputs,
+    the `model_output` passed to `scheduler.step`, and which transformer ran."""
+    outs = []
+    hooks = [m.register_forward_hook(lambda m, a, out: outs.append((m, out[0].clone())))
+             for m in {pipe.transformer, pipe.transformer_2} - {None}]  # fmt: skip
+    steps = calls_of(pipe.scheduler, "step")
+    e = embeds()
+    try:
+        with torch.no_grad():
+            pipe(**e, num_frames=5, height=16, width=16, num_inference_steps=4, output_type="latent", **kwargs)  # fmt: skip
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(outs) == 2 * len(steps) == 8
+    return [(outs[2 * i][1], outs[2 * i + 1][1], args[0], outs[2 * i][0]) for i, (args, _) in enumerate(steps)]  # fmt: skip
 
-    assert inspect.signature(WanPipeline.__call__).parameters["guidance_scale"].default == 5.0
+
+def test_cfg_two_calls_per_step(pipe, record_calls, calls_of):
+    """With `guidance_scale` above 1 (the default is 5.0), `WanPipeline` calls the transformer twice a step, on the prompt's and the negative prompt's embeddings, and combines them as `noise_uncond + guidance_scale * (noise_pred - noise_uncond)`."""
     rec = record_calls(pipe.transformer)
     e = embeds()
-    with torch.no_grad():
-        pipe(**e, num_frames=5, height=16, width=16, num_inference_steps=3, output_type="latent")
+    steps = guided_steps(pipe, calls_of)  # guidance_scale not given: the default
     ctx = [k["encoder_hidden_states"] for _, k in rec.calls]
-    assert len(ctx) == 6
     assert all(torch.equal(c, e["prompt_embeds"]) for c in ctx[0::2])
     assert all(torch.equal(c, e["negative_prompt_embeds"]) for c in ctx[1::2])
-    assert "noise_uncond + current_guidance_scale * (noise_pred - noise_uncond)" in inspect.getsource(WanPipeline.__call__)  # fmt: skip
+    for cond, uncond, model_output, _ in steps:
+        assert torch.equal(model_output, uncond + 5.0 * (cond - uncond))
 
 
-def test_wan22_boundary_switches_transformers(record_calls):
-    """With `boundary_ratio` set, `WanPipeline` runs `transformer` on steps whose timestep is at or above `boundary_ratio * num_train_timesteps` and `transformer_2` on the later steps, with `guidance_scale_2` defaulting to `guidance_scale`."""
+def test_wan22_boundary_switches_transformers(calls_of):
+    """With `boundary_ratio` set, `WanPipeline` runs `transformer` on steps whose timestep is at or above `boundary_ratio * num_train_timesteps` and `transformer_2` on the later steps, which use `guidance_scale_2` (by default `guidance_scale`)."""
     from diffusers import WanPipeline
     from tiny import tiny_wan_transformer
 
@@ -138,12 +207,51 @@ def test_wan22_boundary_switches_transformers(record_calls):
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=base.vae, scheduler=base.scheduler,
                        transformer=base.transformer, transformer_2=tiny_wan_transformer(seed=1), boundary_ratio=0.5)  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
-    first, second = record_calls(pipe.transformer), record_calls(pipe.transformer_2)
+    for given, low_scale in [({"guidance_scale_2": 2.0}, 2.0), ({}, 5.0)]:
+        steps = guided_steps(pipe, calls_of, **given)
+        ts = pipe.scheduler.timesteps
+        high = [bool(t >= 0.5 * pipe.scheduler.config.num_train_timesteps) for t in ts]
+        assert 0 < sum(high) < 4 and high == sorted(high, reverse=True)
+        for is_high, (cond, uncond, model_output, model) in zip(high, steps, strict=True):
+            assert model is (pipe.transformer if is_high else pipe.transformer_2)
+            scale = 5.0 if is_high else low_scale
+            assert torch.equal(model_output, uncond + scale * (cond - uncond))
+
+
+def test_latents_are_denormalised_per_channel_before_decode(pipe, calls_of):
+    """Before `vae.decode`, `WanPipeline.__call__` de-normalises the loop's final latents per channel, `latents / (1 / latents_std) + latents_mean`, with the VAE config's 16 values of each (Wan 2.1's, the class defaults), not one `scaling_factor` as in SD."""
+    decoded = calls_of(pipe.vae, "decode")
+    final = {}
+
+    def last_latents(p, i, t, tensors):
+        final["latents"] = tensors["latents"].clone()
+        return {}
+
     with torch.no_grad():
-        pipe(**embeds(), num_frames=5, height=16, width=16, num_inference_steps=4, output_type="latent")  # fmt: skip
-    ts = pipe.scheduler.timesteps
-    high = int((ts >= 0.5 * pipe.scheduler.config.num_train_timesteps).sum())
-    assert 0 < high < 4
-    assert len(first.calls) == 2 * high and len(second.calls) == 2 * (4 - high)
-    assert [float(k["timestep"][0]) for _, k in first.calls[::2]] == [float(t) for t in ts[:high]]
-    assert pipe._guidance_scale_2 == pipe.guidance_scale == 5.0
+        pipe(**embeds(), num_frames=5, height=16, width=16, num_inference_steps=2, output_type="np", callback_on_step_end=last_latents)  # fmt: skip
+    cfg = pipe.vae.config
+    assert len(cfg.latents_mean) == len(cfg.latents_std) == cfg.z_dim == 16
+    assert len(set(cfg.latents_std)) > 1 and not hasattr(cfg, "scaling_factor")
+    mean, std = (torch.tensor(v).view(1, 16, 1, 1, 1) for v in (cfg.latents_mean, cfg.latents_std))
+    ((args, _),) = decoded
+    torch.testing.assert_close(args[0], final["latents"] * std + mean)
+    assert not torch.allclose(args[0], final["latents"])
+
+
+def test_wan_example_sets_flow_shift_by_resolution():
+    """diffusers' Wan example swaps in `UniPCMultistepScheduler` with `flow_shift=5.0` ("5.0 for 720P, 3.0 for 480P"); with flow sigmas, the larger shift puts every step at an equal or higher noise level."""
+    from diffusers import UniPCMultistepScheduler
+    from diffusers.pipelines.wan import pipeline_wan
+
+    example = pipeline_wan.EXAMPLE_DOC_STRING
+    assert "flow_shift = 5.0  # 5.0 for 720P, 3.0 for 480P" in example
+    assert (
+        "UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)"
+        in example
+    )
+    sigmas = {}
+    for shift in (3.0, 5.0):
+        s = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift)  # fmt: skip
+        s.set_timesteps(50)
+        sigmas[shift] = s.sigmas[:-1]
+    assert torch.all(sigmas[5.0] >= sigmas[3.0]) and torch.any(sigmas[5.0] > sigmas[3.0])
