@@ -186,9 +186,9 @@ print("NaN pixels reach uint8 through clamp (NaN stays NaN) and the cast; on x86
 #
 # A weight `(out, in)` is cut along each row into blocks of 32 values. Each block stores
 # one fp16 scale `d` and 32 small integers `q`; the weight is `d * q`.
-# **Q8_0**: `d = max|x| / 127`, `q = round(x / d)` as int8: 2 + 32 = 34 bytes per block.
+# **Q8_0**: `d = max|x| / 127`, `q = round(x * (1/d))` as int8: 2 + 32 = 34 bytes per block.
 # **Q4_0**: `d = x_max / -8` with `x_max` the value of largest magnitude (sign kept),
-# `q = trunc(x / d + 8.5)` clipped to 0..15, stored two per byte (the block's first 16
+# `q = trunc(x * (1/d) + 8.5)` clipped to 0..15, stored two per byte (the block's first 16
 # values in the low nibbles, the last 16 in the high ones) and decoded as `q - 8`:
 # 2 + 16 = 18 bytes. The arithmetic is float32, as in ggml's reference code.
 

@@ -6,7 +6,8 @@ accumulator), so the ``(B, heads, N, N)`` scores never exist, and ring attention
 parallelism) merges per-device ``(out, lse)`` pairs into the same result. Offloading walks
 the denoiser's weights one group at a time: group offloading (``enable_group_offload``)
 lowers the peak on the device, but every byte of the model then crosses the bus on every
-denoiser call. The trap: neither is an approximation, and neither is free.
+denoiser call, and without streams crosses back. The trap: neither is an approximation,
+and neither is free.
 
 Run it:  python3 code/lab-16-attention-kernels-and-offload/attention_offload.py --block-sizes 512,128,32
 """
@@ -58,7 +59,10 @@ parser.add_argument(
     "--group-sizes", type=int_list, default=[1, 2, 4, 8], help="num_blocks_per_group values"
 )
 parser.add_argument(
-    "--pcie-gbps", type=float_list(0.001), default=[25.0], help="host-to-GPU GB/s (an assumption)"
+    "--pcie-gbps",
+    type=float_list(0.001),
+    default=[25.0],
+    help="GB/s each way, host to GPU and back (an assumption)",
 )
 parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
@@ -273,40 +277,50 @@ table(
 # %% [markdown]
 # ## 5. Offload as a schedule: peak device bytes against bytes moved per step
 #
-# Per denoiser call (one step; Flux.1-dev and SDXL's batched CFG both make one call):
-# - `enable_model_cpu_offload`: the whole denoiser stays on the device for the loop and
-#   crosses the bus once per image, `1 / steps` of it per step.
+# Per denoiser call (one step; Flux.1-dev and SDXL's batched CFG both make one call), in
+# each direction: host-to-device (onto the GPU) and device-to-host (back to the CPU).
+# - `enable_model_cpu_offload`: the whole denoiser stays on the device for the loop; it
+#   goes on before the first step and the end of `__call__` (`maybe_free_model_hooks`)
+#   moves it back: one round trip per image, `1 / steps` of it each way per step.
 # - `enable_sequential_cpu_offload` (accelerate's `cpu_offload`): every module with its
 #   own parameters is loaded for its own forward, so the whole model crosses every step;
-#   the peak is the largest such module.
+#   afterwards the hook drops it to the meta device and keeps its CPU copy, so nothing
+#   is copied back. The peak is the largest such module.
 # - `enable_group_offload(offload_type="block_level", num_blocks_per_group=n)`: each
 #   `ModuleList` / `Sequential` child is cut into groups of `n` blocks, onloaded before
 #   the group's first block runs and offloaded after its last; every other child (SDXL's
 #   `mid_block`, the embeddings) forms one "unmatched" group that stays on the device for
-#   the whole forward. Peak: unmatched + the largest group. `use_stream=True` forces
-#   n = 1 and prefetches the next group while one runs: two groups at a time.
+#   the whole forward. Peak: unmatched + the largest group. Offloading a group calls
+#   `module.to(offload_device)`: every byte is copied back, so the whole model crosses
+#   twice per call. `use_stream=True` forces n = 1, prefetches the next group while one
+#   runs (two groups at a time) and offloads by pointing the weights back at a pinned
+#   CPU copy: nothing is copied back.
 #   `block_modules=["mid_block"]` (diffusers 0.42.1) cuts a named child into groups of
 #   its own ModuleLists' blocks, so it no longer sits in the unmatched group.
 # - `offload_type="leaf_level"`: one group per Linear / Conv / Embedding layer, plus one
-#   per module holding other parameters (norm weights): the same granularity.
-# Weights are bf16/fp16, 2 bytes per parameter; activations come on top.
+#   per module holding other parameters (norm weights): sequential offload's granularity,
+#   but without streams each group is copied back too.
+# Weights are bf16/fp16, 2 bytes per parameter; activations come on top. Transfer time
+# adds both directions: without streams the copies run one after another.
 
 
 # %%
 # --8<-- [start:offload]
 def schedules(record, steps, group_sizes):
-    """[(strategy, peak bytes on the device, host-to-device bytes per step, transfers per step)]."""
+    """[(strategy, peak bytes on the device, host-to-device bytes per step, device-to-host
+    bytes per step, transfers per step)]."""
     total = record["params"] * 2  # bf16/fp16 bytes
     lists = [c["blocks"] for c in record["children"] if "blocks" in c]  # ModuleList children
     unmatched = sum(c["params"] for c in record["children"] if "params" in c) * 2
     leaf = record["leaf_level"]
-    rows = [("all on the device", total, 0, 0), ("model offload", total, total / steps, 1 / steps)]
-    for n in group_sizes:
+    rows = [("all on the device", total, 0, 0, 0)]
+    rows.append(("model offload", total, total / steps, total / steps, 1 / steps))  # on, then back
+    for n in group_sizes:  # without streams: each group is onloaded, then copied back
         groups = [sum(blocks[i : i + n]) * 2 for blocks in lists for i in range(0, len(blocks), n)]
-        rows.append((f"block_level, n={n}", unmatched + max(groups), total, len(groups) + 1))
+        rows.append((f"block_level, n={n}", unmatched + max(groups), total, total, len(groups) + 1))
     ones = [b * 2 for blocks in lists for b in blocks]  # use_stream: n = 1, next one prefetched
     pairs = max(ones[i] + ones[i + 1] for i in range(len(ones) - 1))
-    rows.append(("block_level, use_stream", unmatched + pairs, total, len(ones) + 1))
+    rows.append(("block_level, use_stream", unmatched + pairs, total, 0, len(ones) + 1))
     # block_modules=[name]: a child outside the ModuleLists (SDXL's mid_block) is itself cut
     # into groups of its own ModuleLists' blocks, instead of staying in the unmatched group
     inner = [c for c in record["children"] if "inner_blocks" in c]
@@ -315,10 +329,13 @@ def schedules(record, steps, group_sizes):
         inner_ones = [b * 2 for c in inner for b in c["inner_blocks"]]
         own = max(c["inner_rest"] for c in inner) * 2  # a child's own unmatched part
         names = ", ".join(repr(c["name"]) for c in inner)
-        rows.append((f"block_level, n=1, block_modules=[{names}]", rest + own + max(ones + inner_ones), total, len(ones) + len(inner_ones) + 1 + sum(c["inner_rest"] > 0 for c in inner)))  # fmt: skip
-    # one group per module with its own parameters: accelerate's hooks for sequential offload too
+        rows.append((f"block_level, n=1, block_modules=[{names}]", rest + own + max(ones + inner_ones), total, total, len(ones) + len(inner_ones) + 1 + sum(c["inner_rest"] > 0 for c in inner)))  # fmt: skip
+    # one group per module with its own parameters; accelerate's sequential hooks take the
+    # same modules but keep the CPU copy, so they copy nothing back
     largest = max(leaf["largest_layer"], leaf["largest_other"]) * 2
-    rows.append(("leaf_level / sequential", largest, total, leaf["layers"] + leaf["other_groups"]))
+    groups = leaf["layers"] + leaf["other_groups"]
+    rows.append(("leaf_level", largest, total, total, groups))
+    rows.append(("sequential offload", largest, total, 0, groups))
     return rows
 
 
@@ -330,21 +347,14 @@ for pipeline, component in [("Flux.1-dev", "transformer"), ("SDXL", "unet")]:
     offload[f"{pipeline} {component}"] = schedules(record, args.steps, args.group_sizes)
 # --8<-- [end:offload]
 
+header = ["strategy", "peak on device", "to device/step", "back to host/step", "transfer s/step", "groups/step"]  # fmt: skip
 for name, rows in offload.items():
-    table(
-        f"{name}, bf16 weights, {args.steps} steps, transfer time at {pcie_gbps:g} GB/s (assumed)",
-        ["strategy", "peak on device", "moved per step", "transfer s/step", "groups/step"],
-        [
-            [
-                s,
-                f"{peak / 1e9:.2f} GB",
-                f"{moved / 1e9:.2f} GB",
-                f"{moved / (pcie_gbps * 1e9):.2f}",
-                f"{n:g}" if n == 0 or n >= 1 else "1 per image",
-            ]
-            for s, peak, moved, n in rows
-        ],
-    )
+    title = f"{name}, bf16 weights, {args.steps} steps, transfer time at {pcie_gbps:g} GB/s each way (assumed), both directions added"  # fmt: skip
+    cells = []
+    for s, peak, on, back, n in rows:
+        seconds = (on + back) / (pcie_gbps * 1e9)  # without streams the copies are serialized
+        cells.append([s, f"{peak / 1e9:.2f} GB", f"{on / 1e9:.2f} GB", f"{back / 1e9:.2f} GB", f"{seconds:.2f}", f"{n:g}" if n == 0 or n >= 1 else "1 per image"])  # fmt: skip
+    table(title, header, cells)
 sdxl = {c["name"]: c for c in offload_groups.model("SDXL", "unet")["children"]}
 print(
     f"\nSDXL's largest group is up_blocks[0]: {max(sdxl['up_blocks']['blocks']) * 2 / 1e9:.2f} GB;"
@@ -372,10 +382,10 @@ chart = figures.line_chart(
 figures.save(args.figures, "attention-peak", chart, alt="Line chart of the peak NumPy bytes of tiled attention with an online softmax against the key/value block size, falling with the block size, under a flat line for naive attention that stores every score.", caption="Peak bytes of attention against block_size (tracemalloc); every block size gives the naive result.")  # fmt: skip
 series = {}
 for name, rows in offload.items():
-    order = sorted(rows, key=lambda r: (r[2], -r[1]))  # by bytes moved, then falling peak
-    series[name] = (np.array([r[2] for r in order]) / 1e9, np.array([r[1] for r in order]) / 1e9)
-trade = figures.line_chart(series, xlabel="GB moved host-to-device per step", ylabel="peak weights on the device (GB)", logy=True, markers=True)  # fmt: skip
-figures.save(args.figures, "offload-tradeoff", trade, alt="Line chart, log scale, of the peak weight bytes on the device against the bytes moved per denoising step for the Flux.1-dev transformer and the SDXL UNet: all-resident and model offload keep the whole model at almost no traffic; every group, leaf and sequential schedule moves the whole model each step and differs only in peak.", caption="Offload strategies: peak device bytes against bytes moved per step (bf16, from the real block sizes).")  # fmt: skip
+    order = sorted(rows, key=lambda r: (r[2] + r[3], -r[1]))  # by bytes moved, then falling peak
+    series[name] = (np.array([r[2] + r[3] for r in order]) / 1e9, np.array([r[1] for r in order]) / 1e9)  # fmt: skip
+trade = figures.line_chart(series, xlabel="GB moved per step, both directions", ylabel="peak weights on the device (GB)", logy=True, markers=True)  # fmt: skip
+figures.save(args.figures, "offload-tradeoff", trade, alt="Line chart, log scale, of the peak weight bytes on the device against the bytes moved per denoising step for the Flux.1-dev transformer and the SDXL UNet: all-resident and model offload keep the whole model at almost no traffic; streamed groups and sequential offload move the whole model onto the device each step, and group and leaf schedules without streams move it there and back, twice the bytes.", caption="Offload strategies: peak device bytes against bytes moved per step, both directions (bf16, from the real block sizes).")  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display
 

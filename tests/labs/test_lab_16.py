@@ -80,19 +80,36 @@ def test_offload_schedules_from_the_real_groups(lab):
     (flux,) = [r for r in model_sizes.rows("Flux.1-dev") if r["component"] == "transformer"]
     rows = {r[0]: r for r in lab["offload"]["Flux.1-dev transformer"]}
     total = flux["params"] * 2
-    assert rows["all on the device"][1:3] == (total, 0)
-    assert rows["model offload"][2] == total / lab["args"].steps
+    steps = lab["args"].steps
+    assert rows["all on the device"][1:4] == (total, 0, 0)
+    # model offload: on before the first step, back after the last: one round trip per image
+    assert rows["model offload"][2:4] == (total / steps, total / steps)
     for name, row in rows.items():
-        if name.startswith(("block_level", "leaf_level")):
-            assert row[2] == total  # every byte crosses every step
+        if name.startswith(("block_level", "leaf_level", "sequential")):
+            assert row[2] == total  # every byte goes to the device every step
+            # without streams each group is copied back; streams and sequential swap pointers
+            assert row[3] == (0 if name.endswith(("use_stream", "sequential offload")) else total)
             assert row[1] < total
     peaks = [rows[f"block_level, n={n}"][1] for n in sorted(lab["args"].group_sizes)]
     assert peaks == sorted(peaks)  # bigger groups, bigger peak
-    assert rows["block_level, n=1"][3] == 19 + 38 + 1  # one group per block + unmatched
-    assert rows["leaf_level / sequential"][1] < rows["block_level, n=1"][1]
+    assert rows["block_level, n=1"][4] == 19 + 38 + 1  # one group per block + unmatched
+    assert rows["leaf_level"][1] == rows["sequential offload"][1] < rows["block_level, n=1"][1]
     sdxl = {r[0]: r for r in lab["offload"]["SDXL unet"]}
     # the UNet's mid_block and its 1.2 B-parameter up_blocks[0] keep block_level's peak high
     assert sdxl["block_level, n=1"][1] > 0.6 * sdxl["all on the device"][1]
+
+
+def test_printed_transfer_time_adds_both_directions(run_cli):
+    run = run_cli(STARTER)
+    assert run.returncode == 0, run.stderr
+    flux = run.stdout.split("Flux.1-dev transformer, bf16")[1].split("SDXL unet")[0]
+    lines = {line.split("  ")[0]: line.split() for line in flux.splitlines()}
+    # to device, back to host, seconds: block_level without streams moves 23.80 GB there and
+    # 23.80 GB back at 25 GB/s each, one after the other
+    assert lines["block_level, n=1"][4:9:2] == ["23.80", "23.80", "1.90"]
+    assert lines["block_level, use_stream"][4:9:2] == ["23.80", "0.00", "0.95"]
+    assert lines["sequential offload"][4:9:2] == ["23.80", "0.00", "0.95"]
+    assert lines["model offload"][4:9:2] == ["0.85", "0.85", "0.07"]
 
 
 def test_default_output(run_cli):
@@ -133,3 +150,16 @@ def test_bad_arguments(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("attention_offload.py: error: ")
+
+
+def test_say_it_out_loud_quotes_the_runs_peaks(lab):
+    """The page's spoken summary quotes the naive and block-32 peaks the default run prints."""
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs/labs/lab-16-attention-kernels-and-offload.md").read_text()
+    spoken = page.split("## How to say it out loud")[1].split("\n## ")[0]
+    naive, tiled = re.search(r"peak fell from ([\d.]+) MiB to ([\d.]+) MiB at block size 32", spoken).groups()  # fmt: skip
+    assert naive == f"{lab['naive_peak'] / 2**20:.1f}"
+    assert tiled == f"{lab['tiled'][32][2] / 2**20:.1f}"

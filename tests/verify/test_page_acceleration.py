@@ -20,9 +20,11 @@ import pytest
 import torch
 from tiny import (
     cache_contexts_of_a_flux_call,
+    count_dispatched_ops,
     count_transfers,
     embeds,
     euler_sdxl_pipeline,
+    flux_prompt_embeds,
     four_block_flux_inputs,
     four_block_flux_transformer,
     overflowing_vae,
@@ -36,6 +38,7 @@ from tiny import (
     tiny_sd_pipeline,
     tiny_unet,
     tiny_vae,
+    tiny_wan_pipeline,
 )
 
 #: a short flow-matching loop for the cache tests: (sigma, next sigma) pairs
@@ -114,7 +117,7 @@ def test_force_upcast_is_read_by_sdxl_not_by_sd15(record_calls):
 
 
 def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
-    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on a tiny `FluxTransformer2DModel` hooks `Linear`, `Conv` and `Embedding` layers and skips every module whose name matches `pos_embed`, `patch_embed`, `norm`, `^proj_in$` or `^proj_out$` (plus Flux's `_skip_layerwise_casting_patterns`, `pos_embed` and `norm`): the attention and feed-forward `Linear` weights are stored in float8 (1 byte each), while the AdaLN modulation Linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`), `norm_out` and `proj_out` stay float32, and the output stays finite and within 0.2 relative RMS of the float32 model's (a plain cast, no scale)."""
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)` on a tiny `FluxTransformer2DModel` hooks `Linear`, `Conv` and `Embedding` layers and skips every module whose name matches `pos_embed`, `patch_embed`, `norm`, `^proj_in$` or `^proj_out$` (plus Flux's `_skip_layerwise_casting_patterns`, `pos_embed` and `norm`): the attention and feed-forward `Linear` weights, and their biases too, are stored in float8 (1 byte each), while the AdaLN modulation Linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`), `norm_out` and `proj_out` stay float32, and the output stays finite and within 0.2 relative RMS of the float32 model's (a plain cast, no scale)."""
     from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
     from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 
@@ -134,6 +137,7 @@ def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
     for name in ["transformer_blocks.0.norm1.linear", "transformer_blocks.0.norm1_context.linear", "single_transformer_blocks.0.norm.linear", "norm_out.linear"]:  # fmt: skip
         assert linears[name].weight.dtype == torch.float32, name  # AdaLN modulation: kept
     assert linears["transformer_blocks.0.attn.to_q"].weight.dtype == torch.float8_e4m3fn
+    assert linears["transformer_blocks.0.attn.to_q"].bias.dtype == torch.float8_e4m3fn
     y_ref, y_cast = run_four_block_flux(reference), run_four_block_flux(cast)
     assert torch.isfinite(y_cast).all()
     rel = ((y_cast - y_ref).norm() / y_ref.norm()).item()
@@ -191,7 +195,7 @@ def needs_torchao():
 
 
 def test_torchao_int8_weights_and_activations_run_here(tmp_path, monkeypatch):
-    """`TorchAoConfig` takes torchao config objects only (a string such as `"int8dq"` raises `TypeError`); with `Int8DynamicActivationInt8WeightConfig()` a tiny Flux transformer loads with int8 `Linear` weights and a float32 scale per row, quantizes each input per token and multiplies in `torch._int_mm`, its output within 2% of bf16; `Int8WeightOnlyConfig()` widens the int8 weight to bf16 for an ordinary matmul (no integer matmul)."""
+    """`TorchAoConfig` takes torchao config objects only (a string such as `"int8dq"` raises `TypeError`); with `Int8DynamicActivationInt8WeightConfig()` a tiny Flux transformer loads with int8 `Linear` weights and a float32 scale per row, quantizes each input per token and multiplies in `torch._int_mm`, its output within 2% of bf16; run eagerly, each such `Linear` dispatches more than ten extra elementwise and reduction ops (the input's amax, scale, rounding, casts, the rescale) around its one `_int_mm`, where the bf16 `Linear` dispatches one `addmm`; `Int8WeightOnlyConfig()` widens the int8 weight to bf16 for an ordinary matmul (no integer matmul)."""
     needs_torchao()
     from diffusers import FluxTransformer2DModel, TorchAoConfig
     from torchao.quantization import (
@@ -228,6 +232,14 @@ def test_torchao_int8_weights_and_activations_run_here(tmp_path, monkeypatch):
     # per token: input (batch, tokens, in) -> scale (batch, tokens, 1)
     assert len(scales) == len(calls) and all(sc == (*s[:-1], 1) for s, sc in scales)
     assert ((y - y_ref).norm() / y_ref.norm()).item() < 0.02
+    # one Linear, eager: the activation quantization is separate ops around the integer matmul
+    plain, quantized = load().transformer_blocks[0].attn.to_q, w8a8.transformer_blocks[0].attn.to_q
+    x = inputs["hidden_states"].new_ones(1, 16, plain.in_features)
+    with torch.no_grad():
+        ops = {name: count_dispatched_ops(lambda m=m: m(x)) for name, m in [("bf16", plain), ("w8a8", quantized)]}  # fmt: skip
+    compute = lambda c: sum(n for op, n in c.items() if op not in ("view", "t"))  # noqa: E731
+    assert ops["bf16"]["addmm"] == compute(ops["bf16"]) == 1
+    assert ops["w8a8"]["_int_mm"] == 1 and compute(ops["w8a8"]) > 10
     calls.clear()
     y = run(load(Int8WeightOnlyConfig()))
     assert calls == [] and ((y - y_ref).norm() / y_ref.norm()).item() < 0.02
@@ -289,7 +301,7 @@ def test_block_modules_takes_the_mid_block_out_of_the_unmatched_group():
 
 
 def test_quantization_backend_names():
-    """`PipelineQuantizationConfig(quant_mapping={"transformer": ...})` gives that component its own quantization config and the others none; diffusers 0.42.1's quantization backends include `bitsandbytes_4bit`, `bitsandbytes_8bit`, `gguf`, `torchao` and `quanto`, and the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
+    """`PipelineQuantizationConfig(quant_mapping={"transformer": ...})` gives that component its own quantization config and the others none; `PipelineQuantizationConfig(quant_backend=...)` takes a backend from diffusers 0.42.1's registry, which includes `bitsandbytes_4bit`, `bitsandbytes_8bit`, `torchao` and `quanto`, but `quant_backend="gguf"` raises `ValueError`: GGUF weights come pre-quantized (`from_single_file`, or a `GGUFQuantizationConfig` in `quant_mapping`); the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
     from diffusers import BitsAndBytesConfig, GGUFQuantizationConfig, PipelineQuantizationConfig
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
     from diffusers.quantizers.bitsandbytes import BnB4BitDiffusersQuantizer
@@ -304,6 +316,66 @@ def test_quantization_backend_names():
         BnB4BitDiffusersQuantizer(BitsAndBytesConfig()).validate_environment()
     for name in ["bitsandbytes_4bit", "bitsandbytes_8bit", "gguf", "torchao", "quanto"]:
         assert name in AUTO_QUANTIZATION_CONFIG_MAPPING, name
+    with pytest.raises(ValueError):
+        PipelineQuantizationConfig(quant_backend="gguf", quant_kwargs={"compute_dtype": torch.bfloat16})  # fmt: skip
+    assert config.pre_quantized is True
+
+
+class _SaysCuda(torch.Tensor):
+    """A CPU tensor whose ``is_cuda`` is True: it reaches a CUDA branch's capability gate."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_bfl_linears_compute_in_fp8_and_nvfp4_by_capability(monkeypatch):
+    """diffusers' `bfl` backend computes in low precision by GPU generation: `BFLFP8RLinear` quantizes each input row to fp8 e4m3 and calls `torch._scaled_mm` on a CUDA capability of `(8, 9)` or more, and dequantizes its weight for a bf16 `linear` below that and on the CPU; `BFLNVFP4Linear` calls `flashinfer.nvfp4_quantize` and `flashinfer.mm_fp4` only with flashinfer installed and capability major 10 or more, and otherwise dequantizes (`quantizers/bfl/utils.py`; the capability and the CUDA input simulated, `_scaled_mm` and flashinfer replaced by stand-ins: no GPU kernel runs here)."""
+    from diffusers.quantizers.bfl import utils as bfl
+
+    fp8 = bfl.BFLFP8RLinear(32, 32, bias=False, compute_dtype=torch.bfloat16)
+    with torch.no_grad():
+        fp8.weight.copy_(torch.randn(32, 32).to(torch.float8_e4m3fn))
+        fp8.weight_scale.fill_(0.01)
+    nvfp4 = bfl.BFLNVFP4Linear(32, 32, bias=False, compute_dtype=torch.bfloat16)
+    with torch.no_grad():
+        nvfp4.weight.zero_()
+        nvfp4.weight_scale.copy_(torch.ones(32, 2).to(torch.float8_e4m3fn))
+        nvfp4.weight_scale_2.fill_(1.0)
+        nvfp4.input_scale.fill_(1.0)
+    x = torch.randn(2, 32).to(torch.bfloat16)
+    gemms = []
+
+    def scaled_mm(a, b, scale_a, scale_b, **kwargs):
+        gemms.append(("_scaled_mm", a.dtype, tuple(scale_a.shape)))
+        return (a.float() * scale_a) @ (b.float() * scale_b)
+
+    def mm_fp4(x, w, *args, **kwargs):
+        gemms.append(("mm_fp4",))
+        return torch.zeros(x.shape[0], 32, dtype=torch.bfloat16)
+
+    flashinfer = SimpleNamespace(
+        SfLayout=SimpleNamespace(layout_128x4=None),
+        nvfp4_quantize=lambda x, scale, **kw: (x, scale),
+        block_scale_interleave=lambda s: torch.zeros(4 * 128, dtype=torch.uint8),
+        mm_fp4=mm_fp4,
+    )
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    monkeypatch.setattr(bfl, "flashinfer", flashinfer, raising=False)
+
+    def route(layer, capability, flashinfer_installed=True, cuda=True):
+        gemms.clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(bfl, "is_flashinfer_available", lambda: flashinfer_installed)
+        layer(x.as_subclass(_SaysCuda) if cuda else x)
+        return gemms[0][0] if gemms else "dequantize"
+
+    assert route(fp8, (8, 9), cuda=False) == "dequantize"  # the CPU
+    assert [route(fp8, c) for c in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0)]] == ["dequantize"] * 3 + ["_scaled_mm"] * 3  # fmt: skip
+    route(fp8, (8, 9))
+    assert gemms == [("_scaled_mm", torch.float8_e4m3fn, (2, 1))]  # one scale per input row
+    assert [route(nvfp4, c) for c in [(8, 9), (9, 0), (10, 0), (12, 0)]] == ["dequantize"] * 2 + ["mm_fp4"] * 2  # fmt: skip
+    assert route(nvfp4, (10, 0), flashinfer_installed=False) == "dequantize"
 
 
 # ---------------------------------------------------------------- step caching
@@ -474,24 +546,153 @@ def cache_runs():
     }
 
 
-def test_enable_cache_accepts_exactly_seven_configs():
-    """`CacheMixin.enable_cache` in 0.42.1 dispatches on exactly seven config classes, all exported by diffusers: `FasterCacheConfig`, `FirstBlockCacheConfig`, `MagCacheConfig`, `PyramidAttentionBroadcastConfig`, `SeaCacheConfig`, `TaylorSeerCacheConfig` and `TextKVCacheConfig`; there is no TeaCache config, and any other object raises `ValueError`; `TextKVCacheConfig` hooks only `NucleusMoEImageTransformerBlock`s."""
-    import inspect
-    import re
-
+def _accepted_cache_configs():
+    """The classes named ``*Config`` that diffusers and ``diffusers.hooks`` export and that
+    ``enable_cache`` accepts: each is handed to a fresh tiny Flux transformer as a bare
+    instance; one it does not dispatch on raises "is not supported" before anything else."""
     import diffusers
-    from diffusers.hooks import text_kv_cache
-    from diffusers.models.cache_utils import CacheMixin
+    import diffusers.hooks
 
-    names = set(
-        re.findall(r"isinstance\(config, (\w+)\)", inspect.getsource(CacheMixin.enable_cache))
-    )
-    assert names == {"FasterCacheConfig", "FirstBlockCacheConfig", "MagCacheConfig", "PyramidAttentionBroadcastConfig", "SeaCacheConfig", "TaylorSeerCacheConfig", "TextKVCacheConfig"}  # fmt: skip
-    assert all(hasattr(diffusers, n) for n in names)
+    names = {n for module in (diffusers, diffusers.hooks) for n in dir(module) if n.endswith("Config")}  # fmt: skip
+    quiet()
+    accepted = set()
+    for name in sorted(names):
+        cls = getattr(diffusers.hooks, name, None) or getattr(diffusers, name)
+        if not isinstance(cls, type):
+            continue
+        try:
+            bare = object.__new__(cls)
+        except TypeError:  # not a plain Python class: not a cache config
+            continue
+        try:
+            four_block_flux_transformer().enable_cache(bare)
+        except ValueError as error:
+            if "is not supported" in str(error):
+                continue
+        except Exception:
+            pass
+        accepted.add(name)
+    return accepted
+
+
+def _skipping_configs():
+    """Each cache config, set to skip on its second call if its state carries over."""
+    import diffusers as d
+
+    mag = dict(mag_ratios=torch.ones(10), num_inference_steps=10, retention_ratio=0.0)
+    taylor = dict(disable_cache_before_step=1, cache_interval=10, max_order=0)
+    faster = dict(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001), current_timestep_callback=lambda: 500)  # fmt: skip
+    return {
+        "FirstBlockCacheConfig": d.FirstBlockCacheConfig(threshold=1e9),
+        "MagCacheConfig": d.MagCacheConfig(**mag),
+        "TaylorSeerCacheConfig": d.TaylorSeerCacheConfig(**taylor),
+        "PyramidAttentionBroadcastConfig": _pab(),
+        "SeaCacheConfig": d.SeaCacheConfig(threshold=10.0),
+        "FasterCacheConfig": d.FasterCacheConfig(**faster),
+        "TextKVCacheConfig": d.TextKVCacheConfig(),
+    }
+
+
+def _text_call(model, seed, context):
+    """One forward with seeded text (different prompts stand for cond and uncond)."""
+    inputs = four_block_flux_inputs()
+    inputs["encoder_hidden_states"] = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    with torch.no_grad(), model.cache_context(context) if context else contextlib.nullcontext():
+        return model(**inputs)[0]
+
+
+def test_enable_cache_accepts_exactly_seven_configs():
+    """`CacheMixin.enable_cache` in 0.42.1 takes exactly seven config classes, all exported by diffusers: `FasterCacheConfig`, `FirstBlockCacheConfig`, `MagCacheConfig`, `PyramidAttentionBroadcastConfig`, `SeaCacheConfig`, `TaylorSeerCacheConfig` and `TextKVCacheConfig` (every `*Config` diffusers exports, tried on a tiny Flux transformer; each of the seven enables there), there is no TeaCache config, and any other object raises `ValueError`; `TextKVCacheConfig` hooks only `NucleusMoEImageTransformerBlock`s, so on Flux it hooks nothing."""
+    import diffusers
+
+    assert _accepted_cache_configs() == set(_skipping_configs())
     assert not [n for n in dir(diffusers) if "teacache" in n.lower()]
     with pytest.raises(ValueError, match="is not supported"):
         four_block_flux_transformer().enable_cache(object())
-    assert "NucleusMoEImageTransformerBlock" in inspect.getsource(text_kv_cache.apply_text_kv_cache)
+    hooked = {}
+    for name, config in _skipping_configs().items():
+        model = four_block_flux_transformer()
+        model.enable_cache(config)
+        assert model.is_cache_enabled, name
+        registries = [
+            getattr(m, "_diffusers_hook", None) for m in model.modules() if m is not model
+        ]
+        hooked[name] = sum(bool(r and r.hooks) for r in registries)  # hooked submodules
+    assert hooked.pop("TextKVCacheConfig") == 0 and all(hooked.values())
+
+
+def test_what_each_cache_does_without_cache_context():
+    """Not every cache needs `cache_context`: on the tiny Flux transformer a call outside it raises `ValueError` for FirstBlockCache and TaylorSeer; MagCache falls back to one default context of its own (a later call in `cache_context("cond")` starts fresh); SeaCache runs every block (it logs that it needs a context); Pyramid Attention Broadcast ignores the context, so a call in `cache_context("uncond")` continues the state of the `"cond"` call and reuses its attention; FasterCache fails at the first call on Flux with or without a context (it expects the CFG batch in one call); TextKVCache hooks nothing on Flux. Every config `enable_cache` accepts is tried, so a new one fails this test."""
+    reference = {seed: _text_call(four_block_flux_transformer(), seed, None) for seed in (1, 2)}
+    seen = {}
+    for name, config in _skipping_configs().items():
+        model = four_block_flux_transformer()
+        model.enable_cache(config)
+        try:
+            _text_call(model, 1, None)
+        except Exception as error:
+            seen[name] = type(error).__name__
+            continue
+        # the next call, in a named context, with other text: fresh state or carried over?
+        fresh = torch.equal(_text_call(model, 2, "cond"), reference[2])
+        seen[name] = "own default context" if fresh else "context ignored"
+        if name in ("SeaCacheConfig", "TextKVCacheConfig"):  # nothing it could skip here
+            seen[name] = "runs every block"
+    assert seen == {
+        "FirstBlockCacheConfig": "ValueError",
+        "TaylorSeerCacheConfig": "ValueError",
+        "MagCacheConfig": "own default context",
+        "SeaCacheConfig": "runs every block",
+        "PyramidAttentionBroadcastConfig": "context ignored",
+        "FasterCacheConfig": "IndexError",
+        "TextKVCacheConfig": "runs every block",
+    }
+    # inside contexts: "uncond" after "cond" starts fresh except under PAB; a second call in
+    # the same context does skip (the configs skip whenever their state carries over)
+    for name, config in _skipping_configs().items():
+        if name in ("FasterCacheConfig", "SeaCacheConfig", "TextKVCacheConfig"):
+            continue
+        model, again = four_block_flux_transformer(), four_block_flux_transformer()
+        model.enable_cache(config)
+        again.enable_cache(config)
+        _text_call(model, 1, "cond")
+        _text_call(again, 1, "cond")
+        separate = torch.equal(_text_call(model, 2, "uncond"), reference[2])
+        assert separate is (name != "PyramidAttentionBroadcastConfig"), name
+        assert not torch.equal(_text_call(again, 2, "cond"), reference[2]), name
+    for distilled, error in [(True, TypeError), (False, IndexError)]:
+        model = four_block_flux_transformer()
+        model.enable_cache(_skipping_configs()["FasterCacheConfig"].__class__(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001), current_timestep_callback=lambda: 500, is_guidance_distilled=distilled))  # fmt: skip
+        with pytest.raises(error):
+            _text_call(model, 1, "cond")
+
+
+def test_pyramid_attention_broadcast_shares_cond_and_uncond_in_flux_pipeline():
+    """Under true CFG, `FluxPipeline` calls its transformer in `cache_context("cond")` and then `cache_context("uncond")`, but Pyramid Attention Broadcast keeps one state for both: with `spatial_attention_block_skip_range=2` the uncond call of a tiny pipeline returns, from every hooked attention, exactly the cond call's output, while without the cache the two differ."""
+    from diffusers import PyramidAttentionBroadcastConfig
+
+    def attention_outputs(cached):
+        pipe = tiny_flux_pipeline()
+        if cached:
+            pipe.transformer.enable_cache(PyramidAttentionBroadcastConfig(
+                spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
+                current_timestep_callback=lambda: pipe.current_timestep))  # fmt: skip
+        outputs = []
+        for name, module in pipe.transformer.named_modules():
+            if name.endswith(".attn"):
+                module.register_forward_hook(lambda m, a, out: outputs.append(out if isinstance(out, tuple) else (out,)))  # fmt: skip
+        text, pooled = flux_prompt_embeds()
+        with torch.no_grad():
+            pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], negative_prompt_embeds=text[:1],
+                 negative_pooled_prompt_embeds=pooled[:1], true_cfg_scale=4.0, num_inference_steps=1,
+                 height=16, width=16, generator=torch.Generator().manual_seed(0), output_type="latent")  # fmt: skip
+        half = len(outputs) // 2  # one step: the cond call's attentions, then the uncond call's
+        return outputs[:half], outputs[half:]
+
+    cond, uncond = attention_outputs(cached=True)
+    assert cond and all(torch.equal(a, b) for c, u in zip(cond, uncond, strict=True) for a, b in zip(c, u, strict=True))  # fmt: skip
+    cond, uncond = attention_outputs(cached=False)
+    assert not all(torch.equal(c[0], u[0]) for c, u in zip(cond, uncond, strict=True))
 
 
 def test_each_cache_cuts_real_attention_calls(cache_runs):
@@ -545,18 +746,27 @@ def test_magcache_needs_calibrated_ratios():
     assert four[0] == FLUX_MAG_RATIOS[0] and four[-1] == FLUX_MAG_RATIOS[-1]
 
 
-def test_seacache_needs_the_step_in_its_context_and_video_latents():
-    """`SeaCacheConfig` extrapolates the block stack's residual from the last two (`residual_order=1` by default) and ships adapters for Wan and Cosmos 3 only; it also needs `step_index`, `sigma` and `num_inference_steps` in `cache_context`, which the Wan and Cosmos 3 pipelines pass and `FluxPipeline` does not: on the tiny Flux transformer, inside `cache_context("cond")` as `FluxPipeline` enters it, and with a threshold that would skip almost every step, it runs every block on all 10 steps."""
-    import inspect
-
-    from diffusers import FluxPipeline, SeaCacheConfig, WanPipeline
+def test_seacache_needs_the_step_in_its_context_and_video_latents(monkeypatch):
+    """`SeaCacheConfig` extrapolates the block stack's residual from the last two (`residual_order=1` by default) and ships adapters for Wan and Cosmos 3 only; it also needs `step_index`, `sigma` and `num_inference_steps` in `cache_context`, which `WanPipeline` passes and `FluxPipeline` does not (the contexts each opens in a 2-step call of a tiny pipeline): on the tiny Flux transformer, inside `cache_context("cond")` as `FluxPipeline` enters it, and with a threshold that would skip almost every step, it runs every block on all 10 steps."""
+    from diffusers import SeaCacheConfig
     from diffusers.hooks import sea_cache
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import Cosmos3OmniPipeline
 
     assert SeaCacheConfig().residual_order == 1
     assert {"_prepare_wan_t2v_raw_vision_metadata", "_prepare_cosmos3_raw_vision_metadata"} <= set(dir(sea_cache))  # fmt: skip
-    for pipeline, passes in [(WanPipeline, True), (Cosmos3OmniPipeline, True), (FluxPipeline, False)]:  # fmt: skip
-        assert ('"step_index"' in inspect.getsource(pipeline.__call__) or "step_index=i" in inspect.getsource(pipeline.__call__)) is passes, pipeline.__name__  # fmt: skip
+
+    def contexts(pipe, **kwargs):
+        opened, original = [], pipe.transformer.cache_context
+        monkeypatch.setattr(pipe.transformer, "cache_context", lambda name, **kw: opened.append((name, set(kw))) or original(name, **kw))  # fmt: skip
+        with torch.no_grad():
+            pipe(num_inference_steps=2, height=16, width=16, output_type="latent", **kwargs)
+        return opened
+
+    text = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0))
+    wan = contexts(tiny_wan_pipeline(), prompt_embeds=text[1:], negative_prompt_embeds=text[:1], num_frames=5)  # fmt: skip
+    assert wan and all({"step_index", "sigma", "num_inference_steps"} <= kw for _, kw in wan)
+    flux_text, pooled = flux_prompt_embeds()
+    flux = contexts(tiny_flux_pipeline(), prompt_embeds=flux_text[1:], pooled_prompt_embeds=pooled[1:])  # fmt: skip
+    assert flux == [("cond", set())] * 2
     run = _cache_run(SeaCacheConfig(threshold=10.0))
     assert run.calls == [10, 10, 10, 10]
     assert torch.equal(run.outputs[-1], _cache_run(None).outputs[-1])
@@ -583,6 +793,21 @@ def test_attention_backend_reaches_flux_but_not_the_unet(default_backend):
     assert (run_four_block_flux(model) - reference).abs().max() <= 1e-5
     unet_processors = tiny_unet().attn_processors.values()
     assert all(not hasattr(p, "_attention_backend") for p in unet_processors)
+
+
+def test_attention_backend_context_yields_to_a_set_backend(monkeypatch, default_backend):
+    """`with attention_backend(name):` changes only the process-wide default: a tiny Flux transformer whose processors were given `_native_math` by `set_attention_backend` keeps calling SDPA with the math kernel alone inside `attention_backend("native")`, while a fresh transformer follows the context (every SDPA kernel enabled)."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    pinned, fresh = four_block_flux_transformer(), four_block_flux_transformer()
+    pinned.set_attention_backend("_native_math")
+    seen = sdpa_kernels_seen(monkeypatch)
+    with attention_backend("native"):
+        run_four_block_flux(pinned)
+        pinned_kernels, seen[:] = list(seen), []
+        run_four_block_flux(fresh)
+    assert pinned_kernels and all(k == {"math"} for k in pinned_kernels)
+    assert seen and all(k == {"flash", "efficient", "math", "cudnn"} for k in seen)
 
 
 def test_sd3_processor_calls_sdpa_itself_and_gpu_kernels_are_refused(monkeypatch, default_backend):

@@ -226,7 +226,7 @@ def test_diffusers_dequantizers_decode_the_numpy_blocks(starter):
 
 
 def test_a_gguf_file_of_the_numpy_blocks_loads_in_diffusers(starter, tmp_path):
-    """A `.gguf` file written by the `gguf` package's `GGUFWriter` from the starter's Q8_0 and Q4_0 bytes loads through diffusers' `load_state_dict` (the reader behind `from_single_file`) as `GGUFParameter`s holding the same bytes, with `quant_type` set and the logical shape `(out, in)` as `quant_shape`."""
+    """A `.gguf` file written by the `gguf` package's `GGUFWriter` from the starter's Q8_0 and Q4_0 bytes loads through diffusers' `load_state_dict` (the reader behind `from_single_file`) as `GGUFParameter`s holding the same bytes, with `quant_type` set and the logical shape `(out, in)` as `quant_shape`; a `GGUFLinear` given the loaded Q4_0 parameter computes `x @ W.T` with the starter's dequantized weight."""
     from diffusers.models.model_loading_utils import load_state_dict
     from diffusers.quantizers.gguf.utils import GGUFParameter
     from gguf import GGMLQuantizationType
@@ -248,6 +248,15 @@ def test_a_gguf_file_of_the_numpy_blocks_loads_in_diffusers(starter, tmp_path):
         assert param.quant_type == getattr(GGMLQuantizationType, name)
         assert tuple(param.quant_shape) == w.shape
         np.testing.assert_array_equal(param.as_tensor().numpy(), blocks)
+    # and GGUFLinear runs on the parameter read from the file: d * q in fp16, then F.linear
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+
+    layer = GGUFLinear(w.shape[1], w.shape[0], bias=False, compute_dtype=torch.float32)
+    layer.weight = state_dict["Q4_0.weight"]
+    x = torch.from_numpy(starter["x"][:4])
+    expected = x @ torch.from_numpy(starter["dequantize"](packed["Q4_0"], "Q4_0").astype(np.float16)).float().T  # fmt: skip
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_gguf_linear_dequantizes_on_every_call(starter, monkeypatch):

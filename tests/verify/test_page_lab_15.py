@@ -93,14 +93,15 @@ def test_which_models_support_caching():
 
 
 def test_cache_context_is_required():
-    """Once a cache is enabled, calling the model outside `cache_context(...)` raises `ValueError` ("No cache context is set"): the hooks keep one state per context name, such as `"cond"` and `"uncond"`."""
-    from diffusers import FirstBlockCacheConfig
+    """With FirstBlockCache or TaylorSeer enabled, calling the model outside `cache_context(...)` raises `ValueError` ("No cache context is set"): their hooks keep one state per context name, such as `"cond"` and `"uncond"`."""
+    from diffusers import FirstBlockCacheConfig, TaylorSeerCacheConfig
 
-    model = three_block_flux_transformer()
-    model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
     inputs = flux_inputs()
-    with torch.no_grad(), pytest.raises(ValueError, match="No cache context is set"):
-        model(timestep=torch.tensor([1.0]), **inputs)
+    for config in (TaylorSeerCacheConfig(), FirstBlockCacheConfig(threshold=1e9)):
+        model = three_block_flux_transformer()
+        model.enable_cache(config)
+        with torch.no_grad(), pytest.raises(ValueError, match="No cache context is set"):
+            model(timestep=torch.tensor([1.0]), **inputs)
     # one state per name: with a huge threshold each name runs everything on its first call only
     tail = Counter(model.single_transformer_blocks[-1].attn)
     with torch.no_grad():

@@ -24,14 +24,17 @@ from model_configs import COMPONENTS, build, installed_versions
 from tiny import (
     count_transfers,
     embeds,
+    flux_prompt_embeds,
     four_block_flux_transformer,
     run_four_block_flux,
     run_starter,
     sdpa_kernels_seen,
     simulated_ring,
     start_latents,
+    tiny_flux_pipeline,
     tiny_sd_pipeline,
     tiny_unet,
+    traffic,
 )
 
 from labkit import offload_groups
@@ -315,7 +318,77 @@ def test_block_level_onloads_every_group_every_call(n, starter, monkeypatch, def
     assert blocks == 4  # every block moved back once per call
     # the lab's groups-per-step rule, applied to the tiny model's own group sizes
     rows = {r[0]: r for r in starter["schedules"](count_groups(model), 1, [n])}
-    assert rows[f"block_level, n={n}"][3] == len(onloads)
+    assert rows[f"block_level, n={n}"][4] == len(onloads)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(offload_type="block_level", num_blocks_per_group=1),
+        dict(offload_type="block_level", num_blocks_per_group=2),
+        dict(offload_type="leaf_level"),
+    ],
+    ids=["block-1", "block-2", "leaf"],
+)
+def test_offload_traffic_counts_both_directions(kwargs, starter, monkeypatch, default_backend):
+    """Without `use_stream`, group offloading moves every weight onto the device and back on every call: on the tiny Flux transformer each forward under `block_level` (1 or 2 blocks per group) or `leaf_level` passes all its weight bytes through `.to()` in the groups' `onload_` and all of them again in `offload_` (`module.to(offload_device)`), counted as a GPU would copy them; so the lab's table counts both directions for these rows (for Flux.1-dev, 23.80 GB each way, 1.90 s per step at 25 GB/s), and one direction only for `use_stream` (its offload points the weights back at a pinned CPU copy, `group_offloading.py` L316-L336, not run here) and for sequential offload."""
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    model = four_block_flux_transformer()
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    cpu = torch.device("cpu")
+    model.enable_group_offload(onload_device=cpu, offload_device=cpu, **kwargs)
+    with traffic(model, monkeypatch, [(ModuleGroup, "onload_")], [(ModuleGroup, "offload_")]) as moved:  # fmt: skip
+        for _ in range(2):
+            run_four_block_flux(model)
+    assert moved == {"to_device": 2 * weights, "to_host": 2 * weights}
+    # the lab's rows for this tiny model (bf16: 2 bytes per float32 parameter's 4)
+    rows = {r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 1, [1, 2])}  # fmt: skip
+    name = "leaf_level" if kwargs["offload_type"] == "leaf_level" else f"block_level, n={kwargs['num_blocks_per_group']}"  # fmt: skip
+    assert rows[name][2:4] == (weights // 2, weights // 2)
+    assert rows["block_level, use_stream"][3] == rows["sequential offload"][3] == 0
+
+
+def test_model_offload_is_one_round_trip_per_image(starter, monkeypatch):
+    """`enable_model_cpu_offload` moves the transformer to the execution device before its first step and back to the CPU at the end of every `__call__`: `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `self.to("cpu")` copies it back (`pipeline_utils.py` L1291, L1231; on a GPU the later steps find it resident, accelerate's `CpuOffload.pre_forward`). One round trip per image, so the lab's model-offload row moves `1 / steps` of it each way per step (two 3-step calls of a tiny `FluxPipeline`, CPU as the device)."""
+    from accelerate.hooks import CpuOffload
+    from diffusers import DiffusionPipeline
+
+    pipe = tiny_flux_pipeline()
+    pipe.enable_model_cpu_offload(device="cpu")
+    text, pooled = flux_prompt_embeds()
+    moves, phase, original = [], [None], torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        if self is pipe.transformer and phase[0]:
+            moves.append((phase[0], torch.device(args[0]).type))
+        return original(self, *args, **kwargs)
+
+    def during(label, method):
+        def wrapped(*args, **kwargs):
+            phase[0] = label
+            try:
+                return method(*args, **kwargs)
+            finally:
+                phase[0] = None
+
+        return wrapped
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    monkeypatch.setattr(CpuOffload, "pre_forward", during("step", CpuOffload.pre_forward))
+    monkeypatch.setattr(DiffusionPipeline, "maybe_free_model_hooks", during("end", DiffusionPipeline.maybe_free_model_hooks))  # fmt: skip
+    for _ in range(2):
+        moves.clear()
+        with torch.no_grad():
+            pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=3,
+                 height=16, width=16, output_type="latent")  # fmt: skip
+        # each step asks for the execution device (a copy only the first time on a GPU); the
+        # end of the call sends it back to the CPU
+        assert [p for p, _ in moves].count("step") == 3 and ("end", "cpu") in moves
+        assert moves.index(("end", "cpu")) > max(i for i, (p, _) in enumerate(moves) if p == "step")  # fmt: skip
+    monkeypatch.undo()
+    rows = {r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 3, [1])}  # fmt: skip
+    assert rows["model offload"][2] == rows["model offload"][3] == rows["all on the device"][1] / 3
 
 
 def test_leaf_level_groups_every_module_with_parameters(starter, monkeypatch, default_backend):
@@ -330,7 +403,7 @@ def test_leaf_level_groups_every_module_with_parameters(starter, monkeypatch, de
     rows = {
         r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 1, [1])
     }
-    assert rows["leaf_level / sequential"][3] == len(onloads)
+    assert rows["leaf_level"][4] == rows["sequential offload"][4] == len(onloads)
     from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
 
     assert not {torch.nn.GroupNorm, torch.nn.LayerNorm} & set(_GO_LC_SUPPORTED_PYTORCH_LAYERS)

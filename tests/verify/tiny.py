@@ -683,6 +683,44 @@ def count_transfers(model, monkeypatch):
     return onloads, to_calls
 
 
+@contextlib.contextmanager
+def traffic(module, monkeypatch, to_device, to_host):
+    """Count the bytes of ``module``'s parameters and buffers that ``.to()`` moves while the
+    methods in ``to_device`` (onto the accelerator) and ``to_host`` (back) run, as a GPU
+    would copy them: a tensor counts once per trip, only when it is not already on that side
+    (every tensor starts on the host). Methods are ``(class, name)`` pairs, e.g.
+    ``(ModuleGroup, "onload_")``. Yields ``{"to_device": bytes, "to_host": bytes}``."""
+    import torch
+
+    sizes = {t.data_ptr(): t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()]}  # fmt: skip
+    on_device, phase, moved = set(), [None], {"to_device": 0, "to_host": 0}
+    original_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        ptr = self.data_ptr()
+        if phase[0] is not None and ptr in sizes and (ptr in on_device) != (phase[0] == "to_device"):  # fmt: skip
+            moved[phase[0]] += sizes[ptr]
+            (on_device.add if phase[0] == "to_device" else on_device.discard)(ptr)
+        return original_to(self, *args, **kwargs)
+
+    def during(label, method):
+        def wrapped(*args, **kwargs):
+            previous, phase[0] = phase[0], label
+            try:
+                return method(*args, **kwargs)
+            finally:
+                phase[0] = previous
+
+        return wrapped
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    for label, methods in (("to_device", to_device), ("to_host", to_host)):
+        for cls, name in methods:
+            monkeypatch.setattr(cls, name, during(label, getattr(cls, name)))
+    yield moved
+    monkeypatch.undo()
+
+
 # ---------------------------------------------------------------- ControlNet and IP-Adapter
 
 
