@@ -49,7 +49,7 @@ parser = LabArgumentParser(prog="w8a8_outliers.py", description=__doc__.splitlin
 parser.add_argument("--tokens", type=int_at_least(1), default=64, help="rows of hidden_states")
 parser.add_argument("--in-features", type=int_at_least(64), default=256, help="a multiple of --group-size")  # fmt: skip
 parser.add_argument("--out-features", type=int_at_least(1), default=32)
-parser.add_argument("--outliers", type=int_at_least(0), default=4, help="outlier channels of hidden_states")  # fmt: skip
+parser.add_argument("--outliers", type=int_at_least(1), default=4, help="outlier channels of hidden_states")  # fmt: skip
 parser.add_argument("--outlier-scale", type=float, default=50.0, help="their size against the rest, >= 1")  # fmt: skip
 parser.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength, in [0, 1]")  # fmt: skip
 parser.add_argument("--rank", type=int_at_least(1), default=4, help="SVDQuant's 16-bit low-rank branch")  # fmt: skip
