@@ -123,8 +123,9 @@ full_out, _ = attention(query, key, value)  # (T, H, head_dim): what one GPU com
 # Attention per head needs nothing else. A fourth all-to-all returns the output to the token
 # split. Bytes a rank sends per layer: 4 all-to-alls (Q, K, V, O), each sending (R-1)/R of
 # the rank's shard of T/R x H x d elements: `4 (R-1)/R * (T/R) H d * 2` bytes, which falls
-# as 1/R. Heads must divide by R (FLUX.1-dev's 24: 2, 3, 4, 6, 8 ranks, not 5 or 16; diffusers'
-# `ulysses_anything=True` pads the heads to a multiple of R while the padding is < H/R per rank).
+# as 1/R. R must divide the heads and, in diffusers, each split input's tokens too (FLUX.1-dev
+# at 1024 px, 24 heads and 512 text tokens: 2, 4 or 8 ranks; diffusers' `ulysses_anything=True`
+# pads the heads to a multiple of R while the padding is < H/R per rank).
 
 
 # %%
@@ -160,8 +161,9 @@ ulysses_diff = np.abs(np.concatenate(ulysses_out) - full_out).max()
 # lse)` (diffusers writes the same as `out_a - sigmoid(lse_b - lse_a) (out_a - out_b)`).
 # Bytes a rank sends per layer: (R-1) sends of a K and a V block of T/R x H x d:
 # `2 (R-1) (T/R) H d * 2` bytes, which tends to `4 T H d` as R grows: ring's traffic per rank
-# does not fall, and heads need not divide. A send can hide behind the attention of the block
-# in hand only if that block is long enough (section 5 computes the condition).
+# does not fall, and heads need not divide (in diffusers the tokens still must). A send can
+# hide behind the attention of the block in hand if that block is long enough (section 5
+# computes a sufficient condition at assumed peak rates).
 
 
 # %%
@@ -199,9 +201,9 @@ print(f" ring    = full attention: max abs difference {ring_diff:.1e}; each rank
 # means all layers once; a step with two guidance branches makes two calls.
 #
 # When can a rotating ring hide its sends? A block's attention is `4 (T/R)^2 H d` FLOPs (QK^T
-# and PV), its K/V send `4 (T/R) H d` bytes, so the send takes no longer than the attention
-# only if `T/R >= peak FLOP/s / link bytes/s`: the block-size condition of Ring Attention
-# (Liu et al. 2023). Long videos pass it; a 1024 px image split many ways does not.
+# and PV), its K/V send `4 (T/R) H d` bytes, so at these assumed peak rates the send takes no
+# longer than the attention once `T/R >= peak FLOP/s / link bytes/s`: the block-size condition
+# of Ring Attention (Liu et al. 2023); real kernels and links run below peak. Long videos pass it; a 1024 px image split many ways does not.
 
 
 # %%
@@ -229,7 +231,7 @@ for m in (FLUX, WAN):
 
 # a rotating ring's block: attention 4 (T/R)^2 H d FLOPs against a send of 4 (T/R) H d bytes
 min_block_tokens = args.tflops * 1e12 / (args.link_gbs * 1e9)  # peak FLOP/s / link bytes/s
-print(f"\nring overlap: a block's K/V send hides behind its attention only if T/R >= {args.tflops:g} TFLOP/s / {args.link_gbs:g} GB/s = {min_block_tokens:,.0f} tokens")  # fmt: skip
+print(f"\nring overlap at these assumed peak rates: a block's K/V send hides behind its attention once T/R >= {args.tflops:g} TFLOP/s / {args.link_gbs:g} GB/s = {min_block_tokens:,.0f} tokens")  # fmt: skip
 print(" model                  | ranks | T/R tokens | block attention us | block send us | send / attention")  # fmt: skip
 for m in (FLUX, WAN):
     for r in RANKS:

@@ -87,8 +87,8 @@ def test_schemes_latency_and_throughput(lab):
 
 
 def test_ring_overlap_needs_long_blocks(lab, run_cli):
-    """A rotating ring hides a block's K/V send behind its attention only if T/R >= peak
-    FLOP/s / link bytes/s (2,198 tokens at 989 TFLOP/s and 450 GB/s): at 2, 4 and 8 ranks
+    """At assumed peak rates a rotating ring hides a block's K/V send behind its attention once
+    T/R >= peak FLOP/s / link bytes/s (2,198 tokens at 989 TFLOP/s and 450 GB/s): at 2, 4 and 8 ranks
     true for Wan 2.1's video, for FLUX.1-dev at 1024 px only at 2."""
     a = lab["args"]
     flops, link = a.tflops * 1e12, a.link_gbs * 1e9

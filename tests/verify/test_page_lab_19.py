@@ -40,22 +40,23 @@ from pathlib import Path
 WORLD = 2
 
 
-def _flux_inputs():
-    """16 image tokens (a 4 x 4 grid of packed 64-channel latents) and 8 text tokens."""
+def _flux_inputs(image=16, text=8):
+    """``image`` image tokens (rows of 4 packed 64-channel latents; 16 by default, a 4 x 4
+    grid) and ``text`` text tokens."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    img_ids = torch.zeros(16, 3)
-    img_ids[:, 1] = torch.arange(4).repeat_interleave(4)
-    img_ids[:, 2] = torch.arange(4).repeat(4)
+    img_ids = torch.zeros(image, 3)
+    img_ids[:, 1] = torch.arange(image // 4).repeat_interleave(4)
+    img_ids[:, 2] = torch.arange(4).repeat(image // 4)
     return dict(
-        hidden_states=torch.randn(1, 16, 64, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+        hidden_states=torch.randn(1, image, 64, generator=g),
+        encoder_hidden_states=torch.randn(1, text, 32, generator=g),
         pooled_projections=torch.randn(1, 32, generator=g),
         timestep=torch.full((1,), 0.5),
         guidance=torch.full((1,), 3.5),
         img_ids=img_ids,
-        txt_ids=torch.zeros(8, 3),
+        txt_ids=torch.zeros(text, 3),
         return_dict=False,
     )
 
@@ -257,7 +258,24 @@ def _rank_main(rank, out_path):
             res["wan_ulysses"] = (model(**wan_inputs)[0] - want).abs().max().item()
             res["wan_cross_attention_inputs"] = seen[0]
 
-        # 8. by hand on the real first attention's q, k, v (B, S, H, D), token shard per rank
+            # 8. a backend without context-parallel support, chosen after enable_parallelism:
+            # through the attention_backend() context manager, then through set_attention_backend
+            from diffusers.models.attention_dispatch import attention_backend
+
+            model = tiny_flux_transformer()
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+            try:
+                with attention_backend("_native_math"):
+                    res["ulysses_under_native_math"] = diff(model)
+            except Exception as e:
+                res["ulysses_under_native_math"] = _error(e)
+            try:
+                model.set_attention_backend("_native_math")
+                res["set_native_math_after"] = "accepted"
+            except Exception as e:
+                res["set_native_math_after"] = _error(e)
+
+        # 9. by hand on the real first attention's q, k, v (B, S, H, D), token shard per rank
         query, key, value, out = attention_calls[0]
         tokens = query.shape[1]
         mine = slice(rank * tokens // WORLD, (rank + 1) * tokens // WORLD)
@@ -372,8 +390,68 @@ def _mesh_main(rank, out_path):
     dist.destroy_process_group()
 
 
+FIVE = 5
+
+#: the five-rank cases: name, heads, image tokens, text tokens, ContextParallelConfig keywords
+FIVE_CASES = [
+    ("ring_16_8", 2, 16, 8, dict(ring_degree=5)),  # 16 and 8 tokens: 5 divides neither
+    ("ring_20_10", 2, 20, 10, dict(ring_degree=5)),
+    ("ulysses_5_heads_16_8", 5, 16, 8, dict(ulysses_degree=5)),
+    ("ulysses_24_heads", 24, 20, 10, dict(ulysses_degree=5)),
+    ("ulysses_anything_24_heads", 24, 20, 10, dict(ulysses_degree=5, ulysses_anything=True)),
+    ("ulysses_anything_8_heads", 8, 20, 10, dict(ulysses_degree=5, ulysses_anything=True)),
+    ("ulysses_anything_16_8", 24, 16, 8, dict(ulysses_degree=5, ulysses_anything=True)),
+    ("ring_anything_16_8", 2, 16, 8, dict(ring_degree=5, ring_anything=True)),
+]
+
+
+def _five_main(rank, out_path):
+    """One of five ranks (a degree that is not a power of two): each of ``FIVE_CASES`` on a
+    tiny Flux transformer against the same model in one process, ring cases with the native
+    op replaced by ``_lse_forward_op``; results (max difference or the error) as JSON."""
+    import time
+    import warnings
+    from datetime import timedelta
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    dist.init_process_group("gloo", rank=rank, world_size=FIVE, timeout=timedelta(seconds=90))
+
+    import diffusers.models.attention_dispatch as dispatch
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+
+    res = {}
+    with (
+        torch.no_grad(),
+        warnings.catch_warnings(record=True),
+        mock.patch("torch.accelerator.device_count", return_value=1),
+    ):
+        warnings.simplefilter("always")
+        for name, heads, image, text, config in FIVE_CASES:
+            op = _lse_forward_op if "ring_degree" in config else dispatch._native_attention_forward_op  # fmt: skip
+            with mock.patch.object(dispatch, "_native_attention_forward_op", op):
+                want = tiny_flux_transformer(num_attention_heads=heads)(**_flux_inputs(image, text))[0]  # fmt: skip
+                model = tiny_flux_transformer(num_attention_heads=heads)
+                try:
+                    model.enable_parallelism(config=ContextParallelConfig(**config))
+                    got = model(**_flux_inputs(image, text))[0]
+                    res[name] = (got - want).abs().max().item()
+                except Exception as e:
+                    res[name] = _error(e)
+            dist.barrier()
+    res["seconds"] = time.perf_counter() - start
+    Path(f"{out_path}.{rank}").write_text(json.dumps(res))
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    (_rank_main if sys.argv[3] == str(WORLD) else _mesh_main)(int(sys.argv[1]), sys.argv[2])
+    main = {str(WORLD): _rank_main, str(MESH): _mesh_main, str(FIVE): _five_main}[sys.argv[3]]
+    main(int(sys.argv[1]), sys.argv[2])
     sys.exit(0)
 
 
@@ -430,6 +508,12 @@ def ranks(tmp_path_factory):
 def mesh_ranks(tmp_path_factory):
     """The four ranks' results of ``_mesh_main``."""
     return _run_ranks(tmp_path_factory.mktemp("lab19mesh") / "rank", MESH, _mesh_main)
+
+
+@pytest.fixture(scope="module")
+def five_ranks(tmp_path_factory):
+    """The five ranks' results of ``_five_main``."""
+    return _run_ranks(tmp_path_factory.mktemp("lab19five") / "rank", FIVE, _five_main)
 
 
 def test_enable_parallelism_needs_an_initialised_process_group():
@@ -647,3 +731,50 @@ def test_the_same_splits_by_hand_on_gloo(ranks):
         assert r["hand_ring"] < 1e-5 and r["hand_ulysses"] < 1e-5
         assert r["hand_ulysses_heads_shape"] == [1, 24, 1, 16]
         assert r["all_to_all_single"] == [rank, 10 + rank]
+
+
+def test_token_counts_must_divide_by_the_ranks(five_ranks):
+    """Each input the model's `_cp_plan` splits must divide by the number of ranks, for ring as for Ulysses: on five gloo processes `ring_degree=5`, and `ulysses_degree=5` with 5 heads, raise AssertionError ("divisible by mesh size") on 16 image and 8 text tokens, while ring over 5 equals the single-process model on 20 and 10; so FLUX.1-dev at 1024 px (4,096 image and 512 text tokens, 24 heads) runs plain Ulysses on 2, 4 or 8 GPUs only."""
+    for r in five_ranks:
+        for name in ("ring_16_8", "ulysses_5_heads_16_8"):
+            assert r[name] == ["AssertionError", "Tensor size along dimension to be sharded must be divisible by mesh size"]  # fmt: skip
+        assert r["ring_20_10"] < 1e-5
+    # 4,096 and 512 are FLUX.1-dev's token counts at 1024 px (test_page_parallel.py runs the pipeline)
+    assert [n for n in range(2, 25) if 24 % n == 0 and 4096 % n == 0 and 512 % n == 0] == [2, 4, 8]
+
+
+def test_ulysses_anything_runs_24_heads_on_five_ranks(five_ranks):
+    """On five gloo processes, FLUX.1-dev's 24 heads fail plain `ulysses_degree=5` (a reshape to 24/5 heads) and run with `ulysses_anything=True` (padded to 25, 5 a rank), equal to the single-process model to within 1e-5; 8 heads do not run (padded to 10: 2 padded heads are not fewer than the 2 a rank, AssertionError)."""
+    for r in five_ranks:
+        kind, message = r["ulysses_24_heads"]
+        assert kind == "RuntimeError" and "invalid for input of size" in message
+        assert r["ulysses_anything_24_heads"] < 1e-5
+        assert r["ulysses_anything_8_heads"] == ["AssertionError", "Padding head num 2 should be less than new local head num 2"]  # fmt: skip
+
+
+def test_anything_modes_cut_uneven_tokens_that_gloo_cannot_gather(five_ranks):
+    """`ulysses_anything=True` and `ring_anything=True` cut token counts the ranks do not divide (16 and 8 tokens on 5 ranks) into unequal shards, and on gloo both then fail at an all-gather of those shards (`ProcessGroupGloo::allgather: invalid tensor size`)."""
+    for r in five_ranks:
+        for name in ("ulysses_anything_16_8", "ring_anything_16_8"):
+            kind, message = r[name]
+            assert kind == "RuntimeError" and "ProcessGroupGloo::allgather: invalid tensor size" in message  # fmt: skip
+
+
+def test_the_attention_backend_context_manager_skips_the_check(ranks):
+    """The context-parallel backend check runs in `enable_parallelism` and `set_attention_backend`, not in the `attention_backend()` context manager: on two gloo processes a Ulysses model run under `attention_backend("_native_math")` raises nothing and differs from the single-process model by more than 0.01, while `set_attention_backend("_native_math")` on the same model raises ValueError."""
+    for r in ranks:
+        assert isinstance(r["ulysses_under_native_math"], float)
+        assert r["ulysses_under_native_math"] > 0.01
+        kind, message = r["set_native_math_after"]
+        assert kind == "ValueError" and "'_native_math' does not support context" in message
+
+
+def test_cudnn_and_flash_ops_return_the_lse():
+    """`_native_cudnn`'s and `_native_flash`'s forward ops (`_cudnn_attention_forward_op`, `_native_flash_attention_forward_op`) return the output and its (B, S, H) float32 log-sum-exp when asked with `return_lse=True`, as ring attention asks; run here on the meta device (shapes only), as their aten kernels need CUDA."""
+    import diffusers.models.attention_dispatch as dispatch
+
+    q = torch.empty(1, 8, 2, 16, device="meta", dtype=torch.bfloat16)  # (B, S, H, D)
+    for op in (dispatch._cudnn_attention_forward_op, dispatch._native_flash_attention_forward_op):
+        out, lse = op(None, q, q, q, return_lse=True, _save_ctx=False)
+        assert tuple(out.shape) == (1, 8, 2, 16) and tuple(lse.shape) == (1, 8, 2)
+        assert lse.dtype == torch.float32

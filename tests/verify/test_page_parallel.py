@@ -1,10 +1,11 @@
 """The parallel-inference section against diffusers 0.42.1: the sequence lengths it quotes
 and the parallel configurations diffusers offers.
 
-The runs across two processes (Ulysses and ring on a tiny Flux transformer over gloo) are
-lab 19's (``test_page_lab_19.py``); this module checks the section's own sentences: Wan
-2.1's token count from ``WanPipeline.prepare_latents`` and ``WanTransformer3DModel``'s
-defaults, and what ``ParallelConfig`` holds. No weights, no hub.
+The runs across two, four and five processes (Ulysses and ring on a tiny Flux transformer
+over gloo) are lab 19's (``test_page_lab_19.py``); this module checks the section's own
+sentences: Wan 2.1's token count from ``WanPipeline.prepare_latents`` and
+``WanTransformer3DModel``'s defaults, what ``ParallelConfig`` holds, and which models
+tensor parallelism accepts. No weights, no hub.
 """
 
 from __future__ import annotations
@@ -42,15 +43,21 @@ def test_wan_five_seconds_of_720p_is_75600_tokens():
     assert t * h * w == 75_600
 
 
-def _batches_per_call(pipe, **kwargs):
-    """The batch size of each transformer call in a 2-step ``pipe(...)`` at 16 x 16 px."""
-    batches = []
-    pipe.transformer.register_forward_pre_hook(
-        lambda m, a, kw: batches.append(kw["hidden_states"].shape[0]), with_kwargs=True
-    )
+def _calls(pipe, cond, uncond, **kwargs):
+    """Each transformer call in a 2-step ``pipe(...)`` at 16 x 16 px: its batch size and
+    whether its ``encoder_hidden_states`` are the prompt's (``cond``) or the negative
+    prompt's (``uncond``) embeddings."""
+    calls = []
+
+    def record(m, a, kw):
+        text = kw["encoder_hidden_states"]
+        branch = [n for n, t in (("cond", cond), ("uncond", uncond)) if torch.equal(text, t)]
+        calls.append((kw["hidden_states"].shape[0], *branch))
+
+    pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
     with torch.no_grad():
         pipe(height=16, width=16, num_inference_steps=2, output_type="latent", **kwargs)
-    return batches
+    return calls
 
 
 def test_flux_true_cfg_and_wan_make_two_batch_one_calls_a_step():
@@ -64,13 +71,13 @@ def test_flux_true_cfg_and_wan_make_two_batch_one_calls_a_step():
     )
 
     text = torch.randn(2, WAN_TEXT_TOKENS, WAN_TEXT, generator=torch.Generator().manual_seed(0))
-    wan = _batches_per_call(tiny_wan_pipeline(), prompt_embeds=text[1:],
-                            negative_prompt_embeds=text[:1], num_frames=5)  # fmt: skip
+    wan = _calls(tiny_wan_pipeline(), text[1:], text[:1], prompt_embeds=text[1:],
+                 negative_prompt_embeds=text[:1], num_frames=5)  # fmt: skip
     text, pooled = flux_prompt_embeds()
-    flux = _batches_per_call(tiny_flux_pipeline(), true_cfg_scale=4.0, prompt_embeds=text[1:],
-                             pooled_prompt_embeds=pooled[1:], negative_prompt_embeds=text[:1],
-                             negative_pooled_prompt_embeds=pooled[:1])  # fmt: skip
-    assert wan == flux == [1, 1, 1, 1]  # 2 steps x (cond, uncond)
+    flux = _calls(tiny_flux_pipeline(), text[1:], text[:1], true_cfg_scale=4.0,
+                  prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:],
+                  negative_prompt_embeds=text[:1], negative_pooled_prompt_embeds=pooled[:1])  # fmt: skip
+    assert wan == flux == [(1, "cond"), (1, "uncond")] * 2  # 2 steps x (cond, uncond)
 
 
 def test_parallel_config_is_context_or_tensor_parallel():
@@ -127,17 +134,14 @@ def test_flux_1024px_is_4096_image_and_512_text_tokens(tmp_path):
     assert latents.numel() * torch.tensor([], dtype=torch.bfloat16).element_size() == 524_288
 
 
-def test_ulysses_anything_pads_heads_up_to_a_multiple_of_the_degree():
-    """With `ulysses_anything=True`, diffusers 0.42.1 pads the heads up to a multiple of the Ulysses degree (`_maybe_pad_qkv_head`), and only while the padding is smaller than a rank's share: FLUX.1-dev's 24 heads run on 5 ranks (1 padded head, 5 a rank) but not on 16 (8 padded, 2 a rank: AssertionError); `ulysses_anything` cannot be combined with `ring_degree > 1`."""
+def test_ulysses_anything_padding_must_be_smaller_than_a_ranks_share():
+    """With `ulysses_anything=True`, diffusers 0.42.1 pads the heads up to a multiple of the Ulysses degree (`_maybe_pad_qkv_head`) only while the padding is smaller than a rank's share: FLUX.1-dev's 24 heads on 16 ranks (8 padded, 2 a rank) raise AssertionError (lab 19's five-process run shows 24 heads running on 5); `ulysses_anything` cannot be combined with `ring_degree > 1`."""
     from unittest import mock
 
     import diffusers.models.attention_dispatch as dispatch
     from diffusers import ContextParallelConfig
 
     x = torch.zeros(1, 2, 24, 4)  # (B, S_LOCAL, H, D)
-    with mock.patch.object(dispatch.dist, "get_world_size", return_value=5):
-        padded, pad = dispatch._maybe_pad_qkv_head(x, 24, group=None)
-    assert pad == 1 and padded.shape[2] == 25
     with (
         mock.patch.object(dispatch.dist, "get_world_size", return_value=16),
         pytest.raises(
@@ -147,3 +151,32 @@ def test_ulysses_anything_pads_heads_up_to_a_multiple_of_the_degree():
         dispatch._maybe_pad_qkv_head(x, 24, group=None)
     with pytest.raises(ValueError, match="ulysses_anything cannot be enabled when ring_degree > 1"):
         ContextParallelConfig(ring_degree=2, ulysses_degree=2, ulysses_anything=True)
+
+
+def _models_with_a_tp_plan():
+    """Every ModelMixin subclass in the installed diffusers.models whose `_tp_plan` is set."""
+    import importlib
+    import pkgutil
+
+    import diffusers.models
+    from diffusers.models.modeling_utils import ModelMixin
+
+    found = set()
+    for info in pkgutil.walk_packages(diffusers.models.__path__, "diffusers.models."):
+        for obj in vars(importlib.import_module(info.name)).values():
+            if isinstance(obj, type) and issubclass(obj, ModelMixin) and obj._tp_plan:
+                found.add(obj.__name__)
+    return found
+
+
+def test_tensor_parallelism_needs_a_tp_plan_that_only_flux_and_qwenimage_define():
+    """In diffusers 0.42.1 only four model classes define the `_tp_plan` that `TensorParallelConfig` needs: `FluxTransformer2DModel`, `Flux2Transformer2DModel`, `QwenImageTransformer2DModel` and `QwenImage21Transformer2DModel`; `WanTransformer3DModel.enable_parallelism(config=TensorParallelConfig(tp_degree=2))` raises ValueError ("`_tp_plan` must be set")."""
+    from diffusers.models._modeling_parallel import TensorParallelConfig
+    from tiny import tiny_wan_transformer
+
+    assert _models_with_a_tp_plan() == {
+        "FluxTransformer2DModel", "Flux2Transformer2DModel",
+        "QwenImageTransformer2DModel", "QwenImage21Transformer2DModel",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="`_tp_plan` must be set on the model class"):
+        tiny_wan_transformer().enable_parallelism(config=TensorParallelConfig(tp_degree=2))
