@@ -439,22 +439,28 @@ def built_path(site: Path, page: Path) -> Path:
 
 @pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=lambda p: p.stem)
 def test_numbers_in_prose_come_from_the_runs_they_cite(built_site, page, tmp_path):
-    """Every decimal a page's prose quotes is a whole number in the output of a run the page
-    shows (its run blocks, included code, figures' captions and alt texts) or of a lab page
-    that the same paragraph, list or table links to; else it is cited. A starter change that
-    moves a quoted number fails here, and a number cannot pass by matching part of another
-    ("0.8" in "10.85") or by turning up in some unrelated lab's output. Quoted diffusers
-    grids are recomputed by the verify suite instead (``VERIFIED_ELSEWHERE``)."""
+    """Every number a page's prose quotes (see :func:`quoted_in`) is a whole number in the
+    output of a run the page shows (its run blocks, included code, figures' captions and alt
+    texts), of a lab page that the same paragraph, list, table or admonition links to, or, on
+    a handbook section, of a lab that serves that section (its ``sections``); else it is
+    cited. A starter change that moves a quoted number fails here, and a number cannot pass
+    by matching part of another ("0.8" in "10.85") or by turning up in some unrelated lab's
+    output. Quoted diffusers grids are recomputed by the verify suite instead
+    (``VERIFIED_ELSEWHERE``)."""
     stripped = tmp_path / page.name
     stripped.write_text(
         VERIFIED_ELSEWHERE.sub(" ", page.read_text(encoding="utf-8")), encoding="utf-8"
     )
-    own = shown_output(built_path(built_site, page))
     labs = {lab.page.with_suffix("").name: lab for lab in LABS}
+    serving = {name for name, lab in labs.items() if page.stem in lab.sections}
+    own = " ".join(
+        [shown_output(built_path(built_site, page))]
+        + [shown_output(built_site / labs[name].page.with_suffix("") / "index.html") for name in sorted(serving)]
+    )  # fmt: skip
     unshown = []
     for text, linked in prose_blocks(stripped):
         cited = [shown_output(built_site / labs[name].page.with_suffix("") / "index.html")
-                 for name in sorted(linked) if name in labs]  # fmt: skip
+                 for name in sorted(linked - serving) if name in labs]  # fmt: skip
         shown = " ".join([own, *cited])
         first = " ".join(text.split())[:70]
         unshown += [
