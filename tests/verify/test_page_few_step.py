@@ -3,8 +3,10 @@
 The schedulers are the real classes with SD 1.x's betas; the pipeline checks run the real
 ``__call__`` of tiny pipelines built in code (``tiny.py``; no text encoders, no weights):
 the ``FluxPipeline`` Lab 13's module runs (a guidance-embedding ``FluxTransformer2DModel``
-and a 16-channel ``AutoencoderKL`` with FLUX.1's factors), a ``StableDiffusionPipeline``
-and a ``StableDiffusionXLPipeline`` around a UNet with SDXL's "text_time" conditioning.
+and a 16-channel ``AutoencoderKL`` with FLUX.1's factors), a ``StableDiffusionPipeline``,
+a ``StableDiffusionXLPipeline`` around a UNet with SDXL's "text_time" conditioning, a
+``StableDiffusion3Pipeline`` and a ``SanaSprintPipeline`` (one-layer transformer, two-block
+``AutoencoderDC``).
 """
 
 from __future__ import annotations
@@ -321,9 +323,50 @@ def test_lcm_step():
     assert not torch.allclose(outs[0].prev_sample, outs[1].prev_sample)
 
 
-def test_tcd_eta():
-    """`TCDScheduler.step`'s `eta` defaults to 0.3, and `eta=0` gives the deterministic DDIM jump to the next timestep."""
-    assert inspect.signature(TCDScheduler.step).parameters["eta"].default == 0.3
+def tcd_pipeline_run(name, monkeypatch, seed, **kwargs):
+    """(latents, etas): one 4-step call of tiny SD or SDXL with a `TCDScheduler`, ``guidance_scale=0``
+    (as TCD's card), the ``eta`` every ``scheduler.step`` call receives recorded by a spy."""
+    import functools
+
+    scheduler = TCDScheduler(**SD_SCHEDULER)  # SD 1.x's steps_offset=1: else a warning
+    if name == "StableDiffusionPipeline":
+        pipe, extra = tiny_sd_pipeline(scheduler=scheduler), {}
+    else:
+        pipe = tiny_sdxl_pipeline(scheduler, unet=tiny_text_time_unet())
+        extra = dict(pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3)))  # fmt: skip
+    etas, original = [], pipe.scheduler.step
+
+    @functools.wraps(original)  # prepare_extra_step_kwargs reads step's signature
+    def spy(*args, **kw):
+        etas.append(kw.get("eta", "absent"))
+        return original(*args, **kw)
+
+    monkeypatch.setattr(pipe.scheduler, "step", spy)
+    with torch.no_grad():
+        latents = pipe(prompt_embeds=embeds(1), guidance_scale=0.0, num_inference_steps=4,
+                       latents=start_latents(), height=HEIGHT, width=HEIGHT, output_type="latent",
+                       generator=torch.Generator().manual_seed(seed), **extra, **kwargs).images  # fmt: skip
+    return latents, etas
+
+
+@pytest.mark.parametrize("name", SD_FAMILY)
+def test_tcd_eta_through_the_pipeline(name, monkeypatch):
+    """`TCDScheduler.step` alone defaults to `eta=0.3`, but `StableDiffusionPipeline` and `StableDiffusionXLPipeline` pass their own `eta=0.0` to it, so a TCD checkpoint needs `eta=0.3` passed to `pipe(...)`: without it every step is the deterministic `eta=0` jump (two generators give the same latents); with it each step gets 0.3 and re-noises with the generator's noise. `eta=0` is DDIM's jump to the next timestep."""
+    plain = [tcd_pipeline_run(name, monkeypatch, seed)[0] for seed in (0, 1)]
+    _, etas = tcd_pipeline_run(name, monkeypatch, 0)
+    assert etas == [0.0] * 4
+    torch.testing.assert_close(plain[0], plain[1], rtol=0, atol=0)
+    runs = [tcd_pipeline_run(name, monkeypatch, seed, eta=0.3) for seed in (0, 1)]
+    assert runs[0][1] == [0.3] * 4
+    assert not torch.allclose(runs[0][0], runs[1][0])
+    # the scheduler's own default, observed: step without eta is step with eta=0.3
+    outs = []
+    for kwargs in ({}, dict(eta=0.3)):
+        scheduler = TCDScheduler(**SD_BETAS)
+        scheduler.set_timesteps(4)
+        x, eps = torch.ones(3, 2), torch.full((3, 2), 0.5)
+        outs.append(scheduler.step(eps, scheduler.timesteps[0], x, generator=torch.Generator().manual_seed(5), **kwargs).prev_sample)  # fmt: skip
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
     scheduler = TCDScheduler(**SD_BETAS)
     scheduler.set_timesteps(4)
     t, t_next = (int(x) for x in scheduler.timesteps[:2])
@@ -466,7 +509,7 @@ def test_fixed_shift_is_the_dynamic_shift_at_exp_mu():
 
 
 def test_distilled_checkpoints_scheduler_settings(record_calls):
-    """The scheduler settings the distilled checkpoints' cards name do what the table says in diffusers: `EulerDiscreteScheduler(timestep_spacing="trailing")` (SDXL-Lightning) and `DDIMScheduler(timestep_spacing="trailing")` (Hyper-SD) visit 999, 749, 499, 249 at 4 steps; `StableDiffusionXLPipeline` with `LCMScheduler` and `timesteps=[999, 749, 499, 249]` (DMD2's 4-step UNet) or `timesteps=[399]` (its 1-step UNet) calls the UNet at exactly those timesteps; `LCMScheduler` and `TCDScheduler` default to `original_inference_steps=50`; `SCMScheduler` (`prediction_type="trigflow"`) steps from `max_timesteps=1.5708` through `intermediate_timesteps=1.3` to 0."""
+    """The scheduler settings the distilled checkpoints' cards name do what the table says in diffusers: `EulerDiscreteScheduler(timestep_spacing="trailing")` (SDXL-Lightning) and `DDIMScheduler(timestep_spacing="trailing")` (Hyper-SD) visit 999, 749, 499, 249 at 4 steps; `StableDiffusionXLPipeline` with `LCMScheduler` and `timesteps=[999, 749, 499, 249]` (DMD2's 4-step UNet) or `timesteps=[399]` (its 1-step UNet) calls the UNet at exactly those timesteps; `LCMScheduler` and `TCDScheduler` default to `original_inference_steps=50`; `SanaSprintPipeline.__call__` with its defaults sets its `SCMScheduler` (`prediction_type="trigflow"`) to step from `max_timesteps=1.5708` through `intermediate_timesteps=1.3` to 0."""
     from diffusers import SCMScheduler
 
     trailing = [999, 749, 499, 249]
@@ -485,10 +528,13 @@ def test_distilled_checkpoints_scheduler_settings(record_calls):
         assert [int(args[1]) for args, _ in recorder.calls] == timesteps
     for cls in (LCMScheduler, TCDScheduler):
         assert cls().config.original_inference_steps == 50
-    scm = SCMScheduler()
-    assert scm.config.prediction_type == "trigflow"
-    scm.set_timesteps(2, max_timesteps=1.5708, intermediate_timesteps=1.3)
-    torch.testing.assert_close(scm.timesteps, torch.tensor([1.5708, 1.3, 0.0]))
+    sana = tiny_sana_sprint_pipeline()  # its default call: SCMScheduler, 2 steps
+    assert isinstance(sana.scheduler, SCMScheduler) and sana.scheduler.config.prediction_type == "trigflow"  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        sana(prompt_embeds=torch.randn(1, 5, 8, generator=g), prompt_attention_mask=torch.ones(1, 5),
+             height=32, width=32, use_resolution_binning=False, output_type="latent")  # fmt: skip
+    torch.testing.assert_close(sana.scheduler.timesteps, torch.tensor([1.5708, 1.3, 0.0]))
 
 
 def tiny_sana_sprint_pipeline():

@@ -190,8 +190,7 @@ def test_lcm_boundary_scalings():
 
 
 def test_tcd_step_rule():
-    """`TCDScheduler.step` takes `eta` (the paper's gamma, default 0.3): it moves the x0 and noise predictions to `s = floor((1 - eta) * prev_t)` and, for `eta > 0`, re-noises from s to `prev_t` with fresh noise; `eta=0` is a deterministic DDIM-like jump to `prev_t`, and `eta=1` moves to s = 0 and re-noises all the way, as LCM does."""
-    assert inspect.signature(TCDScheduler.step).parameters["eta"].default == 0.3
+    """`TCDScheduler.step` takes `eta` (the paper's gamma; called alone it defaults to 0.3): it moves the x0 and noise predictions to `s = floor((1 - eta) * prev_t)` and, for `eta > 0`, re-noises from s to `prev_t` with fresh noise; `eta=0` is a deterministic DDIM-like jump to `prev_t`, and `eta=1` moves to s = 0 and re-noises all the way, as LCM does."""
     scheduler = TCDScheduler(**SD_BETAS)
     scheduler.set_timesteps(4)
     t, prev_t = [int(x) for x in scheduler.timesteps[:2]]
@@ -202,6 +201,12 @@ def test_tcd_step_rule():
     out = scheduler.step(eps.float(), t, sample.float(), eta=0.0)
     ddim = ab[prev_t].sqrt() * x0 + (1 - ab[prev_t]).sqrt() * eps
     torch.testing.assert_close(out.prev_sample.double(), ddim, atol=1e-5, rtol=1e-5)
+    defaults = []  # step without eta is step with eta=0.3, from the same generator
+    for kwargs in ({}, dict(eta=0.3)):
+        scheduler = TCDScheduler(**SD_BETAS)
+        scheduler.set_timesteps(4)
+        defaults.append(scheduler.step(eps.float(), t, sample.float(), generator=torch.Generator().manual_seed(3), **kwargs).prev_sample)  # fmt: skip
+    torch.testing.assert_close(defaults[0], defaults[1], rtol=0, atol=0)
     for eta in (0.5, 1.0):  # eta = 1: s = 0, x0_hat re-noised all the way, as LCM does
         scheduler = TCDScheduler(**SD_BETAS)
         scheduler.set_timesteps(4)
@@ -211,6 +216,35 @@ def test_tcd_step_rule():
         z = torch.randn(8, 2, generator=torch.Generator().manual_seed(3))
         renoised = (ab[prev_t] / ab[s]).sqrt() * out.pred_noised_sample.double() + (1 - ab[prev_t] / ab[s]).sqrt() * z.double()  # fmt: skip
         torch.testing.assert_close(out.prev_sample.double(), renoised, atol=1e-5, rtol=1e-5)
+
+
+def test_tcd_eta_through_stable_diffusion_pipeline(monkeypatch):
+    """`StableDiffusionPipeline` passes its own `eta=0.0` to `TCDScheduler.step`, overriding the scheduler's 0.3: without `eta=0.3` passed to `pipe(...)` every step is the deterministic jump (two generators, the same latents); with it each step gets 0.3 and re-noises."""
+    import functools
+
+    from tiny import SD_SCHEDULER, embeds, start_latents, tiny_sd_pipeline
+
+    def run(seed, **kwargs):
+        pipe = tiny_sd_pipeline(scheduler=TCDScheduler(**SD_SCHEDULER))
+        etas, original = [], pipe.scheduler.step
+
+        @functools.wraps(original)  # prepare_extra_step_kwargs reads step's signature
+        def spy(*args, **kw):
+            etas.append(kw.get("eta", "absent"))
+            return original(*args, **kw)
+
+        monkeypatch.setattr(pipe.scheduler, "step", spy)
+        with torch.no_grad():
+            latents = pipe(prompt_embeds=embeds(1), guidance_scale=0.0, num_inference_steps=4,
+                           latents=start_latents(), height=HEIGHT, width=HEIGHT, output_type="latent",
+                           generator=torch.Generator().manual_seed(seed), **kwargs).images  # fmt: skip
+        return latents, etas
+
+    (a, etas), (b, _) = run(0), run(1)
+    assert etas == [0.0] * 4
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (a, etas), (b, _) = run(0, eta=0.3), run(1, eta=0.3)
+    assert etas == [0.3] * 4 and not torch.allclose(a, b)
 
 
 def test_leading_and_trailing_grids():
@@ -521,8 +555,27 @@ def test_autoencoder_tiny_swapped_into_a_pipeline():
     assert image.shape == (1, 3, 16, 16)
 
 
+def test_autoencoder_tiny_in_a_bf16_pipeline(tmp_path):
+    """In a bf16 `StableDiffusionPipeline`, `AutoencoderTiny.from_pretrained(...)` without `torch_dtype` loads float32 weights and the decode raises `RuntimeError` (input and bias types differ); `AutoencoderTiny.from_pretrained(..., torch_dtype=pipe.dtype).to(pipe.device)` decodes the pipeline's latents into a bf16 image."""
+    from diffusers import AutoencoderTiny
+    from tiny import tiny_sd_pipeline
+
+    tiny_taesd().save_pretrained(tmp_path / "taesd")  # stands in for "madebyollin/taesd"
+    pipe = tiny_sd_pipeline().to(torch.bfloat16)
+    prompt_embeds = torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)  # fmt: skip
+    common = dict(prompt_embeds=prompt_embeds, num_inference_steps=2, guidance_scale=1.0, output_type="pt")  # fmt: skip
+    pipe.vae = AutoencoderTiny.from_pretrained(tmp_path / "taesd")
+    assert pipe.vae.dtype == torch.float32
+    with torch.no_grad(), pytest.raises(RuntimeError, match="should be the same"):
+        pipe(**common)
+    pipe.vae = AutoencoderTiny.from_pretrained(tmp_path / "taesd", torch_dtype=pipe.dtype).to(pipe.device)  # fmt: skip
+    with torch.no_grad():
+        image = pipe(**common).images
+    assert image.dtype == torch.bfloat16 and image.shape == (1, 3, 16, 16)
+
+
 def test_prompt_embeds_skip_the_text_encoder():
-    """`StableDiffusionPipeline.__call__` given `prompt_embeds` and `negative_prompt_embeds` never calls its text encoder; given a prompt with CFG on, it calls it twice (the prompt, then the negative prompt), and the two calls give the same latents when the embeddings are the ones `encode_prompt` returns: cached embeddings are the whole text-encoder cost saved."""
+    """`StableDiffusionPipeline.__call__` given `prompt_embeds` and `negative_prompt_embeds` never calls its text encoder, nor given `prompt_embeds` alone at `guidance_scale <= 1`; given `prompt_embeds` alone with CFG on, it still calls it once, to encode the empty negative prompt; given a prompt with CFG on, it calls it twice (the prompt, then the negative prompt), and the two calls give the same latents when the embeddings are the ones `encode_prompt` returns: cached embeddings are the whole text-encoder cost saved."""
     from tiny import tiny_sd_pipeline, tiny_text_encoder, tiny_tokenizer
 
     pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
@@ -537,6 +590,12 @@ def test_prompt_embeds_skip_the_text_encoder():
         cached = pipe(prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds, generator=torch.Generator().manual_seed(0), **common).images  # fmt: skip
     assert calls == []
     torch.testing.assert_close(cached, from_prompt)
+    with torch.no_grad():
+        pipe(prompt_embeds=prompt_embeds, **common)  # CFG on, no negative_prompt_embeds
+        assert len(calls) == 1
+        calls.clear()
+        pipe(prompt_embeds=prompt_embeds, **{**common, "guidance_scale": 1.0})
+    assert calls == []
 
 
 def test_flop_counter_counts_matmuls_convolutions_and_attention_only():
