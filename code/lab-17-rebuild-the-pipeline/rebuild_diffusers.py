@@ -6,17 +6,17 @@ and ``image_processor``: the lines of ``StableDiffusionPipeline.__call__`` (diff
 0.42.1) that the blanks stand for, plus the three places where ``__call__`` differs from
 the toy's loop: no guidance at ``guidance_scale <= 1`` (one undoubled batch, the prompt's
 rows alone), ``generator`` and ``eta`` passed on to ``scheduler.step`` (the schedulers that
-draw noise in ``step`` need it), and the starting noise from diffusers' ``randn_tensor`` on
-the pipeline's device. Nothing else of ``__call__`` is here: no callbacks, IP-Adapter,
+draw noise in ``step`` need it), and everything made on ``pipe._execution_device``, as
+``__call__`` does (with model offload it is the accelerator, not ``pipe.device``). Nothing else of ``__call__`` is here: no callbacks, IP-Adapter,
 guidance rescale, safety checker, or ``timestep_cond`` (a UNet with ``time_cond_proj_dim``,
 such as an LCM-distilled one, is not handled).
 
 ``tests/verify/test_page_lab_17.py`` checks that it returns what ``pipe(...)`` returns with
-``output_type="np"`` for the same prompt and generator, to 1e-6, on a tiny random
+``output_type="np"`` for the same prompt and generator, bit for bit, on a tiny random
 StableDiffusionPipeline on the CPU: with DDIM, Euler, Euler Ancestral and DDPM (the last
-two draw noise in ``step``), each at ``guidance_scale`` 7.5, 1.0 and 0.0. The device
-handling (``randn_tensor(..., device=pipe.device)``) follows ``prepare_latents`` and was
-not run on a GPU.
+two draw noise in ``step``), each at ``guidance_scale`` 7.5, 1.0 and 0.0; and that, with
+``enable_model_cpu_offload(device="cpu")``, it hands ``encode_prompt``, ``set_timesteps``
+and ``randn_tensor`` the device ``__call__`` hands them. Not run on a GPU.
 
 It needs the verify extra (torch, diffusers, transformers: ``pip install -e '.[verify]'``)
 and a pipeline, for example ``StableDiffusionPipeline.from_pretrained(...)``; then
@@ -34,27 +34,27 @@ def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator
 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     height = width = pipe.unet.config.sample_size * pipe.vae_scale_factor  # the defaults
+    device = pipe._execution_device  # as __call__: the offload hooks' device, if any
     # __call__ guides only when guidance_scale > 1 (do_classifier_free_guidance); at 1 or
     # below it runs the prompt's rows alone, so guidance_scale=0 is not the unguided image
     guide = guidance_scale > 1
     # (B, 77, D) each; the negative prompt is "" (encoded only when guiding)
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
-        prompts, pipe.device, num_images_per_prompt=1, do_classifier_free_guidance=guide
+        prompts, device, num_images_per_prompt=1, do_classifier_free_guidance=guide
     )
     # BLANK 1 · the doubled batch, negative rows first: (2B, 77, D)
     if guide:
         prompt_embeds = torch.cat([negative_prompt_embeds, prompt_embeds])
 
-    pipe.scheduler.set_timesteps(num_inference_steps, device=pipe.device)
-    # prepare_latents: randn_tensor on the pipeline's device, times init_noise_sigma
+    pipe.scheduler.set_timesteps(num_inference_steps, device=device)
+    # prepare_latents: randn_tensor on the execution device, times init_noise_sigma
     shape = (len(prompts), pipe.unet.config.in_channels,
              height // pipe.vae_scale_factor, width // pipe.vae_scale_factor)  # fmt: skip
-    latents = randn_tensor(
-        shape, generator=generator, device=pipe.device, dtype=prompt_embeds.dtype
-    )
+    latents = randn_tensor(shape, generator=generator, device=device, dtype=prompt_embeds.dtype)
     latents = latents * pipe.scheduler.init_noise_sigma
-    # eta and generator, for the schedulers whose step takes them (DDIM: eta; DDPM, Euler
-    # Ancestral: generator, for the noise they add back each step)
+    # eta and generator, passed to step when its signature has them (eta: DDIM's; generator:
+    # DDIM, DDPM, Euler and Euler Ancestral take one; DDPM and Euler Ancestral draw noise
+    # from it every step, DDIM only with eta > 0, Euler only with s_churn > 0)
     extra_step_kwargs = pipe.prepare_extra_step_kwargs(generator, eta)
 
     with torch.no_grad():

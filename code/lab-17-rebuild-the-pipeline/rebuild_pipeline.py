@@ -22,6 +22,13 @@ import numpy as np
 # has no __file__: there labkit comes from `pip install -e .`)
 if "__file__" in globals():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    import labkit  # noqa: F401
+except ModuleNotFoundError as missing:  # a copy away from code/: one line, not a traceback
+    if missing.name != "labkit":
+        raise
+    print(f"{Path(sys.argv[0]).name}: error: labkit (code/labkit) is not beside this file: run the copy in the repository's code/lab-17-rebuild-the-pipeline/", file=sys.stderr)  # fmt: skip
+    sys.exit(2)
 
 from labkit import ExactDenoiser, alphas_cumprod, canonical_betas, figures
 from labkit.blanks import (
@@ -199,6 +206,8 @@ CONTRACT = {
 #: (call, argument) -> (the variable that should hold it, the blank that passes it): when
 #: the argument is wrong but that variable held the right thing at the call, the blank
 #: that passes it is wrong, not the one that computed it (a Spy records your variables)
+#: scaling B rows, then doubling, gives the same numbers; the checker follows diffusers' calls
+SCALE_THEN_DOUBLE = " (diffusers doubles, then scales: its convention, which the checker follows)"
 PASSED_AS = {
     ("scheduler.scale_model_input", "sample"): ("latent_model_input", 2),
     ("scheduler.step", "model_output"): ("noise_pred", 4),
@@ -206,7 +215,8 @@ PASSED_AS = {
 
 
 def run_on_spies(fn):
-    """Run pipeline ``fn`` on fresh parts wrapped in labkit's Spy, which records every
+    """Run pipeline ``fn`` with a fresh scheduler and the shared unet and vae (stateless
+    but for the unet's call counter), each wrapped in labkit's Spy, which records every
     call's arguments and your array variables at that moment: (calls, image, error)."""
     calls = []
     parts = [
@@ -226,7 +236,13 @@ def describe(value):
     """An argument in a few words: an array's shape and dtype, or what else it is."""
     if isinstance(value, np.ndarray):
         return f"{value.shape} {value.dtype}"
-    return f"a {type(value).__name__}"
+    kind = type(value).__name__
+    return f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+
+
+def plural(count, noun):
+    """``1 step``, ``20 steps``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def fits(value, shape, dtype):
@@ -248,9 +264,14 @@ def contract_break(calls):
                 number = passer  # the right variable was there: this blank passed another
             elif arg == "sample" and number < 3 and step > 1:
                 number = 4  # step 1 was right: the latents step returned, carried over, are not
+            elif number == 5 and "latents" in call.caller_arrays and not fits(call.caller_arrays["latents"], shape, like.dtype):  # fmt: skip
+                number = 4  # the latents the last step left break it already: blank 4 kept them
             where = "after the loop" if step > n else f"step {step} of {n}"
             rows_are = f"2B = {2 * B}" if rows == 2 else f"B = {B}"
-            return f"blank {number} breaks the contract ({where}): {method}({arg}=...) gets {describe(value)}; it takes {shape} {like.dtype}, {rows_are} rows"  # fmt: skip
+            text = f"blank {number} breaks the contract ({where}): {method}({arg}=...) gets {describe(value)}; it takes {shape} {like.dtype}, {rows_are} rows"  # fmt: skip
+            if number == 1 and method == "scheduler.scale_model_input" and fits(value, (B, *shape[1:]), like.dtype):  # fmt: skip
+                text += SCALE_THEN_DOUBLE
+            return text
         step += call.method == "scheduler.step"
     return None
 
@@ -270,11 +291,22 @@ def raised(error, fn):
     latents = variables.get("latents", np.zeros(0))
     if not isinstance(latents, np.ndarray):  # e.g. step's whole output, kept by blank 4
         return f"blank 4 is wrong: latents is a {type(latents).__name__}, not an array\nso your pipeline raised {type(error).__name__} at line {line}: {text}"  # fmt: skip
-    where = f"line {line} (in blank {number})" if number else f"line {line}"
+    if line is None:  # raised by the call itself: pipeline()'s parameters were changed
+        return f"calling your pipeline() raised {type(error).__name__}: {text} (keep its parameters as the file gives them)"  # fmt: skip
+    where = f"line {line} (in blank {number})" if number else f"line {line}, outside the blanks"
     deepest = innermost_line(error, fn.__code__.co_filename)  # a helper of yours that raised
     if deepest and deepest[1] != line:
         where += f", from your {deepest[0]}() at line {deepest[1]}"
+    if (
+        "return_dict" in text
+    ):  # diffusers' step(..., return_dict=False)[0]: labkit's step has no such argument
+        text += " (the toy's step has no return_dict: step(...)[0] or .prev_sample)"
     return f"your pipeline raised {type(error).__name__} at {where}: {text}"
+
+
+def unfilled(error):
+    """Which blank is next, and in which file (yours may have another name)."""
+    return f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in {Path(error.filename).name}"  # fmt: skip
 
 
 def load_solution(mistake=None):
@@ -283,6 +315,8 @@ def load_solution(mistake=None):
     return load_function(SOLUTION, "pipeline", edit)
 
 
+#: where StableDiffusionPipeline stops guiding; printed with a run's verdict at those scales
+GUIDE_NOTE = "note: StableDiffusionPipeline does not guide at guidance_scale <= 1 (one batch, the prompt's rows alone); this loop always guides: at 1 that is the prompt's prediction on 2B rows, at 0 the unconditional one"  # fmt: skip
 yours = load_solution() if args.solution else pipeline
 image, name = None, type(make_scheduler(args.scheduler)).__name__
 if not (args.check or args.demo_wrong):
@@ -291,25 +325,27 @@ if not (args.check or args.demo_wrong):
     for text in dict.fromkeys(f"{c.method} warned: {w}" for c in calls for w in c.warnings):
         print(text)  # each warning a part raised, once
     if broken is None and isinstance(error, UnfilledBlankError):
-        print(f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in rebuild_pipeline.py")  # fmt: skip
+        print(unfilled(error))
         print("replace blank(...) there with your code; the comment above it says what goes there")  # fmt: skip
     elif broken or error:  # a wrong shape or dtype, or your own lines failed: a line each
         if broken:
             print(broken)
         if error is not None:
             print(("then " if broken else "") + raised(error, yours))
+        if args.guidance_scale <= 1:  # an `if guidance_scale > 1` branch breaks this contract
+            print(GUIDE_NOTE)
         print("add --check to compare your blanks with the solution's, call by call")
         sys.exit(1)
 if image is not None:
-    print(f"pipeline(): prompt {args.prompt!r}, guidance_scale {args.guidance_scale:g}, {n} steps of {name}, B = {B}")  # fmt: skip
-    print(f"unet: {unet.calls} calls on {unet.rows // unet.calls} rows each")
+    print(f"pipeline(): prompt {args.prompt!r}, guidance_scale {args.guidance_scale:g}, {plural(n, 'step')} of {name}, B = {B}")  # fmt: skip
+    print(f"unet: {plural(unet.calls, 'call')} on {unet.rows // unet.calls} rows each")
     print(f"image: {image.shape} {image.dtype}, range {image.min():.2f}..{image.max():.2f}")
     latents_back = vae.encode(image) * vae.config.scaling_factor  # the linear vae inverts exactly
     nearest, rms = training_set.nearest(latents_back)
     purity = np.mean(data.labels[nearest] == SHAPES.index(args.prompt))
     print(f"nearest training latent has the prompt's label: {purity:.1%} of {len(image)} (RMS distance max {rms.max():.3f})")  # fmt: skip
     if args.guidance_scale <= 1:  # where StableDiffusionPipeline stops guiding
-        print("note: StableDiffusionPipeline does not guide at guidance_scale <= 1 (one batch, the prompt's rows alone); this loop always guides: at 1 that is the prompt's prediction on 2B rows, at 0 the unconditional one")  # fmt: skip
+        print(GUIDE_NOTE)
     if not args.solution:
         print("next: add --check to compare every blank with the solution's")
 # --8<-- [end:run]
@@ -317,8 +353,8 @@ if image is not None:
 # %% [markdown]
 # ## 5. The checker
 #
-# `--check` runs your `pipeline()` and the solution's on the same inputs, each on fresh
-# parts wrapped in a `Spy` that records the arguments of every call: the unet's input and
+# `--check` runs your `pipeline()` and the solution's on the same inputs, each with a fresh
+# scheduler, the parts wrapped in a `Spy` that records the arguments of every call: the unet's input and
 # condition, `scale_model_input`'s, `step`'s, the decoder's, and your array variables at
 # each call. It compares the two lists in call order; the first argument that differs
 # names the blank that computed it, or the one that passed it if the variable that should
@@ -350,6 +386,8 @@ def show(value):
     value = np.asarray(value)
     if value.ndim == 0 or (value.ndim == 1 and value.dtype.kind in "biu"):
         return f"{value.shape} {value.dtype} {np.array2string(value, threshold=20)}"
+    if value.size == 0:  # e.g. a slice past the batch: no values to describe
+        return f"{value.shape} {value.dtype}, empty"
     return f"{value.shape} {value.dtype}, max |value| {np.abs(value).max():.4g}"
 
 
@@ -383,7 +421,7 @@ def first_difference(yours, reference, complete=True, fn=None):
             if same(a, b):
                 continue
             lines = [f"{method}({arg}=...): {what}", f"  yours:    {show(a)}", f"  solution: {show(b)}"]  # fmt: skip
-            if isinstance(a, np.ndarray) and a.shape == b.shape and a.dtype.kind == b.dtype.kind == "f":  # fmt: skip
+            if isinstance(a, np.ndarray) and a.shape == b.shape and a.size and a.dtype.kind == b.dtype.kind == "f":  # fmt: skip
                 ratio = np.vdot(a, b) / np.vdot(b, b)  # yours = ratio x solution, if proportional
                 error = np.abs(a - b).max()
                 lines.append(f"  max |yours - solution| {error:.4g}")
@@ -398,6 +436,11 @@ def first_difference(yours, reference, complete=True, fn=None):
             elif number == 1 and arg == "sample" and step > 1:  # step 1 matched: the doubling is
                 number = 4  # right, so the latents it doubled are not what step 1 returned
                 lines.insert(1, "  (your doubling matched at step 1: the latents carried over differ)")  # fmt: skip
+            elif number == 5 and "latents" in mine.caller_arrays and not same(mine.caller_arrays["latents"], ref.caller_arrays["latents"]):  # fmt: skip
+                number = 4  # the latents the last step left differ: blank 4 kept them, not blank 5
+                lines.insert(1, "  (your latents after the loop differ: the last step's output, as blank 4 kept it)")  # fmt: skip
+            if number == 1 and method == "scheduler.scale_model_input" and fits(a, (B, *b.shape[1:]), b.dtype):  # fmt: skip
+                lines.append("  " + SCALE_THEN_DOUBLE.strip())  # the images may still agree
             return number, step, "\n".join(lines)
         step += ref.method == "scheduler.step"
     if len(yours) > len(reference):
@@ -412,24 +455,24 @@ def check(fn, label):
     ref_calls, ref_image, ref_error = run_on_spies(load_solution())
     assert ref_error is None, ref_error  # the solution runs, or the lab is broken
     calls, image, error = run_on_spies(fn)
-    print(f"checking {label} against solution.py: {name}, {n} steps, B = {B}, guidance_scale {args.guidance_scale:g}")  # fmt: skip
+    print(f"checking {label} against solution.py: {name}, {plural(n, 'step')}, B = {B}, guidance_scale {args.guidance_scale:g}")  # fmt: skip
     found = first_difference(calls, ref_calls, complete=error is None, fn=fn)
     if found is None and isinstance(error, UnfilledBlankError):
-        print(f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in rebuild_pipeline.py")  # fmt: skip
+        print(unfilled(error))
         if calls:
-            print(f"the {len(calls)} calls your pipeline made before it match the solution's")
+            print(f"the {plural(len(calls), 'call')} your pipeline made before it {'matches' if len(calls) == 1 else 'match'} the solution's")  # fmt: skip
         return True
     if found is None and error is not None:  # your own code failed, between two calls
         print(raised(error, fn))
         if calls:
-            print(f"the {len(calls)} calls before it match the solution's")
+            print(f"the {plural(len(calls), 'call')} before it {'matches' if len(calls) == 1 else 'match'} the solution's")  # fmt: skip
         return False
     if found is None and return_break(image):  # every call matches; the return value does not
         print(return_break(image))
         return False
     if found is None:
         steps = sum(call.method == "scheduler.step" for call in calls)
-        print(f"all 5 blanks match: {len(calls)} calls compared ({steps} steps), the same arguments in the same order")  # fmt: skip
+        print(f"all 5 blanks match: {plural(len(calls), 'call')} compared ({plural(steps, 'step')}), the same arguments in the same order")  # fmt: skip
         print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
         return same(image, ref_image)
     number, step, message = found
@@ -444,6 +487,8 @@ def check(fn, label):
         print(return_break(image))
     elif image is not None:
         print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
+    if args.guidance_scale <= 1:
+        print(GUIDE_NOTE)
     return False
 
 
@@ -451,7 +496,9 @@ if args.check or args.demo_wrong:
     if args.demo_wrong:  # solution.py's MISTAKES: a mistake people make in that blank
         old, new = load_constant(SOLUTION, "MISTAKES")[args.demo_wrong]
         print(f"--demo-wrong {args.demo_wrong}: solution.py with {old} replaced by {new}")
-        check(load_solution(args.demo_wrong), "that copy")
+        if check(load_solution(args.demo_wrong), "that copy"):  # the mistake changed no call
+            why = "Euler's last step goes to sigma 0, where prev_sample is pred_original_sample" if args.demo_wrong == 4 and args.scheduler == "euler" else "its lines compute the same numbers here"  # fmt: skip
+            print(f"(at these flags the planted mistake changes no call: {why})")
         print("(a planted mistake: this run exits 0; a blank of yours that differs exits 1)")
     elif not check(yours, f"pipeline() of {(SOLUTION if args.solution else Path(__file__)).name}"):
         sys.exit(1)
@@ -481,7 +528,7 @@ if args.figures and image is not None:
         f"{top}, is training images of the prompted class; rows 2 and 4 (the "
         "condition order swapped, the guidance sign flipped) are saturated blocks far outside "
         "the pixel range; row 3 (no scale_model_input) is clean images of the prompted class, "
-        "other ones than the top row's; row 5 (pred_original_sample carried) is one image "
+        "mostly other ones than the top row's; row 5 (pred_original_sample carried) is one image "
         "eight times; row 6 (no division by scaling_factor) is the top row at lower contrast.",
         caption=f"Rows, top to bottom: {top} ({name}, prompt '{args.prompt}'), "
         "then blank 1 to blank 5 wrong, one per row, as --demo-wrong plants them: the "

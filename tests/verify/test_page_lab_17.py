@@ -7,10 +7,14 @@ it on a tiny random StableDiffusionPipeline with a real CLIP tokenizer and text 
 (``tiny.py``) and compare it with ``pipe(...)`` for the same prompt and generator, over
 four schedulers and three guidance scales; then they plant each blank's classic mistake in
 a copy of it and show that the output changes. The last tests call the schedulers the page
-names: what ``step`` returns, and Euler's warning when ``scale_model_input`` was skipped.
+names: what ``step`` returns, Euler's warning when ``scale_model_input`` was skipped, the
+device the loop makes its tensors on, and the order ControlNet's guess mode and IP-Adapter
+read a doubled batch in.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 import pytest
@@ -109,16 +113,94 @@ def test_each_blanks_classic_mistake_changes_the_real_pipelines_output(pipe, edi
 
 
 def test_euler_step_warns_when_scale_model_input_was_skipped(pipe):
-    """diffusers' EulerDiscreteScheduler.step logs a warning when scale_model_input was not called before it ("The `scale_model_input` function should be called before `step` to ensure correct denoising"); the loop that calls it logs none."""
-    pipe = with_scheduler(pipe, "EulerDiscreteScheduler")
+    """diffusers' EulerDiscreteScheduler.step logs a warning ("The `scale_model_input` function should be called before `step` to ensure correct denoising") only on a scheduler that has never scaled an input: pipe.scheduler after one pipe(...) call logs none when a later loop skips scale_model_input, because set_timesteps does not reset the flag."""
     skipped = ("pipe.scheduler.scale_model_input(latent_model_input, t)", "latent_model_input")
-    with logged_messages() as without:
-        rebuilt(pipe, skipped)
-    with logged_messages() as with_it:
-        rebuilt(pipe)
     warning = "The `scale_model_input` function should be called before `step` to ensure correct denoising."  # fmt: skip
-    assert any(warning in message for message in without), without
+    pipe = with_scheduler(pipe, "EulerDiscreteScheduler")  # fresh: never scaled an input
+    with logged_messages() as fresh:
+        rebuilt(pipe, skipped)
+    assert any(warning in message for message in fresh), fresh
+    pipe = with_scheduler(pipe, "EulerDiscreteScheduler")
+    with logged_messages() as with_it:
+        real(pipe)  # one ordinary call: scale_model_input runs on this scheduler
     assert not any(warning in message for message in with_it), with_it
+    with logged_messages() as reused:
+        rebuilt(pipe, skipped)  # the same scheduler, scale_model_input skipped: silent
+    assert not any(warning in message for message in reused), reused
+
+
+def test_the_rebuilt_loop_uses_the_execution_device_as_call_does(monkeypatch):
+    """Like __call__, the rebuilt loop makes the prompt embeddings, the timesteps and the noise on pipe._execution_device, which model offload sets to the accelerator while pipe.device stays the CPU: with enable_model_cpu_offload(device="cpu") (execution device cpu:0), both hand encode_prompt, set_timesteps and randn_tensor the same device, and return the same images."""
+    import diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion as sd_module
+    import diffusers.utils.torch_utils as torch_utils
+
+    pipe = with_scheduler(
+        tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer()), "DDIMScheduler"
+    )  # fmt: skip
+    pipe.enable_model_cpu_offload(device="cpu")  # accelerate's hooks, execution device cpu:0
+    assert pipe.device != pipe._execution_device
+    devices = []
+
+    def recording(name, fn):
+        def spy(*args, **kwargs):
+            devices.append((name, inspect.signature(fn).bind(*args, **kwargs).arguments.get("device")))  # fmt: skip
+            return fn(*args, **kwargs)
+
+        return spy
+
+    randn = recording("randn_tensor", torch_utils.randn_tensor)
+    monkeypatch.setattr(torch_utils, "randn_tensor", randn)  # what the rebuilt loop imports
+    monkeypatch.setattr(sd_module, "randn_tensor", randn)  # what prepare_latents calls
+    monkeypatch.setattr(pipe, "encode_prompt", recording("encode_prompt", pipe.encode_prompt))
+    timesteps = recording("set_timesteps", pipe.scheduler.set_timesteps)
+    monkeypatch.setattr(pipe.scheduler, "set_timesteps", timesteps)
+    theirs = real(pipe)
+    by_call, devices[:] = list(devices), []
+    ours = rebuilt(pipe)
+    assert [name for name, _ in by_call] == ["encode_prompt", "set_timesteps", "randn_tensor"]
+    assert devices == by_call and by_call[0][1] == pipe._execution_device, (devices, by_call)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_controlnet_guess_mode_reads_a_doubled_batch_negative_first():
+    """In guess mode StableDiffusionControlNetPipeline gives the ControlNet prompt_embeds.chunk(2)[1], the second half of the doubled batch, as the prompt's rows, and puts zero residuals first for the negative half: it relies on diffusers' order, negative rows first."""
+    from tiny import embeds, tiny_controlnet, tiny_controlnet_pipeline, tiny_unet
+
+    unet = tiny_unet()
+    controlnet = tiny_controlnet(unet, trained=True)
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
+    prompt_embeds, negative_prompt_embeds = embeds(1), embeds(2)
+    seen, residuals = [], []
+    hooks = [
+        controlnet.register_forward_hook(
+            lambda m, args, kwargs, out: seen.append(kwargs["encoder_hidden_states"]), with_kwargs=True
+        ),
+        unet.register_forward_hook(
+            lambda m, args, kwargs, out: residuals.append(kwargs["mid_block_additional_residual"]), with_kwargs=True
+        ),
+    ]  # fmt: skip
+    try:
+        pipe(
+            prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_prompt_embeds,
+            image=torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(0)),
+            guess_mode=True, guidance_scale=GUIDANCE, num_inference_steps=2, output_type="np",
+        )  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == len(residuals) == 2
+    for rows, mid in zip(seen, residuals, strict=True):
+        torch.testing.assert_close(rows, prompt_embeds, rtol=0, atol=0)  # the second half
+        assert mid.shape[0] == 2 and not mid[0].any() and mid[1].abs().max() > 0  # zeros first
+
+
+def test_ip_adapter_reads_a_doubled_batch_negative_first(pipe):
+    """Code that splits the doubled batch reads its first half as the negative: StableDiffusionPipeline.prepare_ip_adapter_image_embeds chunks precomputed ip_adapter_image_embeds into (negative, positive) and returns the negative rows first."""
+    negative, positive = torch.zeros(1, 1, 8), torch.ones(1, 1, 8)
+    out = pipe.prepare_ip_adapter_image_embeds(
+        None, [torch.cat([negative, positive])], torch.device("cpu"), 2, True
+    )[0]  # two images per prompt: each half repeated twice
+    np.testing.assert_array_equal(out[:, 0, 0].numpy(), [0, 0, 1, 1])
 
 
 @pytest.mark.parametrize("name", list(STEP_FIELDS))
