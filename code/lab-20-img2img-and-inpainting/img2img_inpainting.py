@@ -39,9 +39,9 @@ from labkit.vae import PatchPCAAutoencoder
 #
 # The shares below are counted over samples, so they need many: a share of 16 samples is
 # uncertain by up to 12.5 points (one standard error), of 256 by 3.1. `FiniteSet32`
-# computes the same exact posterior mean as labkit's `FiniteSet`, in float32 (as a UNet's
-# forward would run) with one softmax pass, so that 256 samples run in a fraction of a
-# second.
+# computes the same exact posterior mean as labkit's float64 `FiniteSet`, in float32 (as a
+# UNet's forward would run) with one softmax pass: the same samples in about half the CPU
+# time.
 
 
 # %%
@@ -105,7 +105,7 @@ B = args.num_samples
 # %%
 # --8<-- [start:timesteps]
 def get_timesteps(scheduler, num_inference_steps, strength):
-    """diffusers' get_timesteps: (timesteps to run, how many)."""
+    """diffusers' get_timesteps: (timesteps to run, n - t_start)."""
     init_timestep = min(int(num_inference_steps * strength), num_inference_steps)
     t_start = max(num_inference_steps - init_timestep, 0)
     timesteps = scheduler.timesteps[t_start * scheduler.order :]
@@ -146,7 +146,8 @@ def img2img(init_latents, strength, num_inference_steps, seed, denoiser=unet):
     scheduler.set_timesteps(num_inference_steps)
     timesteps, _ = get_timesteps(scheduler, num_inference_steps, strength)
     noise = np.random.default_rng(seed).standard_normal((B, *init_latents.shape[1:]))
-    if len(timesteps) == 0:  # nothing runs: the toy returns the input (diffusers: an empty batch)
+    if len(timesteps) == 0:  # nothing runs: the toy returns the input (diffusers: an empty
+        # batch with output_type="latent", else a RuntimeError from vae.decode)
         return np.repeat(init_latents, B, axis=0)
     latents = scheduler.add_noise(init_latents, noise, timesteps[:1])  # (B, 4, 4, 4)
     for t in timesteps:
@@ -280,7 +281,7 @@ print(f"\npadding_mask_crop={pad}: a {hole} px hole in a {photo} px photo is inp
       f" {side} px crop resized to {out} px: {(out / side) ** 2:.2f}x its pixels, against"
       f" {(out / photo) ** 2:.4f}x when the whole photo is resized to {out} px")  # fmt: skip
 
-text_tokens = model_sizes.flux_1024px()["text_tokens"]  # 512 T5 tokens (FLUX.1's default)
+text_tokens = model_sizes.flux_1024px()["text_tokens"]  # 512: max_sequence_length's default
 N = (1024 // 16) ** 2  # 4096 image tokens at 1024 px: 8x VAE, then 2 x 2 packing
 L0, L1 = text_tokens + N, text_tokens + 2 * N  # joint sequence without / with the reference
 print(f"FLUX.1 Kontext at 1024 px: {N} image + {text_tokens} text = {L0} tokens;"
@@ -332,8 +333,9 @@ if args.figures is not None:  # PNG encoding costs time: only when the figures a
     series = {f"{n} steps": (np.array(table_strengths), np.array([calls[s, n] for s in table_strengths])) for n in (10, 25, 50)}  # fmt: skip
     figures.save(
         args.figures, "calls", figures.line_chart(series, "strength", "denoiser calls", markers=True),
-        alt="Denoiser calls against strength for 10, 25 and 50 steps: straight lines through the "
-        f"origin, int(steps x strength), reaching {calls[1.0, 10]}, {calls[1.0, 25]} and "
+        alt=f"Denoiser calls against strength ({table_strengths[0]} to {table_strengths[-1]}) for "
+        f"10, 25 and 50 steps: rising in steps, int(steps x strength), from {calls[0.1, 10]}, "
+        f"{calls[0.1, 25]} and {calls[0.1, 50]} to {calls[1.0, 10]}, {calls[1.0, 25]} and "
         f"{calls[1.0, 50]} at strength 1.0.",
         caption="Denoiser calls of img2img: get_timesteps runs int(num_inference_steps x strength).",
     )  # fmt: skip

@@ -4,7 +4,7 @@ The pipeline call paths (timesteps run, add_noise, blending, the 9-channel UNet'
 padding_mask_crop, Kontext's sequence) are run in Lab 20's module,
 ``test_page_lab_20.py``. These tests spy on the ``strength`` each pipeline's ``__call__``
 passes to ``get_timesteps``, call SD's and Flux's ``get_timesteps`` on real schedulers, and
-run tiny ``StableDiffusionImg2ImgPipeline`` (PNDM, zero-terminal-SNR DDIM),
+run tiny ``StableDiffusionImg2ImgPipeline`` (DDIM, PNDM, zero-terminal-SNR DDIM),
 ``FluxImg2ImgPipeline``, ``FluxFillPipeline`` and ``QwenImageEditPipeline`` calls (built
 offline: no hub, no weights).
 """
@@ -12,7 +12,6 @@ offline: no hub, no weights).
 from __future__ import annotations
 
 import functools
-import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 
 
 def test_default_strengths(monkeypatch):
-    """The default `strength` is 0.8 in `StableDiffusionImg2ImgPipeline`, 1.0 in `StableDiffusionInpaintPipeline`, 0.3 in `StableDiffusionXLImg2ImgPipeline`, 0.9999 in `StableDiffusionXLInpaintPipeline` and 0.6 in `FluxImg2ImgPipeline` and `FluxInpaintPipeline`; `FluxKontextPipeline` has no `strength`."""
+    """The default `strength` is 0.8 in `StableDiffusionImg2ImgPipeline`, 1.0 in `StableDiffusionInpaintPipeline`, 0.3 in `StableDiffusionXLImg2ImgPipeline`, 0.9999 in `StableDiffusionXLInpaintPipeline` and 0.6 in `FluxImg2ImgPipeline` and `FluxInpaintPipeline`; `FluxKontextPipeline.__call__` takes no `strength`."""
     import diffusers
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler
@@ -94,7 +93,9 @@ def test_default_strengths(monkeypatch):
                     StableDiffusionXLImg2ImgPipeline=0.3, StableDiffusionXLInpaintPipeline=0.9999,
                     FluxImg2ImgPipeline=0.6, FluxInpaintPipeline=0.6)  # fmt: skip
     assert {name: strength_passed(pipe, **call) for name, (pipe, call) in runs.items()} == expected
-    assert "strength" not in inspect.signature(diffusers.FluxKontextPipeline.__call__).parameters
+    kontext = flux_pipe("FluxKontextPipeline")  # a call with `strength` is refused
+    with pytest.raises(TypeError, match="unexpected keyword argument 'strength'"):
+        kontext(strength=0.5, num_inference_steps=1, output_type="latent", **flux)
 
 
 def test_sd_floors_the_steps_run_and_flux_rounds_them_up():
@@ -115,6 +116,44 @@ def test_sd_floors_the_steps_run_and_flux_rounds_them_up():
     flux.scheduler.set_timesteps(10)
     timesteps, n = FluxImg2ImgPipeline.get_timesteps(flux, 10, 0.35, "cpu")
     assert n == len(timesteps) == 4
+
+
+def test_floating_point_strength_floors_below_the_whole_number(record_calls):
+    """`strength=0.29` of 100 steps runs 28 UNet calls through `StableDiffusionImg2ImgPipeline` (DDIM) and 29 transformer calls through `FluxImg2ImgPipeline`: `100 * 0.29` is `28.999999999999996`, which SD's `int(num_inference_steps * strength)` floors to 28, while Flux skips `int(100 - 28.999999999999996)`, 71 steps."""
+    import PIL.Image
+    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+    from tiny import (
+        DIT_TEXT,
+        DIT_TOKENS,
+        FLUX_VAE_FACTORS,
+        embeds,
+        pil_image_and_mask,
+        tiny_dit_vae,
+        tiny_flux_transformer,
+        tiny_sd_variant,
+    )
+
+    assert 100 * 0.29 == 28.999999999999996
+    sd = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
+    assert isinstance(sd.scheduler, DDIMScheduler)
+    sd_calls = record_calls(sd.unet)
+    with torch.no_grad():
+        sd(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=100, strength=0.29,
+           image=pil_image_and_mask()[0], output_type="latent")  # fmt: skip
+    flux = FluxImg2ImgPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    flux.set_progress_bar_config(disable=True)
+    flux_calls = record_calls(flux.transformer)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        flux(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+             image=PIL.Image.new("RGB", (16, 16), (200, 30, 30)), strength=0.29, height=16,
+             width=16, num_inference_steps=100, output_type="latent")  # fmt: skip
+    assert (len(sd_calls.calls), len(flux_calls.calls)) == (28, 29)
 
 
 def test_flux_strength_counts_steps_not_noise_at_1024px(monkeypatch, record_calls):
@@ -221,6 +260,97 @@ def test_flux_img2img_at_strength_one_is_pure_noise(monkeypatch):
     assert not torch.allclose(image_latents, torch.zeros_like(image_latents))
     assert torch.equal(latents, noise)
     assert pipe.scheduler.sigmas[0] == pytest.approx(1.0)
+
+
+def test_zero_terminal_snr_img2img_at_strength_one_is_pure_noise(monkeypatch, record_calls):
+    """`StableDiffusionImg2ImgPipeline` with a zero-terminal-SNR `DDIMScheduler` (SD 1.5's betas, `rescale_betas_zero_snr=True`, `timestep_spacing="trailing"`) at `strength=1.0` of 50 steps noises the encoded image to t=999, where `alpha_bar` is 0: `add_noise` returns exactly the noise, and the UNet's first call gets it."""
+    from diffusers import DDIMScheduler
+    from tiny import SD_SCHEDULER, embeds, pil_image_and_mask, tiny_sd_variant
+
+    base = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
+    scheduler = DDIMScheduler(**SD_SCHEDULER, rescale_betas_zero_snr=True, timestep_spacing="trailing")  # fmt: skip
+    pipe = type(base)(**{**base.components, "scheduler": scheduler})
+    pipe.set_progress_bar_config(disable=True)
+    seen, original = [], pipe.scheduler.add_noise
+
+    def spy(original_samples, noise, timesteps):
+        out = original(original_samples, noise, timesteps)
+        seen.append((original_samples.clone(), noise.clone(), timesteps.clone(), out.clone()))
+        return out
+
+    monkeypatch.setattr(pipe.scheduler, "add_noise", spy)
+    calls = record_calls(pipe.unet)
+    with torch.no_grad():
+        pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=50, strength=1.0,
+             image=pil_image_and_mask()[0], generator=torch.Generator().manual_seed(0),
+             output_type="latent")  # fmt: skip
+    ((init_latents, noise, timestep, latents),) = seen
+    assert timestep.tolist() == [999] and float(pipe.scheduler.alphas_cumprod[999]) == 0.0
+    assert init_latents.abs().mean() > 0.1  # an image went in
+    assert torch.equal(latents, noise)
+    assert len(calls.calls) == 50 and torch.equal(calls.calls[0][0][0], noise)
+
+
+def test_flux_fill_packs_latents_masked_image_and_pixel_mask_into_384_channels(monkeypatch, record_calls):  # fmt: skip
+    """`FluxFillPipeline` (FLUX.1 Fill) calls its transformer on `torch.cat((latents, masked_image_latents), dim=2)`: with Flux's 8x VAE each packed token carries 64 channels of the step's latents, 64 of the masked image's latents (`image * (1 - mask)` encoded, not noised, the same at every step) and 256 of the pixel mask (8 x 8 pixels per latent position, packed 2 x 2), 384 in all."""
+    import diffusers.pipelines.flux.pipeline_flux_fill as module
+    import numpy as np
+    import PIL.Image
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxFillPipeline
+    from tiny import DIT_TEXT, DIT_TOKENS, FLUX_VAE_FACTORS, tiny_dit_vae, tiny_flux_transformer
+
+    vae = tiny_dit_vae(**FLUX_VAE_FACTORS, block_out_channels=(8,) * 4, norm_num_groups=4,
+                       down_block_types=("DownEncoderBlock2D",) * 4,
+                       up_block_types=("UpDecoderBlock2D",) * 4)  # 8x, 16 channels  # fmt: skip
+    pipe = FluxFillPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+        transformer=tiny_flux_transformer(in_channels=384, out_channels=64),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.vae_scale_factor == 8
+    encoded, encoder_inputs, stepped = [], [], []
+    original_retrieve, original_step = module.retrieve_latents, pipe.scheduler.step
+
+    def spy_retrieve(*args, **kwargs):
+        out = original_retrieve(*args, **kwargs)
+        encoded.append(out.clone())
+        return out
+
+    def spy_step(model_output, timestep, sample, **kwargs):
+        stepped.append(sample.clone())
+        return original_step(model_output, timestep, sample, **kwargs)
+
+    monkeypatch.setattr(module, "retrieve_latents", spy_retrieve)
+    monkeypatch.setattr(pipe.scheduler, "step", spy_step)
+    hook = vae.encoder.register_forward_pre_hook(lambda m, a: encoder_inputs.append(a[0].clone()))
+    calls = record_calls(pipe.transformer)
+    size = 32  # 4 x 4 latents, 2 x 2 packed tokens
+    m = np.zeros((size, size), np.uint8)
+    m[3:20, 17:30] = 255  # a hole that cuts latent cells: the mask part is per pixel
+    image = PIL.Image.fromarray(np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8))  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g), image=image,
+             mask_image=PIL.Image.fromarray(m), height=size, width=size, num_inference_steps=2,
+             generator=torch.Generator().manual_seed(1), output_type="latent")  # fmt: skip
+    hook.remove()
+    hidden = [kw["hidden_states"] for _, kw in calls.calls]
+    assert len(hidden) == 2 and tuple(hidden[0].shape) == (1, 4, 384)
+    for h, latents in zip(hidden, stepped, strict=True):
+        assert torch.equal(h[..., :64], latents)  # the latents the step then updates
+        assert torch.equal(h[..., 64:], hidden[0][..., 64:])  # masked image and mask: fixed
+    # the masked image: the image with the hole zeroed, encoded, shifted and scaled, packed
+    pixel_mask = torch.tensor(m / 255.0, dtype=torch.float32)  # (32, 32), 1 = repaint
+    image_px, masked_px = encoder_inputs
+    torch.testing.assert_close(masked_px, image_px * (1 - pixel_mask))
+    shift, scale = vae.config.shift_factor, vae.config.scaling_factor
+    torch.testing.assert_close(hidden[0][..., 64:128], pipe._pack_latents((encoded[1] - shift) * scale, 1, 16, 4, 4))  # fmt: skip
+    # the mask: each latent position's 8 x 8 pixels as 64 channels, then 2 x 2 packing
+    cells = pixel_mask.view(1, 4, 8, 4, 8).permute(0, 2, 4, 1, 3).reshape(1, 64, 4, 4)
+    assert torch.equal(hidden[0][..., 128:], pipe._pack_latents(cells, 1, 64, 4, 4))
+    assert 0 < float(cells[0, :, 0, 2].mean()) < 1  # a cell the hole cuts: no downsampling
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Lab 20's claims about image-to-image, inpainting and reference editing, on tiny
 random-config pipelines (diffusers 0.42.1, CPU): the real ``StableDiffusionImg2ImgPipeline``,
 ``StableDiffusionInpaintPipeline`` (4- and 9-channel UNets) and ``FluxKontextPipeline``
-run end to end with spies on the UNet / transformer, ``scheduler.add_noise`` and
-``scheduler.step``."""
+run end to end with spies on the UNet / transformer, the VAE's decoder, ``encode_prompt``,
+``scheduler.add_noise``, ``scheduler.scale_noise`` and ``scheduler.step``."""
 
 from __future__ import annotations
 
@@ -91,13 +91,21 @@ def test_img2img_runs_the_last_int_n_times_strength_timesteps(img2img, record_ca
     assert init_latents.shape == (1, 4, HEIGHT // 2, HEIGHT // 2)
 
 
-def test_strength_too_small_runs_nothing(img2img, inpaint4):
-    """When `int(num_inference_steps * strength)` is 0 (strength 0.1 of 4 steps), `StableDiffusionImg2ImgPipeline` runs no UNet call and returns an empty batch, latents of shape `(0, 4, H/8, W/8)`, without an error; `StableDiffusionInpaintPipeline` raises a `ValueError` instead."""
+def test_strength_too_small_runs_nothing(img2img, inpaint4, record_calls):
+    """When `int(num_inference_steps * strength)` is 0 (strength 0.1 of 4 steps, DDIM), `StableDiffusionImg2ImgPipeline` runs no UNet call: with `output_type="latent"` it returns an empty batch, latents of shape `(0, 4, H/8, W/8)`; with the default `output_type` (and `"np"`, `"pt"`) it hands that empty batch to `vae.decode`, which raises a `RuntimeError`. `StableDiffusionInpaintPipeline` raises a `ValueError` instead."""
     image, mask_image = pil_image_and_mask()
+    unet_calls, decoded = record_calls(img2img.unet), record_calls(img2img.vae.decoder)
+    call = dict(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4, image=image, strength=0.1)  # fmt: skip
     with torch.no_grad():
-        out = img2img(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4,
-                      image=image, strength=0.1, output_type="latent").images  # fmt: skip
+        out = img2img(**call, output_type="latent").images
     assert out.shape == (0, 4, HEIGHT // 2, HEIGHT // 2)
+    for output_type in ({}, {"output_type": "np"}, {"output_type": "pt"}):  # {}: the default
+        decoded.calls.clear()
+        with pytest.raises(RuntimeError, match="0 elements"), torch.no_grad():
+            img2img(**call, **output_type)
+        ((latents, *_), _) = decoded.calls[0]
+        assert latents.shape == (0, 4, HEIGHT // 2, HEIGHT // 2)  # raised inside vae.decode
+    assert not unet_calls.calls
     with pytest.raises(ValueError, match="After adjusting"), torch.no_grad():
         inpaint4(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4, image=image,
                  mask_image=mask_image, strength=0.1, output_type="latent")  # fmt: skip
@@ -105,7 +113,7 @@ def test_strength_too_small_runs_nothing(img2img, inpaint4):
 
 @pytest.mark.parametrize(("steps", "strength", "ddim_calls", "pndm_calls"), [(50, 0.5, 25, 26), (10, 0.35, 3, 4), (4, 0.1, 0, 1)])  # fmt: skip
 def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strength, ddim_calls, pndm_calls):  # fmt: skip
-    """`get_timesteps` slices `scheduler.timesteps[t_start * scheduler.order:]` with `t_start = num_inference_steps - int(num_inference_steps * strength)`. DDIM's grid has `num_inference_steps` entries, so it runs `int(num_inference_steps * strength)` UNet calls (0.5 of 50: 25, starting at t=481; 0.35 of 10: 3; 0.1 of 4: none). SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) repeats one timestep, so its grid has `num_inference_steps + 1` entries and the same slice runs one call more (0.5 of 50: 26, starting at t=501; 0.35 of 10: 4; 0.1 of 4: one call, at t=1, not an empty batch)."""
+    """`get_timesteps` slices `scheduler.timesteps[t_start * scheduler.order:]` with `t_start = num_inference_steps - int(num_inference_steps * strength)`. DDIM's grid has `num_inference_steps` entries, so it runs `int(num_inference_steps * strength)` UNet calls (0.5 of 50: 25, starting at t=481; 0.35 of 10: 3; 0.1 of 4: none). SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) repeats one timestep, so its grid has `num_inference_steps + 1` entries and the same slice runs one call more in `StableDiffusionImg2ImgPipeline` (0.5 of 50: 26, starting at t=501; 0.35 of 10: 4; 0.1 of 4: one call, at t=1, not an empty batch); `StableDiffusionInpaintPipeline` with PNDM still raises its `ValueError` at 0.1 of 4, since its check counts `num_inference_steps - t_start`, 0."""
     from diffusers import DDIMScheduler, PNDMScheduler
     from tiny import SD15_PNDM
 
@@ -132,6 +140,13 @@ def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strengt
         assert (ddim[0], pndm[0]) == (481, 501)
     if steps == 4:
         assert (ddim_batch, pndm_batch, pndm) == (0, 1, [1])
+        base = tiny_sd_variant("StableDiffusionInpaintPipeline")
+        inpaint = type(base)(**{**base.components, "scheduler": PNDMScheduler(**SD15_PNDM)})
+        inpaint.set_progress_bar_config(disable=True)
+        image, mask_image = pil_image_and_mask()
+        with pytest.raises(ValueError, match="After adjusting"), torch.no_grad():
+            inpaint(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=steps, image=image,
+                    mask_image=mask_image, strength=strength, output_type="latent")  # fmt: skip
 
 
 def test_strength_one_still_carries_the_image(img2img, record_calls, monkeypatch):
@@ -245,8 +260,8 @@ def test_padding_mask_crop(inpaint4, record_calls):
         run(inpaint4, image=torch.zeros(1, 3, 32, 32), mask_image=mask_image, padding_mask_crop=2, output_type="pil")  # fmt: skip
 
 
-def test_kontext_appends_reference_tokens(record_calls):
-    """`FluxKontextPipeline` packs the reference image's latents like the noisy ones and concatenates them along the sequence axis (`torch.cat([latents, image_latents], dim=1)`), so the transformer sees 2N image tokens for N generated (with `img_ids` rows whose first coordinate is 1), and keeps only the first N of its output (`noise_pred[:, : latents.size(1)]`)."""
+def test_kontext_appends_reference_tokens(record_calls, monkeypatch):
+    """`FluxKontextPipeline` packs the reference image's latents like the noisy ones and concatenates them along the sequence axis (`torch.cat([latents, image_latents], dim=1)`), so the transformer sees 2N image tokens for N generated (with `img_ids` rows whose first coordinate is 1), and keeps only the first N of its output (`noise_pred[:, : latents.size(1)]`); it does not noise the reference: `scheduler.scale_noise` is never called and the reference tokens are the same at every step."""
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
 
@@ -256,6 +271,7 @@ def test_kontext_appends_reference_tokens(record_calls):
         text_encoder_2=None, tokenizer_2=None,
     )  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
+    noised = spy(monkeypatch, pipe.scheduler, "scale_noise")
     g = torch.Generator().manual_seed(0)
     text = dict(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
                 pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g))  # fmt: skip
@@ -270,11 +286,14 @@ def test_kontext_appends_reference_tokens(record_calls):
                        output_type="latent").images  # fmt: skip
         kw = calls.calls[0][1]
         seen[image is None] = (kw["hidden_states"].shape, kw["img_ids"])
+        first, second = (c[1]["hidden_states"] for c in calls.calls)
+        assert torch.equal(first[:, n:], second[:, n:])  # the reference: the same at both steps
         assert out.shape == (1, n, 64)  # packed latents: only the N generated tokens
         calls.remove()
     assert seen[True][0] == (1, n, 64) and seen[False][0] == (1, 2 * n, 64)
     ids = seen[False][1]
     assert (ids[:n, 0] == 0).all() and (ids[n:, 0] == 1).all()
+    assert not noised
 
 
 def test_kontext_resizes_the_reference_to_a_preferred_resolution(record_calls, monkeypatch):
@@ -304,8 +323,8 @@ def test_kontext_resizes_the_reference_to_a_preferred_resolution(record_calls, m
     assert calls.calls[0][1]["hidden_states"].shape[1] == n + (32 // 2 // 2) ** 2  # 32 px reference
 
 
-def test_kontext_resizes_the_output_to_max_area(record_calls):
-    """`FluxKontextPipeline` rescales the requested `height` and `width` to `max_area` pixels (default `1024**2`) at their aspect ratio, rounded down to a multiple of `vae_scale_factor * 2`, with a logged warning: a 16 px request with `max_area=32 * 32` generates 32 px, 64 image tokens instead of 16."""
+def test_kontext_resizes_the_output_to_max_area(record_calls, monkeypatch):
+    """`FluxKontextPipeline` rescales the requested `height` and `width` to `max_area` pixels (default `1024**2`) at their aspect ratio, rounded down to a multiple of `vae_scale_factor * 2`, with a logged warning: a 16 px request with `max_area=32 * 32` generates 32 px, 64 image tokens instead of 16. A call that sets neither `max_area` nor `max_sequence_length` asks `prepare_latents` for 1024 x 1024 px and passes `max_sequence_length=512` (text tokens) to `encode_prompt`."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
     from tiny import logged_messages
 
@@ -315,12 +334,28 @@ def test_kontext_resizes_the_output_to_max_area(record_calls):
         text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
     )  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
-    assert inspect.signature(FluxKontextPipeline.__call__).parameters["max_area"].default == 1024**2
     g = torch.Generator().manual_seed(0)
+    text = dict(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+                pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g))  # fmt: skip
     calls = record_calls(pipe.transformer)
     with logged_messages("diffusers") as messages, torch.no_grad():
-        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
-             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g), height=HEIGHT,
-             width=HEIGHT, max_area=32 * 32, num_inference_steps=1, output_type="latent")  # fmt: skip
+        pipe(**text, height=HEIGHT, width=HEIGHT, max_area=32 * 32, num_inference_steps=1,
+             output_type="latent")  # fmt: skip
     assert calls.calls[0][1]["hidden_states"].shape[1] == (32 // 2 // 2) ** 2
     assert any("adjusted to 32 and 32" in m for m in messages)
+
+    class StopError(Exception):
+        pass
+
+    encoded = spy(monkeypatch, pipe, "encode_prompt")
+    planned = []
+
+    def stop(image, batch_size, num_channels_latents, height, width, *args):
+        planned.append((height, width))
+        raise StopError  # a 1024 px run of the tiny model is not needed: the size is known
+
+    monkeypatch.setattr(pipe, "prepare_latents", stop)
+    with pytest.raises(StopError), torch.no_grad():
+        pipe(**text, height=HEIGHT, width=HEIGHT, num_inference_steps=1, output_type="latent")
+    assert planned == [(1024, 1024)]
+    assert [kw["max_sequence_length"] for _, kw in encoded] == [512]
