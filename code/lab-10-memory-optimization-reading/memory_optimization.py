@@ -4,8 +4,9 @@ Five switches, each measured on small NumPy stand-ins and scaled to real models 
 arithmetic on shapes: attention slicing (``pipe.enable_attention_slicing``), VAE tiling
 (``pipe.vae.enable_tiling``), lower precision (``dtype=``), and CPU offload
 (``pipe.enable_model_cpu_offload`` / ``pipe.enable_sequential_cpu_offload``). Slicing and
-tiling trade time for a smaller peak of one intermediate; precision halves every byte and
-adds rounding error; offload trades GPU bytes for bytes over the PCIe bus on every call.
+tiling trade time for a smaller peak of one intermediate; precision halves weights and
+activations (not SDXL's VAE decode, run in float32) and adds rounding error; offload
+trades GPU bytes for bytes over the PCIe bus on every call.
 
 Run it:  python3 code/lab-10-memory-optimization-reading/memory_optimization.py --slice-sizes 16,8,4,2,1
 """
@@ -122,7 +123,8 @@ def table(title, header, rows):
 #
 # Naive attention materialises `softmax(q k^T / sqrt(d))`, shape `(B * heads, N, N)`.
 # diffusers' `SlicedAttnProcessor` loops over the first axis, `slice_size` rows of
-# `B * heads` at a time, so only `(slice_size, N, N)` scores exist at once; softmax is
+# `B * heads` at a time, so only `(slice_size, N, N)` tensors exist at once (two of them in
+# diffusers' `get_attention_scores`: scores and their softmax); softmax is
 # per row, so the result is the same. `enable_attention_slicing("auto")` sets
 # `slice_size = heads // 2` (`sliceable_head_dim // 2`, two slices per batch element).
 
@@ -190,11 +192,21 @@ for px in (512, 1024):
     for batch in (1, 2):
         full = batch * 8 * tokens**2 * 2  # (B * 8 heads, N, N) fp16
         auto = (8 // 2) * tokens**2 * 2  # "auto": slice_size = 8 // 2 rows of B * heads
-        sd_rows.append([f"{px} px, B={batch}", tokens, f"({batch * 8}, {tokens}, {tokens})", fmt(full), fmt(auto), fmt(tokens**2 * 2)])  # fmt: skip
+        # get_attention_scores keeps two slice-sized tensors alive: scores and baddbmm's
+        # empty input, then scores and softmax (the verify tests count them)
+        sd_rows.append([f"{px} px, B={batch}", tokens, f"({batch * 8}, {tokens}, {tokens})", fmt(full), fmt(auto), fmt(2 * auto), fmt(tokens**2 * 2)])  # fmt: skip
 # --8<-- [end:sd-scores]
 table(
     "SD 1.5 first-level self-attention scores, fp16 (8 heads; B=2 is CFG), from shapes",
-    ["", "tokens", "shape", "naive", 'slice "auto" (4)', 'slice "max" (1)'],
+    [
+        "",
+        "tokens",
+        "shape",
+        "naive",
+        'one "auto" slice (4)',
+        '"auto", 2 live',
+        'one "max" slice (1)',
+    ],
     sd_rows,
 )
 
@@ -375,15 +387,17 @@ table(
 # ## 5. CPU offload as bytes over the bus
 #
 # `enable_model_cpu_offload` (`pipelines/pipeline_utils.py`, diffusers 0.42.1) gives each
-# component accelerate's `cpu_offload_with_hook`, chained in `model_cpu_offload_seq` order:
-# a component is copied to the GPU when its forward starts and back to the CPU when the
-# next one starts, and at the end of the call `maybe_free_model_hooks` re-runs
-# `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves everything back. So each
-# component crosses twice per call, in and out. SD's `safety_checker` is in
-# `_exclude_from_cpu_offload`: it has no hook and stays on the GPU during the call, but
-# that `pipe.to("cpu")` moves it out and back in at the end. `enable_sequential_cpu_offload`
-# copies each submodule's weights in for its own forward and drops them after (no copy
-# back), so the denoiser crosses once per denoiser call: `steps` times with batched CFG.
+# component accelerate's `cpu_offload_with_hook`, chained in `model_cpu_offload_seq` order
+# (components the pipeline lacks skipped). accelerate's `CpuOffload.pre_forward`
+# (`accelerate/hooks.py`) runs when a component's forward starts: it sends the previous
+# component of the chain to the CPU if it is on the GPU, then copies this one in if it is
+# not there yet. So a component leaves only when the next one in the chain starts: SD3's
+# second pass over its three text encoders brings CLIP-L and CLIP-G back while T5 stays.
+# At the end `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose
+# `pipe.to("cpu")` moves everything out; SD's `safety_checker` (`_exclude_from_cpu_offload`,
+# no hook) stays on the GPU during the call and is moved out and back in then.
+# `enable_sequential_cpu_offload` copies each submodule's weights in for its own forward and
+# drops them after (no copy back): every forward streams its component in once.
 # Bandwidth is an assumption (`--pcie-gbps`); copies from pageable memory, per-copy
 # latency and compute are not modelled, so every time below is a floor.
 
@@ -398,30 +412,79 @@ def clip_vision_params(hidden=1024, layers=24, mlp=4096, patch=14, image=224, pr
     return embed + 4 * hidden + layers * layer + hidden * proj  # + pre/post LayerNorm, projection
 
 
+# The hooked forwards of one pipe(prompt) call at the default guidance, in order, with the
+# denoiser's entry standing for one call per step (CFG batched): data, pinned to what the real
+# pipelines do by tests/verify/test_page_lab_10.py (tiny parts, through pipe(...)).
+FORWARDS = {
+    "SD 1.5": ["text_encoder", "text_encoder", "unet", "vae"],  # prompt, then "" for CFG
+    "SDXL": ["text_encoder", "text_encoder_2", "unet", "vae"],  # "" -> zeros, no encoder call
+    "SD3 Medium": ["text_encoder", "text_encoder_2", "text_encoder_3"] * 2 + ["transformer", "vae"],
+    "Flux.1-dev": ["text_encoder", "text_encoder_2", "transformer", "vae"],  # no CFG by default
+}
+OFFLOAD_SEQ = {  # each pipeline class's model_cpu_offload_seq, diffusers 0.42.1
+    "SD 1.5": "text_encoder->image_encoder->unet->vae",
+    "SDXL": "text_encoder->text_encoder_2->image_encoder->unet->vae",
+    "SD3 Medium": "text_encoder->text_encoder_2->text_encoder_3->image_encoder->transformer->vae",
+    "Flux.1-dev": "text_encoder->text_encoder_2->image_encoder->transformer->vae",
+}
+
+
+def call_order(pipeline, parts, steps):
+    """FORWARDS[pipeline] for the components in ``parts``, the denoiser repeated ``steps`` times."""
+    denoiser = "unet" if "unet" in parts else "transformer"
+    expanded = [[c] * steps if c == denoiser else [c] for c in FORWARDS[pipeline]]
+    return [c for run in expanded for c in run if c in parts]
+
+
+def model_offload(order, seq, parts, stays=0):
+    """Replay CpuOffload.pre_forward over ``order``: (crossings per component, peak resident
+    bytes). ``stays`` (no hook) is resident throughout and crosses twice at the end."""
+    chain = [c for c in seq.split("->") if c in parts]
+    prev = {c: chain[k - 1] if k else None for k, c in enumerate(chain)}
+    on, crossings, peak = set(), dict.fromkeys(chain, 0), 0
+    for c in order:
+        if prev[c] in on:  # the previous component of the chain goes out
+            on.discard(prev[c])
+            crossings[prev[c]] += 1
+        if c not in on:  # this one comes in, unless it is still there
+            on.add(c)
+            crossings[c] += 1
+        peak = max(peak, stays + sum(parts[x] for x in on))
+    for c in on:  # maybe_free_model_hooks: pipe.to("cpu")
+        crossings[c] += 1
+    return crossings, peak
+
+
 safety_checker_params = clip_vision_params() + 20 * 768 + 20  # + 17 + 3 concept embeddings
-pipelines = ["SD 1.5", "SDXL", "SD3 Medium", "Flux.1-dev"]
+pipelines = list(FORWARDS)
 sizes = {p: {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows(p)} for p in pipelines}
-sizes["SD 1.5"]["safety_checker"] = 2 * safety_checker_params  # fp16 bytes
-stays = {"SD 1.5": sizes["SD 1.5"]["safety_checker"]}  # _exclude_from_cpu_offload: no hook
-offload_rows = []
+stays = {"SD 1.5": 2 * safety_checker_params}  # fp16 bytes; _exclude_from_cpu_offload: no hook
+offload_rows, crossings = [], {}
 for p, parts in sizes.items():
-    denoiser = parts.get("unet", parts.get("transformer"))  # fp16 bytes
-    model_bytes = 2 * sum(parts.values())  # every component out and in once per call
-    hooked = sum(parts.values()) - stays.get(p, 0)  # what sequential offload streams
-    seq_bytes = hooked - denoiser + denoiser * args.steps  # in only; the denoiser once per call
-    offload_rows.append([p, f"{sum(parts.values()) / 1e9:.2f}", f"{stays.get(p, 0) / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
+    order = call_order(p, parts, args.steps)
+    crossings[p], _ = model_offload(order, OFFLOAD_SEQ[p], parts, stays.get(p, 0))
+    model_bytes = sum(n * parts[c] for c, n in crossings[p].items()) + 2 * stays.get(p, 0)
+    # in only, once per forward; the checker stays; the whole VAE is counted, though a
+    # text-to-image call runs only its decoder (the encoder is 0.07 GB of SD's VAE)
+    seq_bytes = sum(parts[c] for c in order)
+    total = sum(parts.values()) + stays.get(p, 0)
+    offload_rows.append([p, f"{total / 1e9:.2f}", f"{stays.get(p, 0) / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
 # --8<-- [end:offload]
 table(
-    f"Weights moved per image, fp16, {args.steps} steps, at {pcie_gbps:g} GB/s (assumed): floors",
+    f"Weights moved per call, 2 bytes per weight, {args.steps} steps, at {pcie_gbps:g} GB/s (assumed): floors",
     ["", "weights GB", "stays GB", "model offload GB", "time", "sequential GB", "time"],
     offload_rows,
 )
+print("model offload crossings per call (in + out), replayed from each pipeline's forward order:")
+for p, n in crossings.items():
+    print(f"  {p}: " + ", ".join(f"{c} {k}" for c, k in n.items()))
 
 # %% [markdown]
 # ## 6. What fits
 #
-# A card fits a pipeline "resident" if all weights fit, "model offload" if the largest
-# component plus what never leaves the GPU fits. Two corrections to the plain fp16 bytes:
+# A card fits a pipeline "resident" if all weights fit, "model offload" if the most that is
+# resident at once under model offload fits: replayed from the forward order as above, SD3's
+# T5 with CLIP-G, SD's UNet with the `safety_checker`. Two corrections to the plain fp16 bytes:
 # transformers keeps the modules in a model's `_keep_in_fp32_modules` in float32 when it
 # loads with `dtype=torch.float16` (not with bfloat16); for `T5EncoderModel` that is every
 # `wo`, the `(d_model, d_ff)` output projection of each feed-forward block. And SD3's
@@ -435,28 +498,30 @@ fp32_extra = 2 * t5_wo_params  # 4 bytes instead of 2 per wo weight under float1
 sd3 = sizes["SD3 Medium"]
 sd3_fp16 = {**sd3, "text_encoder_3": sd3["text_encoder_3"] + fp32_extra}
 sd3_no_t5 = {k: v for k, v in sd3.items() if k != "text_encoder_3"}  # text_encoder_3=None
-variants = {  # name -> (component bytes, bytes that stay on the GPU under model offload)
-    "SD 1.5, fp16": (sizes["SD 1.5"], stays["SD 1.5"]),
-    "SDXL, fp16": (sizes["SDXL"], 0),
-    "SD3 Medium, fp16": (sd3_fp16, 0),
-    "SD3 Medium, bf16": (sd3, 0),
-    "SD3 Medium, no T5": (sd3_no_t5, 0),
-    "Flux.1-dev, bf16": (sizes["Flux.1-dev"], 0),
+variants = {  # name -> (pipeline, component bytes)
+    "SD 1.5, fp16": ("SD 1.5", sizes["SD 1.5"]),
+    "SDXL, fp16": ("SDXL", sizes["SDXL"]),
+    "SD3 Medium, fp16": ("SD3 Medium", sd3_fp16),
+    "SD3 Medium, bf16": ("SD3 Medium", sd3),
+    "SD3 Medium, no T5": ("SD3 Medium", sd3_no_t5),
+    "Flux.1-dev, bf16": ("Flux.1-dev", sizes["Flux.1-dev"]),
 }
 fit_rows = []
-for name, (parts, stay) in variants.items():
-    total, largest = sum(parts.values()), max(parts.values())
-    fit_rows.append([name, f"{total / 1e9:.2f}", f"{(largest + stay) / 1e9:.2f}"] + [("yes" if total <= g * 2**30 else "offload" if largest + stay <= g * 2**30 else "no") for g in (8, 16, 24, 80)])  # fmt: skip
+for name, (p, parts) in variants.items():
+    stay = stays.get(p, 0)
+    total = sum(parts.values()) + stay
+    _, peak = model_offload(call_order(p, parts, 1), OFFLOAD_SEQ[p], parts, stay)
+    fit_rows.append([name, f"{total / 1e9:.2f}", f"{peak / 1e9:.2f}"] + [("yes" if total <= g * 2**30 else "offload" if peak <= g * 2**30 else "no") for g in (8, 16, 24, 80)])  # fmt: skip
 # --8<-- [end:fits]
 print(f"\nT5-XXL's wo layers: {t5_wo_params:,} parameters; kept in float32 under dtype=torch.float16: +{fp32_extra / 1e9:.2f} GB")  # fmt: skip
 table(
     "What fits, weights only (GB = 10^9 B; cards counted as 8/16/24/80 GiB)",
-    ["", "all GB", "largest + stays GB", "8", "16", "24", "80"],
+    ["", "all GB", "model offload peak GB", "8", "16", "24", "80"],
     fit_rows,
 )
 print(
-    "yes = all weights resident; offload = only with enable_model_cpu_offload (largest"
-    " component resident); no = not even that: sequential or group offload, or fewer bytes per"
+    "yes = all weights resident; offload = only with enable_model_cpu_offload (its peak"
+    " resident set fits); no = not even that: sequential or group offload, or fewer bytes per"
     " weight (Labs 14 and 16). Activations, attention workspace and the CUDA context come on top."
 )
 
@@ -528,7 +593,6 @@ print(
 
 # %%
 best_slice = min(sliced, key=lambda s: sliced[s][1])
-seq_sd = sizes["SD 1.5"]
 rows = [
     [
         "enable_attention_slicing",
@@ -539,8 +603,8 @@ rows = [
     [
         "SDPA (AttnProcessor2_0, default)",
         "attention scores",
-        "never stores (B*heads, N, N)",
-        "needs torch 2; the kernel choice",
+        "flash/mem-efficient: no (B*heads, N, N)",
+        "the math backend stores it",
     ],
     [
         "vae.enable_slicing",
@@ -556,21 +620,21 @@ rows = [
     ],
     [
         "dtype=float16/bfloat16",
-        "every byte",
-        "x0.50 of float32",
+        "weights, activations",
+        "x0.50 (SDXL VAE decodes fp32)",
         f"final dev {np.abs(runs[dtypes[-1]][0] - runs['float64'][0]).max():.1e} ({dtypes[-1]})",
     ],
     [
         "enable_model_cpu_offload",
         "resident weights",
-        "largest component only",
-        f"{offload_rows[0][3]} GB/image (SD 1.5)",
+        "the components running",
+        f"{offload_rows[0][3]} GB/call (SD 1.5)",
     ],
     [
         "enable_sequential_cpu_offload",
         "resident weights",
-        "one submodule",
-        f"{offload_rows[0][5]} GB/image (SD 1.5)",
+        "one submodule, + excluded",
+        f"{offload_rows[0][5]} GB/call (SD 1.5)",
     ],
 ]
 table("Strategy summary (this run)", ["strategy", "reduces", "measured saving", "cost"], rows)
@@ -591,7 +655,7 @@ chart = figures.line_chart(
     ylabel="peak MiB",
     markers=True,
 )
-figures.save(args.figures, "attention-peak", chart, alt="Line chart of the peak NumPy bytes of sliced attention against slice_size, falling in proportion to the slice size, with the naive peak as a flat line above.", caption="Peak bytes of attention against slice_size (tracemalloc).")  # fmt: skip
+figures.save(args.figures, "attention-peak", chart, alt="Line chart of the peak NumPy bytes of sliced attention against slice_size, falling in proportion to the slice size, and the naive peak as a flat line, which one slice of all 16 rows slightly exceeds.", caption="Peak bytes of attention against slice_size (tracemalloc).")  # fmt: skip
 col = np.arange(whole.shape[3])
 seam = figures.line_chart(
     {

@@ -41,6 +41,7 @@ def test_sd_score_sizes_from_shapes(lab):
     assert rows["512 px, B=2"][3] == "512.0 MiB"  # 16 * 4096**2 * 2 bytes
     assert rows["1024 px, B=2"][3] == "8.0 GiB"
     assert rows["512 px, B=1"][4] == "128.0 MiB"  # "auto": 4 rows of B*heads
+    assert rows["512 px, B=2"][5] == "256.0 MiB"  # two slice-sized tensors alive at once
 
 
 def test_tiling_blend_reduces_seams_and_peak(lab):
@@ -82,17 +83,28 @@ def test_precision_error_orders_by_mantissa(lab):
 def test_offload_bytes_from_model_sizes(lab):
     from labkit import model_sizes
 
+    steps = lab["args"].steps
     sd = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD 1.5")}
     checker = 2 * lab["safety_checker_params"]
-    row = lab["offload_rows"][0]
-    assert row[0] == "SD 1.5"
-    assert row[3] == f"{2 * (sum(sd.values()) + checker) / 1e9:.2f}"  # out and in, all of it
-    seq = sum(sd.values()) + sd["unet"] * (lab["args"].steps - 1)  # in only; checker stays
-    assert row[5] == f"{seq / 1e9:.1f}"
-    fits = {r[0]: r[3:] for r in lab["fit_rows"]}
-    assert fits["Flux.1-dev, bf16"] == ["no", "no", "offload", "yes"]
-    assert fits["SD3 Medium, fp16"] == ["no", "offload", "yes", "yes"]  # T5's wo in fp32
-    assert fits["SD3 Medium, bf16"][1] == "yes" and fits["SD3 Medium, no T5"][0] == "yes"
+    rows = {r[0]: r for r in lab["offload_rows"]}
+    assert rows["SD 1.5"][3] == f"{2 * (sum(sd.values()) + checker) / 1e9:.2f}"  # out and in
+    # sequential: every forward streams its component in; CFG encodes the prompt and ""
+    seq = sum(sd.values()) + sd["text_encoder"] + sd["unet"] * (steps - 1)  # checker stays
+    assert rows["SD 1.5"][5] == f"{seq / 1e9:.1f}" == "52.2"
+    sd3 = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD3 Medium")}
+    clips = sd3["text_encoder"] + sd3["text_encoder_2"]
+    # model offload: both CLIPs come back for "" while T5 stays: 4 crossings each
+    assert rows["SD3 Medium"][3] == f"{(2 * sum(sd3.values()) + 2 * clips) / 1e9:.2f}" == "34.04"
+    encoders = clips + sd3["text_encoder_3"]  # each runs twice
+    seq3 = sum(sd3.values()) + encoders + sd3["transformer"] * (steps - 1)
+    assert rows["SD3 Medium"][5] == f"{seq3 / 1e9:.1f}" == "144.2"
+    assert lab["crossings"]["SD3 Medium"] == {"text_encoder": 4, "text_encoder_2": 4, "text_encoder_3": 2, "transformer": 2, "vae": 2}  # fmt: skip
+    fits = {r[0]: r[2:] for r in lab["fit_rows"]}
+    assert fits["Flux.1-dev, bf16"] == ["23.80", "no", "no", "offload", "yes"]
+    # SD3: T5 (wo in fp32) shares the device with CLIP-G under model offload
+    assert fits["SD3 Medium, fp16"] == ["12.93", "no", "offload", "yes", "yes"]
+    assert fits["SD3 Medium, bf16"][:2] == ["10.91", "no"] and fits["SD3 Medium, bf16"][2] == "yes"
+    assert fits["SD3 Medium, no T5"][1] == "yes"
 
 
 def test_flop_per_byte_is_hundreds(lab):

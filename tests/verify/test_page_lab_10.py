@@ -10,7 +10,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny import embeds, run_starter, start_latents, tiny_sd_pipeline, tiny_vae
+from tiny import (
+    HEIGHT,
+    WIDTH,
+    embeds,
+    hooked_forwards,
+    replay_model_offload,
+    run_starter,
+    start_latents,
+    text_to_image_pipelines,
+    tiny_sd_pipeline,
+    tiny_vae,
+)
 
 LAB10 = "code/lab-10-memory-optimization-reading/memory_optimization.py"
 
@@ -31,15 +42,22 @@ def call(pipe):
     ).images
 
 
-def test_default_processor_is_sdpa(sd_pipe):
-    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention`."""
-    import inspect
-
+def test_default_processor_is_sdpa(monkeypatch):
+    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `pipe(...)` call makes one such call per attention layer per UNet call, and one for the VAE decoder's attention."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    kinds = {type(p) for p in sd_pipe.unet.attn_processors.values()}
-    assert kinds == {AttnProcessor2_0}
-    assert "F.scaled_dot_product_attention" in inspect.getsource(AttnProcessor2_0.__call__)
+    pipe = tiny_sd_pipeline()
+    assert {type(p) for p in pipe.unet.attn_processors.values()} == {AttnProcessor2_0}
+    calls, unet_calls = [], []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(a[0].shape) or sdpa(*a, **k))  # fmt: skip
+    pipe.unet.register_forward_pre_hook(lambda *_: unet_calls.append(1))
+    call(pipe)
+    assert len(calls) == len(unet_calls) * len(pipe.unet.attn_processors) + len([k for k in pipe.vae.attn_processors if k.startswith("decoder.")])  # fmt: skip
+    assert {len(shape) for shape in calls} == {4} and {shape[0] for shape in calls} >= {
+        4
+    }  # 2 CFG x 2
+    assert unet_calls and {type(p) for p in pipe.vae.attn_processors.values()} == {AttnProcessor2_0}  # fmt: skip
 
 
 def test_attention_slicing_installs_sliced_processor_and_keeps_output():
@@ -148,6 +166,27 @@ def test_offload_methods_and_sequence():
     for method in (pipe.enable_model_cpu_offload, pipe.enable_sequential_cpu_offload):
         with pytest.raises(RuntimeError, match="requires accelerator"):
             method()
+
+
+def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_path):
+    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per step), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings and the peak resident set that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G."""
+    variants = {"SD3 Medium, no T5": starter["sd3_no_t5"]}
+    for name, (pipe, kwargs) in text_to_image_pipelines(tmp_path).items():
+        family = name.split(",")[0]
+        parts = variants.get(name, starter["sizes"][family])
+        assert starter["OFFLOAD_SEQ"][family] == type(pipe).model_cpu_offload_seq
+        forwards = hooked_forwards(pipe, monkeypatch, "a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="np", **kwargs)  # fmt: skip
+        order = starter["call_order"](family, parts, 2)
+        assert [n for n, _ in forwards] == order, name
+        crossings, resident = replay_model_offload(forwards, monkeypatch)
+        stays = starter["stays"].get(family, 0)
+        mine, peak = starter["model_offload"](order, starter["OFFLOAD_SEQ"][family], parts, stays)
+        assert mine == crossings, name
+        assert peak == stays + max(sum(parts[c] for c in on) for on in resident), name
+        if name == "SD3 Medium":
+            assert (crossings["text_encoder"], crossings["text_encoder_2"], crossings["text_encoder_3"]) == (4, 4, 2)  # fmt: skip
+            assert {"text_encoder", "text_encoder_3"} in resident
+            assert {"text_encoder_2", "text_encoder_3"} in resident
 
 
 def test_safety_checker_count_from_shapes(starter):

@@ -16,11 +16,16 @@ from tiny import (
     HEIGHT,
     WIDTH,
     embeds,
+    hooked_forwards,
     random_ip_adapter,
+    replay_model_offload,
+    sdxl_call,
     start_latents,
+    text_to_image_pipelines,
     tiny_flux_pipeline,
     tiny_sd3_pipeline,
     tiny_sd_pipeline,
+    tiny_sdxl_pipeline,
     tiny_text_encoder,
     tiny_tokenizer,
     tiny_unet,
@@ -72,15 +77,66 @@ def memory_flux_pipeline():
 
 
 def test_attention_slicing_is_a_no_op_on_sd3_and_flux():
-    """On `StableDiffusion3Pipeline` and `FluxPipeline`, `pipe.enable_attention_slicing()` changes nothing and raises nothing: the pipeline method only calls components that have `set_attention_slice`, and `SD3Transformer2DModel` and `FluxTransformer2DModel` have none."""
+    """On `StableDiffusion3Pipeline` and `FluxPipeline`, `pipe.enable_attention_slicing()` changes nothing and raises nothing: the pipeline method only calls components that have `set_attention_slice`, and none of theirs (`SD3Transformer2DModel`, `FluxTransformer2DModel`, `AutoencoderKL`) has one."""
     for pipe in (tiny_sd3_pipeline(), memory_flux_pipeline()):
-        assert not hasattr(pipe.transformer, "set_attention_slice")
-        before = dict(pipe.transformer.attn_processors)
+        modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+        assert {"transformer", "vae"} <= modules.keys()
+        assert not any(hasattr(m, "set_attention_slice") for m in modules.values())
+        before = {n: dict(m.attn_processors) for n, m in modules.items()}
         pipe.enable_attention_slicing()
         pipe.enable_attention_slicing("max")
-        after = pipe.transformer.attn_processors
-        assert after.keys() == before.keys()
-        assert all(after[k] is before[k] for k in before)  # the same processor objects
+        for n, m in modules.items():  # the same processor objects in every component
+            assert m.attn_processors.keys() == before[n].keys()
+            assert all(m.attn_processors[k] is before[n][k] for k in before[n])
+
+
+def live_square_tensors(fn, n):
+    """Run ``fn()`` under a dispatch mode: the most tensors with last two dims ``(n, n)``
+    (score-shaped) alive at once after any aten op, and the shapes of those made."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    refs, shapes, most = [], [], 0
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal most
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[-2:]) == (n, n):
+                    refs.append(weakref.ref(t))
+                    shapes.append(tuple(t.shape))
+            alive = {r().untyped_storage().data_ptr() for r in refs if r() is not None}
+            most = max(most, len(alive))
+            return out
+
+    with torch.no_grad(), Watch():
+        fn()
+    return most, shapes
+
+
+def test_sdpa_stores_the_scores_only_in_its_math_backend():
+    """On the CPU, `F.scaled_dot_product_attention` (what `AttnProcessor2_0` calls) by default makes no `(B, heads, N, N)` tensor, while under `sdpa_kernel(SDPBackend.MATH)` it materialises the scores; the sliced processor `SlicedAttnProcessor(slice_size)` keeps two `(slice_size, N, N)` tensors alive at once, the scores with `torch.baddbmm`'s `torch.empty` input, then the scores with their softmax."""
+    from diffusers.models.attention_processor import (
+        Attention,
+        AttnProcessor2_0,
+        SlicedAttnProcessor,
+    )
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    n = 64
+    attn = Attention(query_dim=32, heads=4, dim_head=8).eval()
+    x = torch.randn(2, n, 32)
+    attn.set_processor(AttnProcessor2_0())
+    assert live_square_tensors(lambda: attn(x), n) == (0, [])
+    with sdpa_kernel(SDPBackend.MATH):
+        most, shapes = live_square_tensors(lambda: attn(x), n)
+    assert most >= 1 and (2, 4, n, n) in shapes
+    attn.set_processor(SlicedAttnProcessor(2))
+    most, shapes = live_square_tensors(lambda: attn(x), n)
+    assert most == 2 and set(shapes) == {(2, n, n)}  # 2 * 4 rows of B * heads, 2 at a time
 
 
 def test_attention_slicing_drops_a_loaded_ip_adapter():
@@ -196,6 +252,18 @@ def test_t5_keeps_wo_in_float32_under_float16(tmp_path):
     assert sum(p.numel() for n, p in xxl.named_parameters() if n.endswith(".wo.weight")) == 1_006_632_960  # fmt: skip
 
 
+def test_sdxl_decodes_an_fp16_vae_in_float32():
+    """`StableDiffusionXLPipeline.__call__` decodes a float16 `AutoencoderKL` whose `force_upcast` is true (the class default) in float32: `vae.decode` receives float32 `latents` while the decoder's weights are float32, and the VAE is cast back to float16 after the decode (through the deprecated `upcast_vae()`, which raises a `FutureWarning`)."""
+    pipe = tiny_sdxl_pipeline()
+    pipe.to(torch.float16)
+    assert pipe.vae.config.force_upcast is True and pipe.vae.dtype == torch.float16
+    seen, decode = [], pipe.vae.decode
+    pipe.vae.decode = lambda z, *a, **k: seen.append((z.dtype, pipe.vae.decoder.conv_in.weight.dtype)) or decode(z, *a, **k)  # fmt: skip
+    with pytest.warns(FutureWarning, match="upcast_vae"):  # the deprecated upcast_vae()
+        sdxl_call(pipe, torch.float16, output_type="np")
+    assert seen == [(torch.float32, torch.float32)] and pipe.vae.dtype == torch.float16
+
+
 def test_sd3_runs_without_its_t5_encoder(tmp_path, record_calls):
     """`StableDiffusion3Pipeline` built with `text_encoder_3=None` and `tokenizer_3=None` encodes a prompt with its two CLIP encoders and passes zeros where the T5 tokens would be, so it runs without T5's weights."""
 
@@ -252,7 +320,7 @@ def watch_moves(pipe, monkeypatch):
 
 
 def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
-    """Under `enable_model_cpu_offload`, a call moves each component to the GPU when its forward starts, in `model_cpu_offload_seq` order (`"text_encoder->image_encoder->unet->vae"`), and each hook holds the previous component's as `prev_module_hook`, which accelerate offloads when the forward starts if that component is not on the CPU (a move this CPU-only test sees only as the chain); at the end of the call `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves every component back, and the `safety_checker` (`_exclude_from_cpu_offload`, no hook) is moved to the GPU again right after. Every component crosses the bus twice per call."""
+    """Under `enable_model_cpu_offload`, a call moves each component to the GPU when its forward starts, in `model_cpu_offload_seq` order (`"text_encoder->image_encoder->unet->vae"`), and each hook holds the previous component's as `prev_module_hook`, which accelerate offloads when the forward starts if that component is not on the CPU (a move this CPU-only test sees only as the chain); at the end of the call `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves every component back, and the `safety_checker` (`_exclude_from_cpu_offload`, no hook) is moved to the GPU again right after. In `StableDiffusionPipeline`'s order each component crosses the bus twice per call."""
     from diffusers import StableDiffusionPipeline
 
     assert StableDiffusionPipeline.model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
@@ -277,13 +345,48 @@ def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
         ]  # fmt: skip
 
 
+def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
+    monkeypatch, tmp_path
+):
+    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`), and `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
+    pipes = text_to_image_pipelines(tmp_path)
+    expected = {
+        "SD 1.5": (
+            ["text_encoder"] * 2 + ["unet"] * 2 + ["vae"],
+            {"text_encoder": 2, "unet": 2, "vae": 2},
+        ),
+        "SD3 Medium": (
+            ["text_encoder", "text_encoder_2", "text_encoder_3"] * 2
+            + ["transformer"] * 2
+            + ["vae"],
+            {
+                "text_encoder": 4,
+                "text_encoder_2": 4,
+                "text_encoder_3": 2,
+                "transformer": 2,
+                "vae": 2,
+            },
+        ),
+    }
+    for name, (order, crossings) in expected.items():
+        pipe, kwargs = pipes[name]
+        forwards = hooked_forwards(pipe, monkeypatch, "a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="np", **kwargs)  # fmt: skip
+        assert [n for n, _ in forwards] == order
+        seen, resident = replay_model_offload(forwards, monkeypatch)
+        assert seen == crossings
+    assert {"text_encoder", "text_encoder_3"} in resident and {"text_encoder_2", "text_encoder_3"} in resident  # fmt: skip
+
+
 def test_sequential_offload_keeps_weights_off_the_device(monkeypatch):
-    """`enable_sequential_cpu_offload` leaves every UNet parameter on the `meta` device and gives each submodule that owns weights an accelerate hook with `offload=True` and a map of its CPU weights; the hook loads them for that submodule's forward and puts them back on `meta` after it, with no copy back."""
+    """`enable_sequential_cpu_offload` leaves every UNet parameter on the `meta` device and gives each submodule that owns weights an accelerate hook with `offload=True` and a map of its CPU weights; the hook loads them for that submodule's forward and then sets them to `meta` again, with no copy back (on the CPU, torch 2.13 makes that last step raise `TypeError`). Components in `_exclude_from_cpu_offload`, SD's `safety_checker`, get no hook: they are moved to the device whole and stay there."""
     import accelerate.hooks
 
-    pipe = tiny_sd_pipeline()
+    checker, processor = tiny_safety_checker()
+    pipe = tiny_sd_pipeline(safety_checker=checker, feature_extractor=processor)
     pipe.enable_sequential_cpu_offload(device="cpu")
     assert {p.device.type for p in pipe.unet.parameters()} == {"meta"}
+    assert {str(p.device) for p in checker.parameters()} == {"cpu"}  # to("cpu:0"): no meta, no hook
+    assert not any(hasattr(m, "_hf_hook") for m in checker.modules())
     owners = [m for m in pipe.unet.modules() if list(m.parameters(recurse=False))]
     for module in owners:
         hook = module._hf_hook
@@ -324,7 +427,7 @@ def group_hooked(model):
 
 
 def test_group_offload_block_modules_splits_the_mid_block():
-    """`enable_group_offload(..., offload_type="block_level")` makes groups of the blocks in a model's `ModuleList`s and leaves every other child (a UNet's `mid_block`) in the group hooked on the model itself, on the device for the whole call; `block_modules=["mid_block"]` makes the mid block's resnets and attentions groups of their own."""
+    """`enable_group_offload(..., offload_type="block_level")` makes groups of the blocks in a model's `ModuleList`s and leaves every other child (a UNet's `mid_block`) in the group hooked on the model itself, on the device for the model's whole forward; `block_modules=["mid_block"]` makes the mid block's resnets and attentions groups of their own."""
     kwargs = dict(onload_device=CPU, offload_device=CPU, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
     plain = tiny_unet()
     plain.enable_group_offload(**kwargs)

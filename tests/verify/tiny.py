@@ -721,6 +721,44 @@ def traffic(module, monkeypatch, to_device, to_host):
     monkeypatch.undo()
 
 
+class _StandInStream:
+    """A stream for group offloading's stream path on the CPU: there is nothing to wait for."""
+
+    def synchronize(self):
+        pass
+
+
+def simulated_stream_offload(model, monkeypatch):
+    """Apply block-level group offloading (one block per group) as `use_stream=True` sets it
+    up, on the CPU: `enable_group_offload` refuses streams without an accelerator, so this calls
+    diffusers' `_apply_group_offloading` with the config it would build, a stand-in stream,
+    `pin_memory` as identity and the CPU's current stream replaced by the stand-in. Returns
+    (the unmatched group, [the block groups])."""
+    import torch
+    from diffusers.hooks import group_offloading as go
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cpu, "current_stream", lambda *a, **k: _StandInStream())
+    if not hasattr(torch.cpu, "stream"):
+        monkeypatch.setattr(torch.cpu, "stream", lambda s: contextlib.nullcontext(), raising=False)  # fmt: skip
+    cpu = torch.device("cpu")
+    config = go.GroupOffloadingConfig(
+        onload_device=cpu, offload_device=cpu, offload_type=go.GroupOffloadingType.BLOCK_LEVEL,
+        num_blocks_per_group=1, non_blocking=False, stream=_StandInStream(), record_stream=False,
+        low_cpu_mem_usage=False, offload_to_disk_path=None, block_modules=None, exclude_kwargs=None,
+    )  # fmt: skip
+    go._apply_group_offloading(model, config)
+
+    def group(module):
+        registry = getattr(module, "_diffusers_hook", None)
+        hook = registry.get_hook("group_offloading") if registry else None
+        return hook.group if hook else None
+
+    unmatched = group(model)
+    blocks = {id(g): g for m in model.modules() if m is not model and (g := group(m))}
+    return unmatched, list(blocks.values())
+
+
 # ---------------------------------------------------------------- ControlNet and IP-Adapter
 
 
@@ -1134,3 +1172,103 @@ def pil_image_and_mask(size=HEIGHT, hole=None):
     mask = np.zeros((size, size), dtype=np.uint8)
     mask[y1:y2, x1:x2] = 255
     return image, PIL.Image.fromarray(mask)
+
+
+# ---------------------------------------------------------------- model offload, per call
+
+
+def text_to_image_pipelines(directory):
+    """``{family: (pipeline, call kwargs)}``: tiny SD 1.5, SDXL, SD3 (and SD3 with
+    ``text_encoder_3=None``) and Flux pipelines with real text encoders (CLIP, and T5 for SD3
+    and Flux) over ``tiny_tokenizer``, so ``pipe("a cat", **kwargs)`` runs every encoder."""
+    import torch
+    from diffusers import FluxPipeline, StableDiffusionXLPipeline
+    from transformers import T5Config, T5EncoderModel
+
+    def t5(width):
+        torch.manual_seed(0)
+        return T5EncoderModel(T5Config(vocab_size=64, d_model=width, d_kv=8, d_ff=32, num_layers=1, num_heads=4)).eval()  # fmt: skip
+
+    def clip(seed):
+        return tiny_text_encoder(16, seed=seed, with_projection=True, projection_dim=8, num_hidden_layers=1, num_attention_heads=2)  # fmt: skip
+
+    tok = tiny_tokenizer(directory)
+    sd = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tok)
+    xl = StableDiffusionXLPipeline(**{**tiny_sdxl_pipeline().components, "text_encoder": tiny_text_encoder(16), "tokenizer": tok, "text_encoder_2": tiny_text_encoder(16, seed=1, with_projection=True, projection_dim=POOLED_DIM), "tokenizer_2": tok})  # fmt: skip
+    sd3 = dict(text_encoder=clip(0), text_encoder_2=clip(1), tokenizer=tok, tokenizer_2=tok, vae=tiny_vae(shift_factor=0.0))  # fmt: skip
+    fl = FluxPipeline(**{**tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS).components, "text_encoder": tiny_text_encoder(DIT_TEXT), "tokenizer": tok, "text_encoder_2": t5(DIT_TEXT), "tokenizer_2": tok})  # fmt: skip
+    pipes = {
+        "SD 1.5": (sd, {}),
+        "SDXL": (xl, {}),
+        "SD3 Medium": (
+            tiny_sd3_pipeline(text_encoder_3=t5(EMBED_DIM), tokenizer_3=tok, **sd3),
+            {"max_sequence_length": 16},
+        ),
+        "SD3 Medium, no T5": (tiny_sd3_pipeline(**sd3), {"max_sequence_length": 16}),
+        "Flux.1-dev": (fl, {"max_sequence_length": 16}),
+    }
+    for pipe, _ in pipes.values():
+        pipe.set_progress_bar_config(disable=True)
+    return pipes
+
+
+def hooked_forwards(pipe, monkeypatch, *args, **kwargs):
+    """``[(component, previous component in the hook chain or None)]``, one per forward that
+    accelerate's `CpuOffload` hook sees in ``pipe(*args, **kwargs)`` under the real
+    ``enable_model_cpu_offload(device="cpu")``."""
+    import accelerate.hooks
+    import torch
+
+    names = {id(m): n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    log = []
+    original = accelerate.hooks.CpuOffload.pre_forward
+
+    def pre_forward(self, module, *a, **k):
+        prev = self.prev_module_hook.model if self.prev_module_hook is not None else None
+        log.append((names[id(module)], names.get(id(prev))))
+        return original(self, module, *a, **k)
+
+    monkeypatch.setattr(accelerate.hooks.CpuOffload, "pre_forward", pre_forward)
+    pipe.enable_model_cpu_offload(device="cpu")
+    with torch.no_grad():
+        pipe(*args, **kwargs)
+    monkeypatch.setattr(accelerate.hooks.CpuOffload, "pre_forward", original)
+    return log
+
+
+def replay_model_offload(forwards, monkeypatch):
+    """Replay ``hooked_forwards``' log through accelerate's real `cpu_offload_with_hook` on
+    one-weight stand-ins, with ``"meta"`` as the accelerator (on the CPU the real hooks cannot
+    tell the two sides apart): ``(bus crossings per component, the set on the device after
+    each forward)``; the end of the call is ``maybe_free_model_hooks``' ``pipe.to("cpu")``."""
+    import torch
+    from accelerate import cpu_offload_with_hook
+
+    stand, hooks = {}, {}
+    for name, prev in forwards:  # the previous component of the chain ran first
+        if name not in stand:
+            stand[name] = torch.nn.Linear(1, 1)
+            _, hooks[name] = cpu_offload_with_hook(stand[name], "meta", prev_module_hook=hooks.get(prev))  # fmt: skip
+    crossings = dict.fromkeys(stand, 0)
+    ident = {id(m): n for n, m in stand.items()}
+    original = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        if id(self) in ident:
+            target = torch.device(args[0] if args else kwargs["device"])
+            here = next(self.parameters()).device
+            if target.type != here.type:
+                crossings[ident[id(self)]] += 1
+                if here.type == "meta":  # back from the "device": allocate, nothing to copy
+                    return self.to_empty(device=target)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    resident = []
+    for name, _ in forwards:
+        stand[name](torch.zeros(1, 1))
+        resident.append({n for n, m in stand.items() if next(m.parameters()).device.type == "meta"})  # fmt: skip
+    for module in stand.values():
+        module.to("cpu")
+    monkeypatch.setattr(torch.nn.Module, "to", original)
+    return crossings, resident
