@@ -200,7 +200,9 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
     _wait_for_prefetch(directory)
     if (directory / "figures.json").is_file():
         return directory
-    tmp = directory.with_name(directory.name + ".tmp")
+    # a folder of this process and thread alone: two builds sharing the cache (a served site
+    # and a test build) once wrote one `.tmp` folder together and cut a manifest short
+    tmp = directory.with_name(f"{directory.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     proc = _execute_for_build(source, [*args, "--figures", str(tmp)])
     if proc.returncode != 0 or not (tmp / "figures.json").is_file():
@@ -209,8 +211,14 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
             f"`{command} --figures DIR` exited {proc.returncode} without figures: "
             f"{proc.stderr.strip()[-500:]}"
         )
-    shutil.rmtree(directory, ignore_errors=True)
-    tmp.rename(directory)
+    if directory.exists() and not (directory / "figures.json").is_file():
+        shutil.rmtree(directory, ignore_errors=True)  # a folder left without its manifest
+    try:
+        tmp.rename(directory)  # atomic; fails if another build got there first
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (directory / "figures.json").is_file():
+            raise
     return directory
 
 
