@@ -18,8 +18,24 @@ from infralens_docs.registry import ROOT, load_labs
 
 STARTERS = [s.path for lab in load_labs() for s in lab.starters if s.runnable]
 
-#: Values tried on every flag that takes one (a choice flag gets its own wrong choice too).
-ODD_VALUES = ["", "x", "-1", "0", "0.5", "1e309", "nan", "-inf", "99999999999", ",", "1,,x"]
+#: Values tried on every flag that takes one (a choice flag gets its own wrong choice too):
+#: the odd ones, and the smallest counts, where integer division and empty ranges bite.
+ODD_VALUES = [
+    "",
+    "x",
+    "-1",
+    "0",
+    "1",
+    "2",
+    "3",
+    "0.5",
+    "1e309",
+    "nan",
+    "-inf",
+    "99999999999",
+    ",",
+    "1,,x",
+]
 
 #: Seconds a single run may take before it counts as a hang (the starters need well under
 #: 1 s on a quiet machine; the limit leaves room for a loaded one).

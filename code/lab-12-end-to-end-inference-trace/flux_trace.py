@@ -310,7 +310,7 @@ print(f"transformer calls: {len(transformer.rows)} of {B} rows each "
 print(f"latents in the loop: rank 3 {loop_rows[-1]['shape']} (SD: rank 4, (B, 4, h, w))")
 print(f"mu = calculate_shift({image_seq_len}) = {mu:.4f} in this toy (1.15 at 4096 tokens);"
       f" sigmas {scheduler.sigmas[0]:.3f}, {scheduler.sigmas[1]:.3f} ... {scheduler.sigmas[-2]:.3f}"
-      f" (unshifted {sigmas[1]:.3f} ... {sigmas[-1]:.3f}); SD's DDIM has no resolution-dependent shift")  # fmt: skip
+      f" (unshifted {sigmas[min(1, n - 1)]:.3f} ... {sigmas[-1]:.3f}); SD's DDIM has no resolution-dependent shift")  # fmt: skip
 print(f"decode undo: latents / {vae.config.scaling_factor:.3f} + {vae.config.shift_factor:.3f}"
       " (SD: latents / scaling_factor only; the toy's shift is ~0: PCA codes are centred)")  # fmt: skip
 print(f"nearest training latent has the prompt's label: {np.mean(data.labels[nearest] == prompt_class):.0%} of {B}")  # fmt: skip
