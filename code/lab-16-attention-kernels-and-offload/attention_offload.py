@@ -277,8 +277,9 @@ table(
 # %% [markdown]
 # ## 5. Offload as a schedule: peak device bytes against bytes moved per step
 #
-# Per denoiser call (one step; Flux.1-dev and SDXL's batched CFG both make one call), in
-# each direction: host-to-device (onto the GPU) and device-to-host (back to the CPU).
+# Per denoiser call (one step; Flux.1-dev and SDXL's batched CFG both make one call; Flux's
+# true CFG, `true_cfg_scale > 1` with a negative prompt, makes two and doubles the group
+# rows' bytes), in each direction: host-to-device (onto the GPU) and device-to-host (back).
 # - `enable_model_cpu_offload`: the whole denoiser stays on the device for the loop; it
 #   goes on before the first step and the end of `__call__` (`maybe_free_model_hooks`)
 #   moves it back: one round trip per image, `1 / steps` of it each way per step.
@@ -293,8 +294,10 @@ table(
 #   the whole forward. Peak: unmatched + the largest group. Offloading a group calls
 #   `module.to(offload_device)`: every byte is copied back, so the whole model crosses
 #   twice per call. `use_stream=True` forces n = 1, prefetches the next group while one
-#   runs (two groups at a time) and offloads by pointing the weights back at a pinned
-#   CPU copy: nothing is copied back.
+#   runs (two groups at a time) and offloads a block group by pointing its weights back at
+#   a pinned CPU copy; the unmatched group gets no stream, so it is still onloaded
+#   synchronously and copied back every call. With `offload_to_disk_path` nothing is
+#   copied back either way: each onload reads the group from disk instead.
 #   `block_modules=["mid_block"]` (diffusers 0.42.1) cuts a named child into groups of
 #   its own ModuleLists' blocks, so it no longer sits in the unmatched group.
 # - `offload_type="leaf_level"`: one group per Linear / Conv / Embedding layer, plus one
@@ -320,7 +323,8 @@ def schedules(record, steps, group_sizes):
         rows.append((f"block_level, n={n}", unmatched + max(groups), total, total, len(groups) + 1))
     ones = [b * 2 for blocks in lists for b in blocks]  # use_stream: n = 1, next one prefetched
     pairs = max(ones[i] + ones[i + 1] for i in range(len(ones) - 1))
-    rows.append(("block_level, use_stream", unmatched + pairs, total, 0, len(ones) + 1))
+    # the unmatched group has no stream: it is still copied back with module.to(...)
+    rows.append(("block_level, use_stream", unmatched + pairs, total, unmatched, len(ones) + 1))
     # block_modules=[name]: a child outside the ModuleLists (SDXL's mid_block) is itself cut
     # into groups of its own ModuleLists' blocks, instead of staying in the unmatched group
     inner = [c for c in record["children"] if "inner_blocks" in c]
@@ -385,7 +389,7 @@ for name, rows in offload.items():
     order = sorted(rows, key=lambda r: (r[2] + r[3], -r[1]))  # by bytes moved, then falling peak
     series[name] = (np.array([r[2] + r[3] for r in order]) / 1e9, np.array([r[1] for r in order]) / 1e9)  # fmt: skip
 trade = figures.line_chart(series, xlabel="GB moved per step, both directions", ylabel="peak weights on the device (GB)", logy=True, markers=True)  # fmt: skip
-figures.save(args.figures, "offload-tradeoff", trade, alt="Line chart, log scale, of the peak weight bytes on the device against the bytes moved per denoising step for the Flux.1-dev transformer and the SDXL UNet: all-resident and model offload keep the whole model at almost no traffic; streamed groups and sequential offload move the whole model onto the device each step, and group and leaf schedules without streams move it there and back, twice the bytes.", caption="Offload strategies: peak device bytes against bytes moved per step, both directions (bf16, from the real block sizes).")  # fmt: skip
+figures.save(args.figures, "offload-tradeoff", trade, alt="Line chart, log scale, of the peak weight bytes on the device against the bytes moved per denoising step for the Flux.1-dev transformer and the SDXL UNet: all-resident and model offload keep the whole model at almost no traffic; sequential offload moves the whole model onto the device each step, streamed groups the same plus the modules outside the blocks back, and group and leaf schedules without streams move it there and back, twice the bytes.", caption="Offload strategies: peak device bytes against bytes moved per step, both directions (bf16, from the real block sizes).")  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display
 

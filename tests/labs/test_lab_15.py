@@ -77,6 +77,15 @@ def test_taylorseer_order_one_beats_reuse(lab):
         assert taylor[(interval, 1)]["calls"] == taylor[(interval, 0)]["calls"]
 
 
+def test_order_two_wins_at_two_and_ten_loses_at_five(lab):
+    # the page: higher order is not always better, with no cause claimed
+    taylor = lab["taylor"]
+    assert taylor[(2, 2)]["rms"] < taylor[(2, 1)]["rms"]
+    assert taylor[(5, 2)]["rms"] > taylor[(5, 1)]["rms"]
+    assert taylor[(10, 2)]["rms"] < taylor[(10, 1)]["rms"]
+    assert taylor[(2, 1)]["calls"] == 26  # 48% of 50 saved, not FirstBlockCache's 26%
+
+
 def test_few_steps_leave_nothing_to_reuse(lab):
     change = lab["change"]
     many, few = change[lab["args"].steps], change[lab["args"].few_steps]

@@ -421,6 +421,23 @@ def test_quantization_backends_of_diffusers():
     ]  # fmt: skip
 
 
+def test_quant_backend_constructs_for_three_backends_only():
+    """Through `quant_backend`, with transformers 5.23.0, only `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round` construct: the others raise `ValueError`, because their diffusers and transformers configs take different arguments or transformers lacks them ([`pipe_quant_config.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/quantizers/pipe_quant_config.py#L88-L152)); they go through `quant_mapping` (every backend of `AUTO_QUANTIZATION_CONFIG_MAPPING` tried, as installed)."""
+    from diffusers import PipelineQuantizationConfig
+    from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
+
+    constructs, reasons = set(), {}
+    for backend in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        try:
+            PipelineQuantizationConfig(quant_backend=backend, quant_kwargs={"x": 1}, components_to_quantize=["transformer"])  # fmt: skip
+            constructs.add(backend)
+        except ValueError as error:
+            reasons[backend] = "signatures" if "signatures" in str(error) else "not found" if "not found" in str(error) else str(error)  # fmt: skip
+    assert constructs == {"bitsandbytes_4bit", "bitsandbytes_8bit", "auto-round"}
+    assert set(reasons.values()) == {"signatures", "not found"}
+    assert reasons["torchao"] == reasons["quanto"] == reasons["gguf"] == "signatures"
+
+
 def test_pipeline_quantization_config_maps_components(tmp_path):
     """`PipelineQuantizationConfig(quant_mapping={"transformer": GGUFQuantizationConfig(compute_dtype=torch.bfloat16)})` gives `transformer` that config and every other component none; `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`, because that route needs the diffusers and transformers config classes to take the same arguments and for GGUF they do not. `GGUFQuantizationConfig` is `pre_quantized` (GGUF weights are read from a GGUF file, not quantized at load) and computes in float32 unless told otherwise. `DiffusionPipeline.from_pretrained` takes the pipeline config as `quantization_config` and rejects any other type."""
     from diffusers import DiffusionPipeline, GGUFQuantizationConfig, PipelineQuantizationConfig

@@ -30,6 +30,7 @@ from tiny import (
     run_starter,
     sdpa_kernels_seen,
     simulated_ring,
+    simulated_stream_offload,
     start_latents,
     tiny_flux_pipeline,
     tiny_sd_pipeline,
@@ -331,7 +332,7 @@ def test_block_level_onloads_every_group_every_call(n, starter, monkeypatch, def
     ids=["block-1", "block-2", "leaf"],
 )
 def test_offload_traffic_counts_both_directions(kwargs, starter, monkeypatch, default_backend):
-    """Without `use_stream`, group offloading moves every weight onto the device and back on every call: on the tiny Flux transformer each forward under `block_level` (1 or 2 blocks per group) or `leaf_level` passes all its weight bytes through `.to()` in the groups' `onload_` and all of them again in `offload_` (`module.to(offload_device)`), counted as a GPU would copy them; so the lab's table counts both directions for these rows (for Flux.1-dev, 23.80 GB each way, 1.90 s per step at 25 GB/s), and one direction only for `use_stream` (its offload points the weights back at a pinned CPU copy, `group_offloading.py` L316-L336, not run here) and for sequential offload."""
+    """Without `use_stream`, group offloading moves every weight onto the device and back on every call: on the tiny Flux transformer each forward under `block_level` (1 or 2 blocks per group) or `leaf_level` passes all its weight bytes through `.to()` in the groups' `onload_` and all of them again in `offload_` (`module.to(offload_device)`), counted as a GPU would copy them; so the lab's table counts both directions for these rows (for Flux.1-dev, 23.80 GB each way, 1.90 s per step at 25 GB/s), and one direction only for sequential offload."""
     from diffusers.hooks.group_offloading import ModuleGroup
 
     model = four_block_flux_transformer()
@@ -346,7 +347,53 @@ def test_offload_traffic_counts_both_directions(kwargs, starter, monkeypatch, de
     rows = {r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 1, [1, 2])}  # fmt: skip
     name = "leaf_level" if kwargs["offload_type"] == "leaf_level" else f"block_level, n={kwargs['num_blocks_per_group']}"  # fmt: skip
     assert rows[name][2:4] == (weights // 2, weights // 2)
-    assert rows["block_level, use_stream"][3] == rows["sequential offload"][3] == 0
+    assert rows["sequential offload"][3] == 0
+
+
+def test_use_stream_still_copies_the_unmatched_group_back(starter, monkeypatch, default_backend):
+    """With `use_stream=True` only the block groups are offloaded by pointing their weights back at the pinned CPU copy; the unmatched group (embeddings, norms, projections outside the `ModuleList`s) is built with `stream=None` ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L797-L815)), so every call onloads it synchronously and copies it back with `module.to(offload_device)`: on the tiny Flux transformer (the stream path simulated on the CPU: a stand-in stream, `pin_memory` as identity) a call moves all weight bytes to the device and exactly the unmatched group's bytes back, with a bit-identical output; the lab's `use_stream` rows count those bytes back."""
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    reference = run_four_block_flux(four_block_flux_transformer())
+    model = four_block_flux_transformer()
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    unmatched, blocks = simulated_stream_offload(model, monkeypatch)
+    assert unmatched.stream is None and len(blocks) == 4
+    assert all(g.stream is not None for g in blocks)
+    own = [*unmatched.parameters, *unmatched.buffers, *(t for m in unmatched.modules for t in [*m.parameters(), *m.buffers()])]  # fmt: skip
+    unmatched_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in own}.values())
+    run_four_block_flux(model)  # the first call records the order for the prefetch
+    with traffic(model, pytest.MonkeyPatch(), [(ModuleGroup, "onload_")], [(ModuleGroup, "offload_")]) as moved:  # fmt: skip
+        out = run_four_block_flux(model)
+    assert moved == {"to_device": weights, "to_host": unmatched_bytes} and 0 < unmatched_bytes < weights  # fmt: skip
+    assert torch.equal(out, reference)
+    # the lab's rows for this tiny model (bf16: 2 bytes per float32 parameter's 4)
+    rows = {r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 1, [1])}  # fmt: skip
+    assert rows["block_level, use_stream"][2:4] == (weights // 2, unmatched_bytes // 2)
+
+
+def test_disk_offload_copies_nothing_back(tmp_path, monkeypatch, default_backend):
+    """With `offload_to_disk_path`, group offloading copies nothing back: after the first call has written each group's weights to a safetensors file, `_offload_to_disk` only swaps in empty CPU tensors ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L291-L314)) and every onload reads the group from disk: on the tiny Flux transformer (`block_level`, one block per group) the second call reads all 5 groups' files and its offloads move 0 bytes, against all the weight bytes without the path, and the output stays within 1e-6 of the model without offloading."""
+    import safetensors.torch
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    reference = run_four_block_flux(four_block_flux_transformer())
+    back = {}
+    for disk in (None, tmp_path):
+        model = four_block_flux_transformer()
+        weights = sum(t.numel() * t.element_size() for t in model.parameters())
+        cpu = torch.device("cpu")
+        model.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, offload_to_disk_path=disk)  # fmt: skip
+        run_four_block_flux(model)  # the first call writes the files
+        reads, load_file = [], safetensors.torch.load_file
+        monkeypatch.setattr(safetensors.torch, "load_file", lambda *a, reads=reads, load=load_file, **k: reads.append(a) or load(*a, **k))  # fmt: skip
+        with traffic(model, monkeypatch, [(ModuleGroup, "onload_")], [(ModuleGroup, "offload_")]) as moved:  # fmt: skip
+            out = run_four_block_flux(model)
+        back["disk" if disk else "memory"] = moved["to_host"]
+        assert len(reads) == (5 if disk else 0)  # 4 block groups + the unmatched one, from disk
+        torch.testing.assert_close(out, reference, rtol=0, atol=1e-6)
+    assert back == {"memory": weights, "disk": 0}
+    assert list(tmp_path.glob("*.safetensors"))
 
 
 def test_model_offload_is_one_round_trip_per_image(starter, monkeypatch):
@@ -446,7 +493,7 @@ def test_unet_mid_block_stays_in_the_unmatched_group(default_backend):
 
 
 def test_streams_need_an_accelerator():
-    """`use_stream=True` (prefetching the next group while one runs) needs an accelerator's streams: with `onload_device=cpu` diffusers raises a `ValueError`. Streamed offloading is therefore not run here."""
+    """`use_stream=True` (prefetching the next group while one runs) needs an accelerator's streams: with `onload_device=cpu` diffusers raises a `ValueError`. Streamed offloading runs here only simulated, with a stand-in stream."""
     model = four_block_flux_transformer()
     with pytest.raises(ValueError, match="streams"):
         model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1, use_stream=True)  # fmt: skip
