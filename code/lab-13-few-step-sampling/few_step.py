@@ -64,7 +64,7 @@ unknown = [s for s in samplers if s not in SAMPLERS]
 if unknown or not samplers:
     parser.error(f"--samplers: unknown sampler {unknown or ''} (choose from {', '.join(SAMPLERS)})")
 if args.num_samples > 20000:
-    parser.error("--num-samples must be <= 20000 (the starter stays under a second)")
+    parser.error(f"--num-samples must be <= 20000, got {args.num_samples}")
 
 SD_BETAS = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 mixture = default_mixture()
@@ -329,9 +329,19 @@ table("weight_error (total variation of the mode weights)", ["sampler", *[str(n)
 # the stand-in's own error: ode_endpoint_eps solves the ODE in 10 steps; 50 is converged
 # (to 0.0125 of a 200-step solve at most), so "lcm-ideal" at 1 step carries the difference
 a999 = alphas_cumprod[999]
-ends = {k: (noise - (1 - a999) ** 0.5 * ode_endpoint_eps(noise, 999, k)) / a999**0.5 for k in (10, 50)}  # fmt: skip
+end_eps = {k: ode_endpoint_eps(noise, 999, k) for k in (10, 50)}  # (N, 2) each
+ends = {k: (noise - (1 - a999) ** 0.5 * end_eps[k]) / a999**0.5 for k in (10, 50)}
 q10, q50 = (sample_quality(mixture, ends[k]) for k in (10, 50))
 print(f"\nideal consistency model at t = 999, ODE solved in 10 steps (the table's) against 50: on_mode {q10.on_mode:.1%} against {q50.on_mode:.1%}, spread {q10.spread:.2f} against {q50.spread:.2f}, weight_error {q10.weight_error:.3f} against {q50.weight_error:.3f}; mean |x0 difference| {np.abs(ends[10] - ends[50]).mean():.3f}")  # fmt: skip
+# one trailing DDIM step on that end point ("ddim-ideal"): SD's set_alpha_to_one=False
+# lands on alpha_bar_0, sqrt(alpha_bar_0) x0 + sqrt(1 - alpha_bar_0) eps_hat, not on x0
+ddim_one = {}
+for k in (10, 50):
+    ddim = make_scheduler("ddim")
+    ddim.set_timesteps(1)
+    ddim_one[k] = ddim.step(end_eps[k], 999, noise).prev_sample  # (N, 2)
+d10, d50 = (sample_quality(mixture, ddim_one[k]) for k in (10, 50))
+print(f"the same through one trailing DDIM step (set_alpha_to_one=False: noise of alpha_bar_0 left): on_mode {d10.on_mode:.1%} against {d50.on_mode:.1%}, spread {d10.spread:.2f} against {d50.spread:.2f}; max |prev_sample - end point| {np.abs(ddim_one[10] - ends[10]).max():.3f}")  # fmt: skip
 
 # %% [markdown]
 # ## 6. Leading against trailing spacing

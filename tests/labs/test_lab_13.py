@@ -10,7 +10,10 @@ STARTER = "code/lab-13-few-step-sampling/few_step.py"
 
 @pytest.fixture(scope="module")
 def lab():
-    """The starter's globals after a default run (module-scoped: one run for all tests)."""
+    """The starter's globals after a default run (module-scoped: one run for all tests),
+    with what it printed under ``"printed"``."""
+    import contextlib
+    import io
     import runpy
     import sys
 
@@ -18,9 +21,11 @@ def lab():
 
     argv, sys.argv = sys.argv, ["few_step.py"]
     try:
-        return runpy.run_path(str(ROOT / STARTER), run_name="__main__")
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            lab = runpy.run_path(str(ROOT / STARTER), run_name="__main__")
     finally:
         sys.argv = argv
+    return {**lab, "printed": out.getvalue()}
 
 
 def run(lab, scheduler, steps, ideal=False):
@@ -105,26 +110,67 @@ def test_wrong_spacing(lab):
         assert float(rows[name, 4, "leading"][7]) > 1.5 * float(rows[name, 4, "trailing"][7])
 
 
-def test_ddim_on_an_ideal_consistency_model_is_exact_only_at_one_step(lab):
-    # the page: "ddim-ideal" is exact only at one step; each further deterministic jump
-    # leaves the ODE trajectory, so on_mode falls with the steps (why LCM re-noises)
+def test_ddim_ideal_one_step_adds_sds_final_noise_to_the_end_point(lab):
+    # the page: "ddim-ideal" at one step is exact only with set_alpha_to_one=True; the
+    # starter's own DDIM keeps SD's False, so its one step lands on alpha_bar_0:
+    # sqrt(alpha_bar_0) * end point + sqrt(1 - alpha_bar_0) * eps_hat, up to 0.109 away,
+    # 99.4% on a mode against the end point's 99.9% (97.7% against 99.5%, 50-step solve);
+    # each further deterministic jump leaves the ODE trajectory, so on_mode falls
     from labkit.schedulers import DDIMScheduler
 
+    noise, ab = lab["noise"], lab["alphas_cumprod"]
+    eps_hat = lab["ode_endpoint_eps"](noise, 999)
+    end_point = (noise - (1 - ab[999]) ** 0.5 * eps_hat) / ab[999] ** 0.5
+    ddim = lab["make_scheduler"]("ddim")  # the starter's DDIM, the one behind the quoted rows
+    assert ddim.set_alpha_to_one is False and ddim.timestep_spacing == "trailing"
+    one = run(lab, ddim, 1, ideal=True)
+    np.testing.assert_allclose(one, ab[0] ** 0.5 * end_point + (1 - ab[0]) ** 0.5 * eps_hat, atol=1e-12)  # fmt: skip
+    deviation = np.abs(one - end_point).max()
+    assert 0.05 < deviation and f"max |prev_sample - end point| {deviation:.3f}" in lab["printed"]
+    q = lab["sample_quality"](lab["mixture"], one)
     rows = {(r[0], r[1], r[2]): r for r in lab["spacing_rows"]}
-    one, four = (float(rows["ddim-ideal", n, "trailing"][6].rstrip("%")) for n in (1, 4))
-    assert one - four > 2  # the starter's own table: 99.4% against 94.8%
+    assert rows["ddim-ideal", 1, "trailing"][6] == f"{q.on_mode:.1%}"  # the table's 99.4%
+    assert q.on_mode < lab["results"]["lcm-ideal", 1].on_mode == lab["q10"].on_mode
+    assert lab["d10"].on_mode == q.on_mode and lab["d50"].on_mode < lab["q50"].on_mode
 
-    def ddim_ideal(n):  # alpha_bar = 1 at the end: no noise added back, not SD's setting
+    def ddim_ideal(n):  # alpha_bar = 1 at the end: no noise added back
         ddim = DDIMScheduler(clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing", **lab["SD_BETAS"])  # fmt: skip
         return run(lab, ddim, n, ideal=True)
 
-    noise, a = lab["noise"], lab["alphas_cumprod"][999]
-    end_point = (noise - (1 - a) ** 0.5 * lab["ode_endpoint_eps"](noise, 999)) / a**0.5
-    np.testing.assert_allclose(ddim_ideal(1), end_point, atol=1e-12)  # one step: the end point
+    np.testing.assert_allclose(ddim_ideal(1), end_point, atol=1e-12)  # exact with True only
     ends = {n: ddim_ideal(n) for n in (1, 2, 4, 8)}
     assert np.abs(ends[4] - ends[1]).max() > 0.1  # more jumps: another end point
     on_mode = [lab["sample_quality"](lab["mixture"], ends[n]).on_mode for n in (1, 2, 4, 8)]
     assert on_mode == sorted(on_mode, reverse=True) and on_mode[0] - on_mode[-1] > 0.02
+    one, four = (float(rows["ddim-ideal", n, "trailing"][6].rstrip("%")) for n in (1, 4))
+    assert one - four > 2  # the starter's own table: 99.4% against 94.8%
+
+
+def test_predict_first_answers_name_tables_the_default_run_prints(run_cli):
+    # the Default tab shows the whole stdout, so "the last table" is not a pointer: each
+    # answer that points at a table names it in quotes, as the start of a printed title
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs/labs/lab-13-few-step-sampling.md").read_text(encoding="utf-8")
+    answers = next(ln for ln in page.splitlines() if ln.strip().startswith("Answers:"))
+    pointers = dict((k, p) for p, k in re.findall(r"(.*?)\((\d)\)[,.]", answers))
+    assert sorted(pointers) == ["1", "2", "3"]
+    lines = run_cli(STARTER).stdout.splitlines()
+    for k, pointer in pointers.items():
+        if "table" not in pointer:
+            continue
+        names = re.findall(r'"([^"]+)"', pointer)
+        assert names, f"answer ({k}) points at a table without naming it: {pointer!r}"
+        for name in names:
+            titles = [i for i, ln in enumerate(lines) if ln.startswith(name)]
+            assert titles, f"answer ({k}): no printed table title starts with {name!r}"
+    # question 3 (Flux.1-dev at 28 steps: 28 or 56 calls) is answered by the named table
+    at = next(i for i, ln in enumerate(lines) if ln.startswith(re.findall(r'"([^"]+)"', pointers["3"])[0]))  # fmt: skip
+    block = lines[at : next((i for i in range(at, len(lines)) if not lines[i]), len(lines))]
+    assert any(ln.startswith("guidance_embeds") and ln.split()[-3:] == ["28", "28", "28"] for ln in block)  # fmt: skip
+    assert any(ln.startswith("true_cfg_scale") and ln.split()[-3:] == ["28", "56", "56"] for ln in block)  # fmt: skip
 
 
 def test_ideal_consistency_model_carries_its_10_step_solver_error(lab):

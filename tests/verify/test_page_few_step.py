@@ -508,6 +508,20 @@ def test_fixed_shift_is_the_dynamic_shift_at_exp_mu():
     np.testing.assert_allclose(dynamic.sigmas.numpy(), fixed.sigmas.numpy(), rtol=1e-5)
 
 
+def test_tcd_set_timesteps_ignores_timestep_spacing():
+    """`TCDScheduler.set_timesteps` ignores `timestep_spacing`: built with `"leading"` (its default), `"trailing"` or `"linspace"`, it takes the same n evenly spaced picks from its 50-entry grid (`original_inference_steps=50`) at 1, 2, 4 and 8 steps: 999 at one step, 999, 759, 499, 259 at four."""
+    grids = {}
+    for spacing in ("leading", "trailing", "linspace"):
+        scheduler = TCDScheduler(**SD_BETAS, timestep_spacing=spacing)
+        assert scheduler.config.original_inference_steps == 50
+        grids[spacing] = []
+        for n in (1, 2, 4, 8):
+            scheduler.set_timesteps(n)
+            grids[spacing].append(scheduler.timesteps.tolist())
+    assert grids["leading"] == grids["trailing"] == grids["linspace"]
+    assert grids["trailing"][0] == [999] and grids["trailing"][2] == [999, 759, 499, 259]
+
+
 def test_distilled_checkpoints_scheduler_settings(record_calls):
     """The scheduler settings the distilled checkpoints' cards name do what the table says in diffusers: `EulerDiscreteScheduler(timestep_spacing="trailing")` (SDXL-Lightning) and `DDIMScheduler(timestep_spacing="trailing")` (Hyper-SD) visit 999, 749, 499, 249 at 4 steps; `StableDiffusionXLPipeline` with `LCMScheduler` and `timesteps=[999, 749, 499, 249]` (DMD2's 4-step UNet) or `timesteps=[399]` (its 1-step UNet) calls the UNet at exactly those timesteps; `LCMScheduler` and `TCDScheduler` default to `original_inference_steps=50`; `SanaSprintPipeline.__call__` with its defaults sets its `SCMScheduler` (`prediction_type="trigflow"`) to step from `max_timesteps=1.5708` through `intermediate_timesteps=1.3` to 0."""
     from diffusers import SCMScheduler

@@ -556,7 +556,7 @@ def test_autoencoder_tiny_swapped_into_a_pipeline():
 
 
 def test_autoencoder_tiny_in_a_bf16_pipeline(tmp_path):
-    """In a bf16 `StableDiffusionPipeline`, `AutoencoderTiny.from_pretrained(...)` without `torch_dtype` loads float32 weights and the decode raises `RuntimeError` (input and bias types differ); `AutoencoderTiny.from_pretrained(..., torch_dtype=pipe.dtype).to(pipe.device)` decodes the pipeline's latents into a bf16 image."""
+    """In a bf16 `StableDiffusionPipeline`, `AutoencoderTiny.from_pretrained(...)` without `torch_dtype` loads float32 weights and the decode raises `RuntimeError` (input and parameter dtypes differ); `AutoencoderTiny.from_pretrained(..., torch_dtype=pipe.dtype).to(pipe.device)` decodes the pipeline's latents into a bf16 image."""
     from diffusers import AutoencoderTiny
     from tiny import tiny_sd_pipeline
 
@@ -566,7 +566,12 @@ def test_autoencoder_tiny_in_a_bf16_pipeline(tmp_path):
     common = dict(prompt_embeds=prompt_embeds, num_inference_steps=2, guidance_scale=1.0, output_type="pt")  # fmt: skip
     pipe.vae = AutoencoderTiny.from_pretrained(tmp_path / "taesd")
     assert pipe.vae.dtype == torch.float32
-    with torch.no_grad(), pytest.raises(RuntimeError, match="should be the same"):
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            RuntimeError, match=r"Input type .* and (bias|weight) type .* should be the same"
+        ),
+    ):
         pipe(**common)
     pipe.vae = AutoencoderTiny.from_pretrained(tmp_path / "taesd", torch_dtype=pipe.dtype).to(pipe.device)  # fmt: skip
     with torch.no_grad():
