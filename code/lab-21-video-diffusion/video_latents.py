@@ -49,11 +49,11 @@ parser.add_argument("--speed", type=int, default=1, help="pixels a shape moves p
 parser.add_argument("--seed", type=int, default=0, help="seed of the toy shapes and the toy VAE")
 add_figures_argument(parser)
 args = parse_args(parser)
+if args.frames > 81 or abs(args.speed) > 8:  # first: a 4k+1 suggested below is then <= 81
+    parser.error("--frames must be <= 81 and --speed between -8 and 8")
 if (args.frames - 1) % 4:
     k = (args.frames - 1) // 4
     parser.error(f"--frames must be 4k+1 (the first frame alone, then groups of 4), got {args.frames}: use {4 * k + 1} or {4 * k + 5}")  # fmt: skip
-if args.frames > 81 or abs(args.speed) > 8:
-    parser.error("--frames must be <= 81 and --speed between -8 and 8")
 
 T_DOWN, S_DOWN, Z_DIM = 4, 8, 16  # AutoencoderKLWan: scale_factor_temporal, scale_factor_spatial, z_dim  # fmt: skip
 PATCH = (1, 2, 2)  # WanTransformer3DModel.patch_size: (frames, rows, columns) per token
@@ -207,7 +207,10 @@ for f in (1, 17, 33, 49, 81):
 # bf16 (diffusers' Wan example loads the VAE in float32: twice these). A lower bound: the
 # lower-resolution stages' caches and a call's transient activations come on top. The
 # measured peak (a verify test runs the real decoder on the meta device and records the
-# live tensors' bytes in labkit/model_sizes.json) is about three times that bound.
+# live tensors' bytes in labkit/model_sizes.json; weights, workspaces and the allocator's
+# overhead not counted) is about three times that bound. `enable_tiling()` (256 px tiles,
+# stride 192) decodes each overlapping tile through every latent frame and keeps all the
+# decoded tiles until it blends them, so a tiled decode grows with the clip.
 # Context parallelism splits the token sequence over GPUs (Lab 19). With
 # `guidance_scale=5.0` (WanPipeline's default) each of the 50 default steps runs the
 # transformer twice, cond and uncond.
@@ -227,10 +230,19 @@ DECODE = model_sizes.load()["wan_vae_decode_720p"]  # measured by tests/verify (
 peak = {k: v / 1e9 for k, v in DECODE["peak_bytes"].items()}
 print(f"measured: AutoencoderKLWan() decoding {DECODE['frames']} frames of 720p peaks at {peak['bf16']:.1f} GB of live tensors in bf16 "
       f"({DECODE['bf16_peak_float32_bytes'] / 1e9:.1f} GB of them float32), {peak['fp32']:.1f} GB in float32; "
-      f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB (weights not counted)")  # fmt: skip
+      f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB ({DECODE['frames']} frames; weights not counted)")  # fmt: skip
+TILE, STRIDE = 256 // S_DOWN, 192 // S_DOWN  # enable_tiling() defaults, in latent pixels
+lat_h, lat_w = 720 // S_DOWN, 1280 // S_DOWN
+tile_pixels = sum(min(TILE, lat_h - i) for i in range(0, lat_h, STRIDE)) * sum(min(TILE, lat_w - j) for j in range(0, lat_w, STRIDE)) * S_DOWN**2  # fmt: skip
+clip_bytes, tiles_bytes = 3 * 81 * 720 * 1280 * 2, 3 * 81 * tile_pixels * 2  # 81 frames, bf16
+print(f"tiled, 81 frames: measured {peak['bf16_tiled_81_frames']:.2f} GB. tiled_decode keeps every decoded tile until it blends them "
+      f"(tiles overlap: {tile_pixels / (720 * 1280):.2f}x the frame's pixels, {tiles_bytes / 1e9:.2f} GB), then holds the blended rows, "
+      f"their concatenation and the clamped clip ({clip_bytes / 1e9:.2f} GB each): {(tiles_bytes + 3 * clip_bytes) / 1e9:.2f} GB")  # fmt: skip
 (wan14b,) = [r for r in model_sizes.rows("Wan 2.1 T2V 14B") if r["component"] == "transformer"]
-print(f"on top, growing with the clip: the decoded frames, {3 * 81 * 720 * 1280 * 2 / 1e9:.2f} GB for 81 frames of 720p in bf16; "
-      f"for scale, Wan 2.1 14B's transformer weights are {wan14b['bytes']['bf16'] / 1e9:.1f} GB in bf16 (labkit.model_sizes)")  # fmt: skip
+# UMT5EncoderModel with Wan 2.1's umt5-xxl config (Wan2.1 wan/modules/t5.py), counted on meta by a verify test
+UMT5_XXL_PARAMS = 5_680_910_336
+print(f"weights, bf16: Wan 2.1 14B's transformer {wan14b['bytes']['bf16'] / 1e9:.1f} GB (labkit.model_sizes), "
+      f"its UMT5-XXL text encoder {UMT5_XXL_PARAMS * 2 / 1e9:.1f} GB ({UMT5_XXL_PARAMS / 1e9:.2f} B parameters)")  # fmt: skip
 n720 = tokens(81, 720, 1280)
 print(f"context parallel, {n720:,} tokens: " + ", ".join(f"{r} GPUs -> {n720 // r:,} a GPU" for r in (2, 4, 8)))  # fmt: skip
 steps, calls_per_step = 50, 2  # num_inference_steps default; cond + uncond while guidance_scale > 1

@@ -116,4 +116,35 @@ def test_decode_memory_prints_the_measured_peak_beside_the_bound(run_cli):
     assert f"{peak['fp32']:.1f} GB in float32" in run.stdout
     assert f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB" in run.stdout
     assert 2.8 < peak["bf16"] / 3.19 < 3.2 and peak["bf16_tiled"] < 1
-    assert "transformer weights are 28.6 GB in bf16" in run.stdout
+    assert "weights, bf16: Wan 2.1 14B's transformer 28.6 GB" in run.stdout
+    assert "its UMT5-XXL text encoder 11.4 GB (5.68 B parameters)" in run.stdout
+
+
+def test_tiled_decode_of_81_frames_is_the_held_tiles_plus_three_copies(lab, run_cli):
+    """Tiled, 81 frames of 720p peak at the measured 2.09 GB, not 0.73 GB plus the 0.45 GB clip:
+    the starter's bookkeeping (every overlapping tile held, 1.65x the frame's pixels, plus the
+    blended rows, their concatenation and the clamped clip) is within 1% of it."""
+    from labkit import model_sizes
+
+    measured = model_sizes.load()["wan_vae_decode_720p"]["peak_bytes"]["bf16_tiled_81_frames"]
+    bookkept = lab["tiles_bytes"] + 3 * lab["clip_bytes"]
+    assert abs(measured / bookkept - 1) < 0.01
+    assert measured > 1.5 * (model_sizes.load()["wan_vae_decode_720p"]["peak_bytes"]["bf16_tiled"] + lab["clip_bytes"])  # fmt: skip
+    assert round(lab["tile_pixels"] / (720 * 1280), 2) == 1.65
+    run = run_cli(STARTER)
+    assert "tiled, 81 frames: measured 2.09 GB." in run.stdout
+    assert "(tiles overlap: 1.65x the frame's pixels, 0.74 GB)" in run.stdout
+    assert "clamped clip (0.45 GB each): 2.08 GB" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "frames, suggested", [(79, "use 77 or 81"), (78, "use 77 or 81"), (2, "use 1 or 5")]
+)
+def test_frame_suggestions_stay_within_the_limit(run_cli, frames, suggested):
+    """A frame count that is not 4k+1 gets two 4k+1 suggestions, both accepted (<= 81); past 81
+    the limit itself is the error, so 83 is never told to try 85."""
+    assert suggested in run_cli(STARTER, "--frames", str(frames)).stderr
+    for v in suggested.removeprefix("use ").split(" or "):
+        assert run_cli(STARTER, "--frames", v).returncode == 0
+    run = run_cli(STARTER, "--frames", "83")
+    assert run.returncode == 2 and "--frames must be <= 81" in run.stderr and "85" not in run.stderr

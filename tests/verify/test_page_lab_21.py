@@ -274,3 +274,59 @@ def test_real_decode_peak_is_about_3x_the_cache_bound_and_tiling_cuts_it(starter
     assert 2.8 < peak["bf16"] / (starter["feature_map_gb"](starter["per_call"]) * 1e9) < 3.2
     assert 17.0e9 < peak["fp32"] < 19.0e9
     assert peak["bf16_tiled"] < 1e9
+
+
+def test_umt5_xxl_text_encoder_weights(starter):
+    """Wan 2.1's text encoder, a `UMT5EncoderModel` with the umt5-xxl config (Wan2.1's `wan/modules/t5.py` `umt5_xxl`: 24 layers, width 4,096, 64 heads of 64, FFN 10,240, a 256,384-token vocabulary, a position bias per layer), built on the meta device, has 5.68 B parameters: 11.4 GB in bf16, more than the VAE decode's 9.4 GB peak: the starter's `UMT5_XXL_PARAMS`."""
+    from diffusers import WanPipeline
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from labkit import model_sizes
+
+    assert inspect.signature(WanPipeline.__init__).parameters["text_encoder"].annotation is UMT5EncoderModel  # fmt: skip
+    config = UMT5Config(vocab_size=256_384, d_model=4096, d_kv=64, d_ff=10_240, num_layers=24, num_heads=64,
+                        relative_attention_num_buckets=32, feed_forward_proj="gated-gelu", tie_word_embeddings=False)  # fmt: skip
+    with torch.device("meta"):
+        model = UMT5EncoderModel(config)
+    params = sum(p.numel() for p in model.parameters())
+    assert params == starter["UMT5_XXL_PARAMS"]
+    assert (round(params / 1e9, 2), round(2 * params / 1e9, 1)) == (5.68, 11.4)
+    assert 2 * params > model_sizes.load()["wan_vae_decode_720p"]["peak_bytes"]["bf16"]
+
+
+def test_float32_at_the_bf16_decode_peak_is_wan_rms_norms_upcast(monkeypatch):
+    """At the bf16 decode peak of the real Wan 2.1 VAE (9 frames of 720p, meta device), the 2.8 GB of float32 live tensors are `WanRMS_norm`'s: it normalises a bf16 input in float32 (`x.float()`, then `F.normalize`). With the upsampler's float32 copy (`WanUpsample`) removed, the peak's float32 is unchanged; with `WanRMS_norm`'s removed, the upsampler's sets a peak almost as high, with about as much float32; with both removed, no float32 is live at the peak."""
+    from diffusers import AutoencoderKLWan
+    from diffusers.models.autoencoders import autoencoder_kl_wan as wan
+    from sizes import WAN_DECODE_720P, _live_tensor_peak
+    from torch.nn import functional
+
+    from labkit import model_sizes
+
+    record = model_sizes.load()["wan_vae_decode_720p"]
+    assert round(record["bf16_peak_float32_bytes"] / 1e9, 1) == 2.8
+
+    def rms_norm_in_bf16(self, x):  # WanRMS_norm.forward without x.float()
+        return functional.normalize(x, dim=(1 if self.channel_first else -1)) * self.scale * self.gamma + self.bias  # fmt: skip
+
+    def upsample_in_bf16(self, x):  # WanUpsample.forward without x.float()
+        return torch.nn.Upsample.forward(self, x)
+
+    def peak(patches):
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device("meta"):
+                vae = AutoencoderKLWan()
+                z = torch.randn(WAN_DECODE_720P["latents"])
+        finally:
+            torch.set_default_dtype(old)
+        with monkeypatch.context() as m:
+            for cls, forward in patches:
+                m.setattr(cls, "forward", forward)
+            return _live_tensor_peak(lambda: vae.decode(z), [*vae.parameters(), *vae.buffers(), z])  # fmt: skip
+
+    assert peak([(wan.WanUpsample, upsample_in_bf16)])[1] == record["bf16_peak_float32_bytes"]
+    no_rms_upcast = peak([(wan.WanRMS_norm, rms_norm_in_bf16)])
+    assert (round(no_rms_upcast[0] / 1e9, 2), round(no_rms_upcast[1] / 1e9, 2)) == (9.36, 2.83)
+    assert peak([(wan.WanUpsample, upsample_in_bf16), (wan.WanRMS_norm, rms_norm_in_bf16)])[1] == 0  # fmt: skip

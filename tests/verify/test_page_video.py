@@ -127,14 +127,29 @@ def embeds():
                 negative_prompt_embeds=torch.randn(1, WAN_TEXT_TOKENS, WAN_TEXT, generator=g))  # fmt: skip
 
 
-@pytest.mark.parametrize("asked, latent_frames", [(80, 21), (82, 21), (83, 21), (84, 22), (81, 21)])
-def test_num_frames_is_rounded_to_4k_plus_1(pipe, asked, latent_frames):
-    """`WanPipeline.__call__` replaces a `num_frames` that is not 4k+1 by `num_frames // 4 * 4 + 1` with a logged warning (80, 82 and 83 become 81, 84 becomes 85: down, not to the nearest) and leaves 4k+1 alone."""
+def test_num_frames_is_rounded_to_the_nearest_4k_plus_1_ties_down(pipe):
+    """`WanPipeline.__call__` replaces a `num_frames` that is not 4k+1 by `num_frames // 4 * 4 + 1` with a logged warning ("Rounding to the nearest number"): that is the nearest 4k+1, a tie (4k+3) going down, so 80, 82 and 83 become 81 and 84 becomes 85; a 4k+1 is left alone."""
+    for asked in range(72, 90):
+        below = (asked - 1) // 4 * 4 + 1
+        nearest = below if asked - below <= below + 4 - asked else below + 4  # ties down
+        with logged_messages() as messages, torch.no_grad():
+            latents = pipe(**embeds(), num_frames=asked, height=16, width=16, num_inference_steps=1, output_type="latent").frames  # fmt: skip
+        assert latents.shape[2] == (nearest - 1) // 4 + 1, asked
+        warned = any("`num_frames - 1` has to be divisible by 4" in m for m in messages)
+        assert warned == (asked % 4 != 1)
+        assert (asked % 4 == 3) == (asked - nearest == 2)  # the ties, and only they, go down by 2
+
+
+def test_height_and_width_must_be_multiples_of_16_then_are_floored_to_the_patch(pipe):
+    """`WanPipeline.__call__` raises a `ValueError` unless `height` and `width` are multiples of 16, then floors them to multiples of `vae_scale_factor_spatial` x the transformer's patch with a logged warning: a no-op for Wan 2.1 (8 x 2 = 16), but 32 px for a TI2V-5B-like VAE (16x) and 2 x 2 patch, so 80 becomes 64 (and 720 would become 704)."""
+    with pytest.raises(ValueError, match="divisible by 16"), torch.no_grad():
+        pipe(**embeds(), num_frames=5, height=40, width=40, num_inference_steps=1, output_type="latent")  # fmt: skip
+    ti2v = tiny_ti2v_pipeline()
     with logged_messages() as messages, torch.no_grad():
-        latents = pipe(**embeds(), num_frames=asked, height=16, width=16, num_inference_steps=1, output_type="latent").frames  # fmt: skip
-    assert latents.shape[2] == latent_frames
-    warned = any("`num_frames - 1` has to be divisible by 4" in m for m in messages)
-    assert warned == (asked % 4 != 1)
+        latents = ti2v(**embeds(), num_frames=5, height=80, width=80, num_inference_steps=1, output_type="latent").frames  # fmt: skip
+    assert tuple(latents.shape[3:]) == (64 // 16, 64 // 16)
+    assert any("Adjusting (80, 80) -> (64, 64)" in m for m in messages)
+    assert 720 // 32 * 32 == 704
 
 
 def test_text_enters_by_cross_attention(pipe):
@@ -238,9 +253,9 @@ def test_latents_are_denormalised_per_channel_before_decode(pipe, calls_of):
     assert not torch.allclose(args[0], final["latents"])
 
 
-def test_wan_example_sets_flow_shift_by_resolution():
-    """diffusers' Wan example swaps in `UniPCMultistepScheduler` with `flow_shift=5.0` ("5.0 for 720P, 3.0 for 480P"); with flow sigmas, the larger shift puts every step at an equal or higher noise level."""
-    from diffusers import UniPCMultistepScheduler
+def test_wan_example_sets_flow_shift_by_resolution(calls_of):
+    """diffusers' Wan example rebuilds the checkpoint's scheduler (by diffusers' Wan docs, `UniPCMultistepScheduler` with flow sigmas and `flow_shift=3.0`) by `from_config(pipe.scheduler.config, flow_shift=5.0)` for 720p ("5.0 for 720P, 3.0 for 480P"); through `pipe(...)`, every step is then at an equal or higher noise level than at 3.0."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
     from diffusers.pipelines.wan import pipeline_wan
 
     example = pipeline_wan.EXAMPLE_DOC_STRING
@@ -249,9 +264,78 @@ def test_wan_example_sets_flow_shift_by_resolution():
         "UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=flow_shift)"
         in example
     )
+    base = tiny_wan_pipeline()
+    shipped = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)  # fmt: skip
     sigmas = {}
     for shift in (3.0, 5.0):
-        s = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift)  # fmt: skip
-        s.set_timesteps(50)
-        sigmas[shift] = s.sigmas[:-1]
+        scheduler = UniPCMultistepScheduler.from_config(shipped.config, flow_shift=shift)
+        pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=base.vae, scheduler=scheduler, transformer=base.transformer)  # fmt: skip
+        pipe.set_progress_bar_config(disable=True)
+        steps = calls_of(pipe.scheduler, "step")
+        with torch.no_grad():
+            pipe(**embeds(), num_frames=5, height=16, width=16, num_inference_steps=8, output_type="latent")  # fmt: skip
+        assert scheduler.config.use_flow_sigmas and scheduler.config.flow_shift == shift
+        assert [
+            int(args[1]) for args, _ in steps
+        ] == scheduler.timesteps.tolist()  # the 8 steps run
+        sigmas[shift] = scheduler.sigmas[:-1].clone()  # as set by the pipeline's set_timesteps
     assert torch.all(sigmas[5.0] >= sigmas[3.0]) and torch.any(sigmas[5.0] > sigmas[3.0])
+
+
+def test_pab_makes_the_uncond_call_reuse_the_cond_calls_attention():
+    """In `WanPipeline`, whose cond and uncond calls are separate batch-1 calls, Pyramid Attention Broadcast makes the uncond call reuse the cond call's attention: with `PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2)` (timestep range covering every step), block 1's `attn1` output in the uncond call equals the cond call's at every step; without the cache the two differ."""
+    from diffusers import PyramidAttentionBroadcastConfig
+
+    pipe = tiny_wan_pipeline()
+    outs, texts = [], []
+    hooks = [pipe.transformer.blocks[1].attn1.register_forward_hook(lambda m, a, o: outs.append(o.clone())),
+             pipe.transformer.register_forward_pre_hook(lambda m, a, k: texts.append(k["encoder_hidden_states"]), with_kwargs=True)]  # fmt: skip
+    e = embeds()
+
+    def run():
+        outs.clear()
+        texts.clear()
+        with torch.no_grad():
+            pipe(**e, num_frames=5, height=16, width=16, num_inference_steps=3, output_type="latent")  # fmt: skip
+        assert len(outs) == 6
+        assert all(torch.equal(t, e["prompt_embeds"]) for t in texts[0::2])
+        assert all(torch.equal(t, e["negative_prompt_embeds"]) for t in texts[1::2])
+        return [torch.equal(outs[2 * s], outs[2 * s + 1]) for s in range(3)]
+
+    try:
+        config = PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
+                                                 current_timestep_callback=lambda: pipe.current_timestep)  # fmt: skip
+        pipe.transformer.enable_cache(config)
+        assert run() == [True, True, True]  # uncond = cond's cached attention
+        pipe.transformer.disable_cache()
+        assert run() == [False, False, False]
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def test_tiled_decode_peak_grows_with_the_clip():
+    """`enable_tiling()` brings the bf16 live-tensor peak of Wan 2.1's VAE decode at 720p to 0.73 GB for 9 frames but 2.09 GB for 81 frames: `tiled_decode` keeps every decoded tile (they overlap: 1.65x the frame's pixels) until it blends them, then holds the blended rows, their concatenation and the clamped clip (0.45 GB each)."""
+    from diffusers import AutoencoderKLWan
+    from sizes import WAN_DECODE_720P_81, wan_vae_decode_record
+
+    from labkit import model_sizes
+
+    fresh = wan_vae_decode_record()
+    assert fresh == model_sizes.load()["wan_vae_decode_720p"], "run `make verify-refresh`"
+    peak = fresh["peak_bytes"]
+    with torch.device("meta"):
+        vae = AutoencoderKLWan()
+    vae.enable_tiling()
+    (_, _, frames_lat, h, w), s = WAN_DECODE_720P_81, vae.spatial_compression_ratio
+    tile, stride = vae.tile_sample_min_height // s, vae.tile_sample_stride_height // s
+    assert (tile, stride) == (vae.tile_sample_min_width // s, vae.tile_sample_stride_width // s)
+    tile_pixels = sum(min(tile, h - i) for i in range(0, h, stride)) * sum(min(tile, w - j) for j in range(0, w, stride)) * s * s  # fmt: skip
+    frames = (frames_lat - 1) * vae.config.scale_factor_temporal + 1
+    clip_bytes, tiles_bytes = 3 * frames * h * w * s * s * 2, 3 * frames * tile_pixels * 2
+    assert round(tile_pixels / (h * w * s * s), 2) == 1.65 and round(clip_bytes / 1e9, 2) == 0.45
+    assert (round(peak["bf16_tiled"] / 1e9, 2), round(peak["bf16_tiled_81_frames"] / 1e9, 2)) == (0.73, 2.09)  # fmt: skip
+    # the held tiles and three copies of the clip account for the peak (within 1%), far above
+    # the 9-frame peak plus one copy of the decoded clip
+    assert abs(peak["bf16_tiled_81_frames"] / (tiles_bytes + 3 * clip_bytes) - 1) < 0.01
+    assert peak["bf16_tiled_81_frames"] > 1.5 * (peak["bf16_tiled"] + clip_bytes)
