@@ -96,9 +96,10 @@ B = args.num_samples
 # %% [markdown]
 # ## 2. `strength` -> the timesteps that run
 #
-# `StableDiffusionImg2ImgPipeline.get_timesteps`, line for line: of the `n` timesteps
-# `set_timesteps(n)` makes, the first `n - int(n * strength)` are skipped. `int` floors,
-# so strength 0.35 of 10 steps runs 3. The count of denoiser calls is the count of
+# `StableDiffusionImg2ImgPipeline.get_timesteps`, line for line but for its
+# `set_begin_index` call, made only on schedulers that have one (DDIM has none): of the `n`
+# timesteps `set_timesteps(n)` makes, the first `n - int(n * strength)` are skipped. `int`
+# floors, so strength 0.35 of 10 steps runs 3. The count of denoiser calls is the count of
 # timesteps run (with CFG each call carries the doubled batch `2B`).
 
 
@@ -146,8 +147,9 @@ def img2img(init_latents, strength, num_inference_steps, seed, denoiser=unet):
     scheduler.set_timesteps(num_inference_steps)
     timesteps, _ = get_timesteps(scheduler, num_inference_steps, strength)
     noise = np.random.default_rng(seed).standard_normal((B, *init_latents.shape[1:]))
-    if len(timesteps) == 0:  # nothing runs: the toy returns the input (diffusers: an empty
-        # batch with output_type="latent", else a RuntimeError from vae.decode)
+    if len(timesteps) == 0:  # nothing runs: the toy returns the input (diffusers, one image:
+        # an empty batch with output_type="latent", else a RuntimeError from vae.decode; a
+        # batch of 2+: a RuntimeError from add_noise whatever the output_type)
         return np.repeat(init_latents, B, axis=0)
     latents = scheduler.add_noise(init_latents, noise, timesteps[:1])  # (B, 4, 4, 4)
     for t in timesteps:

@@ -119,13 +119,19 @@ def test_sd_floors_the_steps_run_and_flux_rounds_them_up():
 
 
 def test_floating_point_strength_floors_below_the_whole_number(record_calls):
-    """`strength=0.29` of 100 steps runs 28 UNet calls through `StableDiffusionImg2ImgPipeline` (DDIM) and 29 transformer calls through `FluxImg2ImgPipeline`: `100 * 0.29` is `28.999999999999996`, which SD's `int(num_inference_steps * strength)` floors to 28, while Flux skips `int(100 - 28.999999999999996)`, 71 steps."""
+    """`strength=0.29` of 100 steps runs 28 UNet calls through `StableDiffusionImg2ImgPipeline` with DDIM (29 with SD 1.5's shipped `PNDMScheduler`, whose grid has one entry more) and 29 transformer calls through `FluxImg2ImgPipeline`: `100 * 0.29` is `28.999999999999996`, which SD's `int(num_inference_steps * strength)` floors to 28, while Flux skips `int(100 - 28.999999999999996)`, 71 steps."""
     import PIL.Image
-    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+    from diffusers import (
+        DDIMScheduler,
+        FlowMatchEulerDiscreteScheduler,
+        FluxImg2ImgPipeline,
+        PNDMScheduler,
+    )
     from tiny import (
         DIT_TEXT,
         DIT_TOKENS,
         FLUX_VAE_FACTORS,
+        SD15_PNDM,
         embeds,
         pil_image_and_mask,
         tiny_dit_vae,
@@ -136,10 +142,15 @@ def test_floating_point_strength_floors_below_the_whole_number(record_calls):
     assert 100 * 0.29 == 28.999999999999996
     sd = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
     assert isinstance(sd.scheduler, DDIMScheduler)
-    sd_calls = record_calls(sd.unet)
-    with torch.no_grad():
-        sd(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=100, strength=0.29,
-           image=pil_image_and_mask()[0], output_type="latent")  # fmt: skip
+    pndm = type(sd)(**{**sd.components, "scheduler": PNDMScheduler(**SD15_PNDM)}, requires_safety_checker=False)  # fmt: skip
+    pndm.set_progress_bar_config(disable=True)
+    unet_calls, sd_counts = record_calls(sd.unet), []  # one UNet, shared by both pipelines
+    for pipe in (sd, pndm):
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=100, strength=0.29,
+                 image=pil_image_and_mask()[0], output_type="latent")  # fmt: skip
+        sd_counts.append(len(unet_calls.calls))
+        unet_calls.calls.clear()
     flux = FluxImg2ImgPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
         vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
@@ -153,7 +164,7 @@ def test_floating_point_strength_floors_below_the_whole_number(record_calls):
              pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
              image=PIL.Image.new("RGB", (16, 16), (200, 30, 30)), strength=0.29, height=16,
              width=16, num_inference_steps=100, output_type="latent")  # fmt: skip
-    assert (len(sd_calls.calls), len(flux_calls.calls)) == (28, 29)
+    assert (*sd_counts, len(flux_calls.calls)) == (28, 29, 29)  # DDIM, PNDM, Flux
 
 
 def test_flux_strength_counts_steps_not_noise_at_1024px(monkeypatch, record_calls):
@@ -262,33 +273,55 @@ def test_flux_img2img_at_strength_one_is_pure_noise(monkeypatch):
     assert pipe.scheduler.sigmas[0] == pytest.approx(1.0)
 
 
-def test_zero_terminal_snr_img2img_at_strength_one_is_pure_noise(monkeypatch, record_calls):
-    """`StableDiffusionImg2ImgPipeline` with a zero-terminal-SNR `DDIMScheduler` (SD 1.5's betas, `rescale_betas_zero_snr=True`, `timestep_spacing="trailing"`) at `strength=1.0` of 50 steps noises the encoded image to t=999, where `alpha_bar` is 0: `add_noise` returns exactly the noise, and the UNet's first call gets it."""
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
+def test_zero_terminal_snr_img2img_at_strength_one_needs_v_prediction(monkeypatch, record_calls, prediction_type):  # fmt: skip
+    """`StableDiffusionImg2ImgPipeline` with a zero-terminal-SNR `DDIMScheduler` (SD 1.5's betas, `rescale_betas_zero_snr=True`, `timestep_spacing="trailing"`) at `strength=1.0` of 50 steps noises the encoded image to t=999, where `alpha_bar` is 0: `add_noise` returns exactly the noise, and the UNet's first call gets it. With `prediction_type="epsilon"` (SD 1.5's) DDIM's first step divides by `sqrt(alpha_bar)` = 0 and the output is all NaN, latents and decoded pixels alike; with `"v_prediction"` it is finite."""
     from diffusers import DDIMScheduler
     from tiny import SD_SCHEDULER, embeds, pil_image_and_mask, tiny_sd_variant
 
     base = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
-    scheduler = DDIMScheduler(**SD_SCHEDULER, rescale_betas_zero_snr=True, timestep_spacing="trailing")  # fmt: skip
-    pipe = type(base)(**{**base.components, "scheduler": scheduler})
+    scheduler = DDIMScheduler(**SD_SCHEDULER, rescale_betas_zero_snr=True, timestep_spacing="trailing",
+                              prediction_type=prediction_type)  # fmt: skip
+    pipe = type(base)(**{**base.components, "scheduler": scheduler}, requires_safety_checker=False)
     pipe.set_progress_bar_config(disable=True)
-    seen, original = [], pipe.scheduler.add_noise
+    seen, steps = [], []
+    original_add_noise, original_step = pipe.scheduler.add_noise, pipe.scheduler.step
 
     def spy(original_samples, noise, timesteps):
-        out = original(original_samples, noise, timesteps)
+        out = original_add_noise(original_samples, noise, timesteps)
         seen.append((original_samples.clone(), noise.clone(), timesteps.clone(), out.clone()))
         return out
 
+    def spy_step(model_output, timestep, sample, *args, **kwargs):
+        out = original_step(model_output, timestep, sample, *args, **kwargs)
+        steps.append((int(timestep), out[0].clone()))
+        return out
+
     monkeypatch.setattr(pipe.scheduler, "add_noise", spy)
+    monkeypatch.setattr(pipe.scheduler, "step", spy_step)
     calls = record_calls(pipe.unet)
-    with torch.no_grad():
-        pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=50, strength=1.0,
-             image=pil_image_and_mask()[0], generator=torch.Generator().manual_seed(0),
-             output_type="latent")  # fmt: skip
-    ((init_latents, noise, timestep, latents),) = seen
-    assert timestep.tolist() == [999] and float(pipe.scheduler.alphas_cumprod[999]) == 0.0
-    assert init_latents.abs().mean() > 0.1  # an image went in
-    assert torch.equal(latents, noise)
-    assert len(calls.calls) == 50 and torch.equal(calls.calls[0][0][0], noise)
+    outputs = {}
+    for output_type in ("latent", "np"):
+        seen.clear(), steps.clear(), calls.calls.clear()
+        with torch.no_grad():
+            outputs[output_type] = torch.as_tensor(
+                pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=50, strength=1.0,
+                     image=pil_image_and_mask()[0], generator=torch.Generator().manual_seed(0),
+                     output_type=output_type).images
+            )  # fmt: skip
+        ((init_latents, noise, timestep, latents),) = seen
+        assert timestep.tolist() == [999] and float(pipe.scheduler.alphas_cumprod[999]) == 0.0
+        assert init_latents.abs().mean() > 0.1  # an image went in
+        assert torch.equal(latents, noise)
+        assert len(calls.calls) == 50 and torch.equal(calls.calls[0][0][0], noise)
+        assert steps[0][0] == 999 and torch.isfinite(noise).all()
+        first_step_finite = bool(torch.isfinite(steps[0][1]).all())
+        assert first_step_finite == (prediction_type == "v_prediction")
+    for out in outputs.values():
+        if prediction_type == "epsilon":
+            assert torch.isnan(out).all()
+        else:
+            assert torch.isfinite(out).all()
 
 
 def test_flux_fill_packs_latents_masked_image_and_pixel_mask_into_384_channels(monkeypatch, record_calls):  # fmt: skip

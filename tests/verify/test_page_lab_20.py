@@ -6,6 +6,7 @@ run end to end with spies on the UNet / transformer, the VAE's decoder, ``encode
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import numpy as np
@@ -91,24 +92,67 @@ def test_img2img_runs_the_last_int_n_times_strength_timesteps(img2img, record_ca
     assert init_latents.shape == (1, 4, HEIGHT // 2, HEIGHT // 2)
 
 
-def test_strength_too_small_runs_nothing(img2img, inpaint4, record_calls):
-    """When `int(num_inference_steps * strength)` is 0 (strength 0.1 of 4 steps, DDIM), `StableDiffusionImg2ImgPipeline` runs no UNet call: with `output_type="latent"` it returns an empty batch, latents of shape `(0, 4, H/8, W/8)`; with the default `output_type` (and `"np"`, `"pt"`) it hands that empty batch to `vae.decode`, which raises a `RuntimeError`. `StableDiffusionInpaintPipeline` raises a `ValueError` instead."""
+def test_strength_too_small_runs_nothing(img2img, inpaint4, record_calls, monkeypatch):
+    """When `int(num_inference_steps * strength)` is 0 (strength 0.1 of 4 steps, DDIM), `StableDiffusionImg2ImgPipeline` runs no UNet call. With one prompt and one image, with `output_type="latent"` it returns an empty batch, latents of shape `(0, 4, H/8, W/8)` (with or without CFG); with the default `output_type` (and `"np"`, `"pt"`) it hands that empty batch to `vae.decode`, which raises a `RuntimeError`. With a batch of two or more (`num_images_per_prompt=2` or `3`, or two prompts with one image or two, with or without CFG), `prepare_latents`' `scheduler.add_noise` raises a `RuntimeError` ("must match the size") whatever the `output_type`, before `vae.decode`: its batch of timesteps is empty, which broadcasts against one image's latents but not against two or more. `StableDiffusionInpaintPipeline` raises a `ValueError` instead."""
     image, mask_image = pil_image_and_mask()
     unet_calls, decoded = record_calls(img2img.unet), record_calls(img2img.vae.decoder)
     call = dict(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4, image=image, strength=0.1)  # fmt: skip
     with torch.no_grad():
         out = img2img(**call, output_type="latent").images
-    assert out.shape == (0, 4, HEIGHT // 2, HEIGHT // 2)
+        cfg = img2img(**dict(call, guidance_scale=7.5), negative_prompt_embeds=embeds(1), output_type="latent").images  # fmt: skip
+    assert out.shape == cfg.shape == (0, 4, HEIGHT // 2, HEIGHT // 2)
     for output_type in ({}, {"output_type": "np"}, {"output_type": "pt"}):  # {}: the default
         decoded.calls.clear()
         with pytest.raises(RuntimeError, match="0 elements"), torch.no_grad():
             img2img(**call, **output_type)
         ((latents, *_), _) = decoded.calls[0]
         assert latents.shape == (0, 4, HEIGHT // 2, HEIGHT // 2)  # raised inside vae.decode
-    assert not unet_calls.calls
+    # a batch of two or more: add_noise gets (B, 4, H/8, W/8) latents and 0 timesteps
+    raised_in_add_noise, add_noise = [], img2img.scheduler.add_noise
+
+    def spy(original_samples, noise, timesteps):
+        try:
+            return add_noise(original_samples, noise, timesteps)
+        except RuntimeError:
+            raised_in_add_noise.append((original_samples.shape[0], timesteps.shape[0]))
+            raise
+
+    monkeypatch.setattr(img2img.scheduler, "add_noise", spy)
+    two = dict(call, prompt_embeds=embeds(0, 2), image=[image, image])
+    batches = [(dict(call, num_images_per_prompt=2), 2), (dict(call, num_images_per_prompt=3), 3),
+               (dict(call, prompt_embeds=embeds(0, 2)), 2), (two, 2),
+               (dict(two, guidance_scale=7.5, negative_prompt_embeds=embeds(1, 2)), 2)]  # fmt: skip
+    decoded.calls.clear()
+    for batch, size in batches:
+        for output_type in ("latent", "pil", "np", "pt"):
+            raised_in_add_noise.clear()
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(pytest.raises(RuntimeError, match="must match the size"))
+                if not isinstance(batch["image"], list):  # one image for 2 or 3: diffusers warns
+                    stack.enter_context(pytest.warns(FutureWarning, match="duplicating"))
+                stack.enter_context(torch.no_grad())
+                img2img(**batch, output_type=output_type)
+            assert raised_in_add_noise == [(size, 0)]
+    assert not decoded.calls and not unet_calls.calls
     with pytest.raises(ValueError, match="After adjusting"), torch.no_grad():
         inpaint4(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=4, image=image,
                  mask_image=mask_image, strength=0.1, output_type="latent")  # fmt: skip
+
+
+def test_get_timesteps_sets_begin_index_only_on_schedulers_that_have_it(img2img, monkeypatch):
+    """`StableDiffusionImg2ImgPipeline.get_timesteps` calls `scheduler.set_begin_index(t_start * scheduler.order)` only on a scheduler that has it: `DDIMScheduler` has none, so with DDIM the slice is all it does; with `EulerDiscreteScheduler`, strength 0.5 of 10 steps, a run through `__call__` calls `set_begin_index(5)`."""
+    from diffusers import DDIMScheduler, EulerDiscreteScheduler
+    from tiny import SD_BETAS
+
+    assert isinstance(img2img.scheduler, DDIMScheduler)
+    assert not hasattr(img2img.scheduler, "set_begin_index")
+    euler = type(img2img)(**{**img2img.components, "scheduler": EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)}, requires_safety_checker=False)  # fmt: skip
+    euler.set_progress_bar_config(disable=True)
+    begins = spy(monkeypatch, euler.scheduler, "set_begin_index")
+    with torch.no_grad():
+        euler(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=10, strength=0.5,
+              image=pil_image_and_mask()[0], output_type="latent")  # fmt: skip
+    assert [args for args, _ in begins] == [(5,)]
 
 
 @pytest.mark.parametrize(("steps", "strength", "ddim_calls", "pndm_calls"), [(50, 0.5, 25, 26), (10, 0.35, 3, 4), (4, 0.1, 0, 1)])  # fmt: skip
@@ -256,12 +300,17 @@ def test_padding_mask_crop(inpaint4, record_calls):
     assert out.size == image.size == (32, 32)
     a, b, m = np.asarray(out, int), np.asarray(image, int), np.asarray(mask_image) == 0
     assert np.abs(a[m] - b[m]).max() <= 1  # kept pixels: the original (RGBa rounding)
-    with pytest.raises(ValueError, match="PIL"):
+    with pytest.raises(ValueError, match="The image should be a PIL image"):
         run(inpaint4, image=torch.zeros(1, 3, 32, 32), mask_image=mask_image, padding_mask_crop=2, output_type="pil")  # fmt: skip
+    with pytest.raises(ValueError, match="mask image should be a PIL image"):
+        run(inpaint4, image=image, mask_image=torch.zeros(1, 1, 32, 32), padding_mask_crop=2, output_type="pil")  # fmt: skip
+    for output_type in ("latent", "np", "pt"):  # PIL inputs, another output type
+        with pytest.raises(ValueError, match="output type should be PIL"):
+            run(inpaint4, image=image, mask_image=mask_image, padding_mask_crop=2, output_type=output_type)  # fmt: skip
 
 
 def test_kontext_appends_reference_tokens(record_calls, monkeypatch):
-    """`FluxKontextPipeline` packs the reference image's latents like the noisy ones and concatenates them along the sequence axis (`torch.cat([latents, image_latents], dim=1)`), so the transformer sees 2N image tokens for N generated (with `img_ids` rows whose first coordinate is 1), and keeps only the first N of its output (`noise_pred[:, : latents.size(1)]`); it does not noise the reference: `scheduler.scale_noise` is never called and the reference tokens are the same at every step."""
+    """`FluxKontextPipeline` packs the reference image's latents like the noisy ones and concatenates them along the sequence axis (`torch.cat([latents, image_latents], dim=1)`), so the transformer sees 2N image tokens for N generated (with `img_ids` rows whose first coordinate is 1), and keeps only the first N of its output (`noise_pred[:, : latents.size(1)]`); it does not noise the reference: `scheduler.scale_noise` is never called, and the reference tokens are, at every step, the reference's posterior mean (`latent_dist.mode()`, recomputed here from the pixels the VAE encoder got) shifted, scaled and packed, `_pack_latents((mode - shift_factor) * scaling_factor)`."""
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
 
@@ -276,7 +325,8 @@ def test_kontext_appends_reference_tokens(record_calls, monkeypatch):
     text = dict(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
                 pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g))  # fmt: skip
     n = (HEIGHT // 2 // 2) ** 2  # 16 px -> 8 x 8 latents -> 4 x 4 packed tokens
-    seen = {}
+    seen, pixels = {}, []
+    hook = pipe.vae.encoder.register_forward_pre_hook(lambda m, a: pixels.append(a[0].clone()))
     for image in (None, PIL.Image.new("RGB", (HEIGHT, HEIGHT), (200, 30, 30))):
         calls = record_calls(pipe.transformer)
         with torch.no_grad():
@@ -290,7 +340,17 @@ def test_kontext_appends_reference_tokens(record_calls, monkeypatch):
         assert torch.equal(first[:, n:], second[:, n:])  # the reference: the same at both steps
         assert out.shape == (1, n, 64)  # packed latents: only the N generated tokens
         calls.remove()
+    hook.remove()
     assert seen[True][0] == (1, n, 64) and seen[False][0] == (1, 2 * n, 64)
+    # the reference tokens: the encoded image's mode, shifted and scaled, packed; no noise
+    (reference_pixels,) = pixels  # one encode: the reference (16 px, [-1, 1])
+    red = torch.tensor([200, 30, 30]) / 127.5 - 1
+    torch.testing.assert_close(reference_pixels, red.view(1, 3, 1, 1).expand(1, 3, HEIGHT, HEIGHT))
+    with torch.no_grad():
+        mode = pipe.vae.encode(reference_pixels).latent_dist.mode()  # (1, 16, 8, 8)
+    shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
+    expected = pipe._pack_latents((mode - shift) * scale, 1, 16, HEIGHT // 2, HEIGHT // 2)
+    torch.testing.assert_close(first[:, n:], expected)  # first: the run with the reference
     ids = seen[False][1]
     assert (ids[:n, 0] == 0).all() and (ids[n:, 0] == 1).all()
     assert not noised
