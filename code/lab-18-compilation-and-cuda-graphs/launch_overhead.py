@@ -143,19 +143,19 @@ def flux_step(batch, side):
     return ks
 
 
-def fused(kernels):
+def fused(kernels, qkv=True):
     """What the compiler does here: each run of consecutive pointwise kernels becomes one
     kernel that reads its input once and writes its output once (bytes: the run's largest
     member, which undercounts a run that spans several tensors, and inductor would not fuse
-    every such run), and to_q/to_k/to_v become one matmul, as the separate, manual
-    fuse_qkv_projections() does (torch.compile does not merge them). Matmuls and attention
-    stay separate kernels."""
+    every such run); with `qkv`, to_q/to_k/to_v also become one matmul, as the separate,
+    manual fuse_qkv_projections() does (torch.compile does not merge them). Matmuls and
+    attention stay separate kernels."""
     out = []
     for name, kind, flops, nbytes in kernels:
         prev = out[-1] if out else None
         if prev and kind == "pointwise" == prev[1]:
             out[-1] = ("fused_pointwise", kind, prev[2] + flops, max(prev[3], nbytes))
-        elif prev and name in ("to_k", "to_v") and prev[0] in ("to_q", "to_qk"):
+        elif qkv and prev and name in ("to_k", "to_v") and prev[0] in ("to_q", "to_qk"):
             out[-1] = ("to_qk" if name == "to_k" else "to_qkv", kind, prev[2] + flops, prev[3] + nbytes)  # fmt: skip
         else:
             out.append((name, kind, flops, nbytes))
@@ -169,9 +169,9 @@ def fused(kernels):
 #
 # Each kernel's device time is a roofline: `max(FLOPs / peak, bytes / bandwidth)`. The host
 # spends `LAUNCH` per kernel and the device cannot start a kernel before it is issued, so
-# kernel i ends at `max(device free, host issued i)` + its device time. If every kernel is
-# shorter than a launch, the device finishes each before the next is issued, and the step
-# costs `K x launch` plus the last kernel (host-bound); if the host runs ahead, launches hide
+# kernel i ends at `max(device free, host issued i)` + its device time. When launches
+# dominate (the host's lag outgrows the device's work), the device waits on the host, and
+# the step costs `K x launch` plus the last kernel (host-bound); if the host runs ahead, launches hide
 # behind the device. The `serialised` column, `K x (launch + roofline)`, has no overlap at
 # all, as with a sync after every kernel: the timeline never exceeds it. A CUDA graph
 # replays the whole captured step from one launch.
@@ -218,6 +218,9 @@ for side, r in rows.items():
     print(f" {side:7d} | {r['kernels'][0]:6d} / {r['kernels'][1]:<10d} | {r['tflop']:5.1f} | "
           f"{r['eager'] * 1e3:8.2f} | {r['serialised'] * 1e3:13.2f} | {r['compiled'] * 1e3:11.2f} | "
           f"{r['graph'] * 1e3:15.2f} | {idle:8.1%}")  # fmt: skip
+pointwise_only = len(fused(flux_step(args.batch_size, side), qkv=False))
+print(f"fusing pointwise runs alone (torch.compile) leaves {pointwise_only} kernels; "
+      f"fuse_qkv_projections() takes that to {rows[side]['kernels'][1]}")  # fmt: skip
 check = sum(k[2] for k in flux_step(1, 1024) if k[1] != "pointwise")
 print(f"check: matmul + attention FLOPs at 1024 px, batch 1 = {check / 1e12:.2f} T; the real "
       f"model on the meta device counts {model_sizes.flux_1024px()['flops'] / 1e12:.2f} T")  # fmt: skip
@@ -254,7 +257,8 @@ for us, e, c, g in zip(launch_us, *sweep.values(), strict=True):
 # %% [markdown]
 # ## 5. Cold start, amortised
 #
-# Compiling costs `--compile-s` once per process and shape; it pays back after
+# Compiling costs `--compile-s` once per shape (inductor's on-disk cache, and Mega-Cache's
+# artifacts on a new machine, cut it for a restart; dynamo still traces); it pays back after
 # `compile_s / (steps x saving per step)` requests of that shape. Few steps per request
 # (a distilled 4-step model) means less saving per request and a later break-even.
 
@@ -285,9 +289,10 @@ cumulative = {
 # every new (batch, tokens) shape, and past 8 compiled versions (`recompile_limit`) dynamo
 # runs new shapes eagerly; automatic dynamic shapes (the default) compile the first shape
 # statically and, on a miss, recompile with every dimension that has changed made symbolic,
-# except that a size of 1 is always a constant (dynamo's 0/1 specialisation), so batch 1 and
-# batch >= 2 need separate graphs; buckets round each request up to one of a few sides and pay
-# for the padded tokens.
+# except that a size of 1 stays a constant (dynamo's 0/1 specialisation of backed sizes; an
+# unbacked batch, `mark_unbacked`, is not specialised), so batch 1 and batch >= 2 need two graphs; buckets round each request up to one of a few sides and pay
+# for the padded tokens, and count against the same limit: raise
+# `torch._dynamo.config.recompile_limit` to at least the number of bucket shapes.
 
 # %%
 # --8<-- [start:buckets]
@@ -320,13 +325,18 @@ def automatic_dynamic_compiles(requests):
 automatic_compiles = automatic_dynamic_compiles(zip(batches.tolist(), tokens.tolist(), strict=True))
 BUCKETS = np.array([512, 768, 1024])  # square sides requests are padded up to
 bucket = BUCKETS[np.searchsorted(BUCKETS, np.maximum(heights, widths))]
-bucket_shapes = len(set(zip(batches.tolist(), bucket.tolist(), strict=True)))
+bucket_order = list(dict.fromkeys(zip(batches.tolist(), bucket.tolist(), strict=True)))
+bucket_shapes = len(bucket_order)
+bucket_compiles = min(bucket_shapes, RECOMPILE_LIMIT)  # the limit counts buckets too
+compiled_buckets = set(bucket_order[:bucket_compiles])
+bucket_eager = sum(s not in compiled_buckets for s in zip(batches.tolist(), bucket.tolist(), strict=True))  # fmt: skip
 padding = (bucket**2 // 256).sum() / tokens.sum() - 1  # extra tokens computed
 print(f"\n{args.num_samples} requests, {len(shapes)} distinct (batch, tokens) shapes:")
 print(f" static shapes: {static_compiles} compiles, then {eager_fallback} requests "
       f"({eager_fallback / args.num_samples:.0%}) run eagerly past recompile_limit {RECOMPILE_LIMIT}")  # fmt: skip
 print(f" automatic dynamic: {automatic_compiles} compiles (changed dimensions made symbolic; batch 1 stays a constant)")  # fmt: skip
-print(f" buckets {BUCKETS.tolist()}: {bucket_shapes} compiles, {padding:.0%} more tokens computed")  # fmt: skip
+print(f" buckets {BUCKETS.tolist()}: {bucket_shapes} shapes, {bucket_compiles} compiles, {bucket_eager} request{'s' * (bucket_eager != 1)} "
+      f"eager unless recompile_limit >= {bucket_shapes}; {padding:.0%} more tokens computed")  # fmt: skip
 # --8<-- [end:buckets]
 
 # %% [markdown]

@@ -104,7 +104,28 @@ def test_shape_policies(lab):
     assert count([(1, 9), (1, 25), (1, 36), (2, 36), (4, 49), (1, 4)]) == 3
     assert count([(4, 9), (1, 25), (2, 36), (4, 49), (1, 64)]) == 3
     assert count([(1, 9), (2, 9), (1, 25), (4, 36)]) == 4  # batch changed first: 4 graphs
-    assert lab["bucket_shapes"] <= 9 and lab["padding"] > 0
+    assert lab["bucket_shapes"] == 9 and lab["padding"] > 0
+
+
+def test_buckets_count_against_the_recompile_limit(lab):
+    """9 bucket shapes under recompile_limit 8: 8 compile and the ninth's requests run
+    eagerly, as torch does on the tiny model (tests/verify/test_page_lab_18.py)."""
+    assert lab["bucket_compiles"] == min(lab["bucket_shapes"], lab["RECOMPILE_LIMIT"]) == 8
+    ninth = lab["bucket_order"][8]
+    bucket_of = zip(lab["batches"].tolist(), lab["bucket"].tolist(), strict=True)
+    assert lab["bucket_eager"] == sum(s == ninth for s in bucket_of) > 0
+
+
+def test_pointwise_fusion_alone_is_what_torch_compile_does(lab, run_cli):
+    """torch.compile fuses pointwise runs (946 kernels of 1,422); 794 needs
+    fuse_qkv_projections() as well, which the default run prints."""
+    eager = lab["flux_step"](1, 1024)
+    alone, with_qkv = lab["fused"](eager, qkv=False), lab["fused"](eager)
+    assert (len(eager), len(alone), len(with_qkv)) == (1422, 946, 794)
+    assert not any(k[0].startswith("to_qk") for k in alone)
+    assert len(alone) - len(with_qkv) == 2 * (19 * 2 + 38)  # two matmuls saved per q, k, v
+    run = run_cli(STARTER)
+    assert "leaves 946 kernels; fuse_qkv_projections() takes that to 794" in run.stdout
 
 
 def test_figures_are_small(run_cli, tmp_path):

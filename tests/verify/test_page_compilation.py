@@ -145,3 +145,26 @@ def test_cuda_graph_switches():
     assert list_mode_options("reduce-overhead") == {"triton.cudagraphs": True}
     assert inductor.triton.cudagraph_trees is True
     assert inductor.triton.cudagraph_skip_dynamic_graphs is False
+
+
+def test_cuda_graph_trees_warn_past_eight_sizes():
+    """Past 8 distinct input sizes, inductor's CUDA-graph check warns that recording a graph per size "may lead to extra overhead" and suggests padding to a few shapes (`triton.cudagraph_dynamic_shape_warn_limit=8`): `maybe_warning_due_to_dynamic_shape`, called on the CPU with 7 and 8 recorded sizes, warns only when the new one is the ninth."""
+    import logging
+
+    import torch._inductor.config as inductor
+    from torch._inductor.cudagraph_utils import maybe_warning_due_to_dynamic_shape
+
+    assert inductor.triton.cudagraph_dynamic_shape_warn_limit == 8
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("torch._inductor.cudagraph_utils")  # cudagraphs_log's parent
+    log.addHandler(handler)
+    try:
+        eighth = maybe_warning_due_to_dynamic_shape({(n,): None for n in range(7)}, (7,))
+        ninth = maybe_warning_due_to_dynamic_shape({(n,): None for n in range(8)}, (8,))
+    finally:
+        log.removeHandler(handler)
+    assert (eighth, ninth) == (False, True)
+    assert len(records) == 1 and "extra overhead" in records[0].getMessage()
+    assert "padding inputs" in records[0].getMessage()

@@ -27,6 +27,8 @@ import functools
 import pytest
 import torch
 from tiny import (
+    DIT_TEXT,
+    DIT_TOKENS,
     EMBED_DIM,
     tiny_flux_pipeline,
     tiny_flux_transformer,
@@ -188,6 +190,16 @@ def test_dynamic_true_or_mark_dynamic_compile_once():
     assert graphs_per_side(static, counter, [3, 5, 6], mark=True) == [1, 1, 1]
 
 
+def test_duck_shape_off_keeps_the_token_count_symbolic():
+    """With `torch.fx.experimental._config.use_duck_shape = False`, as diffusers' Accelerate inference guide pairs with `dynamic=True`, equal input sizes get separate symbols: the first call's 32 image tokens, equal to the text width of 32, stay symbolic, and three resolutions compile one graph."""
+    import torch.fx.experimental._config as fx_config
+
+    counter = CompileCounter()
+    with fx_config.patch(use_duck_shape=False):
+        compiled = torch.compile(two_block_flux(), backend=counter, dynamic=True)
+        assert graphs_per_side(compiled, counter, [(4, 1, 8), 5, 6]) == [1, 1, 1]
+
+
 def test_mark_dynamic_needs_img_ids_and_batches_still_recompile():
     """`torch._dynamo.mark_dynamic` has to mark the token dimension of both the packed `latents` passed as `hidden_states` (dim 1) and `img_ids` (dim 0): marking only `hidden_states` raises `ConstraintViolationError`, because `img_ids`' static length pins the token count; and neither option covers batch sizes: under `dynamic=True` batch 1 and batch 2 need two graphs (batch 4 reuses the second), and with both marks under `dynamic=False` each batch size compiles its own graph."""
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
@@ -233,6 +245,107 @@ def test_recompile_limit_falls_back_to_eager():
         full(**flux_inputs(3))
         with pytest.raises(FailOnRecompileLimitHit):
             full(**flux_inputs(5))
+
+
+def test_nine_static_buckets_pass_the_recompile_limit():
+    """Nine static buckets (3 token counts by batch 1, 2 and 4) compiled with `dynamic=False` under the default `recompile_limit` of 8 make 8 graphs: the ninth bucket runs eagerly, with the same output, and `torch.compiler.set_stance("fail_on_recompile")` does not raise for it; and raising `recompile_limit` after that fallback compiles nothing more: it has to be raised before the warm-up (that the limit caps the graphs at its value is `test_recompile_limit_falls_back_to_eager`'s, with a limit of 1)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = two_block_flux()
+    counter = CompileCounter()
+    static = torch.compile(model, backend=counter, dynamic=False)
+    buckets = [(side, batch) for side in (3, 5, 6) for batch in (1, 2, 4)]  # 9, 25, 36 tokens
+    assert graphs_per_side(static, counter, buckets) == [1, 2, 3, 4, 5, 6, 7, 8, 8]
+    assert (counters["frames"]["total"], counters["frames"]["ok"]) == (9, 8)
+    with torch.no_grad():
+        with torch.compiler.set_stance("fail_on_recompile"):
+            out = static(**flux_inputs(6, 4))[0]  # the ninth bucket: eager, no error
+        torch.testing.assert_close(out, model(**flux_inputs(6, 4))[0])
+        with torch._dynamo.config.patch(recompile_limit=9):
+            static(**flux_inputs(6, 4))  # too late: the function is past its limit
+    assert counter.frame_count == 8
+
+
+def test_regional_compile_spends_the_limit_per_block_class():
+    """`compile_repeated_blocks(dynamic=False)` spends `recompile_limit` (8) per block class, not per model: on a tiny Flux transformer with one double- and two single-stream blocks each new token count compiles `FluxTransformerBlock` once and `FluxSingleTransformerBlock` twice (the stride recompile), so from the fifth shape only the double-stream block compiles and every single-stream block runs eagerly."""
+    model = tiny_flux_transformer(
+        False, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6), in_channels=4,
+        num_layers=1, num_single_layers=2,
+    )  # fmt: skip
+    counter, kinds = CompileCounter(), []
+    model.compile_repeated_blocks(backend=functools.partial(block_kind_backend, counter, kinds), dynamic=False)  # fmt: skip
+    seen = []
+    with torch.no_grad():
+        for side in (3, 4, 5, 6, 7):
+            model(**flux_inputs(side))
+            seen.append(counter.frame_count)
+    assert seen == [3, 6, 9, 12, 13]
+    assert kinds.count("single") == 8 and kinds.count("double") == 5
+
+
+def test_mark_unbacked_shares_one_graph_across_batch_sizes():
+    """`torch._dynamo.decorators.mark_unbacked` on the batch dimension of `hidden_states`, `encoder_hidden_states`, `pooled_projections` and `timestep` makes the batch an unbacked symbol, which is not specialised at 1: batch 1, 2 and 4 share one graph under the default `dynamic=None`, with the eager outputs."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    model = two_block_flux()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    seen = []
+    with torch.no_grad():
+        for batch in (1, 2, 4):
+            inputs = flux_inputs(3, batch)
+            for name in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"):  # fmt: skip
+                mark_unbacked(inputs[name], 0)
+            out = compiled(**inputs)[0]
+            torch.testing.assert_close(out, model(**flux_inputs(3, batch))[0])
+            seen.append(counter.frame_count)
+    assert seen == [1, 1, 1]
+
+
+def pipe_frames(pipe, counter, sides, latents=None):
+    """Frames compiled so far after each 2-step `pipe(...)` call, one per image side in px."""
+    seen = []
+    for side in sides:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            pipe(
+                prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+                pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+                height=side, width=side, num_inference_steps=2, latents=latents,
+                generator=torch.Generator().manual_seed(1), output_type="latent",
+            )  # fmt: skip
+        seen.append(counter.frame_count)
+    return seen
+
+
+def test_mark_dynamic_through_flux_pipeline_needs_a_pre_hook_on_the_compiled_wrapper():
+    """Through `FluxPipeline.__call__`, which builds `img_ids` itself, `mark_dynamic` works from a forward pre-hook registered on the `torch.compile(pipe.transformer, dynamic=False)` wrapper that marks `hidden_states` (dim 1) and `img_ids` (dim 0) on every call: 16, 32 and 48 px share one graph; marking only the `latents` passed to `pipe(...)` raises `ConstraintViolationError`, and the same hook inside `pipe.transformer.compile()` is traced and fails."""
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    def mark(module, args, kwargs):
+        torch._dynamo.mark_dynamic(kwargs["hidden_states"], 1)
+        torch._dynamo.mark_dynamic(kwargs["img_ids"], 0)
+
+    pipe = tiny_flux_pipeline()
+    counter = CompileCounter()
+    compiled = torch.compile(pipe.transformer, backend=counter, dynamic=False)
+    compiled.register_forward_pre_hook(mark, with_kwargs=True)  # runs before dynamo
+    pipe.transformer = compiled
+    assert pipe_frames(pipe, counter, [16, 32, 48]) == [1, 1, 1]
+    torch._dynamo.reset()
+    pipe = tiny_flux_pipeline()
+    pipe.transformer.compile(backend=CompileCounter(), dynamic=False)
+    latents = torch.randn(1, 16, 64)  # 16 px: 16 packed tokens of 64
+    torch._dynamo.mark_dynamic(latents, 1)
+    with pytest.raises(ConstraintViolationError):
+        pipe_frames(pipe, counter, [16], latents=latents)
+    torch._dynamo.reset()
+    pipe = tiny_flux_pipeline()
+    pipe.transformer.register_forward_pre_hook(mark, with_kwargs=True)
+    pipe.transformer.compile(backend=CompileCounter(), dynamic=False)
+    with pytest.raises(Exception, match="mark_dynamic"):
+        pipe_frames(pipe, counter, [16])
 
 
 def cached_op_counts(config):
