@@ -123,9 +123,10 @@ full_out, _ = attention(query, key, value)  # (T, H, head_dim): what one GPU com
 # Attention per head needs nothing else. A fourth all-to-all returns the output to the token
 # split. Bytes a rank sends per layer: 4 all-to-alls (Q, K, V, O), each sending (R-1)/R of
 # the rank's shard of T/R x H x d elements: `4 (R-1)/R * (T/R) H d * 2` bytes, which falls
-# as 1/R. R must divide the heads and, in diffusers, each split input's tokens too (FLUX.1-dev
-# at 1024 px, 24 heads and 512 text tokens: 2, 4 or 8 ranks; diffusers' `ulysses_anything=True`
-# pads the heads to a multiple of R while the padding is < H/R per rank).
+# as 1/R. R must divide the heads and, in diffusers by default, each split input's tokens too
+# (FLUX.1-dev at 1024 px, 24 heads and 512 text tokens: 2, 4 or 8 ranks); diffusers'
+# `ulysses_anything=True` cuts unequal token shares and pads the heads to a multiple of R while
+# the padding is < H/R per rank. This toy keeps equal shares.
 
 
 # %%
@@ -161,7 +162,8 @@ ulysses_diff = np.abs(np.concatenate(ulysses_out) - full_out).max()
 # lse)` (diffusers writes the same as `out_a - sigmoid(lse_b - lse_a) (out_a - out_b)`).
 # Bytes a rank sends per layer: (R-1) sends of a K and a V block of T/R x H x d:
 # `2 (R-1) (T/R) H d * 2` bytes, which tends to `4 T H d` as R grows: ring's traffic per rank
-# does not fall, and heads need not divide (in diffusers the tokens still must). A send can
+# does not fall, and heads need not divide (in diffusers the tokens must too, unless
+# `ring_anything=True` cuts unequal shares). A send can
 # hide behind the attention of the block in hand if that block is long enough (section 5
 # computes a sufficient condition at assumed peak rates).
 

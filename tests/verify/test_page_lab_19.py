@@ -11,7 +11,11 @@ single-stream block, 2 heads of 16, 16 image and 8 text tokens), and one case on
 ``WanTransformer3DModel``; each writes its results as JSON, and the tests read them. A
 second fixture starts four processes for what needs more than two ranks: a ring over 4
 (one block against all of the gathered K/V) and ring 2 x Ulysses 2 (diffusers' unified
-attention). The reference is the same model without parallelism, in the same process.
+attention). A third starts five: token counts and head counts that 5 does not divide, and
+``ulysses_anything`` / ``ring_anything`` on unequal token shares, run once with gloo's
+``all_gather`` (which refuses unequal shards) and once with an NCCL-style one substituted
+(``_nccl_style_all_gather``). The reference is the same model without parallelism, in the
+same process.
 
 What the run found on this CPU-only machine: ``enable_parallelism`` refuses before it
 builds a device mesh, because ``_resolve_parallel_config`` picks the device as
@@ -35,9 +39,16 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 WORLD = 2
+
+
+#: how long a collective waits for the slowest rank: rank 0 (in pytest, diffusers already
+#: imported) reaches its first barrier while the other ranks still import diffusers, which
+#: can take minutes on a loaded 2-core machine
+TIMEOUT = timedelta(seconds=300)
 
 
 def _flux_inputs(image=16, text=8):
@@ -83,7 +94,6 @@ def _rank_main(rank, out_path):
     every patch is a context manager, and the process group is destroyed at the end)."""
     import time
     import warnings
-    from datetime import timedelta
     from unittest import mock
 
     import torch
@@ -91,7 +101,7 @@ def _rank_main(rank, out_path):
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=90))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
 
     import diffusers.models.attention_dispatch as dispatch
     import diffusers.models.transformers.transformer_flux as transformer_flux
@@ -329,7 +339,6 @@ def _mesh_main(rank, out_path):
     attention), both with the native op replaced by ``_lse_forward_op``; results as JSON."""
     import time
     import warnings
-    from datetime import timedelta
     from unittest import mock
 
     import torch
@@ -337,7 +346,7 @@ def _mesh_main(rank, out_path):
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    dist.init_process_group("gloo", rank=rank, world_size=MESH, timeout=timedelta(seconds=90))
+    dist.init_process_group("gloo", rank=rank, world_size=MESH, timeout=TIMEOUT)
 
     import diffusers.models.attention_dispatch as dispatch
     from diffusers import ContextParallelConfig
@@ -392,17 +401,46 @@ def _mesh_main(rank, out_path):
 
 FIVE = 5
 
-#: the five-rank cases: name, heads, image tokens, text tokens, ContextParallelConfig keywords
+#: the five-rank cases: name, heads, image tokens, text tokens, ContextParallelConfig keywords;
+#: a name ending in ``_nccl_gather`` runs with ``dist.all_gather`` replaced (``_nccl_style_all_gather``)
 FIVE_CASES = [
     ("ring_16_8", 2, 16, 8, dict(ring_degree=5)),  # 16 and 8 tokens: 5 divides neither
     ("ring_20_10", 2, 20, 10, dict(ring_degree=5)),
     ("ulysses_5_heads_16_8", 5, 16, 8, dict(ulysses_degree=5)),
+    ("ulysses_5_heads_20_10", 5, 20, 10, dict(ulysses_degree=5)),
     ("ulysses_24_heads", 24, 20, 10, dict(ulysses_degree=5)),
     ("ulysses_anything_24_heads", 24, 20, 10, dict(ulysses_degree=5, ulysses_anything=True)),
     ("ulysses_anything_8_heads", 8, 20, 10, dict(ulysses_degree=5, ulysses_anything=True)),
     ("ulysses_anything_16_8", 24, 16, 8, dict(ulysses_degree=5, ulysses_anything=True)),
     ("ring_anything_16_8", 2, 16, 8, dict(ring_degree=5, ring_anything=True)),
+    ("ulysses_anything_16_8_nccl_gather", 24, 16, 8, dict(ulysses_degree=5, ulysses_anything=True)),
+    ("ring_anything_16_8_nccl_gather", 2, 16, 8, dict(ring_degree=5, ring_anything=True)),
 ]
+
+
+def _nccl_style_all_gather(real_all_gather, uneven):
+    """``torch.distributed.all_gather`` with NCCL's result for output tensors of unequal sizes.
+
+    gloo refuses them (``ProcessGroupGloo::allgather: invalid tensor size``); torch documents
+    uneven sizes as supported (``all_gather``'s docstring, ``distributed_c10d.py:4196``) and
+    ``ProcessGroupNCCL::allgather`` serves them by falling back to broadcasts when the sizes
+    differ. Here: pad every shard to the largest, gather on gloo, trim. Equal sizes go to
+    the real collective untouched; each unequal call's output shapes go to ``uneven``."""
+    import torch
+
+    def all_gather(outputs, tensor, group=None, async_op=False):
+        if all(o.shape == tensor.shape for o in outputs):
+            return real_all_gather(outputs, tensor, group=group, async_op=async_op)
+        uneven.append([list(o.shape) for o in outputs])
+        size = max(o.numel() for o in outputs)
+        flat = torch.zeros(size, dtype=tensor.dtype)
+        flat[: tensor.numel()] = tensor.reshape(-1)
+        padded = [torch.empty(size, dtype=tensor.dtype) for _ in outputs]
+        real_all_gather(padded, flat, group=group)
+        for o, p in zip(outputs, padded, strict=True):
+            o.copy_(p[: o.numel()].reshape(o.shape))
+
+    return all_gather
 
 
 def _five_main(rank, out_path):
@@ -411,7 +449,6 @@ def _five_main(rank, out_path):
     op replaced by ``_lse_forward_op``; results (max difference or the error) as JSON."""
     import time
     import warnings
-    from datetime import timedelta
     from unittest import mock
 
     import torch
@@ -419,13 +456,15 @@ def _five_main(rank, out_path):
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    dist.init_process_group("gloo", rank=rank, world_size=FIVE, timeout=timedelta(seconds=90))
+    dist.init_process_group("gloo", rank=rank, world_size=FIVE, timeout=TIMEOUT)
 
     import diffusers.models.attention_dispatch as dispatch
     from diffusers import ContextParallelConfig
     from tiny import tiny_flux_transformer
 
     res = {}
+    uneven = []
+    nccl_style = _nccl_style_all_gather(dist.all_gather, uneven)
     with (
         torch.no_grad(),
         warnings.catch_warnings(record=True),
@@ -434,7 +473,12 @@ def _five_main(rank, out_path):
         warnings.simplefilter("always")
         for name, heads, image, text, config in FIVE_CASES:
             op = _lse_forward_op if "ring_degree" in config else dispatch._native_attention_forward_op  # fmt: skip
-            with mock.patch.object(dispatch, "_native_attention_forward_op", op):
+            gather = nccl_style if name.endswith("_nccl_gather") else dist.all_gather
+            with (
+                mock.patch.object(dispatch, "_native_attention_forward_op", op),
+                mock.patch.object(dist, "all_gather", gather),
+            ):
+                uneven.clear()
                 want = tiny_flux_transformer(num_attention_heads=heads)(**_flux_inputs(image, text))[0]  # fmt: skip
                 model = tiny_flux_transformer(num_attention_heads=heads)
                 try:
@@ -443,6 +487,7 @@ def _five_main(rank, out_path):
                     res[name] = (got - want).abs().max().item()
                 except Exception as e:
                     res[name] = _error(e)
+                res[name + "_uneven_gathers"] = uneven[:]
             dist.barrier()
     res["seconds"] = time.perf_counter() - start
     Path(f"{out_path}.{rank}").write_text(json.dumps(res))
@@ -488,8 +533,8 @@ def _run_ranks(out, world, main):
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         for child in children:
-            try:  # the children's collectives time out after 90 s if rank 0 is gone
-                _, err = child.communicate(timeout=180)
+            try:  # the children's collectives time out if rank 0 is gone
+                _, err = child.communicate(timeout=2 * TIMEOUT.total_seconds())
             except subprocess.TimeoutExpired:
                 child.kill()
                 _, err = child.communicate()
@@ -599,7 +644,7 @@ def test_ring_equals_one_process_with_an_lse_op(ranks):
 
 
 def test_ring_all_gathers_kv_once_per_attention(ranks):
-    """diffusers 0.42.1's `TemplatedRingAttention` does not rotate K/V blocks: it calls `all_gather_tensor` once per attention layer on its K and V concatenated, receives every rank's block at once, then merges block by block with `out = prev_out - sigmoid(lse - prev_lse) * (prev_out - out)` (2 layers here: 2 gathers of 768 elements to 1,536, then one of the output at `proj_out`); `rotate_method="alltoall"` raises NotImplementedError, although `ContextParallelConfig`'s docstring says ring holds "only 1/N of KV at a time"."""
+    """diffusers 0.42.1's `TemplatedRingAttention` does not rotate K/V blocks: it calls `all_gather_tensor` once per attention layer on its K and V concatenated, receives every rank's block at once, then merges block by block with `out = prev_out - sigmoid(lse - prev_lse) * (prev_out - out)` (2 layers here: 2 gathers of 768 elements to 1,536, then one of the output at `proj_out`); `rotate_method="alltoall"` raises NotImplementedError, although `ContextParallelConfig`'s docstring says ring "only holds 1/N of KV at a time"."""
     import inspect
 
     from diffusers import ContextParallelConfig
@@ -734,11 +779,11 @@ def test_the_same_splits_by_hand_on_gloo(ranks):
 
 
 def test_token_counts_must_divide_by_the_ranks(five_ranks):
-    """Each input the model's `_cp_plan` splits must divide by the number of ranks, for ring as for Ulysses: on five gloo processes `ring_degree=5`, and `ulysses_degree=5` with 5 heads, raise AssertionError ("divisible by mesh size") on 16 image and 8 text tokens, while ring over 5 equals the single-process model on 20 and 10; so FLUX.1-dev at 1024 px (4,096 image and 512 text tokens, 24 heads) runs plain Ulysses on 2, 4 or 8 GPUs only."""
+    """By default (`EquipartitionSharder`) each input the model's `_cp_plan` splits must divide by the number of ranks, for ring as for Ulysses: on five gloo processes `ring_degree=5`, and `ulysses_degree=5` with 5 heads, raise AssertionError ("divisible by mesh size") on 16 image and 8 text tokens, while both equal the single-process model on 20 and 10 (ring with 2 heads: it has no head limit); so FLUX.1-dev at 1024 px (4,096 image and 512 text tokens, 24 heads) runs plain Ulysses on 2, 4 or 8 GPUs only."""
     for r in five_ranks:
         for name in ("ring_16_8", "ulysses_5_heads_16_8"):
             assert r[name] == ["AssertionError", "Tensor size along dimension to be sharded must be divisible by mesh size"]  # fmt: skip
-        assert r["ring_20_10"] < 1e-5
+        assert r["ring_20_10"] < 1e-5 and r["ulysses_5_heads_20_10"] < 1e-5
     # 4,096 and 512 are FLUX.1-dev's token counts at 1024 px (test_page_parallel.py runs the pipeline)
     assert [n for n in range(2, 25) if 24 % n == 0 and 4096 % n == 0 and 512 % n == 0] == [2, 4, 8]
 
@@ -753,15 +798,32 @@ def test_ulysses_anything_runs_24_heads_on_five_ranks(five_ranks):
 
 
 def test_anything_modes_cut_uneven_tokens_that_gloo_cannot_gather(five_ranks):
-    """`ulysses_anything=True` and `ring_anything=True` cut token counts the ranks do not divide (16 and 8 tokens on 5 ranks) into unequal shards, and on gloo both then fail at an all-gather of those shards (`ProcessGroupGloo::allgather: invalid tensor size`)."""
+    """`ulysses_anything=True` and `ring_anything=True` cut token counts the ranks do not divide (16 and 8 tokens on 5 ranks) into unequal shares (`PartitionAnythingSharder`), and gloo cannot all-gather the unequal output shards (`ProcessGroupGloo::allgather: invalid tensor size`)."""
     for r in five_ranks:
         for name in ("ulysses_anything_16_8", "ring_anything_16_8"):
             kind, message = r[name]
             assert kind == "RuntimeError" and "ProcessGroupGloo::allgather: invalid tensor size" in message  # fmt: skip
+            assert r[name + "_uneven_gathers"] == []  # gloo's own all_gather ran, and refused
+
+
+def test_anything_modes_run_uneven_tokens_with_an_nccl_style_gather(five_ranks):
+    """With an NCCL-style all-gather substituted for gloo's (unequal shards padded, gathered, trimmed: what `ProcessGroupNCCL::allgather` serves by broadcasts), `ulysses_anything=True` with FLUX.1-dev's 24 heads and `ring_anything=True` run 16 image and 8 text tokens on five gloo processes and equal the single-process model to within 1e-5; the only unequal gather is of `proj_out`'s output (4 image tokens on rank 0, 3 on the others)."""
+    for r in five_ranks:
+        for name in ("ulysses_anything_16_8_nccl_gather", "ring_anything_16_8_nccl_gather"):
+            assert r[name] < 1e-5
+            assert r[name + "_uneven_gathers"] == [[[1, 4, 64]] + [[1, 3, 64]] * 4]
 
 
 def test_the_attention_backend_context_manager_skips_the_check(ranks):
-    """The context-parallel backend check runs in `enable_parallelism` and `set_attention_backend`, not in the `attention_backend()` context manager: on two gloo processes a Ulysses model run under `attention_backend("_native_math")` raises nothing and differs from the single-process model by more than 0.01, while `set_attention_backend("_native_math")` on the same model raises ValueError."""
+    """The context-parallel backend check runs in `enable_parallelism` and in `set_attention_backend` once parallelism is enabled, not in the `attention_backend()` context manager: on two gloo processes a Ulysses model run under `attention_backend("_native_math")` raises nothing and differs from the single-process model by more than 0.01, while `set_attention_backend("_native_math")` on the same model raises ValueError; on a model without parallelism `set_attention_backend("_native_math")` is accepted."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    from tiny import tiny_flux_transformer
+
+    active = _AttentionBackendRegistry.get_active_backend()[0]
+    try:  # no parallel config yet: no check (it also sets the process-wide active backend)
+        tiny_flux_transformer().set_attention_backend("_native_math")
+    finally:
+        _AttentionBackendRegistry.set_active_backend(active)
     for r in ranks:
         assert isinstance(r["ulysses_under_native_math"], float)
         assert r["ulysses_under_native_math"] > 0.01
