@@ -48,7 +48,9 @@ from labkit.cli import (
 parser = LabArgumentParser(prog="conditioning.py", description=__doc__.splitlines()[0])
 parser.add_argument("--resolution", type=int_at_least(64), default=512, help="image side, px")
 parser.add_argument("--patch-size", type=int_at_least(1), default=2, help="DiT patch size p")
-parser.add_argument("--text-tokens", type=int_at_least(1, 4096), default=333, help="MMDiT text tokens")
+parser.add_argument(
+    "--text-tokens", type=int_at_least(1, 4096), default=333, help="MMDiT text tokens"
+)
 parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
 args = parse_args(parser)
