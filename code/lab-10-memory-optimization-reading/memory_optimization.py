@@ -58,7 +58,7 @@ DTYPES = ("float64", "float32", "float16", "bfloat16")
 # %%
 # --8<-- [start:setup]
 parser = LabArgumentParser(prog="memory_optimization.py", description=__doc__.splitlines()[0])
-parser.add_argument("--tokens", type=int_at_least(2), default=256, help="N, attention tokens")
+parser.add_argument("--tokens", type=int_at_least(4), default=256, help="N, attention tokens")
 parser.add_argument("--heads", type=int_at_least(1), default=8)
 parser.add_argument(
     "--slice-sizes", type=int_list, default=[16, 8, 4, 2, 1], help="(batch*head) rows per slice"
@@ -90,9 +90,9 @@ if not 0 <= args.overlap < args.tile:
 if args.tile > args.latent_size:
     parser.error(f"--tile {args.tile} is larger than --latent-size {args.latent_size}")
 dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-unknown = [d for d in dtypes if d not in DTYPES]
+unknown = [d for d in dtypes if d not in DTYPES[1:]]  # float64 is the reference, always run
 if unknown or not dtypes:
-    parser.error(f"--dtypes: unknown dtype {unknown or ''} (choose from {', '.join(DTYPES)})")
+    parser.error(f"--dtypes: unknown dtype {unknown or ''} (choose from {', '.join(DTYPES[1:])}; float64 is the reference every run is compared with)")  # fmt: skip
 if args.steps > 1000:
     parser.error("--steps must be <= 1000")
 if len(args.pcie_gbps) != 1 or args.pcie_gbps[0] > 1000:
@@ -413,14 +413,19 @@ def clip_vision_params(hidden=1024, layers=24, mlp=4096, patch=14, image=224, pr
 
 
 # The hooked forwards of one pipe(prompt) call at the default guidance, in order, with the
-# denoiser's entry standing for one call per step (CFG batched): data, pinned to what the real
-# pipelines do by tests/verify/test_page_lab_10.py (tiny parts, through pipe(...)).
+# denoiser's entry standing for one call per entry of scheduler.timesteps (CFG batched): data,
+# pinned to what the real pipelines do by tests/verify/test_page_lab_10.py (tiny parts,
+# through pipe(...)).
 FORWARDS = {
     "SD 1.5": ["text_encoder", "text_encoder", "unet", "vae"],  # prompt, then "" for CFG
     "SDXL": ["text_encoder", "text_encoder_2", "unet", "vae"],  # "" -> zeros, no encoder call
     "SD3 Medium": ["text_encoder", "text_encoder_2", "text_encoder_3"] * 2 + ["transformer", "vae"],
     "Flux.1-dev": ["text_encoder", "text_encoder_2", "transformer", "vae"],  # no CFG by default
 }
+# len(scheduler.timesteps) after set_timesteps(steps) with the scheduler each checkpoint ships:
+# SD 1.5's PNDMScheduler(skip_prk_steps=True) repeats its second-to-last timestep (steps + 1
+# from 2 steps on); SDXL's Euler and SD3's and Flux's flow-matching Euler make steps
+DENOISER_CALLS = {"SD 1.5": lambda steps: steps + (steps > 1)}
 OFFLOAD_SEQ = {  # each pipeline class's model_cpu_offload_seq, diffusers 0.42.1
     "SD 1.5": "text_encoder->image_encoder->unet->vae",
     "SDXL": "text_encoder->text_encoder_2->image_encoder->unet->vae",
@@ -430,9 +435,11 @@ OFFLOAD_SEQ = {  # each pipeline class's model_cpu_offload_seq, diffusers 0.42.1
 
 
 def call_order(pipeline, parts, steps):
-    """FORWARDS[pipeline] for the components in ``parts``, the denoiser repeated ``steps`` times."""
+    """FORWARDS[pipeline] for the components in ``parts``, the denoiser repeated once per
+    entry of the shipped scheduler's timesteps at ``steps``."""
     denoiser = "unet" if "unet" in parts else "transformer"
-    expanded = [[c] * steps if c == denoiser else [c] for c in FORWARDS[pipeline]]
+    calls = DENOISER_CALLS.get(pipeline, lambda n: n)(steps)
+    expanded = [[c] * calls if c == denoiser else [c] for c in FORWARDS[pipeline]]
     return [c for run in expanded for c in run if c in parts]
 
 
@@ -459,25 +466,42 @@ safety_checker_params = clip_vision_params() + 20 * 768 + 20  # + 17 + 3 concept
 pipelines = list(FORWARDS)
 sizes = {p: {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows(p)} for p in pipelines}
 stays = {"SD 1.5": 2 * safety_checker_params}  # fp16 bytes; _exclude_from_cpu_offload: no hook
+# float16 loading keeps T5's wo layers in float32 (_keep_in_fp32_modules; not in bfloat16)
+t5 = next(r for r in model_sizes.rows("SD3 Medium") if r["component"] == "text_encoder_3")
+t5_wo_params = t5["config"]["num_layers"] * t5["config"]["d_ff"] * t5["config"]["d_model"]
+fp32_extra = 2 * t5_wo_params  # 4 bytes instead of 2 per wo weight under float16
+sd3 = sizes["SD3 Medium"]
+sd3_fp16 = {**sd3, "text_encoder_3": sd3["text_encoder_3"] + fp32_extra}
+# SDXL's force_upcast: upcast_vae() casts the VAE to float32 before its forward copies it in
+upcast_in = {"SDXL, fp16": sizes["SDXL"]["vae"]}  # 4 bytes per VAE weight in, not 2
+offload_variants = {  # row -> (pipeline, component bytes in the row's dtype)
+    "SD 1.5, fp16": ("SD 1.5", sizes["SD 1.5"]),
+    "SDXL, fp16": ("SDXL", sizes["SDXL"]),
+    "SD3 Medium, bf16": ("SD3 Medium", sd3),
+    "SD3 Medium, fp16": ("SD3 Medium", sd3_fp16),
+    "Flux.1-dev, bf16": ("Flux.1-dev", sizes["Flux.1-dev"]),
+}
 offload_rows, crossings = [], {}
-for p, parts in sizes.items():
+for name, (p, parts) in offload_variants.items():
     order = call_order(p, parts, args.steps)
-    crossings[p], _ = model_offload(order, OFFLOAD_SEQ[p], parts, stays.get(p, 0))
-    model_bytes = sum(n * parts[c] for c, n in crossings[p].items()) + 2 * stays.get(p, 0)
+    crossings[name], _ = model_offload(order, OFFLOAD_SEQ[p], parts, stays.get(p, 0))
+    model_bytes = sum(n * parts[c] for c, n in crossings[name].items()) + 2 * stays.get(p, 0)
     # in only, once per forward; the checker stays; the whole VAE is counted, though a
     # text-to-image call runs only its decoder (the encoder is 0.07 GB of SD's VAE)
     seq_bytes = sum(parts[c] for c in order)
+    model_bytes, seq_bytes = (b + upcast_in.get(name, 0) for b in (model_bytes, seq_bytes))
     total = sum(parts.values()) + stays.get(p, 0)
-    offload_rows.append([p, f"{total / 1e9:.2f}", f"{stays.get(p, 0) / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
+    offload_rows.append([name, f"{total / 1e9:.2f}", f"{stays.get(p, 0) / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
 # --8<-- [end:offload]
 table(
-    f"Weights moved per call, 2 bytes per weight, {args.steps} steps, at {pcie_gbps:g} GB/s (assumed): floors",
+    f"Weights moved per call, {args.steps} steps, at {pcie_gbps:g} GB/s (assumed): floors",
     ["", "weights GB", "stays GB", "model offload GB", "time", "sequential GB", "time"],
     offload_rows,
 )
+print(f"SD 1.5's PNDM makes {DENOISER_CALLS['SD 1.5'](args.steps)} UNet calls at {args.steps} steps; SDXL's VAE crosses in as float32 (force_upcast)")  # fmt: skip
 print("model offload crossings per call (in + out), replayed from each pipeline's forward order:")
-for p, n in crossings.items():
-    print(f"  {p}: " + ", ".join(f"{c} {k}" for c, k in n.items()))
+for name, n in crossings.items():
+    print(f"  {name}: " + ", ".join(f"{c} {k}" for c, k in n.items()))
 
 # %% [markdown]
 # ## 6. What fits
@@ -492,11 +516,6 @@ for p, n in crossings.items():
 
 # %%
 # --8<-- [start:fits]
-t5 = next(r for r in model_sizes.rows("SD3 Medium") if r["component"] == "text_encoder_3")
-t5_wo_params = t5["config"]["num_layers"] * t5["config"]["d_ff"] * t5["config"]["d_model"]
-fp32_extra = 2 * t5_wo_params  # 4 bytes instead of 2 per wo weight under float16
-sd3 = sizes["SD3 Medium"]
-sd3_fp16 = {**sd3, "text_encoder_3": sd3["text_encoder_3"] + fp32_extra}
 sd3_no_t5 = {k: v for k, v in sd3.items() if k != "text_encoder_3"}  # text_encoder_3=None
 variants = {  # name -> (pipeline, component bytes)
     "SD 1.5, fp16": ("SD 1.5", sizes["SD 1.5"]),

@@ -87,18 +87,28 @@ def test_offload_bytes_from_model_sizes(lab):
     sd = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD 1.5")}
     checker = 2 * lab["safety_checker_params"]
     rows = {r[0]: r for r in lab["offload_rows"]}
-    assert rows["SD 1.5"][3] == f"{2 * (sum(sd.values()) + checker) / 1e9:.2f}"  # out and in
-    # sequential: every forward streams its component in; CFG encodes the prompt and ""
-    seq = sum(sd.values()) + sd["text_encoder"] + sd["unet"] * (steps - 1)  # checker stays
-    assert rows["SD 1.5"][5] == f"{seq / 1e9:.1f}" == "52.2"
+    assert rows["SD 1.5, fp16"][3] == f"{2 * (sum(sd.values()) + checker) / 1e9:.2f}"  # out, in
+    # sequential: every forward streams its component in; CFG encodes the prompt and "";
+    # SD 1.5's shipped PNDM (skip_prk_steps) calls the UNet steps + 1 times
+    assert lab["call_order"]("SD 1.5", sd, steps).count("unet") == steps + 1 == 31
+    seq = sum(sd.values()) + sd["text_encoder"] + sd["unet"] * steps  # checker stays
+    assert rows["SD 1.5, fp16"][5:] == [f"{seq / 1e9:.1f}", f"{seq / 25e9:.1f} s"] == ["53.9", "2.2 s"]  # fmt: skip
     sd3 = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD3 Medium")}
     clips = sd3["text_encoder"] + sd3["text_encoder_2"]
     # model offload: both CLIPs come back for "" while T5 stays: 4 crossings each
-    assert rows["SD3 Medium"][3] == f"{(2 * sum(sd3.values()) + 2 * clips) / 1e9:.2f}" == "34.04"
+    assert rows["SD3 Medium, bf16"][3] == f"{(2 * sum(sd3.values()) + 2 * clips) / 1e9:.2f}" == "34.04"  # fmt: skip
     encoders = clips + sd3["text_encoder_3"]  # each runs twice
     seq3 = sum(sd3.values()) + encoders + sd3["transformer"] * (steps - 1)
-    assert rows["SD3 Medium"][5] == f"{seq3 / 1e9:.1f}" == "144.2"
-    assert lab["crossings"]["SD3 Medium"] == {"text_encoder": 4, "text_encoder_2": 4, "text_encoder_3": 2, "transformer": 2, "vae": 2}  # fmt: skip
+    assert rows["SD3 Medium, bf16"][5] == f"{seq3 / 1e9:.1f}" == "144.2"
+    # float16: T5's wo layers stay float32, 2 more bytes per wo weight, and T5 crosses twice
+    wo = 2 * lab["t5_wo_params"]
+    assert rows["SD3 Medium, fp16"][3] == f"{(2 * sum(sd3.values()) + 2 * clips + 2 * wo) / 1e9:.2f}" == "38.07"  # fmt: skip
+    assert rows["SD3 Medium, fp16"][5] == f"{(seq3 + 2 * wo) / 1e9:.1f}" == "148.2"  # runs twice
+    for dtype in ("bf16", "fp16"):
+        assert lab["crossings"][f"SD3 Medium, {dtype}"] == {"text_encoder": 4, "text_encoder_2": 4, "text_encoder_3": 2, "transformer": 2, "vae": 2}  # fmt: skip
+    # SDXL: upcast_vae() casts the VAE to float32 before it crosses in (4 bytes, not 2)
+    xl = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SDXL")}
+    assert rows["SDXL, fp16"][3] == f"{(2 * sum(xl.values()) + xl['vae']) / 1e9:.2f}" == "14.04"
     fits = {r[0]: r[2:] for r in lab["fit_rows"]}
     assert fits["Flux.1-dev, bf16"] == ["23.80", "no", "no", "offload", "yes"]
     # SD3: T5 (wo in fp32) shares the device with CLIP-G under model offload
@@ -135,6 +145,9 @@ def test_figures_are_small(run_cli, tmp_path):
         ["--tile", "4", "--overlap", "4"],
         ["--tile", "4", "--overlap", "6"],
         ["--dtypes", "float8"],
+        ["--dtypes", "float64"],  # the reference: with nothing to compare, no chart
+        ["--tokens", "2"],  # query chunks of tokens // 4 = 0 rows
+        ["--tokens", "3"],
         ["--slice-sizes", "0"],
         ["--slice-sizes", "17"],
         ["--pcie-gbps", "0"],

@@ -12,6 +12,8 @@ import pytest
 import torch
 from tiny import (
     HEIGHT,
+    SD15_PNDM,
+    SD_BETAS,
     WIDTH,
     embeds,
     hooked_forwards,
@@ -61,7 +63,7 @@ def test_default_processor_is_sdpa(monkeypatch):
 
 
 def test_attention_slicing_installs_sliced_processor_and_keeps_output():
-    """`pipe.enable_attention_slicing()` ("auto") installs `SlicedAttnProcessor` with `slice_size = heads // 2` on every UNet attention layer, and changes the tiny pipeline's images by at most 1e-5 (measured 1.3e-06, float32 rounding)."""
+    """`pipe.enable_attention_slicing()` ("auto") installs `SlicedAttnProcessor` with `slice_size = heads // 2` on every UNet attention layer, and changes the tiny pipeline's images by at most 1e-5 (measured about 1e-6, float32 rounding)."""
     from diffusers.models.attention_processor import AttnProcessor2_0, SlicedAttnProcessor
 
     pipe = tiny_sd_pipeline()
@@ -119,7 +121,7 @@ def test_vae_tiling_is_not_exact(record_calls):
 
 
 def test_vae_slicing_decodes_one_image_at_a_time(record_calls):
-    """`vae.enable_slicing()` makes `decode` split a batch of 3 latents into 3 decoder calls of batch 1, and changes the output by at most 1e-5 (measured 2.9e-06)."""
+    """`vae.enable_slicing()` makes `decode` split a batch of 3 latents into 3 decoder calls of batch 1, and changes the output by at most 1e-5 (measured about 3e-6)."""
     vae = tiny_vae()
     z = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -169,11 +171,15 @@ def test_offload_methods_and_sequence():
 
 
 def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_path):
-    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per step), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings and the peak resident set that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G."""
+    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings and the peak resident set that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G."""
+    from diffusers import PNDMScheduler
+
     variants = {"SD3 Medium, no T5": starter["sd3_no_t5"]}
     for name, (pipe, kwargs) in text_to_image_pipelines(tmp_path).items():
         family = name.split(",")[0]
         parts = variants.get(name, starter["sizes"][family])
+        if family == "SD 1.5":  # the scheduler SD 1.5's checkpoint ships
+            pipe.scheduler = PNDMScheduler(**SD15_PNDM)
         assert starter["OFFLOAD_SEQ"][family] == type(pipe).model_cpu_offload_seq
         forwards = hooked_forwards(pipe, monkeypatch, "a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="np", **kwargs)  # fmt: skip
         order = starter["call_order"](family, parts, 2)
@@ -187,6 +193,26 @@ def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_pat
             assert (crossings["text_encoder"], crossings["text_encoder_2"], crossings["text_encoder_3"]) == (4, 4, 2)  # fmt: skip
             assert {"text_encoder", "text_encoder_3"} in resident
             assert {"text_encoder_2", "text_encoder_3"} in resident
+
+
+def test_denoiser_calls_are_the_shipped_schedulers_timesteps(starter):
+    """The starter's denoiser count, `DENOISER_CALLS`, is `len(scheduler.timesteps)` after `set_timesteps(n)` for every `n` from 1 to 50 with the scheduler each family ships: `num_inference_steps + 1` (from 2 steps) with SD 1.5's `PNDMScheduler(skip_prk_steps=True, steps_offset=1)`, 31 UNet calls at 30 steps, and `num_inference_steps` with SDXL's `EulerDiscreteScheduler` and SD3's and Flux's `FlowMatchEulerDiscreteScheduler`."""
+    from diffusers import EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, PNDMScheduler
+
+    shipped = {
+        "SD 1.5": PNDMScheduler(**SD15_PNDM),
+        "SDXL": EulerDiscreteScheduler(**SD_BETAS, steps_offset=1, timestep_spacing="leading"),
+        "SD3 Medium": FlowMatchEulerDiscreteScheduler(shift=3.0),
+        "Flux.1-dev": FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+    }
+    for family, scheduler in shipped.items():
+        parts = starter["sizes"][family]
+        denoiser = "unet" if "unet" in parts else "transformer"
+        for n in range(1, 51):
+            kwargs = {"mu": 1.0} if family == "Flux.1-dev" else {}
+            scheduler.set_timesteps(n, **kwargs)
+            assert starter["call_order"](family, parts, n).count(denoiser) == len(scheduler.timesteps), (family, n)  # fmt: skip
+    assert starter["call_order"]("SD 1.5", starter["sizes"]["SD 1.5"], 30).count("unet") == 31
 
 
 def test_safety_checker_count_from_shapes(starter):

@@ -14,12 +14,14 @@ import torch
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    SD15_PNDM,
     WIDTH,
     embeds,
     hooked_forwards,
     random_ip_adapter,
     replay_model_offload,
     sdxl_call,
+    simulated_stream_offload,
     start_latents,
     text_to_image_pipelines,
     tiny_flux_pipeline,
@@ -30,6 +32,7 @@ from tiny import (
     tiny_tokenizer,
     tiny_unet,
     tiny_vae,
+    traffic,
 )
 
 CPU = torch.device("cpu")
@@ -264,6 +267,27 @@ def test_sdxl_decodes_an_fp16_vae_in_float32():
     assert seen == [(torch.float32, torch.float32)] and pipe.vae.dtype == torch.float16
 
 
+def test_sdxl_vae_crosses_in_as_float32_under_model_offload(monkeypatch):
+    """SDXL's VAE is cast to float32 for the decode, so under model offload it crosses in at 4 bytes per weight: in a float16 `StableDiffusionXLPipeline` call under `enable_model_cpu_offload` (CPU as the device), the VAE's weights are already float32 when its accelerate hook (`CpuOffload.pre_forward`) copies it to the device, while the UNet's are float16."""
+    import accelerate.hooks
+
+    pipe = tiny_sdxl_pipeline()
+    pipe.to(torch.float16)
+    names = {id(m): n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    seen, original = [], accelerate.hooks.CpuOffload.pre_forward
+
+    def pre_forward(self, module, *a, **k):
+        seen.append((names[id(module)], next(module.parameters()).dtype))
+        return original(self, module, *a, **k)
+
+    monkeypatch.setattr(accelerate.hooks.CpuOffload, "pre_forward", pre_forward)
+    pipe.enable_model_cpu_offload(device="cpu")
+    with pytest.warns(FutureWarning, match="upcast_vae"):  # the deprecated upcast_vae()
+        sdxl_call(pipe, torch.float16, output_type="np")
+    assert ("vae", torch.float32) in seen and ("vae", torch.float16) not in seen
+    assert {d for n, d in seen if n == "unet"} == {torch.float16}
+
+
 def test_sd3_runs_without_its_t5_encoder(tmp_path, record_calls):
     """`StableDiffusion3Pipeline` built with `text_encoder_3=None` and `tokenizer_3=None` encodes a prompt with its two CLIP encoders and passes zeros where the T5 tokens would be, so it runs without T5's weights."""
 
@@ -348,11 +372,21 @@ def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
 def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
     monkeypatch, tmp_path
 ):
-    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`), and `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
+    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`) and its UNet once per entry of `scheduler.timesteps`, `num_inference_steps + 1` times with SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)`, and `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
+    from diffusers import PNDMScheduler
+
     pipes = text_to_image_pipelines(tmp_path)
+    sd15, sd15_kwargs = pipes["SD 1.5"]
+    shipped = type(sd15)(**{**sd15.components, "scheduler": PNDMScheduler(**SD15_PNDM)})
+    shipped.set_progress_bar_config(disable=True)
+    pipes["SD 1.5, shipped PNDM"] = (shipped, sd15_kwargs)
     expected = {
         "SD 1.5": (
             ["text_encoder"] * 2 + ["unet"] * 2 + ["vae"],
+            {"text_encoder": 2, "unet": 2, "vae": 2},
+        ),
+        "SD 1.5, shipped PNDM": (  # 2 steps, 3 timesteps: steps + 1 UNet calls
+            ["text_encoder"] * 2 + ["unet"] * 3 + ["vae"],
             {"text_encoder": 2, "unet": 2, "vae": 2},
         ),
         "SD3 Medium": (
@@ -383,9 +417,14 @@ def test_sequential_offload_keeps_weights_off_the_device(monkeypatch):
 
     checker, processor = tiny_safety_checker()
     pipe = tiny_sd_pipeline(safety_checker=checker, feature_extractor=processor)
+    moves = watch_moves(pipe, monkeypatch)
     pipe.enable_sequential_cpu_offload(device="cpu")
     assert {p.device.type for p in pipe.unet.parameters()} == {"meta"}
-    assert {str(p.device) for p in checker.parameters()} == {"cpu"}  # to("cpu:0"): no meta, no hook
+    # the one whole-component move: the checker to the execution device (cpu:0 here, cuda:0
+    # on a GPU); its tensors report "cpu" either way, so the spy is what sees the move
+    assert moves == [("safety_checker", "in")]
+    assert {str(p.device) for p in checker.parameters()} == {"cpu"}  # no meta, no hook
+    monkeypatch.undo()
     assert not any(hasattr(m, "_hf_hook") for m in checker.modules())
     owners = [m for m in pipe.unet.modules() if list(m.parameters(recurse=False))]
     for module in owners:
@@ -440,3 +479,38 @@ def test_group_offload_block_modules_splits_the_mid_block():
         out = split(sample, 10, encoder_hidden_states=embeds(0)).sample
         ref = tiny_unet()(sample, 10, encoder_hidden_states=embeds(0)).sample
     assert torch.equal(out, ref)
+
+
+def test_group_offload_with_streams_still_copies_the_unmatched_group_back(monkeypatch):
+    """Without `use_stream=True` each group is copied in and synchronously back; with streams the block groups keep a pinned CPU copy and copy nothing back, but the group outside the blocks (a UNet's `mid_block` included) gets no stream (`hooks/group_offloading.py`, lines 797-815 of diffusers 0.42.1), so it is still copied in and back synchronously every call: on the tiny UNet (`block_level`, one block per group; the stream path simulated on the CPU with a stand-in stream and `pin_memory` as identity), a call's offloads move all weight bytes back without streams and exactly that group's bytes with them."""
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    def tensors(modules):
+        return {id(t): t for m in modules for t in [*m.parameters(), *m.buffers()]}
+
+    def nbytes(ts):
+        return sum(t.numel() * t.element_size() for t in ts.values())
+
+    def unet_call(model):
+        with torch.no_grad():
+            return model(start_latents(), 10, encoder_hidden_states=embeds(0)).sample
+
+    reference = unet_call(tiny_unet())
+    back = {}
+    for case in ("plain", "stream"):
+        model, spy = tiny_unet(), pytest.MonkeyPatch()
+        weights = nbytes(tensors([model]))
+        if case == "stream":
+            unmatched, blocks = simulated_stream_offload(model, spy)
+            assert unmatched.stream is None and blocks and all(g.stream is not None for g in blocks)  # fmt: skip
+            assert model.mid_block in unmatched.modules
+            outside = nbytes(tensors(unmatched.modules))
+        else:
+            model.enable_group_offload(onload_device=CPU, offload_device=CPU, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
+        unet_call(model)  # the first call records the order for the prefetch
+        with traffic(model, spy, [(ModuleGroup, "onload_")], [(ModuleGroup, "offload_")]) as moved:  # fmt: skip
+            out = unet_call(model)
+        spy.undo()
+        back[case] = moved["to_host"]
+        assert moved["to_device"] == weights and torch.equal(out, reference)
+    assert back == {"plain": weights, "stream": outside} and 0 < outside < weights
