@@ -56,13 +56,16 @@ parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
 args = parse_args(parser)
 
-for n in [*args.steps, *args.spacing_steps]:
-    if not 1 <= n <= 50:
-        parser.error(f"--steps: {n} is not in 1..50 (LCM's original_inference_steps is 50)")
+for flag, values in (("--steps", args.steps), ("--spacing-steps", args.spacing_steps)):
+    for n in values:
+        if not 1 <= n <= 50:
+            parser.error(f"{flag}: {n} is not in 1..50 (LCM's original_inference_steps is 50)")
 samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
 unknown = [s for s in samplers if s not in SAMPLERS]
-if unknown or not samplers:
-    parser.error(f"--samplers: unknown sampler {unknown or ''} (choose from {', '.join(SAMPLERS)})")
+if not samplers:
+    parser.error(f"--samplers: no sampler given (choose from {', '.join(SAMPLERS)})")
+if unknown:
+    parser.error(f"--samplers: unknown sampler {unknown} (choose from {', '.join(SAMPLERS)})")
 if args.num_samples > 20000:
     parser.error(f"--num-samples must be <= 20000, got {args.num_samples}")
 
@@ -482,8 +485,9 @@ table("Denoiser work per image", ["guidance", "steps", "transformer calls", "row
 # ## 10. Fixed costs: the VAE decode and the text encoders at few steps
 #
 # A step costs one denoiser call (two rows with CFG); the text encoders run once per
-# prompt (twice with CFG in SD 1.5, which encodes the negative prompt too; SDXL zeroes an
-# empty one, so there the count is an upper bound) and the VAE decodes once per image. So
+# prompt (twice with CFG in SD 1.5, which encodes the negative prompt too; SDXL zeroes a
+# missing one, negative_prompt=None, but encodes an explicit "", so there the count is an
+# upper bound) and the VAE decodes once per image. So
 # the fixed part's share grows as the steps fall. The FLOPs below are the real models',
 # counted once from their published configs on the meta device with torch's
 # FlopCounterMode (2 per multiply-add, batch 1, one image): it counts matmuls, convolutions

@@ -274,19 +274,27 @@ def test_figures_are_small(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "argv",
+    "argv, message",
     [
-        ["--steps", "0"],
-        ["--steps", "51"],
-        ["--spacing-steps", "0"],
-        ["--samplers", "heun"],
-        ["--samplers", ","],
-        ["--num-samples", "0"],
-        ["--seed", "x"],
+        (["--steps", "0"], "--steps: 0 is not in 1..50"),
+        (["--steps", "51"], "--steps: 51 is not in 1..50"),
+        (["--spacing-steps", "0"], "--spacing-steps: 0 is not in 1..50"),
+        (["--samplers", "heun"], "--samplers: unknown sampler ['heun']"),
+        (["--samplers", ","], "--samplers: no sampler given"),
+        (["--num-samples", "0"], "argument --num-samples"),
+        (["--seed", "x"], "argument --seed"),
     ],
-    ids=" ".join,
+    ids=[
+        "--steps 0",
+        "--steps 51",
+        "--spacing-steps 0",
+        "--samplers heun",
+        "--samplers ,",
+        "--num-samples 0",
+        "--seed x",
+    ],
 )
-def test_bad_arguments(run_cli, argv):
+def test_bad_arguments(run_cli, argv, message):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
-    assert run.stderr.startswith("few_step.py: error: ")
+    assert run.stderr.startswith("few_step.py: error: " + message)
