@@ -40,6 +40,7 @@ from tiny import (
     tiny_text_encoder,
     tiny_tokenizer,
     tiny_unet,
+    traffic,
 )
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
@@ -109,7 +110,7 @@ def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
 
 
 def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_calls, calls_of):
-    """The text encoder runs twice per guided call (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count."""
+    """In SD 1.x's `StableDiffusionPipeline` the text encoder runs twice per guided call (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count."""
     for steps in [2, 8]:
         encoder = record_calls(text_pipe.text_encoder).calls
         unet = record_calls(text_pipe.unet).calls
@@ -423,11 +424,42 @@ def test_flux_guidance_is_an_input_and_true_cfg_is_opt_in(record_calls):
         assert all(c[1]["guidance"].tolist() == [3.5] for c in calls)
 
 
+def test_few_step_weights_stay_and_dropping_cfg_halves_the_activations():
+    """Distillation keeps the weight count (LCM-LoRA adds a small adapter), and dropping CFG halves the denoiser's activations: on a tiny `StableDiffusionPipeline`, `guidance_scale=0.0` gives every UNet submodule half the output elements of `guidance_scale=7.5` (un-doubled batch), and `load_lora_weights` keeps every base weight and adds adapter parameters."""
+    from tiny import tiny_sd_pipeline
+
+    pipe = tiny_sd_pipeline()
+    per_call = []
+    hooks = [m.register_forward_hook(lambda m, a, out: per_call.append(out.numel()))
+             for m in pipe.unet.modules() if not list(m.children())]  # fmt: skip
+    sizes = {}
+    for scale in (7.5, 0.0):
+        per_call.clear()
+        with torch.no_grad():
+            generate(pipe, steps=2, guidance_scale=scale)
+        sizes[scale] = sum(per_call)
+    for h in hooks:
+        h.remove()
+    assert sizes[7.5] == 2 * sizes[0.0]
+    base = {n: p.clone() for n, p in pipe.unet.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for name, module in pipe.unet.named_modules():
+        if name.endswith(("to_q", "to_k", "to_v", "to_out.0")):
+            state[f"unet.{name}.lora_A.weight"] = torch.randn(2, module.in_features, generator=g)
+            state[f"unet.{name}.lora_B.weight"] = torch.randn(module.out_features, 2, generator=g)
+    pipe.load_lora_weights(state, adapter_name="lcm")
+    after = dict(pipe.unet.named_parameters())
+    kept = {n.replace(".base_layer", ""): p for n, p in after.items() if "lora_" not in n}
+    assert kept.keys() == base.keys() and all(torch.equal(kept[n], base[n]) for n in base)
+    assert sum(p.numel() for n, p in after.items() if "lora_" in n) > 0
+
+
 # ---------------------------------------------------------------- acceleration
 
 
 def test_fp8_storage_gguf_dequantization_and_group_offload(monkeypatch):
-    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, ...)` stores a tiny `FluxTransformer2DModel`'s block weights in float8 except those under a module whose name matches `"norm"`, such as the AdaLN modulation Linears; GGUF's `Q8_0` and `Q4_0` blocks hold 32 weights in 34 and 18 bytes (8.5 and 4.5 bits per weight); `GGUFLinear.forward_native` dequantizes its whole weight inside every forward; and `enable_group_offload(..., offload_type="block_level", num_blocks_per_group=1)` onloads every group on every call and leaves the output bit-identical."""
+    """`enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, ...)` stores a tiny `FluxTransformer2DModel`'s block weights in float8 except those under a module whose name matches `"norm"`, such as the AdaLN modulation Linears; GGUF's `Q8_0` and `Q4_0` blocks hold 32 weights in 34 and 18 bytes (8.5 and 4.5 bits per weight); `GGUFLinear.forward_native` dequantizes its whole weight inside every forward; and `enable_group_offload(..., offload_type="block_level", num_blocks_per_group=1)` onloads every group on every call, without `use_stream` copies every weight back after use (as many bytes back as onto the device, counted on `.to()`), and leaves the output bit-identical."""
     from diffusers.quantizers.gguf.utils import GGUFLinear
 
     cast = four_block_flux_transformer()
@@ -460,7 +492,35 @@ def test_fp8_storage_gguf_dequantization_and_group_offload(monkeypatch):
     for _ in range(2):
         onloads, _ = count_transfers(model, monkeypatch)
         assert len(onloads) == 5  # 4 blocks + the modules outside the block lists
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    with traffic(model, monkeypatch, [(ModuleGroup, "onload_")], [(ModuleGroup, "offload_")]) as moved:  # fmt: skip
+        run_four_block_flux(model)
+    assert moved == {"to_device": weights, "to_host": weights}  # there and back, every call
     assert torch.equal(run_four_block_flux(model), reference)
+
+
+def test_step_caching_costs_memory_for_what_it_keeps():
+    """Attention kernels save the activation peak and time; step caching saves time and costs memory for what it keeps: after two calls in `cache_context("cond")` a tiny `FluxTransformer2DModel` with `FirstBlockCacheConfig` holds activation-sized tensors in its hooks' state, on top of its weights, and skips the later blocks on the second call."""
+    from diffusers import FirstBlockCacheConfig
+
+    model = four_block_flux_transformer()
+    model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
+    calls = [0]
+    model.single_transformer_blocks[-1].attn.to_q.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))  # fmt: skip
+    for _ in range(2):
+        with model.cache_context("cond"):
+            run_four_block_flux(model)
+    held = {}
+    for module in model.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        for hook in registry.hooks.values() if registry is not None else ():
+            manager = getattr(hook, "state_manager", None)
+            for state in manager._state_cache.values() if manager is not None else ():
+                held |= {id(v): v for v in vars(state).values() if isinstance(v, torch.Tensor)}
+    assert calls == [1] and held  # the second call skipped, from what the cache keeps
+    assert sum(t.numel() * t.element_size() for t in held.values()) > 0
 
 
 def test_weight_only_layers_multiply_in_the_compute_dtype(monkeypatch):
@@ -552,6 +612,93 @@ def test_context_parallelism_is_a_config_passed_to_enable_parallelism():
     assert not [n for n in names if "cfg" in n or "guidance" in n or "batch" in n]
 
 
+def test_ring_needs_an_lse_backend_not_the_default_native():
+    """diffusers 0.42.1's default attention backend is `native`, whose forward op raises ValueError when asked for the log-sum-exp (`return_lse=True`), which each ring block asks for (Lab 19's gloo ring run fails there); `_native_cudnn`'s forward op returns it (run on the meta device, shapes only: its kernel needs CUDA)."""
+    from diffusers.models import attention_dispatch as dispatch
+
+    assert dispatch._AttentionBackendRegistry.get_active_backend()[0] == dispatch.AttentionBackendName.NATIVE  # fmt: skip
+    q = torch.zeros(1, 4, 2, 8)  # (B, S, H, D)
+    with pytest.raises(ValueError, match="Native attention does not support return_lse=True"):
+        dispatch._native_attention_forward_op(None, q, q, q, return_lse=True)
+    q = torch.empty(1, 4, 2, 8, device="meta", dtype=torch.bfloat16)
+    out, lse = dispatch._cudnn_attention_forward_op(None, q, q, q, return_lse=True, _save_ctx=False)
+    assert tuple(out.shape) == (1, 4, 2, 8) and tuple(lse.shape) == (1, 4, 2)  # lse: (B, S, H)
+
+
+def test_context_parallel_gpu_counts_for_flux_1024px():
+    """By default each rank takes an equal share of the 4,096 image and 512 text tokens: ring needs only a count that divides both (16 or 32 GPUs run), plain Ulysses must also divide the 24 heads (2, 4 or 8; 16 only as a 2 x 8 ring x Ulysses mesh), and 3 GPUs raise AssertionError; diffusers' `ulysses_anything` and `ring_anything` cut unequal shares instead (1,366 image and 171 text tokens on the first of 3 GPUs). Run through `enable_parallelism` on a tiny FLUX transformer with FLUX.1-dev's 24 heads and token counts, as rank 0 of torch's fake process group (one process; its collectives move no data, so only the splits and shapes are checked here; Lab 19's gloo runs check the outputs, uneven shares with an NCCL-style gather)."""
+    from unittest import mock
+
+    import diffusers.models.attention_dispatch as dispatch
+    import torch.distributed as dist
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def lse_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+               scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
+               _parallel_config=None):  # fmt: skip
+        # the native op's attention plus its log-sum-exp, which ring blocks ask for
+        q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, S, D)
+        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        out = (torch.softmax(scores, -1) @ v).transpose(1, 2)
+        return (out, torch.logsumexp(scores, -1).transpose(1, 2)) if return_lse else out
+
+    class StopBeforeAttentionError(Exception):
+        pass
+
+    g = torch.Generator().manual_seed(0)
+    img_ids = torch.zeros(4096, 3)  # a 64 x 64 grid of packed latents: FLUX.1-dev at 1024 px
+    img_ids[:, 1], img_ids[:, 2] = torch.arange(64).repeat_interleave(64), torch.arange(64).repeat(64)  # fmt: skip
+    inputs = dict(hidden_states=torch.randn(1, 4096, 64, generator=g),
+                  encoder_hidden_states=torch.randn(1, 512, 32, generator=g),
+                  pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.full((1,), 0.5),
+                  guidance=torch.full((1,), 3.5), img_ids=img_ids, txt_ids=torch.zeros(512, 3),
+                  return_dict=False)  # fmt: skip
+
+    def run(world, stop=False, **config):
+        """What rank 0's first block receives (image, text tokens), and the output or error."""
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+        seen = []
+
+        def hook(m, a, kw):
+            seen.append((kw["hidden_states"].shape[1], kw["encoder_hidden_states"].shape[1]))
+            if stop:  # the split is what is asked: no attention, so no collective
+                raise StopBeforeAttentionError
+
+        try:
+            with (
+                torch.no_grad(),
+                mock.patch("torch.accelerator.device_count", return_value=1),
+                mock.patch.object(dispatch, "_native_attention_forward_op", lse_op),
+            ):
+                model = tiny_flux_transformer(num_attention_heads=24)
+                model.enable_parallelism(config=ContextParallelConfig(**config))
+                model.transformer_blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+                try:  # clone: using the output waits for its gather
+                    got = tuple(model(**inputs)[0].clone().shape)
+                except StopBeforeAttentionError:
+                    got = "stopped"
+                except (AssertionError, RuntimeError) as e:
+                    got = type(e).__name__
+        finally:
+            dist.destroy_process_group()
+        return seen, got
+
+    # the ring's K/V gather goes through torch's deprecated all_gather_tensor (Lab 19 reports it)
+    with pytest.warns(FutureWarning, match="all_gather_tensor` is deprecated"):
+        assert run(16, ring_degree=16) == ([(256, 32)], (1, 4096, 64))  # 24 heads, 16 ranks
+        assert run(32, ring_degree=32) == ([(128, 16)], (1, 4096, 64))
+        # ring 2 x Ulysses 8: 3 heads a rank
+        assert run(16, ring_degree=2, ulysses_degree=8) == ([(256, 32)], (1, 4096, 64))
+    assert run(16, ulysses_degree=16) == ([(256, 32)], "RuntimeError")  # 24 heads / 16
+    for config in (dict(ring_degree=3), dict(ulysses_degree=3)):  # 512 / 3
+        assert run(3, **config) == ([], "AssertionError")
+    assert run(3, stop=True, ring_degree=3, ring_anything=True) == ([(1366, 171)], "stopped")
+    assert run(3, stop=True, ulysses_degree=3, ulysses_anything=True) == ([(1366, 171)], "stopped")
+    assert [n for n in range(2, 33) if 24 % n == 0 and 4096 % n == 0 and 512 % n == 0] == [2, 4, 8]
+
+
 # ---------------------------------------------------------------- image-to-image
 
 
@@ -613,8 +760,8 @@ def test_img2img_calls_at_strength_0_6_of_50_steps_ddim_and_pndm(record_calls):
     assert len(pndm.scheduler.timesteps) == 51
 
 
-def test_inpainting_pastes_the_known_region_with_4_channels_and_feeds_it_with_9(record_calls):
-    """`StableDiffusionInpaintPipeline` with a 4-channel UNet pastes the known region back after every step, re-noised to the next timestep (clean after the last), so the known region of its output latents is the image's latents exactly; with a 9-channel inpainting UNet the UNet's input is latents, mask and masked-image latents (4 + 1 + 4 channels)."""
+def test_inpainting_pastes_the_known_region_with_4_channels_and_feeds_it_with_9(record_calls, monkeypatch):  # fmt: skip
+    """`StableDiffusionInpaintPipeline` with a 4-channel UNet pastes the known region back after every step, re-noised to the next timestep (clean after the last), so the known region of its output latents is the image's latents exactly; with a 9-channel inpainting UNet the UNet's input is latents, mask and masked-image latents (4 + 1 + 4 channels), the masked image's latents un-noised and the same from the first call on."""
     from tiny import pil_image_and_mask, tiny_sd_variant, tiny_unet
 
     image, mask_image = pil_image_and_mask()  # repaint the right half
@@ -634,11 +781,20 @@ def test_inpainting_pastes_the_known_region_with_4_channels_and_feeds_it_with_9(
     half = latents.shape[-1] // 2
     assert torch.allclose(latents[..., :half], image_latents[..., :half], atol=1e-6)
     assert not torch.allclose(latents[..., half:], image_latents[..., half:], atol=1e-2)
+    import diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_inpaint as inpaint_module
+
     pipe9 = tiny_sd_variant("StableDiffusionInpaintPipeline", unet=tiny_unet(in_channels=9))
+    encoded, retrieve = [], inpaint_module.retrieve_latents
+    monkeypatch.setattr(inpaint_module, "retrieve_latents", lambda *a, **k: encoded.append(retrieve(*a, **k)) or encoded[-1])  # fmt: skip
     calls = record_calls(pipe9.unet)
     with torch.no_grad():
         pipe9(**kwargs)
     assert {c[0][0].shape[1] for c in calls.calls} == {9}
+    (masked_image,) = encoded  # strength 1.0 encodes only the masked image
+    clean = masked_image * pipe9.vae.config.scaling_factor
+    for args, _ in calls.calls:  # from the first call: the mask, and the clean masked latents
+        assert torch.equal(args[0][:, 4:5, :, half:], torch.ones_like(args[0][:, 4:5, :, half:]))
+        assert torch.equal(args[0][:, 5:], clean)
 
 
 # ---------------------------------------------------------------- video
@@ -676,3 +832,14 @@ def test_wan_video_latents_tokens_and_guidance_calls():
     assert rows == [1, 1, 1, 1]  # 2 steps x (cond, uncond), batch 1 each
     order = [next(name for name, e in text.items() if torch.equal(e, h)) for h in texts]
     assert order == ["prompt_embeds", "negative_prompt_embeds"] * 2
+
+
+def test_wan_weights_and_measured_decode_peak_as_quoted():
+    """Wan 2.1 14B's transformer weights are 28.6 GB in bf16, and the Wan 2.1 VAE's decode at 720p, measured on the meta device for 9 frames, peaks at 9.4 GB of live tensors in bf16 (18.0 GB in float32) and 0.73 GB with `enable_tiling()`, which reaches 2.09 GB for 81 frames: the records `test_model_sizes.py` and the video verify tests recompute (the text encoder's 11.4 GB: Lab 21's)."""
+    from labkit import model_sizes
+
+    peak = model_sizes.load()["wan_vae_decode_720p"]["peak_bytes"]
+    assert (f"{peak['bf16'] / 1e9:.1f}", f"{peak['fp32'] / 1e9:.1f}") == ("9.4", "18.0")
+    assert (f"{peak['bf16_tiled'] / 1e9:.2f}", f"{peak['bf16_tiled_81_frames'] / 1e9:.2f}") == ("0.73", "2.09")  # fmt: skip
+    (row,) = [r for r in model_sizes.rows("Wan 2.1 T2V 14B") if r["component"] == "transformer"]
+    assert f"{row['bytes']['bf16'] / 1e9:.1f}" == "28.6"
