@@ -386,7 +386,7 @@ for name in ("fp32 (force_upcast)", "fp16", "fp16, fixed weights"):
     series[name] = (depth[keep], np.maximum(peaks[keep], 1e-3))
 series["fp16 max 65504"] = (depth, np.full(args.layers, 65504.0))
 chart = figures.line_chart(series, xlabel="decoder layer", ylabel="max |activation|", logy=True, markers=True)  # fmt: skip
-figures.save(args.figures, "activation-overflow", chart, alt="Line chart, log scale, of the largest activation after each layer of the toy decoder: the fp32 line climbs past the flat fp16 limit of 65504, the fp16 line stops at the layer where it overflows to inf, and the line with weights scaled down stays near 1.", caption="Largest activation per layer of the toy decoder; fp16 overflows where the fp32 line crosses 65504.")  # fmt: skip
+figures.save(args.figures, "activation-overflow", chart, alt="Line chart, log scale, of the largest activation after each layer of the toy decoder: the fp32 line climbs past the flat fp16 limit of 65504, the fp16 line stops at the layer where it overflows to inf, and the line with weights scaled down stays at or below 12.", caption="Largest activation per layer of the toy decoder; fp16 overflows where the fp32 line crosses 65504.")  # fmt: skip
 names = list(layer)
 bars = figures.line_chart(
     {n: (np.array([layer[n][0]]), np.array([max(layer[n][2], 1e-9)])) for n in names},  # fp32: 0
@@ -395,7 +395,7 @@ bars = figures.line_chart(
     logy=True,
     markers=True,
 )
-figures.save(args.figures, "bits-vs-error", bars, alt="Scatter of the toy linear layer's relative output error against bits per weight for bf16, fp16, fp8 e4m3, Q8_0 and Q4_0: fewer bits give more error, and the block formats Q8_0 and Q4_0 sit below a plain cast of similar size.", caption="Output error of one linear layer against bits per weight, per storage format.")  # fmt: skip
+figures.save(args.figures, "bits-vs-error", bars, alt="Scatter of the toy linear layer's relative output error against bits per weight for bf16, fp16, fp8 e4m3, fp8 e5m2, Q8_0 and Q4_0: fewer bits give more error, and the block format Q8_0 sits below both 8-bit fp8 casts.", caption="Output error of one linear layer against bits per weight, per storage format.")  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display
 

@@ -305,8 +305,8 @@ def test_block_modules_takes_the_mid_block_out_of_the_unmatched_group():
 
 
 def test_quant_backend_constructs_only_where_both_libraries_configs_match():
-    """`PipelineQuantizationConfig(quant_backend=...)` accepts only a backend whose diffusers and transformers config classes take the same arguments: of diffusers 0.42.1's registry, with transformers 5.23.0, `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round`; `torchao`, `quanto` and `gguf` raise `ValueError` (their signatures differ, `pipe_quant_config.py` L88-L109), as does a backend transformers lacks, so these go through `quant_mapping={"transformer": ...}`, which gives that component its own config and the others none; the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
-    from diffusers import BitsAndBytesConfig, GGUFQuantizationConfig, PipelineQuantizationConfig
+    """`PipelineQuantizationConfig(quant_backend=...)` accepts only a backend whose diffusers and transformers config classes take the same arguments: of diffusers 0.42.1's registry, with transformers 5.23.0, `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round`; `torchao`, `quanto` and `gguf` raise `ValueError` (their signatures differ, `pipe_quant_config.py` L88-L109), as does a backend transformers lacks; the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
+    from diffusers import BitsAndBytesConfig, PipelineQuantizationConfig
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
     from diffusers.quantizers.bitsandbytes import BnB4BitDiffusersQuantizer
 
@@ -325,14 +325,36 @@ def test_quant_backend_constructs_only_where_both_libraries_configs_match():
     assert {"torchao", "quanto", "gguf"} <= mismatched
     with pytest.raises(ValueError, match="signatures"):  # a real torchao config changes nothing
         PipelineQuantizationConfig(quant_backend="torchao", quant_kwargs={"quant_type": Int8DynamicActivationInt8WeightConfig()})  # fmt: skip
-    config = GGUFQuantizationConfig(compute_dtype=torch.bfloat16)
-    pipeline_config = PipelineQuantizationConfig(quant_mapping={"transformer": config})
-    resolve = pipeline_config._resolve_quant_config
-    assert resolve(is_diffusers=True, module_name="transformer") is config
-    assert resolve(is_diffusers=True, module_name="vae") is None
     assert not torch.cuda.is_available()
     with pytest.raises(RuntimeError, match="No GPU found"):
         BnB4BitDiffusersQuantizer(BitsAndBytesConfig()).validate_environment()
+
+
+def test_quant_mapping_quantizes_with_torchao_but_gguf_raises(tmp_path):
+    """torchao and quanto take `quant_mapping={"transformer": ...}` instead; GGUF does not: with `GGUFQuantizationConfig` in `quant_mapping`, `from_pretrained` raises `TypeError` (its `to_dict()` keeps a `torch.dtype` that `json.dumps` rejects, `modeling_utils.py` L1206), and it quantizes nothing on load anyway: it loads only through `from_single_file` and a `.gguf` file. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping=...))`: with `{"transformer": TorchAoConfig(Int8WeightOnlyConfig())}` every `nn.Linear` of the transformer holds a torchao tensor and the VAE keeps plain parameters; with `{"transformer": GGUFQuantizationConfig(compute_dtype=torch.bfloat16)}` the load raises `TypeError` (quanto is not installed here: not run; that GGUF would quantize nothing on load is read from `gguf_quantizer.py` L95-L106, not run)."""
+    from diffusers import (
+        DiffusionPipeline,
+        GGUFQuantizationConfig,
+        PipelineQuantizationConfig,
+        TorchAoConfig,
+    )
+
+    needs_torchao()
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    tiny_flux_pipeline().save_pretrained(tmp_path)
+    absent = {f"{kind}{s}": None for kind in ("text_encoder", "tokenizer") for s in ("", "_2")}  # fmt: skip
+
+    def load(config):
+        mapping = PipelineQuantizationConfig(quant_mapping={"transformer": config})
+        return DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=mapping, **absent)  # fmt: skip
+
+    pipe = load(TorchAoConfig(Int8WeightOnlyConfig()))
+    linears = [m for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m.weight).__module__.startswith("torchao") for m in linears)
+    assert all(type(p) is torch.nn.Parameter for p in pipe.vae.parameters())
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        load(GGUFQuantizationConfig(compute_dtype=torch.bfloat16))
 
 
 class _SaysCuda(torch.Tensor):
@@ -706,10 +728,10 @@ def test_what_each_cache_does_without_cache_context():
 
 
 def test_faster_cache_runs_in_flux_pipeline_only_guidance_distilled():
-    """FasterCache runs on Flux only with `is_guidance_distilled=True`: through a 10-step `FluxPipeline.__call__` of a tiny pipeline, with the default timestep ranges and `current_timestep_callback=lambda: pipe.current_timestep`, block 0's attention computes on 7 of the 10 steps and the latents stay within 0.01 of the uncached run's; with the default `is_guidance_distilled=False` (it expects the unconditional and conditional halves batched in one call) the call raises `IndexError`."""
+    """FasterCache runs on Flux only with `is_guidance_distilled=True`: through a 10-step `FluxPipeline.__call__` of a tiny pipeline, with the default timestep ranges and `current_timestep_callback=lambda: pipe.current_timestep`, block 0's attention computes on 7 of the 10 steps and the latents stay within 0.01 of the uncached run's; with the default `is_guidance_distilled=False` (it expects the unconditional and conditional halves batched in one call) the call raises: `IndexError` at batch 1, `RuntimeError` with `num_images_per_prompt=2`."""
     from diffusers import FasterCacheConfig
 
-    def run(**faster):
+    def run(images=1, **faster):
         pipe = tiny_flux_pipeline()
         calls = [0]
         pipe.transformer.transformer_blocks[0].attn.to_q.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))  # fmt: skip
@@ -717,7 +739,7 @@ def test_faster_cache_runs_in_flux_pipeline_only_guidance_distilled():
             pipe.transformer.enable_cache(FasterCacheConfig(current_timestep_callback=lambda: pipe.current_timestep, **faster))  # fmt: skip
         text, pooled = flux_prompt_embeds()
         with torch.no_grad():
-            latents = pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=10, height=16, width=16, generator=torch.Generator().manual_seed(0), output_type="latent").images  # fmt: skip
+            latents = pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=10, num_images_per_prompt=images, height=16, width=16, generator=torch.Generator().manual_seed(0), output_type="latent").images  # fmt: skip
         return latents, calls[0]
 
     uncached, calls = run()
@@ -727,6 +749,8 @@ def test_faster_cache_runs_in_flux_pipeline_only_guidance_distilled():
     assert 0 < (cached - uncached).abs().max() < 0.01
     with pytest.raises(IndexError):
         run(is_guidance_distilled=False)
+    with pytest.raises(RuntimeError):
+        run(images=2, is_guidance_distilled=False)
 
 
 def test_pyramid_attention_broadcast_shares_cond_and_uncond_in_flux_pipeline():
@@ -946,6 +970,21 @@ def test_what_group_offload_copies_back(tmp_path, monkeypatch, default_backend):
     own = {id(t): t for m in unmatched.modules for t in m.parameters()}
     assert back == {"memory": weights, "disk": 0, "stream": sum(t.numel() * t.element_size() for t in own.values())}  # fmt: skip
     assert 0 < back["stream"] < weights and reads == ["disk"] * 5  # 4 block groups + the rest
+
+
+def test_disk_offload_writes_the_files_when_the_hooks_are_installed(tmp_path):
+    """`enable_group_offload` writes each group to a safetensors file when it installs the hooks, before any call; after that, offloading swaps in empty CPU tensors: on the tiny Flux transformer (`block_level`, one block per group, `offload_to_disk_path`) all 5 groups' files (4 blocks and the modules outside them) exist right after `enable_group_offload` returns, every parameter then holds a new uninitialized CPU tensor of its shape (`torch.empty_like`, not the weights), and the first call still matches the model without offloading within 1e-6."""
+    reference = run_four_block_flux(four_block_flux_transformer())
+    model = four_block_flux_transformer()
+    cpu = torch.device("cpu")
+    before = [
+        p.data for p in model.parameters()
+    ]  # kept alive, so no new tensor reuses their memory
+    model.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, offload_to_disk_path=tmp_path)  # fmt: skip
+    assert len(list(tmp_path.glob("*.safetensors"))) == 5  # before any call
+    for old, p in zip(before, model.parameters(), strict=True):  # `torch.empty_like` on the CPU
+        assert p.device == cpu and p.shape == old.shape and p.data_ptr() != old.data_ptr()
+    torch.testing.assert_close(run_four_block_flux(model), reference, rtol=0, atol=1e-6)
 
 
 def test_offload_schedules_in_the_source(monkeypatch):

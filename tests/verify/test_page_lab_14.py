@@ -24,6 +24,7 @@ from tiny import (
     run_starter,
     sdxl_call,
     start_latents,
+    tiny_flux_pipeline,
     tiny_sd_pipeline,
     tiny_unet,
     tiny_vae,
@@ -422,7 +423,7 @@ def test_quantization_backends_of_diffusers():
 
 
 def test_quant_backend_constructs_for_three_backends_only():
-    """Through `quant_backend`, with transformers 5.23.0, only `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round` construct: the others raise `ValueError`, because their diffusers and transformers configs take different arguments or transformers lacks them ([`pipe_quant_config.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/quantizers/pipe_quant_config.py#L88-L152)); they go through `quant_mapping` (every backend of `AUTO_QUANTIZATION_CONFIG_MAPPING` tried, as installed)."""
+    """Through `quant_backend`, with transformers 5.23.0, only `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round` construct: the others raise `ValueError`, because their diffusers and transformers configs take different arguments or transformers lacks them ([`pipe_quant_config.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/quantizers/pipe_quant_config.py#L88-L152)); the others, except GGUF, go through `quant_mapping` (every backend of `AUTO_QUANTIZATION_CONFIG_MAPPING` tried, as installed)."""
     from diffusers import PipelineQuantizationConfig
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
 
@@ -439,25 +440,37 @@ def test_quant_backend_constructs_for_three_backends_only():
 
 
 def test_pipeline_quantization_config_maps_components(tmp_path):
-    """`PipelineQuantizationConfig(quant_mapping={"transformer": GGUFQuantizationConfig(compute_dtype=torch.bfloat16)})` gives `transformer` that config and every other component none; `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`, because that route needs the diffusers and transformers config classes to take the same arguments and for GGUF they do not. `GGUFQuantizationConfig` is `pre_quantized` (GGUF weights are read from a GGUF file, not quantized at load) and computes in float32 unless told otherwise. `DiffusionPipeline.from_pretrained` takes the pipeline config as `quantization_config` and rejects any other type."""
-    from diffusers import DiffusionPipeline, GGUFQuantizationConfig, PipelineQuantizationConfig
+    """GGUF in `quant_mapping` raises `TypeError` at load (`json.dumps` of its config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); it loads only through `from_single_file`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
+    from diffusers import (
+        DiffusionPipeline,
+        GGUFQuantizationConfig,
+        PipelineQuantizationConfig,
+        TorchAoConfig,
+    )
+
+    needs_torchao()
+    from torchao.quantization import Int8WeightOnlyConfig
 
     config = GGUFQuantizationConfig(compute_dtype=torch.bfloat16)
-    pipeline_config = PipelineQuantizationConfig(quant_mapping={"transformer": config})
-    assert pipeline_config._resolve_quant_config(is_diffusers=True, module_name="transformer") is config  # fmt: skip
-    assert pipeline_config._resolve_quant_config(is_diffusers=True, module_name="vae") is None
     with pytest.raises(ValueError, match="signatures of the __init__ methods"):
         PipelineQuantizationConfig(quant_backend="gguf", quant_kwargs={"compute_dtype": torch.bfloat16})  # fmt: skip
     assert config.pre_quantized is True
     assert GGUFQuantizationConfig().compute_dtype == torch.float32
     with pytest.raises(ValueError, match="must be an instance of `PipelineQuantizationConfig`"):
         DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=config)
-    # a saved tiny pipeline loads with a pipeline config (its "transformer" entry names no
-    # component of this pipeline, so nothing is quantized) and keeps it
-    tiny_sd_pipeline().save_pretrained(tmp_path)
-    none = dict.fromkeys(["text_encoder", "tokenizer", "safety_checker", "feature_extractor"])
-    loaded = DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=pipeline_config, **none)  # fmt: skip
-    assert loaded.quantization_config is pipeline_config
+    tiny_flux_pipeline().save_pretrained(tmp_path)
+    absent = {f"{kind}{s}": None for kind in ("text_encoder", "tokenizer") for s in ("", "_2")}  # fmt: skip
+
+    def load(component_config):
+        mapping = PipelineQuantizationConfig(quant_mapping={"transformer": component_config})
+        return DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=mapping, **absent)  # fmt: skip
+
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        load(config)
+    pipe = load(TorchAoConfig(Int8WeightOnlyConfig()))
+    linears = [m for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m.weight).__module__.startswith("torchao") for m in linears)
+    assert all(type(p) is torch.nn.Parameter for p in pipe.vae.parameters())
 
 
 def test_gpu_only_backends_refuse_to_run_here(monkeypatch):

@@ -373,7 +373,7 @@ def test_use_stream_still_copies_the_unmatched_group_back(starter, monkeypatch, 
 
 
 def test_disk_offload_copies_nothing_back(tmp_path, monkeypatch, default_backend):
-    """With `offload_to_disk_path`, group offloading copies nothing back: after the first call has written each group's weights to a safetensors file, `_offload_to_disk` only swaps in empty CPU tensors ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L291-L314)) and every onload reads the group from disk: on the tiny Flux transformer (`block_level`, one block per group) the second call reads all 5 groups' files and its offloads move 0 bytes, against all the weight bytes without the path, and the output stays within 1e-6 of the model without offloading."""
+    """With `offload_to_disk_path`, group offloading copies nothing back: `enable_group_offload` writes each group's weights to a safetensors file when it installs the hooks, before any call (all 5 files exist right after it returns); after that, `_offload_to_disk` only swaps in empty CPU tensors ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L291-L314)) and every onload reads the group from disk: on the tiny Flux transformer (`block_level`, one block per group) the second call reads all 5 groups' files and its offloads move 0 bytes, against all the weight bytes without the path, and the output stays within 1e-6 of the model without offloading."""
     import safetensors.torch
     from diffusers.hooks.group_offloading import ModuleGroup
 
@@ -384,7 +384,9 @@ def test_disk_offload_copies_nothing_back(tmp_path, monkeypatch, default_backend
         weights = sum(t.numel() * t.element_size() for t in model.parameters())
         cpu = torch.device("cpu")
         model.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, offload_to_disk_path=disk)  # fmt: skip
-        run_four_block_flux(model)  # the first call writes the files
+        # the files are written when the hooks are installed, before any call
+        assert len(list(tmp_path.glob("*.safetensors"))) == (5 if disk else 0)
+        run_four_block_flux(model)
         reads, load_file = [], safetensors.torch.load_file
         monkeypatch.setattr(safetensors.torch, "load_file", lambda *a, reads=reads, load=load_file, **k: reads.append(a) or load(*a, **k))  # fmt: skip
         with traffic(model, monkeypatch, [(ModuleGroup, "onload_")], [(ModuleGroup, "offload_")]) as moved:  # fmt: skip
