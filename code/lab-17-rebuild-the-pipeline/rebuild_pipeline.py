@@ -4,7 +4,7 @@ The parts are Lab 12's toy world (shape images, a patch-PCA "VAE", the exact den
 its latents) with a NumPy scheduler of SD 1.5's config; the loop that joins them is
 yours. Five blanks (seven lines) are left: the doubled batch and its order, scale_model_input,
 the chunk(2) guidance line, scheduler.step and the division by scaling_factor before
-decode. The trap: each wrong answer still runs and returns an image, so the checker
+decode. The trap: each can be written wrong and still return an image, so the checker
 compares what your loop hands each part with what the solution hands it, call by call.
 
 Run it:  python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py
@@ -206,6 +206,9 @@ CONTRACT = {
 #: (call, argument) -> (the variable that should hold it, the blank that passes it): when
 #: the argument is wrong but that variable held the right thing at the call, the blank
 #: that passes it is wrong, not the one that computed it (a Spy records your variables)
+#: the call -> the blank whose lines run just before it: at step 1 your latents at these calls
+#: are still the scaled noise, so a change there is that blank's (say blank 1 doubling latents)
+BEFORE = {"scheduler.scale_model_input": 1, "unet": 2, "scheduler.step": 3}
 #: scaling B rows, then doubling, gives the same numbers; the checker follows diffusers' calls
 SCALE_THEN_DOUBLE = " (diffusers doubles, then scales: its convention, which the checker follows)"
 PASSED_AS = {
@@ -216,8 +219,9 @@ PASSED_AS = {
 
 def run_on_spies(fn):
     """Run pipeline ``fn`` with a fresh scheduler and the shared unet and vae (stateless
-    but for the unet's call counter), each wrapped in labkit's Spy, which records every
-    call's arguments and your array variables at that moment: (calls, image, error)."""
+    but for the unet's call counter), each wrapped in labkit's Spy, which records the
+    arguments of each watched call and each attribute write (passed on to the part), and
+    your array variables at that moment: (calls, image, error)."""
     calls = []
     parts = [
         Spy("unet", unet, calls, ["__call__"]),
@@ -228,8 +232,8 @@ def run_on_spies(fn):
         out = fn(*parts, class_labels, negative_class_labels, noise,
                  num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
         return calls, out, None
-    except Exception as error:  # a blank to fill, or your code failing: reported, no traceback
-        return calls, None, error
+    except (Exception, KeyboardInterrupt, SystemExit) as error:  # a blank to fill, your code
+        return calls, None, error  # failing, exit() or Ctrl-C in it: reported, no traceback
 
 
 def describe(value):
@@ -272,6 +276,10 @@ def contract_break(calls):
             if number == 1 and method == "scheduler.scale_model_input" and fits(value, (B, *shape[1:]), like.dtype):  # fmt: skip
                 text += SCALE_THEN_DOUBLE
             return text
+        latents = call.caller_arrays.get("latents")
+        if step == 1 and call.method in BEFORE and not fits(latents, noise.shape, noise.dtype):
+            number = BEFORE[call.method]  # the loop's latents changed before step 1's step
+            return f"blank {number} breaks the contract (step 1 of {n}): your latents are {describe(latents)} when it calls {call.method}; the loop carries {noise.shape} {noise.dtype}, B = {B} rows, and only blank 4 changes it"  # fmt: skip
         step += call.method == "scheduler.step"
     return None
 
@@ -293,7 +301,7 @@ def raised(error, fn):
         return f"blank 4 is wrong: latents is a {type(latents).__name__}, not an array\nso your pipeline raised {type(error).__name__} at line {line}: {text}"  # fmt: skip
     if line is None:  # raised by the call itself: pipeline()'s parameters were changed
         return f"calling your pipeline() raised {type(error).__name__}: {text} (keep its parameters as the file gives them)"  # fmt: skip
-    where = f"line {line} (in blank {number})" if number else f"line {line}, outside the blanks"
+    where = f"line {line} (in blank {number})" if number else f"line {line}, outside the blanks (a blank's lines end at the first empty line after its # BLANK comment)"  # fmt: skip
     deepest = innermost_line(error, fn.__code__.co_filename)  # a helper of yours that raised
     if deepest and deepest[1] != line:
         where += f", from your {deepest[0]}() at line {deepest[1]}"
@@ -301,12 +309,18 @@ def raised(error, fn):
         "return_dict" in text
     ):  # diffusers' step(..., return_dict=False)[0]: labkit's step has no such argument
         text += " (the toy's step has no return_dict: step(...)[0] or .prev_sample)"
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C: where your pipeline was running
+        text = "interrupted there (Ctrl-C): a loop of yours that does not end?"
+    elif isinstance(error, SystemExit):
+        text = f"exit({text}) ends the whole run: pipeline() must return the images"
     return f"your pipeline raised {type(error).__name__} at {where}: {text}"
 
 
 def unfilled(error):
     """Which blank is next, and in which file (yours may have another name)."""
-    return f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in {Path(error.filename).name}"  # fmt: skip
+    # in a notebook the blank's file is a cell: the notebook is this file
+    where = Path(error.filename).name if "__file__" in globals() else "rebuild_pipeline.py"
+    return f"blank {error.number} of 5 is not filled in yet: find blank({error.number}) in {where}"  # fmt: skip
 
 
 def load_solution(mistake=None):
@@ -358,7 +372,8 @@ if image is not None:
 # condition, `scale_model_input`'s, `step`'s, the decoder's, and your array variables at
 # each call. It compares the two lists in call order; the first argument that differs
 # names the blank that computed it, or the one that passed it if the variable that should
-# hold it matches.
+# hold it matches. A call yours skips names the blank that owns it; an extra call, or a
+# write to a part's attribute, the blank whose lines made it.
 
 # %%
 # --8<-- [start:check]
@@ -409,11 +424,18 @@ def first_difference(yours, reference, complete=True, fn=None):
     step = 1
     for k, ref in enumerate(reference[: None if complete else len(yours)]):
         mine = yours[k] if k < len(yours) else None
-        if mine is None or mine.method != ref.method:
-            got = f"calls {mine.method}" if mine else "makes no further call"
-            made_in = blank_at(fn, mine.line) if mine and fn else None  # the blank that made it
-            number = made_in or CALL_OF.get(ref.method) or CALL_OF.get(mine.method if mine else "")
-            return number, step, f"the solution calls {ref.method} here; yours {got}"
+        if mine is None:
+            return CALL_OF.get(ref.method), step, f"the solution calls {ref.method} here; yours makes no further call"  # fmt: skip
+        if mine.method != ref.method:
+            said = f"the solution calls {ref.method} here; yours {did(mine)}"
+            made_in = blank_at(fn, mine.line) if fn else None  # the blank whose lines made it
+            following = reference[k + 1].method if k + 1 < len(reference) else None
+            if mine.method == following:  # yours makes the solution's next call: it skipped one
+                number = CALL_OF.get(ref.method) or made_in or CALL_OF.get(mine.method)
+                return number, step, f"{said}, skipping {ref.method}"
+            if mine.method == "vae.decode":  # decoded mid-loop: the loop stopped, blank 4 ends it
+                return 4, step, f"your loop stopped after {plural(step - 1, 'step')} of {n}: {said}"  # fmt: skip
+            return made_in or CALL_OF.get(mine.method), step, said  # an extra call: who made it
         for (method, arg), (number, what) in BOUNDARIES.items():
             if method != ref.method:
                 continue
@@ -428,7 +450,11 @@ def first_difference(yours, reference, complete=True, fn=None):
                 if np.abs(a - ratio * b).max() < 1e-6 * np.abs(b).max():
                     lines.append(f"  yours is {ratio:.4g} x the solution's, everywhere")
             variable, passer = PASSED_AS.get((method, arg), (None, None))
-            if variable and same(mine.caller_arrays.get(variable, np.nan), b):
+            t_mine, t_ref = mine.caller_arrays.get("t"), ref.caller_arrays.get("t")
+            if arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref):  # fmt: skip
+                number = None  # you passed your t, and your loop's t differs: the for line
+                lines.insert(1, "  (that is your loop's t, which differs: the for line, outside the blanks)")  # fmt: skip
+            elif variable and same(mine.caller_arrays.get(variable, np.nan), b):
                 number = passer  # the right array was there; this blank passed another one
                 passed = [k for k, v in mine.caller_arrays.items() if k != variable and same(v, a)]
                 instead = f" passes {passed[0]} instead" if passed else " passes something else"
@@ -442,20 +468,40 @@ def first_difference(yours, reference, complete=True, fn=None):
             if number == 1 and method == "scheduler.scale_model_input" and fits(a, (B, *b.shape[1:]), b.dtype):  # fmt: skip
                 lines.append("  " + SCALE_THEN_DOUBLE.strip())  # the images may still agree
             return number, step, "\n".join(lines)
+        mine_latents, ref_latents = mine.caller_arrays.get("latents"), ref.caller_arrays.get("latents")  # fmt: skip
+        if step == 1 and ref.method in BEFORE and not same(mine_latents, ref_latents):
+            number = BEFORE[ref.method]  # every argument matched; the loop's latents did not
+            return number, step, "\n".join([
+                f"{ref.method}: its arguments match, but your latents at this call differ",
+                f"  yours:    {show(mine_latents)}", f"  solution: {show(ref_latents)}",
+                f"  (at step 1 only blank 4 changes latents; blank {number}'s lines run just before this call)",
+            ])  # fmt: skip
         step += ref.method == "scheduler.step"
     if len(yours) > len(reference):
         extra = yours[len(reference)]
         number = (blank_at(fn, extra.line) if fn else None) or CALL_OF.get(extra.method)
-        return number, step, f"yours calls {extra.method} after the solution's last call"
+        return number, step, f"yours {did(extra)} after the solution's last call"
     return None
+
+
+def did(call):
+    """What your pipeline did in ``call``: ``calls unet``, or ``sets scheduler.sigmas``, a
+    write the Spy passed on to the part (the solution writes no part's attribute)."""
+    if call.method.endswith(" ="):
+        return f"sets {call.method[:-2]} (a change to the part's state the solution does not make)"
+    if call.method.startswith("del "):
+        return f"deletes {call.method[4:]}"
+    return f"calls {call.method}"
 
 
 def check(fn, label):
     """Compare ``fn`` with solution.py's pipeline; print the verdict; True if all match."""
+    print(f"checking {label} against solution.py: {name}, {plural(n, 'step')}, B = {B}, guidance_scale {args.guidance_scale:g}", flush=True)  # fmt: skip
     ref_calls, ref_image, ref_error = run_on_spies(load_solution())
+    if isinstance(ref_error, KeyboardInterrupt | SystemExit):
+        sys.exit("interrupted while the solution ran")  # one line, exit 1
     assert ref_error is None, ref_error  # the solution runs, or the lab is broken
     calls, image, error = run_on_spies(fn)
-    print(f"checking {label} against solution.py: {name}, {plural(n, 'step')}, B = {B}, guidance_scale {args.guidance_scale:g}")  # fmt: skip
     found = first_difference(calls, ref_calls, complete=error is None, fn=fn)
     if found is None and isinstance(error, UnfilledBlankError):
         print(unfilled(error))
@@ -477,7 +523,7 @@ def check(fn, label):
         return same(image, ref_image)
     number, step, message = found
     where = "after the loop" if step > n else f"step {step} of {n}"
-    print(f"blank {number} differs from the solution ({where}):")
+    print(f"{f'blank {number}' if number else 'a line outside the blanks'} differs from the solution ({where}):")  # fmt: skip
     print(message)
     warned = {f"{call.method} warned: {text}": None for call in calls for text in call.warnings}
     print("".join(f"{line}\n" for line in warned), end="")  # each once, in order

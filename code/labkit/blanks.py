@@ -3,7 +3,7 @@
 Lab 17 ships one function twice, differing only on the lines that call :func:`blank`: in
 the reader's file, where each such line is a placeholder, and in ``solution.py``, where it
 is filled in. A checker runs the reader's function and the solution's on the same inputs
-and compares, call by call, what each hands to the pipeline's parts. Four pieces make that
+and compares, call by call, what each hands to the pipeline's parts. Five pieces make that
 work:
 
 - :func:`blank` raises :class:`UnfilledBlankError`, which knows its number and the line that called
@@ -15,7 +15,8 @@ work:
   dicts) from another file without running it, such as the solution's table of mistakes;
 - :class:`Spy` stands in for a part (``unet``, ``scheduler``, ``vae``) and records a copy of
   the arguments of every call of the methods it is told to watch, by parameter name, and of
-  the caller's array variables and line at that moment;
+  the caller's array variables and line at that moment; it passes attribute writes on to
+  the part and records them too;
 - :func:`error_site` finds, for an exception raised inside a function, the line of that
   function that raised it, the blank whose comment heads that line's paragraph
   (:func:`blank_at`), and the function's variables there; :func:`innermost_line` finds the deepest line of the
@@ -105,15 +106,17 @@ def load_constant(path: str | Path, name: str) -> Any:
 
 @dataclass
 class Call:
-    """One recorded call: the part's method (``"__call__"`` for the part itself), its
-    arguments by parameter name (arrays copied), the calling function's array variables
-    at that moment (copied: which variable held what when the call was made) and, once it
+    """One recorded call: the part's method (``"__call__"`` for the part itself; an
+    attribute written, ``"scheduler.sigmas ="``, with its ``value``), its arguments by
+    parameter name (arrays copied), the calling function's array variables and NumPy
+    scalars such as ``t`` at that moment (copied: which variable held what when the call
+    was made) and, once it
     returned, its result and the warnings it raised (caught here, so that a checker can
     report them in its own words)."""
 
     method: str  # "scheduler.step", or "unet" for a call of the part itself
     arguments: dict[str, Any]
-    caller_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    caller_arrays: dict[str, Any] = field(default_factory=dict)  # arrays and NumPy scalars
     line: int | None = None  # the caller's line that made the call
     result: Any = None
     warnings: list[str] = field(default_factory=list)
@@ -123,17 +126,50 @@ class Spy:
     """Stands in for the part ``name``: every call of a method named in ``methods``
     (``"__call__"``: calling the part itself) is appended to ``calls`` as a :class:`Call`
     named ``"scheduler.step"`` (or just ``"unet"`` for ``__call__``) before it runs, so a
-    call that raises is recorded too. Every other attribute passes through unchanged."""
+    call that raises is recorded too. Every other attribute passes through unchanged, for
+    reading, writing (``scheduler._step_index += 1`` changes the scheduler) and deleting."""
+
+    _OWN = frozenset({"_name", "_part", "_calls", "_methods"})  # the Spy's own fields
 
     def __init__(self, name: str, part: Any, calls: list[Call], methods: Iterable[str]) -> None:
-        self._name, self._part, self._calls = name, part, calls
-        self._methods = frozenset(methods)
+        own = {"_name": name, "_part": part, "_calls": calls, "_methods": frozenset(methods)}
+        for attr, value in own.items():  # past __setattr__, which forwards to the part
+            object.__setattr__(self, attr, value)
 
     def __getattr__(self, attr: str) -> Any:
         value = getattr(self._part, attr)
         if attr not in self._methods:
             return value
         return lambda *args, **kwargs: self._record(f"{self._name}.{attr}", value, args, kwargs)
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if attr in self._OWN:
+            object.__setattr__(self, attr, value)
+            return
+        # a write meant for the part goes to the part, as without the Spy, and is recorded
+        # as a Call named "scheduler._step_index =" (a change of state, not a method call)
+        copied = np.array(value) if isinstance(value, np.ndarray) else value
+        self._calls.append(Call(f"{self._name}.{attr} =", {"value": copied}, *self._caller()))
+        setattr(self._part, attr, value)
+
+    def __delattr__(self, attr: str) -> None:
+        if attr in self._OWN:
+            object.__delattr__(self, attr)
+            return
+        self._calls.append(Call(f"del {self._name}.{attr}", {}, *self._caller()))
+        delattr(self._part, attr)
+
+    @staticmethod
+    def _caller() -> tuple[dict[str, Any], int | None]:
+        """The first frame outside this file: its arrays and NumPy scalars (copied), its line."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == _HERE:
+            frame = frame.f_back  # out of this file: the line that called the part
+        if frame is None:
+            return {}, None
+        found = {k: v for k, v in frame.f_locals.items() if isinstance(v, np.ndarray | np.generic)}
+        copied = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in found.items()}
+        return copied, frame.f_lineno
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if "__call__" not in self._methods:
@@ -143,12 +179,7 @@ class Spy:
     def _record(self, name: str, method: Callable, args: tuple, kwargs: dict) -> Any:
         bound = inspect.signature(method).bind(*args, **kwargs)  # a wrong call raises here
         copied = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in bound.arguments.items()}  # fmt: skip
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename == _HERE:
-            frame = frame.f_back  # out of this file: the line that called the part
-        arrays = {} if frame is None else frame.f_locals
-        arrays = {k: np.array(v) for k, v in arrays.items() if isinstance(v, np.ndarray)}
-        call = Call(name, copied, arrays, None if frame is None else frame.f_lineno)
+        call = Call(name, copied, *self._caller())
         self._calls.append(call)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -4,8 +4,10 @@ import ast
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -150,6 +152,94 @@ def test_the_checker_passes_the_solution(run_cli, scheduler):
     assert "images: max |yours - solution| 0\n" in run.stdout
 
 
+def test_a_missing_call_names_the_blank_that_owns_it_and_a_loop_that_stops_says_so(tmp_path):
+    """A step left out names blank 4 (its owner), not blank 2 or 5 whose call came next; a
+    decode in the middle of the loop says where the loop stopped and names blank 4."""
+    run = run_copy(tmp_path, filled(".prev_sample\n", ".prev_sample\n        break\n"), "--check")
+    assert "blank 4 differs from the solution (step 2 of 20)" in run.stdout, run.stdout
+    assert "your loop stopped after 1 step of 20: " in run.stdout
+    source = filled("scheduler.step(noise_pred, t, latents).prev_sample", "noise_pred")
+    run = run_copy(tmp_path, source, "--check")
+    assert "yours calls scheduler.scale_model_input, skipping scheduler.step" in run.stdout
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
+def test_blank_1_doubling_latents_itself_is_blamed_on_blank_1_not_on_step(tmp_path, argv):
+    """`latents = np.concatenate([latents] * 2)` in blank 1, then scale_model_input(latents, t):
+    every argument up to step matches, but latents changed before step 1's step: blank 1."""
+    source = filled("latent_model_input = np.concatenate([latents] * 2)", "latents = np.concatenate([latents] * 2)")  # fmt: skip
+    source = source.replace("scale_model_input(latent_model_input, t)", "scale_model_input(latents, t)")  # fmt: skip
+    run = run_copy(tmp_path, source, *argv)
+    assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
+    verdict = run.stdout.splitlines()[1 if argv else 0]
+    assert verdict.startswith("blank 1 "), run.stdout
+    assert "your latents" in verdict or "your latents" in run.stdout.splitlines()[2], run.stdout
+
+
+def test_the_spy_passes_attribute_writes_to_the_part_and_records_them():
+    """A write through the Spy (scheduler._step_index += 1) reaches the part, as without it."""
+    from labkit.blanks import Spy
+
+    class Part:
+        x = 1
+
+        def f(self, a):
+            return a + self.x
+
+    part, calls = Part(), []
+    spy = Spy("part", part, calls, ["f"])
+    spy.x += 1
+    assert part.x == 2 and spy.f(1) == 3
+    del spy.x
+    assert part.x == 1 and "x" not in vars(part)
+    assert [c.method for c in calls] == ["part.x =", "part.f", "del part.x"]
+    assert calls[0].arguments == {"value": 2}
+
+
+def test_the_checker_says_when_your_loops_t_differs_outside_the_blanks(tmp_path):
+    """Reversed timesteps change the for line, which is not a blank: the checker says so."""
+    source = filled("for t in scheduler.timesteps:", "for t in scheduler.timesteps[::-1]:")
+    run = run_copy(tmp_path, source, "--check")
+    assert "a line outside the blanks differs from the solution (step 1 of 20)" in run.stdout, run.stdout  # fmt: skip
+    assert "your loop's t, which differs: the for line" in run.stdout
+
+
+def test_an_empty_line_inside_a_blank_is_explained(tmp_path):
+    """blank_at ends a blank's lines at the first empty line: an error after one says so."""
+    source = filled("        noise_pred = noise_pred_uncond +", "\n        noise_pred = noise_pred_uncondd +")  # fmt: skip
+    run = run_copy(tmp_path, source)
+    assert "outside the blanks (a blank's lines end at the first empty line after its # BLANK comment)" in run.stdout, run.stdout  # fmt: skip
+
+
+def test_check_prints_its_header_first_and_ctrl_c_names_your_line(tmp_path):
+    """A loop of the reader's that never ends: --check has already said what it checks, and
+    Ctrl-C prints the line it was running and its blank, exit 1, no traceback."""
+    started = tmp_path / "started"  # the reader's loop touches it: then Ctrl-C
+    source = filled("        noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)\n",
+                    f"        open({str(started)!r}, 'w').close()\n"
+                    "        while noise_pred.std() > 0:\n            noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)\n")  # fmt: skip
+    shutil.copy(FOLDER / "solution.py", tmp_path / "solution.py")
+    (tmp_path / "rebuild_pipeline.py").write_text(source, encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "rebuild_pipeline.py"), "--check"],
+        cwd=ROOT, env=starter_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        header = proc.stdout.readline()  # printed before both runs
+        assert header.startswith("checking pipeline() of rebuild_pipeline.py"), header
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the solution's run, then into the reader's loop
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    line = source.splitlines().index("        while noise_pred.std() > 0:") + 1
+    assert proc.returncode == 1 and err == "", out + err
+    assert f"your pipeline raised KeyboardInterrupt at line {line} (in blank 3)" in out or f"at line {line + 1} (in blank 3)" in out, out  # fmt: skip
+
+
 def test_the_checker_passes_a_filled_in_copy(tmp_path):
     run = run_copy(tmp_path, filled(), "--check")
     assert run.returncode == 0 and "all 5 blanks match" in run.stdout, run.stdout + run.stderr
@@ -191,6 +281,17 @@ WRONG = [
     ("step(noise_pred, t, latents)", "step(noise_pred_text, t, latents)", "euler", 4),
     ("latents / vae.config.scaling_factor", "latents", "euler", 5),
     ("latents / vae.config.scaling_factor", "latents * vae.config.scaling_factor", "ddim", 5),
+    # a skipped call is blamed on the blank that owns it, not on the one whose call came next
+    ("scheduler.step(noise_pred, t, latents).prev_sample", "noise_pred", "euler", 4),
+    ("scheduler.step(noise_pred, t, latents).prev_sample", "noise_pred", "ddim", 4),
+    (".prev_sample\n", ".prev_sample if t != scheduler.timesteps[-1] else latents\n", "euler", 4),
+    # a loop that stops early decodes mid-loop: blank 4, not blank 5
+    (".prev_sample\n", ".prev_sample\n        break\n", "euler", 4),
+    # writes to a part reach it through the Spy, as without it, and count as extra calls
+    (".prev_sample\n", ".prev_sample\n        scheduler._step_index += 1\n", "euler", 4),
+    (".prev_sample\n", ".prev_sample\n        scheduler.step_index += 1\n", "euler", 4),
+    ("        latent_model_input = scheduler.scale_model_input", "        scheduler._step_index = 0\n        latent_model_input = scheduler.scale_model_input", "euler", 2),
+    ("        latent_model_input = scheduler.scale_model_input", "        scheduler.sigmas = scheduler.sigmas * 0.5\n        latent_model_input = scheduler.scale_model_input", "euler", 2),
 ]  # fmt: skip
 
 
@@ -229,6 +330,8 @@ ODD = [
     ("3 own raise", "np.split(noise_pred, 2)", "np.split(noise_pred, 2)\n        raise RuntimeError('my own check failed')", 3),
     ("3 own helper raises", "        noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)\n",
      "        def guide(u, c):\n            raise RuntimeError('not written yet')\n        noise_pred = guide(noise_pred_uncond, noise_pred_text)\n", 3),
+    ("3 exit()", "noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)", "raise SystemExit(0)", 3),
+    ("3 KeyboardInterrupt", "noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)", "raise KeyboardInterrupt", 3),
     ("3 syntax error", "(noise_pred_text - noise_pred_uncond)", "(noise_pred_text - noise_pred_uncond", None),
     ("4 batch 2B", "scheduler.step(noise_pred, t, latents)", "scheduler.step(noise_pred, t, latent_model_input)", 4),
     ("4 shape", ".prev_sample", ".prev_sample[:, :2]", 4),
