@@ -291,8 +291,9 @@ cumulative = {
 # statically and, on a miss, recompile with every dimension that has changed made symbolic,
 # except that a size of 1 stays a constant (dynamo's 0/1 specialisation of backed sizes; an
 # unbacked batch, `mark_unbacked`, is not specialised), so batch 1 and batch >= 2 need two graphs; buckets round each request up to one of a few sides and pay
-# for the padded tokens, and count against the same limit: raise
-# `torch._dynamo.config.recompile_limit` to at least the number of bucket shapes.
+# for the padded tokens, and with `dynamic=False` count against the same limit: raise
+# `torch._dynamo.config.recompile_limit` to at least the number of bucket shapes times the
+# compiled model classes (diffusers' models share one code object, `apply_lora_scale`'s wrapper).
 
 # %%
 # --8<-- [start:buckets]
@@ -335,7 +336,7 @@ print(f"\n{args.num_samples} requests, {len(shapes)} distinct (batch, tokens) sh
 print(f" static shapes: {static_compiles} compiles, then {eager_fallback} requests "
       f"({eager_fallback / args.num_samples:.0%}) run eagerly past recompile_limit {RECOMPILE_LIMIT}")  # fmt: skip
 print(f" automatic dynamic: {automatic_compiles} compiles (changed dimensions made symbolic; batch 1 stays a constant)")  # fmt: skip
-print(f" buckets {BUCKETS.tolist()}: {bucket_shapes} shapes, {bucket_compiles} compiles, {bucket_eager} request{'s' * (bucket_eager != 1)} "
+print(f" buckets {BUCKETS.tolist()}, dynamic=False: {bucket_shapes} shapes, {bucket_compiles} compiles, {bucket_eager} request{'s' * (bucket_eager != 1)} "
       f"eager unless recompile_limit >= {bucket_shapes}; {padding:.0%} more tokens computed")  # fmt: skip
 # --8<-- [end:buckets]
 

@@ -99,7 +99,7 @@ def test_shape_policies(lab):
     assert lab["eager_fallback"] > 0
     assert lab["automatic_compiles"] == 3
     # the (batch, tokens) orders whose graph counts torch 2.13 gives on the tiny Flux model
-    # (tests/verify/test_page_lab_18.py runs the first): batch 1 is never symbolic
+    # (tests/verify/test_page_lab_18.py runs the first): a backed batch 1 stays a constant (mark_unbacked lifts that)
     count = lab["automatic_dynamic_compiles"]
     assert count([(1, 9), (1, 25), (1, 36), (2, 36), (4, 49), (1, 4)]) == 3
     assert count([(4, 9), (1, 25), (2, 36), (4, 49), (1, 64)]) == 3

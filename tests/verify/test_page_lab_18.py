@@ -48,24 +48,26 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def two_block_flux():
+def two_block_flux(guidance_embeds=False):
     """``tiny.four_block_flux_transformer``'s config with one double- and one single-stream block:
-    the same capture, half the ops to trace."""
+    the same capture, half the ops to trace. ``guidance_embeds=True`` as FLUX.1-dev."""
     return tiny_flux_transformer(
-        False, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6), in_channels=4
+        guidance_embeds, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6), in_channels=4
     )
 
 
-def flux_inputs(side, batch=1, width=None):
+def flux_inputs(side, batch=1, width=None, guidance=False):
     """A side x width latent grid (square by default) as packed tokens of 4 channels. Token
     counts 9, 25, 36 differ from every other input size (8 text tokens of 32, pooled 16, 4
-    channels, 3 id columns), so under ``dynamic=True`` no size shares a symbol with them."""
+    channels, 3 id columns), so under ``dynamic=True`` no size shares a symbol with them.
+    ``guidance=True`` adds ``guidance`` of shape (batch,), as ``FluxPipeline`` passes it
+    (``pipeline_flux.py:847-849``) to a transformer with ``guidance_embeds=True``."""
     g = torch.Generator().manual_seed(0)
     width = width or side
     img_ids = torch.zeros(side * width, 3)
     img_ids[:, 1] = torch.arange(side).repeat_interleave(width)
     img_ids[:, 2] = torch.arange(width).repeat(side)
-    return dict(
+    inputs = dict(
         hidden_states=torch.randn(batch, side * width, 4, generator=g),
         encoder_hidden_states=torch.randn(batch, 8, 32, generator=g),
         pooled_projections=torch.randn(batch, 16, generator=g),
@@ -74,6 +76,9 @@ def flux_inputs(side, batch=1, width=None):
         txt_ids=torch.zeros(8, 3),
         return_dict=False,
     )
+    if guidance:
+        inputs["guidance"] = torch.full((batch,), 3.5)
+    return inputs
 
 
 def graphs_per_side(compiled, counter, sides, mark=False):
@@ -248,7 +253,7 @@ def test_recompile_limit_falls_back_to_eager():
 
 
 def test_nine_static_buckets_pass_the_recompile_limit():
-    """Nine static buckets (3 token counts by batch 1, 2 and 4) compiled with `dynamic=False` under the default `recompile_limit` of 8 make 8 graphs: the ninth bucket runs eagerly, with the same output, and `torch.compiler.set_stance("fail_on_recompile")` does not raise for it; and raising `recompile_limit` after that fallback compiles nothing more: it has to be raised before the warm-up (that the limit caps the graphs at its value is `test_recompile_limit_falls_back_to_eager`'s, with a limit of 1)."""
+    """Nine static buckets (3 token counts by batch 1, 2 and 4) compiled with `dynamic=False` under the default `recompile_limit` of 8 make 8 graphs: the ninth bucket runs eagerly, with the same output, and once it has fallen back outside the stance `torch.compiler.set_stance("fail_on_recompile")` does not raise for it; and raising `recompile_limit` after that fallback compiles nothing more: it has to be raised before the warm-up (that the limit caps the graphs at its value is `test_recompile_limit_falls_back_to_eager`'s, with a limit of 1)."""
     from torch._dynamo.utils import counters
 
     counters.clear()
@@ -284,23 +289,58 @@ def test_regional_compile_spends_the_limit_per_block_class():
     assert kinds.count("single") == 8 and kinds.count("double") == 5
 
 
-def test_mark_unbacked_shares_one_graph_across_batch_sizes():
-    """`torch._dynamo.decorators.mark_unbacked` on the batch dimension of `hidden_states`, `encoder_hidden_states`, `pooled_projections` and `timestep` makes the batch an unbacked symbol, which is not specialised at 1: batch 1, 2 and 4 share one graph under the default `dynamic=None`, with the eager outputs."""
+def unbacked_batch_graphs(model, names, guidance):
+    """Dynamo's graphs so far after batch 1, 2 and 4, with ``names`` marked unbacked at dim 0."""
     from torch._dynamo.decorators import mark_unbacked
 
-    model = two_block_flux()
+    torch._dynamo.reset()
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter)
     seen = []
     with torch.no_grad():
         for batch in (1, 2, 4):
-            inputs = flux_inputs(3, batch)
-            for name in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"):  # fmt: skip
+            inputs = flux_inputs(3, batch, guidance=guidance)
+            for name in names:
                 mark_unbacked(inputs[name], 0)
             out = compiled(**inputs)[0]
-            torch.testing.assert_close(out, model(**flux_inputs(3, batch))[0])
+            torch.testing.assert_close(out, model(**flux_inputs(3, batch, guidance=guidance))[0])
             seen.append(counter.frame_count)
-    assert seen == [1, 1, 1]
+    return seen
+
+
+def test_mark_unbacked_shares_one_graph_across_batch_sizes():
+    """`torch._dynamo.decorators.mark_unbacked` on the batch dimension of `hidden_states`, `encoder_hidden_states`, `pooled_projections`, `timestep` and, for FLUX.1-dev (`guidance_embeds=True`), `guidance` makes the batch an unbacked symbol, which is not specialised at 1: batch 1, 2 and 4 share one dynamo graph under the default `dynamic=None`, with the eager outputs; with `guidance_embeds=True` and `guidance` left unmarked, batch 2 recompiles."""
+    four = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
+    assert unbacked_batch_graphs(two_block_flux(), four, guidance=False) == [1, 1, 1]
+    dev = two_block_flux(guidance_embeds=True)
+    assert unbacked_batch_graphs(dev, (*four, "guidance"), guidance=True) == [1, 1, 1]
+    assert unbacked_batch_graphs(dev, four, guidance=True) == [1, 2, 2]
+
+
+def test_a_new_shape_reaching_the_limit_under_fail_on_recompile_raises():
+    """A shape that first reaches `recompile_limit` (8) under `torch.compiler.set_stance("fail_on_recompile")` raises (dynamo's stance check runs before its limit check); outside the stance the same shape falls back to eager, and after that fallback it runs under the stance without error. `torch._dynamo.config.fail_on_recompile_limit_hit = True` makes the limit itself an error."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    model = two_block_flux()
+    counter = CompileCounter()
+    static = torch.compile(model, backend=counter, dynamic=False)
+    buckets = [(side, batch) for side in (3, 5, 6) for batch in (1, 2, 4)]
+    assert graphs_per_side(static, counter, buckets[:8])[-1] == 8
+    with torch.no_grad():
+        with torch.compiler.set_stance("fail_on_recompile"):
+            with pytest.raises(RuntimeError, match="fail_on_recompile"):
+                static(**flux_inputs(6, 4))  # the ninth bucket, first seen here
+        static(**flux_inputs(6, 4))  # outside the stance: past the limit, eager
+        with torch.compiler.set_stance("fail_on_recompile"):
+            static(**flux_inputs(6, 4))  # fallen back already: no error
+            static(**flux_inputs(7, 1))  # a tenth new shape: no error either
+        assert counter.frame_count == 8
+        torch._dynamo.reset()
+        limited = torch.compile(model, backend=CompileCounter(), dynamic=False)
+        with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+            limited(**flux_inputs(3))
+            with pytest.raises(FailOnRecompileLimitHit):
+                limited(**flux_inputs(5))
 
 
 def pipe_frames(pipe, counter, sides, latents=None):
@@ -575,3 +615,22 @@ def test_diffusers_flux_forward_dispatches_far_more_ops_than_the_toy_counts():
     double, single = dispatched_ops(2, 1) - base, dispatched_ops(1, 2) - base
     per_step = base + 18 * double + 37 * single  # FLUX.1-dev: 19 and 38 blocks
     assert round(per_step, -2) == 3700 and per_step > 2 * 1422
+
+
+def test_compiled_diffusers_models_share_the_recompile_limit():
+    """The whole-model limit counts entries per code object, and a compiled diffusers model enters through the `wrapper` of `apply_lora_scale` (`diffusers/utils/peft_utils.py:300`), which `FluxTransformer2DModel` and `UNet2DConditionModel` share: after 6 static Flux shapes a compiled tiny UNet gets only 2 dynamo graphs of the default `recompile_limit` (8), and its third size runs eagerly."""
+    flux, unet = two_block_flux(), tiny_unet()
+    assert type(flux).forward.__code__ is type(unet).forward.__code__  # one shared `wrapper`
+    counter = CompileCounter()
+    compiled_flux = torch.compile(flux, backend=counter, dynamic=False)
+    compiled_unet = torch.compile(unet, backend=counter, dynamic=False)
+    assert graphs_per_side(compiled_flux, counter, [2, 3, 4, 5, 6, 7])[-1] == 6
+    g, seen = torch.Generator().manual_seed(0), []
+    with torch.no_grad():
+        for side in (8, 16, 24):
+            latents = torch.randn(1, 4, side, side, generator=g)
+            text = torch.randn(1, 77, EMBED_DIM, generator=g)
+            out = compiled_unet(latents, torch.tensor(10), text, return_dict=False)[0]
+            seen.append(counter.frame_count)
+        torch.testing.assert_close(out, unet(latents, torch.tensor(10), text, return_dict=False)[0])
+    assert seen == [7, 8, 8]
