@@ -198,17 +198,20 @@ for f in (1, 17, 33, 49, 81):
 # %% [markdown]
 # ## 5. Decoding by frames held, context parallelism, and CFG
 #
-# Decoding memory grows with the frames one decoder call holds. diffusers'
+# A decoder call's memory follows the frames it holds, not the clip. diffusers'
 # `AutoencoderKLWan._decode` calls the decoder once per latent frame (1, then 4 output
 # frames), keeping the last `CACHE_T = 2` frames of every causal convolution's input. At
 # full resolution the decoder has `base_dim=96` channels and 7 causal convolutions (3
 # residual blocks of 2, and `conv_out`). Here: one 96-channel full-resolution feature map
-# for the whole clip, against one call's 4 output frames plus those 7 two-frame caches;
+# for the whole clip, against one call's 4 frames of the map before `conv_out` plus those 7
+# two-frame caches, all 96-channel maps;
 # bf16 (diffusers' Wan example loads the VAE in float32: twice these). A lower bound: the
 # lower-resolution stages' caches and a call's transient activations come on top. The
 # measured peak (a verify test runs the real decoder on the meta device and records the
 # live tensors' bytes in labkit/model_sizes.json; weights, workspaces and the allocator's
-# overhead not counted) is about three times that bound. `enable_tiling()` (256 px tiles,
+# overhead not counted) is about three times that bound. Untiled, the peak still grows a
+# little with the clip: `_decode` concatenates every call's output into the decoded clip
+# (0.45 GB in bf16 at 81 frames) and clamps a copy. `enable_tiling()` (256 px tiles,
 # stride 192) decodes each overlapping tile through every latent frame and keeps all the
 # decoded tiles until it blends them, so a tiled decode grows with the clip.
 # Context parallelism splits the token sequence over GPUs (Lab 19). With
@@ -223,14 +226,18 @@ def feature_map_gb(frames, height=720, width=1280, channels=96):
 
 
 FULL_RES_CAUSAL_CONVS, CACHE_T = 7, 2  # AutoencoderKLWan's decoder at full resolution
-per_call = 4 + FULL_RES_CAUSAL_CONVS * CACHE_T  # frames of 96-channel maps held: 4 out + caches
+per_call = (
+    4 + FULL_RES_CAUSAL_CONVS * CACHE_T
+)  # frames of 96-channel maps held: 4 before conv_out + caches
 print(f"\n96-channel 720p decoder feature maps (bf16): one map of the whole 81-frame clip {feature_map_gb(81):.1f} GB; "
-      f"frame by frame, 4 output frames + {FULL_RES_CAUSAL_CONVS} caches x {CACHE_T} frames = {feature_map_gb(per_call):.2f} GB (a lower bound), whatever the clip's length")  # fmt: skip
+      f"frame by frame, one decoder call's 4 frames before conv_out + {FULL_RES_CAUSAL_CONVS} caches x {CACHE_T} frames = {feature_map_gb(per_call):.2f} GB (a lower bound), whatever the clip's length")  # fmt: skip
 DECODE = model_sizes.load()["wan_vae_decode_720p"]  # measured by tests/verify (meta device)
 peak = {k: v / 1e9 for k, v in DECODE["peak_bytes"].items()}
 print(f"measured: AutoencoderKLWan() decoding {DECODE['frames']} frames of 720p peaks at {peak['bf16']:.1f} GB of live tensors in bf16 "
       f"({DECODE['bf16_peak_float32_bytes'] / 1e9:.1f} GB of them float32), {peak['fp32']:.1f} GB in float32; "
       f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB ({DECODE['frames']} frames; weights not counted)")  # fmt: skip
+print(f"untiled, 81 frames: measured {peak['bf16_81_frames']:.1f} GB in bf16 (the decoder's repeated calls replayed): "
+      f"+{peak['bf16_81_frames'] - peak['bf16']:.2f} GB over {DECODE['frames']} frames, the decoded clip that _decode concatenates")  # fmt: skip
 TILE, STRIDE = 256 // S_DOWN, 192 // S_DOWN  # enable_tiling() defaults, in latent pixels
 lat_h, lat_w = 720 // S_DOWN, 1280 // S_DOWN
 tile_pixels = sum(min(TILE, lat_h - i) for i in range(0, lat_h, STRIDE)) * sum(min(TILE, lat_w - j) for j in range(0, lat_w, STRIDE)) * S_DOWN**2  # fmt: skip

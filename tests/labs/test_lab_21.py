@@ -105,7 +105,8 @@ def test_frames_must_be_4k_plus_1(run_cli):
 
 def test_decode_memory_prints_the_measured_peak_beside_the_bound(run_cli):
     """The 3.19 GB cache bound is printed with the real decoder's measured peak (the record a
-    verify test writes to labkit/model_sizes.json), about three times the bound, and tiling's."""
+    verify test writes to labkit/model_sizes.json), about three times the bound, tiling's, and
+    the untiled 81-frame peak (9.8 GB, 0.41 GB above 9 frames: the decoded clip)."""
     from labkit import model_sizes
 
     run = run_cli(STARTER)
@@ -115,6 +116,14 @@ def test_decode_memory_prints_the_measured_peak_beside_the_bound(run_cli):
     assert f"peaks at {peak['bf16']:.1f} GB of live tensors in bf16" in run.stdout
     assert f"{peak['fp32']:.1f} GB in float32" in run.stdout
     assert f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB" in run.stdout
+    assert f"untiled, 81 frames: measured {peak['bf16_81_frames']:.1f} GB in bf16" in run.stdout
+    assert (
+        "untiled, 81 frames: measured 9.8 GB in bf16" in run.stdout
+        and "+0.41 GB over 9 frames" in run.stdout
+    )
+    assert (
+        "one decoder call's 4 frames before conv_out + 7 caches x 2 frames = 3.19 GB" in run.stdout
+    )
     assert 2.8 < peak["bf16"] / 3.19 < 3.2 and peak["bf16_tiled"] < 1
     assert "weights, bf16: Wan 2.1 14B's transformer 28.6 GB" in run.stdout
     assert "its UMT5-XXL text encoder 11.4 GB (5.68 B parameters)" in run.stdout

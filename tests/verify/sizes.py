@@ -125,7 +125,7 @@ def flux_1024_record() -> dict:
 
 #: Wan 2.1's VAE decoding 9 frames of 720p: 3 latent frames of 90 x 160
 WAN_DECODE_720P = {"latents": [1, 16, 3, 90, 160], "frames": 9, "height": 720, "width": 1280}
-#: and a 5 s clip, 81 frames: 21 latent frames (tiled only)
+#: and a 5 s clip, 81 frames: 21 latent frames (replayed, tiled and untiled)
 WAN_DECODE_720P_81 = [1, 16, 21, 90, 160]
 
 
@@ -218,7 +218,7 @@ def wan_vae_decode_record() -> dict:
     `vae.decode` of 3 latent frames of 720p, built on the meta device: in bfloat16, in
     float32 (diffusers' Wan example loads the VAE so), and in bfloat16 after
     `vae.enable_tiling()` with its defaults. Weights and the input latents are not counted.
-    Also tiled, 81 frames (21 latent frames), with the decoder's repeated calls replayed
+    Also 81 frames (21 latent frames), tiled and untiled, with the decoder's repeated calls replayed
     (``_live_tensor_peak``'s ``replay``), checked against the full run on 9 frames.
     Cached: the tiled decode runs ~60,000 meta ops (about 45 s)."""
     import torch
@@ -245,6 +245,7 @@ def wan_vae_decode_record() -> dict:
     tiled = peak(torch.bfloat16, tiling=True)[0]
     assert peak(torch.bfloat16, tiling=True, replay=True)[0] == tiled  # replaying is exact here
     tiled_81 = peak(torch.bfloat16, tiling=True, latents=WAN_DECODE_720P_81, replay=True)[0]
+    untiled_81 = peak(torch.bfloat16, latents=WAN_DECODE_720P_81, replay=True)[0]
     return {
         **WAN_DECODE_720P,
         "peak_bytes": {
@@ -252,7 +253,8 @@ def wan_vae_decode_record() -> dict:
             "fp32": peak(torch.float32)[0],
             "bf16_tiled": tiled,
             "bf16_tiled_81_frames": tiled_81,
+            "bf16_81_frames": untiled_81,
         },
         "bf16_peak_float32_bytes": bf16_fp32,
-        "method": "AutoencoderKLWan() defaults (Wan 2.1) on the meta device; peak of live tensor storages during vae.decode (new op outputs added, freed storages dropped; weights and input latents not counted); tiled: enable_tiling() defaults; bf16_tiled_81_frames: latents (1, 16, 21, 90, 160), the decoder's repeated calls replayed from the first of each kind (exact on 9 frames)",
+        "method": "AutoencoderKLWan() defaults (Wan 2.1) on the meta device; peak of live tensor storages during vae.decode (new op outputs added, freed storages dropped; weights and input latents not counted); tiled: enable_tiling() defaults; bf16_tiled_81_frames and bf16_81_frames: latents (1, 16, 21, 90, 160), tiled and untiled, the decoder's repeated calls replayed from the first of each kind (exact on 9 frames)",
     }

@@ -835,11 +835,12 @@ def test_wan_video_latents_tokens_and_guidance_calls():
 
 
 def test_wan_weights_and_measured_decode_peak_as_quoted():
-    """Wan 2.1 14B's transformer weights are 28.6 GB in bf16, and the Wan 2.1 VAE's decode at 720p, measured on the meta device for 9 frames, peaks at 9.4 GB of live tensors in bf16 (18.0 GB in float32) and 0.73 GB with `enable_tiling()`, which reaches 2.09 GB for 81 frames: the records `test_model_sizes.py` and the video verify tests recompute (the text encoder's 11.4 GB: Lab 21's)."""
+    """Wan 2.1 14B's transformer weights are 28.6 GB in bf16, and the Wan 2.1 VAE's decode at 720p, measured on the meta device for 9 frames, peaks at 9.4 GB of live tensors in bf16 (18.0 GB in float32), about 9.8 GB untiled for 81 frames (the growth being the decoded clip: `test_page_video.py` checks it), and 0.73 GB with `enable_tiling()`, which reaches 2.09 GB for 81 frames: the records `test_model_sizes.py` and the video verify tests recompute (the text encoder's 11.4 GB: Lab 21's)."""
     from labkit import model_sizes
 
     peak = model_sizes.load()["wan_vae_decode_720p"]["peak_bytes"]
     assert (f"{peak['bf16'] / 1e9:.1f}", f"{peak['fp32'] / 1e9:.1f}") == ("9.4", "18.0")
+    assert f"{peak['bf16_81_frames'] / 1e9:.1f}" == "9.8"
     assert (f"{peak['bf16_tiled'] / 1e9:.2f}", f"{peak['bf16_tiled_81_frames'] / 1e9:.2f}") == ("0.73", "2.09")  # fmt: skip
     (row,) = [r for r in model_sizes.rows("Wan 2.1 T2V 14B") if r["component"] == "transformer"]
     assert f"{row['bytes']['bf16'] / 1e9:.1f}" == "28.6"

@@ -125,7 +125,7 @@ def test_decoder_runs_one_latent_frame_at_a_time(vae, record_calls):
 
 
 def test_decoder_cache_holds_2_frames_per_causal_conv(vae):
-    """Between the decoder's per-latent-frame calls, `AutoencoderKLWan` caches at most `CACHE_T = 2` frames of each causal convolution's input, so decode memory follows the frames in one call, not the clip length."""
+    """Between the decoder's per-latent-frame calls, `AutoencoderKLWan` caches at most `CACHE_T = 2` frames of each causal convolution's input, so the caches do not grow with the clip (the decoded clip, concatenated call by call, does)."""
     from diffusers.models.autoencoders import autoencoder_kl_wan
 
     assert autoencoder_kl_wan.CACHE_T == 2

@@ -282,8 +282,8 @@ def test_wan_example_sets_flow_shift_by_resolution(calls_of):
     assert torch.all(sigmas[5.0] >= sigmas[3.0]) and torch.any(sigmas[5.0] > sigmas[3.0])
 
 
-def test_pab_makes_the_uncond_call_reuse_the_cond_calls_attention():
-    """In `WanPipeline`, whose cond and uncond calls are separate batch-1 calls, Pyramid Attention Broadcast makes the uncond call reuse the cond call's attention: with `PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2)` (timestep range covering every step), block 1's `attn1` output in the uncond call equals the cond call's at every step; without the cache the two differ."""
+def test_pab_cache_is_shared_by_cond_and_uncond_calls_and_counts_calls():
+    """PAB's cache counts calls, not steps, and `WanPipeline`'s cond and uncond calls share it: with skip 2, each uncond call reuses its step's cond attention and no step reuses another's; with skip 3, cond calls reuse uncond's. Run: `PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2 or 3)` (timestep range covering every step), 6 steps of the tiny `WanPipeline`, block 1's `attn1` output of each call (cond then uncond, batch 1) compared with every earlier call's; without the cache no two are equal."""
     from diffusers import PyramidAttentionBroadcastConfig
 
     pipe = tiny_wan_pipeline()
@@ -293,22 +293,33 @@ def test_pab_makes_the_uncond_call_reuse_the_cond_calls_attention():
     e = embeds()
 
     def run():
+        """For each call, "C<step>"/"U<step>", and after "=" the earliest call whose output it equals."""
         outs.clear()
         texts.clear()
         with torch.no_grad():
-            pipe(**e, num_frames=5, height=16, width=16, num_inference_steps=3, output_type="latent")  # fmt: skip
-        assert len(outs) == 6
+            pipe(**e, num_frames=5, height=16, width=16, num_inference_steps=6, output_type="latent")  # fmt: skip
+        assert len(outs) == 12
         assert all(torch.equal(t, e["prompt_embeds"]) for t in texts[0::2])
         assert all(torch.equal(t, e["negative_prompt_embeds"]) for t in texts[1::2])
-        return [torch.equal(outs[2 * s], outs[2 * s + 1]) for s in range(3)]
+        name = [f"{'CU'[i % 2]}{i // 2}" for i in range(12)]
+        first = [
+            next((j for j in range(i) if torch.equal(outs[j], o)), None) for i, o in enumerate(outs)
+        ]
+        return [name[i] + ("" if j is None else f"={name[j]}") for i, j in enumerate(first)]
 
     try:
-        config = PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
-                                                 current_timestep_callback=lambda: pipe.current_timestep)  # fmt: skip
-        pipe.transformer.enable_cache(config)
-        assert run() == [True, True, True]  # uncond = cond's cached attention
-        pipe.transformer.disable_cache()
-        assert run() == [False, False, False]
+        by_skip = {}
+        for skip in (2, 3):
+            config = PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=skip, spatial_attention_timestep_skip_range=(-1, 1001),
+                                                     current_timestep_callback=lambda: pipe.current_timestep)  # fmt: skip
+            pipe.transformer.enable_cache(config)
+            by_skip[skip] = run()
+            pipe.transformer.disable_cache()
+        # skip 2: every uncond call is its step's cond attention; no step reuses an earlier step's
+        assert by_skip[2] == [x for s in range(6) for x in (f"C{s}", f"U{s}=C{s}")]
+        # skip 3: calls 0, 3, 6, 9 compute; cond calls C1, C2, C4, C5 reuse a computed call, C2 and C5 an uncond's
+        assert by_skip[3] == ["C0", "U0=C0", "C1=C0", "U1", "C2=U1", "U2=U1", "C3", "U3=C3", "C4=C3", "U4", "C5=U4", "U5=U4"]  # fmt: skip
+        assert run() == [f"{'CU'[i % 2]}{i // 2}" for i in range(12)]  # no cache: all differ
     finally:
         for h in hooks:
             h.remove()
@@ -339,3 +350,25 @@ def test_tiled_decode_peak_grows_with_the_clip():
     # the 9-frame peak plus one copy of the decoded clip
     assert abs(peak["bf16_tiled_81_frames"] / (tiles_bytes + 3 * clip_bytes) - 1) < 0.01
     assert peak["bf16_tiled_81_frames"] > 1.5 * (peak["bf16_tiled"] + clip_bytes)
+
+
+def test_untiled_decode_peak_grows_by_the_decoded_clip():
+    """A decoder call's maps and caches do not grow with the clip, but the decoded clip grows call by call: untiled, the bf16 live-tensor peak of Wan 2.1's VAE decode is 9.4 GB for 9 frames and about 9.8 GB for 81 (the decoder's repeated calls replayed), the growth being the 72 more decoded frames that `_decode` concatenates (`torch.cat`, within 5%)."""
+    from diffusers import AutoencoderKLWan
+    from sizes import WAN_DECODE_720P, WAN_DECODE_720P_81, wan_vae_decode_record
+
+    from labkit import model_sizes
+
+    fresh = wan_vae_decode_record()
+    assert fresh == model_sizes.load()["wan_vae_decode_720p"], "run `make verify-refresh`"
+    peak = fresh["peak_bytes"]
+    with torch.device("meta"):
+        vae = AutoencoderKLWan()
+    t, s = vae.config.scale_factor_temporal, vae.spatial_compression_ratio
+    frames_9, frames_81 = ((lat[2] - 1) * t + 1 for lat in (WAN_DECODE_720P["latents"], WAN_DECODE_720P_81))  # fmt: skip
+    assert (frames_9, frames_81) == (9, 81)
+    clip_growth = (
+        3 * (frames_81 - frames_9) * WAN_DECODE_720P_81[3] * WAN_DECODE_720P_81[4] * s * s * 2
+    )  # bf16
+    assert (round(peak["bf16"] / 1e9, 1), round(peak["bf16_81_frames"] / 1e9, 1)) == (9.4, 9.8)
+    assert abs((peak["bf16_81_frames"] - peak["bf16"]) / clip_growth - 1) < 0.05
