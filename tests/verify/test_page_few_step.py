@@ -33,6 +33,7 @@ from tiny import (
     flux_image_and_calls,
     orders_used,
     spy_set_timesteps,
+    spy_step_kwarg,
     start_latents,
     timestep_grid,
     tiny_flux_pipeline,
@@ -323,22 +324,13 @@ def test_lcm_step():
 def tcd_pipeline_run(name, monkeypatch, seed, **kwargs):
     """(latents, etas): one 4-step call of tiny SD or SDXL with a `TCDScheduler`, ``guidance_scale=0``
     (as TCD's card), the ``eta`` every ``scheduler.step`` call receives recorded by a spy."""
-    import functools
-
     scheduler = TCDScheduler(**SD_SCHEDULER)  # SD 1.x's steps_offset=1: else a warning
     if name == "StableDiffusionPipeline":
         pipe, extra = tiny_sd_pipeline(scheduler=scheduler), {}
     else:
         pipe = tiny_sdxl_pipeline(scheduler, unet=tiny_text_time_unet())
         extra = dict(pooled_prompt_embeds=torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3)))  # fmt: skip
-    etas, original = [], pipe.scheduler.step
-
-    @functools.wraps(original)  # prepare_extra_step_kwargs reads step's signature
-    def spy(*args, **kw):
-        etas.append(kw.get("eta", "absent"))
-        return original(*args, **kw)
-
-    monkeypatch.setattr(pipe.scheduler, "step", spy)
+    etas = spy_step_kwarg(monkeypatch, pipe.scheduler, "eta")
     with torch.no_grad():
         latents = pipe(prompt_embeds=embeds(1), guidance_scale=0.0, num_inference_steps=4,
                        latents=start_latents(), height=HEIGHT, width=HEIGHT, output_type="latent",

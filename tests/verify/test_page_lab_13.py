@@ -220,20 +220,12 @@ def test_tcd_step_rule():
 
 def test_tcd_eta_through_stable_diffusion_pipeline(monkeypatch):
     """`StableDiffusionPipeline` passes its own `eta=0.0` to `TCDScheduler.step`, overriding the scheduler's 0.3: without `eta=0.3` passed to `pipe(...)` every step is the deterministic jump (two generators, the same latents); with it each step gets 0.3 and re-noises."""
-    import functools
 
-    from tiny import SD_SCHEDULER, embeds, start_latents, tiny_sd_pipeline
+    from tiny import SD_SCHEDULER, embeds, spy_step_kwarg, start_latents, tiny_sd_pipeline
 
     def run(seed, **kwargs):
         pipe = tiny_sd_pipeline(scheduler=TCDScheduler(**SD_SCHEDULER))
-        etas, original = [], pipe.scheduler.step
-
-        @functools.wraps(original)  # prepare_extra_step_kwargs reads step's signature
-        def spy(*args, **kw):
-            etas.append(kw.get("eta", "absent"))
-            return original(*args, **kw)
-
-        monkeypatch.setattr(pipe.scheduler, "step", spy)
+        etas = spy_step_kwarg(monkeypatch, pipe.scheduler, "eta")
         with torch.no_grad():
             latents = pipe(prompt_embeds=embeds(1), guidance_scale=0.0, num_inference_steps=4,
                            latents=start_latents(), height=HEIGHT, width=HEIGHT, output_type="latent",

@@ -855,6 +855,21 @@ def spy_step(monkeypatch, scheduler):
     return seen
 
 
+def spy_step_kwarg(monkeypatch, scheduler, name):
+    """The keyword ``name`` of every ``scheduler.step`` call ("absent" when not passed): what
+    the pipeline's ``prepare_extra_step_kwargs`` hands the scheduler (it reads ``step``'s
+    signature, kept by ``functools.wraps``)."""
+    seen, original = [], scheduler.step
+
+    @functools.wraps(original)
+    def step(*args, **kwargs):
+        seen.append(kwargs.get(name, "absent"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "step", step)
+    return seen
+
+
 def spy_set_timesteps(pipe, monkeypatch):
     """Record the keyword arguments of every ``pipe.scheduler.set_timesteps`` call."""
     seen = []
