@@ -229,7 +229,8 @@ controlnet_keep = controlnet_keep_for(args.steps, start, end)
 cond_scales = [args.conditioning_scale * k for k in controlnet_keep]
 print(f"controlnet_keep ({args.steps} steps, start {start}, end {end}): "
       f"{''.join(str(int(k)) for k in controlnet_keep)}")  # fmt: skip
-print(f"steps with control: {int(sum(controlnet_keep))} of {args.steps}; "
+# not counted here: StableDiffusionControlNetPipeline's calls, from tests/verify/test_page_lab_09.py
+print(f"steps with control: {int(sum(controlnet_keep))} of {args.steps}; pipeline's "
       f"ControlNet calls: {args.steps} (a 0 step still runs it, at conditioning_scale 0.0)")  # fmt: skip
 
 # step 0 with CFG: latent_model_input is [latents] * 2, (2N, 2), unconditional half first

@@ -114,3 +114,35 @@ def test_dit_unpatchify_reads_p_p_c(lab):
     assert out.shape == (1, 3, 4, 4)
     # token 0, patch row 0, column 1, channel 2 sits at (p=0, q=1, c=2) -> index 1*3 + 2 = 5
     assert out[0, 2, 0, 1] == tokens[0, 0, 5]
+
+
+def layer_bytes(lab, px):
+    """{model: fp16 bytes of its largest self-attention layer, all heads} at ``px``."""
+    return {
+        name: n * n * heads * 2 for name, (n, heads) in lab["largest_self_attention"](px).items()
+    }
+
+
+def test_only_the_unet_and_dit_curves_grow_16_fold_from_the_start(lab):
+    """The UNet and DiT curves grow 16-fold per doubling everywhere; SD3's and Flux's less
+    at first, because their text tokens do not grow (Flux: 768 -> 1536 tokens, 4-fold)."""
+    for small, large in [(256, 512), (512, 1024), (1024, 2048)]:
+        a, b = layer_bytes(lab, small), layer_bytes(lab, large)
+        for name in ("SD 1.5 UNet", "SDXL UNet", "DiT-XL/2"):
+            assert b[name] == 16 * a[name]
+        for name in ("SD3 Medium", "Flux.1-dev"):
+            assert b[name] < 16 * a[name]
+    a, b = layer_bytes(lab, 256), layer_bytes(lab, 512)
+    assert b["Flux.1-dev"] == 4 * a["Flux.1-dev"] and b["SD3 Medium"] < 6 * a["SD3 Medium"]
+
+
+@pytest.mark.parametrize(
+    "px, text_counts_more", [(256, True), (512, True), (1024, False), (2048, False)]
+)
+def test_heads_or_text_lift_sd3_and_flux_above_dit(lab, px, text_counts_more):
+    """Above DiT-XL/2, SD3 and Flux gain 24/16 = 1.5x from heads and (N_img + N_txt)^2 / N_img^2
+    from text: the text factor is larger at 512 px and below, smaller from 1024 px up."""
+    n_dit = lab["largest_self_attention"](px)["DiT-XL/2"][0]
+    for name in ("SD3 Medium", "Flux.1-dev"):
+        n, heads = lab["largest_self_attention"](px)[name]
+        assert ((n / n_dit) ** 2 > heads / 16) == text_counts_more

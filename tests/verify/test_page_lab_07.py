@@ -263,8 +263,18 @@ def test_ada_layer_norm_zero_matches_the_labs_modulation(lab):
 
 
 def test_diffusers_does_not_zero_init_adaln_zero():
-    """diffusers does not zero-initialise adaLN-Zero: a freshly built DiT block's `norm1.linear` (in `AdaLayerNormZero`) holds nonzero random weights and the block changes its input; zeroing that Linear's weight and bias, as DiT's training code does at init, makes the block return its input exactly."""
-    from diffusers import DiTTransformer2DModel
+    """`DiTTransformer2DModel`'s constructor does not zero-initialise adaLN-Zero: a freshly built DiT block's `norm1.linear` (in `AdaLayerNormZero`) holds nonzero random weights and the block changes its input; zeroing that Linear's weight and bias, as DiT's training code does at init, makes the block return its input exactly. Some newer constructors do zero it: `PRXTransformer2DModel`'s and `ErnieImageTransformer2DModel`'s modulation Linear start at zero."""
+    from diffusers import DiTTransformer2DModel, ErnieImageTransformer2DModel, PRXTransformer2DModel
+
+    torch.manual_seed(0)
+    prx = PRXTransformer2DModel(in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32,
+                                num_heads=2, depth=1, axes_dim=[4, 6, 6])  # fmt: skip
+    ernie = ErnieImageTransformer2DModel(
+        hidden_size=32, num_attention_heads=2, num_layers=1, ffn_hidden_size=64, in_channels=4,
+        out_channels=4, text_in_dim=16, rope_axes_dim=(4, 6, 6),
+    )  # fmt: skip
+    for linear in (prx.blocks[0].modulation.lin, ernie.adaLN_modulation[-1]):
+        assert not linear.weight.any() and not linear.bias.any()
 
     torch.manual_seed(0)
     model = DiTTransformer2DModel(
@@ -297,6 +307,46 @@ def test_zeroed_sd3_joint_block_is_the_identity_on_both_streams():
             norm.linear.bias.zero_()
         txt_out, img_out = block(hidden_states=img, encoder_hidden_states=txt, temb=temb)
     assert torch.equal(img_out, img) and torch.equal(txt_out, txt)
+
+
+def test_sd3_last_block_does_not_update_the_text():
+    """In SD3 the text tokens are updated by every `JointTransformerBlock` but the last, which is `context_pre_only`: it uses the text as keys and values and returns no text tokens, so no updated `prompt_embeds` leaves it."""
+    model = tiny_sd3(num_layers=3)
+    outs = []
+    handles = [
+        b.register_forward_hook(lambda m, a, o: outs.append(o)) for b in model.transformer_blocks
+    ]
+    with torch.no_grad():
+        model(hidden_states=torch.randn(1, 4, 8, 8), encoder_hidden_states=torch.randn(1, 10, 32),
+              pooled_projections=torch.randn(1, 24), timestep=torch.tensor([500]))  # fmt: skip
+    for h in handles:
+        h.remove()
+    assert [b.context_pre_only for b in model.transformer_blocks] == [False, False, True]
+    text_out = [o[0] for o in outs]  # (encoder_hidden_states, hidden_states) per block
+    assert text_out[0].shape == text_out[1].shape == (1, 10, 16) and text_out[2] is None
+
+
+def test_unfused_math_attention_holds_fp32_scores_and_softmax():
+    """The lab's bytes are one fp16 score matrix per head, a lower bound: with fp16 inputs PyTorch's math backend of `scaled_dot_product_attention` (the unfused one) writes the scores and then the softmax as two `N x N` tensors per head, in fp32 by default (`allow_fp16_bf16_reduction_math_sdp` off), 4 times as much (checked on CPU)."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n, seen = 64, []
+
+    class SquareOutputs(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.__name__.split(".")[0]
+            if name in ("bmm", "_safe_softmax", "_softmax") and out.shape[-2:] == (n, n):
+                seen.append((name, out.dtype))
+            return out
+
+    assert torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() is False
+    query = torch.randn(1, 2, n, 8, dtype=torch.float16)
+    with sdpa_kernel(SDPBackend.MATH), SquareOutputs():
+        F.scaled_dot_product_attention(query, query, query)
+    assert seen == [("bmm", torch.float32), ("_safe_softmax", torch.float32)]
 
 
 @pytest.mark.parametrize("model", ["SD 1.5", "SDXL"])

@@ -65,9 +65,10 @@ def call(pipe, steps, **kwargs):
 # ---------------------------------------------------------------- ControlNetModel
 
 
-def test_fresh_controlnet_residuals_are_all_zero():
-    """A fresh `ControlNetModel.from_unet` returns residuals that are exactly zero, because its `controlnet_down_blocks`, `controlnet_mid_block` and the `conv_out` of `controlnet_cond_embedding` are zero-initialised, so the UNet's `noise_pred` with them equals the UNet's `noise_pred` without them, bit for bit."""
-    from tiny import tiny_unet
+def test_fresh_controlnet_residuals_are_all_zero(record_calls):
+    """A fresh `ControlNetModel.from_unet` returns residuals that are exactly zero, because its `controlnet_down_blocks`, `controlnet_mid_block` and the `conv_out` of `controlnet_cond_embedding` are zero-initialised, so attaching it changes nothing: `StableDiffusionControlNetPipeline.__call__` with it, calling it at every step, returns the same latents as `StableDiffusionPipeline.__call__` on the same UNet, bit for bit."""
+    from diffusers import DDIMScheduler
+    from tiny import HEIGHT, SD_SCHEDULER, WIDTH, embeds, start_latents, tiny_sd_pipeline, tiny_unet
 
     unet = tiny_unet()
     controlnet = new_controlnet(unet)
@@ -79,14 +80,16 @@ def test_fresh_controlnet_residuals_are_all_zero():
         assert all(not p.any() for p in module.parameters())
     down, mid = residuals(controlnet)
     assert all(not r.any() for r in [*down, mid])
-    x, t, prompt_embeds, _ = inputs()
-    with torch.no_grad():
-        base = unet(x, t, encoder_hidden_states=prompt_embeds).sample
-        with_control = unet(
-            x, t, encoder_hidden_states=prompt_embeds,
-            down_block_additional_residuals=down, mid_block_additional_residual=mid,
-        ).sample  # fmt: skip
-    assert torch.equal(base, with_control)
+    calls = record_calls(controlnet)
+    pipe = tiny_controlnet_pipeline(unet, controlnet, scheduler=DDIMScheduler(**SD_SCHEDULER))
+    with_control = call(pipe, 3)
+    assert len(calls.calls) == 3
+    base = tiny_sd_pipeline(unet=unet, scheduler=DDIMScheduler(**SD_SCHEDULER))(
+        prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), guidance_scale=7.5,
+        num_inference_steps=3, height=HEIGHT, width=WIDTH, latents=start_latents(),
+        output_type="latent",
+    ).images  # fmt: skip
+    assert torch.equal(with_control, base)
 
 
 def test_one_residual_per_unet_skip_with_its_shape():
@@ -213,6 +216,33 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
         assert scales == [scale * k for k in keep] and len(scales) == steps
         assert 0.0 in scales
         recorder.remove()
+
+
+def test_multi_controlnet_union_skips_a_net_at_scale_zero():
+    """Not every diffusers ControlNet path runs at scale 0: `MultiControlNetUnionModel.forward` (SDXL's ControlNet-Union pipelines with several nets) skips a net whose `conditioning_scale` is 0.0 and calls the others."""
+    from diffusers.models.controlnets.multicontrolnet_union import MultiControlNetUnionModel
+
+    class StandIn(torch.nn.Module):
+        """Records each call and returns one down residual and a mid residual."""
+
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def forward(self, **kwargs):
+            self.calls.append(kwargs["conditioning_scale"])
+            return [torch.ones(1, 4, 8, 8)], torch.ones(1, 4, 4, 4)
+
+    nets = [StandIn(), StandIn(), StandIn()]
+    multi = MultiControlNetUnionModel(nets)
+    x, t, prompt_embeds, control_image = inputs()
+    down, mid = multi(
+        sample=x, timestep=t, encoder_hidden_states=prompt_embeds,
+        controlnet_cond=[control_image] * 3, control_type=[torch.zeros(1, 6)] * 3,
+        control_type_idx=[[0]] * 3, conditioning_scale=[0.0, 0.7, 0.0],
+    )  # fmt: skip
+    assert [n.calls for n in nets] == [[], [0.7], []]
+    assert torch.equal(down[0], torch.ones(1, 4, 8, 8)) and torch.equal(mid, torch.ones(1, 4, 4, 4))
 
 
 def test_guidance_window_checks():

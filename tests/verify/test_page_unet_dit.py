@@ -7,8 +7,6 @@ receives and returns; nothing is inferred from reading the source except where n
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 from tiny import (
@@ -233,8 +231,10 @@ def test_dit_conditions_on_timestep_plus_class_label():
         num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=2, sample_size=8,
         num_embeds_ada_norm=10,
     ).eval()  # fmt: skip
-    assert "encoder_hidden_states" not in inspect.signature(model.forward).parameters
     t, labels = torch.tensor([3, 700]), torch.tensor([1, 9])
+    with pytest.raises(TypeError, match="encoder_hidden_states"):  # the forward takes no text
+        model(torch.randn(2, 4, 8, 8), timestep=t, class_labels=labels,
+              encoder_hidden_states=torch.randn(2, 5, 16))  # fmt: skip
     into_linear = []
     handles = [
         b.norm1.linear.register_forward_pre_hook(lambda m, a: into_linear.append(a[0]))
@@ -252,19 +252,31 @@ def test_dit_conditions_on_timestep_plus_class_label():
         torch.testing.assert_close(got, torch.nn.functional.silu(want))
 
 
-def test_adaln_zero_gates_are_not_zero_in_a_fresh_diffusers_model():
-    """diffusers' constructors leave adaLN-Zero's modulation Linear at PyTorch's default random init: in a freshly built `DiTTransformer2DModel` and `SD3Transformer2DModel`, every `norm1.linear` has nonzero weights, so the zero-gate identity holds only where training code zeroes them."""
-    from diffusers import DiTTransformer2DModel
+def test_adaln_zero_gates_are_random_in_dit_sd3_and_flux_but_not_everywhere():
+    """`DiTTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel` leave adaLN-Zero's modulation Linear (`norm1.linear`) at PyTorch's default random init, so the zero-gate identity holds only where training code zeroes it; not every diffusers constructor does this: `PRXTransformer2DModel` and `ErnieImageTransformer2DModel` zero their modulation Linear themselves."""
+    from diffusers import (
+        DiTTransformer2DModel,
+        ErnieImageTransformer2DModel,
+        PRXTransformer2DModel,
+    )
 
     torch.manual_seed(0)
     dit = DiTTransformer2DModel(
         num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=2, sample_size=8,
         num_embeds_ada_norm=10,
     )  # fmt: skip
-    for model in (dit, sd3()):
+    for model in (dit, sd3(), tiny_flux()):
         for block in model.transformer_blocks:
             assert type(block.norm1).__name__ == "AdaLayerNormZero"
             assert block.norm1.linear.weight.abs().sum() > 0
+    prx = PRXTransformer2DModel(in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32,
+                                num_heads=2, depth=1, axes_dim=[4, 6, 6])  # fmt: skip
+    ernie = ErnieImageTransformer2DModel(
+        hidden_size=32, num_attention_heads=2, num_layers=1, ffn_hidden_size=64, in_channels=4,
+        out_channels=4, text_in_dim=16, rope_axes_dim=(4, 6, 6),
+    )  # fmt: skip
+    for linear in (prx.blocks[0].modulation.lin, ernie.adaLN_modulation[-1]):
+        assert not linear.weight.any() and not linear.bias.any()
 
 
 def tiny_flux():
@@ -421,7 +433,7 @@ def test_text_sequence_lengths_of_sd3_and_flux():
 
 
 def test_flux_packs_2x2_patches_and_uses_rotary_positions():
-    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions with rotary embeddings (`FluxPosEmbed`), while DiT and SD3 add a fixed 2D sin-cos table in `PatchEmbed`."""
+    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions by rotating every query and key with `FluxPosEmbed`'s output and adds no position table, while DiT and SD3 add a 2D sin-cos table that `PatchEmbed` builds (a buffer; SD3's is saved in the state dict, so a checkpoint's values replace it)."""
     from diffusers import DiTTransformer2DModel, FluxPipeline, FluxTransformer2DModel
     from diffusers.models.embeddings import get_2d_sincos_pos_embed
 
@@ -434,7 +446,19 @@ def test_flux_packs_2x2_patches_and_uses_rotary_positions():
         num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
         joint_attention_dim=32, pooled_projection_dim=24, axes_dims_rope=(4, 6, 6),
     )  # fmt: skip
-    assert type(flux.pos_embed).__name__ == "FluxPosEmbed"
+    from diffusers.models.transformers import transformer_flux
+
+    rotated, rotate = [], transformer_flux.apply_rotary_emb
+    pos_out = []
+    flux.pos_embed.register_forward_hook(lambda m, a, o: pos_out.append(o))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transformer_flux, "apply_rotary_emb",
+                   lambda x, emb, **k: rotated.append(emb) or rotate(x, emb, **k))  # fmt: skip
+        with torch.no_grad():
+            run_tiny_flux(flux)
+    assert len(pos_out) == 1 and len(rotated) == 4  # queries and keys, in both blocks
+    assert all(emb[0] is pos_out[0][0] and emb[1] is pos_out[0][1] for emb in rotated)
+    assert "pos_embed" not in dict(flux.named_buffers())  # no position table is added
     dit = DiTTransformer2DModel(
         num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1, sample_size=8,
         num_embeds_ada_norm=10,
@@ -511,7 +535,19 @@ def test_flux_position_ids_are_three_axes_and_text_ids_are_zero():
     rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
     torch.testing.assert_close(img_ids[:, 1], rows.flatten())
     torch.testing.assert_close(img_ids[:, 2], cols.flatten())
-    assert tuple(pipe.transformer.pos_embed.axes_dim) == tuple(pipe.transformer.config.axes_dims_rope)  # fmt: skip
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
+
+    axes = FLUX_DEV_TRANSFORMER["axes_dims_rope"]  # (16, 56, 56)
+    rope = FluxPosEmbed(theta=10000, axes_dim=list(axes))
+    ids = torch.zeros(6, 3)
+    cos, sin = rope(ids)
+    assert cos.shape == sin.shape == (6, 128)
+    bounds = [0, axes[0], axes[0] + axes[1], 128]
+    for axis in range(3):  # moving one axis's id rotates only that axis's group of dims
+        moved = ids.clone()
+        moved[:, axis] = 7.0
+        changed = (rope(moved)[1] != sin).any(dim=0).nonzero().flatten()
+        assert changed.min() >= bounds[axis] and changed.max() < bounds[axis + 1]
 
 
 def test_sd3_position_table_is_a_hard_resolution_ceiling():
@@ -544,23 +580,43 @@ def test_qk_norm_is_rms_norm_on_queries_and_keys():
     from diffusers import SD3Transformer2DModel
     from diffusers.models.normalization import RMSNorm
 
-    flux = tiny_flux()
-    for attn in [flux.transformer_blocks[0].attn, flux.single_transformer_blocks[0].attn]:
-        assert isinstance(attn.norm_q, torch.nn.RMSNorm) and isinstance(
-            attn.norm_k, torch.nn.RMSNorm
-        )
-        assert attn.norm_q.weight.shape == (flux.config.attention_head_dim,)
-    assert isinstance(flux.transformer_blocks[0].attn.norm_added_q, torch.nn.RMSNorm)
-    assert sd3().transformer_blocks[0].attn.norm_q is None
+    def normed_in_forward(model, run, names, cls):
+        """Run ``model`` with hooks on every ``cls`` named ``names``: the last dims they saw."""
+        seen, handles = [], []
+        for n, m in model.named_modules():
+            if n.rsplit(".", 1)[-1] in names:
+                assert isinstance(m, cls), n
+                handles.append(m.register_forward_hook(
+                    lambda m, a, o, n=n: seen.append((n.rsplit(".", 1)[-1], a[0].shape[-1]))
+                ))  # fmt: skip
+        with torch.no_grad():
+            run(model)
+        for h in handles:
+            h.remove()
+        return seen
+
+    names = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"}
+    flux = tiny_flux()  # one double-stream, one single-stream block, heads of 16
+    seen = normed_in_forward(flux, run_tiny_flux, names, torch.nn.RMSNorm)
+    assert sorted(seen) == sorted(
+        [("norm_q", 16), ("norm_k", 16)] * 2 + [("norm_added_q", 16), ("norm_added_k", 16)]
+    )  # per head (width 16), in both blocks; the text-stream norms in the double block
+
+    def run_sd3(model):
+        model(hidden_states=torch.randn(1, 4, 8, 8), encoder_hidden_states=torch.randn(1, 5, 32),
+              pooled_projections=torch.randn(1, 16), timestep=torch.tensor([500]))  # fmt: skip
+
+    sd3_medium = tiny_sd3_transformer(num_layers=2)  # qk_norm left at its default
+    assert normed_in_forward(sd3_medium, run_sd3, names, torch.nn.Module) == []
+    assert sd3_medium.transformer_blocks[0].attn.norm_q is None
     torch.manual_seed(0)
     sd35 = SD3Transformer2DModel(
         sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
         num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16,
         pooled_projection_dim=16, pos_embed_max_size=16, qk_norm="rms_norm",
-        dual_attention_layers=(0,),
     )  # fmt: skip
-    assert isinstance(sd35.transformer_blocks[0].attn.norm_q, RMSNorm)
-    assert isinstance(sd35.transformer_blocks[0].attn.norm_added_k, RMSNorm)
+    seen = normed_in_forward(sd35, run_sd3, names, RMSNorm)
+    assert {n for n, _ in seen} == names and {d for _, d in seen} == {8}
 
 
 def test_sd35_dual_attention_layers_add_an_image_only_attention():
@@ -615,3 +671,40 @@ def test_flux_dev_takes_guidance_scale_as_an_input_in_one_pass():
              negative_pooled_prompt_embeds=torch.zeros(1, DIT_TEXT), true_cfg_scale=2.0,
              height=16, width=16, num_inference_steps=2, output_type="latent")  # fmt: skip
     assert len(calls) == 4 and all(k["hidden_states"].shape[0] == 1 for k in calls)
+
+
+def test_fused_backends_and_what_the_unfused_math_path_holds():
+    """Fused kernels include PyTorch SDPA's flash, memory-efficient and cuDNN backends: torch's `SDPBackend` lists exactly these three beside the unfused `MATH` (and `ERROR`, `OVERRIDEABLE`). The math backend holds the scores and the softmax as two `N x N` tensors per head, in fp32 for fp16 inputs by default (`allow_fp16_bf16_reduction_math_sdp` off): at least 4 times the fp16 bytes of the memory table (checked on CPU)."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    others = set(SDPBackend.__members__) - {"MATH", "ERROR", "OVERRIDEABLE"}
+    assert others == {"FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"}
+    n = 64
+
+    class SquareOutputs(TorchDispatchMode):
+        """Record (op, dtype) of every op that writes a new (.., N, N) tensor."""
+
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.__name__.split(".")[0]
+            if name in ("bmm", "_safe_softmax", "_softmax") and out.shape[-2:] == (n, n):
+                self.seen.append((name, out.dtype))
+            return out
+
+    query = torch.randn(1, 2, n, 8, dtype=torch.float16)
+    allowed = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    assert allowed is False  # torch's default
+    try:
+        for reduce_in_fp16, dtype in [(False, torch.float32), (True, torch.float16)]:
+            torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(reduce_in_fp16)
+            with sdpa_kernel(SDPBackend.MATH), SquareOutputs() as spy:
+                F.scaled_dot_product_attention(query, query, query)
+            assert spy.seen == [("bmm", dtype), ("_safe_softmax", dtype)]  # scores, then probs
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
