@@ -232,15 +232,16 @@ figures.save(
     caption="Noise levels visited by EulerDiscreteScheduler, linspace against Karras sigmas.",
 )  # fmt: skip
 
-# All four grids on one sigma axis: SD 1.5's Euler config (leading, steps_offset=1) and the
-# two spacings of Lin et al., then Karras sigmas on that same SD 1.5 config. diffusers takes
-# the Karras end points from the spaced grid, so Karras spans leading's range, redistributed.
+# All four grids on one sigma axis: SDXL's shipped Euler config (leading, steps_offset=1, SD's
+# betas; SD 1.5 ships PNDM, and Euler.from_config on it gets linspace) and the two spacings of
+# Lin et al., then Karras sigmas on that same leading config. diffusers takes the Karras end
+# points from the spaced grid, so Karras spans leading's range, redistributed.
 sigma_axis = {}  # label -> (n,) sigmas visited, high to low (the final 0 is off a log axis)
 for label, config in [
-    ("leading (SD 1.5)", dict(timestep_spacing="leading", steps_offset=1)),
+    ("leading (SDXL's Euler)", dict(timestep_spacing="leading", steps_offset=1)),
     ("trailing", dict(timestep_spacing="trailing")),
     ("linspace", dict(timestep_spacing="linspace")),
-    ("Karras (SD 1.5)", dict(timestep_spacing="leading", steps_offset=1, use_karras_sigmas=True)),
+    ("Karras on leading", dict(timestep_spacing="leading", steps_offset=1, use_karras_sigmas=True)),
 ]:  # fmt: skip
     grid_euler = EulerDiscreteScheduler(**config, **betas_config)
     grid_euler.set_timesteps(args.steps)

@@ -1,9 +1,12 @@
 """Lab 03 Scheduler Reading: spacings, input scaling, prediction types, the mismatch trap."""
 
 import json
+import re
 
 import numpy as np
 import pytest
+
+from infralens_docs.registry import ROOT
 
 STARTER = "code/lab-03-scheduler-reading/scheduler_reading.py"
 
@@ -75,6 +78,37 @@ def test_sigma_grids_figure_shows_where_each_grid_starts_and_where_it_crowds(
     assert f"sigma_max = {g['sigma_max']:.2f}" in figure["alt"]
     assert f"starts lower, at {lead[0]:.2f}" in figure["alt"]
     assert f"Karras {low[3]}." in figure["alt"]
+
+
+def test_sigma_grid_labels_name_the_family_that_ships_leading_euler(run_lab):
+    """The sigma-grids series: `leading` with steps_offset=1 is SDXL's shipped Euler config;
+    SD 1.5 ships PNDM, and Euler.from_config on it gets linspace, so no label says SD 1.5."""
+    labels = list(run_lab(STARTER)["sigma_axis"])
+    assert labels == ["leading (SDXL's Euler)", "trailing", "linspace", "Karras on leading"]
+
+
+def test_scheduler_page_quotes_lab_11s_five_step_row(run_lab):
+    """docs/handbook/scheduler.md (this lab's section) quotes Lab 11's 5-step on_mode and
+    spread for DDPM, DDIM and Euler; they must be what Lab 11 prints."""
+    out = run_lab(
+        "code/lab-11-scheduler-loop-reading/scheduler_loop.py",
+        "--steps", "5", "--schedulers", "ddpm,ddim,euler",
+    )["__stdout__"]  # fmt: skip
+    rows = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[1] == "5":
+            rows[parts[0]] = (parts[3], parts[5])
+    page = " ".join((ROOT / "docs" / "handbook" / "scheduler.md").read_text().split())
+    quoted = re.search(
+        r"`on_mode` ([\d.]+%) for DDPM, ([\d.]+%) for DDIM and ([\d.]+%) for Euler.*?"
+        r"\(`spread` ([\d.]+) and ([\d.]+)\)",
+        page,
+    )
+    assert quoted is not None
+    assert quoted.groups() == (
+        rows["ddpm"][0], rows["ddim"][0], rows["euler"][0], rows["ddpm"][1], rows["ddim"][1],
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
-from tiny import canonical_beta_range, embeds, start_latents, t64
+from tiny import SD_SCHEDULER, canonical_beta_range, embeds, start_latents, t64
 
 LAB02 = "code/lab-02-denoising-step/denoising_step.py"
 
@@ -122,16 +122,27 @@ def test_from_config_carries_the_schedule_and_prediction_type():
     assert ddim.config.prediction_type == "v_prediction"
 
 
-def test_a_prediction_type_mismatch_raises_nothing():
-    """Reading a model output with the wrong `prediction_type` raises no error: every type has the latents' shape, so the step just returns a different `prev_sample`."""
-    sample = torch.randn(4, 2, dtype=torch.float64)
-    output = torch.randn(4, 2, dtype=torch.float64)
-    results = []
-    for prediction_type in ("epsilon", "sample", "v_prediction"):
-        scheduler = DDIMScheduler(clip_sample=False, prediction_type=prediction_type)
-        scheduler.set_timesteps(10)
-        results.append(scheduler.step(output, 500, sample).prev_sample)
-    assert all(r.shape == sample.shape for r in results)
+def test_a_prediction_type_mismatch_raises_nothing(sd_pipe):
+    """Reading a model output with the wrong `prediction_type` raises no error: `StableDiffusionPipeline` runs the same UNet from the same `latents` to the end with `DDIMScheduler` set to `epsilon`, `sample` or `v_prediction`, each returning finite `latents` of the same shape and dtype, and different ones."""
+    original, results = sd_pipe.scheduler, []
+    try:
+        for prediction_type in ("epsilon", "sample", "v_prediction"):
+            sd_pipe.scheduler = DDIMScheduler(**SD_SCHEDULER, prediction_type=prediction_type)
+            results.append(
+                sd_pipe(
+                    prompt_embeds=embeds(0),
+                    latents=start_latents(),
+                    num_inference_steps=5,
+                    guidance_scale=1.0,
+                    output_type="latent",
+                ).images
+            )
+    finally:
+        sd_pipe.scheduler = original
+    latents = start_latents()
+    for r in results:
+        assert r.shape == latents.shape and r.dtype == latents.dtype
+        assert torch.isfinite(r).all()
     assert not torch.allclose(results[0], results[1]) and not torch.allclose(results[0], results[2])
 
 

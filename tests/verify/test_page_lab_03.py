@@ -8,6 +8,7 @@ step index and warning, Karras end points, and the flow-matching double shift.
 """
 
 import itertools
+import json
 import logging
 
 import numpy as np
@@ -18,7 +19,10 @@ from diffusers import (
     DPMSolverMultistepScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    HeunDiscreteScheduler,
+    PNDMScheduler,
 )
+from tiny import SD15_SCHEDULER_FILE
 
 T = 1000
 
@@ -200,3 +204,64 @@ def test_euler_scale_model_input_reads_step_index_not_t():
     torch.testing.assert_close(
         scheduler.scale_model_input(sample, t5), sample / (sigma1**2 + 1) ** 0.5
     )
+
+
+#: stabilityai/stable-diffusion-xl-base-1.0, scheduler/scheduler_config.json, as shipped
+#: (but for "_diffusers_version"): Euler with `leading` and `steps_offset=1` on SD's betas
+SDXL_SCHEDULER_FILE = {
+    "_class_name": "EulerDiscreteScheduler",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": False,
+    "interpolation_type": "linear",
+    "num_train_timesteps": 1000,
+    "prediction_type": "epsilon",
+    "sample_max_value": 1.0,
+    "set_alpha_to_one": False,
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "timestep_spacing": "leading",
+    "trained_betas": None,
+    "use_karras_sigmas": False,
+}
+
+
+def load_scheduler(cls, config: dict, folder):
+    (folder / "scheduler_config.json").write_text(json.dumps(config))
+    return cls.from_pretrained(folder)
+
+
+def test_sdxl_ships_leading_euler_and_sd15_swaps_to_linspace(tmp_path):
+    """On SDXL's shipped Euler config (`leading`, `steps_offset=1`, SD's betas) the first sigma is 8.39, not `sigma_max` = 14.61, and `init_noise_sigma` is 8.45 at 10 steps; SD 1.5 ships PNDM, whose config sets no `timestep_spacing`: `EulerDiscreteScheduler.from_config` on it gets `linspace`, starting at 999 and 14.61."""
+    (tmp_path / "sdxl").mkdir()
+    (tmp_path / "sd15").mkdir()
+    sdxl = load_scheduler(EulerDiscreteScheduler, SDXL_SCHEDULER_FILE, tmp_path / "sdxl")
+    sdxl.set_timesteps(10)
+    assert sdxl.timesteps[0].item() == 901
+    assert float(sdxl.sigmas[0]) == pytest.approx(8.39, abs=0.005)
+    assert float(sdxl.init_noise_sigma) == pytest.approx(8.45, abs=0.005)
+    pndm = load_scheduler(PNDMScheduler, SD15_SCHEDULER_FILE, tmp_path / "sd15")
+    euler = EulerDiscreteScheduler.from_config(pndm.config)
+    euler.set_timesteps(10)
+    assert euler.config.timestep_spacing == "linspace"
+    assert euler.timesteps[0].item() == 999
+    assert float(euler.sigmas[0]) == pytest.approx(14.61, abs=0.005)
+    assert float(euler.init_noise_sigma) == pytest.approx(14.61, abs=0.005)
+
+
+def test_timesteps_and_sigmas_of_the_three_mirrored_classes():
+    """`set_timesteps(n)` fills `timesteps` `(n,)`, int64 for DDIM and float32 for Euler and flow matching, and for those two `sigmas` `(n + 1,)` ending in 0; not every class: `HeunDiscreteScheduler` returns 19 `timesteps` at 10 steps."""
+    for n in (1, 10, 50):
+        ddim = DDIMScheduler()
+        ddim.set_timesteps(n)
+        assert ddim.timesteps.shape == (n,) and ddim.timesteps.dtype == torch.int64
+        for cls in (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler):
+            scheduler = cls()
+            scheduler.set_timesteps(n)
+            assert scheduler.timesteps.shape == (n,), cls.__name__
+            assert scheduler.timesteps.dtype == torch.float32, cls.__name__
+            assert scheduler.sigmas.shape == (n + 1,) and scheduler.sigmas[-1] == 0, cls.__name__
+    heun = HeunDiscreteScheduler()
+    heun.set_timesteps(10)
+    assert len(heun.timesteps) == 19

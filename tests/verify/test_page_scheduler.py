@@ -7,7 +7,8 @@ tables of the spacing, Euler-sigma and flow-sigma grids are read *from the page*
 and recomputed, so a diffusers upgrade that changes a grid fails here instead of
 leaving the page wrong (``tests/test_build.py::VERIFIED_ELSEWHERE`` exempts those
 rows from the prose-number check). ``inspect`` reads only type annotations and the
-parameters of ``__init__`` signatures; every behaviour is observed by calling it.
+parameters of ``__init__`` signatures, and the schedulers' source only to list the
+``beta_schedule`` names to try; every behaviour is observed by calling it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import inspect
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -268,10 +270,15 @@ def test_float_rounding_quirks_in_spacing():
 
 
 def test_class_defaults():
-    """The default `timestep_spacing` is `leading` for `DDPMScheduler` and `DDIMScheduler` and `linspace` for `EulerDiscreteScheduler`."""
-    assert DDPMScheduler().config.timestep_spacing == "leading"
-    assert DDIMScheduler().config.timestep_spacing == "leading"
-    assert EulerDiscreteScheduler().config.timestep_spacing == "linspace"
+    """The default `timestep_spacing` is `leading` for `DDPMScheduler` and `DDIMScheduler` and `linspace` for `EulerDiscreteScheduler`: built without arguments, `set_timesteps(10)` gives 900, 800, …, 0 for the first two and 999, 888, …, 0 for Euler."""
+    for cls, expected in [
+        (DDPMScheduler, list(range(900, -1, -100))),
+        (DDIMScheduler, list(range(900, -1, -100))),
+        (EulerDiscreteScheduler, list(range(999, -1, -111))),
+    ]:
+        scheduler = cls()
+        scheduler.set_timesteps(10)
+        assert scheduler.timesteps.tolist() == expected, cls.__name__
 
 
 @pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
@@ -592,6 +599,51 @@ def test_pndm_is_stateful():
     torch.testing.assert_close(again.step(e2, t[1], other).prev_sample, second)
 
 
+def test_a_shared_instance_loses_its_grid_to_another_request(sd_pipe):
+    """DDIM and DDPM keep only the grid, and a concurrent request's `set_timesteps` on a shared instance replaces it: in `StableDiffusionPipeline` at 10 steps, another `set_timesteps(5)` on the same scheduler after the first step makes DDIM step with that request's stride, silently, and DDPM raise an `IndexError` at a `t` off the new grid and step to the new grid's next level at one on it."""
+    prompt_embeds = embeds(0)
+    seen = {}
+
+    def other_request(pipe, i, t, callback_kwargs):
+        seen[i] = callback_kwargs["latents"].clone()
+        if i == 0:
+            pipe.scheduler.set_timesteps(5)  # what a second request on this instance does
+        return callback_kwargs
+
+    original = sd_pipe.scheduler
+    try:
+        sd_pipe.scheduler = DDIMScheduler(**SD_SCHEDULER)
+        alone = run_sd(sd_pipe, 10, latents=start_latents())
+        shared = run_sd(
+            sd_pipe, 10, latents=start_latents(), callback_on_step_end=other_request
+        )  # no error
+        assert torch.isfinite(shared).all() and not torch.allclose(shared, alone, atol=1e-3)
+        # the second step, at t = 801, used the 5-step grid's stride (to 601, not 701)
+        with torch.no_grad():
+            noise_pred = sd_pipe.unet(seen[0], 801, encoder_hidden_states=prompt_embeds).sample
+        five = DDIMScheduler(**SD_SCHEDULER)
+        five.set_timesteps(5)
+        close(seen[1], five.step(noise_pred, 801, seen[0]).prev_sample)
+
+        sd_pipe.scheduler = DDPMScheduler(**{**SD_BETAS, "steps_offset": 1, "clip_sample": False})
+        scheduler, targets = sd_pipe.scheduler, []
+        previous_timestep = scheduler.previous_timestep
+
+        def spy(t):
+            targets.append((int(t), int(previous_timestep(t))))
+            return targets[-1][1]
+
+        scheduler.previous_timestep = spy
+        with pytest.raises(IndexError):  # t = 701 is not on 801, 601, …, 1
+            run_sd(
+                sd_pipe, 10, latents=start_latents(), callback_on_step_end=other_request,
+                generator=torch.Generator().manual_seed(0),
+            )  # fmt: skip
+        assert list(dict.fromkeys(targets)) == [(901, 801), (801, 601)]  # step and _get_variance
+    finally:
+        sd_pipe.scheduler = original
+
+
 # --- prediction_type -------------------------------------------------------------------------
 
 
@@ -599,16 +651,20 @@ def test_prediction_type_values_and_default():
     """`DDPMScheduler`, `DDIMScheduler` and `EulerDiscreteScheduler` default to `prediction_type="epsilon"` and accept `"sample"` and `"v_prediction"`, each reading the same output differently; `FlowMatchEulerDiscreteScheduler` has no `prediction_type`."""
     sample, model_output = tensors(9)
     for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
-        assert cls().config.prediction_type == "epsilon"
         x0 = []
-        for kind in ("epsilon", "sample", "v_prediction"):
+        for kind in (None, "epsilon", "sample", "v_prediction"):  # None: the default
             extra = {} if cls is EulerDiscreteScheduler else {"clip_sample": False}
-            scheduler = cls(prediction_type=kind, **extra, **SD_BETAS)
+            if kind is not None:
+                extra["prediction_type"] = kind
+            scheduler = cls(**extra, **SD_BETAS)
             scheduler.set_timesteps(10)
-            out = scheduler.step(model_output, scheduler.timesteps[3], sample)
+            out = scheduler.step(
+                model_output, scheduler.timesteps[3], sample, generator=torch.Generator()
+            )
             x0.append(out.pred_original_sample)
-        assert not torch.allclose(x0[0], x0[1]) and not torch.allclose(x0[0], x0[2])
-        assert torch.equal(x0[1], model_output), cls.__name__
+        assert torch.equal(x0[0], x0[1]), cls.__name__  # the default reads `epsilon`
+        assert not torch.allclose(x0[1], x0[2]) and not torch.allclose(x0[1], x0[3])
+        assert torch.equal(x0[2], model_output), cls.__name__
     assert "prediction_type" not in FlowMatchEulerDiscreteScheduler().config
 
 
@@ -1184,14 +1240,7 @@ def test_rescale_betas_zero_snr():
 
 
 def test_zero_terminal_snr():
-    r"""No standard `beta_schedule` reaches `alphas_cumprod[999] == 0`; with `rescale_betas_zero_snr=True` it is exactly 0 (and `alphas_cumprod[0]` is unchanged), so at `t=999` an `epsilon` output gives a non-finite `pred_original_sample`, while a `v_prediction` output $v$ gives $\hat{x}_0 = -v$."""
-    for schedule, betas in [
-        ("linear", {}),
-        ("scaled_linear", SD_BETAS),
-        ("squaredcos_cap_v2", {}),
-    ]:
-        betas = {**betas, "beta_schedule": schedule}
-        assert DDPMScheduler(**betas).alphas_cumprod[-1] > 0, schedule
+    r"""With `rescale_betas_zero_snr=True` `alphas_cumprod[999]` is exactly 0 (and `alphas_cumprod[0]` is unchanged), so at `t=999`, with `clip_sample=False` (SD's setting), an `epsilon` output gives a non-finite `pred_original_sample` (the default clip turns it into ±1), while a `v_prediction` output $v$ gives $\hat{x}_0 = -v$."""
     plain = DDIMScheduler(**SD_BETAS)
     x_t, out = randn(0), randn(1)
     x0 = {}
@@ -1210,3 +1259,49 @@ def test_zero_terminal_snr():
         x0[prediction_type] = scheduler.step(out, 999, x_t).pred_original_sample
     assert not torch.isfinite(x0["epsilon"]).any()
     close(x0["v_prediction"], -out)
+    for cls in (DDIMScheduler, DDPMScheduler):
+        zero_snr = dict(rescale_betas_zero_snr=True, timestep_spacing="trailing", **SD_BETAS)
+        unclipped, clipped = cls(clip_sample=False, **zero_snr), cls(**zero_snr)
+        for scheduler in (unclipped, clipped):
+            scheduler.set_timesteps(10)
+        gen = torch.Generator().manual_seed(0)
+        x0_hat = unclipped.step(out, 999, x_t, generator=gen).pred_original_sample
+        assert not torch.isfinite(x0_hat).any(), cls.__name__
+        # the default clip_sample=True clamps the infinities to ±1
+        x0_hat = clipped.step(out, 999, x_t, generator=gen).pred_original_sample
+        assert x0_hat.abs().eq(1).all(), cls.__name__
+
+
+def beta_schedule_names() -> set[str]:
+    """Every `beta_schedule` value a scheduler module of the installed diffusers tests for."""
+    import diffusers.schedulers as schedulers_package
+
+    names = set()
+    for path in Path(schedulers_package.__file__).parent.glob("scheduling_*.py"):
+        names |= set(re.findall(r'beta_schedule == "(\w+)"', path.read_text(encoding="utf-8")))
+    return names
+
+
+def test_no_beta_schedule_reaches_zero_terminal_snr():
+    """No standard `beta_schedule` reaches `alphas_cumprod[999] == 0`: each name a scheduler of the installed diffusers accepts ends above 0 (built by the first class, in name order, that accepts it)."""
+    import diffusers.schedulers as schedulers_package
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+    names = beta_schedule_names()
+    assert {"linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid"} <= names
+    checked = set()
+    for cls_name in sorted(dir(schedulers_package)):
+        cls = getattr(schedulers_package, cls_name)
+        if not (inspect.isclass(cls) and issubclass(cls, SchedulerMixin)):
+            continue
+        if "beta_schedule" not in inspect.signature(cls.__init__).parameters:
+            continue
+        for name in names - checked:
+            try:
+                scheduler = cls(beta_schedule=name)
+            except (NotImplementedError, ValueError, TypeError):
+                continue  # this class does not accept that name
+            if hasattr(scheduler, "alphas_cumprod"):
+                assert float(scheduler.alphas_cumprod[-1]) > 0, (cls_name, name)
+                checked.add(name)
+    assert checked == names, names - checked
