@@ -162,10 +162,11 @@ for label, scale in runs:
 # --8<-- [start:negative]
 scale = 1.5
 for name, uncond in [("empty prompt (UNCOND)", UNCOND), ("negative prompt: class 0", 0)]:
+    unet.rows = 0
     samples = sample(scale, uncond=uncond)
     print(
         f"guidance_scale={scale:g}, uncond = {name:<26} purity {purity(mixture, samples, target_class):.1%}"
-        f"  mean x {samples[:, 0].mean():.3f}"
+        f"  mean x {samples[:, 0].mean():.3f}  rows/step {unet.rows / len(scheduler.timesteps):.0f}"
     )
 # --8<-- [end:negative]
 

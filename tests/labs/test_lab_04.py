@@ -66,11 +66,16 @@ def test_batch_doubling_matches_two_separate_calls(run_lab):
     np.testing.assert_allclose(guided, e_u + 3.0 * (e_c - e_u), atol=1e-12)
 
 
-def test_negative_prompt_pushes_further(run_lab):
+def test_negative_prompt_pushes_further_at_the_same_rows(run_lab):
+    """A negative prompt pushes further than the empty one; 4000 rows per step either way."""
     g = run_lab(STARTER, "--guidance-scales", "1")
     lines = [line for line in g["__stdout__"].splitlines() if "uncond = " in line]
-    empty, negative = (float(line.split("mean x")[1]) for line in lines)
+    (empty, rows_empty), (negative, rows_negative) = (
+        (float(line.split("mean x")[1].split()[0]), line.split("rows/step")[1].strip())
+        for line in lines
+    )
     assert negative > empty
+    assert rows_empty == rows_negative == "4000"  # the doubled batch of 2000 samples
 
 
 def test_guidance_grid_on_images_follows_the_scale(run_lab, tmp_path):

@@ -6,8 +6,9 @@ Everything runs on the real classes with tiny random-config parts built in code:
 ``StableDiffusion3Pipeline`` (tiny ``SD3Transformer2DModel``),
 ``StableDiffusionControlNetPipeline`` and a tiny ``CLIPVisionModelWithProjection`` for
 IP-Adapter. Hooks record what the denoiser receives and returns and what
-``scheduler.step`` is given. Only documentation text (docstrings, source comments) and
-signature defaults are read with ``inspect``.
+``scheduler.step`` is given; defaults are observed through each ``__call__``. Only
+documentation text (docstrings, source comments) that a sentence quotes is read with
+``inspect``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from diffusers import (
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     StableDiffusion3Pipeline,
-    StableDiffusionControlNetPipeline,
     StableDiffusionPipeline,
 )
-from diffusers.loaders import IPAdapterMixin
 from diffusers.models.embeddings import (
     ImageProjection,
     IPAdapterPlusImageProjection,
@@ -47,6 +46,7 @@ from tiny import (
     flux_prompt_embeds,
     guided,
     logged_messages,
+    random_ip_adapter,
     spy_step,
     start_latents,
     tiny_clip_with_projection,
@@ -78,6 +78,12 @@ def cfg_text_encoder():
 def text_pipe():
     """The tiny StableDiffusionPipeline with a tiny CLIP text encoder and tokenizer."""
     return tiny_sd_pipeline(text_encoder=cfg_text_encoder(), tokenizer=tiny_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def sdxl_pipe():
+    """The tiny StableDiffusionXLPipeline (no text encoders; `force_zeros_for_empty_prompt`)."""
+    return tiny_sdxl_pipeline()
 
 
 def run(pipe, guidance_scale, steps=3, latents=None, **kwargs):
@@ -302,7 +308,7 @@ def test_text_encoder_runs_twice_per_generation_with_cfg(text_pipe, record_calls
 
 
 def test_a_negative_prompt_costs_nothing_extra(text_pipe, record_calls):
-    """A `negative_prompt` replaces the empty string in the unconditional half: the UNet calls and their batch of `2B` are the same with and without one, only the unconditional rows of `encoder_hidden_states` change."""
+    """In `StableDiffusionPipeline` a `negative_prompt` replaces the empty string in the unconditional half: the UNet calls and their batch of `2B` are the same with and without one, only the unconditional rows of `encoder_hidden_states` change."""
     calls = record_calls(text_pipe.unet).calls
     run(text_pipe, guidance_scale=7.5, steps=2, prompt="a cat")
     without = [kwargs["encoder_hidden_states"] for _, kwargs in calls]
@@ -347,26 +353,43 @@ def test_negative_prompt_embeds_shape_must_match(sd_pipe, guidance_scale):
 # ---------------------------------------------------------------- defaults and guidance_rescale
 
 
-def test_pipeline_guidance_defaults():
-    """`StableDiffusionPipeline.__call__` defaults to `guidance_scale=7.5` and `guidance_rescale=0.0`, `StableDiffusionXLPipeline.__call__` to `guidance_scale=5.0` and `guidance_rescale=0.0`, and `StableDiffusion3Pipeline.__call__` to `guidance_scale=7.0`."""
-    from diffusers import StableDiffusionXLPipeline
+def test_pipeline_guidance_defaults(sd_pipe, sdxl_pipe, sd3_pipe, outputs_of, step_inputs):
+    """`StableDiffusionPipeline.__call__` defaults to `guidance_scale=7.5` and `guidance_rescale=0.0`, `StableDiffusionXLPipeline.__call__` to `guidance_scale=5.0` and `guidance_rescale=0.0`, and `StableDiffusion3Pipeline.__call__` to `guidance_scale=7.0`.
 
-    sd = inspect.signature(StableDiffusionPipeline.__call__).parameters
-    sdxl = inspect.signature(StableDiffusionXLPipeline.__call__).parameters
-    sd3 = inspect.signature(StableDiffusion3Pipeline.__call__).parameters
-    assert sd["guidance_scale"].default == 7.5 and sd["guidance_rescale"].default == 0.0
-    assert sdxl["guidance_scale"].default == 5.0 and sdxl["guidance_rescale"].default == 0.0
-    assert sd3["guidance_scale"].default == 7.0
+    Each pipeline is called without either argument; ``scheduler.step`` must receive exactly
+    ``noise_pred_uncond + s * (noise_pred_text - noise_pred_uncond)`` of the denoiser's own
+    doubled output with the default ``s``, unrescaled (a ``guidance_rescale`` above 0 would
+    change it, see ``test_pipeline_rescales_only_with_cfg_and_positive_guidance_rescale``).
+    """
+    common = dict(num_inference_steps=2, height=HEIGHT, width=WIDTH, latents=start_latents(),
+                  output_type="latent")  # fmt: skip
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3))
+    sd3_pos, sd3_neg = embeds(4)[:, :10], embeds(5)[:, :10]
+    sd3_pooled, sd3_neg_pooled = torch.randn(2, 16, generator=torch.Generator().manual_seed(4))
+    for pipe, denoiser, default, kwargs in [
+        (sd_pipe, sd_pipe.unet, 7.5, dict(prompt_embeds=PROMPT, negative_prompt_embeds=NEGATIVE)),
+        (sdxl_pipe, sdxl_pipe.unet, 5.0, dict(prompt_embeds=PROMPT, pooled_prompt_embeds=pooled)),
+        (sd3_pipe, sd3_pipe.transformer, 7.0,
+         dict(prompt_embeds=sd3_pos, negative_prompt_embeds=sd3_neg,
+              pooled_prompt_embeds=sd3_pooled[None], negative_pooled_prompt_embeds=sd3_neg_pooled[None])),
+    ]:  # fmt: skip
+        outs, steps = outputs_of(denoiser), step_inputs(pipe.scheduler)
+        pipe(**kwargs, **common)
+        assert len(outs) == len(steps) == 2
+        for out, (model_output, _) in zip(outs, steps, strict=True):
+            assert out.shape[0] == 2  # CFG on: the doubled batch
+            torch.testing.assert_close(model_output, guided(out, default), rtol=0, atol=0)
 
 
-def test_no_guidance_rescale_on_controlnet_sd3_and_flux(sd3_pipe, controlnet_pipe):
-    """`StableDiffusionControlNetPipeline.__call__`, `StableDiffusion3Pipeline.__call__` and `FluxPipeline.__call__` have no `guidance_rescale` parameter: SD3 rejects one with `TypeError`, and the ControlNet pipeline's `**kwargs` swallows it, so it changes nothing."""
-    from diffusers import FluxPipeline
+def test_no_guidance_rescale_on_controlnet_sd3_and_flux(sd3_pipe, controlnet_pipe, flux_pipe):
+    """`StableDiffusionControlNetPipeline.__call__`, `StableDiffusion3Pipeline.__call__` and `FluxPipeline.__call__` have no `guidance_rescale` parameter: SD3 rejects one with `TypeError`, and the ControlNet pipeline's `**kwargs` swallows it, so it changes nothing.
 
-    for pipeline in (StableDiffusionControlNetPipeline, StableDiffusion3Pipeline, FluxPipeline):
-        assert "guidance_rescale" not in inspect.signature(pipeline.__call__).parameters
+    Each ``__call__`` is called with ``guidance_rescale=0.7``; Flux rejects it like SD3.
+    """
     with pytest.raises(TypeError, match="guidance_rescale"):
         sd3_pipe(guidance_rescale=0.7)
+    with pytest.raises(TypeError, match="guidance_rescale"):
+        run_flux(flux_pipe, guidance_rescale=0.7)
     plain = run_controlnet(controlnet_pipe)
     torch.testing.assert_close(run_controlnet(controlnet_pipe, guidance_rescale=0.7), plain)
 
@@ -563,6 +586,74 @@ def test_sd3_encodes_the_empty_string_as_the_default_negative(sd3_pipe, record_c
         assert pipe.do_classifier_free_guidance is on
 
 
+@pytest.mark.parametrize("guidance_scale", [1.0, 0.5, 0.0])
+def test_sdxl_and_sd3_skip_the_uncond_branch_up_to_one(
+    sdxl_pipe, sd3_pipe, record_calls, guidance_scale
+):
+    """In `StableDiffusionXLPipeline` and `StableDiffusion3Pipeline` too, `guidance_scale` 1 or below switches the unconditional branch off: every denoiser call gets batch `B` and the prompt embeddings alone.
+
+    Each pipeline's ``__call__`` runs with negative embeddings passed, which must not reach
+    the denoiser.
+    """
+    g = torch.Generator().manual_seed(5)
+    pooled, neg_pooled = torch.randn(2, 1, 16, generator=g)
+    pos, neg = (torch.randn(1, 10, EMBED_DIM, generator=g) for _ in range(2))
+    common = dict(guidance_scale=guidance_scale, num_inference_steps=2, height=HEIGHT,
+                  width=WIDTH, latents=start_latents(), output_type="latent")  # fmt: skip
+    xl = record_calls(sdxl_pipe.unet).calls
+    sdxl_pipe(prompt_embeds=PROMPT, negative_prompt_embeds=NEGATIVE, pooled_prompt_embeds=pooled,
+              negative_pooled_prompt_embeds=neg_pooled, **common)  # fmt: skip
+    sd3 = record_calls(sd3_pipe.transformer).calls
+    sd3_pipe(prompt_embeds=pos, negative_prompt_embeds=neg, pooled_prompt_embeds=pooled,
+             negative_pooled_prompt_embeds=neg_pooled, **common)  # fmt: skip
+    assert [args[0].shape[0] for args, _ in xl] == [1, 1]
+    assert [kwargs["hidden_states"].shape[0] for _, kwargs in sd3] == [1, 1]
+    for (_, a), (_, b) in zip(xl, sd3, strict=True):
+        torch.testing.assert_close(a["encoder_hidden_states"], PROMPT)
+        torch.testing.assert_close(a["added_cond_kwargs"]["text_embeds"], pooled)
+        torch.testing.assert_close(b["encoder_hidden_states"], pos)
+        torch.testing.assert_close(b["pooled_projections"], pooled)
+
+
+def test_sd3_skip_guidance_layers_adds_a_third_call(sd3_pipe, record_calls):
+    """SD3's skip-layer guidance is opt-in: with `skip_guidance_layers` set, the steps whose index lies strictly between `skip_layer_guidance_start` and `skip_layer_guidance_stop` times `num_inference_steps` add a third transformer call, at batch `B` on the prompt alone with those layers skipped; without it every step is one call at `2B`.
+
+    Ten steps with the defaults 0.01 and 0.2: only step 1 is inside the window.
+    """
+    g = torch.Generator().manual_seed(6)
+    pos, neg = (torch.randn(1, 10, EMBED_DIM, generator=g) for _ in range(2))
+    pooled, neg_pooled = torch.randn(2, 1, 16, generator=g)
+    kwargs = dict(prompt_embeds=pos, negative_prompt_embeds=neg, pooled_prompt_embeds=pooled,
+                  negative_pooled_prompt_embeds=neg_pooled, guidance_scale=4.0,
+                  num_inference_steps=10, height=HEIGHT, width=WIDTH, latents=start_latents(),
+                  output_type="latent")  # fmt: skip
+    calls = record_calls(sd3_pipe.transformer).calls
+    sd3_pipe(**kwargs)
+    assert [k["hidden_states"].shape[0] for _, k in calls] == [2] * 10
+    calls.clear()
+    sd3_pipe(**kwargs, skip_guidance_layers=[0])
+    assert [k["hidden_states"].shape[0] for _, k in calls] == [2, 2, 1] + [2] * 8
+    third = calls[2][1]
+    assert third["skip_layers"] == [0]
+    torch.testing.assert_close(third["encoder_hidden_states"], pos)
+
+
+def test_negative_prompt_costs_no_denoiser_call_except_in_flux(text_pipe, flux_pipe, record_calls):
+    """In `StableDiffusionPipeline` a negative prompt adds no denoiser compute (the same calls at batch `2B`, only the unconditional rows change); in `FluxPipeline` a negative prompt with `true_cfg_scale > 1` is what turns on the second transformer call per step."""
+    unet = record_calls(text_pipe.unet).calls
+    run(text_pipe, guidance_scale=7.5, steps=2, prompt="a cat")
+    without = [args[0].shape[0] for args, _ in unet]
+    unet.clear()
+    run(text_pipe, guidance_scale=7.5, steps=2, prompt="a cat", negative_prompt="dog")
+    assert [args[0].shape[0] for args, _ in unet] == without == [2, 2]
+    flux = record_calls(flux_pipe.transformer).calls
+    run_flux(flux_pipe, true_cfg_scale=4.0)
+    assert len(flux) == 2  # 2 steps, one call each
+    flux.clear()
+    run_flux(flux_pipe, negative=True, true_cfg_scale=4.0)
+    assert len(flux) == 4  # the negative prompt doubles the calls
+
+
 FLUX_TEXT, FLUX_POOLED = flux_prompt_embeds()  # [neg, pos]: (2, 8, 32) and (2, 32)
 
 
@@ -591,10 +682,9 @@ def run_flux(pipe, negative=False, **kwargs):
 
 def test_flux_dev_takes_the_scale_as_an_input_in_one_call(flux_pipe, record_calls):
     """`FluxPipeline` with a guidance-embedding transformer (FLUX.1-dev, `guidance_embeds=True`) does not batch `2B`: it makes one transformer call per step at batch `B` and passes `guidance_scale` (default 3.5) as the `guidance` input."""
-    assert inspect.signature(type(flux_pipe).__call__).parameters["guidance_scale"].default == 3.5
     calls = record_calls(flux_pipe.transformer).calls
     low = run_flux(flux_pipe, guidance_scale=1.0)
-    high = run_flux(flux_pipe, guidance_scale=3.5)
+    high = run_flux(flux_pipe)  # the default guidance_scale
     assert len(calls) == 4  # 2 steps x 2 calls of the pipeline
     for (_, kwargs), scale in zip(calls, [1.0, 1.0, 3.5, 3.5], strict=True):
         assert kwargs["hidden_states"].shape[0] == 1  # batch B: packed latents, not doubled
@@ -727,14 +817,20 @@ def test_ip_adapter_plus_uncond_encodes_a_zero_pixel_tensor(ip_pipe):
 def test_clip_zero_pixels_are_the_mean_colour():
     """The `CLIPImageProcessor` that `load_ip_adapter` creates when a pipeline has none normalises with the CLIP mean and std, so an all-zero pixel tensor is an image filled with the CLIP mean colour (a mid grey), not a black image.
 
-    ``CLIPImageProcessor(size=..., crop_size=...)`` in ``diffusers/loaders/ip_adapter.py``.
+    ``load_ip_adapter`` runs on a fresh tiny pipeline with an image encoder and no
+    ``feature_extractor``, given a plain IP-Adapter state dict; the processor it registers
+    then turns a mean-colour image into zeros and a black one into large negative values.
     """
-    loader = inspect.getsource(IPAdapterMixin.load_ip_adapter)
-    assert "CLIPImageProcessor(size=clip_image_size, crop_size=clip_image_size)" in loader
-    processor = CLIPImageProcessor(size=32, crop_size=32)
+    pipe = tiny_sd_pipeline(unet=tiny_unet(), image_encoder=tiny_image_encoder(
+        hidden_size=32, intermediate_size=37, num_attention_heads=4))  # fmt: skip
+    assert pipe.feature_extractor is None
+    pipe.load_ip_adapter(random_ip_adapter(pipe.unet), subfolder="", weight_name="unused")
+    processor = pipe.feature_extractor
+    assert isinstance(processor, CLIPImageProcessor)
     mean = np.rint(255 * np.asarray(processor.image_mean)).astype(np.uint8)
     grey = processor(np.broadcast_to(mean, (32, 32, 3)).copy(), return_tensors="pt").pixel_values
     black = processor(np.zeros((32, 32, 3), np.uint8), return_tensors="pt").pixel_values
+    assert grey.shape == (1, 3, 32, 32)  # the image encoder's image_size
     assert grey.abs().max() < 0.01  # rounding of the mean to 8 bits
     assert black.max() < -1.4
     assert 100 < mean.min() and mean.max() < 130  # mid grey, all three channels

@@ -8,14 +8,14 @@ from tiny ``CLIPTextConfig``s, a ``T5EncoderModel`` from a tiny ``T5Config`` wit
 ``StableDiffusionPipeline``, ``StableDiffusionXLPipeline`` and
 ``StableDiffusion3Pipeline`` around them. The widths are small and all different
 (CLIP-L stand-in 16, CLIP-G stand-in 24 with projection 20, T5 stand-in 64), so every
-concatenation and padding shows in the shapes. Only signature defaults are read with
-``inspect``.
+concatenation and padding shows in the shapes. Defaults are observed by calling or
+building with the argument left out, not read from signatures.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
+import itertools
 import json
 import logging
 import string
@@ -360,9 +360,7 @@ def test_sdxl_clip_skip_counts_from_the_penultimate_layer(sdxl_pipe):
 
 def test_sdxl_force_zeros_for_empty_prompt(tokenizers, sdxl_pipe, tmp_path):
     """With `force_zeros_for_empty_prompt=True` (the default of `StableDiffusionXLPipeline`) and no `negative_prompt`, `negative_prompt_embeds` and `negative_pooled_prompt_embeds` are zeros; an explicit `negative_prompt=""`, or the flag set to `False`, encodes the empty string instead; `save_pretrained` writes the flag to `model_index.json`."""
-    default = inspect.signature(StableDiffusionXLPipeline.__init__).parameters
-    assert default["force_zeros_for_empty_prompt"].default is True
-    assert sdxl_pipe.config.force_zeros_for_empty_prompt is True
+    assert sdxl_pipe.config.force_zeros_for_empty_prompt is True  # built without the flag
     pipe = sdxl_pipe
     prompt_embeds, negative, pooled, negative_pooled = pipe.encode_prompt("ab", device="cpu")
     assert negative.shape == prompt_embeds.shape and negative_pooled.shape == pooled.shape
@@ -478,15 +476,26 @@ def test_sd3_pooled_is_clip_l_then_clip_g(sd3_pipe):
     torch.testing.assert_close(pooled, torch.cat([first, second], dim=-1))
 
 
-def test_sd3_max_sequence_length_defaults_to_256():
-    """`max_sequence_length` defaults to 256 in `StableDiffusion3Pipeline.__call__` and `encode_prompt`, and `check_inputs` rejects values above 512."""
-    for method in (StableDiffusion3Pipeline.__call__, StableDiffusion3Pipeline.encode_prompt):
-        assert inspect.signature(method).parameters["max_sequence_length"].default == 256
-    pipe = StableDiffusion3Pipeline.__new__(StableDiffusion3Pipeline)
-    pipe.vae_scale_factor, pipe.patch_size = 8, 2
-    pipe.check_inputs("a", None, None, 64, 64, max_sequence_length=512)
+def test_sd3_max_sequence_length_defaults_to_256(sd3_pipe, record_calls):
+    """`max_sequence_length` defaults to 256 in `StableDiffusion3Pipeline.__call__` and `encode_prompt`, and `check_inputs` rejects values above 512.
+
+    ``__call__`` and ``encode_prompt`` run without the argument; ``__call__`` with 512 runs
+    and with 513 raises from ``check_inputs``.
+    """
+    pipe = sd3_pipe
+    common = dict(num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent")
+    calls = record_calls(pipe.transformer).calls
+    pipe("ab", **common)
+    assert calls[0][1]["encoder_hidden_states"].shape == (2, 77 + 256, T5_WIDTH)
+    prompt_embeds = pipe.encode_prompt(
+        "ab", None, None, device="cpu", do_classifier_free_guidance=False
+    )[0]
+    assert prompt_embeds.shape == (1, 77 + 256, T5_WIDTH)
+    calls.clear()
+    pipe("ab", guidance_scale=1.0, max_sequence_length=512, **common)
+    assert calls[0][1]["encoder_hidden_states"].shape == (1, 77 + 512, T5_WIDTH)
     with pytest.raises(ValueError, match="cannot be greater than 512"):
-        pipe.check_inputs("a", None, None, 64, 64, max_sequence_length=513)
+        pipe("ab", max_sequence_length=513, **common)
 
 
 def test_sd3_t5_pads_and_truncates_to_max_sequence_length(sd3_pipe):
@@ -562,9 +571,11 @@ def test_sd3_negative_prompt_is_the_encoded_empty_string(sd3_pipe):
 
 def test_sd3_transformer_defaults_match_the_joined_widths(record_calls):
     """`SD3Transformer2DModel` defaults to `joint_attention_dim=4096` (T5's width) and `pooled_projection_dim=2048` (768 + 1280); every transformer block gets the text tokens through `context_embedder` and a `temb` that is the timestep embedding plus the projected pooled vector."""
-    params = inspect.signature(SD3Transformer2DModel.__init__).parameters
-    assert params["joint_attention_dim"].default == 4096
-    assert params["pooled_projection_dim"].default == 2048
+    with torch.device("meta"):  # every default: shapes only, no memory
+        default = SD3Transformer2DModel()
+    assert default.config.joint_attention_dim == default.context_embedder.in_features == 4096
+    pooled_in = default.time_text_embed.text_embedder.linear_1.in_features
+    assert default.config.pooled_projection_dim == pooled_in == 2048
     torch.manual_seed(0)
     model = SD3Transformer2DModel(
         sample_size=8,
@@ -722,6 +733,90 @@ def test_sdxl_and_sd3_run_from_embeddings_without_text_encoders(tokenizers, reco
         received = calls[0][1][pooled_key]
         received = received["text_embeds"] if isinstance(received, dict) else received
         torch.testing.assert_close(received, torch.cat([negative_pooled, pooled]))
+
+
+def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkeypatch):
+    """With `enable_model_cpu_offload`, each component's accelerate hook offloads the previous component of `model_cpu_offload_seq` before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
+
+    Real hooks with the CPU standing in for the GPU (``device="cpu"``), so the order of the
+    forwards and the hook chain are what is observed; on a GPU,
+    ``CpuOffload.pre_forward`` performs the offload of the previous component.
+    """
+    from accelerate.hooks import CpuOffload
+    from diffusers import DiffusionPipeline
+
+    sd = tiny_sd_pipeline(tokenizer=tokenizers[0], text_encoder=tiny_text_encoder())
+    cases = [
+        (sd, {}, ["text_encoder", "text_encoder"]),
+        (sdxl_pipeline(tokenizers), {"negative_prompt": "cd"},
+         ["text_encoder", "text_encoder_2"] * 2),
+        (sd3_pipeline(tokenizers), {"negative_prompt": "cd", "max_sequence_length": 8},
+         ["text_encoder", "text_encoder_2", "text_encoder_3"] * 2),
+    ]  # fmt: skip
+    back, phase, original_to = [], [False], torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        if phase[0] and args and torch.device(args[0]).type == "cpu":
+            back.append(self)
+        return original_to(self, *args, **kwargs)
+
+    def at_end(*args, **kwargs):
+        phase[0] = True
+        try:
+            return free(*args, **kwargs)
+        finally:
+            phase[0] = False
+
+    free = DiffusionPipeline.maybe_free_model_hooks
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    monkeypatch.setattr(DiffusionPipeline, "maybe_free_model_hooks", at_end)
+    for pipe, kwargs, encoders in cases:
+        pipe.enable_model_cpu_offload(device="cpu")
+        chain = [n for n in pipe.model_cpu_offload_seq.split("->") if getattr(pipe, n, None)]
+        for previous, name in itertools.pairwise(chain):
+            hook = getattr(pipe, name)._hf_hook
+            assert isinstance(hook, CpuOffload)
+            assert hook.prev_module_hook.model is getattr(pipe, previous)
+        denoiser = chain[-2]  # ... -> unet / transformer -> vae
+        order: list[str] = []
+        for name in [*encoders[: len(encoders) // 2], denoiser]:
+            getattr(pipe, name).register_forward_pre_hook(
+                lambda m, a, n=name, seen=order: seen.append(n)
+            )
+        for steps in (2, 5):
+            order.clear()
+            back.clear()
+            pipe("ab", num_inference_steps=steps, height=HEIGHT, width=WIDTH,
+                 output_type="latent", **kwargs)  # fmt: skip
+            assert order == encoders + [denoiser] * steps
+            assert all(any(m is getattr(pipe, n) for m in back) for n in encoders)
+
+
+def test_t5_xxl_loaded_in_fp16_takes_about_2_gb_more(tmp_path):
+    """SD3's T5-v1.1-XXL encoder is 9.52 GB at two bytes a parameter (bf16), but about 2 GB more when loaded with `dtype=torch.float16`: transformers keeps its `wo` layers, 24 × 10240 × 4096 weights, in float32.
+
+    Which weights stay float32 is read from a tiny gated-GELU ``T5EncoderModel`` saved and
+    reloaded with ``dtype=torch.float16``; the counts from T5-v1.1-XXL's config
+    (t5.1.1.xxl.gin: d_model 4096, d_ff 10240, 24 layers, 64 heads, d_kv 64, vocab 32128)
+    built on the meta device.
+    """
+    config = dict(d_kv=8, num_heads=4, num_layers=2, feed_forward_proj="gated-gelu",
+                  tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    T5EncoderModel(T5Config(vocab_size=64, d_model=T5_WIDTH, d_ff=2 * T5_WIDTH, **config)).save_pretrained(tmp_path)  # fmt: skip
+    for dtype, kept_suffixes in ((torch.float16, {"DenseReluDense.wo.weight"}), (torch.bfloat16, set())):  # fmt: skip
+        loaded = T5EncoderModel.from_pretrained(tmp_path, dtype=dtype)
+        fp32 = {".".join(n.split(".")[-3:]) for n, w in loaded.named_parameters() if w.dtype == torch.float32}  # fmt: skip
+        assert fp32 == kept_suffixes
+    xxl = dict(config, d_kv=64, num_heads=64, num_layers=24)
+    with torch.device("meta"):
+        model = T5EncoderModel(T5Config(vocab_size=32128, d_model=4096, d_ff=10240, **xxl))
+    total = sum(w.numel() for w in model.parameters())
+    kept = sum(w.numel() for n, w in model.named_parameters() if n.endswith("DenseReluDense.wo.weight"))  # fmt: skip
+    assert 2 * total == 9_524_621_312  # 9.52 GB, the bf16 load
+    assert kept == 24 * 10240 * 4096
+    fp16_load = 2 * total + 2 * kept  # the kept weights take 4 bytes instead of 2
+    assert round(fp16_load / 1e9, 2) == 11.54 and 1.9e9 < fp16_load - 2 * total < 2.1e9
 
 
 def test_model_offload_order_puts_text_encoders_first():
