@@ -3,9 +3,12 @@
 import numpy as np
 import pytest
 
-from labkit import BETA_SCHEDULES
+from infralens_docs.registry import ROOT
+from labkit import BETA_SCHEDULES, make_betas
+from labkit.schedules import CANONICAL_BETA_RANGE
 
 STARTER = "code/lab-01-forward-noise-process/forward_noise.py"
+DEFAULT_T = (0, 100, 250, 500, 750, 999)  # the starter's default --timesteps
 
 
 @pytest.mark.parametrize("schedule", BETA_SCHEDULES)
@@ -53,9 +56,56 @@ def test_schedules_differ_where_the_page_says(run_lab):
     assert crossings["linear"] < crossings["scaled_linear"] < crossings["squaredcos_cap_v2"]
 
 
+def check_rows(stdout: str) -> dict[int, list[str]]:
+    """The check table's rows, keyed by timestep: t -> [|mean err|, |cov err|, ok, mode acc]."""
+    rows = [line.split() for line in stdout.splitlines() if line.strip().endswith("%")]
+    return {int(row[0]): row[1:] for row in rows}
+
+
+def test_a_wrong_noise_coefficient_fails_the_check_up_to_t_500(run_lab, tmp_path):
+    """The page: a wrong coefficient (1 - alpha_bar instead of its square root) prints NO on
+    every row of the default run up to t = 500, t = 0 included, where only the noise-term check
+    sees it (the moments barely move), and passes at t = 750 and 999, where both coefficients
+    are close to 1."""
+    source = (ROOT / STARTER).read_text(encoding="utf-8")
+    right = "np.sqrt(1.0 - alpha_bar[t]) * noise"
+    assert source.count(right) == 1
+    mutant = tmp_path / "forward_noise.py"
+    mutant.write_text(source.replace(right, "(1.0 - alpha_bar[t]) * noise"), encoding="utf-8")
+    right_rows = check_rows(run_lab(STARTER)["__stdout__"])
+    wrong_rows = check_rows(run_lab(str(mutant))["__stdout__"])
+    assert {t: row[2] for t, row in right_rows.items()} == dict.fromkeys(DEFAULT_T, "yes")
+    ok = {t: row[2] for t, row in wrong_rows.items()}
+    assert ok == {0: "NO", 100: "NO", 250: "NO", 500: "NO", 750: "yes", 999: "yes"}
+    moments = [
+        abs(float(w) - float(r)) for w, r in zip(wrong_rows[0][:2], right_rows[0][:2], strict=True)
+    ]
+    assert max(moments) < 1e-3  # at t = 0 the mean and covariance errors are the right run's
+
+
+@pytest.mark.parametrize("schedule", BETA_SCHEDULES)
+def test_each_schedule_name_uses_its_canonical_beta_range(run_lab, schedule):
+    """`--schedule NAME` builds the betas with labkit's `CANONICAL_BETA_RANGE[NAME]`, whatever
+    range a checkpoint's config gives: `linear` starts at DDPM's 0.0001, `scaled_linear` at
+    SD's 0.00085."""
+    g = run_lab(STARTER, "--schedule", schedule, "--num-samples", "100", "--timesteps", "0")
+    np.testing.assert_array_equal(
+        g["betas"], make_betas(schedule, 1000, *CANONICAL_BETA_RANGE[schedule])
+    )
+    first = {"linear": 0.0001, "scaled_linear": 0.00085}
+    if schedule in first:
+        assert g["betas"][0] == pytest.approx(first[schedule], rel=1e-9)
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["--schedule", "cosine"], ["--timesteps", "1000"], ["--timesteps", "a,b"], ["--seed", "1.5"]],
+    [
+        ["--schedule", "cosine"],
+        ["--schedule", "sigmoid"],
+        ["--timesteps", "1000"],
+        ["--timesteps", "a,b"],
+        ["--seed", "1.5"],
+    ],
     ids=" ".join,
 )
 def test_bad_arguments(run_cli, argv):

@@ -9,7 +9,9 @@ transformer. One pipeline uses a VAE with SD 1.x's four blocks, so its
 
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 
 import pytest
 import torch
@@ -30,6 +32,7 @@ from tiny import (
     close,
     embeds,
     randn,
+    spy_step_kwarg,
     start_latents,
     tiny_sd3_pipeline,
     tiny_sd_pipeline,
@@ -153,12 +156,28 @@ def test_lab01_numbers_are_diffusers_values():
     assert sd / (1 - sd) == pytest.approx(0.0047, abs=5e-5)
 
 
-def test_no_standard_schedule_reaches_zero():
-    r"""No standard `beta_schedule` reaches $\bar\alpha = 0$: `alphas_cumprod[999]` is above 0 under `linear`, `scaled_linear` and `squaredcos_cap_v2`, so `add_noise` at `t=999` still carries a trace of $x_0$ (two clean samples with the same noise give different $x_{999}$)."""
+def accepted_beta_schedules() -> set[str]:
+    """The `beta_schedule` values the installed `DDPMScheduler` accepts: the names in its
+    annotation, plus "laplace", which its ``__init__`` handles but the annotation leaves out
+    (each is constructed, so a name the library drops fails here)."""
+    annotation = inspect.signature(DDPMScheduler.__init__).parameters["beta_schedule"].annotation
+    names = set(typing.get_args(annotation)) | {"laplace"}
+    for name in names:
+        DDPMScheduler(beta_schedule=name)
+    return names
+
+
+@pytest.mark.parametrize(
+    "beta_range", [RANGES["linear"], RANGES["scaled_linear"]], ids=["DDPM", "SD"]
+)
+def test_no_standard_schedule_reaches_zero(beta_range):
+    r"""No `beta_schedule` that `DDPMScheduler` accepts reaches $\bar\alpha = 0$ with DDPM's or SD's beta range: the three in the table plus `sigmoid` and `laplace`, read from the installed library, all end with `alphas_cumprod[999]` above 0, so `add_noise` at `t=999` still carries a trace of $x_0$ (two clean samples with the same noise give different $x_{999}$)."""
+    accepted = accepted_beta_schedules()
+    assert accepted == set(SCHEDULES) | {"sigmoid", "laplace"}
     eps, x0_a, x0_b = randn(1), randn(2), randn(3)
     t = torch.tensor([999, 999])
-    for schedule in SCHEDULES:
-        scheduler = DDPMScheduler(beta_schedule=schedule, **RANGES[schedule])
+    for schedule in sorted(accepted):
+        scheduler = DDPMScheduler(beta_schedule=schedule, **beta_range)
         assert scheduler.alphas_cumprod[-1] > 0, schedule
         gap = scheduler.add_noise(x0_a, eps, t) - scheduler.add_noise(x0_b, eps, t)
         expected = abar(scheduler, 999).sqrt() * (x0_a - x0_b)
@@ -170,7 +189,13 @@ def test_no_standard_schedule_reaches_zero():
 
 
 @pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
-@pytest.mark.parametrize("spacing", ["leading", "trailing", "linspace"])
+@pytest.mark.parametrize(
+    "spacing",
+    # every value DDPMScheduler's annotation allows (DDIMScheduler takes the same three)
+    typing.get_args(
+        inspect.signature(DDPMScheduler.__init__).parameters["timestep_spacing"].annotation
+    ),
+)
 def test_set_timesteps_picks_a_descending_subsequence(cls, spacing):
     """`set_timesteps(num_inference_steps)` sets `scheduler.timesteps` to `num_inference_steps` distinct integer training timesteps in `[0, 1000)`, from high noise to low, for every `timestep_spacing`."""
     scheduler = cls(timestep_spacing=spacing)
@@ -235,6 +260,26 @@ def test_sd3_starts_from_unscaled_noise(record_calls):
     first = recorder.calls[0][1]["hidden_states"]
     assert first.shape == (1, 4, HEIGHT // 2, WIDTH // 2)
     close(first, torch.randn(first.shape, generator=torch.Generator().manual_seed(5)), tol=0)
+
+
+def test_img2img_runs_the_forward_process_at_inference(sd_pipe, record_calls, monkeypatch):
+    """At inference, `StableDiffusionImg2ImgPipeline` runs the forward process once, to noise the encoded input image with `scheduler.add_noise`: one call per `__call__`, before the first UNet call."""
+    pipe = StableDiffusionImg2ImgPipeline(**sd_pipe.components, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    events, add_noise = [], pipe.scheduler.add_noise
+
+    def spy(original_samples, noise, timesteps):
+        events.append("add_noise")
+        return add_noise(original_samples, noise, timesteps)
+
+    monkeypatch.setattr(pipe.scheduler, "add_noise", spy)
+    handle = pipe.unet.register_forward_pre_hook(lambda m, a: events.append("unet"))
+    try:
+        pipe(prompt_embeds=embeds(0), image=torch.rand(1, 3, 16, 16), strength=0.6,
+             num_inference_steps=10, guidance_scale=1.0, output_type="latent")  # fmt: skip
+    finally:
+        handle.remove()
+    assert events == ["add_noise"] + ["unet"] * 6  # strength 0.6 of 10 steps
 
 
 def test_img2img_starts_from_a_noised_encoded_image(sd_pipe):
@@ -351,8 +396,13 @@ def test_ddpm_final_step_adds_no_noise():
     close(results[0].prev_sample, results[0].pred_original_sample, tol=1e-6)
 
 
-def test_ddim_eta_zero_is_deterministic():
-    r"""`DDIMScheduler.step` with `eta=0` (the default) is deterministic and returns $\sqrt{\bar\alpha_{\text{prev}}}\, \hat{x}_0 + \sqrt{1-\bar\alpha_{\text{prev}}}\, \hat\epsilon$, where the previous timestep is `num_train_timesteps // num_inference_steps` below `t`."""
+def test_ddim_eta_zero_is_deterministic(sd_pipe, monkeypatch):
+    r"""`DDIMScheduler.step` with `eta=0` (the default: `StableDiffusionPipeline.__call__` passes `eta=0.0` to every step) is deterministic and returns $\sqrt{\bar\alpha_{\text{prev}}}\, \hat{x}_0 + \sqrt{1-\bar\alpha_{\text{prev}}}\, \hat\epsilon$, where the previous timestep is `num_train_timesteps // num_inference_steps` below `t`."""
+    assert isinstance(sd_pipe.scheduler, DDIMScheduler)
+    etas = spy_step_kwarg(monkeypatch, sd_pipe.scheduler, "eta")
+    sd_pipe(prompt_embeds=embeds(0), num_inference_steps=3, guidance_scale=1.0,
+            output_type="latent")  # fmt: skip
+    assert etas == [0.0] * 3
     scheduler = DDIMScheduler(clip_sample=False, **SD_BETAS)
     scheduler.set_timesteps(20)
     x_t, eps, t = randn(0), randn(1), 701

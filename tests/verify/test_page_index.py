@@ -35,7 +35,7 @@ def full_pipeline(tmp_path, **components):
 
 
 def test_prompt_is_encoded_once_to_77_token_embeddings(tmp_path, record_calls):
-    """The prompt is tokenized to 77 tokens and encoded once per call, before the loop: `prompt_embeds` is `(B, 77, D)` with `D` the text encoder's width (768 for SD 1.x's CLIP ViT-L)."""
+    """The prompt is tokenized to 77 tokens and encoded before the loop, once per call (and the negative prompt once more under CFG): `prompt_embeds` is `(B, 77, D)` with `D` the text encoder's width (768 for SD 1.x's CLIP ViT-L)."""
     pipe = full_pipeline(tmp_path)
     order = []
     pipe.text_encoder.register_forward_pre_hook(lambda m, a: order.append(("text", a[0].shape)))
@@ -71,6 +71,17 @@ def test_latents_are_drawn_at_the_vae_scale_and_scaled_by_init_noise_sigma(tmp_p
     sigma = pipe.scheduler.init_noise_sigma
     assert sigma > 10
     torch.testing.assert_close(first_latents, noise * sigma)
+
+
+def test_sd1_shaped_vae_gives_latents_at_one_eighth(sd1_shaped_pipe):
+    """With a VAE of SD 1.x's four blocks, `vae_scale_factor` is 8: `latents` are `(B, 4, H/8, W/8)` and the decoded image is `(B, 3, H, W)`."""
+    pipe = sd1_shaped_pipe
+    assert pipe.vae_scale_factor == 8
+    kwargs = dict(prompt_embeds=torch.zeros(2, 77, EMBED_DIM), height=32, width=32,
+                  num_inference_steps=2, guidance_scale=1.0)  # fmt: skip
+    latents = pipe(**kwargs, output_type="latent").images
+    image = pipe(**kwargs, output_type="pt").images
+    assert latents.shape == (2, 4, 32 // 8, 32 // 8) and image.shape == (2, 3, 32, 32)
 
 
 def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_calls, monkeypatch):

@@ -5,27 +5,45 @@ which must give the same numbers to float32 tolerance (diffusers keeps its
 schedule tensors in float32; the lab computes in float64).
 """
 
+import inspect
+import typing
+
 import numpy as np
 import pytest
 import torch
 from diffusers import DDPMScheduler
 from tiny import canonical_beta_range, t64
 
-from labkit import BETA_SCHEDULES, alphas_cumprod, make_betas
+from labkit import BETA_SCHEDULES
 
 LAB01 = "code/lab-01-forward-noise-process/forward_noise.py"
 
 
+def accepted_beta_schedules() -> set[str]:
+    """The `beta_schedule` values the installed `DDPMScheduler` accepts: the names in its
+    annotation, plus "laplace", which its ``__init__`` handles but the annotation leaves out
+    (each is constructed, so a name the library drops fails here)."""
+    annotation = inspect.signature(DDPMScheduler.__init__).parameters["beta_schedule"].annotation
+    names = set(typing.get_args(annotation)) | {"laplace"}
+    for name in names:
+        DDPMScheduler(beta_schedule=name)
+    return names
+
+
 @pytest.mark.parametrize("schedule", BETA_SCHEDULES)
-@pytest.mark.parametrize("beta_range", [(0.0001, 0.02), (0.00085, 0.012)])
-def test_betas_and_alphas_cumprod(schedule, beta_range):
-    """The lab's `betas` and `alphas_cumprod` for `linear`, `scaled_linear` and `squaredcos_cap_v2` equal `DDPMScheduler.betas` and `.alphas_cumprod`, for DDPM's and SD's beta ranges."""
-    ours = make_betas(schedule, 1000, *beta_range)
-    theirs = DDPMScheduler(beta_schedule=schedule, beta_start=beta_range[0], beta_end=beta_range[1])
-    np.testing.assert_allclose(ours, theirs.betas.numpy(), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(
-        alphas_cumprod(ours), theirs.alphas_cumprod.numpy(), rtol=1e-4, atol=1e-7
-    )
+def test_betas_and_alphas_cumprod(run_lab, schedule):
+    """The starter's `betas` and `alphas_cumprod` for `--schedule linear`, `scaled_linear` and `squaredcos_cap_v2` equal `DDPMScheduler.betas` and `.alphas_cumprod` built with that name and the beta range the starter uses (DDPM's for `linear`, SD's for `scaled_linear`)."""
+    g = run_lab(LAB01, "--schedule", schedule, "--num-samples", "100", "--timesteps", "0")
+    theirs = DDPMScheduler(beta_schedule=schedule, **canonical_beta_range(schedule))
+    np.testing.assert_allclose(g["betas"], theirs.betas.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(g["alpha_bar"], theirs.alphas_cumprod.numpy(), rtol=1e-4, atol=1e-7)
+
+
+def test_the_starter_takes_three_of_diffusers_schedules():
+    """`--schedule` takes three of the `beta_schedule` names diffusers' `DDPMScheduler` accepts; `sigmoid` and `laplace` are the others."""
+    accepted = accepted_beta_schedules()
+    assert set(BETA_SCHEDULES) < accepted
+    assert accepted - set(BETA_SCHEDULES) == {"sigmoid", "laplace"}
 
 
 def test_ddpm_scheduler_defaults_the_pages_quote():
@@ -49,13 +67,15 @@ def test_lab01_forward_formula_is_add_noise(run_lab, schedule):
         np.testing.assert_allclose(x_t, theirs.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_no_standard_schedule_reaches_zero_signal():
-    """None of diffusers' three schedules reaches `alphas_cumprod[999] == 0`: some signal survives at the last training timestep, unless `rescale_betas_zero_snr=True`."""
-    for schedule in BETA_SCHEDULES:
-        scheduler = DDPMScheduler(beta_schedule=schedule, **canonical_beta_range(schedule))
+@pytest.mark.parametrize("beta_range", [(0.0001, 0.02), (0.00085, 0.012)])
+def test_no_standard_schedule_reaches_zero_signal(beta_range):
+    """No `beta_schedule` that `DDPMScheduler` accepts (the lab's three, `sigmoid` and `laplace`) reaches `alphas_cumprod[999] == 0` with DDPM's or SD's beta range: some signal survives at the last training timestep, unless `rescale_betas_zero_snr=True`."""
+    start, end = beta_range
+    for schedule in accepted_beta_schedules():
+        scheduler = DDPMScheduler(beta_schedule=schedule, beta_start=start, beta_end=end)
         assert float(scheduler.alphas_cumprod[-1]) > 0.0, schedule
         rescaled = DDPMScheduler(
-            beta_schedule=schedule, rescale_betas_zero_snr=True, **canonical_beta_range(schedule)
+            beta_schedule=schedule, rescale_betas_zero_snr=True, beta_start=start, beta_end=end
         )
         assert float(rescaled.alphas_cumprod[-1]) == 0.0, schedule
 
