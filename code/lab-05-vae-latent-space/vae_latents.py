@@ -4,7 +4,8 @@ Stable Diffusion denoises ``latents`` ``(B, 4, H/8, W/8)``, not pixels ``(B, 3, 
 4 numbers per 8 x 8 patch's worth of pixels (192 numbers), so each step touches
 64 times fewer positions. The latents are multiplied by ``vae.config.scaling_factor``
 (1 / their std) before the denoiser and divided by it before ``vae.decode``. The traps:
-forgetting that division decodes washed-out or blown-out images with no error, and
+forgetting that division decodes a wrong image with no error (washed out, or blown out
+if divided twice, on this lab's linear toy; distorted on a real VAE), and
 thinking the pixel cost is gone, when the decoder still runs once at full resolution
 and owns its own memory peak.
 

@@ -483,7 +483,8 @@ for title, components, shipped_scheduler in scenarios:
 #
 # Inputs become conditions (tokenizers and text encoders), loaders create the
 # modules (`from_pretrained` with `model_index.json`), the loop updates
-# `latents` (denoiser, then `scheduler.step`, `num_inference_steps` times), and
+# `latents` (denoiser, then `scheduler.step`, once per entry of `scheduler.timesteps`:
+# `num_inference_steps` of them, one more with SD 1.5's PNDM), and
 # decode emits media (`vae.decode`). Shapes at the checkpoint's default size,
 # `B` prompts, without classifier-free guidance (with it, the denoiser sees
 # `2B` rows; Flux.1-dev instead feeds `guidance_scale` in as an input).
@@ -615,7 +616,7 @@ def pipeline_graph(fam):
     latents = text.get("packed latents", text["latents"])
     arrow(150, 232, 530, 232, [f"latents {latents}"], 340, 224)
     arrow(700, 256, 700, 338, ["noise_pred", text["noise_pred"]], 710, 290, anchor="start")
-    arrow(610, 338, 610, 256, ["latents", "x num_inference_steps"], 600, 290, anchor="end",
+    arrow(610, 338, 610, 256, ["latents", "x len(scheduler.timesteps)"], 600, 290, anchor="end",
           dashed=True)  # fmt: skip
     decode = f"latents / {c['vae']['scaling_factor']}"
     if "shift_factor" in c["vae"]:
@@ -631,13 +632,19 @@ def pipeline_graph(fam):
 
 graph = pipeline_graph(family)
 shapes = dict(boundary_shapes(family))
+# the loop runs len(scheduler.timesteps) times: PNDM (skip_prk_steps) has one more entry
+pndm = PIPELINES[family]["components"]["scheduler"][1] == "PNDMScheduler"
+n_timesteps = (
+    "num_inference_steps + 1 with PNDMScheduler" if pndm else "num_inference_steps of them"
+)
 figures.save(
     args.figures, f"graph-{family}", graph,
     alt=f"The {PIPELINES[family]['_class_name']} graph as boxes and arrows: the prompt goes "
     f"through {' and '.join(k for k in PIPELINES[family]['components'] if k.startswith('tokenizer'))} "
     f"to input_ids, the text encoders turn them into prompt_embeds {shapes['prompt_embeds']}, "
     f"which condition the denoiser; random latents {shapes['latents']} go through the denoiser "
-    "and scheduler.step num_inference_steps times; vae.decode turns the final latents into an "
+    f"and scheduler.step once per entry of scheduler.timesteps ({n_timesteps}); vae.decode "
+    "turns the final latents into an "
     f"image {shapes['image']}.",
     caption=f"{FAMILY_NAMES[family]}: the pipeline graph, with the tensor and its shape on "
     "every arrow (B prompts, default size, no classifier-free guidance).",

@@ -88,6 +88,9 @@ def test_graph_figure_is_small_accessible_and_dark_mode_ready(run_cli, tmp_path,
     assert len(svg.encode()) <= 60_000
     assert 'stroke="currentColor"' in svg and "#000" not in svg and "black" not in svg
     assert "prompt_embeds" in entry["alt"] and len(entry["alt"]) > 80
+    # the loop runs once per scheduler timestep: SD 1.5's PNDM has num_inference_steps + 1
+    assert "x len(scheduler.timesteps)" in svg and "num_inference_steps times" not in entry["alt"]
+    assert ("num_inference_steps + 1" in entry["alt"]) == (family == "sd15")
 
 
 @pytest.mark.parametrize(

@@ -159,10 +159,17 @@ def test_text_to_image_never_encodes(sd_pipe, record_calls):
     assert encoder.calls == [] and len(decoder.calls) == 1
 
 
-def test_sd_vae_config_from_the_original_yaml():
-    """diffusers' single-file loader turns SD 1.x's original VAE config (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `num_res_blocks: 2`, `z_channels: 4`, `scale_factor: 0.18215`) into `block_out_channels=[128, 256, 512, 512]`, `layers_per_block=2`, `latent_channels=4`, `scaling_factor=0.18215`; SDXL's, identical but for `scale_factor: 0.13025`, into `scaling_factor=0.13025`."""
-    from diffusers.loaders.single_file_utils import create_vae_diffusers_config_from_ldm
+def test_sd_vae_config_from_the_original_yaml(tmp_path, monkeypatch):
+    """`AutoencoderKL.from_single_file(..., original_config=...)` turns SD 1.x's original VAE config (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `num_res_blocks: 2`, `z_channels: 4`, `scale_factor: 0.18215`) into `block_out_channels=[128, 256, 512, 512]`, `layers_per_block=2`, `latent_channels=4`, `scaling_factor=0.18215`; SDXL's, identical but for `scale_factor: 0.13025`, into `scaling_factor=0.13025`. Without `original_config=` it reads no original config."""
     from model_configs import SD15_LDM_ORIGINAL, SDXL_SGM_ORIGINAL  # the YAMLs, transcribed
+    from tiny import single_file_vae_config
+
+    def through_from_single_file(original, _checkpoint):
+        source, config = single_file_vae_config(tmp_path, monkeypatch, original)
+        assert source == "original"
+        return config
+
+    assert single_file_vae_config(tmp_path, monkeypatch)[0] == "repo"
 
     for original, scale_factor in ((SD15_LDM_ORIGINAL, 0.18215), (SDXL_SGM_ORIGINAL, 0.13025)):
         first_stage = original["model"]["params"]["first_stage_config"]["params"]
@@ -170,7 +177,7 @@ def test_sd_vae_config_from_the_original_yaml():
             first_stage["ddconfig"]
             == SD15_LDM_ORIGINAL["model"]["params"]["first_stage_config"]["params"]["ddconfig"]
         )  # SDXL's VAE layout is SD 1.x's
-        config = create_vae_diffusers_config_from_ldm(original, {})
+        config = through_from_single_file(original, {})
         assert config["block_out_channels"] == [128, 256, 512, 512]
         assert config["layers_per_block"] == 2 and config["latent_channels"] == 4
         assert config["scaling_factor"] == scale_factor

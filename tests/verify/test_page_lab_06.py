@@ -249,6 +249,21 @@ def test_component_names_come_from_the_init_signature(lab, family, cls_name):
             assert resolve(library, cls) is annotation, name
 
 
+def test_image_encoder_is_optional_in_the_four_pipelines_not_in_every_sd_class():
+    """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` each take an optional `image_encoder` (IP-Adapter's), so even SD 1.5's `model_index.json` lists it; not every SD-family pipeline class does: `StableDiffusionUpscalePipeline` and `StableDiffusionDepth2ImgPipeline` have no `image_encoder` component at all."""
+    import diffusers
+
+    for name in ("StableDiffusionPipeline", "StableDiffusionXLPipeline",
+                 "StableDiffusion3Pipeline", "FluxPipeline"):  # fmt: skip
+        cls = getattr(diffusers, name)
+        assert "image_encoder" in cls._optional_components, name
+        assert inspect.signature(cls.__init__).parameters["image_encoder"].default is None, name
+    for name in ("StableDiffusionUpscalePipeline", "StableDiffusionDepth2ImgPipeline"):
+        cls = getattr(diffusers, name)
+        assert "image_encoder" not in inspect.signature(cls.__init__).parameters, name
+        assert "image_encoder" not in cls._optional_components, name
+
+
 # ------------------------------------------------------------------ scheduler swapping
 
 
@@ -262,34 +277,46 @@ def test_the_labs_scheduler_defaults_are_the_init_defaults(lab):
         assert real == defaults, name
 
 
-def _classes_carrying_the_karras_list():
-    """Scheduler classes whose source sets `_compatibles = [e.name for e in KarrasDiffusionSchedulers]`.
+def _classes_carrying_the_karras_list(monkeypatch):
+    """Scheduler classes whose `_compatibles` is the `KarrasDiffusionSchedulers` list, read at
+    run time from every installed ``diffusers.schedulers.scheduling_*`` module.
 
-    Read from the installed source with ``ast``: some of them (LMS, DPM-Solver SDE) need
-    optional packages (scipy, torchsde) and are dummy objects when those are missing.
+    Two modules import torchsde at their top, and it is not installed here: those are
+    imported again with a stub ``torchsde`` (their classes use it only to draw noise), then
+    dropped from ``sys.modules`` so no other test sees them.
     """
-    import ast
-    from pathlib import Path
+    import pkgutil
+    import sys
+    import types
 
     import diffusers.schedulers
+    from diffusers import DDIMScheduler
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-    found = []
-    for path in sorted(Path(diffusers.schedulers.__file__).parent.glob("scheduling_*.py")):
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            for stmt in node.body:
-                if (
-                    isinstance(stmt, ast.Assign)
-                    and getattr(stmt.targets[0], "id", None) == "_compatibles"
-                    and "KarrasDiffusionSchedulers" in ast.unparse(stmt.value)
-                ):
-                    found.append(node.name)
+    def carriers(module):
+        return [
+            name for name, obj in vars(module).items()
+            if inspect.isclass(obj) and issubclass(obj, SchedulerMixin)
+            and obj.__module__ == module.__name__
+            and obj.__dict__.get("_compatibles") == DDIMScheduler._compatibles
+        ]  # fmt: skip
+
+    found, missing = [], []
+    for info in pkgutil.iter_modules(diffusers.schedulers.__path__):
+        if info.name.startswith("scheduling_"):
+            try:
+                found += carriers(importlib.import_module(f"diffusers.schedulers.{info.name}"))
+            except ImportError:
+                missing.append(f"diffusers.schedulers.{info.name}")
+    monkeypatch.setitem(sys.modules, "torchsde", types.ModuleType("torchsde"))
+    for name in missing:
+        found += carriers(importlib.import_module(name))
+        del sys.modules[name]
     return found
 
 
-def test_compatibles_lists_the_shared_config_schedulers(lab):
-    """`DDIMScheduler._compatibles` is the 15 names of `KarrasDiffusionSchedulers` (`EulerDiscreteScheduler`, `DPMSolverMultistepScheduler`, `PNDMScheduler`...), and 20 scheduler classes in diffusers 0.42.1's source carry that same list; it names `EDMEulerScheduler`, which has no betas and whose own `_compatibles` is empty, and `FlowMatchEulerDiscreteScheduler._compatibles` is empty: its `compatibles` property lists only itself."""
+def test_compatibles_lists_the_shared_config_schedulers(lab, monkeypatch):
+    """`DDIMScheduler._compatibles` is the 15 names of `KarrasDiffusionSchedulers` (`EulerDiscreteScheduler`, `DPMSolverMultistepScheduler`, `PNDMScheduler`...), and 20 scheduler classes in diffusers 0.42.1 carry that same list (every `scheduling_*` module imported and its classes read); it names `EDMEulerScheduler`, which has no betas and whose own `_compatibles` is empty, and `FlowMatchEulerDiscreteScheduler._compatibles` is empty: its `compatibles` property lists only itself."""
     import diffusers
     from diffusers import (
         DDIMScheduler,
@@ -300,7 +327,7 @@ def test_compatibles_lists_the_shared_config_schedulers(lab):
 
     assert DDIMScheduler._compatibles == lab["KARRAS_COMPATIBLES"]
     assert len(DDIMScheduler._compatibles) == 15
-    carriers = _classes_carrying_the_karras_list()
+    carriers = _classes_carrying_the_karras_list(monkeypatch)
     assert len(carriers) == 20, carriers
     from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
@@ -374,7 +401,7 @@ def test_from_config_carries_prediction_type_when_the_file_sets_it():
 
 
 def test_flow_match_from_a_betas_config_ignores_betas_and_prediction_type(lab, caplog):
-    """`FlowMatchEulerDiscreteScheduler.from_config` on a DDPM-style config keeps only `num_train_timesteps`: the betas, `beta_schedule` and `prediction_type` are not `__init__` arguments and change nothing."""
+    """`FlowMatchEulerDiscreteScheduler.from_config` on a DDPM-style config without sigma flags (DDIM's, as SD 1.5's PNDM's) keeps only `num_train_timesteps`: the betas, `beta_schedule` and `prediction_type` are not `__init__` arguments and change nothing."""
     from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 
     ddim = DDIMScheduler(num_train_timesteps=1000, prediction_type="v_prediction", **SD_BETAS)
@@ -389,6 +416,32 @@ def test_flow_match_from_a_betas_config_ignores_betas_and_prediction_type(lab, c
     )
     assert list(carried) == ["num_train_timesteps"]
     assert {"beta_schedule", "prediction_type"} <= set(ignored)
+
+
+def test_flow_match_from_config_keeps_the_sigma_flags_it_shares(lab):
+    """`FlowMatchEulerDiscreteScheduler.from_config` keeps more than `num_train_timesteps` from some betas configs: every DDPM-family class (those named in `DDIMScheduler._compatibles`, importable here) that takes `use_karras_sigmas` hands `use_karras_sigmas=True` on to it, and from such an `EulerDiscreteScheduler` config it samples on Karras sigmas, a different schedule, as the lab's `from_config` predicts."""
+    import diffusers
+    from diffusers import EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+    sharing = []
+    for name in diffusers.DDIMScheduler._compatibles:
+        cls = getattr(diffusers, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
+            continue  # a dummy: its optional package (scipy, torchsde) is not installed
+        if "use_karras_sigmas" not in inspect.signature(cls.__init__).parameters:
+            continue
+        flow = FlowMatchEulerDiscreteScheduler.from_config(cls(use_karras_sigmas=True).config)
+        assert flow.config.use_karras_sigmas is True, name
+        sharing.append(name)
+    assert "EulerDiscreteScheduler" in sharing and "DPMSolverMultistepScheduler" in sharing
+    euler = EulerDiscreteScheduler(**SD_BETAS, use_karras_sigmas=True)
+    flow, default = FlowMatchEulerDiscreteScheduler.from_config(euler.config), FlowMatchEulerDiscreteScheduler()  # fmt: skip
+    flow.set_timesteps(4)
+    default.set_timesteps(4)
+    assert (flow.sigmas - default.sigmas).abs().max() > 0.1
+    _, carried, _, _ = lab["from_config"]("FlowMatchEulerDiscreteScheduler", dict(euler.config))
+    assert carried["use_karras_sigmas"] is True
 
 
 # ----------------------------------------------------------------------- must match
@@ -704,13 +757,22 @@ def test_dit_text_and_pooled_width_mismatches_fail_at_the_first_transformer_call
         assert any("time_text_embed" in (f.line or "") for f in _frames(error.value))
 
 
-def test_sequence_lengths_default_to_256_and_512():
-    """`StableDiffusion3Pipeline.__call__` defaults to `max_sequence_length=256` T5 tokens and `FluxPipeline.__call__` to 512, the lab's 77 + 256 and 512 text tokens."""
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+def test_sequence_lengths_default_to_256_and_512(tmp_path, record_calls):
+    """`StableDiffusion3Pipeline.__call__` defaults to `max_sequence_length=256` T5 tokens and `FluxPipeline.__call__` to 512, the lab's 77 + 256 and 512 text tokens: a `pipe(prompt)` call that does not set it feeds T5 that many tokens, and SD3's denoiser gets 77 + 256 text tokens."""
+    from tiny import text_to_image_pipelines
 
-    for cls, length in [(StableDiffusion3Pipeline, 256), (FluxPipeline, 512)]:
-        params = inspect.signature(cls.__call__).parameters
-        assert params["max_sequence_length"].default == length
+    pipes = text_to_image_pipelines(tmp_path)
+    for family, t5_name, length, text_tokens in [
+        ("SD3 Medium", "text_encoder_3", 256, 77 + 256),
+        ("Flux.1-dev", "text_encoder_2", 512, 512),
+    ]:
+        pipe, _ = pipes[family]
+        t5, denoiser = record_calls(getattr(pipe, t5_name)), record_calls(pipe.transformer)
+        with torch.no_grad():
+            pipe("a cat", guidance_scale=1.0, num_inference_steps=1, height=HEIGHT, width=WIDTH,
+                 output_type="latent")  # no max_sequence_length  # fmt: skip
+        assert [args[0].shape[-1] for args, _ in t5.calls] == [length], family
+        assert denoiser.calls[0][1]["encoder_hidden_states"].shape[1] == text_tokens, family
 
 
 def test_a_flow_model_samples_with_dpm_solver_on_flow_sigmas(lab):

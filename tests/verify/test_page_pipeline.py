@@ -231,3 +231,106 @@ def test_resolution_rules_differ_by_pipeline():
                    num_inference_steps=1, output_type="latent").images  # fmt: skip
     assert any("divisible by 4" in m for m in messages)
     assert out.shape == (1, 4 * 4, 64)  # 18 px rounds down to a 4-patch side, as 16 px
+
+
+def test_the_loop_calls_the_denoiser_once_per_scheduler_timestep(record_calls):
+    """The loop calls the denoiser once per entry of `scheduler.timesteps`, not always `num_inference_steps` times: at `num_inference_steps=30`, `StableDiffusionPipeline` with SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) makes 31 UNet calls, while `EulerDiscreteScheduler` makes exactly `num_inference_steps`."""
+    from diffusers import EulerDiscreteScheduler, PNDMScheduler
+
+    pndm = PNDMScheduler(**SD_BETAS, steps_offset=1, set_alpha_to_one=False, skip_prk_steps=True)
+    euler = EulerDiscreteScheduler.from_config(pndm.config)
+    for scheduler, steps, expected in ((pndm, 30, 31), (euler, 3, 3)):
+        pipe = tiny_sd_pipeline(scheduler)
+        calls = record_calls(pipe.unet).calls
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
+                 height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+        assert len(calls) == expected == len(pipe.scheduler.timesteps), type(scheduler).__name__
+
+
+@pytest.fixture(scope="module")
+def with_encoders(tmp_path_factory):
+    """Tiny SD 1.5, SDXL, SD3 and Flux pipelines with real (tiny) text encoders."""
+    from tiny import text_to_image_pipelines
+
+    return text_to_image_pipelines(tmp_path_factory.mktemp("tokenizer"))
+
+
+def test_text_encoders_run_once_or_twice_per_call(with_encoders):
+    """With each pipeline's default `guidance_scale`, `pipe(prompt)` runs `FluxPipeline`'s CLIP and T5 once per call (Flux.1-dev: one guidance-embedded call per step) and `StableDiffusionXLPipeline`'s two encoders once (`force_zeros_for_empty_prompt` zeroes the missing negative prompt), while `StableDiffusionPipeline` and `StableDiffusion3Pipeline` run every text encoder, T5 included, twice: for the prompt and for the empty negative prompt."""
+    expected = {"SD 1.5": 2, "SDXL": 1, "SD3 Medium": 2, "Flux.1-dev": 1}
+    for family, runs in expected.items():
+        pipe, kwargs = with_encoders[family]
+        encoders = {n: m for n, m in pipe.components.items() if n.startswith("text_encoder") and m is not None}  # fmt: skip
+        counts = dict.fromkeys(encoders, 0)
+        hooks = [
+            m.register_forward_pre_hook(lambda mod, a, n=n, c=counts: c.__setitem__(n, c[n] + 1))
+            for n, m in encoders.items()
+        ]
+        try:
+            with torch.no_grad():
+                pipe("a cat", num_inference_steps=1, height=HEIGHT, width=WIDTH,
+                     output_type="latent", **kwargs)  # fmt: skip
+        finally:
+            for hook in hooks:
+                hook.remove()
+        assert len(counts) == {"SD 1.5": 1, "SDXL": 2, "SD3 Medium": 3, "Flux.1-dev": 2}[family]
+        assert set(counts.values()) == {runs}, (family, counts)
+
+
+def test_prompt_embeds_alone_still_need_the_encoders_under_guidance():
+    """With the text encoders removed, `prompt_embeds` alone are not enough: `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` raise `ValueError` without `pooled_prompt_embeds`; with guidance on, `StableDiffusionPipeline` and `StableDiffusion3Pipeline` (given the pooled vector) reach for their tokenizer and text encoders to encode the empty negative prompt and raise; the same calls run once `negative_prompt_embeds` (and SD3's `negative_pooled_prompt_embeds`) are passed."""
+    sd, sd3 = tiny_sd_pipeline(), tiny_sd3_pipeline_16ch()
+    flux = tiny_flux_pipeline(vae_seed=0, vae_config=FLUX_VAE_FACTORS)
+    for pipe, text in ((tiny_sdxl_pipeline(), embeds(1)), (sd3, dit_embeds(1)[0]), (flux, dit_embeds(1)[0])):  # fmt: skip
+        with pytest.raises(ValueError, match="pooled_prompt_embeds"), torch.no_grad():
+            pipe(prompt_embeds=text, guidance_scale=1.0, num_inference_steps=1, height=HEIGHT,
+                 width=WIDTH, output_type="latent")  # fmt: skip
+    (t3, p3), (n3, np3) = dit_embeds(1), dit_embeds(2)
+    cases = [
+        (sd, dict(prompt_embeds=embeds(1)), dict(negative_prompt_embeds=embeds(2))),
+        (sd3, dict(prompt_embeds=t3, pooled_prompt_embeds=p3),
+         dict(negative_prompt_embeds=n3, negative_pooled_prompt_embeds=np3)),
+    ]  # fmt: skip
+    run = dict(guidance_scale=5.0, num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    for pipe, given, negatives in cases:
+        with pytest.raises((AttributeError, TypeError)), torch.no_grad():
+            pipe(**given, **run)
+        with torch.no_grad():
+            pipe(**given, **negatives, **run)
+
+
+def test_optional_components_per_family(tmp_path):
+    """The optional components (`_optional_components`) are SD 1.5's `safety_checker`, `feature_extractor`, `image_encoder`; SDXL's `tokenizer`, `tokenizer_2`, `text_encoder`, `text_encoder_2`, `image_encoder`, `feature_extractor`; SD3's and Flux's `image_encoder`, `feature_extractor`. So an SDXL pipeline saved without its text encoders loads them back as `None`, while SD3 refuses to load without its own."""
+    import diffusers
+    from tiny import tiny_sd3_pipeline
+
+    expected = {
+        "StableDiffusionPipeline": {"safety_checker", "feature_extractor", "image_encoder"},
+        "StableDiffusionXLPipeline": {"tokenizer", "tokenizer_2", "text_encoder", "text_encoder_2",
+                                      "image_encoder", "feature_extractor"},
+        "StableDiffusion3Pipeline": {"image_encoder", "feature_extractor"},
+        "FluxPipeline": {"image_encoder", "feature_extractor"},
+    }  # fmt: skip
+    for name, optional in expected.items():
+        assert set(getattr(diffusers, name)._optional_components) == optional, name
+    tiny_sdxl_pipeline().save_pretrained(tmp_path / "sdxl")
+    loaded = diffusers.StableDiffusionXLPipeline.from_pretrained(tmp_path / "sdxl")
+    assert loaded.text_encoder is None and loaded.text_encoder_2 is None
+    tiny_sd3_pipeline().save_pretrained(tmp_path / "sd3")
+    with pytest.raises(ValueError, match="expected"):
+        diffusers.StableDiffusion3Pipeline.from_pretrained(tmp_path / "sd3")
+
+
+def test_float16_loading_keeps_t5s_wo_in_float32(with_encoders, tmp_path):
+    """`FluxPipeline.from_pretrained(folder, dtype=torch.float16)` loads the transformer, the VAE and CLIP in float16, but not every weight: T5's feed-forward output layers (`wo`, transformers' `_keep_in_fp32_modules`) stay float32, in Flux's `text_encoder_2` as in SD3's `text_encoder_3`."""
+    from diffusers import FluxPipeline
+
+    pipe, _ = with_encoders["Flux.1-dev"]
+    pipe.save_pretrained(tmp_path / "flux")
+    loaded = FluxPipeline.from_pretrained(tmp_path / "flux", dtype=torch.float16)
+    for module in (loaded.transformer, loaded.vae, loaded.text_encoder):
+        assert {p.dtype for p in module.parameters()} == {torch.float16}
+    t5 = {name: p.dtype for name, p in loaded.text_encoder_2.named_parameters()}
+    assert {d for n, d in t5.items() if n.endswith("wo.weight")} == {torch.float32}
+    assert {d for n, d in t5.items() if n.endswith("wi.weight")} == {torch.float16}

@@ -73,19 +73,21 @@ def test_config_defaults():
     assert config.force_upcast is True
 
 
-def test_sdxl_scaling_factor_comes_from_its_original_config():
-    """diffusers' single-file loader copies the original config's `scale_factor` into `vae.config.scaling_factor`: SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`, and a config without `scale_factor` gets 0.18215."""
+def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, monkeypatch):
+    """`AutoencoderKL.from_single_file` takes the factor from the original config's `scale_factor` only when given `original_config=` (else 0.18215): SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`. Without it, the factor comes from the `vae` config of the diffusers repo it matches the checkpoint to (SD 1.5's for a bare VAE file)."""
     import copy
 
-    from diffusers.loaders.single_file_utils import create_vae_diffusers_config_from_ldm
     from model_configs import SDXL_SGM_ORIGINAL  # sd_xl_base.yaml, transcribed
+    from tiny import single_file_vae_config
 
-    sdxl = create_vae_diffusers_config_from_ldm(SDXL_SGM_ORIGINAL, {})
-    assert sdxl["scaling_factor"] == 0.13025
+    source, sdxl = single_file_vae_config(tmp_path, monkeypatch, SDXL_SGM_ORIGINAL)
+    assert source == "original" and sdxl["scaling_factor"] == 0.13025
     assert sdxl["block_out_channels"] == [128, 256, 512, 512] and sdxl["latent_channels"] == 4
     plain = copy.deepcopy(SDXL_SGM_ORIGINAL)
     del plain["model"]["params"]["scale_factor"]
-    assert create_vae_diffusers_config_from_ldm(plain, {})["scaling_factor"] == 0.18215
+    assert single_file_vae_config(tmp_path, monkeypatch, plain)[1]["scaling_factor"] == 0.18215
+    source, (repo, subfolder) = single_file_vae_config(tmp_path, monkeypatch)
+    assert source == "repo" and subfolder == "vae" and "stable-diffusion-v1-5" in repo
 
 
 def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
@@ -416,3 +418,69 @@ def test_flux2_pipeline_decodes_with_the_batchnorm_running_statistics():
     expected = Flux2Pipeline._unpatchify_latents(grid * std + vae.bn.running_mean.view(1, -1, 1, 1))
     assert seen[0].shape == (1, 4, 8, 8)
     torch.testing.assert_close(seen[0], expected)
+
+
+def test_tiling_and_slicing_do_nothing_at_batch_1_up_to_the_vaes_sample_size(record_calls):
+    """`vae.enable_tiling()` tiles only latents with a side larger than `tile_latent_min_size` (`sample_size / f`): 64 latents (512 px) for SD 1.x's published VAE config and 128 (1024 px) for SDXL's, SD3's and Flux's, so at each family's default size it changes nothing. Through `StableDiffusionPipeline.__call__`, a tiled and sliced VAE decodes one image whose latents have exactly that side in one decoder call, and larger ones in several; `vae.enable_slicing()` leaves a batch of 1 as one call."""
+    from diffusers import AutoencoderKL
+    from model_configs import FLUX_VAE, SD3_VAE, SD15_VAE, SDXL_VAE
+
+    for config, side in ((SD15_VAE, 64), (SDXL_VAE, 128), (SD3_VAE, 128), (FLUX_VAE, 128)):
+        with torch.device("meta"):
+            vae = AutoencoderKL(**config)
+        assert vae.tile_latent_min_size == side == config["sample_size"] // 8
+    pipe = tiny_sd_pipeline()  # tiny VAE: f = 2, sample_size 16: tiles of 8 latents
+    pipe.vae.enable_tiling()
+    pipe.vae.enable_slicing()
+    assert pipe.vae.tile_latent_min_size == HEIGHT // 2
+    decoder = record_calls(pipe.vae.decoder)
+    calls = []
+    for size in (HEIGHT, 2 * HEIGHT):  # latents of 8 (the limit) and 16 a side
+        before = len(decoder.calls)
+        with torch.no_grad():
+            pipe(prompt_embeds=torch.randn(1, 77, 32), num_inference_steps=1, guidance_scale=1.0,
+                 height=size, width=size, output_type="pt")  # fmt: skip
+        calls.append(len(decoder.calls) - before)
+    assert calls[0] == 1 and calls[1] > 1
+
+
+def test_sdxl_upcast_casts_the_whole_vae_each_call_and_only_sdxl_reads_force_upcast(record_calls):
+    """An fp16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` casts the whole VAE to float32 before the decode and back to float16 after it, on every call, so the decoder's weights are float32 during the decode too (twice their float16 bytes). `StableDiffusionPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` do not read `force_upcast`: with the same default config, their float16 VAE decodes float16 latents with float16 weights."""
+    from diffusers.utils import logging
+    from tiny import FLUX_VAE_FACTORS, dit_embeds, tiny_flux_pipeline, tiny_sd3_pipeline_16ch
+
+    logging.set_verbosity_error()  # diffusers' notes about float16 on the CPU
+    half = torch.float16
+
+    def decode_dtypes(pipe, **kwargs):
+        """(input dtype, weight dtype) of each decoder call, and the VAE's `.to` casts."""
+        seen, casts, to = [], [], pipe.vae.to
+        hook = pipe.vae.decoder.register_forward_pre_hook(
+            lambda m, a: seen.append((a[0].dtype, m.conv_in.weight.dtype))
+        )
+        pipe.vae.to = lambda *a, **k: casts.append(k.get("dtype")) or to(*a, **k)
+        try:
+            with torch.no_grad():
+                pipe(**kwargs, num_inference_steps=1, guidance_scale=1.0, height=HEIGHT,
+                     width=WIDTH, output_type="pt")  # fmt: skip
+        finally:
+            hook.remove()
+            del pipe.vae.to
+        return seen, casts
+
+    sdxl = sdxl_pipeline().to(half)
+    embeds = dict(prompt_embeds=torch.randn(1, 77, 32).half(), pooled_prompt_embeds=torch.randn(1, 16).half())  # fmt: skip
+    with pytest.warns(FutureWarning, match="upcast_vae"):
+        seen, casts = decode_dtypes(sdxl, **embeds)
+    assert seen == [(torch.float32, torch.float32)] and casts == [torch.float32, half]
+    (t3, p3) = dit_embeds(1)
+    others = [
+        (tiny_sd_pipeline(), dict(prompt_embeds=torch.randn(1, 77, 32).half())),
+        (tiny_sd3_pipeline_16ch(), dict(prompt_embeds=t3.half(), pooled_prompt_embeds=p3.half())),
+        (tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS), dict(prompt_embeds=t3.half(), pooled_prompt_embeds=p3.half())),
+    ]  # fmt: skip
+    for pipe, kwargs in others:
+        pipe.to(half)
+        assert pipe.vae.config.force_upcast is True
+        seen, casts = decode_dtypes(pipe, **kwargs)
+        assert seen == [(half, half)] and casts == [], type(pipe).__name__

@@ -1287,3 +1287,39 @@ def replay_model_offload(forwards, monkeypatch):
         module.to("cpu")
     monkeypatch.setattr(torch.nn.Module, "to", original)
     return crossings, resident
+
+
+class SingleFileSeenError(Exception):
+    """Raised by ``single_file_vae_config``'s spies to stop ``from_single_file``."""
+
+
+def single_file_vae_config(tmp_path, monkeypatch, original_config=None):
+    """What ``AutoencoderKL.from_single_file`` builds its config from, on a stand-in
+    checkpoint (one tensor): ``("original", config dict)`` when ``original_config`` is
+    given (the dict ``create_vae_diffusers_config_from_ldm`` returns), else
+    ``("repo", (repo id, subfolder))`` that it asks ``load_config`` for. Stops there."""
+    import torch
+    from diffusers import AutoencoderKL
+    from diffusers.loaders.single_file_model import SINGLE_FILE_LOADABLE_CLASSES
+    from safetensors.torch import save_file
+
+    path = tmp_path / "vae.safetensors"
+    save_file({"encoder.conv_in.weight": torch.zeros(1)}, str(path))
+    mapping = SINGLE_FILE_LOADABLE_CLASSES["AutoencoderKL"]
+    convert = getattr(mapping["config_mapping_fn"], "__wrapped__", mapping["config_mapping_fn"])
+
+    def spy_mapping(original_config, checkpoint, **kwargs):
+        raise SingleFileSeenError("original", convert(original_config, checkpoint, **kwargs))
+
+    def spy_load_config(*args, **kwargs):
+        repo = kwargs.get("pretrained_model_name_or_path")
+        raise SingleFileSeenError("repo", (repo, kwargs.get("subfolder")))
+
+    spy_mapping.__wrapped__ = convert
+    monkeypatch.setitem(mapping, "config_mapping_fn", spy_mapping)
+    monkeypatch.setattr(AutoencoderKL, "load_config", spy_load_config)
+    try:
+        AutoencoderKL.from_single_file(str(path), original_config=original_config)
+    except SingleFileSeenError as seen:
+        return seen.args
+    raise AssertionError("from_single_file built a model from neither source")
