@@ -93,8 +93,11 @@ def make(name, data=mixture):
     unet = ExactDenoiser(data, alphas_cumprod(canonical_betas("scaled_linear")), "epsilon")
     if name == "ddpm":
         return DDPMScheduler(clip_sample=False, **sd_config), unet
-    if name == "ddim":
-        return DDIMScheduler(clip_sample=False, timestep_spacing="trailing", **sd_config), unet
+    if name == "ddim":  # trailing: first step at t = 999; set_alpha_to_one: last lands on x0_hat
+        ddim = DDIMScheduler(
+            clip_sample=False, timestep_spacing="trailing", set_alpha_to_one=True, **sd_config
+        )
+        return ddim, unet
     karras = name == "euler_karras"
     return EulerDiscreteScheduler(use_karras_sigmas=karras, **sd_config), unet
 

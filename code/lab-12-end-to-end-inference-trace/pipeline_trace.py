@@ -120,10 +120,10 @@ negative_class_labels = np.full(B, UNCOND)  # (B,): the empty prompt ""
 record(
     "prepare", "negative prompt -> condition", "negative_class_labels", negative_class_labels, "B"
 )
-scheduler.set_timesteps(n)  # (n,) int64, from 981 down by 1000 // n, + steps_offset
+scheduler.set_timesteps(n)  # (n,) int64, leading: (n - 1) * (1000 // n) + 1 down to 1
 record("prepare", "set_timesteps", "timesteps", scheduler.timesteps, "n")
 noise = np.random.default_rng(args.seed).standard_normal((B, 4, 4, 4))  # (B, 4, h, w)
-latents = noise * scheduler.init_noise_sigma  # DDIM: 1.0; Euler: the largest sigma
+latents = noise * scheduler.init_noise_sigma  # DDIM: 1.0; Euler (linspace): the largest sigma
 record("prepare", "noise * init_noise_sigma", "latents", latents, "B, 4, h, w")
 # --8<-- [end:prepare]
 

@@ -25,7 +25,7 @@ def table(stdout: str) -> dict[tuple[str, int], tuple[int, float, float, float]]
 def rows():
     from infralens_docs.runner import run_starter
 
-    run = run_starter(STARTER, ["--steps", "2,5,10,50"], cache=False)
+    run = run_starter(STARTER, ["--steps", "2,5,10,25,50"], cache=False)
     assert run.returncode == 0, run.stderr
     return table(run.stdout)
 
@@ -56,6 +56,42 @@ def test_spread_approaches_the_data_with_more_steps(rows):
 def test_fewer_steps_cost_accuracy(rows):
     for name in ["ddpm", "ddim", "euler", "euler_karras", "flow_match"]:
         assert rows[(name, 2)][1] < rows[(name, 50)][1], name
+
+
+def test_weight_err_band_holds_from_10_to_50_steps(rows, run_lab):
+    """From 10 to 50 steps, every scheduler's `weight_err` is between 0.008 and 0.022; the
+    band does not extend past 50 (DDPM at 200 steps prints 0.029, the page's "Many steps" run)."""
+    band = [w for (_, steps), (_, _, w, _) in rows.items() if 10 <= steps <= 50]
+    assert len(band) == 15 and min(band) == 0.008 and max(band) == 0.022
+    g = run_lab(STARTER, "--steps", "200", "--schedulers", "ddpm")
+    assert table(g["__stdout__"])[("ddpm", 200)][2] == 0.029
+
+
+def test_25_to_50_steps_buy_spread_not_on_mode(rows):
+    """From 25 to 50 steps no `on_mode` moves by much more than a point; `spread` comes closer to
+    the data's 1.00 on every row but Karras' (0.99 at both)."""
+    for name in ["ddpm", "ddim", "euler", "euler_karras", "flow_match"]:
+        (_, on25, _, spread25), (_, on50, _, spread50) = rows[(name, 25)], rows[(name, 50)]
+        assert abs(on50 - on25) <= 0.012, name
+        if name == "euler_karras":
+            assert spread25 == spread50 == 0.99
+        else:
+            assert abs(spread50 - 1) < abs(spread25 - 1) - 0.05, name
+
+
+def test_two_step_flow_matching_collapses_with_or_without_the_shift(run_lab):
+    """At 2 steps flow matching's grid is sigma = 1 then nearly 0 whatever the shift, and the
+    unshifted scheduler collapses like `shift=3.0`: no sample on a mode, `weight_err` 0.300."""
+    from labkit.metrics import sample_quality
+    from labkit.schedulers import FlowMatchEulerDiscreteScheduler
+
+    g = run_lab(STARTER, "--steps", "2", "--schedulers", "flow_match")
+    for shift in [1.0, 3.0]:
+        scheduler, unet = FlowMatchEulerDiscreteScheduler(shift=shift), g["make"]("flow_match")[1]
+        samples = g["run_loop"](scheduler, unet, 2, 0)
+        assert scheduler.sigmas[0] == 1.0 and scheduler.sigmas[1] < 0.01, shift
+        q = sample_quality(g["mixture"], samples)
+        assert q.on_mode == 0.0 and round(q.weight_error, 3) == 0.300, shift
 
 
 def test_conditioning_restricts_to_one_class(run_lab):

@@ -33,6 +33,17 @@ def test_every_row_fits_its_layout_and_the_loop_repeats(run_lab):
     assert trace[-1]["dtype"] == "uint8" and trace[-1]["shape"] == (3, 32, 32, 3)
 
 
+@pytest.mark.parametrize("n", [20, 50])
+def test_leading_timesteps_start_at_n_minus_1_strides_plus_offset(run_lab, n):
+    """The `prepare` comment: SD 1.5's DDIM settings give `(n,)` int64 timesteps from
+    `(n - 1) * (1000 // n) + 1` down to 1 (951 for the default 20 steps, 981 only for 50)."""
+    g = run_lab(STARTER, "--steps", str(n), "--num-samples", "2")
+    timesteps = g["scheduler"].timesteps
+    assert timesteps.shape == (n,) and timesteps.dtype == np.int64
+    assert timesteps[0] == (n - 1) * (1000 // n) + 1 and timesteps[-1] == 1
+    assert np.all(np.diff(timesteps) == -(1000 // n))
+
+
 def test_no_guidance_no_doubling(run_lab):
     """guidance_scale <= 1 runs the conditional branch alone, as diffusers does."""
     g = run_lab(STARTER, "--guidance-scale", "1", "--steps", "2", "--num-samples", "3")

@@ -21,6 +21,7 @@ from diffusers import (
 )
 from tiny import (
     HEIGHT,
+    SD15_SCHEDULER_FILE,
     SD_SCHEDULER,
     WIDTH,
     embeds,
@@ -38,21 +39,62 @@ LAB11 = "code/lab-11-scheduler-loop-reading/scheduler_loop.py"
 QUICK = ("--steps", "2", "--schedulers", "ddim", "--num-samples", "100")
 
 
-def diffusers_configs(sd_config):
-    """diffusers' classes configured as the starter's ``make`` configures labkit's."""
-    return {
-        "ddpm": DDPMScheduler(clip_sample=False, **sd_config),
-        "ddim": DDIMScheduler(clip_sample=False, timestep_spacing="trailing", **sd_config),
-        "euler": EulerDiscreteScheduler(**sd_config),
-        "euler_karras": EulerDiscreteScheduler(use_karras_sigmas=True, **sd_config),
-        "flow_match": FlowMatchEulerDiscreteScheduler(shift=3.0),
+#: SD 1.5's scheduler_config.json, as ``cls.from_config(pipe.scheduler.config)`` hands it to a
+#: new class (keys the class does not take are ignored)
+SD15 = {key: value for key, value in SD15_SCHEDULER_FILE.items() if not key.startswith("_")}
+#: the overrides the lab page lists for each DDPM-family configuration ("the five configurations")
+OVERRIDES = {
+    "ddpm": (DDPMScheduler, {}),
+    "ddim": (DDIMScheduler, dict(timestep_spacing="trailing", set_alpha_to_one=True)),
+    "euler": (EulerDiscreteScheduler, {}),
+    "euler_karras": (EulerDiscreteScheduler, dict(use_karras_sigmas=True)),
+}
+
+
+def diffusers_configs():
+    """diffusers' classes built as the page says the starter's ``make`` builds labkit's: SD 1.5's
+    config through ``from_config`` plus the listed overrides; ``flow_match`` is SD3's scheduler."""
+    schedulers = {
+        name: cls.from_config({**SD15, **overrides}) for name, (cls, overrides) in OVERRIDES.items()
     }
+    schedulers["flow_match"] = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    return schedulers
+
+
+def test_the_labs_configs_are_sd15s_with_the_listed_overrides(run_lab):
+    """The four DDPM-family configurations start from SD 1.5's config as `from_config(pipe.scheduler.config)` carries it over, with the overrides listed below (DDIM: `trailing` and `set_alpha_to_one=True`); `flow_match` is SD3's scheduler with `shift=3.0`.
+
+    Each of the starter's ``make(name)`` schedulers runs the starter's own ``run_loop`` on the
+    toy; the same loop with the diffusers class built that way, stepping in torch float64 on
+    the same perfect denoiser, ends at the same samples. DDPM draws its own noise, so only its
+    grid is compared.
+    """
+    lab = run_lab(LAB11, *QUICK)
+    schedulers = diffusers_configs()
+    assert list(schedulers) == lab["SCHEDULERS"]
+    for name, theirs in schedulers.items():
+        ours, unet = lab["make"](name)
+        if name == "ddpm":
+            ours.set_timesteps(5), theirs.set_timesteps(5)
+            np.testing.assert_array_equal(ours.timesteps, theirs.timesteps.numpy())
+            continue
+        expected = lab["run_loop"](ours, unet, 5, 0)
+        theirs.set_timesteps(5)
+        latents = torch.from_numpy(lab["noise"]) * getattr(theirs, "init_noise_sigma", 1.0)
+        for t in theirs.timesteps:
+            model_input = latents
+            if hasattr(theirs, "scale_model_input"):
+                model_input = theirs.scale_model_input(latents, t)
+            noise_pred = unet(model_input.numpy(), float(t), class_labels=None)
+            latents = theirs.step(torch.from_numpy(noise_pred), t, latents).prev_sample
+        np.testing.assert_allclose(latents.double().numpy(), expected, rtol=1e-4, atol=1e-4,
+                                   err_msg=name)  # fmt: skip
 
 
 def test_the_labs_schedulers_give_n_timesteps_for_n_steps(run_lab):
     """Built with diffusers' classes, each of the lab's five configurations has `order = 1` and gives exactly `n` timesteps for `set_timesteps(n)`: one denoiser call per step; `order = 1` alone does not guarantee it, since SD 1.5's `PNDMScheduler` (`order = 1`) gives `n + 1`."""
     lab = run_lab(LAB11, *QUICK)
-    schedulers = diffusers_configs(lab["sd_config"])
+    schedulers = diffusers_configs()
     assert list(schedulers) == lab["SCHEDULERS"]
     for name, scheduler in schedulers.items():
         assert scheduler.order == 1, name

@@ -279,6 +279,72 @@ def test_the_loop_takes_the_most_time_then_decode():
     assert best["loop"] > best["decode"] > best["prepare"] > 0, best
 
 
+def test_passed_prompt_embeds_are_cast_and_repeated_not_encoded(tmp_path, record_calls):
+    """With `prompt_embeds` passed, `encode_prompt` does not run the text encoder: it only casts them to `text_encoder.dtype` and repeats them `num_images_per_prompt` times (inference_trace.md)."""
+    from tiny import tiny_text_encoder, tiny_tokenizer
+
+    encoder = tiny_text_encoder().to(torch.bfloat16)
+    pipe = tiny_sd_pipeline(text_encoder=encoder, tokenizer=tiny_tokenizer(tmp_path))
+    calls = record_calls(pipe.text_encoder).calls
+    prompt_embeds, negative = embeds(1, 2), embeds(2, 2)  # float32, batch 2
+    out, out_negative = pipe.encode_prompt(None, "cpu", 3, True, prompt_embeds=prompt_embeds,
+                                           negative_prompt_embeds=negative)  # fmt: skip
+    assert calls == []
+    assert out.dtype == out_negative.dtype == torch.bfloat16 and out.shape == (6, 77, EMBED_DIM)
+    expected = prompt_embeds.to(torch.bfloat16).repeat_interleave(3, dim=0)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_latent_channels_and_factor_per_family():
+    """Latents are `H/8 x W/8` with 4 channels for SD 1.x and SDXL; SD3 and FLUX.1 keep the factor 8 with 16 channels (inference_trace.md).
+
+    Each family's ``AutoencoderKL``, built on the meta device from its published config
+    (``model_configs.py``), encodes a 512 x 512 image.
+    """
+    from diffusers import AutoencoderKL
+    from model_configs import FLUX_VAE, SD3_VAE, SD15_VAE, SDXL_VAE
+
+    for config, channels in [(SD15_VAE, 4), (SDXL_VAE, 4), (SD3_VAE, 16), (FLUX_VAE, 16)]:
+        with torch.device("meta"):
+            vae = AutoencoderKL(**config)
+            latent = vae.encode(torch.empty(1, 3, 512, 512)).latent_dist.mean
+        assert latent.shape == (1, channels, 64, 64), config
+
+
+@pytest.fixture(scope="module")
+def sd15_flops():
+    """FLOPs of one SD 1.5 UNet call (batch 1) and one VAE decode at 512 x 512, counted by
+    torch's ``FlopCounterMode`` on the meta device from the published configs."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from model_configs import SD15_UNET, SD15_VAE
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(fn):
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            fn()
+        return counter.get_total_flops()
+
+    with torch.device("meta"):
+        unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
+        x, text = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
+        return dict(
+            unet=flops(lambda: unet(x, torch.tensor(999), encoder_hidden_states=text)),
+            decode=flops(lambda: vae.decode(torch.randn(1, 4, 64, 64))),
+        )
+
+
+def test_sd15_decode_against_the_loop_in_flops(sd15_flops):
+    """SD 1.5 shows the same: at 512 × 512 its decode takes the FLOPs of about three UNet passes, 44% of a 4-step unguided call's; at 20 guided steps the loop is 93% of a call's FLOPs.
+
+    Loop and decode; a guided step runs the UNet on 2 rows, twice one row's FLOPs.
+    """
+    unet, decode = sd15_flops["unet"], sd15_flops["decode"]
+    assert 2.9 < decode / unet < 3.3
+    assert round(100 * decode / (4 * unet + decode)) == 44
+    assert round(100 * 20 * 2 * unet / (20 * 2 * unet + decode)) == 93
+
+
 # ---------------------------------------------------------------- the Flux trace
 
 FLUX_STARTER = "code/lab-12-end-to-end-inference-trace/flux_trace.py"

@@ -32,6 +32,7 @@ from diffusers import (
     PNDMScheduler,
     StableDiffusion3Pipeline,
     StableDiffusionPipeline,
+    UNet2DConditionModel,
 )
 from diffusers.models.attention_processor import AttnProcessor2_0, IPAdapterAttnProcessor2_0
 from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
@@ -181,7 +182,7 @@ def text_pipe(sd_pipe):
 
 
 def test_default_size_is_unet_sample_size_times_vae_scale_factor(sd_pipe):
-    """If `height` and `width` are not given, each defaults to `unet.config.sample_size * vae_scale_factor`, where `vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)`: 8 for SD's four-block VAE."""
+    """If `height` or `width` is missing, both become `unet.config.sample_size * vae_scale_factor`, where `vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)`: 8 for SD's four-block VAE; a lone `height` is dropped."""
     assert sd_pipe.vae_scale_factor == 2  # the tiny VAE has two blocks
     torch.manual_seed(0)
     four_blocks = AutoencoderKL(
@@ -199,6 +200,10 @@ def test_default_size_is_unet_sample_size_times_vae_scale_factor(sd_pipe):
         output_type="np",
     ).images
     assert image.shape == (1, 24, 24, 3)  # 12 * 2 pixels each way
+    for one_side in [dict(height=32), dict(width=32)]:  # the given side is dropped too
+        image = pipe(prompt_embeds=PROMPT, guidance_scale=1.0, num_inference_steps=1,
+                     output_type="np", **one_side).images  # fmt: skip
+        assert image.shape == (1, 24, 24, 3), one_side
 
 
 @pytest.mark.parametrize(
@@ -948,19 +953,29 @@ def test_pipeline_passes_the_lora_scale_to_encode_prompt_and_the_unet(
     assert encodes[0][1]["lora_scale"] is None
 
 
-def test_lora_adds_no_line_to_the_loop():
-    """`StableDiffusionPipeline.__call__` mentions LoRA only to read `lora_scale` from `cross_attention_kwargs` and hand it to `encode_prompt`: LoRA changes the weights, not the loop."""
-    source = inspect.getsource(StableDiffusionPipeline.__call__)
-    code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
-    assert [line for line in code if "lora" in line.lower()] == [
-        "lora_scale = (",
-        "lora_scale=lora_scale,",
-    ]
-    i = code.index("lora_scale = (")
-    assert code[i + 1] == (
-        'self.cross_attention_kwargs.get("scale", None) '
-        "if self.cross_attention_kwargs is not None else None"
-    )
+def test_lora_changes_the_weights_not_the_loop(sd_pipe, record_calls, step_calls):
+    """LoRA changes weights. The loop's code is identical with or without it: with a PEFT LoRA on the UNet's attention projections, `StableDiffusionPipeline.__call__` makes the same UNet calls, on inputs of the same shapes and with the same keyword arguments, and the same `scheduler.step` calls; the LoRA layers run inside each UNet call and change its output."""
+    from peft import LoraConfig
+
+    def loop_of(pipe):
+        unet, steps = record_calls(pipe.unet).calls, step_calls(pipe.scheduler)
+        out = run(pipe, steps=3)
+        shapes = [(args[0].shape, sorted(kwargs)) for args, kwargs in unet]
+        return out, shapes, [int(s["t"]) for s in steps]
+
+    plain_out, plain_calls, plain_steps = loop_of(sd_pipe)
+    torch.manual_seed(0)
+    unet = tiny_unet()
+    unet.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights=False,
+                                target_modules=["to_q", "to_k", "to_v", "to_out.0"]))  # fmt: skip
+    pipe = sd_with(sd_pipe, unet=unet, scheduler=sd_scheduler(DDIMScheduler))
+    lora_a = record_calls(unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
+                          .lora_A["default"]).calls  # fmt: skip
+    lora_out, lora_calls, lora_steps = loop_of(pipe)
+    assert lora_calls == plain_calls and len(plain_calls) == 3
+    assert lora_steps == plain_steps
+    assert len(lora_a) == 3  # the low-rank layer runs once inside every UNet call
+    assert not torch.allclose(lora_out, plain_out, atol=1e-3)
 
 
 # ---------------------------------------------------------------- loop count and the grid
@@ -977,23 +992,80 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
     assert [t for t in set(timesteps) if timesteps.count(t) > 1] == [961]
 
 
-def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls):
-    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times with SD 1.5's `PNDMScheduler` (`order == 1`), and `2n - 1` times with `HeunDiscreteScheduler` (`order == 2`)."""
+def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls, bars):
+    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times with SD 1.5's `PNDMScheduler` (`order == 1`), and `2n - 1` times with every order-2 scheduler, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case.
+
+    The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` that the
+    installed extras let us build, each with SD 1.5's settings; ``n`` calls for every order-1
+    class except PNDM, ``2n - 1`` for every order-2 one (here Heun and the two KDPM2 schedulers;
+    ``DPMSolverSDEScheduler``, also order 2, needs torchsde), so a new class that breaks the
+    rule fails here.
+    """
     calls = record_calls(sd_pipe.unet).calls
-    n = 5
-    for scheduler, expected in [
-        (sd_scheduler(DDIMScheduler), n),
-        (sd_scheduler(EulerDiscreteScheduler), n),
-        (PNDMScheduler(**SD15_PNDM), n + 1),
-        (sd_scheduler(HeunDiscreteScheduler), 2 * n - 1),
-    ]:
+    n, seen, order_2 = 3, set(), set()
+    for cls in sorted(sd_pipe.scheduler.compatibles, key=lambda c: c.__name__):
+        try:
+            scheduler = PNDMScheduler(**SD15_PNDM) if cls is PNDMScheduler else sd_scheduler(cls)
+        except ImportError:  # LMS needs scipy, DPMSolverSDE torchsde: not installed here
+            continue
         pipe = sd_with(sd_pipe, scheduler=scheduler)
+        bar = bars(pipe)
         calls.clear()
         run(pipe, guidance_scale=1.0, steps=n)
-        assert len(calls) == len(pipe.scheduler.timesteps) == expected, type(scheduler).__name__
+        expected = n + 1 if cls is PNDMScheduler else 2 * n - 1 if scheduler.order == 2 else n
+        assert len(calls) == len(pipe.scheduler.timesteps) == expected, cls.__name__
+        assert bar[0].total == n and bar[0].updates == n, cls.__name__
         torch.testing.assert_close(
-            torch.stack([args[1] for args, _ in calls]), pipe.scheduler.timesteps
+            torch.stack([torch.as_tensor(args[1]) for args, _ in calls]).to(
+                pipe.scheduler.timesteps.dtype
+            ),
+            pipe.scheduler.timesteps,
         )
+        seen.add(cls.__name__)
+        if scheduler.order == 2:
+            order_2.add(cls.__name__)
+    assert {"DDIMScheduler", "EulerDiscreteScheduler", "PNDMScheduler"} <= seen
+    assert order_2 == {
+        "HeunDiscreteScheduler",
+        "KDPM2DiscreteScheduler",
+        "KDPM2AncestralDiscreteScheduler",
+    }
+
+
+@pytest.fixture(scope="module")
+def sd15_flops():
+    """FLOPs of SD 1.5's UNet (one call, batch 1) and VAE decode (batch 1) at
+    512 x 512, counted by torch's ``FlopCounterMode`` on the meta device from the published
+    configs (``model_configs.py``): no weights, no memory."""
+    from model_configs import SD15_UNET, SD15_VAE
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(fn):
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            fn()
+        return counter.get_total_flops()
+
+    with torch.device("meta"):
+        unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
+
+        x, text = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
+        return dict(
+            unet=flops(lambda: unet(x, torch.tensor(999), encoder_hidden_states=text)),
+            decode=flops(lambda: vae.decode(torch.randn(1, 4, 64, 64))),
+        )
+
+
+def test_sd15_decode_costs_about_three_unet_passes(sd15_flops):
+    """At 512 × 512 SD 1.5's decode takes the FLOPs of about three UNet passes: 44% of a 4-step unguided call's, 7% of a 20-step guided one's.
+
+    Loop and decode; a guided step runs the UNet on 2 rows, twice the FLOPs of one (every
+    operation is per row).
+    """
+    unet, decode = sd15_flops["unet"], sd15_flops["decode"]
+    assert 2.9 < decode / unet < 3.3
+    assert round(100 * decode / (4 * unet + decode)) == 44
+    assert round(100 * decode / (20 * 2 * unet + decode)) == 7
 
 
 def test_timestep_spacing_keeps_the_count_and_moves_the_start():
@@ -1047,8 +1119,11 @@ def test_swapping_the_scheduler_and_fresh_noise(sd_pipe):
     )
 
 
-def test_a_mismatched_prediction_type_runs_without_error(sd_pipe):
-    """A scheduler configured with a `prediction_type` the UNet was not trained for raises nothing: the pipeline runs and returns finite `latents` that differ from the matched configuration's."""
+def test_a_mismatched_scheduler_runs_silently_or_fails_on_init_noise_sigma(sd_pipe, sd3_pipe):
+    """A wrong `prediction_type`, or DDIM in SD3's pipeline, runs silently and produces garbage; a flow-matching scheduler in `StableDiffusionPipeline` fails on `init_noise_sigma`.
+
+    "Silently": the pipeline returns finite latents, different from the matched scheduler's.
+    """
     matched = run(sd_pipe, steps=4)
     wrong = sd_with(
         sd_pipe,
@@ -1056,6 +1131,16 @@ def test_a_mismatched_prediction_type_runs_without_error(sd_pipe):
     )
     out = run(wrong, steps=4)
     assert torch.isfinite(out).all() and not torch.allclose(out, matched, atol=1e-2)
+    sd3_matched = run_sd3(sd3_pipe, steps=3, latents=start_latents())
+    ddim_in_sd3 = StableDiffusion3Pipeline(
+        **{**sd3_pipe.components, "scheduler": sd_scheduler(DDIMScheduler)}
+    )
+    ddim_in_sd3.set_progress_bar_config(disable=True)
+    sd3_out = run_sd3(ddim_in_sd3, steps=3, latents=start_latents())
+    assert torch.isfinite(sd3_out).all() and not torch.allclose(sd3_out, sd3_matched, atol=1e-2)
+    flow_in_sd = sd_with(sd_pipe, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    with pytest.raises(AttributeError, match="init_noise_sigma"):
+        run(flow_in_sd, steps=2)
 
 
 # ---------------------------------------------------------------- SD3
@@ -1092,20 +1177,28 @@ def run_sd3(pipe, guidance_scale=4.0, steps=3, **kwargs):
     ).images
 
 
-def test_signature_defaults_sd_and_sd3():
-    """`StableDiffusion3Pipeline.__call__` defaults to `num_inference_steps=28` and `guidance_scale=7.0` and has no `guidance_rescale` parameter; `StableDiffusionPipeline.__call__` defaults to 50 steps, `guidance_scale=7.5` and `guidance_rescale=0.0`."""
+def test_call_defaults_sd_and_sd3(sd_pipe, sd3_pipe, record_calls, calls_of):
+    """Called without them, `StableDiffusion3Pipeline` runs 28 steps at `guidance_scale=7.0` and takes no `guidance_rescale`; `StableDiffusionPipeline` runs 50 steps at `guidance_scale=7.5` with no rescale (`guidance_rescale=0.0`).
 
-    def defaults(cls):
-        return {k: p.default for k, p in inspect.signature(cls.__call__).parameters.items()}
-
-    sd3, sd = defaults(StableDiffusion3Pipeline), defaults(StableDiffusionPipeline)
-    assert (sd3["num_inference_steps"], sd3["guidance_scale"]) == (28, 7.0)
-    assert "guidance_rescale" not in sd3
-    assert (sd["num_inference_steps"], sd["guidance_scale"], sd["guidance_rescale"]) == (
-        50,
-        7.5,
-        0.0,
-    )
+    Observed through each pipeline's own ``__call__``: the denoiser calls, their batch (``2B``
+    rows: guidance on), the guidance scale the call stored, and ``rescale_noise_cfg`` never
+    called; ``guidance_rescale=`` to SD3 is a ``TypeError``.
+    """
+    sd3_calls = record_calls(sd3_pipe.transformer).calls
+    sd3_pipe(prompt_embeds=SD3_EMBEDS[1:], negative_prompt_embeds=SD3_EMBEDS[:1],
+             pooled_prompt_embeds=SD3_POOLED[1:], negative_pooled_prompt_embeds=SD3_POOLED[:1],
+             height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    assert len(sd3_calls) == 28 and sd3_pipe.guidance_scale == 7.0
+    assert all(kwargs["hidden_states"].shape[0] == 2 for _, kwargs in sd3_calls)
+    with pytest.raises(TypeError, match="guidance_rescale"):
+        run_sd3(sd3_pipe, steps=1, guidance_rescale=0.7)
+    unet_calls = record_calls(sd_pipe.unet).calls
+    rescales = calls_of(sd_module, "rescale_noise_cfg")
+    sd_pipe(prompt_embeds=PROMPT, negative_prompt_embeds=NEGATIVE, height=HEIGHT, width=WIDTH,
+            latents=start_latents(), output_type="latent")  # fmt: skip
+    assert len(unet_calls) == 50 and sd_pipe.guidance_scale == 7.5
+    assert all(args[0].shape[0] == 2 for args, _ in unet_calls)
+    assert sd_pipe.guidance_rescale == 0.0 and rescales == []
 
 
 def test_sd3_latents_are_not_scaled(sd3_pipe, record_calls, monkeypatch):
