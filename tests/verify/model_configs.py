@@ -11,8 +11,8 @@ parameters are transcribed below too (``*_ORIGINAL``) and test_model_sizes.py ch
 diffusers' own conversion (``single_file_utils``) or the documented mapping gives the
 config used here.
 
-Published totals are rounded figures from the named paper, README or docs; each covers
-one or more components of the same pipeline and must agree within ``PUBLISHED_RTOL``.
+Published totals are rounded figures from the named paper, README, blog, release post, model
+card or docs; each covers one or more components of the same pipeline and must agree within ``PUBLISHED_RTOL``.
 ``labkit/model_sizes.json`` records the result; ``make verify-refresh`` rewrites it.
 """
 
@@ -59,7 +59,7 @@ class Published:
     figure: str  # as published: "860M", "817M for both text encoders"
     params: int  # the figure as a number
     cite: str  # a short name for the table: "Stable Diffusion v1 README"
-    source: str  # where exactly: repository@commit path and quote, or paper and table
+    source: str  # where exactly: repo@commit path and quote, paper and table, or page and quote
     covers: tuple[str, ...]  # components of the same pipeline the figure totals
 
 
@@ -443,6 +443,14 @@ T5_XXL = {
     "tie_word_embeddings": False,
 }
 
+#: T5's fp16 bytes: transformers keeps `T5EncoderModel._keep_in_fp32_modules` (["wo"]) in float32
+#: when loading with dtype=torch.float16 (not bfloat16); test_model_sizes checks both numbers
+T5_FP16_NOTE = (
+    "The encoder half of T5 v1.1 XXL; its token embedding is counted once. Loaded with "
+    "`dtype=torch.float16`, transformers keeps its 1,006,632,960 `wo` weights in float32 "
+    "(`_keep_in_fp32_modules`): 11.54 GB, not the fp16 column's figure; bf16 loads them in bf16."
+)
+
 _SD15_YAML = f"{SD1} configs/stable-diffusion/v1-inference.yaml"
 _SDXL_YAML = f"{SGM} configs/inference/sd_xl_base.yaml"
 _LDM_MAPPING = f"mapped by diffusers' create_unet_diffusers_config_from_ldm ({DIFFUSERS} src/diffusers/loaders/single_file_utils.py)"
@@ -583,7 +591,7 @@ COMPONENTS: list[Component] = [
         "transformers",
         T5_XXL,
         _T5_SOURCE,
-        note="The encoder half of T5 v1.1 XXL; its token embedding is counted once.",
+        note=T5_FP16_NOTE,
     ),
     Component(
         "Flux.1-dev",
@@ -625,7 +633,7 @@ COMPONENTS: list[Component] = [
         T5_XXL,
         f"{FLUX} src/flux/util.py load_t5 and src/flux/modules/conditioner.py "
         f"(google/t5-v1_1-xxl as T5EncoderModel); {_T5_SOURCE}",
-        note="Same T5 v1.1 XXL encoder as SD3's text_encoder_3.",
+        note="Same T5 v1.1 XXL encoder as SD3's text_encoder_3 (in fp16 its `wo` layers stay float32: see that row).",
     ),
     Component(
         "SD3.5 Large",
@@ -733,10 +741,11 @@ PUBLISHED: dict[tuple[str, str], Published] = {
     ("Flux.1-dev", "text_encoder"): _CLIP_L_123M,
     ("Flux.1-dev", "text_encoder_2"): _t5_xxl_47b("text_encoder_2"),
     ("SD3.5 Large", "transformer"): Published(
-        "8B",
-        8_000_000_000,
-        "SD3.5 reference code",
-        f'{SD3} sd3_impls.py BaseModel: "eg 2B vs 8B primarily differ in their depth"',
+        "8.1B",
+        8_100_000_000,
+        "SD3.5 release post",
+        'Stability AI, "Introducing Stable Diffusion 3.5" (stability.ai/news/introducing-stable-diffusion-3-5): '
+        '"Stable Diffusion 3.5 Large: At 8.1 billion parameters"',
         ("transformer",),
     ),
     ("Qwen-Image", "transformer"): Published(

@@ -34,14 +34,17 @@ from model_configs import (
     SD15_LDM_ORIGINAL,
     SD15_UNET,
     SD15_VAE,
+    SD35_LARGE_TRANSFORMER,
     SDXL_SGM_ORIGINAL,
     SDXL_UNET,
     SDXL_VAE,
+    T5_FP16_NOTE,
     T5_XXL,
+    build,
     installed_versions,
     record,
 )
-from sizes import flux_1024_record, layerwise_casting_record, wan_vae_decode_record
+from sizes import _pattern, flux_1024_record, layerwise_casting_record, wan_vae_decode_record
 
 from labkit import model_sizes
 
@@ -100,7 +103,7 @@ def test_data_file_lists_exactly_the_configured_components(fresh, recorded):
 
 @pytest.mark.parametrize("key", list(PUBLISHED), ids=[f"{p}/{c}" for p, c in PUBLISHED])
 def test_counts_agree_with_published_totals(key, fresh):
-    """Each counted size agrees with its published, rounded total (paper, README, model card or docs) within the stated relative tolerance."""
+    """Each counted size agrees with its published, rounded total (a paper, README, blog, release post, model card or docs) within the stated relative tolerance."""
     pipeline, _ = key
     published = PUBLISHED[key]
     counted = sum(_row(fresh, pipeline, name)["params"] for name in published.covers)
@@ -151,7 +154,27 @@ def test_unet_and_vae_configs_are_diffusers_conversion_of_the_original_yaml(orig
 
 
 def test_flux_and_sd3_configs_follow_the_reference_parameters():
-    """The Flux.1-dev configs follow from Black Forest Labs' `FluxParams` and `AutoEncoderParams`, and the SD3 Medium transformer's from the checkpoint shapes diffusers recognises it by."""
+    """The Flux.1-dev configs follow from Black Forest Labs' `FluxParams` and `AutoEncoderParams`, and the SD3 Medium transformer's from the checkpoint shapes diffusers recognises it by: diffusers' `infer_diffusers_model_type` names a checkpoint of the counted SD3 Medium shapes `sd3` and one of the counted SD3.5 Large depth `sd35_large`."""
+    import torch
+    from diffusers.loaders.single_file_utils import infer_diffusers_model_type
+
+    def checkpoint(cfg):  # the original checkpoint's keys diffusers reads, with the counted shapes
+        hidden, last = cfg["caption_projection_dim"], cfg["num_layers"] - 1
+        shapes = {
+            "joint_blocks.0.context_block.adaLN_modulation.1.bias": (6 * hidden,),
+            "pos_embed": (1, cfg["pos_embed_max_size"] ** 2, hidden),
+            f"joint_blocks.{last}.x_block.mlp.fc1.weight": (4 * hidden, hidden),
+        }
+        return {k: torch.empty(s, device="meta") for k, s in shapes.items()}
+
+    assert infer_diffusers_model_type(checkpoint(SD3_MEDIUM_TRANSFORMER)) == "sd3"
+    assert infer_diffusers_model_type(checkpoint(SD35_LARGE_TRANSFORMER)) == "sd35_large"
+    medium = checkpoint(SD3_MEDIUM_TRANSFORMER)
+    assert (
+        medium["joint_blocks.0.context_block.adaLN_modulation.1.bias"].shape[-1]
+        == (SD3_MEDIUM_CHECKPOINT_SHAPES["adaLN_modulation_width"])
+    )
+    assert medium["pos_embed"].shape[1] == SD3_MEDIUM_CHECKPOINT_SHAPES["pos_embed_patches"]
     f, flux = FLUX_DEV_ORIGINAL, FLUX_DEV_TRANSFORMER
     assert flux["num_attention_heads"] == f["num_heads"]
     assert flux["num_attention_heads"] * flux["attention_head_dim"] == f["hidden_size"]
@@ -232,6 +255,9 @@ def test_flux_fp8_layerwise_casting_keeps_the_modulation_in_bf16(fresh, recorded
     """diffusers' own `enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn)` on the real Flux.1-dev transformer (meta device) skips every module whose name contains `norm`, which includes the AdaLN modulation Linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`): 3.25 B parameters stay bf16, and the weights are about 15.1 GB, not half of bf16's 23.8 GB."""
     lc = fresh["layerwise_casting"]["Flux.1-dev/transformer"]
     assert recorded["layerwise_casting"] == fresh["layerwise_casting"], "run `make verify-refresh`"
+    (flux,) = [c for c in COMPONENTS if (c.pipeline, c.component) == ("Flux.1-dev", "transformer")]
+    under_norm = {_pattern(n) for n, _ in build(flux).named_parameters() if "norm" in n.rsplit(".", 1)[0]}  # fmt: skip
+    assert under_norm and under_norm <= set(lc["kept"])  # every module named `norm`: kept in bf16
     total = _row(fresh, "Flux.1-dev", "transformer")["params"]
     assert lc["cast_params"] + lc["kept_params"] == total
     modulation = sum(v for k, v in lc["kept"].items() if k.endswith(("norm1.linear", "norm1_context.linear", "norm.linear")))  # fmt: skip
@@ -248,3 +274,27 @@ def test_flux_1024px_taylorseer_share_and_factor_bytes(fresh, recorded):
     assert round(100 * fx["taylorseer_hooked_flops"] / fx["flops"]) == 42
     # 57 modules x 2 orders x (4096 + 512 tokens) x 3072 channels x 2 bytes
     assert fx["taylorseer_factor_bytes"] == 57 * 2 * (4096 + 512) * 3072 * 2
+
+
+def test_t5_rows_note_the_float32_wo_layers_of_an_fp16_load(fresh, recorded, tmp_path):
+    """Loaded with `dtype=torch.float16`, transformers keeps T5's `wo` weights (`_keep_in_fp32_modules`) in float32 and with `torch.bfloat16` does not (a tiny `T5EncoderModel` saved and reloaded here), so T5-XXL's 1,006,632,960 `wo` weights, counted on the meta device, make its fp16 weights 11.54 GB, not the table's two bytes per weight, as the T5 rows' note says."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    tiny = T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2, feed_forward_proj="gated-gelu")  # fmt: skip
+    T5EncoderModel(tiny).save_pretrained(tmp_path)
+    for dtype, wo_dtype in [(torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)]:
+        model = T5EncoderModel.from_pretrained(tmp_path, dtype=dtype)
+        assert model.encoder.block[0].layer[1].DenseReluDense.wo.weight.dtype == wo_dtype
+    with torch.device("meta"):
+        xxl = T5EncoderModel(T5Config(**T5_XXL))
+    wo = sum(p.numel() for n, p in xxl.named_parameters() if n.endswith(".wo.weight"))
+    fp16_bytes = 2 * sum(p.numel() for p in xxl.parameters()) + 2 * wo
+    assert f"{wo:,}" in T5_FP16_NOTE and f"{fp16_bytes / 1e9:.2f} GB" in T5_FP16_NOTE
+    t5_rows = [r for r in recorded["components"] if r["class"] == "T5EncoderModel"]
+    assert t5_rows and all(
+        r["note"] == T5_FP16_NOTE or "see that row" in r["note"] for r in t5_rows
+    )
+    assert [r["note"] for r in t5_rows] == [
+        r["note"] for r in fresh["components"] if r["class"] == "T5EncoderModel"
+    ]
