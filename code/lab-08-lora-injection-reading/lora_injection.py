@@ -181,8 +181,9 @@ print(f"unfuse restores W: max |W - (W' - delta)| = {np.abs(weight_back - weight
 # - `cross_attention_kwargs={"scale": s}`: diffusers' `apply_lora_scale` decorator on
 #   `UNet2DConditionModel.forward` pops `"scale"`, calls `scale_lora_layers(unet, s)`
 #   (`scaling *= s` in every LoRA layer), runs the forward, then
-#   `unscale_lora_layers(unet, s)` (`scaling /= s`) in a `finally`. The pipeline's
-#   `lora_scale` does the same for the text encoder inside `encode_prompt`.
+#   `unscale_lora_layers(unet, s)` (`scaling /= s`; at s = 0 a reset to `lora_alpha / r`)
+#   in a `finally`. The pipeline's `lora_scale` does the same for the text encoder
+#   inside `encode_prompt`.
 #
 # So one layer's output is `base + sum_a s * w_a * (alpha_a / r_a) * B_a A_a x`.
 

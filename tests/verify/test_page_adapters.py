@@ -69,8 +69,9 @@ def predict(unet, **kwargs):
         return unet(X, T, encoder_hidden_states=PROMPT, **kwargs).sample
 
 
-def lora_state_dict(unet, rank=2, seed=0, std=0.3):
-    """A LoRA for ``unet``'s attention projections in PEFT's key layout, random values.
+def lora_state_dict(unet, rank=2, seed=0, std=0.3, suffixes=PROJECTIONS):
+    """A LoRA for ``unet``'s Linear layers named by ``suffixes`` (the attention projections
+    unless told) in PEFT's key layout, random values.
 
     ``unet.<module>.lora_A.weight`` is ``(rank, in_features)`` and ``lora_B.weight`` is
     ``(out_features, rank)``; both random here (a trained LoRA), so it changes the output.
@@ -78,7 +79,7 @@ def lora_state_dict(unet, rank=2, seed=0, std=0.3):
     g = torch.Generator().manual_seed(seed)
     state = {}
     for name, module in unet.named_modules():
-        if name.endswith(PROJECTIONS) and isinstance(module, torch.nn.Linear):
+        if name.endswith(suffixes) and isinstance(module, torch.nn.Linear):
             a = torch.randn(rank, module.in_features, generator=g) * std
             b = torch.randn(module.out_features, rank, generator=g) * std
             state[f"unet.{name}.lora_A.weight"] = a
@@ -249,6 +250,53 @@ def test_call_scale_and_adapter_weight_scale_the_same_branch():
     pipe.enable_lora()
 
 
+def test_the_per_call_scale_kwarg_depends_on_the_family():
+    """The per-call LoRA scale is `cross_attention_kwargs={"scale": s}` on the UNet pipelines (`StableDiffusionPipeline`, `StableDiffusionXLPipeline`) and `joint_attention_kwargs={"scale": s}` on `StableDiffusion3Pipeline` and `FluxPipeline`: each scales the denoiser's LoRA layers by `s` for that call. Given the other name, SD3 and Flux raise a `TypeError`, while the UNet pipelines (whose `__call__` takes `**kwargs`) ignore it without a word and leave the LoRA unscaled."""
+    from tiny import (
+        POOLED_DIM,
+        dit_embeds,
+        flux_prompt_embeds,
+        logged_messages,
+        tiny_flux_pipeline,
+        tiny_sd3_pipeline,
+        tiny_sdxl_pipeline,
+        tiny_text_encoder,
+    )
+
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(2))
+    text, flux_pooled = flux_prompt_embeds()
+    sd3_text, sd3_pooled = dit_embeds(7, width=EMBED_DIM)
+    cases = [  # (pipeline, denoiser, the kwarg it takes, the one it rejects, call inputs)
+        (tiny_sd_pipeline(text_encoder=tiny_text_encoder()), "unet", "cross_attention_kwargs",
+         "joint_attention_kwargs", dict(prompt_embeds=PROMPT)),  # scale also goes to it
+        (tiny_sdxl_pipeline(), "unet", "cross_attention_kwargs", "joint_attention_kwargs",
+         dict(prompt_embeds=PROMPT, pooled_prompt_embeds=pooled)),
+        (tiny_sd3_pipeline(), "transformer", "joint_attention_kwargs", "cross_attention_kwargs",
+         dict(prompt_embeds=sd3_text, pooled_prompt_embeds=sd3_pooled[:, :16])),
+        (tiny_flux_pipeline(), "transformer", "joint_attention_kwargs", "cross_attention_kwargs",
+         dict(prompt_embeds=text[1:], pooled_prompt_embeds=flux_pooled[1:])),
+    ]  # fmt: skip
+    for pipe, name, takes, rejects, inputs in cases:
+        denoiser = getattr(pipe, name)
+        denoiser.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q"]))
+        layer = next(m for m in denoiser.modules() if isinstance(m, LoraLinear))
+        seen = []
+        layer.register_forward_pre_hook(lambda m, a, seen=seen: seen.append(m.scaling["default"]))
+        call = dict(inputs, num_inference_steps=1, guidance_scale=1.0, height=HEIGHT,
+                    width=WIDTH, output_type="latent")  # fmt: skip
+        pipe(**call, **{takes: {"scale": 0.5}})
+        assert seen and set(seen) == {0.5}, type(pipe).__name__  # lora_alpha / r = 1, times s
+        assert layer.scaling["default"] == 1.0  # restored after the call
+        seen.clear()
+        if name == "unet":  # swallowed by **kwargs: no error, no log line, no scale
+            with logged_messages() as messages:
+                pipe(**call, **{rejects: {"scale": 0.5}})
+            assert seen and set(seen) == {1.0} and messages == []
+        else:
+            with pytest.raises(TypeError, match=rejects):
+                pipe(**call, **{rejects: {"scale": 0.5}})
+
+
 def test_several_loras_add_their_weighted_deltas():
     """With two LoRAs loaded under their own `adapter_name`, `set_adapters(["a", "b"], adapter_weights=[wa, wb])` makes each adapted layer return `base_layer(x) + wa * delta_a(x) + wb * delta_b(x)`, `set_adapters("a")` alone switches `b` off, and `fuse_lora()` folds every active adapter into the weights at its current weight."""
     pipe = lora_pipe("a", "b")
@@ -295,6 +343,39 @@ def test_set_adapters_takes_per_block_weights():
         for part in ["down_blocks", "mid_block", "up_blocks"]
     }
     assert per_part == {"down_blocks": {0.0}, "mid_block": {1.0}, "up_blocks": {0.5}}
+
+
+def test_part_weights_follow_attention_modules_only():
+    """`set_adapters` expands a dict of part weights to one weight per attention module (`down_blocks.i.attentions.j`), shared by all its transformer blocks; LoRA layers outside the attention modules do not reliably follow their part: under `{"down": 0.0, "mid": 0.0, "up": 0.0}` the layers in blocks without attention and in the mid block's resnets keep weight 1, and a LoRA on `time_embedding` makes `set_adapters` raise an `IndexError`."""
+    deep = tiny_unet(transformer_layers_per_block=2)  # two transformer blocks per module
+    pipe = tiny_sd_pipeline(unet=tiny_unet(transformer_layers_per_block=2))
+    pipe.load_lora_weights(lora_state_dict(deep, suffixes=(*PROJECTIONS, "time_emb_proj")),
+                           adapter_name="style")  # fmt: skip
+    pipe.set_adapters("style", adapter_weights={"unet": {"down": 0.3, "mid": 0.0, "up": 0.0}})
+    weights = {
+        name: module.scaling["style"]
+        for name, module in pipe.unet.named_modules()
+        if isinstance(module, LoraLinear)
+    }
+    attention = {n: w for n, w in weights.items() if ".attentions." in n}
+    assert {n.split(".transformer_blocks.")[1][0] for n in attention} == {"0", "1"}
+    assert {w for n, w in attention.items() if n.startswith("down_blocks")} == {0.3}
+    assert {w for n, w in attention.items() if not n.startswith("down_blocks")} == {0.0}
+    kept = {n for n, w in weights.items() if w == 1.0}  # blocks without attention, mid resnets
+    assert kept == {
+        "down_blocks.1.resnets.0.time_emb_proj",
+        "up_blocks.0.resnets.0.time_emb_proj",
+        "up_blocks.0.resnets.1.time_emb_proj",
+        "mid_block.resnets.0.time_emb_proj",
+        "mid_block.resnets.1.time_emb_proj",
+    }
+    timed = tiny_sd_pipeline()
+    timed.load_lora_weights(
+        lora_state_dict(tiny_unet(), suffixes=("to_q", "time_embedding.linear_1")),
+        adapter_name="style",
+    )
+    with pytest.raises(IndexError):
+        timed.set_adapters("style", adapter_weights={"unet": {"down": 0.5}})
 
 
 def test_lora_size_on_sd15_attention_projections():
@@ -439,7 +520,8 @@ def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
 
 def test_controlnet_size_on_the_meta_device():
     """Built with `ControlNetModel.from_unet` from the published UNet configs, a full-size ControlNet has 361,279,120 parameters for SD 1.5 (42% of its UNet, about 723 MB in fp16, with 12 `controlnet_down_blocks`) and 1,251,014,160 for SDXL (49%, about 2,502 MB in fp16)."""
-    for config, expected, share in [(SD15_UNET, 361_279_120, 42), (SDXL_UNET, 1_251_014_160, 49)]:
+    cases = [(SD15_UNET, 361_279_120, 42, 723), (SDXL_UNET, 1_251_014_160, 49, 2502)]
+    for config, expected, share, megabytes in cases:
         unet = meta_unet(config)
         with torch.device("meta"):
             controlnet = ControlNetModel.from_unet(unet, load_weights_from_unet=False)
@@ -448,7 +530,7 @@ def test_controlnet_size_on_the_meta_device():
         if config is SD15_UNET:
             assert len(controlnet.controlnet_down_blocks) == 12
         assert round(100 * count / n_params(unet)) == share
-    assert round(2 * 361_279_120 / 1e6) == 723 and round(2 * 1_251_014_160 / 1e6) == 2502
+        assert round(2 * count / 1e6) == megabytes  # fp16: 2 bytes a parameter
 
 
 def test_controlnet_flops_per_step_on_the_meta_device():
@@ -512,28 +594,38 @@ def test_ip_adapter_processor_adds_a_second_attention_over_image_tokens():
     )
 
 
-def test_ip_adapter_scale_zero_skips_the_image_branch():
-    """With `scale` 0 the processor skips the image branch entirely: `to_k_ip` and `to_v_ip` do not run and the layer returns the plain text attention."""
-    torch.manual_seed(0)
-    attn = Attention(query_dim=32, cross_attention_dim=EMBED_DIM, heads=4, dim_head=8).eval()
-    text = torch.randn(1, 77, EMBED_DIM)
-    hidden, image = torch.randn(1, 16, 32), torch.randn(1, 4, EMBED_DIM)
-    with torch.no_grad():
-        plain = attn(hidden, encoder_hidden_states=text)
-        processor = IPAdapterAttnProcessor2_0(
-            hidden_size=32, cross_attention_dim=EMBED_DIM, scale=0.0
-        )
-        attn.set_processor(processor)
-        ran = []
-        processor.to_k_ip[0].register_forward_hook(lambda *a: ran.append("k"))
-        processor.to_v_ip[0].register_forward_hook(lambda *a: ran.append("v"))
-        torch.testing.assert_close(attn(hidden, encoder_hidden_states=(text, [image])), plain)
-    assert ran == []
+def test_ip_adapter_scale_zero_skips_only_the_image_attention():
+    """`set_ip_adapter_scale(0)` makes every IP-Adapter processor skip the image attention, so `to_k_ip` and `to_v_ip` do not run and the pipeline returns the latents of a pipeline without the adapter; but the `image_encoder` still runs once per call, `unet.encoder_hid_proj` in every UNet call, and a call without `ip_adapter_image` or `ip_adapter_image_embeds` fails (`TypeError`), from any pipeline sharing that UNet, until `unload_ip_adapter()`."""
+    from diffusers import StableDiffusionPipeline
+
+    base = run(tiny_sd_pipeline(), steps=3)
+    pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
+    pipe.load_ip_adapter(
+        random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    pipe.set_ip_adapter_scale(0.0)
+    ran = Counter()
+    pipe.image_encoder.register_forward_hook(lambda *a: ran.update(["encoder"]))
+    pipe.unet.encoder_hid_proj.register_forward_hook(lambda *a: ran.update(["projection"]))
+    for processor in pipe.unet.attn_processors.values():
+        if isinstance(processor, IPAdapterAttnProcessor2_0):
+            processor.to_k_ip[0].register_forward_hook(lambda *a: ran.update(["to_k_ip"]))
+            processor.to_v_ip[0].register_forward_hook(lambda *a: ran.update(["to_v_ip"]))
+    reference = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    out = run(pipe, steps=3, ip_adapter_image=reference)
+    assert ran == Counter(encoder=1, projection=3)  # no to_k_ip / to_v_ip
+    torch.testing.assert_close(out, base, rtol=0, atol=1e-6)
+    for caller in (pipe, StableDiffusionPipeline.from_pipe(pipe, image_encoder=None)):
+        with pytest.raises(TypeError):  # the UNet now requires image_embeds on every call
+            run(caller, steps=1)
+    pipe.unload_ip_adapter()
+    torch.testing.assert_close(run(pipe, steps=3), base, rtol=0, atol=1e-6)
 
 
 def test_load_ip_adapter_changes_only_the_cross_attention_processors():
-    """`load_ip_adapter` (here from a state dict, with `image_encoder_folder=None`) replaces the processor of every cross-attention layer (`attn2`) with an `IPAdapterAttnProcessor2_0` holding that layer's `to_k_ip` and `to_v_ip`, leaves self-attention (`attn1`) on `AttnProcessor2_0`, and adds the image projection as `unet.encoder_hid_proj`."""
+    """`load_ip_adapter` (here from a state dict, with `image_encoder_folder=None`) replaces the processor of every cross-attention layer (`attn2`) with an `IPAdapterAttnProcessor2_0` holding that layer's `to_k_ip` and `to_v_ip`, gives self-attention (`attn1`) a new instance of its processor class (`AttnProcessor2_0` by default), and adds the image projection as `unet.encoder_hid_proj`."""
     pipe = tiny_sd_pipeline()
+    before = dict(pipe.unet.attn_processors)
     pipe.load_ip_adapter(
         random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
     )
@@ -541,6 +633,7 @@ def test_load_ip_adapter_changes_only_the_cross_attention_processors():
     for name, processor in processors.items():
         expected = IPAdapterAttnProcessor2_0 if ".attn2." in name else AttnProcessor2_0
         assert type(processor) is expected, name
+        assert processor is not before[name]  # a new instance, even for attn1
     assert sum(type(p) is IPAdapterAttnProcessor2_0 for p in processors.values()) == 4
     assert type(pipe.unet.encoder_hid_proj).__name__ == "MultiIPAdapterImageProjection"
     assert pipe.unet.config.encoder_hid_dim_type == "ip_image_proj"
@@ -567,7 +660,7 @@ def test_load_ip_adapter_loads_the_image_encoder_next_to_the_weights(tmp_path):
 
 
 def test_set_ip_adapter_scale_global_and_per_block():
-    """`set_ip_adapter_scale(s)` sets `scale` on every IP-Adapter processor; a dict such as `{"up": {"block_1": [0.0, 1.0]}}` sets the named transformer blocks and puts 0 on every block it does not name."""
+    """`set_ip_adapter_scale(s)` sets `scale` on every IP-Adapter processor; a dict such as `{"up": {"block_1": [0.0, 1.0]}}` sets the named attention modules and puts 0 on every one it does not name."""
     pipe = tiny_sd_pipeline()
     pipe.load_ip_adapter(
         random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
@@ -629,7 +722,7 @@ def test_set_ip_adapter_scale_block_names_follow_the_unet_layout():
 
 
 def test_image_encoder_runs_once_per_call():
-    """With `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; each layer's `to_k_ip` and `to_v_ip` run again at every step."""
+    """With `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; the image projection `unet.encoder_hid_proj` and each layer's `to_k_ip` and `to_v_ip` run again in every UNet call."""
     pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
     pipe.load_ip_adapter(
         random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
@@ -640,6 +733,7 @@ def test_image_encoder_runs_once_per_call():
         lambda m, a, k: unet_calls.append(k["added_cond_kwargs"]), with_kwargs=True
     )
     projections = []
+    pipe.unet.encoder_hid_proj.register_forward_hook(lambda *a: projections.append("proj"))
     for processor in pipe.unet.attn_processors.values():
         if isinstance(processor, IPAdapterAttnProcessor2_0):
             processor.to_k_ip[0].register_forward_hook(lambda *a: projections.append("k"))
@@ -648,12 +742,60 @@ def test_image_encoder_runs_once_per_call():
     run(pipe, steps=4, ip_adapter_image=reference)
     assert len(encoder_calls) == 1 and len(unet_calls) == 4
     assert projections.count("k") == projections.count("v") == 4 * 4  # 4 layers x 4 steps
+    assert projections.count("proj") == 4  # the image projection: once per UNet call
     (image_embeds,) = unet_calls[0]["image_embeds"]  # (2B, 1, projection_dim)
     assert image_embeds.shape == (2, 1, 16)
     assert image_embeds[0].abs().max() == 0 and image_embeds[1].abs().max() > 0
     with torch.no_grad():
         encoded = pipe.image_encoder(reference).image_embeds
     torch.testing.assert_close(image_embeds[1], encoded)
+
+
+def plus_ip_adapter(unet, embed_dim=16, hidden_dims=64, seed=0):
+    """A Plus IP-Adapter state dict in the original checkpoints' layout, random values:
+    an ``IPAdapterPlusImageProjection`` (a 4-layer Resampler over the encoder's hidden
+    states, 4 queries) renamed to the keys ``load_ip_adapter`` converts, and the plain
+    adapter's ``to_k_ip`` / ``to_v_ip``."""
+    from diffusers.models.embeddings import IPAdapterPlusImageProjection
+
+    torch.manual_seed(seed)
+    projection = IPAdapterPlusImageProjection(
+        embed_dims=embed_dim, output_dims=unet.config.cross_attention_dim,
+        hidden_dims=hidden_dims, heads=hidden_dims // 64, num_queries=4,
+    )  # fmt: skip
+    renames = {"ln0": "0.norm1", "ln1": "0.norm2", "attn.to_q": "0.to_q",
+               "attn.to_out.0": "0.to_out", "ff.0": "1.0", "ff.1.net.0.proj": "1.1",
+               "ff.1.net.2": "1.3"}  # fmt: skip
+    state = {}
+    for key, value in projection.state_dict().items():
+        for new, old in renames.items():
+            key = key.replace(f".{new}.", f".{old}.")
+        state[key] = value
+    for i in range(len(projection.layers)):
+        k, v = state.pop(f"layers.{i}.attn.to_k.weight"), state.pop(f"layers.{i}.attn.to_v.weight")
+        state[f"layers.{i}.0.to_kv.weight"] = torch.cat([k, v])
+    return {"image_proj": state, "ip_adapter": random_ip_adapter(unet)["ip_adapter"]}
+
+
+def test_ip_adapter_plus_encodes_the_image_and_a_zeros_image():
+    """A Plus IP-Adapter (its projection an `IPAdapterPlusImageProjection`, loaded by `load_ip_adapter`) runs the `image_encoder` twice per pipeline call, on the image and on a zeros image for the unconditional embedding, with CFG and without it."""
+    pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
+    pipe.load_ip_adapter(
+        plus_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    assert type(pipe.unet.encoder_hid_proj.image_projection_layers[0]).__name__ == (
+        "IPAdapterPlusImageProjection"
+    )
+    inputs = []
+    pipe.image_encoder.register_forward_hook(lambda m, a, o: inputs.append(a[0].clone()))
+    reference = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    run(pipe, steps=3, ip_adapter_image=reference)
+    assert len(inputs) == 2
+    assert inputs[0].abs().max() > 0 and inputs[1].abs().max() == 0
+    inputs.clear()
+    pipe(prompt_embeds=PROMPT, guidance_scale=1.0, num_inference_steps=3, height=HEIGHT,
+         width=WIDTH, latents=start_latents(), output_type="latent", ip_adapter_image=reference)  # fmt: skip
+    assert len(inputs) == 2  # no CFG: the zeros image is still encoded
 
 
 def test_ip_adapter_size_on_sd15():
@@ -861,6 +1003,35 @@ def test_hotswap_replaces_an_adapter_in_place():
     out = predict(pipe.unet)
     torch.testing.assert_close(out, predict(fresh.unet), rtol=0, atol=1e-6)
     assert not torch.allclose(out, before, atol=1e-3)
+
+
+def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight():
+    """A hotswapped LoRA must target the first one's layers or a subset: a layer the first lacks raises a `RuntimeError`, and the first one's layers the new one lacks are zeroed. The adapter must be unfused (a fused one raises a `ValueError`), and the swap resets a `set_adapters` weight to the new LoRA's `lora_alpha / r`."""
+    plain = tiny_unet()
+
+    def hotswap_pipe():
+        pipe = tiny_sd_pipeline()
+        pipe.enable_lora_hotswap(target_rank=4)
+        pipe.load_lora_weights(lora_state_dict(plain), adapter_name="style")
+        return pipe
+
+    wider = lora_state_dict(plain, seed=1, suffixes=(*PROJECTIONS, "ff.net.2"))
+    with pytest.raises(RuntimeError, match="unexpected keys"):
+        hotswap_pipe().load_lora_weights(wider, adapter_name="style", hotswap=True)
+    pipe = hotswap_pipe()
+    pipe.load_lora_weights(
+        lora_state_dict(plain, seed=1, suffixes=("to_q",)), adapter_name="style", hotswap=True
+    )
+    to_k = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_k
+    assert to_k.lora_B["style"].weight.abs().max() == 0  # not in the new LoRA: zeroed
+    pipe = hotswap_pipe()
+    pipe.set_adapters("style", adapter_weights=0.5)
+    assert first_projection(pipe.unet).scaling["style"] == 0.5
+    pipe.load_lora_weights(lora_state_dict(plain, seed=1), adapter_name="style", hotswap=True)
+    assert first_projection(pipe.unet).scaling["style"] == 1.0  # lora_alpha / r, weight gone
+    pipe.fuse_lora(components=["unet"])
+    with pytest.raises(ValueError, match="merged"):
+        pipe.load_lora_weights(lora_state_dict(plain, seed=2), adapter_name="style", hotswap=True)
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():

@@ -318,3 +318,44 @@ def test_demo_layer_follows_the_family(lab):
     first = next(m for n, m in unet.named_modules() if n.endswith("attn2.to_k"))
     assert (g["d_in"], g["d_out"]) == (first.in_features, first.out_features) == (2048, 640)
     assert g["weight"].shape == (640, 2048)
+
+
+def test_scale_zero_call_while_fused_breaks_unfuse_only_off_weight_one(lab):
+    """A call with `cross_attention_kwargs={"scale": 0}` while fused spoils the unfuse only when the fused `scaling` was not `lora_alpha / r`: after the pipeline's `fuse_lora()` at weight 1, `unfuse_lora()` still restores the base weights; after `set_adapters(..., adapter_weights=0.5)` or `fuse_lora(lora_scale=0.5)` it does not."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from tiny import tiny_sd_pipeline
+
+    restored = {}
+    for weight, lora_scale in [(1.0, 1.0), (0.5, 1.0), (1.0, 0.5)]:
+        pipe = tiny_sd_pipeline(unet=adapted_unet(("a", 4, 8)))
+        layers = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
+        before = [m.base_layer.weight.detach().clone() for m in layers]
+        pipe.set_adapters("a", adapter_weights=weight)
+        pipe.fuse_lora(components=["unet"], lora_scale=lora_scale)
+        predict(pipe.unet, cross_attention_kwargs={"scale": 0.0})
+        pipe.unfuse_lora(components=["unet"])
+        restored[(weight, lora_scale)] = all(
+            torch.allclose(m.base_layer.weight, w, atol=1e-6)
+            for m, w in zip(layers, before, strict=True)
+        )
+    assert restored == {(1.0, 1.0): True, (0.5, 1.0): False, (1.0, 0.5): False}
+
+
+def test_load_lora_weights_wraps_whatever_the_keys_name(lab):
+    """`load_lora_weights` wraps the layers the file's keys name, not a fixed list: a LoRA with keys for the attention projections and for each feed-forward output (`ff.net.2`) gets those too, 36 layers on the tiny UNet instead of the 32 projections."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from tiny import tiny_sd_pipeline, tiny_unet
+
+    plain = tiny_unet()
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for name, module in plain.named_modules():
+        if name.endswith((*TARGETS, "ff.net.2")) and isinstance(module, torch.nn.Linear):
+            state[f"unet.{name}.lora_A.weight"] = torch.randn(4, module.in_features, generator=g)
+            state[f"unet.{name}.lora_B.weight"] = torch.randn(module.out_features, 4, generator=g)
+    pipe = tiny_sd_pipeline()
+    pipe.load_lora_weights(state, adapter_name="style")
+    wrapped = {n for n, m in pipe.unet.named_modules() if isinstance(m, LoraLinear)}
+    assert {n.removeprefix("unet.").removesuffix(".lora_A.weight") for n in state
+            if n.endswith("lora_A.weight")} == wrapped  # fmt: skip
+    assert len(wrapped) == 36 and sum(n.endswith("ff.net.2") for n in wrapped) == 4

@@ -83,29 +83,45 @@ def test_stages_split_at_prompt_embeds_and_latents(sd_pipe, record_calls, calls_
     torch.testing.assert_close(torch.from_numpy(separate), torch.from_numpy(full))
 
 
-def test_per_call_state_lives_on_the_pipeline_object(sd_pipe):
-    """A pipeline keeps per-call state on itself (`_guidance_scale`, `_interrupt`, which `__call__` resets to `False` when it starts, `_num_timesteps`, and the scheduler's timesteps), and `StableDiffusionPipeline(**pipe.components)` shares the same `scheduler` object as well as the models, so concurrent calls need separate pipeline objects with separate scheduler instances."""
+def test_a_second_request_on_shared_state_changes_the_first(sd_pipe, record_calls):
+    """A pipeline keeps per-call state on itself (`_guidance_scale`, `_interrupt`, which `__call__` resets to `False` when it starts, `_num_timesteps`, and the scheduler's timesteps), and `StableDiffusionPipeline(**pipe.components)` and `from_pipe` share the same `scheduler` object as well as the models: a second request run while the first is between steps, on the same object or on such a twin, silently changes the first request's `latents`, while a pipeline object with its own scheduler (`from_config`) leaves them as in a solo run."""
+    calls = record_calls(sd_pipe.unet).calls
     sd_pipe._interrupt = True  # left over from another call: the next call clears it
-    run(sd_pipe, steps=3, guidance_scale=4.0)
-    assert (sd_pipe.guidance_scale, sd_pipe.num_timesteps, sd_pipe.interrupt) == (4.0, 3, False)
-    assert len(sd_pipe.scheduler.timesteps) == 3
-    twin = StableDiffusionPipeline(**sd_pipe.components, requires_safety_checker=False)
-    twin.set_progress_bar_config(disable=True)
-    assert twin.unet is sd_pipe.unet and twin.scheduler is sd_pipe.scheduler
-    run(twin, steps=5)
-    assert len(sd_pipe.scheduler.timesteps) == 5  # the twin's call reset the shared scheduler
+    solo = run(sd_pipe, steps=4)
+    assert len(calls) == 4
     own = sd_with(sd_pipe, scheduler=DDIMScheduler.from_config(sd_pipe.scheduler.config))
-    assert own.unet is sd_pipe.unet and own.scheduler is not sd_pipe.scheduler
+    intruders = {  # (pipeline, steps, guidance_scale) of the second request
+        "same object": (sd_pipe, 4, 4.0),
+        "components twin": (sd_with(sd_pipe), 6, 7.5),
+        "from_pipe": (StableDiffusionPipeline.from_pipe(sd_pipe), 6, 7.5),
+        "own scheduler": (own, 6, 4.0),
+    }
+    assert intruders["from_pipe"][0].scheduler is sd_pipe.scheduler
+    for name, (other, steps, scale) in intruders.items():
+
+        def second_request(pipe, i, t, callback_kwargs, other=other, steps=steps, scale=scale):
+            if i == 1:  # the first request is between its steps 1 and 2
+                run(other, steps=steps, guidance_scale=scale)
+            return {}
+
+        first = run(sd_pipe, steps=4, callback_on_step_end=second_request)
+        if name.endswith("twin") or name == "from_pipe":  # the twin reset the shared timesteps
+            assert len(sd_pipe.scheduler.timesteps) == 6
+        if name == "own scheduler":
+            torch.testing.assert_close(first, solo, rtol=0, atol=0)
+        else:  # no error, a different image
+            assert not torch.allclose(first, solo, atol=1e-3), name
 
 
-def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe, calls_of):
-    """A pipeline object per request does not separate adapter settings, because they live on the modules of the shared UNet: a call with `cross_attention_kwargs={"scale": 0.5}` rescales the UNet's LoRA layers themselves for its duration, and `set_adapters` or `set_ip_adapter_scale` on one pipeline changes what a twin built from the same components runs."""
+def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe):
+    """A pipeline object per request does not separate adapter settings, because they live on the modules of the shared UNet: a call with `cross_attention_kwargs={"scale": 0.5}` rescales the UNet's LoRA layers themselves for its duration, and `set_adapters` or `set_ip_adapter_scale` on one pipeline changes the `latents` a twin built from the same components returns."""
     from peft import LoraConfig
 
     fresh_unet = type(sd_pipe.unet).from_config(sd_pipe.unet.config)
     pipe = sd_with(sd_pipe, unet=fresh_unet, text_encoder=tiny_text_encoder())
-    for name in ("a", "b"):
-        pipe.unet.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q"]), adapter_name=name)  # fmt: skip
+    for name in ("a", "b"):  # lora_B random, as trained: the adapters change the output
+        config = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q"], init_lora_weights=False)
+        pipe.unet.add_adapter(config, adapter_name=name)
     twin = sd_with(pipe)
     assert twin.unet is pipe.unet
     layer = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
@@ -118,12 +134,45 @@ def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe, calls_of):
     assert pipe.unet.active_adapters() == ["b"]  # the last one added
     assert seen[0] == {"a": 1.0, "b": 0.5}  # lora_alpha / r = 1, times the call's scale
     assert dict(layer.scaling) == {"a": 1.0, "b": 1.0}  # restored after the forward
-    pipe.set_adapters("a")
-    assert twin.unet.active_adapters() == ["a"]
+    with_b = run(twin, steps=2)
+    pipe.set_adapters("a")  # on the other pipeline object
+    with_a = run(twin, steps=2)
+    assert not torch.allclose(with_a, with_b, atol=1e-4)
     pipe.load_ip_adapter(random_ip_adapter(pipe.unet, std=1.0), subfolder="", weight_name="", image_encoder_folder=None)  # fmt: skip
+    image_embeds = [torch.randn(2, 1, 16, generator=torch.Generator().manual_seed(4))]
+    full = run(twin, steps=2, ip_adapter_image_embeds=image_embeds)
     pipe.set_ip_adapter_scale(0.3)
-    ip = [p for p in twin.unet.attn_processors.values() if hasattr(p, "scale")]
-    assert ip and all(p.scale == [0.3] for p in ip)
+    weaker = run(twin, steps=2, ip_adapter_image_embeds=image_embeds)
+    assert not torch.allclose(full, weaker, atol=1e-4)
+
+
+def test_guidance_scale_at_or_below_one_runs_without_guidance(sd_pipe, record_calls):
+    """A request with `guidance_scale <= 1` runs without CFG: the pipeline makes one-row UNet calls for it and never applies the scale, so `guidance_scale` 0.0, 0.5 and 1.0 give identical `latents`."""
+    calls = record_calls(sd_pipe.unet).calls
+    outs = [run(sd_pipe, steps=3, guidance_scale=g) for g in (0.0, 0.5, 1.0)]
+    assert [sample.shape[0] for (sample, _), _ in calls] == [1] * 9
+    for out in outs[:2]:
+        torch.testing.assert_close(out, outs[2], rtol=0, atol=0)
+    assert not torch.allclose(run(sd_pipe, steps=3, guidance_scale=1.5), outs[2], atol=1e-4)
+
+
+def test_a_loop_stage_without_text_encoder_rejects_a_call_lora_scale(sd_pipe):
+    """A `StableDiffusionPipeline` built with `text_encoder=None` for a loop stage fails on a call with `cross_attention_kwargs={"scale": s}`, `s != 1` (an `AttributeError`: `encode_prompt` calls `scale_lora_layers` on the missing text encoder), while `set_adapters(..., adapter_weights=s)` scales the UNet's LoRA there."""
+    from peft import LoraConfig
+
+    fresh_unet = type(sd_pipe.unet).from_config(sd_pipe.unet.config)
+    pipe = sd_with(sd_pipe, unet=fresh_unet)
+    assert pipe.text_encoder is None
+    pipe.unet.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q"]), adapter_name="a")
+    with pytest.raises(AttributeError):
+        run(pipe, steps=1, cross_attention_kwargs={"scale": 0.5})
+    run(pipe, steps=1, cross_attention_kwargs={"scale": 1.0})  # 1: nothing to scale, no error
+    layer = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1.to_q
+    seen = []
+    layer.register_forward_pre_hook(lambda m, a: seen.append(m.scaling["a"]))
+    pipe.set_adapters("a", adapter_weights=0.5)
+    run(pipe, steps=1)
+    assert seen == [0.5]
 
 
 def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_calls, calls_of):
@@ -440,7 +489,7 @@ def test_which_step_outputs_carry_an_x0_prediction(cls, field):
 
 
 def test_callback_preview_from_a_wrapped_step(sd_pipe, record_calls, monkeypatch):
-    """The callback gets only the tensors in `callback_on_step_end_tensor_inputs`, not the `step` output, so a preview of x0 needs the `pred_original_sample` kept by a wrapper around `pipe.scheduler.step` (the pipeline keeps element 0 of its tuple); for DDIM with `epsilon` it equals `(x_t - sqrt(1 - alpha_bar_t) * noise_pred) / sqrt(alpha_bar_t)`, and `vae.decode` of it divided by `scaling_factor` gives a `(B, 3, H, W)` preview."""
+    """The callback gets only the tensors in `callback_on_step_end_tensor_inputs` (for `StableDiffusionPipeline` any of `latents`, `prompt_embeds` and `negative_prompt_embeds`; another name raises a `ValueError`), not the `step` output, so a preview of x0 needs the `pred_original_sample` kept by a wrapper around `pipe.scheduler.step` (the pipeline keeps element 0 of its tuple); for DDIM with `epsilon` it equals `(x_t - sqrt(1 - alpha_bar_t) * noise_pred) / sqrt(alpha_bar_t)`, and `vae.decode` of it divided by `scaling_factor` gives a `(B, 3, H, W)` preview."""
     scheduler = sd_pipe.scheduler
     assert isinstance(scheduler, DDIMScheduler) and scheduler.config.prediction_type == "epsilon"
     kept = []
@@ -470,6 +519,14 @@ def test_callback_preview_from_a_wrapped_step(sd_pipe, record_calls, monkeypatch
         expected = (sample - (1 - alpha_bar).sqrt() * noise_pred) / alpha_bar.sqrt()
         torch.testing.assert_close(x0, expected, rtol=1e-3, atol=1e-4)
         assert image.shape == (1, 3, HEIGHT, WIDTH)
+    names = ["latents", "prompt_embeds", "negative_prompt_embeds"]  # all a callback can get
+    got = []
+    run(sd_pipe, steps=1, callback_on_step_end=lambda p, i, t, kw: got.append(set(kw)) or {},
+        callback_on_step_end_tensor_inputs=names)  # fmt: skip
+    assert got == [set(names)]
+    with pytest.raises(ValueError, match="noise_pred"):
+        run(sd_pipe, steps=1, callback_on_step_end=lambda p, i, t, kw: {},
+            callback_on_step_end_tensor_inputs=["noise_pred"])  # fmt: skip
 
 
 def test_dpmsolver_model_outputs_hold_the_x0_prediction():
