@@ -1,11 +1,13 @@
 """Interview practice (docs/handbook/interview.md) against the installed diffusers.
 
 The page's answers lean on the sections they link to; the diffusers behaviour they
-state is re-checked here, phrased as the answers use it. Everything runs on the real
-``StableDiffusionPipeline`` around the tiny random-config parts of ``tiny`` (a tiny
+state is re-checked here, phrased as the answers use it. The production answers run on the
+real ``StableDiffusionPipeline`` around the tiny random-config parts of ``tiny`` (a tiny
 ``CLIPTextModel`` and an in-memory ``CLIPTokenizer`` where the text path matters) and on
-the real scheduler classes. Nothing is timed: the answers' latency arguments rest on call
-counts and batch rows, which is what these tests count.
+the real scheduler classes; the section answers also run the ControlNet, image-to-image,
+inpainting, Flux and Wan pipelines on tiny parts, and count the real models' sizes and
+FLOPs on the meta device. Nothing is timed: the answers' latency arguments rest on call
+counts, batch rows and FLOP counts, which is what these tests count.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tiny import (
     count_transfers,
     embeds,
     four_block_flux_transformer,
+    logged_messages,
     run_four_block_flux,
     sd_with,
     start_latents,
@@ -40,6 +43,7 @@ from tiny import (
     tiny_text_encoder,
     tiny_tokenizer,
     tiny_unet,
+    tiny_vae,
     traffic,
 )
 
@@ -109,6 +113,35 @@ def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
         assert len(unet) == expected == len(pipe.scheduler.timesteps)
 
 
+def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_calls):
+    """The exceptions: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every order-2 scheduler, `HeunDiscreteScheduler` among them, 49 at 25.
+
+    Every class in the pipeline's ``scheduler.compatibles`` that the installed extras can
+    build runs the pipeline at 4 steps with SD 1.5's settings; the ones that do not make 4 UNet
+    calls, one per entry of ``scheduler.timesteps``, are exactly PNDM and the order-2 classes
+    (here Heun and the two KDPM2 schedulers; ``DPMSolverSDEScheduler``, also order 2, needs
+    torchsde), and their grids at 25 steps have 26 and 49 entries.
+    """
+    unet, odd, order_2 = record_calls(sd_pipe.unet).calls, {}, set()
+    for cls in sd_pipe.scheduler.compatibles:
+        try:
+            pndm = cls is PNDMScheduler
+            scheduler = PNDMScheduler(**SD15_PNDM) if pndm else cls.from_config(SD_SCHEDULER)
+        except ImportError:  # LMS needs scipy, DPMSolverSDE torchsde: not installed here
+            continue
+        unet.clear()
+        generate(sd_with(sd_pipe, scheduler=scheduler), steps=4, guidance_scale=1.0)
+        assert len(unet) == len(scheduler.timesteps), cls.__name__
+        if scheduler.order == 2:
+            order_2.add(cls.__name__)
+        if len(unet) != 4:
+            scheduler.set_timesteps(25)
+            odd[cls.__name__] = (len(unet), len(scheduler.timesteps))
+    # (calls at 4 steps, grid at 25); PNDM's 51 at 50: the test above
+    assert odd == {"PNDMScheduler": (5, 26)} | {name: (7, 49) for name in order_2}
+    assert "HeunDiscreteScheduler" in order_2
+
+
 def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_calls, calls_of):
     """In SD 1.x's `StableDiffusionPipeline` the text encoder runs twice per guided call (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count."""
     for steps in [2, 8]:
@@ -117,6 +150,36 @@ def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_cal
         decodes = calls_of(text_pipe.vae, "decode")
         generate(text_pipe, prompt="a cat", steps=steps, output_type="np")
         assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
+
+
+def test_real_sd15_flop_shares_of_loop_and_decode():
+    """Counting FLOPs of SD 1.5's real UNet and VAE at 512 px, the loop is 92.7% of a guided 20-step call, but at 4 steps without guidance the decode is 43.8%: `FlopCounterMode` on one `UNet2DConditionModel` call per row (803.3 GFLOP), one `vae.decode` and one `CLIPTextModel` call per prompt (the calls and rows the tests above count), all built on the meta device from SD 1.5's published configs."""
+    from diffusers import AutoencoderKL
+    from model_configs import CLIP_L_TEXT, SD15_UNET, SD15_VAE
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    with torch.device("meta"):
+        unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
+        text = CLIPTextModel(CLIPTextConfig(**CLIP_L_TEXT))
+        latents, embeds_ = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
+        ids = torch.zeros(1, 77, dtype=torch.long)
+
+    def flops(fn):
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            fn()
+        return counter.get_total_flops()
+
+    row, decode = flops(lambda: unet(latents, torch.tensor(500.0), embeds_)), flops(lambda: vae.decode(latents))  # fmt: skip
+    encode = flops(lambda: text(ids))
+
+    def shares(steps, rows):  # rows: 2 per image under guidance (prompt and negative prompt)
+        total = steps * rows * row + decode + rows * encode
+        return round(100 * steps * rows * row / total, 1), round(100 * decode / total, 1)
+
+    assert round(row / 1e9, 1) == 803.3
+    assert shares(20, 2)[0] == 92.7 and shares(4, 1)[1] == 43.8
 
 
 def test_images_per_prompt_multiply_unet_rows_not_encoder_rows(text_pipe, record_calls):
@@ -138,6 +201,16 @@ def test_one_call_shares_one_grid_and_one_scale(sd_pipe, record_calls, calls_of)
     assert len(grids) == 1 and len(unet) == 3
     for args, _ in unet:
         assert args[0].shape[0] == 6 and args[1].ndim == 0
+
+
+def test_guidance_doubles_the_loop_rows_not_the_decode_rows(sd_pipe, record_calls, calls_of):
+    """Guidance doubles the loop's rows but not the decode's: with `guidance_scale` 7.5 and `B` = 2, every UNet call gets 4 rows and the one `vae.decode` call 2."""
+    pipe = sd_with(sd_pipe)
+    unet = record_calls(pipe.unet).calls
+    decodes = calls_of(pipe.vae, "decode")
+    generate(pipe, steps=2, guidance_scale=7.5, batch=2, output_type="np")
+    assert [args[0].shape[0] for args, _ in unet] == [4, 4]
+    assert [args[0].shape[0] for args, _ in decodes] == [2]
 
 
 def test_callback_turns_guidance_off_for_the_last_steps(sd_pipe, record_calls):
@@ -252,6 +325,34 @@ def test_fixed_seed_reproduces_a_generation(sd_pipe):
     assert not torch.allclose(seeded(7), seeded(8))
 
 
+def test_same_seed_in_another_batch_size_differs_in_the_last_bits(sd_pipe):
+    """The same seed in a batch of another size can differ in the last bits, even on the CPU: with `DDIMScheduler` (`eta=0`), the first image of a batch of 2 (generators seeded 7 and 8) is close to, but not bit-identical with, a batch of 1 seeded 7 (torch 2.13.0 CPU kernels)."""
+
+    def first(batch):
+        generators = [torch.Generator().manual_seed(7 + i) for i in range(batch)]
+        return generate(sd_pipe, steps=3, batch=batch, generator=generators)[0]
+
+    alone, in_pair = first(1), first(2)
+    torch.testing.assert_close(alone, first(1), rtol=0, atol=0)
+    torch.testing.assert_close(alone, in_pair, rtol=0, atol=1e-3)
+    assert not torch.equal(alone, in_pair)
+
+
+def test_size_mismatches_raise_the_vae_one_only_at_decode(sd_pipe, record_calls):
+    """Size mismatches raise, a VAE's only at decode, after the whole loop: `prompt_embeds` narrower than the UNet's `cross_attention_dim` raise in the first UNet call, and a VAE with 8 latent channels against the UNet's 4 lets every UNet call run and raises in `vae.decode`; with `output_type="latent"` that pipeline returns without an error."""
+    unet = record_calls(sd_pipe.unet).calls
+    narrow = torch.randn(1, 77, EMBED_DIM // 2)
+    with pytest.raises(RuntimeError):
+        generate(sd_pipe, steps=3, prompt_embeds=narrow, negative_prompt_embeds=narrow)
+    assert len(unet) == 1  # entered once (the pre-hook records it), raised inside
+    unet.clear()
+    wrong_vae = sd_with(sd_pipe, vae=tiny_vae(latent_channels=8))
+    with pytest.raises(RuntimeError):
+        generate(wrong_vae, steps=3, output_type="np")
+    assert len(unet) == 3
+    assert generate(wrong_vae, steps=3).shape == (1, 4, HEIGHT // 2, WIDTH // 2)
+
+
 def test_wrong_prediction_type_runs_without_error(sd_pipe):
     """A scheduler whose `prediction_type` does not match the checkpoint raises nothing: the call returns finite latents that differ from those of the matching configuration."""
     matched = generate(sd_with(sd_pipe, scheduler=DDIMScheduler(**SD_SCHEDULER)))
@@ -264,9 +365,14 @@ def test_wrong_prediction_type_runs_without_error(sd_pipe):
 
 def test_scheduler_swap_can_change_the_timestep_grid():
     """`EulerDiscreteScheduler.from_config` on SD 1.5's `PNDMScheduler` config, which never sets `timestep_spacing`, gives Euler's default `linspace` grid instead of `leading`, without a warning or an error."""
+    import warnings
+
     pndm = PNDMScheduler(**SD15_PNDM)
     assert pndm.config.timestep_spacing == "leading"
-    euler = EulerDiscreteScheduler.from_config(pndm.config)
+    with warnings.catch_warnings(record=True) as caught, logged_messages() as logged:
+        warnings.simplefilter("always")
+        euler = EulerDiscreteScheduler.from_config(pndm.config)
+    assert caught == [] and logged == []
     assert euler.config.timestep_spacing == "linspace"
     euler.set_timesteps(10)
     leading = EulerDiscreteScheduler(timestep_spacing="leading", steps_offset=1, **SD_BETAS)
@@ -291,7 +397,8 @@ def test_add_noise_is_the_closed_form_forward_process():
 def test_prediction_type_belongs_to_the_scheduler():
     """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument."""
     assert DDIMScheduler().config.prediction_type == "epsilon"
-    assert "prediction_type" not in inspect.signature(UNet2DConditionModel.__init__).parameters
+    with pytest.raises(TypeError, match="prediction_type"):  # raised before any weight is built
+        UNet2DConditionModel(prediction_type="v_prediction")
 
 
 def test_euler_and_ddim_scale_the_state_differently():
