@@ -154,9 +154,11 @@ for label, scale in runs:
 # %% [markdown]
 # ## 4. The negative prompt is the unconditional branch
 #
-# A negative prompt replaces the empty prompt in the uncond half of the batch.
-# Guidance then extrapolates away from class 0 specifically instead of away
-# from "anything": same cost, different direction.
+# A negative prompt replaces the empty prompt in the uncond half of the batch,
+# as in StableDiffusionPipeline. Guidance then extrapolates away from class 0
+# specifically instead of away from "anything": same cost, different direction.
+# (FluxPipeline differs: there a negative prompt with true_cfg_scale > 1 adds a
+# second transformer call per step.)
 
 # %%
 # --8<-- [start:negative]
@@ -209,7 +211,8 @@ if in_notebook():
 # finite set). The prompt is "square". Each column is one guidance scale (the first: no
 # prompt), each row one starting noise, the same in every column. All columns run as
 # one doubled batch per step, with the lines of `guided_noise_pred`; a column at scale
-# <= 1 keeps the conditional half alone, as diffusers does. Drawn only with `--figures`
+# <= 1 uses the conditional half alone, which is diffusers' result, though here its
+# unconditional half is still computed (diffusers skips it). Drawn only with `--figures`
 # (the site's build), so the default run stays fast.
 
 # %%
@@ -237,7 +240,7 @@ if args.figures is not None:
             image_unet(latent_model_input, t, class_labels=class_labels), 2
         )
         guided = noise_pred_uncond + scales * (noise_pred_text - noise_pred_uncond)
-        noise_pred = np.where(scales > 1.0, guided, noise_pred_text)  # <= 1: cond alone
+        noise_pred = np.where(scales > 1.0, guided, noise_pred_text)  # <= 1: cond half only
         output = image_scheduler.step(noise_pred, t, latents)
         x0_hat_max.append(float(np.abs(output.pred_original_sample).max()))
         guidance_term.append(float(np.abs(noise_pred - noise_pred_text).max()))

@@ -58,6 +58,7 @@ from tiny import (
     tiny_sd_pipeline,
     tiny_sdxl_pipeline,
     tiny_text_encoder,
+    tiny_text_time_unet,
     tiny_tokenizer,
     tiny_unet,
 )
@@ -133,7 +134,7 @@ def outputs_of():
 
 
 def test_scheduler_step_gets_the_guided_combination(sd_pipe, record_calls, outputs_of, step_inputs):
-    """`StableDiffusionPipeline.__call__` hands `scheduler.step` the single tensor `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` of batch `B`, built from the two halves of one UNet output, together with the undoubled `latents`: the scheduler never sees the doubled batch.
+    """`StableDiffusionPipeline.__call__` hands `scheduler.step` the single tensor `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` of batch `B`, built from the two halves of one UNet output, together with the undoubled `latents`: `scheduler.step` never sees the doubled batch.
 
     The UNet's inputs, outputs and the arguments of every ``scheduler.step`` are recorded.
     """
@@ -190,6 +191,39 @@ def test_scale_model_input_sees_the_doubled_latents(record_calls, monkeypatch):
         torch.testing.assert_close(before[:1], before[1:])
         torch.testing.assert_close(args[0], after)
         assert not torch.allclose(after, before)
+
+
+def scheduler_batches(scheduler, monkeypatch):
+    """Wrap every public method of ``scheduler`` (read from the instance): name -> set of the
+    batch sizes of the 4-D tensors it receives."""
+    seen: dict[str, set[int]] = {}
+    for name in dir(scheduler):
+        method = getattr(scheduler, name, None)
+        if name.startswith("_") or not inspect.ismethod(method):
+            continue
+
+        def wrapper(*args, _name=name, _method=method, **kwargs):
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.ndim == 4:
+                    seen.setdefault(_name, set()).add(value.shape[0])
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(scheduler, name, wrapper)
+    return seen
+
+
+@pytest.mark.parametrize("scheduler_cls", [DDIMScheduler, EulerDiscreteScheduler])
+def test_only_scale_model_input_sees_the_doubled_batch(scheduler_cls, monkeypatch):
+    """Of the scheduler's methods, only `scale_model_input` sees the doubled batch of `2B` in `StableDiffusionPipeline.__call__`; `scheduler.step` gets batch `B`.
+
+    Every public method of the scheduler instance is wrapped (enumerated from the instance,
+    so a method added to the library is covered) and records the batch of each 4-D tensor
+    it receives; CFG on, one image.
+    """
+    pipe = tiny_sd_pipeline(scheduler=scheduler_cls.from_config(SD_SCHEDULER))
+    seen = scheduler_batches(pipe.scheduler, monkeypatch)
+    run(pipe, guidance_scale=7.5, steps=2)
+    assert seen == {"scale_model_input": {2}, "step": {1}}
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 0.5, 0.0])
@@ -554,6 +588,22 @@ def test_sdxl_batches_2b_with_zeros_as_the_default_negative(record_calls):
         assert added["time_ids"].tolist() == [[8, 8, 0, 0, 8, 8], [16, 16, 0, 0, 16, 16]]
 
 
+def test_sdxl_guidance_distilled_unet_gets_one_pass(record_calls):
+    """`StableDiffusionXLPipeline` has the same threshold as SD: with a UNet that sets `time_cond_proj_dim`, `guidance_scale=5.0` gives one pass per step at batch `B` and the scale as `timestep_cond`."""
+    unet = tiny_text_time_unet(time_cond_proj_dim=8)
+    pipe = tiny_sdxl_pipeline(unet=unet)
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3))
+    calls = record_calls(pipe.unet).calls
+    pipe(prompt_embeds=PROMPT, pooled_prompt_embeds=pooled, guidance_scale=5.0,
+         num_inference_steps=2, height=HEIGHT, width=WIDTH, latents=start_latents(),
+         output_type="latent")  # fmt: skip
+    expected = pipe.get_guidance_scale_embedding(torch.tensor([4.0]), embedding_dim=8)
+    assert [args[0].shape[0] for args, _ in calls] == [1, 1]
+    for _, kwargs in calls:
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], PROMPT)
+        torch.testing.assert_close(kwargs["timestep_cond"], expected)
+
+
 def test_sd3_encodes_the_empty_string_as_the_default_negative(sd3_pipe, record_calls):
     """`StableDiffusion3Pipeline` encodes `""` when no `negative_prompt` is given (`negative_prompt = negative_prompt or ""`), and its `do_classifier_free_guidance` is `guidance_scale > 1` alone.
 
@@ -616,9 +666,10 @@ def test_sdxl_and_sd3_skip_the_uncond_branch_up_to_one(
 
 
 def test_sd3_skip_guidance_layers_adds_a_third_call(sd3_pipe, record_calls):
-    """SD3's skip-layer guidance is opt-in: with `skip_guidance_layers` set, the steps whose index lies strictly between `skip_layer_guidance_start` and `skip_layer_guidance_stop` times `num_inference_steps` add a third transformer call, at batch `B` on the prompt alone with those layers skipped; without it every step is one call at `2B`.
+    """SD3's skip-layer guidance is opt-in: with `skip_guidance_layers` set and CFG on, the steps whose index lies strictly between `skip_layer_guidance_start` and `skip_layer_guidance_stop` times `num_inference_steps` add a third transformer call, at batch `B` on the prompt alone with those layers skipped; without it every step is one call at `2B`.
 
-    Ten steps with the defaults 0.01 and 0.2: only step 1 is inside the window.
+    Ten steps with the defaults 0.01 and 0.2: only step 1 is inside the window. At
+    ``guidance_scale=1`` (CFG off) the same ``skip_guidance_layers`` adds nothing.
     """
     g = torch.Generator().manual_seed(6)
     pos, neg = (torch.randn(1, 10, EMBED_DIM, generator=g) for _ in range(2))
@@ -636,6 +687,9 @@ def test_sd3_skip_guidance_layers_adds_a_third_call(sd3_pipe, record_calls):
     third = calls[2][1]
     assert third["skip_layers"] == [0]
     torch.testing.assert_close(third["encoder_hidden_states"], pos)
+    calls.clear()
+    sd3_pipe(**{**kwargs, "guidance_scale": 1.0}, skip_guidance_layers=[0])
+    assert [k["hidden_states"].shape[0] for _, k in calls] == [1] * 10
 
 
 def test_negative_prompt_costs_no_denoiser_call_except_in_flux(text_pipe, flux_pipe, record_calls):
@@ -739,10 +793,11 @@ CONTROL_IMAGE = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manu
 
 @pytest.fixture(scope="module")
 def controlnet_pipe():
-    """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it."""
+    """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it
+    (``trained``: non-zero residuals)."""
     unet = tiny_unet()
     return tiny_controlnet_pipeline(
-        unet, tiny_controlnet(unet), scheduler=DDIMScheduler(**SD_SCHEDULER)
+        unet, tiny_controlnet(unet, trained=True), scheduler=DDIMScheduler(**SD_SCHEDULER)
     )
 
 
@@ -766,7 +821,7 @@ def test_controlnet_prepare_image_doubles_the_control_image(controlnet_pipe):
 
 
 def test_controlnet_gets_the_doubled_batch(controlnet_pipe, record_calls):
-    """With CFG on, the ControlNet runs once per step on the doubled control image and on the same doubled `latents` and `[negative_prompt_embeds, prompt_embeds]` as the UNet."""
+    """With CFG on, the ControlNet runs once per step on the doubled control image and on the same doubled `latents` and `[negative_prompt_embeds, prompt_embeds]` as the UNet; with `guess_mode=True` it runs on batch `B` with `prompt_embeds` alone, and the UNet gets zeros as the unconditional half of its residuals."""
     calls = record_calls(controlnet_pipe.controlnet).calls
     unet_calls = record_calls(controlnet_pipe.unet).calls
     run_controlnet(controlnet_pipe)
@@ -777,6 +832,15 @@ def test_controlnet_gets_the_doubled_batch(controlnet_pipe, record_calls):
         torch.testing.assert_close(args[0], unet_args[0])
         torch.testing.assert_close(cond[:1], cond[1:])
         torch.testing.assert_close(kwargs["encoder_hidden_states"], torch.cat([NEGATIVE, PROMPT]))
+    calls.clear(), unet_calls.clear()
+    run_controlnet(controlnet_pipe, guess_mode=True)
+    assert len(calls) == len(unet_calls) == 2
+    for (args, kwargs), (unet_args, unet_kwargs) in zip(calls, unet_calls, strict=True):
+        assert args[0].shape == (1, 4, 8, 8) and kwargs["controlnet_cond"].shape[0] == 1
+        torch.testing.assert_close(kwargs["encoder_hidden_states"], PROMPT)
+        assert unet_args[0].shape[0] == 2
+        mid = unet_kwargs["mid_block_additional_residual"]
+        assert mid.shape[0] == 2 and not mid[:1].any() and mid[1:].any()
 
 
 @pytest.fixture(scope="module")

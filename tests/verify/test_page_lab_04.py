@@ -7,6 +7,8 @@ the CPU in a fraction of a second. A pre-hook on the UNet records each call.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,9 @@ from tiny import (
     SD_SCHEDULER,
     WIDTH,
     embeds,
+    flux_prompt_embeds,
     start_latents,
+    tiny_flux_pipeline,
     tiny_sd_pipeline,
     tiny_unet,
 )
@@ -131,7 +135,7 @@ def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe, run_lab):
 
 
 def test_negative_prompt_embeds_replace_the_uncond_half_at_the_same_cost(sd_pipe, record_calls):
-    """A different `negative_prompt_embeds` changes only the first half of each UNet call and the result; the batch stays `2B`, one call per step."""
+    """A different `negative_prompt_embeds` changes only the first half of the UNet's `encoder_hidden_states` (and through it the result); the batch stays `2B`, one call per step."""
     unet = record_calls(sd_pipe.unet)
     base = run(sd_pipe, guidance_scale=1.5, steps=3)
     other = sd_pipe(
@@ -149,3 +153,55 @@ def test_negative_prompt_embeds_replace_the_uncond_half_at_the_same_cost(sd_pipe
         torch.testing.assert_close(kwargs["encoder_hidden_states"][:1], embeds(3))
         torch.testing.assert_close(kwargs["encoder_hidden_states"][1:], embeds(1))
     assert not torch.allclose(base, other)
+
+
+def test_only_scale_model_input_sees_the_doubled_batch(monkeypatch):
+    """Guidance is applied to the model output: of the DDIM scheduler's methods, `StableDiffusionPipeline.__call__` hands only `scale_model_input` the doubled batch `2B`, and `scheduler.step` sees batch `B`.
+
+    Every public method of the scheduler instance (enumerated from it) records the batch of
+    each 4-D tensor it receives.
+    """
+    from diffusers import DDIMScheduler
+
+    pipe = tiny_sd_pipeline(scheduler=DDIMScheduler(**SD_SCHEDULER))
+    seen: dict[str, set[int]] = {}
+    for name in dir(pipe.scheduler):
+        method = getattr(pipe.scheduler, name, None)
+        if name.startswith("_") or not inspect.ismethod(method):
+            continue
+
+        def wrapper(*args, _name=name, _method=method, **kwargs):
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.ndim == 4:
+                    seen.setdefault(_name, set()).add(value.shape[0])
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(pipe.scheduler, name, wrapper)
+    run(pipe, guidance_scale=7.5, steps=2)
+    assert seen == {"scale_model_input": {2}, "step": {1}}
+
+
+def test_a_negative_prompt_adds_a_pass_in_flux_only(sd_pipe, record_calls):
+    """A negative prompt adds no UNet call or row in `StableDiffusionPipeline` (the calls stay at `2B`, one per step), while in `FluxPipeline`, with `true_cfg_scale > 1`, it adds a second transformer call per step at batch `B`.
+
+    SD runs with ``embeds(2)`` standing in for the encoded empty prompt, then ``embeds(3)``
+    for a negative prompt; Flux without and with negative embeddings, at ``true_cfg_scale=4``.
+    """
+    unet = record_calls(sd_pipe.unet).calls
+    for negative in (embeds(2), embeds(3)):
+        sd_pipe(prompt_embeds=embeds(1), negative_prompt_embeds=negative, guidance_scale=7.5,
+                num_inference_steps=2, height=HEIGHT, width=WIDTH, latents=start_latents(),
+                output_type="latent")  # fmt: skip
+    assert [args[0].shape[0] for args, _ in unet] == [2] * 4
+    flux = tiny_flux_pipeline()
+    text, pooled = flux_prompt_embeds()  # [neg, pos]
+    transformer = record_calls(flux.transformer).calls
+    counts = []
+    for negative in ({}, dict(negative_prompt_embeds=text[:1], negative_pooled_prompt_embeds=pooled[:1])):  # fmt: skip
+        transformer.clear()
+        flux(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], true_cfg_scale=4.0,
+             num_inference_steps=2, height=HEIGHT, width=WIDTH,
+             generator=torch.Generator().manual_seed(1), output_type="latent", **negative)  # fmt: skip
+        assert all(kwargs["hidden_states"].shape[0] == 1 for _, kwargs in transformer)
+        counts.append(len(transformer))
+    assert counts == [2, 4]  # 2 steps: one call each, then two

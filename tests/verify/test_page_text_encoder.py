@@ -671,6 +671,28 @@ def test_text_encoder_runs_once_per_call_not_per_step(sd_text_pipe, record_calls
     torch.testing.assert_close(prompt_embeds[:3], prompt_embeds[:1].expand(3, -1, -1))
 
 
+def test_each_encoder_runs_twice_per_guided_call(sd_text_pipe, sdxl_pipe, sd3_pipe, record_calls):
+    """The text encoders run once per call, twice with CFG when the negative prompt is encoded: with CFG on, every encoder of `StableDiffusionPipeline` and `StableDiffusion3Pipeline` runs twice (a missing negative prompt is `""`), and `StableDiffusionXLPipeline`'s twice with a `negative_prompt` but once with its default zeros; with `guidance_scale=1` each runs once.
+
+    Each pipeline's ``__call__`` runs one step; a pre-hook counts every encoder's forwards.
+    """
+    common = dict(num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent")
+    cases = [  # pipeline, extra kwargs, forwards per encoder: CFG on, guidance_scale=1
+        (sd_text_pipe, {}, ["text_encoder"], 2),
+        (sdxl_pipe, {}, ["text_encoder", "text_encoder_2"], 1),  # force_zeros_for_empty_prompt
+        (sdxl_pipe, {"negative_prompt": "cd"}, ["text_encoder", "text_encoder_2"], 2),
+        (sd3_pipe, {"max_sequence_length": 8}, ["text_encoder", "text_encoder_2", "text_encoder_3"], 2),
+    ]  # fmt: skip
+    for pipe, kwargs, names, guided in cases:
+        recorders = [record_calls(getattr(pipe, name)).calls for name in names]
+        for guidance_scale, expected in ((None, guided), (1.0, 1)):
+            for calls in recorders:
+                calls.clear()
+            scale = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
+            pipe("ab", **common, **kwargs, **scale)  # the pipeline's default scale: CFG on
+            assert [len(calls) for calls in recorders] == [expected] * len(names), (pipe, kwargs)
+
+
 def test_passing_prompt_embeds_skips_the_text_encoder(sd_text_pipe, record_calls):
     """Passing `prompt_embeds` and `negative_prompt_embeds` skips the tokenizer and the text encoder entirely, so embeddings computed once can be reused and the encoder need not be loaded at all."""
     pipe = sd_text_pipe
@@ -736,11 +758,14 @@ def test_sdxl_and_sd3_run_from_embeddings_without_text_encoders(tokenizers, reco
 
 
 def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkeypatch):
-    """With `enable_model_cpu_offload`, each component's accelerate hook offloads the previous component of `model_cpu_offload_seq` before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
+    """With `enable_model_cpu_offload`, each component's accelerate hook is chained to the previous component of `model_cpu_offload_seq`, whose offload it triggers before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
 
-    Real hooks with the CPU standing in for the GPU (``device="cpu"``), so the order of the
-    forwards and the hook chain are what is observed; on a GPU,
-    ``CpuOffload.pre_forward`` performs the offload of the previous component.
+    Real hooks with the CPU standing in for the GPU (``device="cpu"``). On the CPU,
+    ``CpuOffload.pre_forward`` skips every move (the previous module is already on the CPU,
+    the current one already on the execution device), so what is observed is the order of
+    the forwards, the hook chain and the end-of-call return to the CPU; the trip count
+    follows from ``pre_forward`` (accelerate ``hooks.py``): it offloads the previous module
+    if that one is not on the CPU, and moves its own module in if not already there.
     """
     from accelerate.hooks import CpuOffload
     from diffusers import DiffusionPipeline
