@@ -217,8 +217,10 @@ print(f"  weights {weights.shape}, rows sum to 1: {np.allclose(weights.sum(-1), 
 # attention layer stacks `transformer_layers_per_block` transformer blocks (1 in SD 1.5;
 # 1, 2, 10 per level in SDXL, which has no attention at its first level). Every
 # transformer block has `attn1` (self-attention, `(h*w) x (h*w)` per head) and
-# `attn2` (cross-attention, `(h*w) x 77`). Bytes are for fp16 scores, per head and
-# per image, as a kernel that materialises the matrix would hold them.
+# `attn2` (cross-attention, `(h*w) x 77`). Bytes are one fp16 score matrix, per head
+# and per image: a lower bound for a kernel that materialises it (PyTorch's unfused math
+# backend holds fp32 scores and their softmax by default, 4x); fused kernels never
+# store it.
 
 
 # %%
@@ -345,7 +347,7 @@ print(f"  (C, p, p) order would misplace it: "
 # %% [markdown]
 # ## 7. Tokens and attention bytes against resolution
 #
-# Self-attention holds an `N x N` score matrix per head. For a UNet, `N` is the `h*w`
+# Self-attention scores form an `N x N` matrix per head. For a UNet, `N` is the `h*w`
 # of its highest-resolution attention level: `(H/8) * (W/8)` in SD 1.5, but
 # `(H/16) * (W/16)` in SDXL, which has no attention at its first level. For a DiT,
 # `(H/8/p) * (W/8/p)`; for MMDiT, image tokens plus text tokens. fp16 bytes per image,

@@ -263,8 +263,13 @@ def test_ada_layer_norm_zero_matches_the_labs_modulation(lab):
 
 
 def test_diffusers_does_not_zero_init_adaln_zero():
-    """`DiTTransformer2DModel`'s constructor does not zero-initialise adaLN-Zero: a freshly built DiT block's `norm1.linear` (in `AdaLayerNormZero`) holds nonzero random weights and the block changes its input; zeroing that Linear's weight and bias, as DiT's training code does at init, makes the block return its input exactly. Some newer constructors do zero it: `PRXTransformer2DModel`'s and `ErnieImageTransformer2DModel`'s modulation Linear start at zero."""
-    from diffusers import DiTTransformer2DModel, ErnieImageTransformer2DModel, PRXTransformer2DModel
+    """`DiTTransformer2DModel`'s constructor does not zero-initialise adaLN-Zero: a freshly built DiT block's `norm1.linear` (in `AdaLayerNormZero`) holds nonzero random weights and the block changes its input; zeroing that Linear's weight and bias, as DiT's training code does at init, makes the block return its input exactly. Some newer constructors do zero it: `PRXTransformer2DModel`'s, `ErnieImageTransformer2DModel`'s and `Kandinsky5Transformer3DModel`'s modulation Linear start at zero (examples, not a list)."""
+    from diffusers import (
+        DiTTransformer2DModel,
+        ErnieImageTransformer2DModel,
+        Kandinsky5Transformer3DModel,
+        PRXTransformer2DModel,
+    )
 
     torch.manual_seed(0)
     prx = PRXTransformer2DModel(in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32,
@@ -273,7 +278,12 @@ def test_diffusers_does_not_zero_init_adaln_zero():
         hidden_size=32, num_attention_heads=2, num_layers=1, ffn_hidden_size=64, in_channels=4,
         out_channels=4, text_in_dim=16, rope_axes_dim=(4, 6, 6),
     )  # fmt: skip
-    for linear in (prx.blocks[0].modulation.lin, ernie.adaLN_modulation[-1]):
+    kandinsky = Kandinsky5Transformer3DModel(
+        in_text_dim=16, in_text_dim2=16, time_dim=16, model_dim=32, ff_dim=64,
+        num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6),
+    )  # fmt: skip
+    for linear in (prx.blocks[0].modulation.lin, ernie.adaLN_modulation[-1],
+                   kandinsky.visual_transformer_blocks[0].visual_modulation.out_layer):  # fmt: skip
         assert not linear.weight.any() and not linear.bias.any()
 
     torch.manual_seed(0)
@@ -406,3 +416,30 @@ def test_dit_output_head_is_p_p_c_per_token(lab):
     assert tokens.shape == (1, 16, 2 * 2 * 8) and sample.shape == (1, 8, 8, 8)
     np.testing.assert_array_equal(lab["dit_unpatchify"](tokens, 8, 8, 2), sample.numpy())
     assert not np.array_equal(lab["unpatchify"](tokens, 8, 8, 2), sample.numpy())
+
+
+def test_dit_pipeline_takes_class_labels_not_prompt_embeds():
+    """A DiT does not take `prompt_embeds`: `DiTPipeline.__call__` (DiT-XL/2's pipeline) accepts class labels and no prompt, and hands `DiTTransformer2DModel` latents `(B, C, h, w)`, a timestep and `class_labels`, with no `encoder_hidden_states`."""
+    from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+    from tiny import SD_SCHEDULER, tiny_vae
+
+    torch.manual_seed(0)
+    transformer = DiTTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=1,
+        sample_size=8, num_embeds_ada_norm=10,
+    ).eval()  # DiT-XL/2's learned variance: out_channels = 2C  # fmt: skip
+    pipe = DiTPipeline(
+        transformer=transformer, vae=tiny_vae(), scheduler=DDIMScheduler(**SD_SCHEDULER)
+    )
+    pipe.set_progress_bar_config(disable=True)
+    calls = []
+    transformer.register_forward_pre_hook(lambda m, a, k: calls.append((a, k)), with_kwargs=True)
+    with pytest.raises(TypeError, match="prompt"):
+        pipe(prompt="a cat", num_inference_steps=1, output_type="latent")
+    pipe(class_labels=[3], guidance_scale=1.0, num_inference_steps=2, output_type="latent")
+    assert len(calls) == 2
+    for args, kwargs in calls:
+        latents = args[0] if args else kwargs["hidden_states"]
+        assert latents.shape == (1, 4, 8, 8)
+        assert "timestep" in kwargs and torch.equal(kwargs["class_labels"], torch.tensor([3]))
+        assert "encoder_hidden_states" not in kwargs

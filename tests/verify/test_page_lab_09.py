@@ -205,8 +205,10 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
     unet = tiny_unet()
     controlnet = new_controlnet(unet, trained=True)
     pipe = tiny_controlnet_pipeline(unet, controlnet)
+    # the first case is the lab's run: 20 steps, window 0.2 to 0.8, 12 with control, 20 calls
     for steps, start, end, scale in [
-        (10, 0.2, 0.8, 0.7), (5, 0.0, 0.5, 0.7), (4, 0.5, 1.0, 0.7), (3, 0.0, 1.0, 0.0),
+        (20, 0.2, 0.8, 0.7), (10, 0.2, 0.8, 0.7), (5, 0.0, 0.5, 0.7), (4, 0.5, 1.0, 0.7),
+        (3, 0.0, 1.0, 0.0),
     ]:  # fmt: skip
         recorder = record_calls(controlnet)
         call(pipe, steps, controlnet_conditioning_scale=scale,
@@ -219,30 +221,47 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
 
 
 def test_multi_controlnet_union_skips_a_net_at_scale_zero():
-    """Not every diffusers ControlNet path runs at scale 0: `MultiControlNetUnionModel.forward` (SDXL's ControlNet-Union pipelines with several nets) skips a net whose `conditioning_scale` is 0.0 and calls the others."""
-    from diffusers.models.controlnets.multicontrolnet_union import MultiControlNetUnionModel
+    """Not every diffusers ControlNet path runs at scale 0: `StableDiffusionXLControlNetUnionPipeline` wraps a list of `ControlNetUnionModel`s in `MultiControlNetUnionModel`, whose forward skips a net whose `conditioning_scale` is 0.0; through `__call__` with two nets, a net at `controlnet_conditioning_scale` 0.0 never runs, and with windows 0 to 0.5 and 0.5 to 1 over 4 steps each net runs at 2 steps, not 4."""
+    from diffusers import (
+        ControlNetUnionModel,
+        EulerDiscreteScheduler,
+        StableDiffusionXLControlNetUnionPipeline,
+    )
+    from tiny import HEIGHT, POOLED_DIM, SD_SCHEDULER, WIDTH, embeds, tiny_text_time_unet, tiny_vae
 
-    class StandIn(torch.nn.Module):
-        """Records each call and returns one down residual and a mid residual."""
-
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def forward(self, **kwargs):
-            self.calls.append(kwargs["conditioning_scale"])
-            return [torch.ones(1, 4, 8, 8)], torch.ones(1, 4, 4, 4)
-
-    nets = [StandIn(), StandIn(), StandIn()]
-    multi = MultiControlNetUnionModel(nets)
-    x, t, prompt_embeds, control_image = inputs()
-    down, mid = multi(
-        sample=x, timestep=t, encoder_hidden_states=prompt_embeds,
-        controlnet_cond=[control_image] * 3, control_type=[torch.zeros(1, 6)] * 3,
-        control_type_idx=[[0]] * 3, conditioning_scale=[0.0, 0.7, 0.0],
+    unet = tiny_text_time_unet()
+    config = dict(ControlNetUnionModel.from_unet(unet, conditioning_embedding_out_channels=(16, 32)).config)  # fmt: skip
+    c0 = unet.config.block_out_channels[0]  # the union's task tokens match conv_in's width
+    config.update(num_trans_channel=c0, num_proj_channel=c0, num_trans_head=2)
+    torch.manual_seed(1)
+    nets = [ControlNetUnionModel(**{k: v for k, v in config.items() if not k.startswith("_")}).eval()
+            for _ in range(2)]  # fmt: skip
+    pipe = StableDiffusionXLControlNetUnionPipeline(
+        vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
+        unet=unet, controlnet=nets, scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER),
     )  # fmt: skip
-    assert [n.calls for n in nets] == [[], [0.7], []]
-    assert torch.equal(down[0], torch.ones(1, 4, 8, 8)) and torch.equal(mid, torch.ones(1, 4, 4, 4))
+    pipe.set_progress_bar_config(disable=True)
+    assert type(pipe.controlnet).__name__ == "MultiControlNetUnionModel"
+    calls = [[], []]
+    for i, net in enumerate(nets):
+        net.register_forward_pre_hook(
+            lambda m, a, k, i=i: calls[i].append(k["conditioning_scale"]), with_kwargs=True
+        )
+    image, pooled = torch.rand(1, 3, HEIGHT, WIDTH), torch.randn(1, POOLED_DIM)
+
+    def run(**kwargs):
+        for c in calls:
+            c.clear()
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), pooled_prompt_embeds=pooled,
+                 negative_prompt_embeds=embeds(2), negative_pooled_prompt_embeds=pooled * 0,
+                 control_image=[image, image], control_mode=[0, 1], num_inference_steps=4,
+                 guidance_scale=5.0, height=HEIGHT, width=WIDTH, output_type="latent", **kwargs)  # fmt: skip
+        return [len(c) for c in calls]
+
+    assert run(controlnet_conditioning_scale=[0.0, 0.7]) == [0, 4]
+    assert run(controlnet_conditioning_scale=[0.7, 0.7], control_guidance_start=[0.0, 0.5],
+               control_guidance_end=[0.5, 1.0]) == [2, 2]  # fmt: skip
 
 
 def test_guidance_window_checks():

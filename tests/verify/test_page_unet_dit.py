@@ -220,6 +220,11 @@ def test_sd3_updates_the_text_tokens_block_by_block(monkeypatch):
     assert not torch.allclose(received[1], received[2])
     flags = [b.context_pre_only for b in model.transformer_blocks]
     assert flags == [False, False, True]
+    last = model.transformer_blocks[-1]
+    with torch.no_grad():
+        text_out, _ = last(hidden_states=torch.randn(1, 16, 16), encoder_hidden_states=received[2],
+                           temb=torch.randn(1, 16))  # fmt: skip
+    assert text_out is None  # the last block returns image tokens only
 
 
 def test_dit_conditions_on_timestep_plus_class_label():
@@ -253,10 +258,11 @@ def test_dit_conditions_on_timestep_plus_class_label():
 
 
 def test_adaln_zero_gates_are_random_in_dit_sd3_and_flux_but_not_everywhere():
-    """`DiTTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel` leave adaLN-Zero's modulation Linear (`norm1.linear`) at PyTorch's default random init, so the zero-gate identity holds only where training code zeroes it; not every diffusers constructor does this: `PRXTransformer2DModel` and `ErnieImageTransformer2DModel` zero their modulation Linear themselves."""
+    """`DiTTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel` leave adaLN-Zero's modulation Linear (`norm1.linear`) at PyTorch's default random init, so the zero-gate identity holds only where training code zeroes it; some newer constructors zero it themselves, `PRXTransformer2DModel`'s, `ErnieImageTransformer2DModel`'s and `Kandinsky5Transformer3DModel`'s among them (examples, not a list)."""
     from diffusers import (
         DiTTransformer2DModel,
         ErnieImageTransformer2DModel,
+        Kandinsky5Transformer3DModel,
         PRXTransformer2DModel,
     )
 
@@ -275,7 +281,13 @@ def test_adaln_zero_gates_are_random_in_dit_sd3_and_flux_but_not_everywhere():
         hidden_size=32, num_attention_heads=2, num_layers=1, ffn_hidden_size=64, in_channels=4,
         out_channels=4, text_in_dim=16, rope_axes_dim=(4, 6, 6),
     )  # fmt: skip
-    for linear in (prx.blocks[0].modulation.lin, ernie.adaLN_modulation[-1]):
+    kandinsky = Kandinsky5Transformer3DModel(
+        in_text_dim=16, in_text_dim2=16, time_dim=16, model_dim=32, ff_dim=64,
+        num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6),
+    )  # fmt: skip
+    block = kandinsky.visual_transformer_blocks[0]
+    for linear in (prx.blocks[0].modulation.lin, ernie.adaLN_modulation[-1],
+                   block.visual_modulation.out_layer):  # fmt: skip
         assert not linear.weight.any() and not linear.bias.any()
 
 
@@ -332,7 +344,7 @@ def test_flux_puts_text_tokens_first(monkeypatch):
 
 
 def test_flux_dev_has_double_and_single_stream_blocks():
-    """Flux.1-dev's transformer (its published config, on the meta device) is not SD3's MMDiT: 19 double-stream blocks (`AdaLayerNormZero`, 6 modulation vectors per stream) then 38 single-stream blocks (`AdaLayerNormZeroSingle`, 3 vectors: shift, scale, gate, with attention and MLP in parallel on one text-plus-image sequence), and a guidance embedding (`guidance_embeds=True`) added to the timestep and pooled-text embedding."""
+    """Flux.1-dev's transformer (its published config, on the meta device) is not SD3's MMDiT: 19 double-stream blocks (`AdaLayerNormZero`, 6 modulation vectors per stream) then 38 single-stream blocks (`AdaLayerNormZeroSingle`, 3 vectors: shift, scale, gate, with attention and MLP in parallel on one text-plus-image sequence), and a guidance embedder (`guidance_embeds=True`) in its `time_text_embed`."""
     from diffusers import FluxTransformer2DModel
     from model_configs import FLUX_DEV_TRANSFORMER
 
@@ -350,6 +362,38 @@ def test_flux_dev_has_double_and_single_stream_blocks():
         assert block.norm.linear.out_features == 3 * dim
     assert type(model.time_text_embed).__name__ == "CombinedTimestepGuidanceTextProjEmbeddings"
     assert model.time_text_embed.guidance_embedder.linear_2.out_features == dim
+
+
+def test_flux_dev_adds_the_guidance_embedding_to_the_timestep_one():
+    """In a forward of a tiny `FluxTransformer2DModel` with `guidance_embeds=True` (Flux.1-dev's setting), the conditioning vector `temb` that every block receives is the timestep embedding plus the guidance embedding (each from sinusoids of 1000 times its input) plus the projected pooled text, and another `guidance` changes it."""
+    from tiny import tiny_flux_transformer
+
+    model = tiny_flux_transformer()  # guidance_embeds=True
+    emb, temb = model.time_text_embed, []
+    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
+    for block in blocks:  # double- and single-stream
+        block.register_forward_pre_hook(lambda m, a, k: temb.append(k["temb"]), with_kwargs=True)
+    g = torch.Generator().manual_seed(0)
+    n_img, n_txt = 16, 4
+    inputs = dict(
+        hidden_states=torch.randn(1, n_img, 64, generator=g),
+        encoder_hidden_states=torch.randn(1, n_txt, model.config.joint_attention_dim, generator=g),
+        pooled_projections=torch.randn(1, model.config.pooled_projection_dim, generator=g),
+        timestep=torch.tensor([0.5]), img_ids=torch.zeros(n_img, 3), txt_ids=torch.zeros(n_txt, 3),
+    )  # fmt: skip
+    with torch.no_grad():
+        for guidance in (3.5, 1.0):
+            model(**inputs, guidance=torch.tensor([guidance]))
+        expected = (
+            emb.timestep_embedder(emb.time_proj(torch.tensor([500.0])))
+            + emb.guidance_embedder(emb.time_proj(torch.tensor([3500.0])))
+            + emb.text_embedder(inputs["pooled_projections"])
+        )
+    first, second = temb[: len(blocks)], temb[len(blocks) :]
+    assert len(first) == len(second) == len(blocks) >= 2
+    for got in first:
+        torch.testing.assert_close(got, expected)
+    assert not torch.allclose(first[0], second[0])
 
 
 def test_flux_single_stream_block_runs_attention_and_mlp_side_by_side():
@@ -497,6 +541,38 @@ def test_dit_pipeline_steps_on_the_first_c_of_2c_channels():
         assert full.shape == (1, 8, 8, 8) and used.shape == (1, 4, 8, 8)
         torch.testing.assert_close(used, full[:, :4])
     assert image.images.shape == (1, 3, 16, 16)  # the tiny VAE: f = 2
+
+
+@pytest.mark.parametrize("pipeline", ["PixArtAlphaPipeline", "PixArtSigmaPipeline"])
+def test_pixart_also_returns_2c_channels_and_its_pipelines_drop_the_variance(pipeline):
+    """DiT-XL/2 is not the only one: `PixArtTransformer2DModel` defaults to `out_channels=8` for 4 latent channels (PixArt's learned variance), so the transformer returns `2C` channels, and `PixArtAlphaPipeline.__call__` and `PixArtSigmaPipeline.__call__` hand `scheduler.step` only the first `C`."""
+    import diffusers
+    from diffusers import DDIMScheduler, PixArtTransformer2DModel
+
+    torch.manual_seed(0)
+    transformer = PixArtTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1, sample_size=8,
+        caption_channels=32, cross_attention_dim=16,
+    ).eval()  # out_channels left at its default  # fmt: skip
+    assert transformer.config.out_channels == 8
+    pipe = getattr(diffusers, pipeline)(
+        tokenizer=None, text_encoder=None, vae=tiny_vae(), transformer=transformer,
+        scheduler=DDIMScheduler(**SD_SCHEDULER),
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    predicted, stepped, step = [], [], pipe.scheduler.step
+    handle = transformer.register_forward_hook(lambda m, a, out: predicted.append(out[0]))
+    pipe.scheduler.step = lambda out, t, x, **k: stepped.append(out) or step(out, t, x, **k)
+    with torch.no_grad():
+        latents = pipe(prompt_embeds=torch.randn(1, 5, 32), prompt_attention_mask=torch.ones(1, 5),
+                       num_inference_steps=2, height=16, width=16, guidance_scale=1.0,
+                       use_resolution_binning=False, output_type="latent").images  # fmt: skip
+    handle.remove()
+    assert len(predicted) == len(stepped) == 2
+    for full, used in zip(predicted, stepped, strict=True):
+        assert full.shape == (1, 8, 8, 8) and used.shape == (1, 4, 8, 8)
+        torch.testing.assert_close(used, full[:, :4])
+    assert latents.shape == (1, 4, 8, 8)
 
 
 def test_flux_pack_and_unpack_latents_are_exact_inverses():
@@ -674,7 +750,7 @@ def test_flux_dev_takes_guidance_scale_as_an_input_in_one_pass():
 
 
 def test_fused_backends_and_what_the_unfused_math_path_holds():
-    """Fused kernels include PyTorch SDPA's flash, memory-efficient and cuDNN backends: torch's `SDPBackend` lists exactly these three beside the unfused `MATH` (and `ERROR`, `OVERRIDEABLE`). The math backend holds the scores and the softmax as two `N x N` tensors per head, in fp32 for fp16 inputs by default (`allow_fp16_bf16_reduction_math_sdp` off): at least 4 times the fp16 bytes of the memory table (checked on CPU)."""
+    """Fused kernels include PyTorch SDPA's flash, memory-efficient and cuDNN backends: torch's `SDPBackend` lists these three beside the unfused `MATH`, `ERROR` and `OVERRIDEABLE` (torch's overridable backend for extensions, `_scaled_dot_product_fused_attention_overrideable`). The math backend holds the scores and the softmax as two `N x N` tensors per head, in fp32 for fp16 inputs by default (`allow_fp16_bf16_reduction_math_sdp` off): at least 4 times the fp16 bytes of the memory table (checked on CPU)."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils._python_dispatch import TorchDispatchMode
