@@ -51,8 +51,8 @@ def test_mismatch_breaks_sampling_and_match_does_not(run_lab):
 def test_sigma_grids_figure_shows_where_each_grid_starts_and_where_it_crowds(
     run_lab, tmp_path, steps
 ):
-    """The figure sigma-grids: on SD 1.5's scaled_linear config, trailing and linspace start at
-    sigma_max (t = 999); leading with steps_offset=1 starts below it and Karras shares leading's
+    """The figure sigma-grids: on SD's scaled_linear betas, trailing and linspace start at
+    sigma_max (t = 999); leading with steps_offset=1 (SDXL's Euler config) starts below it and Karras shares leading's
     end points; trailing never visits the lowest noise; Karras puts more steps below sigma 0.5
     than any linear-in-t grid. The alt text carries the same numbers."""
     g = run_lab(STARTER, "--steps", steps, "--figures", str(tmp_path))

@@ -125,20 +125,29 @@ def test_flow_matching_is_a_path_and_a_target():
 
 
 def test_leading_largest_entry():
-    """`leading` starts at `(n - 1) * (1000 // n) + steps_offset`: 901 at 10 steps with SD's `steps_offset=1`, and 999, the noisiest training timestep, only at 500 or 999 steps with offset 1 (never with offset 0)."""
+    """`leading` starts at `(n - 1) * (1000 // n) + steps_offset`: 901 at 10 steps with SD's `steps_offset=1`, and 999, the noisiest training timestep, only at 500 or 999 steps with offset 1 (with offset 0 only at 1000 steps). At 1000 steps offset 1 gives 1000, off the training axis: `DDIMScheduler.step` and `DDPMScheduler.step` raise an `IndexError` there."""
+    from diffusers import DDPMScheduler
+
     reaches = {0: [], 1: []}
     for offset, hits in reaches.items():
-        for n in range(1, T):
+        for n in range(1, T + 1):
             scheduler = DDIMScheduler(timestep_spacing="leading", steps_offset=offset)
             scheduler.set_timesteps(n)
             first = int(scheduler.timesteps[0])
             assert first == (n - 1) * (T // n) + offset, (n, offset)
             if first == T - 1:
                 hits.append(n)
-    assert reaches == {0: [], 1: [500, 999]}
+    assert reaches == {0: [1000], 1: [500, 999]}
     scheduler = DDIMScheduler(timestep_spacing="leading", steps_offset=1)
     scheduler.set_timesteps(10)
     assert int(scheduler.timesteps[0]) == 901
+    sample = torch.ones(1, 4, 2, 2)
+    for cls in (DDIMScheduler, DDPMScheduler):
+        scheduler = cls(timestep_spacing="leading", steps_offset=1, clip_sample=False)
+        scheduler.set_timesteps(T)
+        assert int(scheduler.timesteps[0]) == T
+        with pytest.raises(IndexError):
+            scheduler.step(torch.zeros_like(sample), scheduler.timesteps[0], sample)
 
 
 def test_scale_model_input_is_identity_beyond_ddpm_and_ddim():

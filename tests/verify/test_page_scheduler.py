@@ -269,6 +269,59 @@ def test_float_rounding_quirks_in_spacing():
         assert len(trailing.timesteps) == 62 and trailing.timesteps[-1].item() == -1, cls.__name__
 
 
+def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
+    """`trailing` at 61 steps returns 62 timesteps, the last one -1: the pipeline makes 62 UNet calls, and DDIM and DDPM read `alphas_cumprod[-1]`, the noisiest level, at that last step, so the final `latents` come out about `1 / sqrt(alphas_cumprod[999])`, about 15, times too large for SD's schedule, without an error (Euler is unaffected); 61, 103, 121 and 59 other step counts up to 1000 do this.
+
+    `StableDiffusionPipeline` runs DDIM at 61 steps with a spy on `step`; the latents that
+    enter the extra step at -1 are what a correct loop returns (the step from 15 already
+    lands on `final_alpha_cumprod`). DDPM's and Euler's own `step` then take that same
+    extra step from those latents.
+    """
+    quirky = []
+    for n in range(1, 1001):
+        scheduler = DDIMScheduler(timestep_spacing="trailing")
+        scheduler.set_timesteps(n)
+        if len(scheduler.timesteps) != n:
+            assert len(scheduler.timesteps) == n + 1 and scheduler.timesteps[-1] == -1, n
+            quirky.append(n)
+    assert quirky[:3] == [61, 103, 121] and len(quirky) == 62
+    damage = 1 / DDIMScheduler(**SD_BETAS).alphas_cumprod[-1].item() ** 0.5
+    assert damage == pytest.approx(15, abs=0.5)
+
+    original = sd_pipe.scheduler
+    try:
+        sd_pipe.scheduler = scheduler = DDIMScheduler(timestep_spacing="trailing", **SD_SCHEDULER)
+        steps, original_step = [], scheduler.step
+
+        def step(model_output, t, sample, *args, **kwargs):
+            steps.append((model_output.clone(), int(t), sample.clone()))
+            return original_step(model_output, t, sample, *args, **kwargs)
+
+        scheduler.step = step
+        recorder = record_calls(sd_pipe.unet)
+        final = run_sd(sd_pipe, 61, latents=start_latents())  # no error
+    finally:
+        sd_pipe.scheduler = original
+    told = [int(args[1]) for args, _ in recorder.calls]
+    assert len(told) == 62 and told[-2:] == [15, -1]
+    noise_pred, t, correct = steps[-1]
+    assert t == -1 and torch.isfinite(final).all()
+    assert final.abs().max() / correct.abs().max() == pytest.approx(damage, rel=0.1)
+
+    for cls, config in [
+        (DDPMScheduler, dict(SD_BETAS, steps_offset=1, clip_sample=False)),
+        (EulerDiscreteScheduler, SD_SCHEDULER_EULER),
+    ]:
+        other = cls(timestep_spacing="trailing", **config)
+        other.set_timesteps(61)
+        assert other.timesteps[-1].item() == -1
+        g = torch.Generator().manual_seed(0)
+        out = other.step(noise_pred, other.timesteps[-1], correct, generator=g).prev_sample
+        ratio = (out.abs().max() / correct.abs().max()).item()
+        expected = 1.0 if cls is EulerDiscreteScheduler else damage
+        assert ratio == pytest.approx(expected, rel=0.1), (cls.__name__, ratio)
+
+
 def test_class_defaults():
     """The default `timestep_spacing` is `leading` for `DDPMScheduler` and `DDIMScheduler` and `linspace` for `EulerDiscreteScheduler`: built without arguments, `set_timesteps(10)` gives 900, 800, …, 0 for the first two and 999, 888, …, 0 for Euler."""
     for cls, expected in [
@@ -560,7 +613,7 @@ def test_euler_and_flow_keep_a_step_index():
 
 
 def test_ddim_and_ddpm_step_are_stateless():
-    """`DDIMScheduler.step` and `DDPMScheduler.step` depend only on `t`, the grid and their inputs: calling either twice at one `t` gives the same result (DDPM with the same `generator` seed)."""
+    """`DDIMScheduler.step` depends only on `t`, the step count and its inputs, `DDPMScheduler.step` on `t`, the grid and its inputs: calling either twice at one `t` gives the same result (DDPM with the same `generator` seed), and DDIM's result does not change when its `timesteps` are replaced."""
     sample, model_output = tensors(7)
     for cls in (DDIMScheduler, DDPMScheduler):
         scheduler = cls(**SD_BETAS)
@@ -573,6 +626,10 @@ def test_ddim_and_ddpm_step_are_stateless():
             for _ in range(2)
         ]
         assert torch.equal(*results), cls.__name__
+        if cls is DDIMScheduler:
+            scheduler.timesteps = scheduler.timesteps.flip(0)  # another grid, same step count
+            again = scheduler.step(model_output, t, sample).prev_sample
+            assert torch.equal(again, results[0])
 
 
 def test_pndm_is_stateful():
@@ -685,6 +742,33 @@ def test_wrong_prediction_type_raises_no_error():
         bogus.set_timesteps(10)
         with pytest.raises(ValueError, match="prediction_type"):
             bogus.step(eps, bogus.timesteps[0], x_t)
+
+
+def test_a_mismatch_is_finite_except_at_zero_terminal_snr(sd_pipe):
+    """A mismatch raises no error: `step` returns wrong `latents`, finite except at zero terminal SNR, where an unclipped `epsilon` reading turns them non-finite: `StableDiffusionPipeline` with `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error on SD's schedule with finite, different `latents` either way, while with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends non-finite (finite again with `clip_sample=True`) and `v_prediction` finite."""
+    original, finals = sd_pipe.scheduler, {}
+    zero_snr = dict(rescale_betas_zero_snr=True, timestep_spacing="trailing")
+    try:
+        for name, config in [
+            ("epsilon", {}),
+            ("v_prediction", {"prediction_type": "v_prediction"}),
+            ("zero-SNR epsilon", zero_snr),
+            ("zero-SNR v_prediction", {**zero_snr, "prediction_type": "v_prediction"}),
+            ("zero-SNR epsilon, clipped", {**zero_snr, "clip_sample": True}),
+        ]:
+            sd_pipe.scheduler = DDIMScheduler(**{**SD_SCHEDULER, **config})
+            finals[name] = run_sd(sd_pipe, 5, latents=start_latents())  # no error
+    finally:
+        sd_pipe.scheduler = original
+    finite = {name: bool(torch.isfinite(x).all()) for name, x in finals.items()}
+    assert finite == {
+        "epsilon": True,
+        "v_prediction": True,
+        "zero-SNR epsilon": False,
+        "zero-SNR v_prediction": True,
+        "zero-SNR epsilon, clipped": True,
+    }
+    assert not torch.allclose(finals["epsilon"], finals["v_prediction"])
 
 
 # --- clip_sample -------------------------------------------------------------------------
@@ -812,10 +896,10 @@ def test_ddim_trailing_matches_only_when_n_divides_t():
 
 def test_ddim_final_alpha_cumprod():
     """At the last step `DDIMScheduler` uses `final_alpha_cumprod` for `abar_prev`: 1.0 under `set_alpha_to_one=True` (the default), so `prev_sample` is `pred_original_sample`, and `alphas_cumprod[0]` under `set_alpha_to_one=False`, SD 1.x's setting."""
-    assert DDIMScheduler().config.set_alpha_to_one is True
     sample, model_output = tensors(14)
     for to_one in (True, False):
-        scheduler = DDIMScheduler(set_alpha_to_one=to_one, clip_sample=False, **SD_BETAS)
+        chosen = {} if to_one else {"set_alpha_to_one": False}  # True: the default, not passed
+        scheduler = DDIMScheduler(**chosen, clip_sample=False, **SD_BETAS)
         scheduler.set_timesteps(10)
         t = int(scheduler.timesteps[-1])
         expected = 1.0 if to_one else scheduler.alphas_cumprod[0].item()
@@ -991,7 +1075,13 @@ def test_flow_step_is_sample_plus_dt_velocity():
 @pytest.mark.parametrize("shift", [0.5, 1.0, 3.0, 6.0])
 def test_flow_shift_formula(shift):
     """`shift` (default 1.0) maps each sigma `s` to `shift * s / (1 + (shift - 1) * s)`: `set_timesteps(n)` spaces `n` values linearly from 1 to `sigma_min` and maps them, and since `__init__` has already mapped `sigma_min` from `1 / 1000`, the last level is mapped twice."""
-    assert FlowMatchEulerDiscreteScheduler().config.shift == 1.0
+    default, unshifted = (
+        FlowMatchEulerDiscreteScheduler(),
+        FlowMatchEulerDiscreteScheduler(shift=1.0),
+    )
+    for scheduler in (default, unshifted):
+        scheduler.set_timesteps(10)
+    torch.testing.assert_close(default.sigmas, unshifted.sigmas)  # the default shift is 1.0
 
     def shifted(s):
         return shift * s / (1 + (shift - 1) * s)
@@ -1212,7 +1302,9 @@ def test_dpmsolver_with_flow_sigmas_runs_a_flow_model(sd3_pipe):
 
 
 def test_flow_model_with_a_default_solver_config_fails_silently(sd3_pipe):
-    """`DPMSolverMultistepScheduler.from_config(config)` of SD3's `FlowMatchEulerDiscreteScheduler` config keeps the default `use_flow_sigmas=False` and `prediction_type="epsilon"` (and drops `shift`): `StableDiffusion3Pipeline` runs without an error and ends far from the data; so does setting only one of `use_flow_sigmas=True` and `prediction_type="flow_prediction"`."""
+    """`DPMSolverMultistepScheduler.from_config(config)` of SD3's `FlowMatchEulerDiscreteScheduler` config keeps the default `use_flow_sigmas=False` and `prediction_type="epsilon"` (and drops `shift`): `StableDiffusion3Pipeline` runs without an error and ends far from the data; so does setting only one of `use_flow_sigmas=True` and `prediction_type="flow_prediction"`, in `DPMSolverMultistepScheduler` and in `UniPCMultistepScheduler`."""
+    from diffusers import UniPCMultistepScheduler
+
     naive = DPMSolverMultistepScheduler.from_config(
         FlowMatchEulerDiscreteScheduler(shift=3.0).config
     )
@@ -1225,6 +1317,8 @@ def test_flow_model_with_a_default_solver_config_fails_silently(sd3_pipe):
             "naive": naive,
             "target only": DPMSolverMultistepScheduler(prediction_type="flow_prediction"),
             "sigmas only": DPMSolverMultistepScheduler(use_flow_sigmas=True, flow_shift=3.0),
+            "unipc target only": UniPCMultistepScheduler(prediction_type="flow_prediction"),
+            "unipc sigmas only": UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=3.0),
         },
     )
     assert all(errors[k] > 10 * errors["euler"] for k in errors if k != "euler"), errors

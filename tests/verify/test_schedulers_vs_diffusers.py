@@ -307,9 +307,10 @@ def test_euler_schedule(use_karras_sigmas, spacing, n):
 
 @pytest.mark.parametrize("spacing", SPACINGS)
 def test_euler_steps_offset_and_scaled_linear(spacing):
-    """SD 1.x's Euler config (`scaled_linear`, `leading`, `steps_offset=1`) gives diffusers' grid.
+    """labkit's Euler on SD's `scaled_linear` betas with `steps_offset=1` gives diffusers' `timesteps`, `sigmas` and `init_noise_sigma` under each spacing, `leading` being SDXL's shipped Euler config.
 
-    SD 1.x's Euler config: scaled_linear betas, leading + steps_offset = 1."""
+    SD 1.5 itself ships `PNDMScheduler`; `EulerDiscreteScheduler.from_config` on it gets
+    `linspace` (test_page_lab_03.py)."""
     config = dict(
         beta_schedule="scaled_linear",
         beta_start=0.00085,
