@@ -194,7 +194,7 @@ table(f"Var(latents) = {latents.var():.3f} scaled, {latents_raw.var():.3f} unsca
 
 nearest = FiniteSet(train.images, train.labels).nearest  # -> index, RMS distance per image
 rows = [["(training images)", f"{train.images.std():.3f}", f"{0:.1%}", f"{0:.3f}"]]
-for name, images in decoded.items():
+for name, images in {"(their reconstructions)": recon, **decoded}.items():
     outside = np.mean(np.abs(images) > 1)  # clipped when saved as an image
     rows.append([name, f"{images.std():.3f}", f"{outside:.1%}", f"{nearest(images)[1].mean():.3f}"])  # fmt: skip
 header = ["decode input", "pixel std", "outside [-1, 1]", "RMS to nearest training image"]

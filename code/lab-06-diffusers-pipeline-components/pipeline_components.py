@@ -484,7 +484,7 @@ for title, components, shipped_scheduler in scenarios:
 # Inputs become conditions (tokenizers and text encoders), loaders create the
 # modules (`from_pretrained` with `model_index.json`), the loop updates
 # `latents` (denoiser, then `scheduler.step`, once per entry of `scheduler.timesteps`:
-# `num_inference_steps` of them, one more with SD 1.5's PNDM), and
+# `num_inference_steps` of them, one more with SD 1.5's PNDM from 2 steps on), and
 # decode emits media (`vae.decode`). Shapes at the checkpoint's default size,
 # `B` prompts, without classifier-free guidance (with it, the denoiser sees
 # `2B` rows; Flux.1-dev instead feeds `guidance_scale` in as an input).
@@ -633,9 +633,12 @@ def pipeline_graph(fam):
 graph = pipeline_graph(family)
 shapes = dict(boundary_shapes(family))
 # the loop runs len(scheduler.timesteps) times: PNDM (skip_prk_steps) has one more entry
+# from 2 steps on (at 1 step it has 1)
 pndm = PIPELINES[family]["components"]["scheduler"][1] == "PNDMScheduler"
 n_timesteps = (
-    "num_inference_steps + 1 with PNDMScheduler" if pndm else "num_inference_steps of them"
+    "num_inference_steps + 1 with PNDMScheduler, from 2 steps on"
+    if pndm
+    else "num_inference_steps of them"
 )
 figures.save(
     args.figures, f"graph-{family}", graph,

@@ -54,6 +54,12 @@ def test_correct_decode_lands_on_training_images_and_mistakes_do_not(lab):
     correct, forgot, twice = images.values()
     # exact denoiser: the samples are training latents, so the error is the VAE's own
     assert nearest(correct)[1].mean() < lab["errors"][4][1]
+    # each correct decode is exactly the reconstruction of the training image it landed on,
+    # and the printed table compares it with all reconstructions on the same measure
+    landed = lab["unet"].mixture.nearest(lab["sample"])[0]
+    np.testing.assert_allclose(correct, lab["recon"][landed], atol=1e-9)
+    assert f"{nearest(lab['recon'])[1].mean():.3f}" == "0.197"
+    assert f"{nearest(correct)[1].mean():.3f}" == "0.188"
     assert forgot.std() < correct.std() < twice.std()
     assert np.mean(np.abs(twice) > 1) > np.mean(np.abs(correct) > 1)
 
@@ -80,6 +86,7 @@ def test_default_output_quotes_the_tables(run_cli):
     assert run.returncode == 0
     assert "widest output" in run.stdout and "(1, 256, 2048, 2048)" in run.stdout
     assert "scaling_factor = 1 / " in run.stdout
+    assert "(their reconstructions)" in run.stdout  # the samples' RMS beside the reconstructions'
 
 
 def test_figures_are_small(run_cli, tmp_path):

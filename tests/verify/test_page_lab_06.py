@@ -249,19 +249,38 @@ def test_component_names_come_from_the_init_signature(lab, family, cls_name):
             assert resolve(library, cls) is annotation, name
 
 
-def test_image_encoder_is_optional_in_the_four_pipelines_not_in_every_sd_class():
-    """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` each take an optional `image_encoder` (IP-Adapter's), so even SD 1.5's `model_index.json` lists it; not every SD-family pipeline class does: `StableDiffusionUpscalePipeline` and `StableDiffusionDepth2ImgPipeline` have no `image_encoder` component at all."""
+def test_image_encoder_is_optional_in_the_four_pipelines_not_in_every_sd_class(saved, tmp_path):
+    """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` each have an optional `image_encoder` (IP-Adapter's): saved without one, each `model_index.json` lists it as `[null, null]` (even SD 1.5's) and `from_pretrained` gives `None` for it without being told; not every SD-family pipeline class does: `StableDiffusionUpscalePipeline` and `StableDiffusionDepth2ImgPipeline` have no `image_encoder` component at all."""
     import diffusers
 
-    for name in ("StableDiffusionPipeline", "StableDiffusionXLPipeline",
-                 "StableDiffusion3Pipeline", "FluxPipeline"):  # fmt: skip
-        cls = getattr(diffusers, name)
-        assert "image_encoder" in cls._optional_components, name
-        assert inspect.signature(cls.__init__).parameters["image_encoder"].default is None, name
+    folder, index = saved
+    assert index["image_encoder"] == [None, None]
+    assert diffusers.StableDiffusionPipeline.from_pretrained(folder).image_encoder is None
+    without_text = {f"{kind}{s}": None for kind in ("text_encoder", "tokenizer") for s in ("", "_2", "_3")}  # fmt: skip
+    for pipe in (tiny_sdxl_pipeline(), tiny_sd3_pipeline_16ch(), tiny_flux_pipeline()):
+        cls = type(pipe)
+        pipe.save_pretrained(tmp_path / cls.__name__)
+        written = json.loads((tmp_path / cls.__name__ / "model_index.json").read_text(encoding="utf-8"))  # fmt: skip
+        assert written["image_encoder"] == [None, None], cls.__name__
+        params = inspect.signature(cls.__init__).parameters
+        loaded = cls.from_pretrained(tmp_path / cls.__name__, **{k: v for k, v in without_text.items() if k in params})  # fmt: skip
+        assert loaded.image_encoder is None and loaded.vae is not None, cls.__name__
     for name in ("StableDiffusionUpscalePipeline", "StableDiffusionDepth2ImgPipeline"):
         cls = getattr(diffusers, name)
         assert "image_encoder" not in inspect.signature(cls.__init__).parameters, name
         assert "image_encoder" not in cls._optional_components, name
+
+
+def test_pndm_adds_one_timestep_from_two_steps_on(record_calls):
+    """The loop updates `latents` once per scheduler timestep: with SD 1.5's `PNDMScheduler` config, `StableDiffusionPipeline` makes one more UNet call than `num_inference_steps` from 2 steps on (3 at 2, 4 at 3), and 1 at 1 step."""
+    pipe = tiny_sd_pipeline(sd15_scheduler())
+    calls = record_calls(pipe.unet).calls
+    for steps, expected in ((1, 1), (2, 3), (3, 4)):
+        calls.clear()
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
+                 height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+        assert len(calls) == expected == len(pipe.scheduler.timesteps), steps
 
 
 # ------------------------------------------------------------------ scheduler swapping

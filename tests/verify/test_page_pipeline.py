@@ -234,18 +234,20 @@ def test_resolution_rules_differ_by_pipeline():
 
 
 def test_the_loop_calls_the_denoiser_once_per_scheduler_timestep(record_calls):
-    """The loop calls the denoiser once per entry of `scheduler.timesteps`, not always `num_inference_steps` times: at `num_inference_steps=30`, `StableDiffusionPipeline` with SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) makes 31 UNet calls, while `EulerDiscreteScheduler` makes exactly `num_inference_steps`."""
+    """The loop calls the denoiser once per entry of `scheduler.timesteps`, not always `num_inference_steps` times: `StableDiffusionPipeline` with SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) makes `num_inference_steps` + 1 UNet calls from 2 steps on (3 at 2, 6 at 5) but 1 at 1 step, while `EulerDiscreteScheduler` makes exactly `num_inference_steps`."""
     from diffusers import EulerDiscreteScheduler, PNDMScheduler
 
     pndm = PNDMScheduler(**SD_BETAS, steps_offset=1, set_alpha_to_one=False, skip_prk_steps=True)
     euler = EulerDiscreteScheduler.from_config(pndm.config)
-    for scheduler, steps, expected in ((pndm, 30, 31), (euler, 3, 3)):
-        pipe = tiny_sd_pipeline(scheduler)
-        calls = record_calls(pipe.unet).calls
+    pipe = tiny_sd_pipeline(pndm)
+    calls = record_calls(pipe.unet).calls
+    for scheduler, steps, expected in ((pndm, 1, 1), (pndm, 2, 3), (pndm, 5, 6), (euler, 3, 3)):
+        pipe.scheduler = scheduler
+        calls.clear()
         with torch.no_grad():
             pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
-        assert len(calls) == expected == len(pipe.scheduler.timesteps), type(scheduler).__name__
+        assert len(calls) == expected == len(pipe.scheduler.timesteps), (type(scheduler).__name__, steps)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -300,8 +302,8 @@ def test_prompt_embeds_alone_still_need_the_encoders_under_guidance():
             pipe(**given, **negatives, **run)
 
 
-def test_optional_components_per_family(tmp_path):
-    """The optional components (`_optional_components`) are SD 1.5's `safety_checker`, `feature_extractor`, `image_encoder`; SDXL's `tokenizer`, `tokenizer_2`, `text_encoder`, `text_encoder_2`, `image_encoder`, `feature_extractor`; SD3's and Flux's `image_encoder`, `feature_extractor`. So an SDXL pipeline saved without its text encoders loads them back as `None`, while SD3 refuses to load without its own."""
+def test_optional_components_per_family(with_encoders, tmp_path, record_calls):
+    """The optional components (`_optional_components`) are SD 1.5's `safety_checker`, `feature_extractor`, `image_encoder`; SDXL's `tokenizer`, `tokenizer_2`, `text_encoder`, `text_encoder_2`, `image_encoder`, `feature_extractor`; SD3's and Flux's `image_encoder`, `feature_extractor`. Optional means the folder may lack it: an SDXL pipeline saved without its text encoders loads them back as `None`, while an SD3 folder without them loads only if they are passed as `None`. Any component passed as `None` is not loaded: `StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None)` drops T5, and `pipe(prompt)` then runs with zeros in place of T5's tokens."""
     import diffusers
     from tiny import tiny_sd3_pipeline
 
@@ -317,20 +319,57 @@ def test_optional_components_per_family(tmp_path):
     tiny_sdxl_pipeline().save_pretrained(tmp_path / "sdxl")
     loaded = diffusers.StableDiffusionXLPipeline.from_pretrained(tmp_path / "sdxl")
     assert loaded.text_encoder is None and loaded.text_encoder_2 is None
-    tiny_sd3_pipeline().save_pretrained(tmp_path / "sd3")
+    tiny_sd3_pipeline().save_pretrained(tmp_path / "sd3-bare")
     with pytest.raises(ValueError, match="expected"):
-        diffusers.StableDiffusion3Pipeline.from_pretrained(tmp_path / "sd3")
+        diffusers.StableDiffusion3Pipeline.from_pretrained(tmp_path / "sd3-bare")
+    none = {f"{kind}{s}": None for kind in ("text_encoder", "tokenizer") for s in ("", "_2", "_3")}
+    assert diffusers.StableDiffusion3Pipeline.from_pretrained(tmp_path / "sd3-bare", **none).text_encoder_3 is None  # fmt: skip
+    sd3, kwargs = with_encoders["SD3 Medium"]
+    sd3.save_pretrained(tmp_path / "sd3")
+    no_t5 = diffusers.StableDiffusion3Pipeline.from_pretrained(tmp_path / "sd3", text_encoder_3=None, tokenizer_3=None)  # fmt: skip
+    assert no_t5.text_encoder_3 is None and no_t5.text_encoder is not None
+    no_t5.set_progress_bar_config(disable=True)
+    calls = record_calls(no_t5.transformer).calls
+    with torch.no_grad():
+        no_t5("a cat", guidance_scale=1.0, num_inference_steps=1, height=HEIGHT, width=WIDTH,
+              output_type="latent", **kwargs)  # fmt: skip
+    text = calls[0][1]["encoder_hidden_states"]
+    t5_tokens = kwargs["max_sequence_length"]
+    assert text.shape[1] == 77 + t5_tokens and (text[:, 77:] == 0).all() and text[:, :77].abs().sum() > 0  # fmt: skip
 
 
 def test_float16_loading_keeps_t5s_wo_in_float32(with_encoders, tmp_path):
-    """`FluxPipeline.from_pretrained(folder, dtype=torch.float16)` loads the transformer, the VAE and CLIP in float16, but not every weight: T5's feed-forward output layers (`wo`, transformers' `_keep_in_fp32_modules`) stay float32, in Flux's `text_encoder_2` as in SD3's `text_encoder_3`."""
-    from diffusers import FluxPipeline
+    """`FluxPipeline.from_pretrained(folder, dtype=torch.float16)` loads the transformer, the VAE and CLIP in float16, but not every weight: T5's feed-forward output layers (`wo`, transformers' `_keep_in_fp32_modules`) stay float32, in Flux's `text_encoder_2` as in `StableDiffusion3Pipeline`'s `text_encoder_3`."""
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
-    pipe, _ = with_encoders["Flux.1-dev"]
-    pipe.save_pretrained(tmp_path / "flux")
-    loaded = FluxPipeline.from_pretrained(tmp_path / "flux", dtype=torch.float16)
-    for module in (loaded.transformer, loaded.vae, loaded.text_encoder):
-        assert {p.dtype for p in module.parameters()} == {torch.float16}
-    t5 = {name: p.dtype for name, p in loaded.text_encoder_2.named_parameters()}
-    assert {d for n, d in t5.items() if n.endswith("wo.weight")} == {torch.float32}
-    assert {d for n, d in t5.items() if n.endswith("wi.weight")} == {torch.float16}
+    for family, cls, denoiser, t5_name in (
+        ("Flux.1-dev", FluxPipeline, "transformer", "text_encoder_2"),
+        ("SD3 Medium", StableDiffusion3Pipeline, "transformer", "text_encoder_3"),
+    ):
+        pipe, _ = with_encoders[family]
+        pipe.save_pretrained(tmp_path / family)
+        loaded = cls.from_pretrained(tmp_path / family, dtype=torch.float16)
+        for module in (getattr(loaded, denoiser), loaded.vae, loaded.text_encoder):
+            assert {p.dtype for p in module.parameters()} == {torch.float16}, family
+        t5 = {name: p.dtype for name, p in getattr(loaded, t5_name).named_parameters()}
+        assert {d for n, d in t5.items() if n.endswith("wo.weight")} == {torch.float32}, family
+        assert {d for n, d in t5.items() if n.endswith("wi.weight")} == {torch.float16}, family
+
+
+def test_flow_match_from_config_keeps_every_init_key_it_shares():
+    """`FlowMatchEulerDiscreteScheduler.from_config` keeps every `__init__` key it shares with the old class that the old file set, not only the sigma-spacing flags: from a `DPMSolverMultistepScheduler` config with `use_dynamic_shifting=True` it keeps dynamic shifting, and its `set_timesteps(4)` then raises `ValueError` without `mu`."""
+    import inspect
+
+    from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
+
+    def init_keys(cls):
+        return set(inspect.signature(cls.__init__).parameters) - {"self"}
+
+    shared = init_keys(FlowMatchEulerDiscreteScheduler) & init_keys(DPMSolverMultistepScheduler)
+    assert {"use_karras_sigmas", "use_dynamic_shifting", "time_shift_type"} <= shared
+    old = DPMSolverMultistepScheduler(use_dynamic_shifting=True, time_shift_type="linear")
+    flow = FlowMatchEulerDiscreteScheduler.from_config(old.config)
+    assert flow.config.use_dynamic_shifting is True and flow.config.time_shift_type == "linear"
+    with pytest.raises(ValueError, match="mu"):
+        flow.set_timesteps(4)
+    flow.set_timesteps(4, mu=0.5)

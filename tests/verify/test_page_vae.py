@@ -74,7 +74,7 @@ def test_config_defaults():
 
 
 def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, monkeypatch):
-    """`AutoencoderKL.from_single_file` takes the factor from the original config's `scale_factor` only when given `original_config=` (else 0.18215): SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`. Without it, the factor comes from the `vae` config of the diffusers repo it matches the checkpoint to (SD 1.5's for a bare VAE file)."""
+    """`AutoencoderKL.from_single_file` takes the factor from the original config's `scale_factor` only when given `original_config=` (else 0.18215), and a `scaling_factor=` keyword overrides that: SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`. Without it, the factor comes from the `vae` config of the diffusers repo it matches the checkpoint to (SD 1.5's for a bare VAE file), or from the repo named by `config=`."""
     import copy
 
     from model_configs import SDXL_SGM_ORIGINAL  # sd_xl_base.yaml, transcribed
@@ -88,6 +88,9 @@ def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, m
     assert single_file_vae_config(tmp_path, monkeypatch, plain)[1]["scaling_factor"] == 0.18215
     source, (repo, subfolder) = single_file_vae_config(tmp_path, monkeypatch)
     assert source == "repo" and subfolder == "vae" and "stable-diffusion-v1-5" in repo
+    override = single_file_vae_config(tmp_path, monkeypatch, SDXL_SGM_ORIGINAL, scaling_factor=0.5)
+    assert override[1]["scaling_factor"] == 0.5
+    assert single_file_vae_config(tmp_path, monkeypatch, config="my-org/my-vae")[1][0] == "my-org/my-vae"  # fmt: skip
 
 
 def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):

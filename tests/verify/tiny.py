@@ -1293,9 +1293,9 @@ class SingleFileSeenError(Exception):
     """Raised by ``single_file_vae_config``'s spies to stop ``from_single_file``."""
 
 
-def single_file_vae_config(tmp_path, monkeypatch, original_config=None):
-    """What ``AutoencoderKL.from_single_file`` builds its config from, on a stand-in
-    checkpoint (one tensor): ``("original", config dict)`` when ``original_config`` is
+def single_file_vae_config(tmp_path, monkeypatch, original_config=None, **kwargs):
+    """What ``AutoencoderKL.from_single_file`` (given ``kwargs`` too) builds its config from,
+    on a stand-in checkpoint (one tensor): ``("original", config dict)`` when ``original_config`` is
     given (the dict ``create_vae_diffusers_config_from_ldm`` returns), else
     ``("repo", (repo id, subfolder))`` that it asks ``load_config`` for. Stops there."""
     import torch
@@ -1319,7 +1319,7 @@ def single_file_vae_config(tmp_path, monkeypatch, original_config=None):
     monkeypatch.setitem(mapping, "config_mapping_fn", spy_mapping)
     monkeypatch.setattr(AutoencoderKL, "load_config", spy_load_config)
     try:
-        AutoencoderKL.from_single_file(str(path), original_config=original_config)
+        AutoencoderKL.from_single_file(str(path), original_config=original_config, **kwargs)
     except SingleFileSeenError as seen:
         return seen.args
     raise AssertionError("from_single_file built a model from neither source")
