@@ -119,7 +119,7 @@ for t, x_t in noised.items():
     cov_pred = alpha_bar[t] * cov0 + (1.0 - alpha_bar[t]) * np.eye(2)
     mean_err = np.abs(x_t.mean(axis=0) - mean_pred).max()
     cov_err = np.abs(np.cov(x_t, rowvar=False) - cov_pred).max()
-    # 5 standard errors of each estimate: generous, yet a wrong formula fails it.
+    # 5 standard errors of each estimate: generous, yet a wrong coefficient fails mid-axis.
     var_max = np.diag(cov_pred).max()
     mean_tol = 5 * np.sqrt(var_max / args.num_samples)
     cov_tol = 5 * np.sqrt(2.0 / args.num_samples) * var_max

@@ -84,6 +84,24 @@ def test_a_wrong_noise_coefficient_fails_the_check_up_to_t_500(run_lab, tmp_path
 
 
 @pytest.mark.parametrize("schedule", BETA_SCHEDULES)
+def test_a_wrong_signal_coefficient_passes_at_t_0(run_lab, tmp_path, schedule):
+    """The page: a wrong signal coefficient (alpha_bar instead of its square root) passes the
+    check at t = 0 under every schedule, where both are almost 1, and prints NO on the middle
+    rows (t = 250 and 500)."""
+    source = (ROOT / STARTER).read_text(encoding="utf-8")
+    right = "noised[t] = np.sqrt(alpha_bar[t]) * x0 +"
+    assert source.count(right) == 1
+    mutant = tmp_path / "forward_noise.py"
+    mutant.write_text(source.replace(right, "noised[t] = alpha_bar[t] * x0 +"), encoding="utf-8")
+    ok = {
+        t: row[2]
+        for t, row in check_rows(run_lab(str(mutant), "--schedule", schedule)["__stdout__"]).items()
+    }
+    assert ok[0] == "yes"
+    assert ok[250] == ok[500] == "NO"
+
+
+@pytest.mark.parametrize("schedule", BETA_SCHEDULES)
 def test_each_schedule_name_uses_its_canonical_beta_range(run_lab, schedule):
     """`--schedule NAME` builds the betas with labkit's `CANONICAL_BETA_RANGE[NAME]`, whatever
     range a checkpoint's config gives: `linear` starts at DDPM's 0.0001, `scaled_linear` at

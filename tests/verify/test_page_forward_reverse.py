@@ -417,15 +417,29 @@ def test_ddim_eta_zero_is_deterministic(sd_pipe, monkeypatch):
 
 
 def test_ddim_eta_one_is_ddpm():
-    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on a `leading` grid (both step to the same previous timestep) with the same `generator`: stochastic DDPM-like sampling."""
-    kwargs = dict(clip_sample=False, **SD_BETAS)
-    ddim, ddpm = DDIMScheduler(**kwargs), DDPMScheduler(**kwargs)
-    ddim.set_timesteps(10)
-    ddpm.set_timesteps(10)
-    assert ddim.config.timestep_spacing == ddpm.config.timestep_spacing == "leading"
+    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on a `leading` grid (both step to the same previous timestep) with the same `generator`, at every step but the last under `set_alpha_to_one=False` (SD 1.x's shipped config), where DDIM stops at `alphas_cumprod[0]` with noise and DDPM at alpha-bar 1 without.
+
+    Every timestep of a 10-step grid, on diffusers' defaults and on SD 1.5's settings.
+    """
     x_t, eps = randn(0), randn(1)
-    for t in [900, 500, 100]:
-        a = ddim.step(eps, t, x_t, eta=1.0, generator=torch.Generator().manual_seed(t)).prev_sample
-        b = ddpm.step(eps, t, x_t, generator=torch.Generator().manual_seed(t)).prev_sample
-        close(a, b, tol=1e-5)
-        assert (a - ddim.step(eps, t, x_t, eta=0.0).prev_sample).abs().max() > 1e-2
+    for config in [{}, dict(steps_offset=1, set_alpha_to_one=False)]:
+        ddim = DDIMScheduler(clip_sample=False, **SD_BETAS, **config)
+        ddpm = DDPMScheduler(
+            clip_sample=False, steps_offset=config.get("steps_offset", 0), **SD_BETAS
+        )
+        ddim.set_timesteps(10)
+        ddpm.set_timesteps(10)
+        assert ddim.config.timestep_spacing == ddpm.config.timestep_spacing == "leading"
+        assert ddim.timesteps.tolist() == ddpm.timesteps.tolist()
+        last = int(ddim.timesteps[-1])
+        for t in ddim.timesteps.tolist():
+            g = torch.Generator().manual_seed(t)
+            a = ddim.step(eps, t, x_t, eta=1.0, generator=g).prev_sample
+            b = ddpm.step(eps, t, x_t, generator=torch.Generator().manual_seed(t))
+            if t == last and not ddim.config.set_alpha_to_one:
+                assert (a - b.prev_sample).abs().max() > 1e-2  # DDIM: alphas_cumprod[0], noised
+                close(b.prev_sample, b.pred_original_sample, tol=1e-5)  # DDPM: x0_hat itself
+                continue
+            close(a, b.prev_sample, tol=1e-5)
+            if t != last:
+                assert (a - ddim.step(eps, t, x_t, eta=0.0).prev_sample).abs().max() > 1e-2

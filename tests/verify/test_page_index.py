@@ -85,18 +85,19 @@ def test_sd1_shaped_vae_gives_latents_at_one_eighth(sd1_shaped_pipe):
 
 
 def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_calls, monkeypatch):
-    """With CFG the UNet runs once per entry of `scheduler.timesteps` on `2B` rows, which is `num_inference_steps` times with DDIM and one more with the `PNDMScheduler` SD 1.x checkpoints ship, and `noise_pred` has the shape of `latents`.
+    """With CFG the UNet runs once per entry of `scheduler.timesteps` on `2B` rows, which is `num_inference_steps` times with DDIM and, from two steps up, one more with the `PNDMScheduler` SD 1.x checkpoints ship (one call at one step), and `noise_pred` has the shape of `latents`.
 
     PNDM with SD 1.5's shipped config (``skip_prk_steps=True``, ``steps_offset=1``,
-    ``set_alpha_to_one=False``): its ``set_timesteps(n)`` repeats one timestep.
+    ``set_alpha_to_one=False``): its ``set_timesteps(n)`` repeats one timestep when n > 1.
     """
     pndm = PNDMScheduler(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
-    for scheduler, calls_expected in [(None, 4), (pndm, 5)]:
+    cases = [(None, 4, 4), (pndm, 4, 5), (pndm, 2, 3), (pndm, 1, 1)]
+    for scheduler, num_steps, calls_expected in cases:
         pipe = full_pipeline(tmp_path, **({"scheduler": scheduler} if scheduler else {}))
         unet = record_calls(pipe.unet)
         steps = spy_step(monkeypatch, pipe.scheduler)
-        pipe("a cat", num_inference_steps=4, guidance_scale=7.5, height=HEIGHT, width=WIDTH,
-             output_type="latent")  # fmt: skip
+        pipe("a cat", num_inference_steps=num_steps, guidance_scale=7.5, height=HEIGHT,
+             width=WIDTH, output_type="latent")  # fmt: skip
         assert len(unet.calls) == len(steps) == len(pipe.scheduler.timesteps) == calls_expected
         assert all(args[0].shape == (2, 4, 8, 8) for args, _ in unet.calls)  # 2B
         # the guided noise_pred that scheduler.step gets has the shape of latents, (B, 4, 8, 8)

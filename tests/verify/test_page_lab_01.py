@@ -80,6 +80,16 @@ def test_no_standard_schedule_reaches_zero_signal(beta_range):
         assert float(rescaled.alphas_cumprod[-1]) == 0.0, schedule
 
 
+def test_cosine_terminal_signal_is_zero_in_practice():
+    """Under `squaredcos_cap_v2`, `alphas_cumprod[999]` is zero in practice (below 1e-8), kept above it only by the 0.999 cap on the last beta; `linear` and `scaled_linear` keep far more signal there (above 1e-5)."""
+    cosine = DDPMScheduler(beta_schedule="squaredcos_cap_v2").alphas_cumprod.double()
+    assert 0 < cosine[999] < 1e-8
+    assert (cosine[999] / cosine[998]).item() == pytest.approx(1 - 0.999, rel=1e-3)
+    for schedule in ["linear", "scaled_linear"]:
+        scheduler = DDPMScheduler(beta_schedule=schedule, **canonical_beta_range(schedule))
+        assert scheduler.alphas_cumprod[999] > 1e-5, schedule
+
+
 def test_add_noise_broadcasts_one_level_per_example():
     """`add_noise` with `timesteps` of shape `(B,)` gathers `alphas_cumprod[timesteps]` and broadcasts it as `(B, 1, 1, 1)` over the channels and space of `(B, 4, h, w)` latents: each example is noised at its own level."""
     scheduler = DDPMScheduler(

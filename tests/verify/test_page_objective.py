@@ -19,15 +19,19 @@ from diffusers import (
     DDIMScheduler,
     DDPMScheduler,
     DEISMultistepScheduler,
+    DPMSolverMultistepInverseScheduler,
     DPMSolverMultistepScheduler,
     DPMSolverSinglestepScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    HeliosDMDScheduler,
+    HeliosScheduler,
     PNDMScheduler,
     SASolverScheduler,
     SchedulerMixin,
     StableDiffusion3Pipeline,
     StableDiffusionPipeline,
+    UnCLIPScheduler,
     UNet2DConditionModel,
     UniPCMultistepScheduler,
 )
@@ -35,6 +39,7 @@ from diffusers.training_utils import compute_snr
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    SD15_SCHEDULER_FILE,
     SD_BETAS,
     WIDTH,
     abar,
@@ -140,11 +145,11 @@ def scheduler_classes_taking(parameter: str) -> list[type]:
 
 
 def test_from_config_keeps_prediction_type():
-    """A scheduler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` keeps the checkpoint's `prediction_type` (and its betas), and so does `from_config` on every scheduler class of the installed diffusers whose `__init__` takes `prediction_type`.
+    """A scheduler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` keeps the checkpoint's `prediction_type` (and its betas), and so does `from_config` on every scheduler class of the installed diffusers whose `__init__` takes `prediction_type`; on SD's `scaled_linear` config `UnCLIPScheduler`, which takes only the cosine schedule, raises `ValueError` instead.
 
-    The source config uses the cosine schedule, the one every such class accepts
-    (``UnCLIPScheduler`` takes no other), on 100 training timesteps: the KDPM2 schedulers
-    build their grid over all of them in ``__init__``, about 2 s at 1000.
+    The first source config uses the cosine schedule, the one every such class accepts, on 100
+    training timesteps (the KDPM2 schedulers build their grid over all of them in
+    ``__init__``); the second is SD 1.5's shipped file, at 1000 (about 4 s).
     """
     old = DDPMScheduler(prediction_type="v_prediction", **SD_BETAS)
     new = DDIMScheduler.from_config(old.config)
@@ -157,6 +162,29 @@ def test_from_config_keeps_prediction_type():
     assert len(classes) > 20 and DDIMScheduler in classes
     for cls in classes:
         assert cls.from_config(source).config.prediction_type == "v_prediction", cls.__name__
+    # SD 1.5's shipped scheduler_config.json, 1000 timesteps, read as a v_prediction checkpoint
+    sd = PNDMScheduler.from_config(
+        {**SD15_SCHEDULER_FILE, "prediction_type": "v_prediction"}
+    ).config
+    raising = []
+    for cls in classes:
+        try:
+            kept = cls.from_config(sd).config.prediction_type
+        except ValueError:
+            raising.append(cls)
+            continue
+        assert kept == "v_prediction", cls.__name__
+    assert raising == [UnCLIPScheduler]
+
+
+def test_use_flow_sigmas_schedulers():
+    """The scheduler classes whose `__init__` takes `use_flow_sigmas` are DPM-Solver's (multistep, singlestep, inverse), DEIS, SA-Solver, UniPC and the Helios video schedulers; the Helios ones default to `prediction_type="flow_prediction"` with `use_flow_sigmas=True`."""
+    classes = scheduler_classes_taking("use_flow_sigmas")
+    helios = {HeliosScheduler, HeliosDMDScheduler}
+    assert set(classes) == set(FLOW_SOLVERS) | {DPMSolverMultistepInverseScheduler} | helios
+    for cls in helios:
+        config = cls().config
+        assert (config.prediction_type, config.use_flow_sigmas) == ("flow_prediction", True)
 
 
 @pytest.mark.parametrize("prediction_type", ["epsilon", "sample", "v_prediction"])
