@@ -377,7 +377,9 @@ for row in sorted(first_step, key=lambda r: r["boundary"] != "condition into the
     name, layout = name or row["name"], layout or row["layout"]
     stage = "prepare" if row["boundary"] == "condition into the unet" else row["stage"]
     here = f"{row['name']} " if row["name"] != name else ""
-    sd_shape = expand(layout, sd15)
+    sd_shape = str(expand(layout, sd15))
+    if row["boundary"] == "set_timesteps":  # SD 1.5's shipped PNDMScheduler adds one timestep
+        sd_shape += f" DDIM, ({sd15['n'] + 1},) PNDM"
     diagram_rows.append((stage, operation, [
         f"{name} ({layout}{',' if ',' not in layout else ''})",
         f"toy: {here}{row['shape']} {row['dtype']} · SD 1.5: {sd_shape}",
@@ -392,7 +394,8 @@ figures.save(
     f"{n} times; each arrow also gives the shape in Lab 12's toy run and in SD 1.5 at 512 px.",
     caption="One call of a text-to-image pipeline: the operation in each box, the tensor on "
     f"each arrow with its layout, its shape in Lab 12's toy run (B = {B}, {n} steps), and the "
-    "shape the same layout has in Stable Diffusion 1.5 (one 512 x 512 image, 50 steps). "
+    "shape the same layout has in Stable Diffusion 1.5 (one 512 x 512 image, 50 steps; its "
+    "timesteps with DDIM, as here, and with its shipped PNDM scheduler, which adds one). "
     "Drawn from the trace the run records.",
 )  # fmt: skip
 if in_notebook():

@@ -112,6 +112,18 @@ def test_figures(tmp_path, run_cli):
     assert "x 20 steps" in manifest["pipeline"]["alt"] or "20 times" in manifest["pipeline"]["alt"]
 
 
+def test_diagram_gives_sd15s_timesteps_with_ddim_and_with_its_shipped_pndm(tmp_path, run_cli):
+    """The diagram's SD 1.5 column is the layout expanded at 50 steps, which is DDIM's count:
+    the timesteps arrow also gives the (51,) of SD 1.5's shipped PNDMScheduler (n + 1,
+    test_page_loop.py), and the caption says which scheduler each shape is for."""
+    run = run_cli(STARTER, "--steps", "3", "--num-samples", "2", "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    diagram = (tmp_path / "pipeline.svg").read_text()
+    assert "SD 1.5: (50,) DDIM, (51,) PNDM" in diagram
+    caption = json.loads((tmp_path / "figures.json").read_text())["pipeline"]["caption"]
+    assert "DDIM" in caption and "PNDM" in caption
+
+
 def test_pipeline_diagram_follows_the_run(tmp_path, run_cli):
     """Without guidance the batch never doubles, and the diagram says so."""
     run = run_cli(STARTER, "--guidance-scale", "1", "--steps", "4", "--figures", str(tmp_path))

@@ -280,7 +280,7 @@ def test_the_loop_takes_the_most_time_then_decode():
 
 
 def test_passed_prompt_embeds_are_cast_and_repeated_not_encoded(tmp_path, record_calls):
-    """With `prompt_embeds` passed, `encode_prompt` does not run the text encoder: it only casts them to `text_encoder.dtype` and repeats them `num_images_per_prompt` times (inference_trace.md)."""
+    """With `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` does not run the text encoder: it only casts them to `text_encoder.dtype`, or to `unet.dtype` in a pipeline without a text encoder, and repeats them `num_images_per_prompt` times (inference_trace.md); with `prompt_embeds` alone and guidance on, the text encoder still runs once, on the empty negative prompt."""
     from tiny import tiny_text_encoder, tiny_tokenizer
 
     encoder = tiny_text_encoder().to(torch.bfloat16)
@@ -293,6 +293,13 @@ def test_passed_prompt_embeds_are_cast_and_repeated_not_encoded(tmp_path, record
     assert out.dtype == out_negative.dtype == torch.bfloat16 and out.shape == (6, 77, EMBED_DIM)
     expected = prompt_embeds.to(torch.bfloat16).repeat_interleave(3, dim=0)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    pipe.encode_prompt(None, "cpu", 1, True, prompt_embeds=prompt_embeds)  # no negative passed
+    assert len(calls) == 1  # the text encoder runs, on ""
+    no_encoder = tiny_sd_pipeline()  # text_encoder=None, as in the trace above
+    no_encoder.unet.to(torch.bfloat16)
+    out, out_negative = no_encoder.encode_prompt(None, "cpu", 1, True, prompt_embeds=prompt_embeds,
+                                                 negative_prompt_embeds=negative)  # fmt: skip
+    assert out.dtype == out_negative.dtype == torch.bfloat16  # unet.dtype
 
 
 def test_latent_channels_and_factor_per_family():
@@ -311,13 +318,29 @@ def test_latent_channels_and_factor_per_family():
         assert latent.shape == (1, channels, 64, 64), config
 
 
+#: the vision tower of SD 1.5's ``safety_checker`` (CompVis/stable-diffusion-safety-checker): CLIP
+#: ViT-L/14 at 224 px, Radford et al. 2021 (arXiv:2103.00020), Table 20: width 1024, 24 layers,
+#: 16 heads (MLP 4 x width); ``StableDiffusionSafetyChecker`` runs it once per image
+CLIP_L14_VISION = dict(
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_attention_heads=16,
+    num_hidden_layers=24,
+    patch_size=14,
+    image_size=224,
+)
+
+
 @pytest.fixture(scope="module")
 def sd15_flops():
-    """FLOPs of one SD 1.5 UNet call (batch 1) and one VAE decode at 512 x 512, counted by
-    torch's ``FlopCounterMode`` on the meta device from the published configs."""
+    """FLOPs of SD 1.5's parts at 512 x 512, batch 1, counted by torch's ``FlopCounterMode``
+    on the meta device from the published configs: one UNet call, one VAE decode, one
+    text-encoder call (77 tokens) and the safety checker's vision tower (224 x 224)."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from model_configs import SD15_UNET, SD15_VAE
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from model_configs import CLIP_L_TEXT, SD15_UNET, SD15_VAE
     from torch.utils.flop_counter import FlopCounterMode
+    from transformers import CLIPConfig, CLIPTextConfig, CLIPTextModel
 
     def flops(fn):
         counter = FlopCounterMode(display=False)
@@ -327,22 +350,95 @@ def sd15_flops():
 
     with torch.device("meta"):
         unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
+        text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L_TEXT))
+        safety = StableDiffusionSafetyChecker(
+            CLIPConfig(vision_config=CLIP_L14_VISION, projection_dim=768)
+        )
         x, text = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
         return dict(
             unet=flops(lambda: unet(x, torch.tensor(999), encoder_hidden_states=text)),
             decode=flops(lambda: vae.decode(torch.randn(1, 4, 64, 64))),
+            text=flops(lambda: text_encoder(torch.zeros(1, 77, dtype=torch.long))),
+            safety=flops(lambda: safety.vision_model(torch.randn(1, 3, 224, 224))),
         )
 
 
 def test_sd15_decode_against_the_loop_in_flops(sd15_flops):
-    """SD 1.5 shows the same: at 512 × 512 its decode takes the FLOPs of about three UNet passes, 44% of a 4-step unguided call's; at 20 guided steps the loop is 93% of a call's FLOPs.
+    """SD 1.5 shows the same: at 512 × 512 its decode takes the FLOPs of about three UNet passes, 44% of the UNet and VAE FLOPs of a 4-step unguided call; at 20 guided steps the loop is 93% of SD 1.5's UNet and VAE FLOPs.
 
-    Loop and decode; a guided step runs the UNet on 2 rows, twice one row's FLOPs.
+    A guided step runs the UNet on 2 rows, twice one row's FLOPs. The shares are of the UNet
+    and VAE alone: with the text encoder (once per prompt, twice when guiding) and the
+    shipped safety checker (once per image) they are 43% and 92%.
     """
     unet, decode = sd15_flops["unet"], sd15_flops["decode"]
     assert 2.9 < decode / unet < 3.3
     assert round(100 * decode / (4 * unet + decode)) == 44
     assert round(100 * 20 * 2 * unet / (20 * 2 * unet + decode)) == 93
+    text, safety = sd15_flops["text"], sd15_flops["safety"]
+    assert round(100 * decode / (4 * unet + decode + text + safety)) == 43
+    assert round(100 * 20 * 2 * unet / (20 * 2 * unet + decode + 2 * text + safety)) == 92
+
+
+def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch):
+    """`scheduler.step` and the VAE only ever see `B`; `scheduler.scale_model_input` gets the `2B` rows of `cat([latents] * 2)` (inference_trace.md).
+
+    Spies on the three methods of the tiny pipeline's own ``__call__``, guided, ``B = 2``,
+    with ``EulerDiscreteScheduler``, whose ``scale_model_input`` is not the identity.
+    """
+    from diffusers import EulerDiscreteScheduler
+    from tiny import SD_SCHEDULER
+
+    pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
+    rows = {"scale_model_input": [], "step": [], "decode": []}
+    for owner, attr in [(pipe.scheduler, "scale_model_input"), (pipe.scheduler, "step"),
+                        (pipe.vae, "decode")]:  # fmt: skip
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)  # the pipeline reads step's signature
+        def spy(sample_or_pred, *args, _attr=attr, _original=original, **kwargs):
+            rows[_attr].append(sample_or_pred.shape[0])
+            return _original(sample_or_pred, *args, **kwargs)
+
+        monkeypatch.setattr(owner, attr, spy)
+    real_trace(pipe)  # guided, B = 2, N = 3 steps
+    assert rows == {"scale_model_input": [2 * B] * N, "step": [B] * N, "decode": [B]}
+
+
+def test_latency_is_len_timesteps_unet_calls(record_calls):
+    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` and the UNet runs `n + 1` times (inference_trace.md)."""
+    from diffusers import PNDMScheduler
+    from tiny import SD15_PNDM
+
+    for scheduler, expected in [(None, N), (PNDMScheduler(**SD15_PNDM), N + 1)]:
+        pipe = tiny_sd_pipeline(scheduler=scheduler)
+        calls = record_calls(pipe.unet).calls
+        real_trace(pipe)  # guided, B = 2, N steps
+        assert len(calls) == len(pipe.scheduler.timesteps) == expected
+        assert all(args[0].shape[0] == 2 * B for args, _ in calls)
+
+
+def test_one_thread_cpu_time_counts_all_the_work():
+    """On a CPU, measure several calls per stage in CPU time with one torch thread (`torch.set_num_threads(1)`), as the timing test above does: with more threads, this thread's CPU clock misses the other threads' share of the work, and the process's clock adds it up.
+
+    One convolution, the decoder's main operation, timed five times with ``time.thread_time``
+    and ``time.process_time`` at one and at two torch threads.
+    """
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1)
+    x = torch.randn(2, 64, 96, 96)
+    threads, seconds = torch.get_num_threads(), {}
+    try:
+        for n in [1, 2]:
+            torch.set_num_threads(n)
+            with torch.no_grad():
+                conv(x)  # warm-up
+                thread, process = time.thread_time(), time.process_time()
+                for _ in range(5):
+                    conv(x)
+                seconds[n] = (time.thread_time() - thread, time.process_time() - process)
+    finally:
+        torch.set_num_threads(threads)
+    assert seconds[1][0] > 0.9 * seconds[1][1]  # one thread: its clock is the process's
+    assert seconds[2][0] < 0.75 * seconds[2][1], seconds  # two: it misses the other's work
 
 
 # ---------------------------------------------------------------- the Flux trace
