@@ -5,8 +5,8 @@ arithmetic on shapes: attention slicing (``pipe.enable_attention_slicing``), VAE
 (``pipe.vae.enable_tiling``), lower precision (``dtype=``), and CPU offload
 (``pipe.enable_model_cpu_offload`` / ``pipe.enable_sequential_cpu_offload``). Slicing and
 tiling trade time for a smaller peak of one intermediate; precision halves weights and
-activations (not SDXL's VAE decode, run in float32) and adds rounding error; offload
-trades GPU bytes for bytes over the PCIe bus on every call.
+activations (not SDXL's VAE decode, run in float32, nor T5's wo under float16) and adds
+rounding error; offload trades GPU bytes for bytes over the PCIe bus on every call.
 
 Run it:  python3 code/lab-10-memory-optimization-reading/memory_optimization.py --slice-sizes 16,8,4,2,1
 """
@@ -92,7 +92,7 @@ if args.tile > args.latent_size:
 dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
 unknown = [d for d in dtypes if d not in DTYPES[1:]]  # float64 is the reference, always run
 if unknown or not dtypes:
-    parser.error(f"--dtypes: unknown dtype {unknown or ''} (choose from {', '.join(DTYPES[1:])}; float64 is the reference every run is compared with)")  # fmt: skip
+    parser.error(f"--dtypes: {f'unknown dtype {unknown}' if unknown else 'no dtype given'} (choose from {', '.join(DTYPES[1:])}; float64 is the reference every run is compared with)")  # fmt: skip
 if args.steps > 1000:
     parser.error("--steps must be <= 1000")
 if len(args.pcie_gbps) != 1 or args.pcie_gbps[0] > 1000:
@@ -640,7 +640,7 @@ rows = [
     [
         "dtype=float16/bfloat16",
         "weights, activations",
-        "x0.50 (SDXL VAE decodes fp32)",
+        "x0.50 (not SDXL VAE decode, T5 wo)",
         f"final dev {np.abs(runs[dtypes[-1]][0] - runs['float64'][0]).max():.1e} ({dtypes[-1]})",
     ],
     [

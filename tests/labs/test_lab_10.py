@@ -159,3 +159,9 @@ def test_bad_arguments(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("memory_optimization.py: error: ")
+
+
+def test_empty_dtypes_says_none_given(run_cli):
+    run = run_cli(STARTER, "--dtypes", ",")
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert "--dtypes: no dtype given (choose from float32, float16, bfloat16" in run.stderr

@@ -56,15 +56,15 @@ def test_sdpa_is_the_default_attention(monkeypatch):
 
 
 def test_auto_slice_is_half_the_heads():
-    """`enable_attention_slicing("auto")` gives every attention layer of an SD UNet a `SlicedAttnProcessor` with `slice_size` equal to half its number of heads (`sliceable_head_dim // 2`), and `"max"` gives `slice_size = 1`."""
-    from diffusers.models.attention_processor import SlicedAttnProcessor
+    """`enable_attention_slicing("auto")` gives every attention layer of an SD UNet a `SlicedAttnProcessor` with `slice_size` equal to half its number of heads (`sliceable_head_dim // 2`), and `"max"` gives `slice_size = 1`: on a UNet whose levels have 2 and 4 heads, each layer gets half of its own."""
+    from diffusers.models.attention_processor import Attention, SlicedAttnProcessor
 
-    pipe = tiny_sd_pipeline()
+    pipe = tiny_sd_pipeline(unet=tiny_unet(attention_head_dim=(2, 4)))
     pipe.enable_attention_slicing("auto")
-    procs = list(pipe.unet.attn_processors.values())
-    assert all(isinstance(p, SlicedAttnProcessor) for p in procs)
-    layers = [m for m in pipe.unet.modules() if hasattr(m, "sliceable_head_dim")]
-    assert {p.slice_size for p in procs} == {m.sliceable_head_dim // 2 for m in layers} == {2}
+    layers = [m for m in pipe.unet.modules() if isinstance(m, Attention)]
+    assert {m.heads for m in layers} == {2, 4}  # per-layer, not one size for the model
+    assert all(isinstance(m.processor, SlicedAttnProcessor) for m in layers)
+    assert all(m.processor.slice_size == m.sliceable_head_dim // 2 == m.heads // 2 for m in layers)  # fmt: skip
     pipe.enable_attention_slicing("max")
     assert {p.slice_size for p in pipe.unet.attn_processors.values()} == {1}
 
@@ -178,7 +178,7 @@ def test_vae_slicing_splits_the_batch(record_calls):
 
 
 def test_tiling_only_above_the_tile_size(monkeypatch):
-    """`vae.enable_tiling()` sends latents larger than `tile_latent_min_size` to `tiled_decode` (`tile_overlap_factor` 0.25) and decodes smaller ones whole; the tiled result differs from the whole decode."""
+    """`vae.enable_tiling()` sends latents larger than `tile_latent_min_size` to `tiled_decode` (`tile_overlap_factor` 0.25) and decodes the others, up to that size, whole; the tiled result differs from the whole decode at every pixel, not only at the seams (on the tiny VAE, every pixel of a `(1, 3, 48, 48)` image by more than 1e-3)."""
     vae = tiny_vae()
     assert vae.tile_overlap_factor == 0.25
     vae.enable_tiling()
@@ -194,7 +194,51 @@ def test_tiling_only_above_the_tile_size(monkeypatch):
         vae.disable_tiling()
         whole = vae.decode(big).sample
     assert calls == [big.shape]
-    assert (tiled - whole).abs().max().item() > 0.1
+    per_pixel = (tiled - whole).abs().amax(dim=1)  # (1, 48, 48): the largest channel difference
+    assert per_pixel.min().item() > 1e-3  # everywhere, seams and tile interiors alike
+
+
+def test_tiling_acts_only_above_the_vae_sample_size():
+    """`vae.enable_tiling()` tiles only a latent larger than the VAE's tile, its `sample_size`: 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1 (their published VAE configs, on the meta device), each family's default resolution, which therefore decodes whole, unchanged, while 8 px more is tiled; through a tiny `StableDiffusionPipeline` with `vae.enable_tiling()`, a call at its default height and width never reaches `tiled_decode`, and one 8 px larger does."""
+    from diffusers import AutoencoderKL
+    from diffusers.models.autoencoders.vae import DecoderOutput
+    from model_configs import (
+        FLUX_VAE,
+        SD3_MEDIUM_TRANSFORMER,
+        SD3_VAE,
+        SD15_UNET,
+        SD15_VAE,
+        SDXL_UNET,
+        SDXL_VAE,
+    )
+
+    families = {  # the VAE config, the latent side of the pipeline's default height
+        "SD 1.5": (SD15_VAE, SD15_UNET["sample_size"]),  # unet sample_size * 8
+        "SDXL": (SDXL_VAE, SDXL_UNET["sample_size"]),  # default_sample_size: the UNet's
+        "SD3": (SD3_VAE, SD3_MEDIUM_TRANSFORMER["sample_size"]),  # the transformer's
+        "Flux.1": (FLUX_VAE, memory_flux_pipeline().default_sample_size),  # 128 in __init__
+    }
+    tiled = {}
+    for name, (config, side) in families.items():
+        with torch.device("meta"):
+            vae = AutoencoderKL(**config)
+        vae.enable_tiling()
+        calls = []  # record, skip the (slow) tiled decode itself
+        vae.tiled_decode = lambda z, calls=calls, **kw: calls.append(z.shape[-1]) or DecoderOutput(sample=z)  # fmt: skip
+        for s in (side, side + 1):
+            with torch.no_grad():
+                vae.decode(torch.empty(1, config["latent_channels"], s, s, device="meta"))
+        tiled[name] = (8 * side, calls)
+    assert tiled == {"SD 1.5": (512, [65]), "SDXL": (1024, [129]), "SD3": (1024, [129]), "Flux.1": (1024, [129])}  # fmt: skip
+    pipe = tiny_sd_pipeline()
+    pipe.vae.enable_tiling()
+    calls, original = [], pipe.vae.tiled_decode
+    pipe.vae.tiled_decode = lambda z, **kw: calls.append(tuple(z.shape)) or original(z, **kw)
+    default = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    assert default == pipe.vae.config.sample_size == HEIGHT
+    for size in (None, default + 8):  # None: the pipeline's default
+        pipe(prompt_embeds=embeds(0), negative_prompt_embeds=embeds(1), height=size, width=size, num_inference_steps=1, output_type="np")  # fmt: skip
+    assert calls == [(1, 4, 12, 12)]  # only the larger call: (16 + 8) px / 2
 
 
 def test_decoder_resnets_use_group_norm():
@@ -409,6 +453,25 @@ def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
         seen, resident = replay_model_offload(forwards, monkeypatch)
         assert seen == crossings
     assert {"text_encoder", "text_encoder_3"} in resident and {"text_encoder_2", "text_encoder_3"} in resident  # fmt: skip
+
+
+def test_model_offload_keeps_a_component_outside_the_sequence_until_the_call_ends(monkeypatch):
+    """Under `enable_model_cpu_offload` a component missing from `model_cpu_offload_seq` gets a hook of its own, outside the chain: no component sends it out, so it comes in at its first forward and stays until the end of the call. `StableDiffusionControlNetPipeline`'s sequence, `"text_encoder->image_encoder->unet->vae"`, has no `controlnet`: through `pipe(...)` with accelerate's real hooks, the ControlNet stays on the device with the UNet through the loop and with the VAE through the decode, and crosses twice per call."""
+    from diffusers import StableDiffusionControlNetPipeline
+    from tiny import tiny_controlnet, tiny_controlnet_pipeline
+
+    seq = StableDiffusionControlNetPipeline.model_cpu_offload_seq
+    assert seq == "text_encoder->image_encoder->unet->vae"
+    unet = tiny_unet()
+    pipe = tiny_controlnet_pipeline(unet, tiny_controlnet(unet))
+    assert "controlnet" not in seq.split("->") + pipe._exclude_from_cpu_offload
+    image = torch.zeros(1, 3, HEIGHT, WIDTH)
+    forwards = hooked_forwards(pipe, monkeypatch, prompt_embeds=embeds(0), negative_prompt_embeds=embeds(1), image=image, latents=start_latents(), num_inference_steps=2, output_type="np")  # fmt: skip
+    assert [n for n, _ in forwards] == ["controlnet", "unet"] * 2 + ["vae"]
+    assert "controlnet" not in {prev for _, prev in forwards}  # nobody's previous component
+    crossings, resident = replay_model_offload(forwards, monkeypatch)
+    assert crossings == {"controlnet": 2, "unet": 2, "vae": 2}
+    assert resident[1:] == [{"controlnet", "unet"}] * 3 + [{"controlnet", "vae"}]
 
 
 def test_sequential_offload_keeps_weights_off_the_device(monkeypatch):
