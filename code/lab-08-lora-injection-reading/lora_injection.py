@@ -38,8 +38,8 @@ from labkit.precision import round_to
 #
 # In: the ranks to size (`--rank 4,8,...`), the model families to size (`--family`),
 # the LoRA's `lora_alpha` (`--alpha`; by default equal to the demo rank, so
-# `scaling` is 1, as `load_lora_weights` sets it for a file without alpha keys) and the
-# strengths to try (`--scales`). The two UNet configs are the published
+# `scaling` is 1, as `load_lora_weights` sets it for a file without alpha keys or adapter
+# metadata) and the strengths to try (`--scales`). The two UNet configs are the published
 # `unet/config.json` of runwayml/stable-diffusion-v1-5 and
 # stabilityai/stable-diffusion-xl-base-1.0 (the same values as
 # `tests/verify/model_configs.py`), reduced to the keys that shape attention.

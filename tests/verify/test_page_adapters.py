@@ -143,7 +143,7 @@ def n_params(module):
 
 
 def test_lora_wraps_each_targeted_linear():
-    """`load_lora_weights` replaces each targeted `nn.Linear` of the UNet with a PEFT `lora.Linear` that keeps the original layer as `base_layer` and adds `lora_A` `(r, in_features)` and `lora_B` `(out_features, r)`; its output is `base_layer(x) + lora_B(lora_A(x)) * lora_alpha / r`."""
+    """`load_lora_weights` replaces each targeted `nn.Linear` of the UNet with a PEFT `lora.Linear` that keeps the original layer as `base_layer` and adds `lora_A` `(r, in_features)` and `lora_B` `(out_features, r)`; its output is `base_layer(x) + lora_B(lora_A(x)) * lora_alpha / r`. A targeted convolution becomes a PEFT `lora.Conv2d` instead."""
     pipe = lora_pipe("style", rank=2)
     layer = first_projection(pipe.unet)
     assert isinstance(layer, LoraLinear) and isinstance(layer.base_layer, torch.nn.Linear)
@@ -159,6 +159,16 @@ def test_lora_wraps_each_targeted_linear():
     wrapped = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
     targets = [n for n, _ in tiny_unet().named_modules() if n.endswith(PROJECTIONS)]
     assert len(wrapped) == len(targets) == 32  # 8 attention layers x 4 projections
+    from peft.tuners.lora import Conv2d as LoraConv2d
+
+    conv = tiny_unet().down_blocks[0].resnets[0].conv1  # a 3 x 3 convolution
+    convs = tiny_sd_pipeline()
+    convs.load_lora_weights(
+        {"unet.down_blocks.0.resnets.0.conv1.lora_A.weight": torch.randn(2, conv.in_channels, 3, 3),
+         "unet.down_blocks.0.resnets.0.conv1.lora_B.weight": torch.randn(conv.out_channels, 2, 1, 1)},
+        adapter_name="style",
+    )  # fmt: skip
+    assert isinstance(convs.unet.down_blocks[0].resnets[0].conv1, LoraConv2d)
 
 
 def test_a_fresh_lora_adapter_leaves_the_output_unchanged():
@@ -329,24 +339,33 @@ def test_several_loras_add_their_weighted_deltas():
 
 
 def test_set_adapters_takes_per_block_weights():
-    """An adapter weight may be a dict by UNet part, for example `{"unet": {"down": 0.0, "mid": 1.0, "up": 0.5}}` in the pipeline's `set_adapters`, which expands it to one weight per transformer block."""
-    pipe = lora_pipe("style")
-    unet = pipe.unet
+    """An adapter weight may be a dict by UNet part, for example `{"unet": {"down": 0.0, "mid": 1.0, "up": 0.5}}` in the pipeline's `set_adapters`, or a list per block with one entry per attention module (`{"down": {"block_0": [0.2, 0.4]}}`); `set_adapters` expands it to one weight per attention module, shared by all the transformer blocks inside it."""
+    deep = dict(layers_per_block=2, transformer_layers_per_block=2)  # 2 modules x 2 blocks
+    pipe = tiny_sd_pipeline(unet=tiny_unet(**deep))
+    pipe.load_lora_weights(lora_state_dict(tiny_unet(**deep)), adapter_name="style")
+
+    def weights():  # {attention module: set of its LoRA layers' weights}
+        out = {}
+        for name, module in pipe.unet.named_modules():
+            if isinstance(module, LoraLinear):
+                out.setdefault(name.split(".transformer_blocks.")[0], set()).add(
+                    (name.split(".transformer_blocks.")[1][0], module.scaling["style"])
+                )
+        return {m: {w for _, w in v} for m, v in out.items()}, out
+
     pipe.set_adapters("style", adapter_weights={"unet": {"down": 0.0, "mid": 1.0, "up": 0.5}})
-    scalings = {
-        name: module.scaling["style"]
-        for name, module in unet.named_modules()
-        if isinstance(module, LoraLinear)
-    }
-    per_part = {
-        part: {s for n, s in scalings.items() if n.startswith(part)}
-        for part in ["down_blocks", "mid_block", "up_blocks"]
-    }
-    assert per_part == {"down_blocks": {0.0}, "mid_block": {1.0}, "up_blocks": {0.5}}
+    per_module, _ = weights()
+    for part, weight in [("down_blocks", 0.0), ("mid_block", 1.0), ("up_blocks", 0.5)]:
+        assert {w for m, ws in per_module.items() if m.startswith(part) for w in ws} == {weight}
+    pipe.set_adapters("style", adapter_weights={"unet": {"down": {"block_0": [0.2, 0.4]}}})
+    per_module, blocks = weights()
+    assert {b for b, _ in blocks["down_blocks.0.attentions.0"]} == {"0", "1"}  # two blocks
+    assert per_module["down_blocks.0.attentions.0"] == {0.2}  # both blocks, one weight
+    assert per_module["down_blocks.0.attentions.1"] == {0.4}
 
 
 def test_part_weights_follow_attention_modules_only():
-    """`set_adapters` expands a dict of part weights to one weight per attention module (`down_blocks.i.attentions.j`), shared by all its transformer blocks; LoRA layers outside the attention modules do not reliably follow their part: under `{"down": 0.0, "mid": 0.0, "up": 0.0}` the layers in blocks without attention and in the mid block's resnets keep weight 1, and a LoRA on `time_embedding` makes `set_adapters` raise an `IndexError`."""
+    """`set_adapters` expands a dict of part weights to one weight per attention module (`down_blocks.i.attentions.j`), shared by all its transformer blocks; LoRA layers outside the attention modules do not reliably follow their part: under `{"down": 0.3, "mid": 0.0, "up": 0.0}` the layers in blocks without attention and in the mid block's resnets keep weight 1, and a LoRA on `time_embedding` makes `set_adapters` raise an `IndexError`."""
     deep = tiny_unet(transformer_layers_per_block=2)  # two transformer blocks per module
     pipe = tiny_sd_pipeline(unet=tiny_unet(transformer_layers_per_block=2))
     pipe.load_lora_weights(lora_state_dict(deep, suffixes=(*PROJECTIONS, "time_emb_proj")),
@@ -395,7 +414,7 @@ def test_lora_size_on_sd15_attention_projections():
 
 
 def test_controlnet_from_unet_copies_the_encoder_half():
-    """`ControlNetModel.from_unet` builds a ControlNet from the UNet's config and copies the weights of `conv_in`, `time_proj`, `time_embedding`, every `down_blocks` entry and the `mid_block`; it has no up blocks and no `conv_out`, and adds `controlnet_cond_embedding`, `controlnet_down_blocks` and `controlnet_mid_block`."""
+    """`ControlNetModel.from_unet` builds a ControlNet from the UNet's config and copies the weights of `conv_in`, `time_proj`, `time_embedding`, every `down_blocks` entry and the `mid_block` (and `add_embedding`, for SDXL's added conditioning); it has no up blocks and no `conv_out`, and adds `controlnet_cond_embedding`, `controlnet_down_blocks` and `controlnet_mid_block`."""
     unet = tiny_unet()
     controlnet = ControlNetModel.from_unet(unet)
     for part in ["conv_in", "time_proj", "time_embedding", "down_blocks", "mid_block"]:
@@ -410,6 +429,12 @@ def test_controlnet_from_unet_copies_the_encoder_half():
         "controlnet_down_blocks",
         "controlnet_mid_block",
     } <= children
+    from tiny import tiny_text_time_unet
+
+    sdxl_like = tiny_text_time_unet()
+    ours = ControlNetModel.from_unet(sdxl_like).add_embedding.state_dict()
+    for key, value in sdxl_like.add_embedding.state_dict().items():
+        torch.testing.assert_close(ours[key], value, rtol=0, atol=0)
 
 
 def test_controlnet_outputs_are_zero_initialised():
@@ -798,6 +823,47 @@ def test_ip_adapter_plus_encodes_the_image_and_a_zeros_image():
     assert len(inputs) == 2  # no CFG: the zeros image is still encoded
 
 
+def full_face_ip_adapter(unet, hidden=16, seed=0):
+    """An IP-Adapter Full-face state dict in the original layout, random values: its
+    projection (``proj.0``, ``proj.2``, ``proj.3``: an ``IPAdapterFullImageProjection`` of the
+    encoder's hidden states, 257 tokens for ViT-H) and the plain adapter's ``to_k_ip`` /
+    ``to_v_ip``."""
+    g = torch.Generator().manual_seed(seed)
+    dim = unet.config.cross_attention_dim
+    image_proj = {
+        "proj.0.weight": torch.randn(hidden, hidden, generator=g) * 0.2,
+        "proj.0.bias": torch.zeros(hidden),
+        "proj.2.weight": torch.randn(dim, hidden, generator=g) * 0.2,
+        "proj.2.bias": torch.zeros(dim),
+        "proj.3.weight": torch.ones(dim),
+        "proj.3.bias": torch.zeros(dim),
+    }
+    return {"image_proj": image_proj, "ip_adapter": random_ip_adapter(unet)["ip_adapter"]}
+
+
+def test_image_encoder_runs_per_ip_adapter_and_twice_for_hidden_state_ones():
+    """The `image_encoder` runs once per loaded IP-Adapter in each pipeline call (two plain adapters: two encoder calls), and twice for every adapter that reads the encoder's hidden states, not only the Plus ones: the Full-face adapter (`IPAdapterFullImageProjection`) also encodes the image and a zeros image."""
+    reference = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    two = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
+    two.load_ip_adapter([random_ip_adapter(two.unet), random_ip_adapter(two.unet, seed=1)],
+                        subfolder=["", ""], weight_name=["", ""], image_encoder_folder=None)  # fmt: skip
+    calls = []
+    two.image_encoder.register_forward_hook(lambda m, a, o: calls.append(a[0].abs().max()))
+    run(two, steps=2, ip_adapter_image=[reference, reference])
+    assert len(calls) == 2 and all(c > 0 for c in calls)
+    full = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
+    full.load_ip_adapter(
+        full_face_ip_adapter(full.unet), subfolder="", weight_name="", image_encoder_folder=None
+    )
+    assert type(full.unet.encoder_hid_proj.image_projection_layers[0]).__name__ == (
+        "IPAdapterFullImageProjection"
+    )
+    calls.clear()
+    full.image_encoder.register_forward_hook(lambda m, a, o: calls.append(a[0].abs().max()))
+    run(full, steps=2, ip_adapter_image=reference)
+    assert len(calls) == 2 and calls[0] > 0 and calls[1] == 0  # the image, then zeros
+
+
 def test_ip_adapter_size_on_sd15():
     """A plain IP-Adapter loaded by `load_ip_adapter` into SD 1.5's UNet (built on the meta device) puts `to_k_ip` and `to_v_ip` on each of its 16 cross-attention layers, 19,169,280 parameters, and a 3,150,336-parameter image projection: 22,319,616 in all, the paper's 22M."""
     pipe = tiny_sd_pipeline(unet=meta_unet(SD15_UNET))
@@ -970,7 +1036,7 @@ def test_scale_zero_call_after_fuse_breaks_unfuse():
 
 
 def test_lora_without_alpha_keys_gets_alpha_equal_to_rank(tmp_path):
-    """A LoRA file with no alpha keys, loaded with `load_lora_weights` (here a local `.safetensors` file in PEFT's key layout), gets `lora_alpha = r` (diffusers' `get_peft_kwargs`), so its `scaling` is 1: `B @ A` is added as stored."""
+    """A LoRA file with neither alpha keys nor adapter metadata, loaded with `load_lora_weights` (here a local `.safetensors` file in PEFT's key layout), gets `lora_alpha = r` (diffusers' `get_peft_kwargs`), so its `scaling` is 1: `B @ A` is added as stored. A file written by `save_lora_weights(..., unet_lora_adapter_metadata=...)` also has no alpha keys, but its header's `lora_alpha` is used: rank 4 with `lora_alpha` 8 loads at `scaling` 2."""
     from safetensors.torch import save_file
 
     state = lora_state_dict(tiny_unet(), rank=4)
@@ -981,6 +1047,22 @@ def test_lora_without_alpha_keys_gets_alpha_equal_to_rank(tmp_path):
     assert config.r == config.lora_alpha == 4
     layers = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
     assert len(layers) == 32 and all(m.scaling["style"] == 1.0 for m in layers)
+    from diffusers import StableDiffusionPipeline
+    from safetensors import safe_open
+
+    metadata = {"r": 4, "lora_alpha": 8, "target_modules": list(PROJECTIONS)}
+    StableDiffusionPipeline.save_lora_weights(
+        tmp_path / "meta",
+        unet_lora_layers={k.removeprefix("unet."): v for k, v in state.items()},
+        unet_lora_adapter_metadata=metadata,
+    )
+    with safe_open(tmp_path / "meta" / "pytorch_lora_weights.safetensors", "pt") as f:
+        assert not any("alpha" in key for key in f.keys())
+    pipe = tiny_sd_pipeline()
+    pipe.load_lora_weights(str(tmp_path / "meta"), adapter_name="style")
+    config = pipe.unet.peft_config["style"]
+    assert (config.r, config.lora_alpha) == (4, 8)
+    assert first_projection(pipe.unet).scaling["style"] == 2.0
 
 
 def test_hotswap_replaces_an_adapter_in_place():
@@ -1006,7 +1088,7 @@ def test_hotswap_replaces_an_adapter_in_place():
 
 
 def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight():
-    """A hotswapped LoRA must target the first one's layers or a subset: a layer the first lacks raises a `RuntimeError`, and the first one's layers the new one lacks are zeroed. The adapter must be unfused (a fused one raises a `ValueError`), and the swap resets a `set_adapters` weight to the new LoRA's `lora_alpha / r`."""
+    """A hotswapped LoRA must target the first one's layers or a subset: a layer the first lacks raises a `RuntimeError`, and the first one's layers the new one lacks are zeroed. The adapter must be unfused (a fused one raises a `ValueError`), and the swap resets a `set_adapters` weight to the new LoRA's `lora_alpha / r`. Text-encoder LoRA keys cannot be hotswapped (`ValueError`), and a rank above `target_rank` raises nothing but swaps new, larger tensors in for the adapter's, so the swap is no longer in place."""
     plain = tiny_unet()
 
     def hotswap_pipe():
@@ -1032,6 +1114,22 @@ def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight(
     pipe.fuse_lora(components=["unet"])
     with pytest.raises(ValueError, match="merged"):
         pipe.load_lora_weights(lora_state_dict(plain, seed=2), adapter_name="style", hotswap=True)
+    te_layer = {"text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(2, EMBED_DIM),
+                "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(EMBED_DIM, 2)}  # fmt: skip
+    with pytest.raises(ValueError, match="not supported for text encoders"):
+        hotswap_pipe().load_lora_weights(
+            {**lora_state_dict(plain, seed=1), **te_layer}, adapter_name="style", hotswap=True
+        )
+    pipe = hotswap_pipe()  # target_rank=4; now a rank-8 LoRA
+    storage = {n: p.data_ptr() for n, p in pipe.unet.named_parameters() if ".lora_" in n}
+    wide = lora_state_dict(plain, rank=8, seed=1)
+    pipe.load_lora_weights(wide, adapter_name="style", hotswap=True)  # swaps wide's tensors too
+    moved = [n for n, p in pipe.unet.named_parameters() if ".lora_" in n and p.data_ptr() != storage[n]]  # fmt: skip
+    assert len(moved) == len(storage) == 64  # every lora_A and lora_B: new tensors
+    assert first_projection(pipe.unet).lora_A["style"].weight.shape[0] == 8  # not padded 4
+    fresh = tiny_sd_pipeline()
+    fresh.load_lora_weights(lora_state_dict(plain, rank=8, seed=1), adapter_name="style")
+    torch.testing.assert_close(predict(pipe.unet), predict(fresh.unet), rtol=0, atol=1e-5)
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():

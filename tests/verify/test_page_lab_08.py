@@ -163,7 +163,7 @@ def test_fuse_lora_matches_unfused_and_unfuse_restores_weights(lab):
 
 @pytest.mark.parametrize("family, config_name", [("sd15", "SD15_UNET"), ("sdxl", "SDXL_UNET")])
 def test_lora_parameter_counts_on_real_configs(lab, family, config_name):
-    """A peft `LoraConfig(r, target_modules=["to_q", "to_k", "to_v", "to_out.0"])` added with `add_adapter` to the real SD 1.5 or SDXL UNet (built on the meta device) has exactly the LoRA parameter count the lab prints, for every rank from 4 to 128, and its `to_q`, `to_k`, `to_v`, `to_out.0` layers have the `(in_features, out_features)` shapes the lab's `attention_projections` derives from the config."""
+    """A peft `LoraConfig(r, target_modules=["to_q", "to_k", "to_v", "to_out.0"])` added with `add_adapter` to the real SD 1.5 or SDXL UNet (built on the meta device) has exactly the LoRA parameter count the lab prints at ranks 4 and 128 (the lab's other ranks are the same count scaled by r), and its `to_q`, `to_k`, `to_v`, `to_out.0` layers have the `(in_features, out_features)` shapes the lab's `attention_projections` derives from the config."""
     import model_configs
     from diffusers import UNet2DConditionModel
 
@@ -190,7 +190,7 @@ def test_lora_parameter_counts_on_real_configs(lab, family, config_name):
 
 
 def test_scale_zero_call_resets_set_adapters_weight(lab):
-    """In diffusers 0.42.1 a call with `cross_attention_kwargs={"scale": 0}` resets every adapter's weight from `set_adapters` to 1: `unscale_lora_layers(unet, 0)` calls peft's `set_scale(name, 1.0)`, so `scaling` becomes `lora_alpha / r` again."""
+    """In diffusers 0.42.1 a call with `cross_attention_kwargs={"scale": 0}` resets every active adapter's weight from `set_adapters` to 1: `unscale_lora_layers(unet, 0)` calls peft's `set_scale(name, 1.0)` for each active adapter, so its `scaling` becomes `lora_alpha / r` again; an inactive adapter keeps its weight."""
     unet = adapted_unet(("a", 4, 8))
     unet.set_adapters(["a"], weights=[0.5])
     layer = unet.get_submodule(LAYER)
@@ -199,6 +199,11 @@ def test_scale_zero_call_resets_set_adapters_weight(lab):
     assert layer.scaling["a"] == 0.5 * 8 / 4  # a nonzero scale is divided out again
     predict(unet, cross_attention_kwargs={"scale": 0.0})
     assert layer.scaling["a"] == 8 / 4  # the 0.5 from set_adapters is gone
+    two = adapted_unet(("a", 4, 8), ("b", 4, 8))
+    two.set_adapters(["a", "b"], weights=[0.5, 0.5])
+    two.set_adapters(["a"], weights=[0.5])  # b loaded but inactive, at weight 0.5
+    predict(two, cross_attention_kwargs={"scale": 0.0})
+    assert two.get_submodule(LAYER).scaling == {"a": 8 / 4, "b": 0.5 * 8 / 4}
 
 
 def test_pipeline_passes_scale_to_encode_prompt_as_lora_scale(lab, tmp_path):
@@ -261,7 +266,7 @@ def test_scale_multiplies_the_set_adapters_weight(lab):
 
 
 def test_bf16_fuse_unfuse_cycles_drift_the_base_weights(lab):
-    """In bf16, `fuse_lora()` / `unfuse_lora()` cycles do not give the base weights back: peft adds and subtracts the delta in place in bf16, and over 30 cycles at `set_adapters` weights 1.0, 0.5, 0.8 in turn the weights after every cycle are exactly what the starter's `fuse_unfuse_cycle` (`round_to(x, "bf16")`) predicts, bit for bit."""
+    """In bf16, `fuse_lora()` / `unfuse_lora()` cycles do not give the base weights back: peft adds and subtracts the delta in place in bf16, and over 30 cycles at `set_adapters` weights 1.0, 0.5, 0.8 in turn the weights after every cycle are exactly what the starter's `fuse_unfuse_cycle` (`round_to(x, "bf16")`) predicts, bit for bit, on the CPU (where peft computes `B @ A` in float32 before rounding)."""
     unet = adapted_unet(("a", 4, 4)).to(torch.bfloat16)
     layer = unet.get_submodule(LAYER)
     start = layer.base_layer.weight.detach().clone()
