@@ -407,6 +407,18 @@ WAN_VAE = {
 }
 
 #: OpenAI CLIP ViT-L/14 text tower (QuickGELU, openai/CLIP clip/model.py)
+#: the vision tower of SD 1.5's ``safety_checker`` (CompVis/stable-diffusion-safety-checker): CLIP
+#: ViT-L/14 at 224 px, Radford et al. 2021 (arXiv:2103.00020), Table 20: width 1024, 24 layers,
+#: 16 heads (MLP 4 x width); ``StableDiffusionSafetyChecker`` runs it once per image
+CLIP_L14_VISION = dict(
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_attention_heads=16,
+    num_hidden_layers=24,
+    patch_size=14,
+    image_size=224,
+)
+
 CLIP_L_TEXT = {
     "vocab_size": 49408,
     "max_position_embeddings": 77,
@@ -448,7 +460,8 @@ T5_XXL = {
 T5_FP16_NOTE = (
     "The encoder half of T5 v1.1 XXL; its token embedding is counted once. Loaded with "
     "`dtype=torch.float16`, transformers keeps its 1,006,632,960 `wo` weights in float32 "
-    "(`_keep_in_fp32_modules`): 11.54 GB, not the fp16 column's figure; bf16 loads them in bf16."
+    "(`_keep_in_fp32_modules`): 11.54 GB, not the fp16 column's figure, which puts its pipeline "
+    "2.01 GB above the total row in fp16; bf16 loads them in bf16."
 )
 
 _SD15_YAML = f"{SD1} configs/stable-diffusion/v1-inference.yaml"
@@ -633,7 +646,7 @@ COMPONENTS: list[Component] = [
         T5_XXL,
         f"{FLUX} src/flux/util.py load_t5 and src/flux/modules/conditioner.py "
         f"(google/t5-v1_1-xxl as T5EncoderModel); {_T5_SOURCE}",
-        note="Same T5 v1.1 XXL encoder as SD3's text_encoder_3 (in fp16 its `wo` layers stay float32: see that row).",
+        note="Same T5 v1.1 XXL encoder as SD3's text_encoder_3 (in fp16 its `wo` layers stay float32, 2.01 GB more here and on the pipeline's total: see that row).",
     ),
     Component(
         "SD3.5 Large",
@@ -645,7 +658,7 @@ COMPONENTS: list[Component] = [
         f"'rms' when the checkpoint has ln_k) at depth 38, which {DIFFUSERS} "
         f"src/diffusers/loaders/single_file_utils.py uses to identify sd35_large "
         f"(joint_blocks.37.x_block.mlp.fc1.weight); other settings as SD3 Medium",
-        note="Not counted: pos_embed, a buffer; its size (192 per side here, as SD3 Medium) is assumed, not read from the checkpoint. Text encoders and VAE as SD3 Medium.",
+        note="Not counted: pos_embed, a buffer; its size (192 per side here, as SD3 Medium) is assumed, not read from the checkpoint. Not in this table or its total: the text encoders and VAE (SD3 Medium's).",
     ),
     Component(
         "Qwen-Image",
@@ -656,7 +669,7 @@ COMPONENTS: list[Component] = [
         f"Qwen/Qwen-Image transformer/config.json as quoted in {MUSUBI_QWEN_IMAGE} "
         f"create_model (60 double-stream blocks, 24 heads x 128, text width 3584, packed "
         f"64-channel tokens); equal to {DIFFUSERS} QwenImageTransformer2DModel's defaults",
-        note="Its text encoder is the Qwen2.5-VL language model (not counted here).",
+        note="Not in this table or its total: its text encoder (the Qwen2.5-VL language model) and its VAE.",
     ),
     Component(
         "Wan 2.1 T2V 14B",
@@ -667,6 +680,7 @@ COMPONENTS: list[Component] = [
         f"{WAN} wan/configs/wan_t2v_14B.py (dim 5120, ffn_dim 13824, freq_dim 256, 40 heads, "
         f"40 layers, patch (1, 2, 2), eps 1e-6), mapped by {DIFFUSERS} "
         f"scripts/convert_wan_to_diffusers.py (Wan-T2V-14B)",
+        note="Not in this table or its total: its text encoder (UMT5-XXL).",
     ),
     Component(
         "Wan 2.1 T2V 14B",
@@ -687,7 +701,7 @@ COMPONENTS: list[Component] = [
         WAN_T2V_1_3B_TRANSFORMER,
         f"{WAN} wan/configs/wan_t2v_1_3B.py (dim 1536, ffn_dim 8960, freq_dim 256, 12 heads, "
         f"30 layers), mapped by {DIFFUSERS} scripts/convert_wan_to_diffusers.py (Wan-T2V-1.3B)",
-        note="The model's name says 1.3B; its counted parameters are about 9% more (no published count to check against).",
+        note="The model's name says 1.3B; its counted parameters are about 9% more (no published count to check against). Not in this table or its total: its VAE (the 14B model's) and its text encoder (UMT5-XXL).",
     ),
 ]
 

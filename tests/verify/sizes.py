@@ -1,4 +1,4 @@
-"""Meta-device records of the real Flux.1-dev transformer and Wan 2.1 VAE, shared by the verify tests.
+"""Meta-device records of the real Flux.1-dev transformer and Wan 2.1 VAE, and SD 1.5's FLOPs, shared by the verify tests.
 
 Built from its published config (``model_configs``) on the meta device: no weights, no
 memory. ``test_model_sizes`` writes these records to ``labkit/model_sizes.json``; the lab
@@ -258,3 +258,38 @@ def wan_vae_decode_record() -> dict:
         "bf16_peak_float32_bytes": bf16_fp32,
         "method": "AutoencoderKLWan() defaults (Wan 2.1) on the meta device; peak of live tensor storages during vae.decode (new op outputs added, freed storages dropped; weights and input latents not counted); tiled: enable_tiling() defaults; bf16_tiled_81_frames and bf16_81_frames: latents (1, 16, 21, 90, 160), tiled and untiled, the decoder's repeated calls replayed from the first of each kind (exact on 9 frames)",
     }
+
+
+@functools.cache
+def sd15_flops() -> dict[str, int]:
+    """FLOPs of SD 1.5's parts at 512 x 512, one row, counted by torch's ``FlopCounterMode``
+    on the meta device from the published configs (``model_configs``; no weights, no memory):
+    one UNet call (``unet``), one VAE decode (``decode``), one text-encoder call on 77 tokens
+    (``text``) and the shipped safety checker's vision tower on its 224 x 224 input
+    (``safety``). Counted once per process: several pages quote shares of these."""
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from model_configs import CLIP_L14_VISION, CLIP_L_TEXT, SD15_UNET, SD15_VAE
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import CLIPConfig, CLIPTextConfig, CLIPTextModel
+
+    def flops(fn) -> int:
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            fn()
+        return counter.get_total_flops()
+
+    with torch.device("meta"):
+        unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
+        text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L_TEXT))
+        safety = StableDiffusionSafetyChecker(
+            CLIPConfig(vision_config=CLIP_L14_VISION, projection_dim=768)
+        )
+        x, text = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
+        return dict(
+            unet=flops(lambda: unet(x, torch.tensor(999), encoder_hidden_states=text)),
+            decode=flops(lambda: vae.decode(torch.randn(1, 4, 64, 64))),
+            text=flops(lambda: text_encoder(torch.zeros(1, 77, dtype=torch.long))),
+            safety=flops(lambda: safety.vision_model(torch.randn(1, 3, 224, 224))),
+        )

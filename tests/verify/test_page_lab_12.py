@@ -318,49 +318,12 @@ def test_latent_channels_and_factor_per_family():
         assert latent.shape == (1, channels, 64, 64), config
 
 
-#: the vision tower of SD 1.5's ``safety_checker`` (CompVis/stable-diffusion-safety-checker): CLIP
-#: ViT-L/14 at 224 px, Radford et al. 2021 (arXiv:2103.00020), Table 20: width 1024, 24 layers,
-#: 16 heads (MLP 4 x width); ``StableDiffusionSafetyChecker`` runs it once per image
-CLIP_L14_VISION = dict(
-    hidden_size=1024,
-    intermediate_size=4096,
-    num_attention_heads=16,
-    num_hidden_layers=24,
-    patch_size=14,
-    image_size=224,
-)
-
-
 @pytest.fixture(scope="module")
 def sd15_flops():
-    """FLOPs of SD 1.5's parts at 512 x 512, batch 1, counted by torch's ``FlopCounterMode``
-    on the meta device from the published configs: one UNet call, one VAE decode, one
-    text-encoder call (77 tokens) and the safety checker's vision tower (224 x 224)."""
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
-    from model_configs import CLIP_L_TEXT, SD15_UNET, SD15_VAE
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import CLIPConfig, CLIPTextConfig, CLIPTextModel
+    """FLOPs of SD 1.5's parts at 512 x 512 on the meta device (``sizes.sd15_flops``)."""
+    from sizes import sd15_flops
 
-    def flops(fn):
-        counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
-            fn()
-        return counter.get_total_flops()
-
-    with torch.device("meta"):
-        unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
-        text_encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L_TEXT))
-        safety = StableDiffusionSafetyChecker(
-            CLIPConfig(vision_config=CLIP_L14_VISION, projection_dim=768)
-        )
-        x, text = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
-        return dict(
-            unet=flops(lambda: unet(x, torch.tensor(999), encoder_hidden_states=text)),
-            decode=flops(lambda: vae.decode(torch.randn(1, 4, 64, 64))),
-            text=flops(lambda: text_encoder(torch.zeros(1, 77, dtype=torch.long))),
-            safety=flops(lambda: safety.vision_model(torch.randn(1, 3, 224, 224))),
-        )
+    return sd15_flops()
 
 
 def test_sd15_decode_against_the_loop_in_flops(sd15_flops):

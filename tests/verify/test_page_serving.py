@@ -249,24 +249,10 @@ def test_a_loop_stage_without_text_encoder_rejects_a_call_lora_scale(sd_pipe):
 
 def test_real_sd15_flop_shares_of_loop_and_decode():
     """Counted in FLOPs on SD 1.5's real UNet, VAE and CLIP text encoder at 512 px, the loop is 92.7% of a guided 20-step call and the decode 43.8% of an unguided 4-step one: Lab 12's stand-in models overstate the loop (97.4%) and understate the decode (40.4%). `FlopCounterMode` counts one UNet call per row, one `vae.decode` and one text-encoder call per prompt row, all built on the meta device from the published configs."""
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from model_configs import CLIP_L_TEXT, SD15_UNET, SD15_VAE
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from sizes import sd15_flops
 
-    with torch.device("meta"):
-        unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
-        text = CLIPTextModel(CLIPTextConfig(**CLIP_L_TEXT))
-        latents, hidden = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
-        ids = torch.zeros(1, 77, dtype=torch.long)
-
-    def flops(fn):
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            fn()
-        return counter.get_total_flops()
-
-    row = flops(lambda: unet(latents, torch.tensor(500.0), hidden))
-    decode, encode = flops(lambda: vae.decode(latents)), flops(lambda: text(ids))
+    counted = sd15_flops()
+    row, decode, encode = counted["unet"], counted["decode"], counted["text"]
 
     def shares(steps, rows):  # rows: 2 per image under guidance
         total = steps * rows * row + decode + rows * encode
