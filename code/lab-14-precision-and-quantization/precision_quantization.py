@@ -60,7 +60,7 @@ parser = LabArgumentParser(prog="precision_quantization.py", description=__doc__
 parser.add_argument("--formats", default="fp16,bf16,fp8_e4m3,fp8_e5m2", help="comma-separated")
 parser.add_argument("--layers", type=int_at_least(1), default=8, help="toy decoder depth")
 parser.add_argument("--gain", type=float, default=4.0, help="activation growth per layer, >= 1")
-parser.add_argument("--block-size", type=int_at_least(2), default=32, help="values per block (GGUF: 32)")  # fmt: skip
+parser.add_argument("--block-size", type=int_at_least(2), default=32, help="values per block of the one-layer test (GGUF: 32; the loop's head keeps 32)")  # fmt: skip
 parser.add_argument("--in-features", type=int_at_least(2), default=1024, help="row length of the toy weight")  # fmt: skip
 parser.add_argument("--steps", type=int_at_least(1), default=20, help="num_inference_steps")
 parser.add_argument("--num-samples", type=int_at_least(1), default=2000)
@@ -325,7 +325,7 @@ print(f"transformer.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn):
 #
 # A quantized layer cannot multiply `d * q` blocks directly in a plain matmul: diffusers'
 # `GGUFLinear.forward_native` dequantizes the whole weight to the compute dtype on every
-# call, then runs `F.linear`. So every call reads the packed blocks, writes a full
+# call, then runs `F.linear`. So every call reads the packed blocks, writes a
 # full-precision copy of the weight, and the matmul reads that copy: more bytes than a
 # resident bf16 weight, plus extra kernel launches on a GPU, and the same matmul.
 # Measured below: the transient copy (`tracemalloc`) and the weight bytes per call.

@@ -148,6 +148,38 @@ def test_layerwise_casting_stores_fp8_weights_on_a_flux_transformer():
     assert 0 < rel < 0.2
 
 
+def test_layerwise_casting_also_skips_fp32_modules_and_adapter_layers():
+    """`enable_layerwise_casting` also skips the model's `_keep_in_fp32_modules` and, when you pass no patterns and peft is installed, peft's adapter layers such as LoRA's `lora_A` and `lora_B`: on a tiny `Kandinsky5Transformer3DModel`, whose `_keep_in_fp32_modules` names its time embedding and modulation Linears and which has no skip patterns of its own, exactly the Linears under those names stay float32 (no default pattern matches them); on the tiny Flux transformer with a LoRA adapter on `to_q`, the base layer is stored in float8 and every adapter weight stays float32, while passing `skip_modules_pattern` yourself casts the adapter too."""
+    import re
+
+    from diffusers import Kandinsky5Transformer3DModel
+    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+    from peft import LoraConfig
+
+    fp8 = torch.float8_e4m3fn
+    k5 = Kandinsky5Transformer3DModel(in_text_dim=32, in_text_dim2=16, time_dim=16, model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6))  # fmt: skip
+    keep = type(k5)._keep_in_fp32_modules
+    assert keep and type(k5)._skip_layerwise_casting_patterns is None
+    k5.enable_layerwise_casting(storage_dtype=fp8, compute_dtype=torch.float32)
+    linears = {n: m.weight.dtype for n, m in k5.named_modules() if isinstance(m, torch.nn.Linear)}
+    kept = {n for n in linears if any(re.search(k, n) for k in keep)}
+    assert kept and not any(re.search(d, n) for d in DEFAULT_SKIP_MODULES_PATTERN for n in kept)
+    assert {n for n, dtype in linears.items() if dtype == torch.float32} == kept
+
+    def lora_flux(**patterns):
+        model = four_block_flux_transformer()
+        model.add_adapter(LoraConfig(r=4, target_modules=["to_q"]))
+        model.enable_layerwise_casting(storage_dtype=fp8, compute_dtype=torch.float32, **patterns)
+        return model.transformer_blocks[0].attn.to_q
+
+    to_q = lora_flux()
+    assert to_q.base_layer.weight.dtype == fp8
+    adapters = [p for n, p in to_q.named_parameters() if not n.startswith("base_layer")]
+    assert adapters and all(p.dtype == torch.float32 for p in adapters)
+    to_q = lora_flux(skip_modules_pattern=DEFAULT_SKIP_MODULES_PATTERN)
+    assert to_q.lora_A["default"].weight.dtype == to_q.lora_B["default"].weight.dtype == fp8
+
+
 def test_gguf_blocks_and_dequantize_on_every_call(monkeypatch):
     """A GGUF `Q8_0` block holds 32 weights in 34 bytes and a `Q4_0` block 32 weights in 18 bytes (8.5 and 4.5 bits per weight); without `DIFFUSERS_GGUF_CUDA_KERNELS=true` a `GGUFLinear` runs `forward_native`, which dequantizes its whole weight inside every forward and calls an ordinary `linear` in `compute_dtype`; the opt-in CUDA path (`_fused_mul_mat_gguf`, run with a stand-in for its kernel) also dequantizes the whole weight, in one kernel call, and multiplies in the input's dtype; and `GGUFQuantizationConfig` is `pre_quantized`: GGUF weights come quantized from the file."""
     gguf = pytest.importorskip("gguf", reason="the verify extra includes gguf")
@@ -250,14 +282,16 @@ def test_torchao_int8_weights_and_activations_run_here(tmp_path, monkeypatch):
 
 
 def test_fp8_activations_and_nunchaku_check_the_gpu(monkeypatch):
-    """`Float8DynamicActivationFloat8WeightConfig()` refuses without a CUDA capability of `(8, 9)` or more (torchao's `_check_hardware_support`), torchao's prototype `NVFP4DynamicActivationNVFP4WeightConfig()` without `sm_100` or more; `NunchakuLiteQuantizer.validate_environment` raises for capability major 9 ("not supported on Hopper"), asks `(10, 0)` for `nvfp4` and `(7, 5)`, Turing, for `int4` (capabilities simulated)."""
+    """`Float8DynamicActivationFloat8WeightConfig()` refuses on this CPU: torchao's `_check_hardware_support` asks for a CUDA capability of `(8, 9)` or more (or an MI300 or XPU); torchao's prototype `NVFP4DynamicActivationNVFP4WeightConfig()` without `sm_100` or more; `NunchakuLiteQuantizer.validate_environment` raises for capability major 9 ("not supported on Hopper"), asks `(10, 0)` for `nvfp4` and `(7, 5)`, Turing, for `int4` (capabilities simulated)."""
     needs_torchao()
     import diffusers.quantizers.nunchaku.nunchaku_quantizer as nunchaku
     from diffusers.quantizers.quantization_config import NunchakuLiteQuantizationConfig
     from torchao.prototype.mx_formats import NVFP4DynamicActivationNVFP4WeightConfig
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, quantize_
 
-    with pytest.raises(AssertionError, match=r"requires CUDA compute capability ≥8\.9"):
+    with pytest.raises(
+        AssertionError, match=r"requires CUDA compute capability ≥8\.9 or MI300\+ or XPU"
+    ):
         quantize_(torch.nn.Linear(32, 32).to(torch.bfloat16), Float8DynamicActivationFloat8WeightConfig())  # fmt: skip
     with pytest.raises(AssertionError, match=r"only supported on sm100\+"):
         quantize_(torch.nn.Linear(64, 64).to(torch.bfloat16), NVFP4DynamicActivationNVFP4WeightConfig())  # fmt: skip
@@ -331,13 +365,15 @@ def test_quant_backend_constructs_only_where_both_libraries_configs_match():
 
 
 def test_quant_mapping_quantizes_with_torchao_but_gguf_raises(tmp_path):
-    """torchao and quanto take `quant_mapping={"transformer": ...}` instead; GGUF does not: with `GGUFQuantizationConfig` in `quant_mapping`, `from_pretrained` raises `TypeError` (its `to_dict()` keeps a `torch.dtype` that `json.dumps` rejects, `modeling_utils.py` L1206), and it quantizes nothing on load anyway: it loads only through `from_single_file` and a `.gguf` file. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping=...))`: with `{"transformer": TorchAoConfig(Int8WeightOnlyConfig())}` every `nn.Linear` of the transformer holds a torchao tensor and the VAE keeps plain parameters; with `{"transformer": GGUFQuantizationConfig(compute_dtype=torch.bfloat16)}` the load raises `TypeError` (quanto is not installed here: not run; that GGUF would quantize nothing on load is read from `gguf_quantizer.py` L95-L106, not run)."""
+    """torchao and quanto (its `QuantoConfig` deprecated in 0.42.1) take `quant_mapping={"transformer": ...}` instead; GGUF and `bfl` do not: with their config in `quant_mapping`, `from_pretrained` raises `TypeError` (its `to_dict()` keeps a `torch.dtype` that `json.dumps` rejects, `modeling_utils.py` L1206), and they quantize nothing on load anyway: both load pre-quantized checkpoints only through `from_single_file` (GGUF from a `.gguf` file). Building a `QuantoConfig` raises a `FutureWarning` (removal in 1.0.0); both `GGUFQuantizationConfig` and `BFLQuantizationConfig` are `pre_quantized`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping=...))`: with `{"transformer": TorchAoConfig(Int8WeightOnlyConfig())}` every `nn.Linear` of the transformer holds a torchao tensor and the VAE keeps plain parameters; with `{"transformer": GGUFQuantizationConfig(compute_dtype=torch.bfloat16)}` or `BFLQuantizationConfig()` the load raises `TypeError` (quanto is not installed here: not run; that GGUF would quantize nothing on load is read from `gguf_quantizer.py` L95-L106, not run)."""
     from diffusers import (
         DiffusionPipeline,
         GGUFQuantizationConfig,
         PipelineQuantizationConfig,
+        QuantoConfig,
         TorchAoConfig,
     )
+    from diffusers.quantizers.quantization_config import BFLQuantizationConfig
 
     needs_torchao()
     from torchao.quantization import Int8WeightOnlyConfig
@@ -355,6 +391,11 @@ def test_quant_mapping_quantizes_with_torchao_but_gguf_raises(tmp_path):
     assert all(type(p) is torch.nn.Parameter for p in pipe.vae.parameters())
     with pytest.raises(TypeError, match="not JSON serializable"):
         load(GGUFQuantizationConfig(compute_dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        load(BFLQuantizationConfig())
+    assert GGUFQuantizationConfig().pre_quantized is BFLQuantizationConfig().pre_quantized is True
+    with pytest.warns(FutureWarning, match="`QuantoConfig` is deprecated and will be removed in version 1.0.0"):  # fmt: skip
+        QuantoConfig(weights_dtype="int8")
 
 
 class _SaysCuda(torch.Tensor):
@@ -987,17 +1028,30 @@ def test_disk_offload_writes_the_files_when_the_hooks_are_installed(tmp_path):
     torch.testing.assert_close(run_four_block_flux(model), reference, rtol=0, atol=1e-6)
 
 
-def test_offload_schedules_in_the_source(monkeypatch):
-    """`FluxPipeline.model_cpu_offload_seq` is `"text_encoder->text_encoder_2->image_encoder->transformer->vae"`, and its default `num_inference_steps` is 28; `enable_model_cpu_offload` hooks the components present in that order with accelerate's `cpu_offload_with_hook`, each handed the previous one's hook, and that hook, before its component's forward, offloads the previous component and moves its own to the execution device; `enable_sequential_cpu_offload` hooks every module that owns parameters with accelerate's `cpu_offload` (tiny pipelines, CPU as the device; the move is shown on the meta device); `use_stream=True` needs an accelerator (a `ValueError` on the CPU); a UNet's `mid_block` is not in a `ModuleList`, so `block_level` keeps it in the group of modules outside the block lists."""
-    import inspect
+def test_flux_pipeline_calls_its_transformer_28_times_by_default():
+    """Flux.1-dev's transformer runs 28 times per image by default: a tiny `FluxPipeline` called without `num_inference_steps` (nor `true_cfg_scale`) calls its transformer 28 times, one call per step, each on a batch of one image (a forward pre-hook counts them; the blocks are replaced by a zero output to keep it fast); with `true_cfg_scale=2` and a negative prompt it makes two calls per step, 56."""
+    pipe, calls = tiny_flux_pipeline(), []
+    pipe.transformer.register_forward_pre_hook(lambda m, args, kwargs: calls.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)  # fmt: skip
+    # only the calls are counted: a zero velocity in place of the blocks keeps 84 calls cheap
+    pipe.transformer.forward = lambda hidden_states, **kwargs: (torch.zeros_like(hidden_states),)
+    text, pooled = flux_prompt_embeds()
+    run = dict(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], height=16, width=16, output_type="latent")  # fmt: skip
+    with torch.no_grad():
+        pipe(**run)
+        assert calls == [1] * 28
+        calls.clear()
+        pipe(**run, negative_prompt_embeds=text[:1], negative_pooled_prompt_embeds=pooled[:1], true_cfg_scale=2.0)  # fmt: skip
+    assert calls == [1] * 56
 
+
+def test_offload_schedules_in_the_source(monkeypatch):
+    """`FluxPipeline.model_cpu_offload_seq` is `"text_encoder->text_encoder_2->image_encoder->transformer->vae"`; `enable_model_cpu_offload` hooks the components present in that order with accelerate's `cpu_offload_with_hook`, each handed the previous one's hook, and that hook, before its component's forward, offloads the previous component and moves its own to the execution device; `enable_sequential_cpu_offload` hooks every module that owns parameters with accelerate's `cpu_offload` (tiny pipelines, CPU as the device; the move is shown on the meta device); `use_stream=True` needs an accelerator (a `ValueError` on the CPU); a UNet's `mid_block` is not in a `ModuleList`, so `block_level` keeps it in the group of modules outside the block lists."""
     import accelerate
     from accelerate.hooks import CpuOffload, UserCpuOffloadHook
     from diffusers import FluxPipeline
     from diffusers.hooks import HookRegistry
 
     assert FluxPipeline.model_cpu_offload_seq == "text_encoder->text_encoder_2->image_encoder->transformer->vae"  # fmt: skip
-    assert inspect.signature(FluxPipeline.__call__).parameters["num_inference_steps"].default == 28
     pipe, chained, original = tiny_flux_pipeline(), [], accelerate.cpu_offload_with_hook
 
     def cpu_offload_with_hook(model, device=None, prev_module_hook=None):

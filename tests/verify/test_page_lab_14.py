@@ -407,6 +407,33 @@ def test_layerwise_casting_stores_fp8_and_computes_in_float32(monkeypatch):
     assert ((y_bf16 - y_ref).norm() / y_ref.norm()).item() < 0.01
 
 
+def test_layerwise_casting_skip_patterns_include_fp32_modules_and_lora():
+    """Its skip patterns (`pos_embed`, `patch_embed`, `norm`, `^proj_in$`, `^proj_out$`, plus the model's `_skip_layerwise_casting_patterns` and `_keep_in_fp32_modules` and, when you pass no patterns and peft is installed, peft's adapter layers such as LoRA's `lora_A` and `lora_B`) are matched with `re.search` against each module's full name: a tiny `Kandinsky5Transformer3DModel` keeps exactly the Linears its `_keep_in_fp32_modules` names in float32, and a LoRA adapter on the tiny Flux transformer's `to_q` stays float32 while its base layer is stored in float8 (with your own `skip_modules_pattern`, the adapter is cast too)."""
+    import re
+
+    from diffusers import Kandinsky5Transformer3DModel
+    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+    from peft import LoraConfig
+    from tiny import four_block_flux_transformer
+
+    fp8 = torch.float8_e4m3fn
+    k5 = Kandinsky5Transformer3DModel(in_text_dim=32, in_text_dim2=16, time_dim=16, model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6))  # fmt: skip
+    keep = type(k5)._keep_in_fp32_modules
+    k5.enable_layerwise_casting(storage_dtype=fp8, compute_dtype=torch.float32)
+    linears = {n: m.weight.dtype for n, m in k5.named_modules() if isinstance(m, torch.nn.Linear)}
+    kept = {n for n in linears if any(re.search(k, n) for k in keep)}
+    assert kept and not any(re.search(d, n) for d in DEFAULT_SKIP_MODULES_PATTERN for n in kept)
+    assert {n for n, dtype in linears.items() if dtype == torch.float32} == kept
+    for patterns in ({}, {"skip_modules_pattern": DEFAULT_SKIP_MODULES_PATTERN}):
+        flux = four_block_flux_transformer()
+        flux.add_adapter(LoraConfig(r=4, target_modules=["to_q"]))
+        flux.enable_layerwise_casting(storage_dtype=fp8, compute_dtype=torch.float32, **patterns)
+        to_q = flux.transformer_blocks[0].attn.to_q
+        assert to_q.base_layer.weight.dtype == fp8
+        lora = {to_q.lora_A["default"].weight.dtype, to_q.lora_B["default"].weight.dtype}
+        assert lora == ({fp8} if patterns else {torch.float32})
+
+
 def test_quantization_backends_of_diffusers():
     """diffusers 0.42.1 maps ten backend names to quantization configs (`AUTO_QUANTIZATION_CONFIG_MAPPING`): `bfl`, `bitsandbytes_4bit`, `bitsandbytes_8bit`, `gguf`, `quanto`, `torchao`, `modelopt`, `auto-round`, `nunchaku_lite` and `sdnq`. Only `gguf`'s and `torchao`'s libraries are part of this project's verify extra (bitsandbytes, optimum-quanto, modelopt, auto-round, sdnq and the `kernels` package Nunchaku needs are not installed)."""
     import importlib.util
@@ -423,7 +450,7 @@ def test_quantization_backends_of_diffusers():
 
 
 def test_quant_backend_constructs_for_three_backends_only():
-    """Through `quant_backend`, with transformers 5.23.0, only `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round` construct: the others raise `ValueError`, because their diffusers and transformers configs take different arguments or transformers lacks them ([`pipe_quant_config.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/quantizers/pipe_quant_config.py#L88-L152)); the others, except GGUF, go through `quant_mapping` (every backend of `AUTO_QUANTIZATION_CONFIG_MAPPING` tried, as installed)."""
+    """Through `quant_backend`, with transformers 5.23.0, only `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round` construct: the others raise `ValueError`, because their diffusers and transformers configs take different arguments or transformers lacks them ([`pipe_quant_config.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/quantizers/pipe_quant_config.py#L88-L152)) (every backend of `AUTO_QUANTIZATION_CONFIG_MAPPING` tried, as installed)."""
     from diffusers import PipelineQuantizationConfig
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
 
@@ -440,13 +467,17 @@ def test_quant_backend_constructs_for_three_backends_only():
 
 
 def test_pipeline_quantization_config_maps_components(tmp_path):
-    """GGUF in `quant_mapping` raises `TypeError` at load (`json.dumps` of its config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); it loads only through `from_single_file`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
+    """GGUF and `bfl` in `quant_mapping` raise `TypeError` at load (`json.dumps` of their config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); both load pre-quantized checkpoints only through `from_single_file`: of the registry's configs that construct here with their defaults, exactly these two fail `json.dumps(config.to_dict())`, are `pre_quantized`, and raise `TypeError` when a saved tiny `FluxPipeline` is loaded with them in `quant_mapping` (the others stop earlier, at a missing package or GPU; that `from_single_file` loads them is read from the source, not run). `QuantoConfig` and its quantizer are deprecated in 0.42.1: building them raises a `FutureWarning`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
+    import contextlib
+    import json
+
     from diffusers import (
         DiffusionPipeline,
         GGUFQuantizationConfig,
         PipelineQuantizationConfig,
         TorchAoConfig,
     )
+    from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
 
     needs_torchao()
     from torchao.quantization import Int8WeightOnlyConfig
@@ -467,6 +498,29 @@ def test_pipeline_quantization_config_maps_components(tmp_path):
 
     with pytest.raises(TypeError, match="not JSON serializable"):
         load(config)
+    unserializable, type_errors = set(), set()
+    for backend, config_class in AUTO_QUANTIZATION_CONFIG_MAPPING.items():  # as installed
+        # quanto is deprecated in 0.42.1: its config and its quantizer say so as they are built
+        deprecated = lambda b=backend: pytest.warns(FutureWarning, match="Quanto.* is deprecated") if b == "quanto" else contextlib.nullcontext()  # noqa: E731  # fmt: skip
+        try:
+            with deprecated():
+                default = config_class()
+        except (TypeError, ValueError, ImportError):  # needs arguments or a package: not built here
+            continue
+        try:
+            json.dumps(default.to_dict())
+        except TypeError:
+            unserializable.add(backend)
+            assert default.pre_quantized is True, backend
+        try:
+            with deprecated():
+                load(default)
+        except TypeError as error:
+            assert "not JSON serializable" in str(error)
+            type_errors.add(backend)
+        except (ImportError, RuntimeError, ValueError):  # its package or a GPU is missing
+            pass
+    assert unserializable == type_errors == {"gguf", "bfl"}
     pipe = load(TorchAoConfig(Int8WeightOnlyConfig()))
     linears = [m for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m.weight).__module__.startswith("torchao") for m in linears)
@@ -685,7 +739,7 @@ def test_nunchaku_refuses_hopper_and_asks_blackwell_for_nvfp4(monkeypatch):
 
 
 def test_torchao_import_logs_warnings_with_diffusers_0421():
-    """With torchao 0.18.0 installed, `from diffusers import FluxTransformer2DModel` prints warnings to stderr (logs, not Python warnings): diffusers 0.42.1's torchao quantizer logs "Unable to import `torchao` Tensor objects", because `_update_torch_safe_globals` looks for `NF4Tensor` and the `Uintx` tensors in `torchao.dtypes`, which 0.18.0 no longer has (it still registers the `torch.uint1`...`uint7` dtypes, and the configs run here never load through those classes), and torchao logs the compiled extensions it cannot load on this CPU machine."""
+    """With torchao 0.18.0 installed, `from diffusers import FluxTransformer2DModel` prints warnings to stderr (logs, not Python warnings): diffusers 0.42.1's torchao quantizer logs "Unable to import `torchao` Tensor objects", because `_update_torch_safe_globals` looks for `NF4Tensor` and the `Uintx` tensors in `torchao.dtypes`, which 0.18.0 no longer has (it still registers the `torch.uint1`...`uint7` dtypes, and the configs run here never load through those classes), and torchao logs the compiled extensions it cannot load on this CPU machine, and torch's `_pytree` logs that registering torchao's enums (`KernelPreference`, `ScaleCalculationMode`) is deprecated."""
     import subprocess
 
     needs_torchao()
@@ -700,6 +754,9 @@ def test_torchao_import_logs_warnings_with_diffusers_0421():
     run = subprocess.run([sys.executable, "-W", "error", "-c", "from diffusers import FluxTransformer2DModel"], capture_output=True, text=True, check=True)  # fmt: skip
     assert "Unable to import `torchao` Tensor objects" in run.stderr
     assert "Failed to load" in run.stderr and run.stdout == ""
+    pytree = [line for line in run.stderr.splitlines() if "_pytree.py" in line]
+    assert all("register_constant() on Enum subclasses is deprecated" in line for line in pytree)
+    assert {e for e in ("KernelPreference", "ScaleCalculationMode") if any(e in line for line in pytree)} == {"KernelPreference", "ScaleCalculationMode"}  # fmt: skip
 
 
 #: Builds diffusers' Nunchaku layer on the meta device with a stand-in `kernels` package
