@@ -154,7 +154,7 @@ def test_unet_and_vae_configs_are_diffusers_conversion_of_the_original_yaml(orig
 
 
 def test_flux_and_sd3_configs_follow_the_reference_parameters():
-    """The Flux.1-dev configs follow from Black Forest Labs' `FluxParams` and `AutoEncoderParams`, and the SD3 Medium transformer's from the checkpoint shapes diffusers recognises it by: diffusers' `infer_diffusers_model_type` names a checkpoint of the counted SD3 Medium shapes `sd3` and one of the counted SD3.5 Large depth `sd35_large`."""
+    """The Flux.1-dev configs follow from Black Forest Labs' `FluxParams` and `AutoEncoderParams`, and the SD3 Medium transformer's from the checkpoint shapes diffusers recognises it by: diffusers' `infer_diffusers_model_type` names a checkpoint of the counted SD3 Medium shapes `sd3` and one of the counted SD3.5 Large depth (38 blocks: diffusers looks for block 37, so 37 blocks would not do) `sd35_large`."""
     import torch
     from diffusers.loaders.single_file_utils import infer_diffusers_model_type
 
@@ -169,6 +169,8 @@ def test_flux_and_sd3_configs_follow_the_reference_parameters():
 
     assert infer_diffusers_model_type(checkpoint(SD3_MEDIUM_TRANSFORMER)) == "sd3"
     assert infer_diffusers_model_type(checkpoint(SD35_LARGE_TRANSFORMER)) == "sd35_large"
+    shallower = {**SD35_LARGE_TRANSFORMER, "num_layers": SD35_LARGE_TRANSFORMER["num_layers"] - 1}
+    assert infer_diffusers_model_type(checkpoint(shallower)) != "sd35_large"
     medium = checkpoint(SD3_MEDIUM_TRANSFORMER)
     assert (
         medium["joint_blocks.0.context_block.adaLN_modulation.1.bias"].shape[-1]
@@ -277,7 +279,7 @@ def test_flux_1024px_taylorseer_share_and_factor_bytes(fresh, recorded):
 
 
 def test_t5_rows_note_the_float32_wo_layers_of_an_fp16_load(fresh, recorded, tmp_path):
-    """Loaded with `dtype=torch.float16`, transformers keeps T5's `wo` weights (`_keep_in_fp32_modules`) in float32 and with `torch.bfloat16` does not (a tiny `T5EncoderModel` saved and reloaded here), so T5-XXL's 1,006,632,960 `wo` weights, counted on the meta device, make its fp16 weights 11.54 GB, not the table's two bytes per weight, as the T5 rows' note says."""
+    """Loaded with `dtype=torch.float16`, transformers keeps T5's `wo` weights (`_keep_in_fp32_modules`) in float32 and with `torch.bfloat16` does not (a tiny `T5EncoderModel` saved and reloaded here), so T5-XXL's 1,006,632,960 `wo` weights, counted on the meta device, make its fp16 weights 11.54 GB, not the table's two bytes per weight, and its pipeline's fp16 total 2.01 GB more than the fp16 / bf16 total row, as the T5 rows' notes say."""
     import torch
     from transformers import T5Config, T5EncoderModel
 
@@ -295,6 +297,28 @@ def test_t5_rows_note_the_float32_wo_layers_of_an_fp16_load(fresh, recorded, tmp
     assert t5_rows and all(
         r["note"] == T5_FP16_NOTE or "see that row" in r["note"] for r in t5_rows
     )
+    # the pipeline totals (SD3 Medium, Flux.1-dev) sum 2 bytes a weight: fp16 adds 2 per `wo`
+    assert all(f"{2 * wo / 1e9:.2f} GB" in r["note"] and "total" in r["note"] for r in t5_rows)
     assert [r["note"] for r in t5_rows] == [
         r["note"] for r in fresh["components"] if r["class"] == "T5EncoderModel"
     ]
+
+
+def test_total_rows_name_what_a_partly_counted_pipeline_leaves_out(recorded):
+    """A pipeline's total row sums only the rows shown: where the table counts no text encoder or no VAE of a pipeline (SD3.5 Large, Qwen-Image, Wan 2.1), a note on its rows names the missing part after "Not in this table or its total:"."""
+    from labkit.model_sizes import markdown_table
+
+    table = markdown_table(None, totals=True)
+    pipelines = dict.fromkeys(r["pipeline"] for r in recorded["components"])
+    partial = []
+    for pipeline in pipelines:
+        rows = [r for r in recorded["components"] if r["pipeline"] == pipeline]
+        names = [r["component"] for r in rows]
+        missing = [part for part, there in [("text encoder", any(n.startswith("text_encoder") for n in names)), ("VAE", "vae" in names)] if not there]  # fmt: skip
+        assert f"| {pipeline} | **total** |" in table
+        if not missing:
+            continue
+        partial.append(pipeline)
+        said = [n.split("Not in this table or its total:", 1)[1] for n in (r.get("note") or "" for r in rows) if "Not in this table or its total:" in n]  # fmt: skip
+        assert len(said) == 1 and all(part in said[0] for part in missing), pipeline
+    assert partial == ["SD3.5 Large", "Qwen-Image", "Wan 2.1 T2V 14B", "Wan 2.1 T2V 1.3B"]

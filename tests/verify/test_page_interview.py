@@ -114,13 +114,16 @@ def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
 
 
 def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_calls):
-    """The exceptions: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every order-2 scheduler, `HeunDiscreteScheduler` among them, 49 at 25.
+    """The exceptions: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every order-2 scheduler the pipeline runs, `HeunDiscreteScheduler` among them, 49 at 25.
 
     Every class in the pipeline's ``scheduler.compatibles`` that the installed extras can
     build runs the pipeline at 4 steps with SD 1.5's settings; the ones that do not make 4 UNet
     calls, one per entry of ``scheduler.timesteps``, are exactly PNDM and the order-2 classes
     (here Heun and the two KDPM2 schedulers; ``DPMSolverSDEScheduler``, also order 2, needs
-    torchsde), and their grids at 25 steps have 26 and 49 entries.
+    torchsde), and their grids at 25 steps have 26 and 49 entries. Every other order-2 class
+    diffusers exports runs at 25 steps in its pipeline (SD3's for flow matching): 49 calls
+    (``FlowMatchHeunDiscreteScheduler``), or none at all when its ``step`` takes another
+    signature (the deprecated ``KarrasVeScheduler``).
     """
     unet, odd, order_2 = record_calls(sd_pipe.unet).calls, {}, set()
     for cls in sd_pipe.scheduler.compatibles:
@@ -140,6 +143,37 @@ def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_call
     # (calls at 4 steps, grid at 25); PNDM's 51 at 50: the test above
     assert odd == {"PNDMScheduler": (5, 26)} | {name: (7, 49) for name in order_2}
     assert "HeunDiscreteScheduler" in order_2
+    import diffusers
+    from tiny import EMBED_DIM, tiny_sd3_pipeline
+
+    runs = {}
+    for name in [name for name in dir(diffusers) if name.endswith("Scheduler")]:
+        try:
+            cls = getattr(diffusers, name)
+            if getattr(cls, "order", None) != 2:
+                continue
+        except ImportError:  # a dummy whose backend is missing (DPMSolverSDE: torchsde)
+            continue
+        if name in order_2:
+            continue
+        scheduler = cls.from_config(SD_SCHEDULER)
+        if hasattr(scheduler, "init_noise_sigma"):
+            pipe, model, embeds = sd_with(sd_pipe, scheduler=scheduler), sd_pipe.unet, {}
+        else:  # flow matching: SD3's pipeline
+            pipe = tiny_sd3_pipeline(scheduler)
+            model = pipe.transformer
+            embeds = dict(prompt_embeds=torch.zeros(1, 10, EMBED_DIM),
+                          pooled_prompt_embeds=torch.zeros(1, 16))  # fmt: skip
+        calls = record_calls(model).calls
+        try:
+            generate(pipe, steps=25, guidance_scale=1.0, **embeds)
+        except TypeError as error:  # its step is not the loop's `step(noise_pred, t, latents)`
+            assert "step()" in str(error), (name, error)
+            runs[name] = None
+            continue
+        runs[name] = (len(calls), len(pipe.scheduler.timesteps))
+    assert runs.get("FlowMatchHeunDiscreteScheduler") == (49, 49), runs
+    assert all(r is None or r == (49, 49) for r in runs.values()), runs
 
 
 def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_calls, calls_of):
@@ -152,34 +186,27 @@ def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_cal
         assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
 
 
-def test_real_sd15_flop_shares_of_loop_and_decode():
-    """Counting FLOPs of SD 1.5's real UNet and VAE at 512 px, the loop is 92.7% of a guided 20-step call, but at 4 steps without guidance the decode is 43.8%: `FlopCounterMode` on one `UNet2DConditionModel` call per row (803.3 GFLOP), one `vae.decode` and one `CLIPTextModel` call per prompt (the calls and rows the tests above count), all built on the meta device from SD 1.5's published configs."""
-    from diffusers import AutoencoderKL
-    from model_configs import CLIP_L_TEXT, SD15_UNET, SD15_VAE
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import CLIPTextConfig, CLIPTextModel
+def test_real_sd15_flop_shares_of_loop_and_decode(sd_pipe, record_calls):
+    """Counting FLOPs (not time) of SD 1.5's real UNet and VAE at 512 px, the loop is 92.7% of a call with 20 guided UNet calls, but with 4 unguided calls the decode is 43.8%: `FlopCounterMode` on one `UNet2DConditionModel` call per row (803.3 GFLOP), one `vae.decode` and one `CLIPTextModel` call per prompt, built on the meta device from SD 1.5's published configs, times the UNet calls and rows `StableDiffusionPipeline.__call__` makes with `DDIMScheduler` at 20 guided and 4 unguided steps (counted on the tiny pipeline); SD 1.5's shipped `PNDMScheduler` makes 21 and 5 calls there, 93.0% and 38.4%."""
+    from sizes import sd15_flops
 
-    with torch.device("meta"):
-        unet, vae = UNet2DConditionModel(**SD15_UNET), AutoencoderKL(**SD15_VAE)
-        text = CLIPTextModel(CLIPTextConfig(**CLIP_L_TEXT))
-        latents, embeds_ = torch.randn(1, 4, 64, 64), torch.randn(1, 77, 768)
-        ids = torch.zeros(1, 77, dtype=torch.long)
+    counted = sd15_flops()  # the real parts on the meta device, one row each
+    row, decode, encode = counted["unet"], counted["decode"], counted["text"]
+    recorded = record_calls(sd_pipe.unet).calls
 
-    def flops(fn):
-        counter = FlopCounterMode(display=False)
-        with torch.no_grad(), counter:
-            fn()
-        return counter.get_total_flops()
-
-    row, decode = flops(lambda: unet(latents, torch.tensor(500.0), embeds_)), flops(lambda: vae.decode(latents))  # fmt: skip
-    encode = flops(lambda: text(ids))
-
-    def shares(steps, rows):  # rows: 2 per image under guidance (prompt and negative prompt)
-        total = steps * rows * row + decode + rows * encode
-        return round(100 * steps * rows * row / total, 1), round(100 * decode / total, 1)
+    def shares(scheduler, steps, guidance_scale):  # the UNet rows the pipeline's own call runs
+        recorded.clear()
+        generate(sd_with(sd_pipe, scheduler=scheduler), steps=steps, guidance_scale=guidance_scale)
+        rows = sum(args[0].shape[0] for args, _ in recorded)  # one image: 2 rows a call if guided
+        prompts = rows // len(recorded)  # text encoder calls: prompt, and negative prompt if guided
+        total = rows * row + decode + prompts * encode
+        return len(recorded), round(100 * rows * row / total, 1), round(100 * decode / total, 1)
 
     assert round(row / 1e9, 1) == 803.3
-    assert shares(20, 2)[0] == 92.7 and shares(4, 1)[1] == 43.8
+    ddim = [DDIMScheduler(**SD_SCHEDULER) for _ in range(2)]
+    assert shares(ddim[0], 20, 7.5)[:2] == (20, 92.7) and shares(ddim[1], 4, 1.0)[::2] == (4, 43.8)
+    pndm = [PNDMScheduler(**SD15_PNDM) for _ in range(2)]
+    assert shares(pndm[0], 20, 7.5)[:2] == (21, 93.0) and shares(pndm[1], 4, 1.0)[::2] == (5, 38.4)
 
 
 def test_images_per_prompt_multiply_unet_rows_not_encoder_rows(text_pipe, record_calls):
@@ -325,17 +352,20 @@ def test_fixed_seed_reproduces_a_generation(sd_pipe):
     assert not torch.allclose(seeded(7), seeded(8))
 
 
-def test_same_seed_in_another_batch_size_differs_in_the_last_bits(sd_pipe):
-    """The same seed in a batch of another size can differ in the last bits, even on the CPU: with `DDIMScheduler` (`eta=0`), the first image of a batch of 2 (generators seeded 7 and 8) is close to, but not bit-identical with, a batch of 1 seeded 7 (torch 2.13.0 CPU kernels)."""
+def test_same_seed_in_another_batch_size_starts_from_the_same_noise(sd_pipe, record_calls):
+    """With one generator per image, the same seed in a batch of another size starts from the same noise but need not end bit-identical, even on the CPU: with `DDIMScheduler` (`eta=0`), the first image of a batch of 2 (generators seeded 7 and 8) enters the first UNet call with latents bit-identical to a batch of 1 seeded 7 and ends within 1e-3 of it; whether its last bits match depends on the CPU's kernels (on torch 2.13.0 with oneDNN on AVX2 they differ by about 2e-5), so the test asserts neither."""
+    unet = record_calls(sd_pipe.unet).calls
 
-    def first(batch):
+    def first(batch):  # (final latents of image 0, its latents entering the first UNet call)
+        unet.clear()
         generators = [torch.Generator().manual_seed(7 + i) for i in range(batch)]
-        return generate(sd_pipe, steps=3, batch=batch, generator=generators)[0]
+        out = generate(sd_pipe, steps=3, batch=batch, generator=generators)[0]
+        return out, unet[0][0][0][0]  # guided rows: [x_0, ..., x_0, ...], DDIM scales by 1
 
-    alone, in_pair = first(1), first(2)
-    torch.testing.assert_close(alone, first(1), rtol=0, atol=0)
+    (alone, start_alone), (in_pair, start_in_pair) = first(1), first(2)
+    torch.testing.assert_close(start_alone, start_in_pair, rtol=0, atol=0)
+    torch.testing.assert_close(alone, first(1)[0], rtol=0, atol=0)
     torch.testing.assert_close(alone, in_pair, rtol=0, atol=1e-3)
-    assert not torch.equal(alone, in_pair)
 
 
 def test_size_mismatches_raise_the_vae_one_only_at_decode(sd_pipe, record_calls):
@@ -394,15 +424,22 @@ def test_add_noise_is_the_closed_form_forward_process():
     torch.testing.assert_close(scheduler.add_noise(x0, noise, timesteps), expected)
 
 
-def test_prediction_type_belongs_to_the_scheduler():
-    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument."""
+def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
+    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so a mismatch raises nothing: the pipeline runs one UNet under `epsilon` and `v_prediction` to different finite latents."""
     assert DDIMScheduler().config.prediction_type == "epsilon"
     with pytest.raises(TypeError, match="prediction_type"):  # raised before any weight is built
         UNet2DConditionModel(prediction_type="v_prediction")
+    config = sd_pipe.scheduler.config
+    assert config.prediction_type == "epsilon"
+    as_v = sd_with(
+        sd_pipe, scheduler=DDIMScheduler.from_config(config, prediction_type="v_prediction")
+    )
+    right, wrong = generate(sd_pipe, guidance_scale=1.0), generate(as_v, guidance_scale=1.0)
+    assert torch.isfinite(wrong).all() and (right - wrong).abs().max() > 0.1
 
 
 def test_euler_and_ddim_scale_the_state_differently():
-    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` starts at `sigmas.max()` and divides the UNet input by `sqrt(sigma ** 2 + 1)`."""
+    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` with `linspace` or `trailing` starts at `sigmas.max()` (with SDXL's `leading` config at 10 steps, 8.45, not 8.39) and divides the UNet input by `sqrt(sigma ** 2 + 1)`."""
     sample = start_latents()
     ddim = DDIMScheduler(**SD_BETAS)
     ddim.set_timesteps(10)
@@ -414,6 +451,14 @@ def test_euler_and_ddim_scale_the_state_differently():
     assert float(euler.init_noise_sigma) == pytest.approx(float(euler.sigmas.max()))
     scaled = euler.scale_model_input(sample, euler.timesteps[0])
     torch.testing.assert_close(scaled, sample / (sigma**2 + 1) ** 0.5)
+    for spacing, offset in [("trailing", 0), ("leading", 1)]:  # leading, 1: SDXL's shipped config
+        other = EulerDiscreteScheduler(timestep_spacing=spacing, steps_offset=offset, **SD_BETAS)
+        other.set_timesteps(10)
+        top = float(other.sigmas.max())
+        if spacing == "trailing":
+            assert float(other.init_noise_sigma) == pytest.approx(top)
+        else:
+            assert round(top, 2) == 8.39 and round(float(other.init_noise_sigma), 2) == 8.45
 
 
 def test_decode_divides_by_the_vae_scaling_factor(sd_pipe, calls_of):
