@@ -7,9 +7,11 @@ and ``image_processor``: the lines of ``StableDiffusionPipeline.__call__`` (diff
 the toy's loop: no guidance at ``guidance_scale <= 1`` (one undoubled batch, the prompt's
 rows alone), ``generator`` and ``eta`` passed on to ``scheduler.step`` (the schedulers that
 draw noise in ``step`` need it), and everything made on ``pipe._execution_device``, as
-``__call__`` does (with model offload it is the accelerator, not ``pipe.device``). Nothing else of ``__call__`` is here: no callbacks, IP-Adapter,
-guidance rescale, safety checker, or ``timestep_cond`` (a UNet with ``time_cond_proj_dim``,
-such as an LCM-distilled one, is not handled).
+``__call__`` does (with model offload it is the accelerator, not ``pipe.device``). Left out of
+``__call__``, among others: callbacks, IP-Adapter, guidance rescale, the safety checker,
+``num_images_per_prompt``, ``clip_skip``, ``cross_attention_kwargs``, passed ``latents`` or
+``prompt_embeds``, and ``timestep_cond`` (a UNet with ``time_cond_proj_dim``, such as an
+LCM-distilled one, is not handled).
 
 ``tests/verify/test_page_lab_17.py`` checks that it returns what ``pipe(...)`` returns with
 ``output_type="np"`` for the same prompt and generator, bit for bit, on a tiny random

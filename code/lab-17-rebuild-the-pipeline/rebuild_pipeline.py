@@ -12,6 +12,7 @@ Check it:  python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --check
 The solution's pipeline() in place of yours:  add --solution (solution.py holds it)
 """
 
+import linecache
 import sys
 from pathlib import Path
 
@@ -203,37 +204,79 @@ CONTRACT = {
     ("scheduler.step", "sample"): (4, 1),
     ("vae.decode", "latents"): (5, 1),
 }
-#: (call, argument) -> (the variable that should hold it, the blank that passes it): when
-#: the argument is wrong but that variable held the right thing at the call, the blank
-#: that passes it is wrong, not the one that computed it (a Spy records your variables)
 #: the call -> the blank whose lines run just before it: at step 1 your latents at these calls
 #: are still the scaled noise, so a change there is that blank's (say blank 1 doubling latents)
 BEFORE = {"scheduler.scale_model_input": 1, "unet": 2, "scheduler.step": 3}
 #: scaling B rows, then doubling, gives the same numbers; the checker follows diffusers' calls
 SCALE_THEN_DOUBLE = " (diffusers doubles, then scales: its convention, which the checker follows)"
+#: (call, argument) -> (the variable that should hold it, the blank that passes it): when
+#: the argument is wrong but that variable held the right thing at the call, the blank
+#: that passes it is wrong, not the one that computed it (a Spy records your variables)
 PASSED_AS = {
     ("scheduler.scale_model_input", "sample"): ("latent_model_input", 2),
     ("scheduler.step", "model_output"): ("noise_pred", 4),
 }
 
 
+#: pipeline function -> the lines of it that its last run executed, in order (the last one
+#: is where it returned): which line left the loop, when a loop stops early
+EXECUTED = {}
+
+
 def run_on_spies(fn):
     """Run pipeline ``fn`` with a fresh scheduler and the shared unet and vae (stateless
     but for the unet's call counter), each wrapped in labkit's Spy, which records the
     arguments of each watched call and each attribute write (passed on to the part), and
-    your array variables at that moment: (calls, image, error)."""
-    calls = []
+    your array variables at that moment: (calls, image, error). The lines ``fn`` runs go
+    to EXECUTED[fn] (a trace on its own frame only)."""
+    calls, executed = [], []
+    EXECUTED[fn] = executed
+
+    def on_line(frame, event, arg):
+        if event in ("line", "return"):
+            executed.append(frame.f_lineno)
+        return on_line
+
+    def on_call(frame, event, arg):
+        return on_line if frame.f_code is fn.__code__ else None
+
     parts = [
         Spy("unet", unet, calls, ["__call__"]),
         Spy("scheduler", make_scheduler(args.scheduler), calls, ["scale_model_input", "step"]),
         Spy("vae", vae, calls, ["decode"]),
     ]
+    previous = sys.gettrace()
+    sys.settrace(on_call)
     try:
         out = fn(*parts, class_labels, negative_class_labels, noise,
                  num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
         return calls, out, None
     except (Exception, KeyboardInterrupt, SystemExit) as error:  # a blank to fill, your code
         return calls, None, error  # failing, exit() or Ctrl-C in it: reported, no traceback
+    finally:
+        sys.settrace(previous)
+
+
+def where_is(fn, line):
+    """``line 147, the for line, outside the blanks``: a line of ``fn`` and its blank."""
+    number = blank_at(fn, line)
+    if number:
+        return f"line {line} (in blank {number})"
+    text = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
+    return f"line {line} ({'the for line, ' if text.startswith('for ') else ''}outside the blanks)"
+
+
+def loop_left_at(fn, call=None):
+    """The line of ``fn`` that ended its loop early: the line that made ``call`` (a decode
+    made in another blank's lines), else the line run just before it (a ``break``, or the
+    ``for`` line running out), or, with no call, the line ``fn`` returned from."""
+    executed = EXECUTED.get(fn, [])
+    if call is None:
+        return executed[-1] if executed else None
+    if blank_at(fn, call.line) not in (None, 5) or call.line not in executed:
+        return call.line
+    first = executed.index(call.line)
+    return executed[first - 1] if first else call.line
 
 
 def describe(value):
@@ -292,8 +335,9 @@ def return_break(image):
     return f"your pipeline() returns {describe(image)}; return the decoded images, {decoded} float64"  # fmt: skip
 
 
-def raised(error, fn):
-    """What ``error`` in your ``fn`` was, and where: its line and the blank it belongs to."""
+def raised(error, fn, calls=()):
+    """What ``error`` in your ``fn`` was, and where: its line and the blank it belongs to,
+    or the part whose call on that line raised (``calls``: the run's recorded calls)."""
     line, number, variables = error_site(error, fn)  # labkit.blanks reads the traceback
     text = " ".join(str(error).split())  # one line, whatever the message
     latents = variables.get("latents", np.zeros(0))
@@ -301,7 +345,14 @@ def raised(error, fn):
         return f"blank 4 is wrong: latents is a {type(latents).__name__}, not an array\nso your pipeline raised {type(error).__name__} at line {line}: {text}"  # fmt: skip
     if line is None:  # raised by the call itself: pipeline()'s parameters were changed
         return f"calling your pipeline() raised {type(error).__name__}: {text} (keep its parameters as the file gives them)"  # fmt: skip
-    where = f"line {line} (in blank {number})" if number else f"line {line}, outside the blanks (a blank's lines end at the first empty line after its # BLANK comment)"  # fmt: skip
+    last = calls[-1] if calls else None
+    in_part = last is not None and last.line == line and last.result is None and not last.method.endswith(" =")  # fmt: skip
+    if number:
+        where = f"line {line} (in blank {number})"
+    elif in_part:  # a given line: the part it calls failed on what the blanks handed it
+        where = f"line {line}, inside {last.method}, which failed on the arguments your blanks gave it"  # fmt: skip
+    else:
+        where = f"line {line}, outside the blanks (a blank's lines end at the first empty line after its # BLANK comment)"  # fmt: skip
     deepest = innermost_line(error, fn.__code__.co_filename)  # a helper of yours that raised
     if deepest and deepest[1] != line:
         where += f", from your {deepest[0]}() at line {deepest[1]}"
@@ -335,7 +386,13 @@ yours = load_solution() if args.solution else pipeline
 image, name = None, type(make_scheduler(args.scheduler)).__name__
 if not (args.check or args.demo_wrong):
     calls, image, error = run_on_spies(yours)
-    broken = contract_break(calls) or (return_break(image) if error is None else None)
+    broken = contract_break(calls)
+    ran = sum(call.method == "unet" for call in calls)  # the unet's line runs once a step
+    if broken is None and error is None and ran < n:  # a break or return in your lines
+        decoded = next((call for call in calls if call.method == "vae.decode"), None)
+        done = sum(call.method == "scheduler.step" for call in calls)
+        broken = f"your loop stopped after {plural(done, 'step')} of {n}, at {where_is(yours, loop_left_at(yours, decoded))}"  # fmt: skip
+    broken = broken or (return_break(image) if error is None else None)
     for text in dict.fromkeys(f"{c.method} warned: {w}" for c in calls for w in c.warnings):
         print(text)  # each warning a part raised, once
     if broken is None and isinstance(error, UnfilledBlankError):
@@ -345,7 +402,7 @@ if not (args.check or args.demo_wrong):
         if broken:
             print(broken)
         if error is not None:
-            print(("then " if broken else "") + raised(error, yours))
+            print(("then " if broken else "") + raised(error, yours, calls))
         if args.guidance_scale <= 1:  # an `if guidance_scale > 1` branch breaks this contract
             print(GUIDE_NOTE)
         print("add --check to compare your blanks with the solution's, call by call")
@@ -373,7 +430,8 @@ if image is not None:
 # each call. It compares the two lists in call order; the first argument that differs
 # names the blank that computed it, or the one that passed it if the variable that should
 # hold it matches. A call yours skips names the blank that owns it; an extra call, or a
-# write to a part's attribute, the blank whose lines made it.
+# write to a part's attribute, the blank whose lines made it; a loop that stops early, the
+# line that left it (a trace of your pipeline()'s own lines records which).
 
 # %%
 # --8<-- [start:check]
@@ -399,6 +457,8 @@ def show(value):
     if not isinstance(value, NUMBERS):
         return describe(value)
     value = np.asarray(value)
+    if value.dtype.kind not in "biufc":  # strings, objects: no values to measure
+        return f"{value.shape} {value.dtype}"
     if value.ndim == 0 or (value.ndim == 1 and value.dtype.kind in "biu"):
         return f"{value.shape} {value.dtype} {np.array2string(value, threshold=20)}"
     if value.size == 0:  # e.g. a slice past the batch: no values to describe
@@ -425,7 +485,12 @@ def first_difference(yours, reference, complete=True, fn=None):
     for k, ref in enumerate(reference[: None if complete else len(yours)]):
         mine = yours[k] if k < len(yours) else None
         if mine is None:
-            return CALL_OF.get(ref.method), step, f"the solution calls {ref.method} here; yours makes no further call"  # fmt: skip
+            said = f"the solution calls {ref.method} here; yours makes no further call"
+            line = loop_left_at(fn) if fn else None  # where your pipeline() returned
+            if line:  # from inside its loop, or after it but before decoding: that line's blank
+                stopped = f"your loop stopped after {plural(step - 1, 'step')} of {n}" if step <= n else "your pipeline() returned"  # fmt: skip
+                return blank_at(fn, line), step, f"{stopped}, at {where_is(fn, line)}: {said}"
+            return CALL_OF.get(ref.method), step, said
         if mine.method != ref.method:
             said = f"the solution calls {ref.method} here; yours {did(mine)}"
             made_in = blank_at(fn, mine.line) if fn else None  # the blank whose lines made it
@@ -433,8 +498,11 @@ def first_difference(yours, reference, complete=True, fn=None):
             if mine.method == following:  # yours makes the solution's next call: it skipped one
                 number = CALL_OF.get(ref.method) or made_in or CALL_OF.get(mine.method)
                 return number, step, f"{said}, skipping {ref.method}"
-            if mine.method == "vae.decode":  # decoded mid-loop: the loop stopped, blank 4 ends it
-                return 4, step, f"your loop stopped after {plural(step - 1, 'step')} of {n}: {said}"  # fmt: skip
+            if mine.method == "vae.decode":  # decoded mid-loop: the line that left the loop
+                line = loop_left_at(fn, mine) if fn else None
+                at = f", at {where_is(fn, line)}" if line else ""
+                number = blank_at(fn, line) if line else 4
+                return number, step, f"your loop stopped after {plural(step - 1, 'step')} of {n}{at}: {said}"  # fmt: skip
             return made_in or CALL_OF.get(mine.method), step, said  # an extra call: who made it
         for (method, arg), (number, what) in BOUNDARIES.items():
             if method != ref.method:
@@ -484,6 +552,12 @@ def first_difference(yours, reference, complete=True, fn=None):
     return None
 
 
+def gap(a, b):
+    """max |a - b|, without a warning of the checker's own when yours holds inf or NaN."""
+    with np.errstate(all="ignore"):
+        return np.abs(a - b).max()
+
+
 def did(call):
     """What your pipeline did in ``call``: ``calls unet``, or ``sets scheduler.sigmas``, a
     write the Spy passed on to the part (the solution writes no part's attribute)."""
@@ -502,14 +576,15 @@ def check(fn, label):
         sys.exit("interrupted while the solution ran")  # one line, exit 1
     assert ref_error is None, ref_error  # the solution runs, or the lab is broken
     calls, image, error = run_on_spies(fn)
-    found = first_difference(calls, ref_calls, complete=error is None, fn=fn)
+    with np.errstate(all="ignore"):  # your inf or NaN: compared, not warned about here
+        found = first_difference(calls, ref_calls, complete=error is None, fn=fn)
     if found is None and isinstance(error, UnfilledBlankError):
         print(unfilled(error))
         if calls:
             print(f"the {plural(len(calls), 'call')} your pipeline made before it {'matches' if len(calls) == 1 else 'match'} the solution's")  # fmt: skip
         return True
     if found is None and error is not None:  # your own code failed, between two calls
-        print(raised(error, fn))
+        print(raised(error, fn, calls))
         if calls:
             print(f"the {plural(len(calls), 'call')} before it {'matches' if len(calls) == 1 else 'match'} the solution's")  # fmt: skip
         return False
@@ -519,7 +594,7 @@ def check(fn, label):
     if found is None:
         steps = sum(call.method == "scheduler.step" for call in calls)
         print(f"all 5 blanks match: {plural(len(calls), 'call')} compared ({plural(steps, 'step')}), the same arguments in the same order")  # fmt: skip
-        print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
+        print(f"images: max |yours - solution| {gap(image, ref_image):.3g}")
         return same(image, ref_image)
     number, step, message = found
     where = "after the loop" if step > n else f"step {step} of {n}"
@@ -528,11 +603,11 @@ def check(fn, label):
     warned = {f"{call.method} warned: {text}": None for call in calls for text in call.warnings}
     print("".join(f"{line}\n" for line in warned), end="")  # each once, in order
     if error is not None:
-        print(f"then {raised(error, fn)}")
+        print(f"then {raised(error, fn, calls)}")
     elif return_break(image):  # a wrong batch or shape: no difference to print
         print(return_break(image))
     elif image is not None:
-        print(f"images: max |yours - solution| {np.abs(image - ref_image).max():.3g}")
+        print(f"images: max |yours - solution| {gap(image, ref_image):.3g}")
     if args.guidance_scale <= 1:
         print(GUIDE_NOTE)
     return False

@@ -51,6 +51,50 @@ def run_copy(tmp_path, source, *argv, name="rebuild_pipeline.py"):
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def checker():
+    """rebuild_pipeline.py run in this process with --solution, once per scheduler: its
+    check(), load_function and parts, to judge many fills without a subprocess each."""
+    import runpy
+
+    runs = {}
+
+    def get(scheduler="euler"):
+        if scheduler not in runs:
+            old, sys.argv = (
+                sys.argv,
+                ["rebuild_pipeline.py", "--solution", "--scheduler", scheduler],
+            )
+            try:
+                runs[scheduler] = runpy.run_path(str(ROOT / READER), run_name="__main__")
+            finally:
+                sys.argv = old
+        return runs[scheduler]
+
+    return get
+
+
+def check_fill(checker, tmp_path, capsys, old, new, scheduler="euler"):
+    """The checker's verdict on a copy of solution.py, mine.py, with ``old`` replaced by
+    ``new`` in its pipeline(), judged in this process: (passed, stdout, stderr, the copy)."""
+    solution = text("solution.py")
+    body = pipeline_of(solution)
+    assert body.count(old) == 1, old
+    source = solution.replace(body, body.replace(old, new))
+    path = tmp_path / "mine.py"
+    path.write_text(source, encoding="utf-8")
+    g = checker(scheduler)
+    capsys.readouterr()
+    passed = g["check"](g["load_function"](path, "pipeline"), "pipeline() of mine.py")
+    out = capsys.readouterr()
+    return passed, out.out, out.err, source
+
+
+def line_of(source, statement):
+    """The 1-based line of ``source`` that holds ``statement``, stripped."""
+    return [line.strip() for line in source.splitlines()].index(statement) + 1
+
+
 def test_the_two_pipelines_differ_only_on_the_blank_lines():
     """The reader's pipeline() is the solution's with each blank's line(s) replaced by blank(n)."""
     reader = pipeline_of(text("rebuild_pipeline.py")).splitlines()
@@ -152,15 +196,93 @@ def test_the_checker_passes_the_solution(run_cli, scheduler):
     assert "images: max |yours - solution| 0\n" in run.stdout
 
 
-def test_a_missing_call_names_the_blank_that_owns_it_and_a_loop_that_stops_says_so(tmp_path):
-    """A step left out names blank 4 (its owner), not blank 2 or 5 whose call came next; a
-    decode in the middle of the loop says where the loop stopped and names blank 4."""
-    run = run_copy(tmp_path, filled(".prev_sample\n", ".prev_sample\n        break\n"), "--check")
-    assert "blank 4 differs from the solution (step 2 of 20)" in run.stdout, run.stdout
-    assert "your loop stopped after 1 step of 20: " in run.stdout
-    source = filled("scheduler.step(noise_pred, t, latents).prev_sample", "noise_pred")
-    run = run_copy(tmp_path, source, "--check")
-    assert "yours calls scheduler.scale_model_input, skipping scheduler.step" in run.stdout
+def test_a_missing_call_names_the_blank_that_owns_it(checker, tmp_path, capsys):
+    """A step left out names blank 4 (its owner), not blank 2 or 5 whose call came next."""
+    old = "scheduler.step(noise_pred, t, latents).prev_sample"
+    _, out, _, _ = check_fill(checker, tmp_path, capsys, old, "noise_pred")
+    assert "blank 4 differs from the solution (step 1 of 20)" in out, out
+    assert "yours calls scheduler.scale_model_input, skipping scheduler.step" in out
+
+
+GUIDE = "        noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)\n"  # fmt: skip
+DOUBLE = "    prompt_embeds = np.concatenate([negative_prompt_embeds, prompt_embeds])\n"
+#: loops that stop early: (id, old, new, the statement that ends the loop, the verdict's
+#: first line, where the message puts that statement)
+STOPPED = [
+    ("break in blank 4", ".prev_sample\n", ".prev_sample\n        break\n", "break",
+     "blank 4 differs from the solution (step 2 of 20)", "loop stopped after 1 step of 20, at line {} (in blank 4)"),
+    ("break in blank 3", GUIDE, GUIDE + "        if t < 500:\n            break\n", "break",
+     "blank 3 differs from the solution (step 11 of 20)", "loop stopped after 10 steps of 20, at line {} (in blank 3)"),
+    ("return in blank 4", ".prev_sample\n", ".prev_sample\n        return latents\n", "return latents",
+     "blank 4 differs from the solution (step 2 of 20)", "loop stopped after 1 step of 20, at line {} (in blank 4)"),
+    ("decode in blank 1", DOUBLE, DOUBLE + "    return vae.decode(latents / vae.config.scaling_factor)\n",
+     "return vae.decode(latents / vae.config.scaling_factor)",
+     "blank 1 differs from the solution (step 1 of 20)", "loop stopped after 0 steps of 20, at line {} (in blank 1)"),
+    ("return after the last step", ".prev_sample\n", ".prev_sample\n        if t == scheduler.timesteps[-1]:\n            return latents\n",
+     "return latents", "blank 4 differs from the solution (after the loop)", "pipeline() returned, at line {} (in blank 4)"),
+    ("the for line", "for t in scheduler.timesteps:", "for t in scheduler.timesteps[:5]:", "for t in scheduler.timesteps[:5]:",
+     "a line outside the blanks differs from the solution (step 6 of 20)", "loop stopped after 5 steps of 20, at line {} (the for line, outside the blanks)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("old, new, statement, verdict, where", [v[1:] for v in STOPPED], ids=[v[0] for v in STOPPED])  # fmt: skip
+def test_a_loop_that_stops_early_is_named_by_the_line_that_left_it(checker, tmp_path, capsys, old, new, statement, verdict, where):  # fmt: skip
+    """A break or return, in any blank, or a shortened for line: the checker names the line
+    that left the loop and its blank (or says it is outside the blanks), not blank 4, 2 or 5,
+    whose calls are the ones missing."""
+    passed, out, err, source = check_fill(checker, tmp_path, capsys, old, new)
+    assert not passed and err == "", out + err
+    lines = out.splitlines()
+    assert lines[1] == verdict + ":", out
+    assert f"your {where.format(line_of(source, statement))}" in lines[2], out
+
+
+def test_the_plain_run_names_the_line_of_a_loop_that_never_ran(tmp_path):
+    """A return in blank 1, before the loop: the plain run names that line and blank in one
+    line and exits 1 (it once divided by the unet's zero calls, with a traceback)."""
+    source = filled(DOUBLE, DOUBLE + "    return vae.decode(latents / vae.config.scaling_factor)\n")
+    run = run_copy(tmp_path, source)
+    assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
+    line = line_of(source, "return vae.decode(latents / vae.config.scaling_factor)")
+    assert (
+        run.stdout.splitlines()[0]
+        == f"your loop stopped after 0 steps of 20, at line {line} (in blank 1)"
+    )
+
+
+#: arguments that are arrays but not numbers, and what the checker shows of them
+NOT_NUMBERS = [
+    ("[negative_prompt_embeds, prompt_embeds])", "[negative_prompt_embeds, prompt_embeds]).astype(str)", "(16,) <U21"),
+    ("np.concatenate([latents] * 2)", "np.array([None] * 16)", "(16,) object"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("old, new, shown", NOT_NUMBERS, ids=["strings", "objects"])
+def test_an_array_of_strings_or_objects_is_described_without_a_traceback(checker, tmp_path, capsys, old, new, shown):  # fmt: skip
+    """--check on condition rows of strings, or latents of None: blank 1 named and the array
+    described by shape and dtype (the checker's show() once raised on np.abs of them); the
+    unet that fails on them is named as the part that failed, not as an empty line in a blank."""
+    passed, out, err, source = check_fill(checker, tmp_path, capsys, old, new)
+    assert not passed and err == "", out + err
+    assert out.splitlines()[1] == "blank 1 differs from the solution (step 1 of 20):", out
+    assert f"  yours:    {shown}\n" in out
+    line = next(k for k, text in enumerate(source.splitlines(), 1) if "= unet(" in text)
+    assert (
+        f"at line {line}, inside unet, which failed on the arguments your blanks gave it" in out
+    ), out
+    assert "outside the blanks" not in out
+
+
+def test_an_inf_of_yours_is_compared_without_a_warning_from_the_checker(checker, tmp_path, capsys):  # fmt: skip
+    """Blank 5 dividing by 0.0: the learner's own line warns (Python names it); the checker's
+    comparisons of inf and NaN raise no warning of their own."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        passed, out, _, _ = check_fill(checker, tmp_path, capsys, "latents / vae.config.scaling_factor", "latents / 0.0")  # fmt: skip
+    assert not passed and "blank 5 differs from the solution (after the loop)" in out, out
+    assert [w.filename for w in caught] == [str(tmp_path / "mine.py")], [(w.filename, str(w.message)) for w in caught]  # fmt: skip
 
 
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
@@ -296,11 +418,12 @@ WRONG = [
 
 
 @pytest.mark.parametrize("old, new, scheduler, number", WRONG, ids=lambda v: str(v)[:24])
-def test_the_checker_names_the_wrong_blank(tmp_path, old, new, scheduler, number):
-    run = run_copy(tmp_path, filled(old, new), "--check", "--scheduler", scheduler)
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "Traceback" not in run.stderr and run.stderr == ""
-    assert f"blank {number} differs from the solution" in run.stdout, run.stdout
+def test_the_checker_names_the_wrong_blank(checker, tmp_path, capsys, old, new, scheduler, number):  # fmt: skip
+    """Judged in this process (check() fails, as --check then exits 1); the odd inputs below
+    run the reader's way, as subprocesses."""
+    passed, out, err, _ = check_fill(checker, tmp_path, capsys, old, new, scheduler)
+    assert not passed and err == "", out + err
+    assert f"blank {number} differs from the solution" in out, out
 
 
 #: odd learner inputs, per blank: (id, old, new, blank). Each breaks the contract between

@@ -6,14 +6,16 @@ blanks filled, written against a pipeline's own parts (``encode_prompt``, ``unet
 it on a tiny random StableDiffusionPipeline with a real CLIP tokenizer and text encoder
 (``tiny.py``) and compare it with ``pipe(...)`` for the same prompt and generator, over
 four schedulers and three guidance scales; then they plant each blank's classic mistake in
-a copy of it and show that the output changes. The last tests call the schedulers the page
-names: what ``step`` returns, Euler's warning when ``scale_model_input`` was skipped, the
-device the loop makes its tensors on, and the order ControlNet's guess mode and IP-Adapter
-read a doubled batch in.
+a copy of it and show that the output changes. Spies on ``pipe(...)`` record what its own
+loop hands ``scale_model_input``, the UNet, ``step`` and ``vae.decode`` each step, and what
+SD3's loop does instead. The last tests call the schedulers the page names: what ``step``
+returns, Euler's warning when ``scale_model_input`` was skipped, the device the loop makes
+its tensors on, and the order ControlNet's guess mode and IP-Adapter read a doubled batch in.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import numpy as np
@@ -107,9 +109,78 @@ def test_guidance_scale_zero_is_the_prompt_alone_not_the_unconditional_image(pip
     ids=["1 order", "2 scale_model_input", "3 guidance sign", "4 x0 carried", "5 scaling_factor"],
 )
 def test_each_blanks_classic_mistake_changes_the_real_pipelines_output(pipe, edit):
-    """Each of the five blanks matters in the real pipeline with Euler: its classic mistake (swapped order, no scale_model_input, flipped guidance sign, pred_original_sample carried, no division by scaling_factor) changes the images."""
+    """Each of the five blanks matters on the real pipeline's parts with Euler: its classic mistake (swapped order, no scale_model_input, flipped guidance sign, pred_original_sample carried, no division by scaling_factor) changes the images."""
     pipe = with_scheduler(pipe, "EulerDiscreteScheduler")
     assert abs(rebuilt(pipe, edit) - real(pipe)).max() > 1e-3
+
+
+def record(monkeypatch, owner, name, seen, arg):
+    """Wrap ``owner.name`` (signature kept: prepare_extra_step_kwargs reads step's) so that
+    each call appends (name, its argument number ``arg``, cloned) to ``seen``."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def spy(*args, **kwargs):
+        seen.append((name, args[arg].detach().clone()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_call_doubles_the_latents_then_scales_them_each_step(pipe, scheduler, monkeypatch):
+    """StableDiffusionPipeline.__call__ at guidance_scale 7.5 doubles the latents first, then scales them: with DDIM, Euler, Euler Ancestral and DDPM, each step calls scale_model_input on the 2B rows torch.cat([latents] * 2) of the latents that step then gets, the UNet on 2B rows and step on B, and after the loop vae.decode once on B rows."""
+    pipe, seen = with_scheduler(pipe, scheduler), []
+    record(monkeypatch, pipe.scheduler, "scale_model_input", seen, 0)
+    record(monkeypatch, pipe.scheduler, "step", seen, 2)  # step(noise_pred, t, latents)
+    record(monkeypatch, pipe.vae, "decode", seen, 0)
+    hook = pipe.unet.register_forward_pre_hook(lambda m, args: seen.append(("unet", args[0])))
+    try:
+        real(pipe)
+    finally:
+        hook.remove()
+    B = len(PROMPTS)
+    assert [(name, len(x)) for name, x in seen] == [("scale_model_input", 2 * B), ("unet", 2 * B), ("step", B)] * STEPS + [("decode", B)]  # fmt: skip
+    for k in range(STEPS):  # the scaled input is the doubled latents that step gets, scaled
+        doubled, latents = seen[3 * k][1], seen[3 * k + 2][1]
+        torch.testing.assert_close(doubled, torch.cat([latents] * 2), rtol=0, atol=0)
+
+
+def test_sd3_scales_nothing_and_decodes_with_shift_factor(monkeypatch):
+    """Not every text-to-image pipeline runs this loop: StableDiffusion3Pipeline.__call__ gives its transformer the doubled latents unscaled (its FlowMatchEulerDiscreteScheduler has no scale_model_input) and decodes latents / scaling_factor + shift_factor (SD3's VAE factors, run on a tiny SD3 pipeline)."""
+    from tiny import dit_embeds, tiny_sd3_pipeline_16ch
+
+    pipe, seen = tiny_sd3_pipeline_16ch(), []
+    step = pipe.scheduler.step
+
+    @functools.wraps(step)
+    def stepped(*args, **kwargs):  # the latents step gets, and the prev_sample it returns
+        out = step(*args, **kwargs)
+        seen.append(("step", args[2].clone(), out[0].clone()))
+        return out
+
+    monkeypatch.setattr(pipe.scheduler, "step", stepped)
+    record(monkeypatch, pipe.vae, "decode", seen, 0)
+    hook = pipe.transformer.register_forward_hook(
+        lambda m, args, kwargs, out: seen.append(("transformer", kwargs["hidden_states"])), with_kwargs=True
+    )  # fmt: skip
+    (text, pooled), (negative, negative_pooled) = dit_embeds(1), dit_embeds(2)
+    try:
+        pipe(
+            prompt_embeds=text, pooled_prompt_embeds=pooled, negative_prompt_embeds=negative,
+            negative_pooled_prompt_embeds=negative_pooled, guidance_scale=GUIDANCE,
+            num_inference_steps=2, height=16, width=16, output_type="np",
+        )  # fmt: skip
+    finally:
+        hook.remove()
+    assert [call[0] for call in seen] == ["transformer", "step"] * 2 + ["decode"]
+    assert not hasattr(pipe.scheduler, "scale_model_input")
+    for k in range(2):  # the transformer's input: the step's latents doubled, nothing scaled
+        torch.testing.assert_close(seen[2 * k][1], torch.cat([seen[2 * k + 1][1]] * 2), rtol=0, atol=0)  # fmt: skip
+    config, last, decoded = pipe.vae.config, seen[-2][2], seen[-1][1]
+    assert config.shift_factor != 0
+    torch.testing.assert_close(decoded, last / config.scaling_factor + config.shift_factor, rtol=0, atol=0)  # fmt: skip
+    assert (decoded - last / config.scaling_factor).abs().min() > 0  # not the SD 1.x decode
 
 
 def test_euler_step_warns_when_scale_model_input_was_skipped(pipe):
