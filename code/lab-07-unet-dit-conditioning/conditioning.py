@@ -338,7 +338,7 @@ head_out = np.random.default_rng(args.seed + 1).standard_normal(  # own stream
     (1, (latent_hw // p) ** 2, p * p * 8), dtype=np.float32
 )
 noise_pred, variance = np.split(dit_unpatchify(head_out, latent_hw, latent_hw, p), 2, axis=1)
-print(f"DiT-XL/2 head: tokens {head_out.shape} (p*p*2C, C = 4) -> noise_pred {noise_pred.shape}"
+print(f"DiT-XL/{p} head: tokens {head_out.shape} (p*p*2C, C = 4) -> noise_pred {noise_pred.shape}"
       f" + learned variance {variance.shape}")  # fmt: skip
 print(f"  (C, p, p) order would misplace it: "
       f"{not np.array_equal(unpatchify(head_out, latent_hw, latent_hw, p), dit_unpatchify(head_out, latent_hw, latent_hw, p))}")  # fmt: skip

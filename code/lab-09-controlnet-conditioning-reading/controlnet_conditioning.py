@@ -88,7 +88,8 @@ print(f"latents {latents.shape} {latents.dtype}, controlnet_cond {controlnet_con
 # ## 2. The base denoiser with additive skip residuals
 #
 # `UNet2DConditionModel.forward` collects `down_block_res_samples` (the `conv_in`
-# output, then every down-block output), adds `down_block_additional_residuals[i]`
+# output, then every resnet and downsampler output of the down blocks: 12 in SD 1.5;
+# here each down block is one matrix, one skip), adds `down_block_additional_residuals[i]`
 # to the i-th of them and `mid_block_additional_residual` to the mid-block output,
 # and only then runs the up blocks, which consume the skips in reverse.
 

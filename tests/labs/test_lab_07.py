@@ -62,6 +62,7 @@ def test_printed_token_count(run_lab, resolution, patch):
     n = (resolution // 8 // patch) ** 2
     assert g["patch_tokens"].shape[1] == n
     assert f"= {n} tokens" in g["__stdout__"]
+    assert f"DiT-XL/{patch} head: tokens (1, {n}, {patch * patch * 8})" in g["__stdout__"]
 
 
 def test_adaln_zero_block_is_identity_at_init(lab):

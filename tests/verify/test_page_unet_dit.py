@@ -189,7 +189,7 @@ def test_sd3_pooled_projections_join_the_timestep_and_text_is_projected():
 
 
 def test_sd3_updates_the_text_tokens_block_by_block(monkeypatch):
-    """In SD3, each `JointTransformerBlock` attends over `T_img + T_txt` tokens and returns new text tokens that the next block receives, unlike a UNet's `attn2`; the last block is `context_pre_only` and updates only the image tokens."""
+    """In SD3, each `JointTransformerBlock` attends over `T_img + T_txt` tokens and returns new text tokens that the next block receives, unlike a UNet's `attn2`; the last block is `context_pre_only` and updates only the image tokens, and its text stream's norm (`AdaLayerNormContinuous`) returns no gate: adaLN-Zero drives its image stream only."""
     import torch.nn.functional as F  # noqa: N812
 
     model = sd3(num_layers=3)
@@ -206,6 +206,12 @@ def test_sd3_updates_the_text_tokens_block_by_block(monkeypatch):
         )
         for b in model.transformer_blocks
     ]
+    context_norm = []  # what each block's text-stream norm returns in the forward
+    handles += [
+        b.norm1_context.register_forward_hook(lambda m, a, k, o: context_norm.append(o),
+                                              with_kwargs=True)
+        for b in model.transformer_blocks
+    ]  # fmt: skip
     with torch.no_grad():
         model(
             hidden_states=torch.randn(1, 4, 8, 8),
@@ -220,6 +226,9 @@ def test_sd3_updates_the_text_tokens_block_by_block(monkeypatch):
     assert not torch.allclose(received[1], received[2])
     flags = [b.context_pre_only for b in model.transformer_blocks]
     assert flags == [False, False, True]
+    assert [isinstance(o, tuple) and len(o) == 5 for o in context_norm] == [True, True, False]
+    assert isinstance(context_norm[2], torch.Tensor)  # normalised text only: no shift, gate
+    assert type(model.transformer_blocks[-1].norm1_context).__name__ == "AdaLayerNormContinuous"
     last = model.transformer_blocks[-1]
     with torch.no_grad():
         text_out, _ = last(hidden_states=torch.randn(1, 16, 16), encoder_hidden_states=received[2],
@@ -575,6 +584,47 @@ def test_pixart_also_returns_2c_channels_and_its_pipelines_drop_the_variance(pip
     assert latents.shape == (1, 4, 8, 8)
 
 
+def test_hunyuandit_also_returns_2c_channels_and_its_pipeline_drops_the_variance():
+    """Some transformers, such as DiT-XL/2, PixArt and HunyuanDiT, return twice the latents' channels, a learned variance their pipelines drop: `HunyuanDiT2DModel` defaults to `learn_sigma=True` (`out_channels = 2C`), and `HunyuanDiTPipeline.__call__` hands `scheduler.step` only the first `C` (examples, not a list)."""
+    from diffusers import AutoencoderKL, DDPMScheduler, HunyuanDiT2DModel, HunyuanDiTPipeline
+
+    torch.manual_seed(0)
+    transformer = HunyuanDiT2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=2, sample_size=8,
+        patch_size=2, hidden_size=16, cross_attention_dim=16, cross_attention_dim_t5=16,
+        pooled_projection_dim=8, text_len=4, text_len_t5=4,
+    ).eval()  # learn_sigma left at its default  # fmt: skip
+    assert transformer.config.learn_sigma and transformer.out_channels == 8
+    # the pipeline sizes its rotary grid with height // 8, so the VAE must downsample by 8;
+    # output_type="latent": the VAE never runs
+    vae = AutoencoderKL(
+        block_out_channels=(4,) * 4, down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=2, layers_per_block=1,
+    )  # fmt: skip
+    pipe = HunyuanDiTPipeline(
+        vae=vae, text_encoder=None, tokenizer=None, transformer=transformer,
+        scheduler=DDPMScheduler(), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    predicted, stepped, step = [], [], pipe.scheduler.step
+    handle = transformer.register_forward_hook(lambda m, a, out: predicted.append(out[0]))
+    pipe.scheduler.step = lambda out, t, x, **k: stepped.append(out) or step(out, t, x, **k)
+    g = torch.Generator().manual_seed(0)
+    latents = pipe(prompt_embeds=torch.randn(1, 4, 16, generator=g),
+                   prompt_attention_mask=torch.ones(1, 4),
+                   prompt_embeds_2=torch.randn(1, 4, 16, generator=g),
+                   prompt_attention_mask_2=torch.ones(1, 4), guidance_scale=1.0,
+                   num_inference_steps=2, height=64, width=64, use_resolution_binning=False,
+                   output_type="latent").images  # fmt: skip
+    handle.remove()
+    assert len(predicted) == len(stepped) == 2
+    for full, used in zip(predicted, stepped, strict=True):
+        assert full.shape == (1, 8, 8, 8) and used.shape == (1, 4, 8, 8)
+        torch.testing.assert_close(used, full[:, :4])
+    assert latents.shape == (1, 4, 8, 8)
+
+
 def test_flux_pack_and_unpack_latents_are_exact_inverses():
     """`FluxPipeline._pack_latents` turns latents `(B, 16, h, w)` into `(B, (h/2)(w/2), 64)` tokens, row by row, each holding one 2 x 2 patch ordered (channel, row, column); `_unpack_latents(packed, H, W, vae_scale_factor)` gives back `(B, 16, H/8, W/8)` exactly."""
     from diffusers import FluxPipeline
@@ -652,7 +702,7 @@ def test_sd3_position_table_is_a_hard_resolution_ceiling():
 
 
 def test_qk_norm_is_rms_norm_on_queries_and_keys():
-    """Flux's attention normalises queries and keys per head with an RMSNorm (`torch.nn.RMSNorm` as `norm_q`, `norm_k`, and `norm_added_q`, `norm_added_k` for the text stream) before the dot product; `SD3Transformer2DModel` does so (diffusers' `RMSNorm`) only with `qk_norm="rms_norm"` (SD3.5's setting) and has no QK-norm by default (SD3 Medium)."""
+    """Flux's attention normalises queries and keys per head with an RMSNorm (`torch.nn.RMSNorm` as `norm_q`, `norm_k`, and `norm_added_q`, `norm_added_k` for the text stream) before the dot product; `SD3Transformer2DModel` normalises them only when built with a `qk_norm`: diffusers' `RMSNorm` with `"rms_norm"` (SD3.5's setting), `LayerNorm` with `"layer_norm"`, and no QK-norm by default (SD3 Medium)."""
     from diffusers import SD3Transformer2DModel
     from diffusers.models.normalization import RMSNorm
 
@@ -692,6 +742,14 @@ def test_qk_norm_is_rms_norm_on_queries_and_keys():
         pooled_projection_dim=16, pos_embed_max_size=16, qk_norm="rms_norm",
     )  # fmt: skip
     seen = normed_in_forward(sd35, run_sd3, names, RMSNorm)
+    assert {n for n, _ in seen} == names and {d for _, d in seen} == {8}
+    torch.manual_seed(0)
+    layer_normed = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16,
+        pooled_projection_dim=16, pos_embed_max_size=16, qk_norm="layer_norm",
+    )  # fmt: skip
+    seen = normed_in_forward(layer_normed, run_sd3, names, torch.nn.LayerNorm)
     assert {n for n, _ in seen} == names and {d for _, d in seen} == {8}
 
 
@@ -747,10 +805,19 @@ def test_flux_dev_takes_guidance_scale_as_an_input_in_one_pass():
              negative_pooled_prompt_embeds=torch.zeros(1, DIT_TEXT), true_cfg_scale=2.0,
              height=16, width=16, num_inference_steps=2, output_type="latent")  # fmt: skip
     assert len(calls) == 4 and all(k["hidden_states"].shape[0] == 1 for k in calls)
+    negative = dict(negative_prompt_embeds=torch.zeros(1, DIT_TOKENS, DIT_TEXT),
+                    negative_pooled_prompt_embeds=torch.zeros(1, DIT_TEXT))  # fmt: skip
+    for extra in ({**negative, "true_cfg_scale": 1.0}, {"true_cfg_scale": 2.0}):
+        calls.clear()  # a negative prompt at true_cfg_scale 1, or true_cfg_scale 2 without one
+        with torch.no_grad():
+            pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT),
+                 pooled_prompt_embeds=torch.randn(1, DIT_TEXT), height=16, width=16,
+                 num_inference_steps=2, output_type="latent", **extra)  # fmt: skip
+        assert len(calls) == 2, extra.keys()
 
 
 def test_fused_backends_and_what_the_unfused_math_path_holds():
-    """Fused kernels include PyTorch SDPA's flash, memory-efficient and cuDNN backends: torch's `SDPBackend` lists these three beside the unfused `MATH`, `ERROR` and `OVERRIDEABLE` (torch's overridable backend for extensions, `_scaled_dot_product_fused_attention_overrideable`). The math backend holds the scores and the softmax as two `N x N` tensors per head, in fp32 for fp16 inputs by default (`allow_fp16_bf16_reduction_math_sdp` off): at least 4 times the fp16 bytes of the memory table (checked on CPU)."""
+    """Fused kernels include PyTorch SDPA's flash, memory-efficient and cuDNN backends: torch's `SDPBackend` lists these three beside `MATH` (the unfused one), `ERROR`, and `OVERRIDEABLE`, the hook through which out-of-tree fused kernels plug in (`_scaled_dot_product_fused_attention_overrideable`). The math backend holds the scores and the softmax as two `N x N` tensors per head, in fp32 for fp16 inputs by default (`allow_fp16_bf16_reduction_math_sdp` off): at least 4 times the fp16 bytes of the memory table (checked on CPU)."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -784,3 +851,41 @@ def test_fused_backends_and_what_the_unfused_math_path_holds():
             assert spy.seen == [("bmm", dtype), ("_safe_softmax", dtype)]  # scores, then probs
     finally:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
+
+
+def test_fused_flash_kernel_never_stores_the_score_matrix():
+    """Fused kernels never store the `N x N` score matrix: PyTorch SDPA's flash backend, run on CPU for fp16, bf16 and fp32 inputs, dispatches one op that writes only the output `(B, H, N, d)` and a logsumexp `(B, H, N)`, while the math backend under the same spy writes `N x N` tensors; the memory-efficient and cuDNN backends and xFormers need a GPU and are cited, not run."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n = 64
+
+    class Outputs(TorchDispatchMode):
+        """Record (op, shapes of the tensors it writes) for every dispatched op."""
+
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            shapes = [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)]
+            self.seen.append((func.__name__.split(".")[0], shapes))
+            return out
+
+    def square(seen):
+        return [op for op, shapes in seen if any(sh[-2:] == (n, n) for sh in shapes)]
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        query = torch.randn(1, 2, n, 8, dtype=dtype)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), Outputs() as flash:
+            F.scaled_dot_product_attention(query, query, query)
+        assert flash.seen == [
+            ("_scaled_dot_product_flash_attention_for_cpu", [(1, 2, n, 8), (1, 2, n)])
+        ]
+        assert square(flash.seen) == []
+        with sdpa_kernel(SDPBackend.MATH), Outputs() as math:
+            F.scaled_dot_product_attention(query, query, query)
+        assert square(math.seen)  # the same spy sees the unfused path's scores
