@@ -12,7 +12,6 @@ Check it:  python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --check
 The solution's pipeline() in place of yours:  add --solution (solution.py holds it)
 """
 
-import linecache
 import sys
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from labkit.blanks import (
     innermost_line,
     load_constant,
     load_function,
+    source_line,
 )
 from labkit.blanks import blank as blank  # the placeholder; solution.py has none left
 from labkit.cli import (
@@ -262,7 +262,7 @@ def where_is(fn, line):
     number = blank_at(fn, line)
     if number:
         return f"line {line} (in blank {number})"
-    text = linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
+    text = source_line(fn, line)
     return f"line {line} ({'the for line, ' if text.startswith('for ') else ''}outside the blanks)"
 
 

@@ -202,6 +202,13 @@ def error_site(error: BaseException, fn: FunctionType) -> tuple[int | None, int 
     return line, blank_at(fn, line), variables
 
 
+def source_line(fn: FunctionType, line: int | None) -> str:
+    """The text of line ``line`` of ``fn``'s file, stripped ("" for no line)."""
+    import linecache
+
+    return linecache.getline(fn.__code__.co_filename, line).strip() if line else ""
+
+
 def blank_at(fn: FunctionType, line: int | None) -> int | None:
     """The blank whose ``# BLANK n`` comment heads the paragraph (no empty line between
     them) that holds line ``line`` of ``fn``'s file, or None."""
