@@ -78,6 +78,7 @@ def test_memory_arithmetic(lab):
     nbytes = lab["nbytes"]
     assert nbytes((1, 3, 512, 512)) == 1_572_864  # fp16
     assert nbytes((1, 3, 512, 512)) // nbytes((1, 4, 64, 64)) == 48
+    assert nbytes((1, 3, 512, 512)) // nbytes((1, 16, 64, 64)) == 12  # SD3 / Flux: 16 channels
     assert lab["fmt"](2 * 1024**3) == "2.0 GiB"
 
 

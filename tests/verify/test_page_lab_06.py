@@ -395,6 +395,24 @@ def test_from_config_carries_init_keys_and_resets_unset_ones(lab, target):
         assert key not in inspect.signature(type(new).__init__).parameters
 
 
+def test_euler_and_ddim_keep_only_num_train_timesteps_from_fluxs_config(lab):
+    """In the `--family flux` run, Euler and DDIM keep only `num_train_timesteps` from Flux's, ignoring `shift=3.0` and the dynamic-shifting keys (their `.config` still lists them, unused): built by `from_config` on FLUX.1's loaded `FlowMatchEulerDiscreteScheduler` config, each samples the timesteps of its own default config, as the lab's `from_config` predicts."""
+    import diffusers
+
+    file = lab["CONFIGS"]["flux"]["scheduler"]
+    flux = diffusers.FlowMatchEulerDiscreteScheduler.from_config(file)
+    for target in ("EulerDiscreteScheduler", "DDIMScheduler"):
+        cls = getattr(diffusers, target)
+        new, default = cls.from_config(flux.config), cls(num_train_timesteps=1000)
+        _, carried, _, ignored = lab["from_config"](target, dict(flux.config))
+        assert set(carried) == {"num_train_timesteps"}, target
+        assert {"shift", "use_dynamic_shifting"} <= set(ignored), target
+        assert new.config["shift"] == 3.0 and new.config["use_dynamic_shifting"] is True, target
+        new.set_timesteps(4)
+        default.set_timesteps(4)
+        assert torch.equal(new.timesteps, default.timesteps), target
+
+
 def test_euler_from_sd15_config_switches_to_linspace_spacing():
     """`EulerDiscreteScheduler.from_config` on SD 1.5's loaded `PNDMScheduler` config gets `timestep_spacing="linspace"`, Euler's default, not PNDM's `leading`, because SD 1.5's file never set it; `beta_schedule`, the betas and `steps_offset=1` carry over."""
     from diffusers import EulerDiscreteScheduler
@@ -526,6 +544,33 @@ def test_latent_channel_mismatch_runs_the_loop_and_fails_in_vae_decode(lab, reco
     assert _raised_in(error.value, "autoencoder_kl.py")
 
 
+def test_dit_latent_channel_mismatch_also_runs_the_loop_and_fails_in_vae_decode(record_calls):
+    """SD3 and Flux fail the same way: with a 16-channel transformer (Flux's packed `in_channels` 64 = 4 x 16) and a 4-channel VAE, `StableDiffusion3Pipeline.__call__` and `FluxPipeline.__call__` run every step (the noise is sized from `transformer.config.in_channels`) and raise only inside `vae.decode`, on `(B, 16, H/8, W/8)` latents."""
+    from tiny import (
+        DIT_TEXT,
+        SD3_VAE_FACTORS,
+        tiny_dit_vae,
+        tiny_sd3_pipeline,
+        tiny_sd3_transformer,
+    )
+
+    sd3 = tiny_sd3_pipeline(transformer=tiny_sd3_transformer(in_channels=16, pooled_projection_dim=DIT_TEXT),
+                            vae=tiny_dit_vae(latent_channels=4, **SD3_VAE_FACTORS))  # fmt: skip
+    flux = tiny_flux_pipeline(vae_config=dict(latent_channels=4, **FLUX_VAE_FACTORS))
+    text, pooled = dit_embeds(1)
+    for pipe in (sd3, flux):
+        steps, entered = record_calls(pipe.transformer).calls, []
+        decode = pipe.vae.decode
+        pipe.vae.decode = lambda z, *a, d=decode, e=entered, **k: (
+            e.append(tuple(z.shape)) or d(z, *a, **k)
+        )
+        with pytest.raises(RuntimeError) as error, torch.no_grad():
+            pipe(prompt_embeds=text, pooled_prompt_embeds=pooled, guidance_scale=1.0,
+                 num_inference_steps=3, height=HEIGHT, width=WIDTH, output_type="np")  # fmt: skip
+        assert len(steps) == 3 and entered == [(1, 16, 8, 8)], type(pipe).__name__
+        assert _raised_in(error.value, "autoencoder_kl.py"), type(pipe).__name__
+
+
 def test_latent_channel_mismatch_fails_at_the_first_unet_call_in_img2img_and_inpainting(
     record_calls,
 ):
@@ -634,6 +679,45 @@ def test_vae_scale_factor_and_decode_scaling(sd_pipe, record_calls):
     finally:
         sd_pipe.vae.decode = original
     torch.testing.assert_close(calls[0], latents / sd_pipe.vae.config.scaling_factor)
+
+
+class _SizeSeenError(Exception):
+    """Raised by the ``prepare_latents`` spy with the (height, width) ``__call__`` chose."""
+
+
+def test_default_size_is_the_denoisers_sample_size_times_vae_scale_factor():
+    """`vae_scale_factor = 2 ** (len(block_out_channels) - 1)`, 8 for all four VAEs, so the default size is the denoiser's `sample_size` × 8 (64 × 8 = 512 for SD 1.5, 128 × 8 = 1024 for the others; `FluxPipeline` hard-codes its 128 as `default_sample_size`): called without `height` and `width`, `StableDiffusionPipeline`, `StableDiffusionXLPipeline` and `StableDiffusion3Pipeline` size their latents from `sample_size * vae_scale_factor`, and `FluxPipeline` from `128 * vae_scale_factor` whatever its transformer."""
+    from model_configs import (
+        FLUX_VAE,
+        SD3_MEDIUM_TRANSFORMER,
+        SD3_VAE,
+        SD15_UNET,
+        SD15_VAE,
+        SDXL_UNET,
+        SDXL_VAE,
+    )
+
+    for config in (SD15_VAE, SDXL_VAE, SD3_VAE, FLUX_VAE):  # the published VAEs: f = 8
+        assert 2 ** (len(config["block_out_channels"]) - 1) == 8
+    assert (SD15_UNET["sample_size"], SDXL_UNET["sample_size"], SD3_MEDIUM_TRANSFORMER["sample_size"]) == (64, 128, 128)  # fmt: skip
+    text, pooled = dit_embeds(1)
+    cases = [
+        (tiny_sd_pipeline(), "unet", dict(prompt_embeds=embeds(1))),
+        (tiny_sdxl_pipeline(), "unet", dict(prompt_embeds=embeds(1), pooled_prompt_embeds=torch.randn(1, 16))),
+        (tiny_sd3_pipeline_16ch(), "transformer", dict(prompt_embeds=text, pooled_prompt_embeds=pooled)),
+        (tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS), None, dict(prompt_embeds=text, pooled_prompt_embeds=pooled)),
+    ]  # fmt: skip
+    for pipe, denoiser, kwargs in cases:
+
+        def spy(*args, **kw):
+            raise _SizeSeenError(args[2], args[3])
+
+        pipe.prepare_latents = spy
+        with pytest.raises(_SizeSeenError) as seen, torch.no_grad():
+            pipe(**kwargs, guidance_scale=1.0, num_inference_steps=1, output_type="latent")
+        side = getattr(pipe, denoiser).config.sample_size if denoiser else 128
+        assert seen.value.args == (side * pipe.vae_scale_factor,) * 2, type(pipe).__name__
+        assert pipe.vae_scale_factor == 2 ** (len(pipe.vae.config.block_out_channels) - 1)
 
 
 def test_flux_packs_2x2_latent_patches_into_tokens(lab):

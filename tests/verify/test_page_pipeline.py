@@ -155,6 +155,25 @@ def test_a_wrong_scaling_factor_decodes_without_an_error(pipe):
     assert right.shape == wrong.shape and not (right == wrong).all()
 
 
+def test_sd3_and_flux_decode_a_wrong_shift_but_raise_without_one(record_calls):
+    """A wrong `shift_factor` value raises nothing either: `StableDiffusion3Pipeline` and `FluxPipeline` decode it to a different image. But SD3 and Flux raise `TypeError` after the loop if the VAE's `shift_factor` is `None` (`AutoencoderKL`'s default): every step runs, then `latents / scaling_factor + shift_factor` fails before `vae.decode` is entered."""
+    text, pooled = dit_embeds(1)
+    run = dict(prompt_embeds=text, pooled_prompt_embeds=pooled, guidance_scale=1.0,
+               num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="np")  # fmt: skip
+    for pipe in (tiny_sd3_pipeline_16ch(), tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS)):
+        name, shift = type(pipe).__name__, pipe.vae.config.shift_factor
+        with torch.no_grad():
+            right = pipe(**run, generator=torch.Generator().manual_seed(0)).images
+            pipe.vae.register_to_config(shift_factor=shift + 0.5)
+            wrong = pipe(**run, generator=torch.Generator().manual_seed(0)).images
+        assert right.shape == wrong.shape and not (right == wrong).all(), name
+        pipe.vae.register_to_config(shift_factor=None)
+        steps, decoded = record_calls(pipe.transformer).calls, record_calls(pipe.vae.decoder).calls
+        with pytest.raises(TypeError), torch.no_grad():
+            pipe(**run, generator=torch.Generator().manual_seed(0))
+        assert len(steps) == 2 and decoded == [], name
+
+
 def test_prompt_embeds_can_be_passed_instead_of_a_prompt(record_calls):
     """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` built without text encoders run `__call__` from `prompt_embeds` (plus `pooled_prompt_embeds` from SDXL on, and the negative pair when CFG is on), so the text encoders need not be present during the loop."""
     from diffusers import EulerDiscreteScheduler

@@ -73,8 +73,35 @@ def test_config_defaults():
     assert config.force_upcast is True
 
 
+class _BuiltFromError(Exception):
+    """Raised by the ``from_config`` spy with the config ``from_single_file`` built."""
+
+
+def _single_file_config(monkeypatch, checkpoint, **kwargs):
+    """The config ``AutoencoderKL.from_single_file(checkpoint, **kwargs)`` passes to
+    ``from_config``, and the repo it asked ``load_config`` for (None on the original-config
+    path). ``load_config`` answers with SD 1.5's published VAE config, offline."""
+    from diffusers import AutoencoderKL
+    from model_configs import SD15_VAE
+
+    asked = []
+
+    def load_config(*args, **kw):
+        asked.append(kw.get("pretrained_model_name_or_path"))
+        return dict(SD15_VAE)
+
+    def from_config(cls, config, **kw):
+        raise _BuiltFromError(dict(config))
+
+    monkeypatch.setattr(AutoencoderKL, "load_config", load_config)
+    monkeypatch.setattr(AutoencoderKL, "from_config", classmethod(from_config))
+    with pytest.raises(_BuiltFromError) as built:
+        AutoencoderKL.from_single_file(checkpoint, **kwargs)
+    return built.value.args[0], (asked[0] if asked else None)
+
+
 def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, monkeypatch):
-    """`AutoencoderKL.from_single_file` takes the factor from the original config's `scale_factor` only when given `original_config=` (else 0.18215), and a `scaling_factor=` keyword overrides that: SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`. Without it, the factor comes from the `vae` config of the diffusers repo it matches the checkpoint to (SD 1.5's for a bare VAE file), or from the repo named by `config=`."""
+    """`AutoencoderKL.from_single_file` takes the factor from the original config's `scale_factor` only when given `original_config=` (0.18215 if absent, 0.5 if the checkpoint carries Playground's `edm_mean` and `edm_std`): SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`. Without it, the factor comes from the `vae` config of the diffusers repo it matches the checkpoint to (SD 1.5's for a bare VAE file), or from the repo named by `config=`. A `scaling_factor=` keyword overrides either source."""
     import copy
 
     from model_configs import SDXL_SGM_ORIGINAL  # sd_xl_base.yaml, transcribed
@@ -91,6 +118,14 @@ def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, m
     override = single_file_vae_config(tmp_path, monkeypatch, SDXL_SGM_ORIGINAL, scaling_factor=0.5)
     assert override[1]["scaling_factor"] == 0.5
     assert single_file_vae_config(tmp_path, monkeypatch, config="my-org/my-vae")[1][0] == "my-org/my-vae"  # fmt: skip
+    monkeypatch.undo()
+    bare = {"encoder.conv_in.weight": torch.zeros(1)}
+    playground = {**bare, "edm_mean": torch.zeros(1, 4, 1, 1), "edm_std": torch.ones(1, 4, 1, 1)}
+    config, repo = _single_file_config(monkeypatch, playground, original_config=SDXL_SGM_ORIGINAL)
+    assert repo is None and config["scaling_factor"] == 0.5  # not the yaml's 0.13025
+    assert config["latents_mean"] is not None and config["latents_std"] is not None
+    config, repo = _single_file_config(monkeypatch, bare, scaling_factor=0.25)  # no original
+    assert "stable-diffusion-v1-5" in repo and config["scaling_factor"] == 0.25
 
 
 def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
@@ -142,7 +177,7 @@ def test_sd_img2img_encodes_then_scales():
 
 
 def test_sd3_shift_then_scale():
-    """`StableDiffusion3Pipeline` samples 16-channel latents and decodes `vae.decode(latents / scaling_factor + shift_factor)`; `StableDiffusion3Img2ImgPipeline` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`."""
+    """`StableDiffusion3Pipeline` never runs the VAE encoder for text-to-image: it samples 16-channel latents and decodes `vae.decode(latents / scaling_factor + shift_factor)`; `StableDiffusion3Img2ImgPipeline` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         StableDiffusion3Img2ImgPipeline,
@@ -155,6 +190,8 @@ def test_sd3_shift_then_scale():
     pipe = StableDiffusion3Pipeline(**parts)
     pipe.set_progress_bar_config(disable=True)
     seen = record_decode(pipe.vae)
+    encoded = []
+    hook = pipe.vae.encoder.register_forward_hook(lambda *a: encoded.append(1))
     g = torch.Generator().manual_seed(1)
     run = dict(
         prompt_embeds=torch.randn(1, 10, 32, generator=g),
@@ -167,6 +204,8 @@ def test_sd3_shift_then_scale():
     run["generator"] = torch.Generator().manual_seed(2)
     pipe(**run, output_type="pt")
     torch.testing.assert_close(seen[0], latents / sf + shift)
+    assert encoded == []  # text-to-image: decode only
+    hook.remove()
 
     img2img = StableDiffusion3Img2ImgPipeline(
         **{**parts, "scheduler": FlowMatchEulerDiscreteScheduler()}
@@ -182,13 +221,15 @@ def test_sd3_shift_then_scale():
 
 
 def test_flux_uses_the_same_lines():
-    """`FluxPipeline`'s state is packed tokens `(B, (H/16)(W/16), 64)`, not a latent grid: after the loop it unpacks them to `(B, 16, H/8, W/8)` and decodes `latents / scaling_factor + shift_factor`; `FluxImg2ImgPipeline._encode_vae_image` returns `(latent_dist.sample() - shift_factor) * scaling_factor`."""
+    """`FluxPipeline` never runs the VAE encoder for text-to-image; its state is packed tokens `(B, (H/16)(W/16), 64)`, not a latent grid: after the loop it unpacks them to `(B, 16, H/8, W/8)` and decodes `latents / scaling_factor + shift_factor`; `FluxImg2ImgPipeline._encode_vae_image` returns `(latent_dist.sample() - shift_factor) * scaling_factor`."""
     from diffusers import FluxImg2ImgPipeline, FluxPipeline
 
     parts = tiny_flux_parts()
     pipe = FluxPipeline(**parts)
     pipe.set_progress_bar_config(disable=True)
     seen = record_decode(pipe.vae)
+    encoded = []
+    hook = pipe.vae.encoder.register_forward_hook(lambda *a: encoded.append(1))
     g = torch.Generator().manual_seed(1)
     run = dict(
         prompt_embeds=torch.randn(1, 10, 32, generator=g),
@@ -202,6 +243,8 @@ def test_flux_uses_the_same_lines():
     grid = FluxPipeline._unpack_latents(packed, HEIGHT, WIDTH, f)
     assert seen[0].shape == (1, 16, HEIGHT // f, WIDTH // f)
     torch.testing.assert_close(seen[0], grid / 0.3611 + 0.1159)
+    assert encoded == []  # text-to-image: decode only
+    hook.remove()
 
     img2img = FluxImg2ImgPipeline(**parts)
     image = images(1, HEIGHT)
