@@ -186,18 +186,36 @@ def test_passing_embeds_skips_the_text_encoder(tmp_path, record_calls):
 
 
 def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_calls):
-    """With `prompt_embeds` alone and `guidance_scale > 1`, the text encoder still runs once, on the empty negative prompt `""` tokenized to 77 positions."""
+    """With `prompt_embeds` alone and `guidance_scale > 1`, the text encoder still runs once, on the empty negative prompt `""` padded to the length of `prompt_embeds`: 77 tokens for CLIP-encoded embeddings, and longer embeddings make the text encoder raise `ValueError`.
+
+    ``encode_prompt`` tokenizes ``""`` with ``max_length = prompt_embeds.shape[1]``: the
+    pipeline's own ``__call__`` at 77 and at 20 tokens, then at 78, one past CLIP's 77
+    positions.
+    """
     from tiny import tiny_text_encoder, tiny_tokenizer
 
     pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
     encoder = record_calls(pipe.text_encoder)
-    pipe(prompt_embeds=embeds(1, B), num_inference_steps=2, guidance_scale=GUIDANCE,
-         height=SIZE, width=SIZE, latents=start_latents(B), output_type="latent")  # fmt: skip
-    assert len(encoder.calls) == 1
-    input_ids = encoder.calls[0][0][0]
-    assert input_ids.shape == (B, 77)
-    expected = pipe.tokenizer([""] * B, padding="max_length", max_length=77, return_tensors="pt")
-    torch.testing.assert_close(input_ids, expected.input_ids)
+
+    def call(length):
+        prompt_embeds = (
+            embeds(1, B)[:, :length] if length <= 77 else torch.randn(B, length, EMBED_DIM)
+        )
+        pipe(prompt_embeds=prompt_embeds, num_inference_steps=2, guidance_scale=GUIDANCE,
+             height=SIZE, width=SIZE, latents=start_latents(B), output_type="latent")  # fmt: skip
+
+    for length in [77, 20]:
+        encoder.calls.clear()
+        call(length)
+        assert len(encoder.calls) == 1
+        input_ids = encoder.calls[0][0][0]
+        assert input_ids.shape == (B, length)
+        expected = pipe.tokenizer(
+            [""] * B, padding="max_length", max_length=length, return_tensors="pt"
+        )
+        torch.testing.assert_close(input_ids, expected.input_ids)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        call(78)
 
 
 def test_prepare_latents_multiplies_by_init_noise_sigma():
@@ -256,7 +274,7 @@ def test_numpy_to_pil_rounds_to_uint8():
 
 
 def test_the_loop_takes_the_most_time_then_decode():
-    """In the tiny real pipeline the denoising loop takes more CPU time than decode, and decode more than prepare, the order of the lab's cost model (one torch thread, after a warm-up call, best of 5 calls per stage)."""
+    """In the tiny real pipeline the denoising loop takes more CPU time than decode, and decode more than prepare, the order of the lab's cost model (one torch thread, after a warm-up call, best of 5 calls per stage; `prompt_embeds` and `negative_prompt_embeds` are passed, so prepare runs no text encoder)."""
     # Why CPU time and not wall time: on a loaded machine a stage that lasts about a
     # millisecond (prepare) can be descheduled for a whole time slice and look ten times
     # slower. This thread's CPU time does not count that wait, one torch thread keeps
@@ -378,6 +396,27 @@ def test_latency_is_len_timesteps_unet_calls(record_calls):
         real_trace(pipe)  # guided, B = 2, N steps
         assert len(calls) == len(pipe.scheduler.timesteps) == expected
         assert all(args[0].shape[0] == 2 * B for args, _ in calls)
+
+
+def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls):
+    """With a scheduler whose `order` is 2 (Heun) or SD 1.5's PNDM there are more calls than steps, while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
+
+    The tiny pipeline's own ``__call__``, guided, ``N`` steps, UNet calls counted by a hook:
+    ``HeunDiscreteScheduler`` ``2N - 1``, SD 1.5's ``PNDMScheduler`` ``N + 1``, and
+    ``DPMSolverMultistepScheduler`` with its default ``solver_order=2`` (a second-order solver,
+    ``order == 1``) ``N``.
+    """
+    from diffusers import DPMSolverMultistepScheduler, HeunDiscreteScheduler, PNDMScheduler
+    from tiny import SD15_PNDM, SD_SCHEDULER
+
+    heun = HeunDiscreteScheduler.from_config(SD_SCHEDULER)
+    dpm = DPMSolverMultistepScheduler.from_config(SD_SCHEDULER)
+    assert heun.order == 2 and dpm.order == 1 and dpm.config.solver_order == 2
+    for scheduler, expected in [(heun, 2 * N - 1), (PNDMScheduler(**SD15_PNDM), N + 1), (dpm, N)]:
+        pipe = tiny_sd_pipeline(scheduler=scheduler)
+        calls = record_calls(pipe.unet).calls
+        real_trace(pipe)  # guided, B = 2, N steps
+        assert len(calls) == expected, type(scheduler).__name__
 
 
 def test_one_thread_cpu_time_counts_all_the_work():

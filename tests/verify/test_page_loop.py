@@ -26,6 +26,7 @@ from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
     DDPMScheduler,
+    DPMSolverMultistepScheduler,
     EulerAncestralDiscreteScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
@@ -615,7 +616,7 @@ def test_progress_bar_counts_num_inference_steps(sd_pipe, record_calls, bars):
 
 
 def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
-    """Unless `output_type="latent"`, the final `latents` are decoded once, as `vae.decode(latents / vae.config.scaling_factor, return_dict=False, generator=generator)`, `run_safety_checker` gets the decoded image, and `postprocess` maps it to `(x / 2 + 0.5).clamp(0, 1)`: float32 NumPy `(B, H, W, 3)` for `"np"`, and those values times 255, rounded to uint8, as PIL images for `"pil"`."""
+    """Unless `output_type="latent"`, the final `latents` are decoded once, as `vae.decode(latents / vae.config.scaling_factor, return_dict=False, generator=generator)`, `run_safety_checker` gets the decoded image, and `postprocess` maps it to `(x / 2 + 0.5).clamp(0, 1)`: float32 NumPy `(B, H, W, 3)` for `"np"`, and those values times 255, rounded to uint8, as PIL images for `"pil"`, the default."""
     assert tiny_vae().config.scaling_factor == 0.18215  # the AutoencoderKL default, SD 1.x's
     final = run(sd_pipe, steps=2)
     decodes = calls_of(sd_pipe.vae, "decode")
@@ -639,6 +640,9 @@ def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
     (pil,) = run(sd_pipe, steps=2, output_type="pil")
     assert pil.mode == "RGB" and pil.size == (WIDTH, HEIGHT)
     np.testing.assert_array_equal(np.asarray(pil), (image[0] * 255).round().astype(np.uint8))
+    (default,) = sd_pipe(prompt_embeds=PROMPT, negative_prompt_embeds=NEGATIVE, height=HEIGHT,
+                         width=WIDTH, num_inference_steps=2, latents=start_latents()).images  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(default), np.asarray(pil))  # no output_type: PIL
 
 
 def test_text_encoder_and_vae_run_outside_the_loop(text_pipe, record_calls, calls_of):
@@ -993,7 +997,7 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
 
 
 def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
-    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times with SD 1.5's `PNDMScheduler` (`order == 1`), and `2n - 1` times with every order-2 scheduler the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case.
+    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times with SD 1.5's `PNDMScheduler` (`order == 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
 
     The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` that the
     installed extras let us build, each with SD 1.5's settings; ``n`` calls for every order-1
@@ -1003,10 +1007,13 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
     its own pipeline, SD3's for a flow-matching scheduler (no ``init_noise_sigma``), SD's
     otherwise: ``FlowMatchHeunDiscreteScheduler`` makes ``2n - 1`` calls, and the deprecated
     ``KarrasVeScheduler`` (order 2, ``n`` timesteps) does not run at all: its ``step`` takes
-    another signature (``sample_hat``), so the pipeline raises ``TypeError``.
+    another signature (``sample_hat``), so the pipeline raises ``TypeError``. Every compatible
+    class whose config has ``solver_order=2`` (``DPMSolverMultistepScheduler``, DPM-Solver++ 2M,
+    among them) has ``order == 1`` and makes ``n`` calls: a second-order solver is not an
+    order-2 scheduler.
     """
     calls = record_calls(sd_pipe.unet).calls
-    n, seen, order_2 = 3, set(), set()
+    n, seen, order_2, solver_order_2 = 3, set(), set(), {}
     for cls in sorted(sd_pipe.scheduler.compatibles, key=lambda c: c.__name__):
         try:
             scheduler = PNDMScheduler(**SD15_PNDM) if cls is PNDMScheduler else sd_scheduler(cls)
@@ -1028,7 +1035,13 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
         seen.add(cls.__name__)
         if scheduler.order == 2:
             order_2.add(cls.__name__)
+        if scheduler.config.get("solver_order") == 2:
+            solver_order_2[cls.__name__] = (scheduler.order, len(calls))
     assert {"DDIMScheduler", "EulerDiscreteScheduler", "PNDMScheduler"} <= seen
+    dpm = DPMSolverMultistepScheduler.from_config(SD_SCHEDULER)
+    assert dpm.config.solver_order == 2 and dpm.config.algorithm_type == "dpmsolver++"
+    assert "DPMSolverMultistepScheduler" in solver_order_2
+    assert all(got == (1, n) for got in solver_order_2.values()), solver_order_2
     assert order_2 == {
         "HeunDiscreteScheduler",
         "KDPM2DiscreteScheduler",
