@@ -502,6 +502,21 @@ def test_control_image_enters_after_conv_in():
     torch.testing.assert_close(seen[0], expected)
 
 
+def test_guess_mode_runs_the_controlnet_on_the_conditional_half():
+    """Under CFG a ControlNet runs every step at the UNet's batch, `2B` rows, except with `guess_mode=True`: then `StableDiffusionControlNetPipeline` runs it on the conditional half only, `B` rows, half its cost per step, while the UNet still gets `2B`."""
+    unet = tiny_unet()
+    controlnet = tiny_controlnet(unet, trained=True)
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
+    rows = {"controlnet": [], "unet": []}
+    for key, module in [("controlnet", controlnet), ("unet", unet)]:
+        module.register_forward_pre_hook(
+            lambda m, a, k, key=key: rows[key].append(a[0].shape[0]), with_kwargs=True
+        )
+    for guess_mode in (False, True):
+        run(pipe, steps=2, image=CONTROL_IMAGE, guess_mode=guess_mode)
+    assert rows == {"controlnet": [2, 2, 1, 1], "unet": [2, 2, 2, 2]}  # B = 1
+
+
 def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
     """A list of ControlNets is wrapped in `MultiControlNetModel`, which on every step runs each ControlNet on its own control image and `controlnet_conditioning_scale` entry and adds their residuals element-wise, so the UNet still gets one `down_block_additional_residuals` tuple and one `mid_block_additional_residual`."""
     unet = tiny_unet()
@@ -1085,6 +1100,25 @@ def test_hotswap_replaces_an_adapter_in_place():
     out = predict(pipe.unet)
     torch.testing.assert_close(out, predict(fresh.unet), rtol=0, atol=1e-6)
     assert not torch.allclose(out, before, atol=1e-3)
+
+
+def test_hotswap_at_the_same_rank_needs_no_enable_lora_hotswap():
+    """Without `enable_lora_hotswap`, `load_lora_weights(..., hotswap=True)` still copies a LoRA of the same rank into the existing adapter's tensors in place, with the output of a fresh load; `enable_lora_hotswap(target_rank=...)` is what lets later LoRAs have other ranks up to `target_rank`, and a first LoRA above `target_rank` raises a `ValueError`."""
+    plain = tiny_unet()
+    pipe = tiny_sd_pipeline()
+    pipe.load_lora_weights(lora_state_dict(plain, rank=2), adapter_name="style")
+    storage = {n: p.data_ptr() for n, p in pipe.unet.named_parameters()}
+    pipe.load_lora_weights(
+        lora_state_dict(plain, rank=2, seed=1), adapter_name="style", hotswap=True
+    )
+    assert {n: p.data_ptr() for n, p in pipe.unet.named_parameters()} == storage
+    fresh = tiny_sd_pipeline()
+    fresh.load_lora_weights(lora_state_dict(plain, rank=2, seed=1), adapter_name="style")
+    torch.testing.assert_close(predict(pipe.unet), predict(fresh.unet), rtol=0, atol=1e-6)
+    narrow = tiny_sd_pipeline()
+    narrow.enable_lora_hotswap(target_rank=2)
+    with pytest.raises(ValueError, match="original rank is larger"):
+        narrow.load_lora_weights(lora_state_dict(plain, rank=4), adapter_name="style")
 
 
 def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight():

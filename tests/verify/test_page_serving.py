@@ -204,7 +204,7 @@ def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe):
 
 
 def test_guidance_scale_at_or_below_one_runs_without_guidance(sd_pipe, record_calls):
-    """A request with `guidance_scale <= 1` runs without CFG in `StableDiffusionPipeline`: it makes one-row UNet calls for it and never applies the scale, so `guidance_scale` 0.0, 0.5 and 1.0 give identical `latents`. FLUX.1-dev's `FluxPipeline` (`guidance_embeds=True`) makes one-row calls at any scale but passes the scale to the transformer as `guidance`, so there 0.5 and 1.0 give different `latents`."""
+    """A request with `guidance_scale <= 1` runs without CFG in `StableDiffusionPipeline` with an SD 1.5-style UNet (no `time_cond_proj_dim`): it makes one-row UNet calls for it and never applies the scale, so `guidance_scale` 0.0, 0.5 and 1.0 give identical `latents`. FLUX.1-dev's `FluxPipeline` (`guidance_embeds=True`) makes one-row calls at any scale but passes the scale to the transformer as `guidance`, so there 0.5 and 1.0 give different `latents`."""
     calls = record_calls(sd_pipe.unet).calls
     outs = [run(sd_pipe, steps=3, guidance_scale=g) for g in (0.0, 0.5, 1.0)]
     assert [sample.shape[0] for (sample, _), _ in calls] == [1] * 9
@@ -228,6 +228,21 @@ def test_guidance_scale_at_or_below_one_runs_without_guidance(sd_pipe, record_ca
     assert not torch.allclose(flux_out[0.5], flux_out[1.0], atol=1e-3)
 
 
+def test_an_lcm_unet_takes_the_guidance_scale_as_an_embedding(sd_pipe, record_calls):
+    """`StableDiffusionPipeline` runs CFG only when `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`: with an LCM-distilled UNet (`time_cond_proj_dim` set) it makes one-row UNet calls at any scale and passes `guidance_scale - 1` to the UNet as a `timestep_cond` embedding, so there `guidance_scale` 0.5 and 1.0 give different `latents`."""
+    from tiny import tiny_unet
+
+    pipe = sd_with(sd_pipe, unet=tiny_unet(time_cond_proj_dim=8))
+    calls = record_calls(pipe.unet).calls
+    outs = {g: run(pipe, steps=2, guidance_scale=g) for g in (0.5, 1.0, 7.5)}
+    assert [(args[0].shape[0], k["timestep_cond"] is not None) for args, k in calls] == [
+        (1, True)
+    ] * 6  # one row a call, even at 7.5
+    embedded = pipe.get_guidance_scale_embedding(torch.tensor([7.5 - 1]), embedding_dim=8)
+    torch.testing.assert_close(calls[-1][1]["timestep_cond"], embedded)
+    assert not torch.allclose(outs[0.5], outs[1.0], atol=1e-4)
+
+
 def test_a_loop_stage_without_text_encoder_rejects_a_call_lora_scale(sd_pipe):
     """A `StableDiffusionPipeline` built with `text_encoder=None` for a loop stage fails on a call with `cross_attention_kwargs={"scale": s}`, `s != 1` (an `AttributeError`: `encode_prompt` calls `scale_lora_layers` on the missing text encoder), while `set_adapters(..., adapter_weights=s)` scales the UNet's LoRA there."""
     from peft import LoraConfig
@@ -247,20 +262,27 @@ def test_a_loop_stage_without_text_encoder_rejects_a_call_lora_scale(sd_pipe):
     assert seen == [0.5]
 
 
-def test_real_sd15_flop_shares_of_loop_and_decode():
-    """Counted in FLOPs on SD 1.5's real UNet, VAE and CLIP text encoder at 512 px, the loop is 92.7% of a guided 20-step call and the decode 43.8% of an unguided 4-step one: Lab 12's stand-in models overstate the loop (97.4%) and understate the decode (40.4%). `FlopCounterMode` counts one UNet call per row, one `vae.decode` and one text-encoder call per prompt row, all built on the meta device from the published configs."""
+def test_real_sd15_flop_shares_of_loop_and_decode(sd_pipe, record_calls):
+    """Counted in FLOPs on SD 1.5's real UNet, VAE and CLIP text encoder at 512 px, with the UNet calls a `StableDiffusionPipeline` call makes, the loop is 92.7% of a guided 20-step call with `DDIMScheduler` and 93.0% with SD 1.5's shipped `PNDMScheduler` (21 UNet calls), both below Lab 12's toy 97.4%; the decode is 43.8% of an unguided 4-step call with DDIM and 38.4% with PNDM (5 UNet calls), either side of the toy's 40.4%. The safety checker is left out. `FlopCounterMode` counts one UNet call per row, one `vae.decode` and one text-encoder call per prompt row, all built on the meta device from the published configs; the calls and rows are counted on the tiny pipeline's own `__call__`."""
     from sizes import sd15_flops
+    from tiny import SD15_PNDM
 
     counted = sd15_flops()
     row, decode, encode = counted["unet"], counted["decode"], counted["text"]
+    recorded = record_calls(sd_pipe.unet).calls
 
-    def shares(steps, rows):  # rows: 2 per image under guidance
-        total = steps * rows * row + decode + rows * encode
-        return round(100 * steps * rows * row / total, 1), round(100 * decode / total, 1)
+    def shares(scheduler, steps, guidance_scale):  # the UNet rows the pipeline's own call runs
+        recorded.clear()
+        run(sd_with(sd_pipe, scheduler=scheduler), steps=steps, guidance_scale=guidance_scale)
+        rows = sum(args[0].shape[0] for args, _ in recorded)  # 2 a call when guided
+        prompts = rows // len(recorded)  # text-encoder rows: prompt, and negative if guided
+        total = rows * row + decode + prompts * encode
+        return len(recorded), round(100 * rows * row / total, 1), round(100 * decode / total, 1)
 
-    (loop_share, _), (_, decode_share) = shares(20, 2), shares(4, 1)
-    assert (loop_share, decode_share) == (92.7, 43.8)
-    assert loop_share < 97.4 and decode_share > 40.4  # Lab 12's toy shares, same settings
+    ddim = [DDIMScheduler(**SD_SCHEDULER) for _ in range(2)]
+    pndm = [PNDMScheduler(**SD15_PNDM) for _ in range(2)]
+    assert shares(ddim[0], 20, 7.5)[:2] == (20, 92.7) and shares(pndm[0], 20, 7.5)[:2] == (21, 93.0)
+    assert shares(ddim[1], 4, 1.0)[::2] == (4, 43.8) and shares(pndm[1], 4, 1.0)[::2] == (5, 38.4)
 
 
 def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_calls, calls_of):
