@@ -114,7 +114,7 @@ def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
 
 
 def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_calls):
-    """The exceptions: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every order-2 scheduler the pipeline runs, `HeunDiscreteScheduler` among them, 49 at 25.
+    """The exceptions: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them, 49 at 25; DPM-Solver++ 2M (`solver_order=2`) has `order == 1` and makes 25.
 
     Every class in the pipeline's ``scheduler.compatibles`` that the installed extras can
     build runs the pipeline at 4 steps with SD 1.5's settings; the ones that do not make 4 UNet
@@ -123,9 +123,11 @@ def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_call
     torchsde), and their grids at 25 steps have 26 and 49 entries. Every other order-2 class
     diffusers exports runs at 25 steps in its pipeline (SD3's for flow matching): 49 calls
     (``FlowMatchHeunDiscreteScheduler``), or none at all when its ``step`` takes another
-    signature (the deprecated ``KarrasVeScheduler``).
+    signature (the deprecated ``KarrasVeScheduler``). The compatible classes whose config has
+    ``solver_order=2``, ``DPMSolverMultistepScheduler`` among them, are not among the exceptions.
     """
     unet, odd, order_2 = record_calls(sd_pipe.unet).calls, {}, set()
+    solver_order_2 = set()
     for cls in sd_pipe.scheduler.compatibles:
         try:
             pndm = cls is PNDMScheduler
@@ -137,12 +139,15 @@ def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_call
         assert len(unet) == len(scheduler.timesteps), cls.__name__
         if scheduler.order == 2:
             order_2.add(cls.__name__)
+        if scheduler.config.get("solver_order") == 2:
+            solver_order_2.add(cls.__name__)
         if len(unet) != 4:
             scheduler.set_timesteps(25)
             odd[cls.__name__] = (len(unet), len(scheduler.timesteps))
     # (calls at 4 steps, grid at 25); PNDM's 51 at 50: the test above
     assert odd == {"PNDMScheduler": (5, 26)} | {name: (7, 49) for name in order_2}
     assert "HeunDiscreteScheduler" in order_2
+    assert "DPMSolverMultistepScheduler" in solver_order_2 and not solver_order_2 & set(odd)
     import diffusers
     from tiny import EMBED_DIM, tiny_sd3_pipeline
 
