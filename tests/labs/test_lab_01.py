@@ -83,22 +83,46 @@ def test_a_wrong_noise_coefficient_fails_the_check_up_to_t_500(run_lab, tmp_path
     assert max(moments) < 1e-3  # at t = 0 the mean and covariance errors are the right run's
 
 
+#: the ok column of the wrong-signal mutant, per schedule: yes where both coefficients are near
+#: 1 or both near 0
+SIGNAL_MUTANT_OK = {
+    "linear": ["yes", "NO", "NO", "NO", "yes", "yes"],
+    "scaled_linear": ["yes", "NO", "NO", "NO", "NO", "NO"],
+    "squaredcos_cap_v2": ["yes", "yes", "NO", "NO", "NO", "yes"],
+}
+
+
 @pytest.mark.parametrize("schedule", BETA_SCHEDULES)
-def test_a_wrong_signal_coefficient_passes_at_t_0(run_lab, tmp_path, schedule):
-    """The page: a wrong signal coefficient (alpha_bar instead of its square root) passes the
-    check at t = 0 under every schedule, where both are almost 1, and prints NO on the middle
-    rows (t = 250 and 500)."""
+def test_a_wrong_signal_coefficient_passes_at_both_ends(run_lab, tmp_path, schedule):
+    """The page: a wrong signal coefficient (alpha_bar instead of its square root) prints NO at
+    t = 250 and 500 under every schedule, but passes at t = 0 under every schedule, at t = 999
+    under linear and cosine, at t = 750 under linear and at t = 100 under cosine; only
+    scaled_linear flags every row after t = 0. The whole ok column is checked."""
+    assert set(SIGNAL_MUTANT_OK) == set(BETA_SCHEDULES)
     source = (ROOT / STARTER).read_text(encoding="utf-8")
     right = "noised[t] = np.sqrt(alpha_bar[t]) * x0 +"
     assert source.count(right) == 1
     mutant = tmp_path / "forward_noise.py"
     mutant.write_text(source.replace(right, "noised[t] = alpha_bar[t] * x0 +"), encoding="utf-8")
-    ok = {
-        t: row[2]
-        for t, row in check_rows(run_lab(str(mutant), "--schedule", schedule)["__stdout__"]).items()
-    }
-    assert ok[0] == "yes"
-    assert ok[250] == ok[500] == "NO"
+    rows = check_rows(run_lab(str(mutant), "--schedule", schedule)["__stdout__"])
+    assert {t: row[2] for t, row in rows.items()} == dict(
+        zip(DEFAULT_T, SIGNAL_MUTANT_OK[schedule], strict=True)
+    )
+
+
+def test_cosine_keeps_the_most_signal_mid_axis_and_the_least_at_the_end(run_lab):
+    """The page: cosine keeps the most signal of the three schedules from ab[250] to ab[750] of
+    the compare table and ends with the least at ab[999]."""
+    g = run_lab(STARTER, "--num-samples", "300", "--timesteps", "0")
+    table = {}
+    for line in g["__stdout__"].splitlines():
+        parts = line.split()
+        if parts and parts[0] in BETA_SCHEDULES:
+            table[parts[0]] = [float(x) for x in parts[1:5]]  # ab[250], ab[500], ab[750], ab[999]
+    cosine = table.pop("squaredcos_cap_v2")
+    for other in table.values():
+        assert all(c > o for c, o in zip(cosine[:3], other[:3], strict=True))
+        assert cosine[3] < other[3]
 
 
 @pytest.mark.parametrize("schedule", BETA_SCHEDULES)

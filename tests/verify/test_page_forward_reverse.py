@@ -185,6 +185,20 @@ def test_no_standard_schedule_reaches_zero(beta_range):
         assert gap.abs().max() > 0, schedule
 
 
+def test_cosine_terminal_signal_is_zero_in_practice():
+    r"""Cosine's $\bar\alpha_{999}$, 2.43e-09, left only by the 0.999 cap, is zero in practice: `DDPMScheduler(beta_schedule="squaredcos_cap_v2")` ends with `alphas_cumprod[999]` below 1e-8, the cap times `alphas_cumprod[998]`, and `betas_for_alpha_bar` without the cap gives exactly 0; `linear` and `scaled_linear` keep more than 1e-5."""
+    from diffusers.schedulers.scheduling_ddpm import betas_for_alpha_bar
+
+    cosine = DDPMScheduler(beta_schedule="squaredcos_cap_v2").alphas_cumprod.double()
+    assert f"{cosine[999].item():.2e}" == "2.43e-09"
+    assert (cosine[999] / cosine[998]).item() == pytest.approx(1 - 0.999, rel=1e-3)
+    uncapped = torch.cumprod(1 - betas_for_alpha_bar(1000, max_beta=1.0).double(), 0)
+    assert uncapped[999].item() == 0.0 and uncapped[998].item() > 0
+    for schedule in ["linear", "scaled_linear"]:
+        scheduler = DDPMScheduler(beta_schedule=schedule, **RANGES[schedule])
+        assert scheduler.alphas_cumprod[999] > 1e-5, schedule
+
+
 # --- reverse process ---------------------------------------------------------------
 
 

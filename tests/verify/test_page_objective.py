@@ -177,6 +177,23 @@ def test_from_config_keeps_prediction_type():
     assert raising == [UnCLIPScheduler]
 
 
+def test_unclip_keeps_v_prediction_but_cannot_read_it():
+    """Carrying the value over is not reading it: `UnCLIPScheduler` keeps a cosine config's `v_prediction`, then its `step` raises, since it reads only `epsilon` and `sample`.
+
+    scheduling_unclip.py:295-302; the same step with `epsilon` runs.
+    """
+    source = DDPMScheduler(prediction_type="v_prediction", beta_schedule="squaredcos_cap_v2").config
+    unclip = UnCLIPScheduler.from_config(source)
+    assert unclip.config.prediction_type == "v_prediction"
+    unclip.set_timesteps(5)
+    t, x_t, out = unclip.timesteps[0], randn(0), randn(1)
+    with pytest.raises(ValueError, match="must be one of `epsilon` or `sample`"):
+        unclip.step(out, t, x_t)
+    reading = UnCLIPScheduler.from_config(source, prediction_type="epsilon")
+    reading.set_timesteps(5)
+    assert torch.isfinite(reading.step(out, t, x_t).prev_sample).all()
+
+
 def test_use_flow_sigmas_schedulers():
     """The scheduler classes whose `__init__` takes `use_flow_sigmas` are DPM-Solver's (multistep, singlestep, inverse), DEIS, SA-Solver, UniPC and the Helios video schedulers; the Helios ones default to `prediction_type="flow_prediction"` with `use_flow_sigmas=True`."""
     classes = scheduler_classes_taking("use_flow_sigmas")
