@@ -148,7 +148,7 @@ def fused(kernels, qkv=True):
     kernel that reads its input once and writes its output once (bytes: the run's largest
     member, which undercounts a run that spans several tensors, and inductor would not fuse
     every such run); with `qkv`, to_q/to_k/to_v also become one matmul, as the separate,
-    manual fuse_qkv_projections() does (torch.compile does not merge them). Matmuls and
+    manual fuse_qkv_projections() does (torch.compile does not merge them by default). Matmuls and
     attention stay separate kernels."""
     out = []
     for name, kind, flops, nbytes in kernels:
@@ -293,7 +293,7 @@ cumulative = {
 # unbacked batch, `mark_unbacked`, is not specialised), so batch 1 and batch >= 2 need two graphs; buckets round each request up to one of a few sides and pay
 # for the padded tokens, and with `dynamic=False` count against the same limit: raise
 # `torch._dynamo.config.recompile_limit` to at least the number of bucket shapes times the
-# compiled model classes (diffusers' models share one code object, `apply_lora_scale`'s wrapper).
+# compiled model configurations (many diffusers models share one code object, `apply_lora_scale`'s wrapper).
 
 # %%
 # --8<-- [start:buckets]

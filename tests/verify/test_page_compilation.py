@@ -1,9 +1,9 @@
 """The compilation section against torch 2.13 and diffusers 0.42.1, on the CPU.
 
 The section states the switches and defaults; the counted behaviour (graphs, recompiles,
-graph breaks, LoRA hotswap) is run in Lab 18's module, ``test_page_lab_18.py``. These
-tests read the real classes and configs, and build tiny random-config models where a
-method has to run; one test compiles a small function with inductor, in two subprocesses, to
+graph breaks, cache hooks, LoRA hotswap) is run in Lab 18's module, ``test_page_lab_18.py``.
+These tests read torch's config switches and call the named functions on tiny random-config
+models; one test compiles a small function with inductor, in three subprocesses, to
 see its on-disk cache hit. CUDA graphs need a CUDA device: their constraints are cited from
 torch's source on the page, and only the switches that select them are read here.
 """
@@ -14,13 +14,28 @@ import pytest
 import torch
 
 
-def test_repeated_blocks_per_model():
-    """`compile_repeated_blocks` reads the model's `_repeated_blocks`: `FluxTransformer2DModel` lists `FluxTransformerBlock` and `FluxSingleTransformerBlock`, `UNet2DConditionModel` lists `BasicTransformerBlock` (its attention blocks, not its ResNet blocks), and `SD3Transformer2DModel` lists none, so there it raises a `ValueError`."""
-    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel, UNet2DConditionModel
+def compiled_classes(model):
+    """Class names of the submodules ``compile_repeated_blocks`` compiled (``Module.compile``
+    sets ``_compiled_call_impl``), and of those it left eager."""
+    compiled = {type(m).__name__ for m in model.modules() if m._compiled_call_impl is not None}
+    eager = {type(m).__name__ for m in model.modules() if m._compiled_call_impl is None}
+    return compiled, eager
 
-    assert FluxTransformer2DModel._repeated_blocks == ["FluxTransformerBlock", "FluxSingleTransformerBlock"]  # fmt: skip
-    assert UNet2DConditionModel._repeated_blocks == ["BasicTransformerBlock"]
-    assert not SD3Transformer2DModel._repeated_blocks
+
+def test_repeated_blocks_per_model():
+    """`compile_repeated_blocks` compiles the modules whose class the model lists in `_repeated_blocks`: on tiny models it compiles every `FluxTransformerBlock` and `FluxSingleTransformerBlock` of `FluxTransformer2DModel` and only the `BasicTransformerBlock`s (its attention blocks) of `UNet2DConditionModel`, whose `ResnetBlock2D`s stay eager; `SD3Transformer2DModel` lists none, so there it raises a `ValueError`."""
+    from diffusers import SD3Transformer2DModel
+    from tiny import tiny_flux_transformer, tiny_unet
+
+    flux = tiny_flux_transformer(False, in_channels=4, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))  # fmt: skip
+    unet = tiny_unet()
+    for model in (flux, unet):  # the eager backend: which modules compile, not code generation
+        model.compile_repeated_blocks(backend="eager")
+    flux_compiled, _ = compiled_classes(flux)
+    assert flux_compiled == {"FluxTransformerBlock", "FluxSingleTransformerBlock"}
+    assert all(m._compiled_call_impl is not None for m in [*flux.transformer_blocks, *flux.single_transformer_blocks])  # fmt: skip
+    unet_compiled, unet_eager = compiled_classes(unet)
+    assert unet_compiled == {"BasicTransformerBlock"} and "ResnetBlock2D" in unet_eager
     torch.manual_seed(0)
     sd3 = SD3Transformer2DModel(
         sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8,
@@ -62,16 +77,6 @@ def test_hotswap_must_come_first():
     model.load_lora_adapter(state, prefix=None, adapter_name="a")
     with pytest.raises(RuntimeError, match="before loading the first adapter"):
         model.enable_lora_hotswap(target_rank=8)
-
-
-def test_cache_hooks_are_compiler_disabled():
-    """diffusers marks FirstBlockCache's decision (`_should_compute_remaining_blocks`) and MagCache's head and block hooks' whole `new_forward` with `torch.compiler.disable`, so dynamo does not trace into them (Lab 18's tests see the decision's `.item()` call and count the graph breaks and captured ops this makes)."""
-    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
-    from diffusers.hooks.mag_cache import MagCacheBlockHook, MagCacheHeadHook
-
-    assert FBCHeadBlockHook._should_compute_remaining_blocks._torchdynamo_disable
-    assert MagCacheHeadHook.new_forward._torchdynamo_disable
-    assert MagCacheBlockHook.new_forward._torchdynamo_disable
 
 
 CHILD = """

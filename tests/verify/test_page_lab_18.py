@@ -289,34 +289,6 @@ def test_regional_compile_spends_the_limit_per_block_class():
     assert kinds.count("single") == 8 and kinds.count("double") == 5
 
 
-def unbacked_batch_graphs(model, names, guidance):
-    """Dynamo's graphs so far after batch 1, 2 and 4, with ``names`` marked unbacked at dim 0."""
-    from torch._dynamo.decorators import mark_unbacked
-
-    torch._dynamo.reset()
-    counter = CompileCounter()
-    compiled = torch.compile(model, backend=counter)
-    seen = []
-    with torch.no_grad():
-        for batch in (1, 2, 4):
-            inputs = flux_inputs(3, batch, guidance=guidance)
-            for name in names:
-                mark_unbacked(inputs[name], 0)
-            out = compiled(**inputs)[0]
-            torch.testing.assert_close(out, model(**flux_inputs(3, batch, guidance=guidance))[0])
-            seen.append(counter.frame_count)
-    return seen
-
-
-def test_mark_unbacked_shares_one_graph_across_batch_sizes():
-    """`torch._dynamo.decorators.mark_unbacked` on the batch dimension of `hidden_states`, `encoder_hidden_states`, `pooled_projections`, `timestep` and, for FLUX.1-dev (`guidance_embeds=True`), `guidance` makes the batch an unbacked symbol, which is not specialised at 1: batch 1, 2 and 4 share one dynamo graph under the default `dynamic=None`, with the eager outputs; with `guidance_embeds=True` and `guidance` left unmarked, batch 2 recompiles."""
-    four = ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep")
-    assert unbacked_batch_graphs(two_block_flux(), four, guidance=False) == [1, 1, 1]
-    dev = two_block_flux(guidance_embeds=True)
-    assert unbacked_batch_graphs(dev, (*four, "guidance"), guidance=True) == [1, 1, 1]
-    assert unbacked_batch_graphs(dev, four, guidance=True) == [1, 2, 2]
-
-
 def test_a_new_shape_reaching_the_limit_under_fail_on_recompile_raises():
     """A shape that first reaches `recompile_limit` (8) under `torch.compiler.set_stance("fail_on_recompile")` raises (dynamo's stance check runs before its limit check); outside the stance the same shape falls back to eager, and after that fallback it runs under the stance without error. `torch._dynamo.config.fail_on_recompile_limit_hit = True` makes the limit itself an error."""
     from torch._dynamo.exc import FailOnRecompileLimitHit
@@ -344,19 +316,62 @@ def test_a_new_shape_reaching_the_limit_under_fail_on_recompile_raises():
 
 
 def pipe_frames(pipe, counter, sides, latents=None):
-    """Frames compiled so far after each 2-step `pipe(...)` call, one per image side in px."""
+    """Frames compiled so far after each 2-step `pipe(...)` call, one per image side in px or
+    per (side, batch): ``batch`` rows of prompt_embeds, one image each."""
     seen = []
     for side in sides:
+        side, batch = side if isinstance(side, tuple) else (side, 1)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():
             pipe(
-                prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
-                pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+                prompt_embeds=torch.randn(batch, DIT_TOKENS, DIT_TEXT, generator=g),
+                pooled_prompt_embeds=torch.randn(batch, DIT_TEXT, generator=g),
                 height=side, width=side, num_inference_steps=2, latents=latents,
                 generator=torch.Generator().manual_seed(1), output_type="latent",
             )  # fmt: skip
         seen.append(counter.frame_count)
     return seen
+
+
+def test_mark_unbacked_through_flux_pipeline_shares_one_graph_across_batch_sizes():
+    """Through `FluxPipeline.__call__` with FLUX.1-dev's config (`guidance_embeds=True`), a forward pre-hook on the `torch.compile(pipe.transformer, dynamic=False)` wrapper that marks the token dimension with `mark_dynamic` and the batch dimension of `hidden_states`, `encoder_hidden_states`, `pooled_projections`, `timestep` and `guidance` with `torch._dynamo.decorators.mark_unbacked` makes the batch an unbacked symbol, not specialised at 1: batch 1, 2 and 4 at 16, 32 and 48 px share one dynamo graph, with the eager pipeline's latents, if the hook passes `guidance.contiguous()`; `FluxPipeline` builds `guidance` with `.expand(batch)` (stride 1 at batch 1, 0 from batch 2), and without that copy batch 2 fails the graph's stride guard on `guidance` and recompiles."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    contiguous = [False]
+
+    def mark(module, args, kwargs):
+        if contiguous[0]:
+            kwargs = dict(kwargs, guidance=kwargs["guidance"].contiguous())
+        torch._dynamo.mark_dynamic(kwargs["hidden_states"], 1)
+        torch._dynamo.mark_dynamic(kwargs["img_ids"], 0)
+        for name in ("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"):  # fmt: skip
+            mark_unbacked(kwargs[name], 0)
+        return args, kwargs
+
+    pipe, counter = tiny_flux_pipeline(guidance_embeds=True), CompileCounter()
+    eager = pipe.transformer
+    compiled = torch.compile(eager, backend=counter, dynamic=False)
+    compiled.register_forward_pre_hook(mark, with_kwargs=True)  # runs before dynamo
+    pipe.transformer = compiled
+    assert pipe_frames(pipe, counter, [(16, 1)]) == [1]  # batch 1: guidance's stride is 1
+    with torch.compiler.set_stance("fail_on_recompile"):  # raises where it would recompile
+        with pytest.raises(RuntimeError, match=r"kwargs\['guidance'\]' stride mismatch"):
+            pipe_frames(pipe, counter, [(32, 2)])  # the pipeline's expanded guidance
+    contiguous[0] = True
+    assert pipe_frames(pipe, counter, [(32, 2), (48, 4)]) == [1, 1]
+    latents = []
+    for transformer in (compiled, eager):
+        pipe.transformer = transformer
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            latents.append(pipe(
+                prompt_embeds=torch.randn(4, DIT_TOKENS, DIT_TEXT, generator=g),
+                pooled_prompt_embeds=torch.randn(4, DIT_TEXT, generator=g),
+                height=48, width=48, num_inference_steps=2,
+                generator=torch.Generator().manual_seed(1), output_type="latent",
+            ).images)  # fmt: skip
+    assert counter.frame_count == 1
+    torch.testing.assert_close(*latents)
 
 
 def test_mark_dynamic_through_flux_pipeline_needs_a_pre_hook_on_the_compiled_wrapper():
@@ -558,7 +573,7 @@ def test_set_adapters_on_a_compiled_model_recompiles(rank8_reference):
 
 
 def test_lora_hotswap_needs_the_first_adapters_layers_and_no_text_encoder():
-    """A hotswapped LoRA may target only layers the first-loaded adapter already targets: through `FluxPipeline.load_lora_weights(..., hotswap=True)`, an adapter on `to_q` and `to_v` swapped into one loaded on `to_q` alone raises peft's `RuntimeError` ("unexpected keys"), and the failed call also deletes the loaded adapter; and a LoRA with text-encoder weights cannot be hotswapped (a `ValueError`)."""
+    """A hotswapped LoRA may target only layers the first-loaded adapter already targets: through `FluxPipeline.load_lora_weights(..., hotswap=True)`, an adapter on `to_q` and `to_v` swapped into one loaded on `to_q` alone raises peft's `RuntimeError` ("unexpected keys"), and the failed call also deletes the loaded adapter, leaving the base model's output; and a LoRA with text-encoder weights cannot be hotswapped (a `ValueError`)."""
     from tiny import tiny_text_encoder
 
     pipe = tiny_flux_pipeline()
@@ -567,6 +582,8 @@ def test_lora_hotswap_needs_the_first_adapters_layers_and_no_text_encoder():
     with pytest.raises(RuntimeError, match="unexpected keys found"):
         pipe.load_lora_weights(lora(pipe, 4, 2), adapter_name="default_0", hotswap=True)
     assert "default_0" not in getattr(pipe.transformer, "peft_config", {})
+    with torch.no_grad():  # no LoRA left: the base model's output (tiny_flux_pipeline is seeded)
+        torch.testing.assert_close(pipe.transformer(**transformer_inputs())[0], tiny_flux_pipeline().transformer(**transformer_inputs())[0])  # fmt: skip
     pipe = tiny_flux_pipeline()
     pipe.register_modules(text_encoder=tiny_text_encoder())  # FluxPipeline's CLIPTextModel slot
     pipe.enable_lora_hotswap(target_rank=8)
@@ -634,3 +651,34 @@ def test_compiled_diffusers_models_share_the_recompile_limit():
             seen.append(counter.frame_count)
         torch.testing.assert_close(out, unet(latents, torch.tensor(10), text, return_dict=False)[0])
     assert seen == [7, 8, 8]
+
+
+def test_the_shared_budget_counts_model_configurations_not_classes():
+    """Size the shared limit as buckets × compiled model configurations, not classes: a second compiled tiny Flux transformer with the same config (other weights) reuses the first's dynamo graph for a shape, while one of the same class with FLUX.1-dev's `guidance_embeds=True` (FLUX.1-schnell's config has it off) spends an entry of its own."""
+    schnell, other, dev = two_block_flux(), two_block_flux(), two_block_flux(guidance_embeds=True)
+    counter = CompileCounter()
+    seen = []
+    with torch.no_grad():
+        for model, guidance in ((schnell, False), (other, False), (dev, True)):
+            torch.compile(model, backend=counter, dynamic=False)(**flux_inputs(3, guidance=guidance))  # fmt: skip
+            seen.append(counter.frame_count)
+    assert seen == [1, 1, 2]
+
+
+def test_many_but_not_all_diffusers_models_share_apply_lora_scales_wrapper():
+    """Many diffusers models share one `forward` code object, the `wrapper` of `apply_lora_scale`, Flux's `FluxTransformer2DModel` and the SD UNet's `UNet2DConditionModel` among them, but not every model: of the `ModelMixin` classes diffusers exports, `DiTTransformer2DModel` and others have their own `forward`."""
+    import inspect
+
+    import diffusers
+    from diffusers.models.modeling_utils import ModelMixin
+
+    shared = diffusers.FluxTransformer2DModel.forward.__code__
+    models = {}
+    for name in dir(diffusers):  # every class diffusers exports (lazily imported here)
+        cls = getattr(diffusers, name, None)
+        if inspect.isclass(cls) and issubclass(cls, ModelMixin) and cls is not ModelMixin:
+            models[name] = cls
+    sharing = {n for n, c in models.items() if getattr(c.forward, "__code__", None) is shared}
+    assert shared.co_name == "wrapper" and "UNet2DConditionModel" in sharing
+    assert "DiTTransformer2DModel" in models.keys() - sharing
+    assert 10 < len(sharing) < len(models) - 10
