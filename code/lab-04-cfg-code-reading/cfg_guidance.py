@@ -57,8 +57,8 @@ parser.add_argument("--num-samples", type=int_at_least(100), default=2000)
 parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
 args = parse_args(parser)
-if args.steps > 1000:
-    parser.error(f"--steps must be <= 1000, got {args.steps}")
+if args.steps > 999:  # leading spacing + steps_offset=1 reaches t=1000 at 1000 steps
+    parser.error(f"--steps must be <= 999 (steps_offset=1 would reach t=1000), got {args.steps}")
 
 mixture = GaussianMixture(
     means=np.array([[-0.7, 0.0], [0.7, 0.0]]),  # (K=2, 2)

@@ -109,7 +109,12 @@ def test_guidance_grid_on_images_follows_the_scale(run_lab, tmp_path):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--guidance-scales", "-1"], ["--guidance-scales", "x"], ["--steps", "0"]],
+    [
+        ["--guidance-scales", "-1"],
+        ["--guidance-scales", "x"],
+        ["--steps", "0"],
+        ["--steps", "1000"],
+    ],
     ids=" ".join,
 )
 def test_bad_arguments(run_cli, argv):

@@ -195,35 +195,56 @@ def test_scale_model_input_sees_the_doubled_latents(record_calls, monkeypatch):
 
 def scheduler_batches(scheduler, monkeypatch):
     """Wrap every public method of ``scheduler`` (read from the instance): name -> set of the
-    batch sizes of the 4-D tensors it receives."""
+    batch sizes of the 4-D tensors the pipeline hands it. Only outermost calls count: a
+    method that another wrapped method calls (EDM's ``precondition_inputs`` inside
+    ``scale_model_input``) is that method's own work."""
     seen: dict[str, set[int]] = {}
+    depth = [0]
     for name in dir(scheduler):
         method = getattr(scheduler, name, None)
         if name.startswith("_") or not inspect.ismethod(method):
             continue
 
         def wrapper(*args, _name=name, _method=method, **kwargs):
-            for value in (*args, *kwargs.values()):
-                if isinstance(value, torch.Tensor) and value.ndim == 4:
-                    seen.setdefault(_name, set()).add(value.shape[0])
-            return _method(*args, **kwargs)
+            if depth[0] == 0:
+                for value in (*args, *kwargs.values()):
+                    if isinstance(value, torch.Tensor) and value.ndim == 4:
+                        seen.setdefault(_name, set()).add(value.shape[0])
+            depth[0] += 1
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                depth[0] -= 1
 
         monkeypatch.setattr(scheduler, name, wrapper)
     return seen
 
 
-@pytest.mark.parametrize("scheduler_cls", [DDIMScheduler, EulerDiscreteScheduler])
-def test_only_scale_model_input_sees_the_doubled_batch(scheduler_cls, monkeypatch):
-    """Of the scheduler's methods, only `scale_model_input` sees the doubled batch of `2B` in `StableDiffusionPipeline.__call__`; `scheduler.step` gets batch `B`.
+def test_only_scale_model_input_sees_the_doubled_batch(sd_pipe, monkeypatch):
+    """The pipeline hands the scheduler the doubled batch of `2B` only in `scale_model_input`: in `StableDiffusionPipeline.__call__` with every scheduler of the pipeline's `compatibles` (those that need scipy or torchsde excepted, not installed here), `scheduler.step` gets batch `B`.
 
-    Every public method of the scheduler instance is wrapped (enumerated from the instance,
-    so a method added to the library is covered) and records the batch of each 4-D tensor
-    it receives; CFG on, one image.
+    Every public method of each scheduler instance is wrapped (enumerated from the instance,
+    and the schedulers from the installed library, so a new one is covered) and records the
+    batch of each 4-D tensor the pipeline passes it; CFG on, one image, one step, SD 1.x's
+    scheduler settings (PNDM with ``skip_prk_steps``, as SD ships it). Schedulers whose
+    optional dependency is not installed (scipy, torchsde) raise ``ImportError`` and are skipped.
     """
-    pipe = tiny_sd_pipeline(scheduler=scheduler_cls.from_config(SD_SCHEDULER))
-    seen = scheduler_batches(pipe.scheduler, monkeypatch)
-    run(pipe, guidance_scale=7.5, steps=2)
-    assert seen == {"scale_model_input": {2}, "step": {1}}
+    original, ran = sd_pipe.scheduler, []
+    config = dict(SD_SCHEDULER, skip_prk_steps=True)
+    try:
+        for cls in sorted(original.compatibles, key=lambda c: c.__name__):
+            try:
+                sd_pipe.scheduler = cls.from_config(config)
+            except ImportError:  # raised by diffusers' dummy objects without scipy/torchsde
+                continue
+            seen = scheduler_batches(sd_pipe.scheduler, monkeypatch)
+            run(sd_pipe, guidance_scale=7.5, steps=1)
+            doubled = {name for name, batches in seen.items() if 2 in batches}
+            assert doubled == {"scale_model_input"} and seen["step"] == {1}, (cls, seen)
+            ran.append(cls.__name__)
+    finally:
+        sd_pipe.scheduler = original
+    assert {"DDIMScheduler", "EulerDiscreteScheduler", "EDMEulerScheduler"} <= set(ran)
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 0.5, 0.0])
@@ -240,25 +261,46 @@ def test_guidance_scale_at_most_one_skips_the_uncond_branch(sd_pipe, record_call
 
 
 def test_scales_below_one_equal_one(sd_pipe):
-    """`guidance_scale=0.5` and `guidance_scale=0.0` give exactly the latents of `guidance_scale=1`: a scale below 1 is not an interpolation towards the unconditional prediction."""
+    """For a UNet without `time_cond_proj_dim`, `guidance_scale=0.5` and `guidance_scale=0.0` give exactly the latents of `guidance_scale=1`: a scale below 1 is not an interpolation towards the unconditional prediction."""
     at_one = run(sd_pipe, guidance_scale=1.0)
     for scale in (0.5, 0.0):
         torch.testing.assert_close(run(sd_pipe, guidance_scale=scale), at_one, rtol=0, atol=0)
     assert not torch.allclose(run(sd_pipe, guidance_scale=1.5), at_one)  # above 1 it acts
 
 
-def test_do_classifier_free_guidance_condition(sd_pipe):
+@pytest.fixture(scope="module")
+def distilled_pipe():
+    """The tiny StableDiffusionPipeline around a guidance-distilled UNet (`time_cond_proj_dim=8`)."""
+    return tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+
+
+def test_guidance_distilled_unet_tells_scales_below_one_apart(distilled_pipe, record_calls):
+    """With a guidance-distilled UNet, `guidance_scale` 0.5, 0 and 1 give three different results: each still runs one pass at batch `B`, and the scale reaches the UNet as `timestep_cond`.
+
+    Run through ``StableDiffusionPipeline.__call__``; a plain UNet gives one result for all
+    three (``test_scales_below_one_equal_one``).
+    """
+    calls = record_calls(distilled_pipe.unet).calls
+    results = [run(distilled_pipe, guidance_scale=s, steps=2) for s in (0.5, 0.0, 1.0)]
+    assert [args[0].shape[0] for args, _ in calls] == [1] * 6
+    conds = [kwargs["timestep_cond"] for _, kwargs in calls[::2]]
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        assert not torch.allclose(results[i], results[j])
+        assert not torch.allclose(conds[i], conds[j])
+
+
+def test_do_classifier_free_guidance_condition(sd_pipe, distilled_pipe):
     """`do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
-    distilled = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+    distilled = distilled_pipe
     for scale in (0.0, 0.5, 1.0, 1.0001, 7.5):
         sd_pipe._guidance_scale = distilled._guidance_scale = scale
         assert sd_pipe.do_classifier_free_guidance is (scale > 1)
         assert distilled.do_classifier_free_guidance is False
 
 
-def test_guidance_distilled_unet_gets_one_pass_and_timestep_cond(record_calls):
+def test_guidance_distilled_unet_gets_one_pass_and_timestep_cond(distilled_pipe, record_calls):
     """A UNet with `time_cond_proj_dim` set gets one pass per step at batch `B` even at `guidance_scale=7.5`, with `timestep_cond = get_guidance_scale_embedding(guidance_scale - 1, embedding_dim=time_cond_proj_dim)`, a sinusoidal embedding of `1000 * (guidance_scale - 1)`."""
-    pipe = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+    pipe = distilled_pipe
     calls = record_calls(pipe.unet).calls
     run(pipe, guidance_scale=7.5, steps=3)
     expected = pipe.get_guidance_scale_embedding(torch.tensor([6.5]), embedding_dim=8)

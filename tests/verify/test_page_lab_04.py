@@ -70,14 +70,33 @@ def test_guidance_scale_at_most_one_runs_the_cond_branch_alone(
 
 
 def test_scales_at_most_one_give_identical_latents(sd_pipe):
-    """`guidance_scale` 0, 0.5 and 1 give bit-identical `latents`: all three are the conditional model."""
+    """With a UNet that takes no guidance embedding, `guidance_scale` 0, 0.5 and 1 give bit-identical `latents`: all three are the conditional model."""
+    assert sd_pipe.unet.config.time_cond_proj_dim is None
     results = [run(sd_pipe, guidance_scale=s, steps=3) for s in (0.0, 0.5, 1.0)]
     assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
 
 
-def test_do_classifier_free_guidance_is_scale_above_one_without_guidance_embedding(sd_pipe):
+@pytest.fixture(scope="module")
+def distilled_pipe():
+    """The tiny StableDiffusionPipeline around a guidance-distilled UNet (`time_cond_proj_dim`)."""
+    return tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+
+
+def test_a_guidance_distilled_unet_still_receives_scales_up_to_one(distilled_pipe, record_calls):
+    """A guidance-distilled UNet still receives the scale as `timestep_cond`, so there 0, 0.5 and 1 differ: `StableDiffusionPipeline.__call__` gives three different `latents`, each from one UNet call per step at batch `B`."""
+    unet = record_calls(distilled_pipe.unet)
+    results = [run(distilled_pipe, guidance_scale=s, steps=2) for s in (0.0, 0.5, 1.0)]
+    assert [args[0].shape[0] for args, _ in unet.calls] == [1] * 6
+    assert all(kwargs["timestep_cond"] is not None for _, kwargs in unet.calls)
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        assert not torch.allclose(results[i], results[j])
+
+
+def test_do_classifier_free_guidance_is_scale_above_one_without_guidance_embedding(
+    sd_pipe, distilled_pipe
+):
     """`do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
-    distilled = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+    distilled = distilled_pipe
     assert sd_pipe.unet.config.time_cond_proj_dim is None
     for scale, expected in [(0.0, False), (1.0, False), (1.0001, True), (7.5, True)]:
         sd_pipe._guidance_scale = distilled._guidance_scale = scale
@@ -85,14 +104,26 @@ def test_do_classifier_free_guidance_is_scale_above_one_without_guidance_embeddi
         assert distilled.do_classifier_free_guidance is False, scale  # guidance embedding
 
 
-def test_default_ddim_config_warns_and_is_rewritten():
-    """`StableDiffusionPipeline` built with diffusers' default DDIM config (`steps_offset=0`, `clip_sample=True`) warns that the scheduler's configuration is outdated and rewrites it to `steps_offset=1` and `clip_sample=False`, the config the lab uses."""
+def test_default_ddim_config_warns_and_is_rewritten(sd_pipe, run_lab):
+    """`StableDiffusionPipeline` built with diffusers' default DDIM config (`steps_offset=0`, `clip_sample=True`) warns that the scheduler's configuration is outdated and rewrites those two keys to `steps_offset=1` and `clip_sample=False`; DDIM's default `set_alpha_to_one=True` stays, so it is not the lab's config (`set_alpha_to_one=False`) and the same call ends on other `latents`.
+
+    The rewritten config is compared key by key with the starter's own scheduler; both
+    pipelines share one tiny UNet and VAE.
+    """
     from diffusers import DDIMScheduler
 
     with pytest.warns(FutureWarning, match="is outdated. `steps_offset` should be set to 1"):
         with pytest.warns(FutureWarning, match="has not set the configuration `clip_sample`"):
-            pipe = tiny_sd_pipeline(scheduler=DDIMScheduler(**SD_BETAS))
-    assert pipe.scheduler.config.steps_offset == 1 and pipe.scheduler.config.clip_sample is False
+            pipe = tiny_sd_pipeline(
+                scheduler=DDIMScheduler(**SD_BETAS), unet=sd_pipe.unet, vae=sd_pipe.vae
+            )
+    config = pipe.scheduler.config
+    assert config.steps_offset == 1 and config.clip_sample is False
+    lab = run_lab(LAB04, "--guidance-scales", "1", "--num-samples", "100", "--steps", "2")
+    labs = lab["scheduler"].config.__dict__
+    differ = {k for k in SD_SCHEDULER if config[k] != labs[k]}
+    assert differ == {"set_alpha_to_one"} and config.set_alpha_to_one is True
+    assert not torch.allclose(run(pipe, 7.5, steps=3), run(sd_pipe, 7.5, steps=3))
 
 
 def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe, run_lab):

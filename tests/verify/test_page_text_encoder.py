@@ -34,8 +34,11 @@ from tiny import (
     EMBED_DIM,
     HEIGHT,
     WIDTH,
+    hooked_forwards,
     logged_messages,
+    replay_model_offload,
     start_latents,
+    tiny_image_encoder,
     tiny_sd3_pipeline,
     tiny_sd3_transformer,
     tiny_sd_pipeline,
@@ -815,6 +818,42 @@ def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkey
                  output_type="latent", **kwargs)  # fmt: skip
             assert order == encoders + [denoiser] * steps
             assert all(any(m is getattr(pipe, n) for m in back) for n in encoders)
+
+
+def test_model_offload_keeps_the_text_encoder_while_an_idle_image_encoder_sits_in_the_chain(
+    tokenizers, monkeypatch
+):
+    """Model offload keeps an encoder resident until its chain's next component runs or the call ends: with an `image_encoder` loaded and no IP-Adapter image in the call, the denoiser's hook offloads the idle `image_encoder`, and the last text encoder stays on the device beside the denoiser for the whole loop, until the call ends.
+
+    ``StableDiffusionPipeline.__call__`` runs under the real ``enable_model_cpu_offload``
+    (``tiny.hooked_forwards``: each forward and the previous component its hook offloads),
+    with and without a tiny ``image_encoder``, and ``StableDiffusionXLPipeline.__call__`` with
+    one (its ``text_encoder_2`` stays); the forwards are then replayed through
+    accelerate's real hooks with ``"meta"`` as the device (``tiny.replay_model_offload``:
+    what is on the device after each forward).
+    """
+    common = dict(num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="latent")
+    image_encoder = tiny_image_encoder(hidden_size=32, intermediate_size=37, num_attention_heads=4)  # fmt: skip
+    seen = {}
+    for loaded in (False, True):
+        extra = {"image_encoder": image_encoder} if loaded else {}
+        pipe = tiny_sd_pipeline(tokenizer=tokenizers[0], text_encoder=tiny_text_encoder(), **extra)
+        forwards = hooked_forwards(pipe, monkeypatch, "ab", **common)
+        _, resident = replay_model_offload(forwards, monkeypatch)
+        seen[loaded] = forwards, resident
+    forwards, resident = seen[False]
+    assert [p for n, p in forwards if n == "unet"] == ["text_encoder"] * 2
+    assert resident[2:] == [{"unet"}] * 2  # the UNet's first forward sent the encoder out
+    forwards, resident = seen[True]
+    assert [n for n, _ in forwards] == ["text_encoder"] * 2 + ["unet"] * 2  # image_encoder idle
+    assert [p for n, p in forwards if n == "unet"] == ["image_encoder"] * 2
+    assert resident[2:] == [{"text_encoder", "unet"}] * 2  # at every step
+    # SDXL: text_encoder_2, the last of its chain, stays (no negative prompt: zeros, one pass)
+    xl = sdxl_pipeline(tokenizers, image_encoder=image_encoder)
+    forwards = hooked_forwards(xl, monkeypatch, "ab", **common)
+    _, resident = replay_model_offload(forwards, monkeypatch)
+    assert [n for n, _ in forwards] == ["text_encoder", "text_encoder_2", "unet", "unet"]
+    assert resident[2:] == [{"text_encoder_2", "unet"}] * 2
 
 
 def test_t5_xxl_loaded_in_fp16_takes_about_2_gb_more(tmp_path):
