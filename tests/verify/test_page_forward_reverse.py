@@ -29,6 +29,7 @@ from tiny import (
     SD_SCHEDULER,
     WIDTH,
     abar,
+    accepted_beta_schedules,
     close,
     embeds,
     randn,
@@ -154,17 +155,6 @@ def test_lab01_numbers_are_diffusers_values():
     sd = a["scaled_linear"][999].item()
     assert sd == pytest.approx(4.66e-03, abs=5e-6)
     assert sd / (1 - sd) == pytest.approx(0.0047, abs=5e-5)
-
-
-def accepted_beta_schedules() -> set[str]:
-    """The `beta_schedule` values the installed `DDPMScheduler` accepts: the names in its
-    annotation, plus "laplace", which its ``__init__`` handles but the annotation leaves out
-    (each is constructed, so a name the library drops fails here)."""
-    annotation = inspect.signature(DDPMScheduler.__init__).parameters["beta_schedule"].annotation
-    names = set(typing.get_args(annotation)) | {"laplace"}
-    for name in names:
-        DDPMScheduler(beta_schedule=name)
-    return names
 
 
 @pytest.mark.parametrize(

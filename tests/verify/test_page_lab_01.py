@@ -5,29 +5,15 @@ which must give the same numbers to float32 tolerance (diffusers keeps its
 schedule tensors in float32; the lab computes in float64).
 """
 
-import inspect
-import typing
-
 import numpy as np
 import pytest
 import torch
 from diffusers import DDPMScheduler
-from tiny import canonical_beta_range, t64
+from tiny import accepted_beta_schedules, canonical_beta_range, t64
 
 from labkit import BETA_SCHEDULES
 
 LAB01 = "code/lab-01-forward-noise-process/forward_noise.py"
-
-
-def accepted_beta_schedules() -> set[str]:
-    """The `beta_schedule` values the installed `DDPMScheduler` accepts: the names in its
-    annotation, plus "laplace", which its ``__init__`` handles but the annotation leaves out
-    (each is constructed, so a name the library drops fails here)."""
-    annotation = inspect.signature(DDPMScheduler.__init__).parameters["beta_schedule"].annotation
-    names = set(typing.get_args(annotation)) | {"laplace"}
-    for name in names:
-        DDPMScheduler(beta_schedule=name)
-    return names
 
 
 @pytest.mark.parametrize("schedule", BETA_SCHEDULES)

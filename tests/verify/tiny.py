@@ -1323,3 +1323,19 @@ def single_file_vae_config(tmp_path, monkeypatch, original_config=None, **kwargs
     except SingleFileSeenError as seen:
         return seen.args
     raise AssertionError("from_single_file built a model from neither source")
+
+
+def accepted_beta_schedules() -> set[str]:
+    """The `beta_schedule` values the installed `DDPMScheduler` accepts: the names in its
+    annotation, plus "laplace", which its ``__init__`` handles but the annotation leaves out
+    (each is constructed, so a name the library drops fails here)."""
+    import inspect
+    import typing
+
+    from diffusers import DDPMScheduler
+
+    annotation = inspect.signature(DDPMScheduler.__init__).parameters["beta_schedule"].annotation
+    names = set(typing.get_args(annotation)) | {"laplace"}
+    for name in names:
+        DDPMScheduler(beta_schedule=name)
+    return names
