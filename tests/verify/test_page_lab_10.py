@@ -122,38 +122,9 @@ def test_vae_tiling_is_not_exact(record_calls):
 
 def test_real_vaes_tile_only_above_their_sample_size():
     """`vae.enable_tiling()` leaves each family's default resolution whole: `AutoencoderKL.decode` on the published VAE configs (meta device) reaches `tiled_decode` only for a latent larger than the VAE's tile, `sample_size` pixels, 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1, which is the resolution each pipeline makes by default; it decodes `(1, C, H/8, W/8)` latents, `C` = 4 for SD 1.5 and SDXL and 16 for SD3 and Flux.1, to `(1, 3, H, W)`."""
-    from diffusers import AutoencoderKL
-    from diffusers.models.autoencoders.vae import DecoderOutput
-    from model_configs import (
-        FLUX_VAE,
-        SD3_MEDIUM_TRANSFORMER,
-        SD3_VAE,
-        SD15_UNET,
-        SD15_VAE,
-        SDXL_UNET,
-        SDXL_VAE,
-    )
-    from tiny import tiny_flux_pipeline
+    from tiny import real_vae_tiling
 
-    families = {  # the VAE config, the latent side of the pipeline's default height
-        "SD 1.5": (SD15_VAE, SD15_UNET["sample_size"]),
-        "SDXL": (SDXL_VAE, SDXL_UNET["sample_size"]),
-        "SD3": (SD3_VAE, SD3_MEDIUM_TRANSFORMER["sample_size"]),
-        "Flux.1": (FLUX_VAE, tiny_flux_pipeline().default_sample_size),
-    }
-    seen = {}
-    for name, (config, side) in families.items():
-        with torch.device("meta"):
-            vae = AutoencoderKL(**config)
-        vae.enable_tiling()
-        calls = []  # record, skip the (slow) tiled decode itself
-        vae.tiled_decode = lambda z, calls=calls, **kw: calls.append(z.shape[-1]) or DecoderOutput(sample=z)  # fmt: skip
-        z = torch.empty(1, config["latent_channels"], side, side, device="meta")
-        with torch.no_grad():
-            image = vae.decode(z).sample
-            vae.decode(torch.empty(1, z.shape[1], side + 1, side + 1, device="meta"))
-        assert image.shape == (1, 3, 8 * side, 8 * side)
-        seen[name] = (z.shape[1], 8 * side, calls)
+    seen = real_vae_tiling()
     assert seen == {"SD 1.5": (4, 512, [65]), "SDXL": (4, 1024, [129]), "SD3": (16, 1024, [129]), "Flux.1": (16, 1024, [129])}  # fmt: skip
 
 

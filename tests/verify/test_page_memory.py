@@ -200,35 +200,9 @@ def test_tiling_only_above_the_tile_size(monkeypatch):
 
 def test_tiling_acts_only_above_the_vae_sample_size():
     """`vae.enable_tiling()` tiles only a latent larger than the VAE's tile, its `sample_size`: 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1 (their published VAE configs, on the meta device), each family's default resolution, which therefore decodes whole, unchanged, while 8 px more is tiled; through a tiny `StableDiffusionPipeline` with `vae.enable_tiling()`, a call at its default height and width never reaches `tiled_decode`, and one 8 px larger does."""
-    from diffusers import AutoencoderKL
-    from diffusers.models.autoencoders.vae import DecoderOutput
-    from model_configs import (
-        FLUX_VAE,
-        SD3_MEDIUM_TRANSFORMER,
-        SD3_VAE,
-        SD15_UNET,
-        SD15_VAE,
-        SDXL_UNET,
-        SDXL_VAE,
-    )
+    from tiny import real_vae_tiling
 
-    families = {  # the VAE config, the latent side of the pipeline's default height
-        "SD 1.5": (SD15_VAE, SD15_UNET["sample_size"]),  # unet sample_size * 8
-        "SDXL": (SDXL_VAE, SDXL_UNET["sample_size"]),  # default_sample_size: the UNet's
-        "SD3": (SD3_VAE, SD3_MEDIUM_TRANSFORMER["sample_size"]),  # the transformer's
-        "Flux.1": (FLUX_VAE, memory_flux_pipeline().default_sample_size),  # 128 in __init__
-    }
-    tiled = {}
-    for name, (config, side) in families.items():
-        with torch.device("meta"):
-            vae = AutoencoderKL(**config)
-        vae.enable_tiling()
-        calls = []  # record, skip the (slow) tiled decode itself
-        vae.tiled_decode = lambda z, calls=calls, **kw: calls.append(z.shape[-1]) or DecoderOutput(sample=z)  # fmt: skip
-        for s in (side, side + 1):
-            with torch.no_grad():
-                vae.decode(torch.empty(1, config["latent_channels"], s, s, device="meta"))
-        tiled[name] = (8 * side, calls)
+    tiled = {name: (side, calls) for name, (_, side, calls) in real_vae_tiling().items()}
     assert tiled == {"SD 1.5": (512, [65]), "SDXL": (1024, [129]), "SD3": (1024, [129]), "Flux.1": (1024, [129])}  # fmt: skip
     pipe = tiny_sd_pipeline()
     pipe.vae.enable_tiling()

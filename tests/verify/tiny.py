@@ -1339,3 +1339,46 @@ def accepted_beta_schedules() -> set[str]:
     for name in names:
         DDPMScheduler(beta_schedule=name)
     return names
+
+
+@functools.cache
+def real_vae_tiling() -> dict[str, tuple[int, int, list[int]]]:
+    """Where `vae.enable_tiling()` starts to tile on the published VAE configs (meta device):
+    per family, (latent channels, the default image side in px, the latent sides of the two
+    decodes, at the default side and one latent pixel more, that reached ``tiled_decode``).
+    The default side is the one each pipeline makes: the denoiser's `sample_size` (SD 1.5,
+    SDXL, SD3 Medium) or `FluxPipeline`'s `default_sample_size`, times the VAE's factor 8."""
+    import torch
+    from diffusers import AutoencoderKL
+    from diffusers.models.autoencoders.vae import DecoderOutput
+    from model_configs import (
+        FLUX_VAE,
+        SD3_MEDIUM_TRANSFORMER,
+        SD3_VAE,
+        SD15_UNET,
+        SD15_VAE,
+        SDXL_UNET,
+        SDXL_VAE,
+    )
+
+    families = {  # the VAE config, the latent side of the pipeline's default height
+        "SD 1.5": (SD15_VAE, SD15_UNET["sample_size"]),
+        "SDXL": (SDXL_VAE, SDXL_UNET["sample_size"]),
+        "SD3": (SD3_VAE, SD3_MEDIUM_TRANSFORMER["sample_size"]),
+        "Flux.1": (FLUX_VAE, tiny_flux_pipeline().default_sample_size),  # 128 in __init__
+    }
+    seen = {}
+    for name, (config, side) in families.items():
+        with torch.device("meta"):
+            vae = AutoencoderKL(**config)
+        vae.enable_tiling()
+        calls = []  # record, skip the (slow) tiled decode itself
+        vae.tiled_decode = lambda z, calls=calls, **kw: calls.append(z.shape[-1]) or DecoderOutput(sample=z)  # fmt: skip
+        for s in (side, side + 1):
+            z = torch.empty(1, config["latent_channels"], s, s, device="meta")
+            with torch.no_grad():
+                image = vae.decode(z).sample
+            if s == side:
+                assert image.shape == (1, 3, 8 * side, 8 * side)
+        seen[name] = (config["latent_channels"], 8 * side, calls)
+    return seen
