@@ -264,26 +264,10 @@ def test_ada_layer_norm_zero_matches_the_labs_modulation(lab):
 
 def test_diffusers_does_not_zero_init_adaln_zero():
     """`DiTTransformer2DModel`'s constructor does not zero-initialise adaLN-Zero: a freshly built DiT block's `norm1.linear` (in `AdaLayerNormZero`) holds nonzero random weights and the block changes its input; zeroing that Linear's weight and bias, as DiT's training code does at init, makes the block return its input exactly. Some newer constructors do zero it: `PRXTransformer2DModel`'s, `ErnieImageTransformer2DModel`'s and `Kandinsky5Transformer3DModel`'s modulation Linear start at zero (examples, not a list)."""
-    from diffusers import (
-        DiTTransformer2DModel,
-        ErnieImageTransformer2DModel,
-        Kandinsky5Transformer3DModel,
-        PRXTransformer2DModel,
-    )
+    from diffusers import DiTTransformer2DModel
+    from tiny import self_zeroing_modulations
 
-    torch.manual_seed(0)
-    prx = PRXTransformer2DModel(in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32,
-                                num_heads=2, depth=1, axes_dim=[4, 6, 6])  # fmt: skip
-    ernie = ErnieImageTransformer2DModel(
-        hidden_size=32, num_attention_heads=2, num_layers=1, ffn_hidden_size=64, in_channels=4,
-        out_channels=4, text_in_dim=16, rope_axes_dim=(4, 6, 6),
-    )  # fmt: skip
-    kandinsky = Kandinsky5Transformer3DModel(
-        in_text_dim=16, in_text_dim2=16, time_dim=16, model_dim=32, ff_dim=64,
-        num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6),
-    )  # fmt: skip
-    for linear in (prx.blocks[0].modulation.lin, ernie.adaLN_modulation[-1],
-                   kandinsky.visual_transformer_blocks[0].visual_modulation.out_layer):  # fmt: skip
+    for linear in self_zeroing_modulations().values():
         assert not linear.weight.any() and not linear.bias.any()
 
     torch.manual_seed(0)

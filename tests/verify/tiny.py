@@ -1382,3 +1382,29 @@ def real_vae_tiling() -> dict[str, tuple[int, int, list[int]]]:
                 assert image.shape == (1, 3, 8 * side, 8 * side)
         seen[name] = (config["latent_channels"], 8 * side, calls)
     return seen
+
+
+def self_zeroing_modulations() -> dict:
+    """The modulation Linear of one block of each of three tiny newer transformers whose own
+    constructors zero it (PRX, ERNIE-Image, Kandinsky 5), by model name."""
+    from diffusers import (
+        ErnieImageTransformer2DModel,
+        Kandinsky5Transformer3DModel,
+        PRXTransformer2DModel,
+    )
+
+    prx = PRXTransformer2DModel(in_channels=4, patch_size=2, context_in_dim=16, hidden_size=32,
+                                num_heads=2, depth=1, axes_dim=[4, 6, 6])  # fmt: skip
+    ernie = ErnieImageTransformer2DModel(
+        hidden_size=32, num_attention_heads=2, num_layers=1, ffn_hidden_size=64, in_channels=4,
+        out_channels=4, text_in_dim=16, rope_axes_dim=(4, 6, 6),
+    )  # fmt: skip
+    kandinsky = Kandinsky5Transformer3DModel(
+        in_text_dim=16, in_text_dim2=16, time_dim=16, model_dim=32, ff_dim=64,
+        num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6),
+    )  # fmt: skip
+    return {
+        "PRX": prx.blocks[0].modulation.lin,
+        "ERNIE-Image": ernie.adaLN_modulation[-1],
+        "Kandinsky 5": kandinsky.visual_transformer_blocks[0].visual_modulation.out_layer,
+    }
