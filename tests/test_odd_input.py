@@ -37,6 +37,11 @@ ODD_VALUES = [
     "1,,x",
 ]
 
+#: Tried on a flag about steps too: a step count at the edge of the 1000 training timesteps,
+#: where leading spacing with ``steps_offset=1`` reaches ``t = 1000`` (lab 04's and lab 20's
+#: ``--steps 1000``, and labs 11 and 12's, raised an IndexError from ``alphas_cumprod[1000]``).
+STEP_EDGE = ["999", "1000", "1001"]
+
 #: Seconds a single run may take before it counts as a hang (the starters need well under
 #: 1 s on a quiet machine; the limit leaves room for a loaded one).
 LIMIT = 60
@@ -117,6 +122,8 @@ def corpus(starter, tmp_path) -> list[list[str]]:
             cases += [[flag, ""], [flag, str(blocker / "sub")]]
             continue
         cases += [[flag, value] for value in ODD_VALUES]
+        if "step" in flag:  # a step count at the training grid's edge (1000 timesteps)
+            cases += [[flag, value] for value in STEP_EDGE]
         if choices:
             cases.append([flag, "no-such-choice"])
     return cases

@@ -75,8 +75,8 @@ if unknown or not names:
     parser.error(
         f"unknown scheduler {unknown or args.schedulers!r}; choose from {', '.join(SCHEDULERS)}"
     )
-if not all(1 <= n <= 1000 for n in args.steps):
-    parser.error(f"--steps values must be in [1, 1000], got {args.steps}")
+if not all(1 <= n <= 999 for n in args.steps):  # steps_offset=1 reaches t=1000 at 1000
+    parser.error(f"--steps values must be in [1, 999] (steps_offset=1 would reach t=1000), got {args.steps}")  # fmt: skip
 
 # SD 1.5's scheduler_config.json, the keys these schedulers share (steps_offset moves only
 # the `leading` grid, DDPM's here; `trailing` and `linspace` ignore it)

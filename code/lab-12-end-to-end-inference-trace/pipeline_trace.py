@@ -85,7 +85,7 @@ add_pipeline_arguments(parser, guidance_help="CFG scale; <= 1: off")  # and --st
 parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
 args = parse_args(parser)
-check_pipeline_arguments(parser, args)  # one-line errors past the toy's bounds
+check_pipeline_arguments(parser, args, 999, "steps_offset=1 would reach t=1000")  # one-line errors
 
 data = toy_images(256, seed=0)  # .images (K, 3, 32, 32) in [-1, 1], .labels (K,)
 record("load", "toy_images(256)", "images", data.images, "K, 3, H, W")

@@ -70,15 +70,17 @@ class FiniteSet32(FiniteSet):
 # --8<-- [start:setup]
 parser = LabArgumentParser(prog="img2img_inpainting.py", description=__doc__.splitlines()[0])
 parser.add_argument("--strength", type=float, default=0.6, help="img2img strength in [0, 1]")
-parser.add_argument("--steps", type=int_at_least(1), default=50, help="num_inference_steps (<= 1000)")  # fmt: skip
+parser.add_argument("--steps", type=int_at_least(1), default=50, help="num_inference_steps (<= 999)")  # fmt: skip
 parser.add_argument("--num-samples", type=int_at_least(1), default=256, help="samples per setting (<= 1024)")  # fmt: skip
 parser.add_argument("--seed", type=int, default=0, help="seed of the noise")
 add_figures_argument(parser)
 args = parse_args(parser)
 if not 0.0 <= args.strength <= 1.0:  # also refuses nan
     parser.error(f"--strength must be in [0, 1], got {args.strength}")
-if args.steps > 1000 or args.num_samples > 1024:
-    parser.error("--steps must be <= 1000 and --num-samples <= 1024")
+if args.steps > 999:  # leading spacing + steps_offset=1 reaches t=1000 at 1000 steps
+    parser.error(f"--steps must be <= 999 (steps_offset=1 would reach t=1000), got {args.steps}")
+if args.num_samples > 1024:
+    parser.error(f"--num-samples must be <= 1024, got {args.num_samples}")
 
 data = toy_images(256, seed=0)  # .images (K, 3, 32, 32) in [-1, 1]
 vae = PatchPCAAutoencoder.fit(data.images, patch_size=8, latent_channels=4)  # Lab 05

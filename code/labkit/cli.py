@@ -117,13 +117,19 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser, guidance_help: str) 
     parser.add_argument("--num-samples", type=int_at_least(1), default=8, help="batch size B")
 
 
-def check_pipeline_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_pipeline_arguments(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    max_steps: int = 1000,
+    why: str = "num_train_timesteps",
+) -> None:
     """The bounds of :func:`add_pipeline_arguments`' values, each a one-line error: a finite
-    guidance scale >= 0, at most num_train_timesteps (1000) steps, at most 512 samples."""
+    guidance scale >= 0, at most ``max_steps`` steps (num_train_timesteps, 1000, unless the
+    starter's grid reaches past it sooner: ``why`` says so), at most 512 samples."""
     if not 0.0 <= args.guidance_scale < math.inf:
         parser.error(f"--guidance-scale must be a finite number >= 0, got {args.guidance_scale:g}")
-    if args.steps > 1000:
-        parser.error(f"--steps must be <= num_train_timesteps (1000), got {args.steps}")
+    if args.steps > max_steps:
+        parser.error(f"--steps must be <= {max_steps} ({why}), got {args.steps}")
     if args.num_samples > 512:
         parser.error(f"--num-samples must be <= 512, got {args.num_samples}")
 
