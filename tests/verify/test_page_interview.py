@@ -444,7 +444,11 @@ def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
 
 
 def test_euler_and_ddim_scale_the_state_differently():
-    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` with `linspace` or `trailing` starts at `sigmas.max()` (with SDXL's `leading` config at 10 steps, 8.45, not 8.39) and divides the UNet input by `sqrt(sigma ** 2 + 1)`."""
+    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` with `linspace` or `trailing` starts at `sigmas.max()` (with SDXL's `leading` config, `(sigmas.max() ** 2 + 1) ** 0.5`: 8.45 at 10 steps, not the grid's 8.39, and more at `StableDiffusionXLPipeline`'s default 50, whose grid starts at 981) and divides the UNet input by `sqrt(sigma ** 2 + 1)`.
+
+    The 50-step case runs `StableDiffusionXLPipeline.__call__` without `num_inference_steps` and
+    reads the factor `prepare_latents` applies, then interrupts the loop before any UNet call.
+    """
     sample = start_latents()
     ddim = DDIMScheduler(**SD_BETAS)
     ddim.set_timesteps(10)
@@ -464,6 +468,32 @@ def test_euler_and_ddim_scale_the_state_differently():
             assert float(other.init_noise_sigma) == pytest.approx(top)
         else:
             assert round(top, 2) == 8.39 and round(float(other.init_noise_sigma), 2) == 8.45
+
+    from tiny import POOLED_DIM, tiny_sdxl_pipeline
+
+    sdxl_euler = EulerDiscreteScheduler(timestep_spacing="leading", steps_offset=1, **SD_BETAS)
+    pipe, factors = tiny_sdxl_pipeline(sdxl_euler), []
+    prepare_latents = pipe.prepare_latents
+
+    passed = start_latents() + 3.0  # away from 0, so out / passed is the factor everywhere
+
+    def spy(*args, **kwargs):
+        out = prepare_latents(*args, **kwargs)
+        factors.append((out / passed).mean().item())
+        pipe._interrupt = True  # stop before the first UNet call: only the start is wanted
+        return out
+
+    pipe.prepare_latents = spy
+    prompt_embeds, pooled = embeds(0), torch.ones(1, POOLED_DIM)
+    pipe(
+        prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
+        negative_prompt_embeds=torch.zeros_like(prompt_embeds),
+        negative_pooled_prompt_embeds=torch.zeros_like(pooled),
+        latents=passed, height=HEIGHT, width=WIDTH, output_type="latent",
+    )  # fmt: skip
+    top = float(sdxl_euler.sigmas.max())
+    assert len(sdxl_euler.timesteps) == 50 and sdxl_euler.timesteps[0].item() == 981
+    assert factors[0] == pytest.approx((top**2 + 1) ** 0.5, rel=1e-5) and factors[0] > 8.45 + 1
 
 
 def test_decode_divides_by_the_vae_scaling_factor(sd_pipe, calls_of):

@@ -113,6 +113,37 @@ def test_ddpm_adds_no_noise_at_t_zero():
     assert not torch.allclose(step(100, 1), step(100, 2))
 
 
+def test_ddim_eta1_differs_from_ddpm_at_the_final_step():
+    """With `eta=1` DDIM's step has the same distribution as DDPM's, except at the final step under SD 1.x's `set_alpha_to_one=False`: DDIM then targets `alphas_cumprod[0]` and still adds noise, while DDPM lands on clean data.
+
+    Both schedulers on SD 1.x's settings at 10 steps: the spread between two generators'
+    `prev_sample` at the last timestep (1) and at an earlier one (501)."""
+    sample, eps = torch.randn(4, 2, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    ddpm = DDPMScheduler(**{k: v for k, v in SD_SCHEDULER.items() if k != "set_alpha_to_one"})
+    ddim, ddim_one = (
+        DDIMScheduler(**SD_SCHEDULER),
+        DDIMScheduler(**{**SD_SCHEDULER, "set_alpha_to_one": True}),
+    )
+    spread = {}
+    for name, scheduler, kw in [
+        ("ddpm", ddpm, {}),
+        ("ddim", ddim, {"eta": 1.0}),
+        ("ddim_one", ddim_one, {"eta": 1.0}),
+    ]:
+        scheduler.set_timesteps(10)
+        for t in (501, 1):
+            a, b = (
+                scheduler.step(
+                    eps, t, sample, generator=torch.Generator().manual_seed(s), **kw
+                ).prev_sample
+                for s in (1, 2)
+            )
+            spread[name, t] = (a - b).std().item()
+    assert spread["ddim", 501] == pytest.approx(spread["ddpm", 501], rel=1e-6)  # same noise std
+    assert spread["ddpm", 1] < 1e-8 and spread["ddim_one", 1] < 1e-8  # clean data
+    assert spread["ddim", 1] > 1e-3  # alphas_cumprod[0] < 1: noise at the last step
+
+
 def test_from_config_carries_the_schedule_and_prediction_type():
     """`DDIMScheduler.from_config(ddpm.config)` keeps the schedule (`betas`, `alphas_cumprod`) and `prediction_type`: swapping the sampler needs no new model."""
     ddpm = DDPMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,

@@ -260,7 +260,7 @@ def test_sdxl_ships_leading_euler_and_sd15_swaps_to_linspace(tmp_path):
 
 
 def test_timesteps_and_sigmas_of_the_three_mirrored_classes():
-    """`set_timesteps(n)` fills `timesteps` `(n,)`, int64 for DDIM and float32 for Euler and flow matching, and for those two `sigmas` `(n + 1,)` ending in 0; not every class: `HeunDiscreteScheduler` returns 19 `timesteps` at 10 steps."""
+    """`set_timesteps(n)` fills `timesteps` `(n,)`, int64 for DDIM and float32 for Euler and flow matching, and for those two `sigmas` `(n + 1,)` ending in 0; not every class: `HeunDiscreteScheduler` returns 19 `timesteps` at 10 steps; nor every `n`: under `trailing`, DDIM and Euler return `n + 1` at 61 steps, the last one -1."""
     for n in (1, 10, 50):
         ddim = DDIMScheduler()
         ddim.set_timesteps(n)
@@ -274,3 +274,7 @@ def test_timesteps_and_sigmas_of_the_three_mirrored_classes():
     heun = HeunDiscreteScheduler()
     heun.set_timesteps(10)
     assert len(heun.timesteps) == 19
+    for cls in (DDIMScheduler, EulerDiscreteScheduler):
+        trailing = cls(timestep_spacing="trailing")
+        trailing.set_timesteps(61)
+        assert trailing.timesteps.shape == (62,) and trailing.timesteps[-1] == -1, cls.__name__

@@ -21,6 +21,7 @@ import math
 import re
 from pathlib import Path
 
+import diffusers
 import numpy as np
 import pytest
 import torch
@@ -39,7 +40,7 @@ from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import c
 from diffusers.schedulers.scheduling_flow_match_euler_discrete import (
     FlowMatchEulerDiscreteSchedulerOutput,
 )
-from diffusers.schedulers.scheduling_utils import KarrasDiffusionSchedulers
+from diffusers.schedulers.scheduling_utils import KarrasDiffusionSchedulers, SchedulerMixin
 from tiny import (
     EMBED_DIM,
     HEIGHT,
@@ -269,17 +270,60 @@ def test_float_rounding_quirks_in_spacing():
         assert len(trailing.timesteps) == 62 and trailing.timesteps[-1].item() == -1, cls.__name__
 
 
+def trailing_schedulers():
+    """Every scheduler class diffusers exports that takes `timestep_spacing="trailing"` with SD's
+    betas and can run 60 and 61 steps (inversion schedulers run the other way: left out)."""
+    found = {}
+    for name in sorted(n for n in dir(diffusers) if n.endswith("Scheduler")):  # the exports' names
+        cls = getattr(diffusers, name, None)
+        if not (inspect.isclass(cls) and issubclass(cls, SchedulerMixin)) or "Inverse" in name:
+            continue
+        if not hasattr(cls, "step"):  # SchedulerMixin itself
+            continue
+        required = [
+            p.name for p in inspect.signature(cls.step).parameters.values()
+            if p.default is inspect.Parameter.empty and p.name != "self"
+        ]  # fmt: skip
+        if required != ["model_output", "timestep", "sample"]:  # CogVideoX's DPM: two samples
+            continue
+        try:
+            scheduler = cls(timestep_spacing="trailing", **SD_BETAS)
+            scheduler.set_timesteps(61)
+        except (TypeError, ImportError, ValueError):  # no such setting, optional deps, LCM's 50
+            continue
+        if scheduler.config.get("timestep_spacing") == "trailing":
+            found[name] = cls
+    return found
+
+
+def trailing_loop(cls, steps):
+    """A whole loop of `cls` under `trailing` on SD's betas, with the output `0.1 *` the scaled
+    input standing in for the model; returns the calls made and the `latents` that enter and
+    leave the last step."""
+    extra = {"clip_sample": False} if "clip_sample" in inspect.signature(cls).parameters else {}
+    scheduler = cls(timestep_spacing="trailing", **SD_BETAS, **extra)
+    scheduler.set_timesteps(steps)
+    x = randn(1) * scheduler.init_noise_sigma
+    kw = {"generator": torch.Generator().manual_seed(2)}
+    if "generator" not in inspect.signature(scheduler.step).parameters:
+        kw = {}
+    for t in scheduler.timesteps:
+        before = x
+        x = scheduler.step(0.1 * scheduler.scale_model_input(x, t), t, x, **kw).prev_sample
+    return len(scheduler.timesteps), before, x
+
+
 def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
-    """`trailing` at 61 steps returns 62 timesteps, the last one -1: the pipeline makes 62 UNet calls, and DDIM and DDPM read `alphas_cumprod[-1]`, the noisiest level, at that last step, so the final `latents` come out about `1 / sqrt(alphas_cumprod[999])`, about 15, times too large for SD's schedule, without an error (Euler is unaffected); 61, 103, 121 and 59 other step counts up to 1000 do this.
+    """`trailing` at 61 steps returns 62 timesteps, the last one -1: the pipeline makes 62 UNet calls, and DDIM, DDPM and PNDM (also `DDIMParallelScheduler`, `DDPMParallelScheduler` and `CogVideoXDDIMScheduler`) read `alphas_cumprod[-1]`, the noisiest level, at that last step and divide by its square root (DDIM's `pred_original_sample` is `(x - sqrt(1 - alphas_cumprod[999]) * noise_pred) / sqrt(alphas_cumprod[999])`), so the final `latents` come out about 15 times the correct ones for SD's schedule when `noise_pred` is small next to them, without an error; Euler, Heun, DPM-Solver and UniPC make the extra calls too but their output is unaffected; 61, 103, 121 and 59 other step counts up to 1000 do this.
 
     `StableDiffusionPipeline` runs DDIM at 61 steps with a spy on `step`; the latents that
     enter the extra step at -1 are what a correct loop returns (the step from 15 already
-    lands on `final_alpha_cumprod`). DDPM's and Euler's own `step` then take that same
-    extra step from those latents.
+    lands on `final_alpha_cumprod`). Then every exported scheduler class that takes
+    `trailing` runs a whole stand-in loop at 60 and at 61 steps: exactly the
+    `alphas_cumprod`-indexed ones end an order of magnitude larger.
     """
-    quirky = []
+    quirky, scheduler = [], DDIMScheduler(timestep_spacing="trailing")
     for n in range(1, 1001):
-        scheduler = DDIMScheduler(timestep_spacing="trailing")
         scheduler.set_timesteps(n)
         if len(scheduler.timesteps) != n:
             assert len(scheduler.timesteps) == n + 1 and scheduler.timesteps[-1] == -1, n
@@ -306,20 +350,30 @@ def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
     assert len(told) == 62 and told[-2:] == [15, -1]
     noise_pred, t, correct = steps[-1]
     assert t == -1 and torch.isfinite(final).all()
+    abar = DDIMScheduler(**SD_BETAS).alphas_cumprod[-1]
+    expected = abar.sqrt() ** -1 * (correct - (1 - abar).sqrt() * noise_pred)
+    prev = DDIMScheduler(**SD_SCHEDULER).alphas_cumprod[0]  # SD's set_alpha_to_one=False
+    close(final, prev.sqrt() * expected + (1 - prev).sqrt() * noise_pred)
     assert final.abs().max() / correct.abs().max() == pytest.approx(damage, rel=0.1)
 
-    for cls, config in [
-        (DDPMScheduler, dict(SD_BETAS, steps_offset=1, clip_sample=False)),
-        (EulerDiscreteScheduler, SD_SCHEDULER_EULER),
-    ]:
-        other = cls(timestep_spacing="trailing", **config)
-        other.set_timesteps(61)
-        assert other.timesteps[-1].item() == -1
-        g = torch.Generator().manual_seed(0)
-        out = other.step(noise_pred, other.timesteps[-1], correct, generator=g).prev_sample
-        ratio = (out.abs().max() / correct.abs().max()).item()
-        expected = 1.0 if cls is EulerDiscreteScheduler else damage
-        assert ratio == pytest.approx(expected, rel=0.1), (cls.__name__, ratio)
+    wrecked, unaffected = set(), set()
+    for name, cls in trailing_schedulers().items():
+        at60 = cls(timestep_spacing="trailing", **SD_BETAS)
+        at60.set_timesteps(60)
+        calls60 = len(at60.timesteps)
+        calls61, before, x61 = trailing_loop(cls, 61)
+        assert calls61 > calls60 * 61 / 60, name  # the extra timestep costs calls everywhere
+        ratio = (x61.abs().max() / before.abs().max()).item()  # the last step, from t = -1
+        (wrecked if ratio > 5 else unaffected).add(name)
+        assert ratio > 5 or ratio == pytest.approx(1, abs=0.05), (name, ratio)
+    assert wrecked == {
+        "DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "DDIMParallelScheduler",
+        "DDPMParallelScheduler", "CogVideoXDDIMScheduler",
+    }  # fmt: skip
+    assert {
+        "EulerDiscreteScheduler", "HeunDiscreteScheduler", "DPMSolverMultistepScheduler",
+        "UniPCMultistepScheduler",
+    } <= unaffected  # fmt: skip
 
 
 def test_class_defaults():
@@ -657,7 +711,7 @@ def test_pndm_is_stateful():
 
 
 def test_a_shared_instance_loses_its_grid_to_another_request(sd_pipe):
-    """DDIM and DDPM keep only the grid, and a concurrent request's `set_timesteps` on a shared instance replaces it: in `StableDiffusionPipeline` at 10 steps, another `set_timesteps(5)` on the same scheduler after the first step makes DDIM step with that request's stride, silently, and DDPM raise an `IndexError` at a `t` off the new grid and step to the new grid's next level at one on it."""
+    """DDIM keeps only its step count, DDPM its grid, and a concurrent request's `set_timesteps` on a shared instance replaces them: in `StableDiffusionPipeline` at 10 steps, another `set_timesteps(5)` on the same scheduler after the first step makes DDIM step with that request's stride, silently, and DDPM raise an `IndexError` at a `t` off the new grid and step to the new grid's next level at one on it."""
     prompt_embeds = embeds(0)
     seen = {}
 
@@ -680,6 +734,8 @@ def test_a_shared_instance_loses_its_grid_to_another_request(sd_pipe):
             noise_pred = sd_pipe.unet(seen[0], 801, encoder_hidden_states=prompt_embeds).sample
         five = DDIMScheduler(**SD_SCHEDULER)
         five.set_timesteps(5)
+        close(seen[1], five.step(noise_pred, 801, seen[0]).prev_sample)
+        five.timesteps = torch.arange(999, -1, -111)  # any grid: DDIM reads only the count
         close(seen[1], five.step(noise_pred, 801, seen[0]).prev_sample)
 
         sd_pipe.scheduler = DDPMScheduler(**{**SD_BETAS, "steps_offset": 1, "clip_sample": False})
@@ -745,19 +801,28 @@ def test_wrong_prediction_type_raises_no_error():
 
 
 def test_a_mismatch_is_finite_except_at_zero_terminal_snr(sd_pipe):
-    """A mismatch raises no error: `step` returns wrong `latents`, finite except at zero terminal SNR, where an unclipped `epsilon` reading turns them non-finite: `StableDiffusionPipeline` with `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error on SD's schedule with finite, different `latents` either way, while with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends non-finite (finite again with `clip_sample=True`) and `v_prediction` finite."""
+    """A mismatch raises no error: `step` returns wrong `latents`, finite except in DDPM and DDIM at zero terminal SNR when the grid reaches `t = 999` and `epsilon` is read unclipped: `StableDiffusionPipeline` with `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error on SD's schedule with finite, different `latents` either way; with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends non-finite in DDIM and DDPM (finite again with `clip_sample=True`) and `v_prediction` finite, while DDIM's `leading` grid (which starts at 801 for 5 steps) and `EulerDiscreteScheduler` (whose last `alphas_cumprod` is `2**-24`, not 0) stay finite."""
     original, finals = sd_pipe.scheduler, {}
     zero_snr = dict(rescale_betas_zero_snr=True, timestep_spacing="trailing")
+    ddpm = dict(SD_BETAS, steps_offset=1, clip_sample=False)
     try:
-        for name, config in [
-            ("epsilon", {}),
-            ("v_prediction", {"prediction_type": "v_prediction"}),
-            ("zero-SNR epsilon", zero_snr),
-            ("zero-SNR v_prediction", {**zero_snr, "prediction_type": "v_prediction"}),
-            ("zero-SNR epsilon, clipped", {**zero_snr, "clip_sample": True}),
-        ]:
-            sd_pipe.scheduler = DDIMScheduler(**{**SD_SCHEDULER, **config})
-            finals[name] = run_sd(sd_pipe, 5, latents=start_latents())  # no error
+        for name, cls, config in [
+            ("epsilon", DDIMScheduler, SD_SCHEDULER),
+            ("v_prediction", DDIMScheduler, {**SD_SCHEDULER, "prediction_type": "v_prediction"}),
+            ("zero-SNR epsilon", DDIMScheduler, {**SD_SCHEDULER, **zero_snr}),
+            ("zero-SNR v_prediction", DDIMScheduler,
+             {**SD_SCHEDULER, **zero_snr, "prediction_type": "v_prediction"}),
+            ("zero-SNR epsilon, clipped", DDIMScheduler,
+             {**SD_SCHEDULER, **zero_snr, "clip_sample": True}),
+            ("zero-SNR DDPM epsilon", DDPMScheduler, {**ddpm, **zero_snr}),
+            ("zero-SNR leading epsilon", DDIMScheduler,
+             {**SD_SCHEDULER, "rescale_betas_zero_snr": True}),
+            ("zero-SNR Euler epsilon", EulerDiscreteScheduler, {**SD_SCHEDULER_EULER, **zero_snr}),
+        ]:  # fmt: skip
+            sd_pipe.scheduler = cls(**config)
+            finals[name] = run_sd(
+                sd_pipe, 5, latents=start_latents(), generator=torch.Generator().manual_seed(0)
+            )  # no error
     finally:
         sd_pipe.scheduler = original
     finite = {name: bool(torch.isfinite(x).all()) for name, x in finals.items()}
@@ -767,6 +832,9 @@ def test_a_mismatch_is_finite_except_at_zero_terminal_snr(sd_pipe):
         "zero-SNR epsilon": False,
         "zero-SNR v_prediction": True,
         "zero-SNR epsilon, clipped": True,
+        "zero-SNR DDPM epsilon": False,
+        "zero-SNR leading epsilon": True,
+        "zero-SNR Euler epsilon": True,
     }
     assert not torch.allclose(finals["epsilon"], finals["v_prediction"])
 
