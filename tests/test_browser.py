@@ -894,12 +894,12 @@ def axe_pages(built_site) -> tuple[list[str], set[str], set[str]]:
 @pytest.mark.parametrize("width", [DESKTOP, MOBILE], ids=["desktop", "mobile"])
 def test_axe_finds_no_violation_on_any_page(server, browser, axe_source, axe_pages, width,
                                             part):  # fmt: skip
-    """axe-core's WCAG 2.0-2.2 A/AA and best-practice rules pass on every page at desktop and
-    at mobile width, as loaded and once the first interaction has started Material's bundle
-    (which raises no error on any page), in light and in dark: the colour rules where
-    ``axe_passes`` says, code's token colours on the pages that show every token class
-    (``token_pages``). And the first block left to lay out after load (later.py) starts 1.2
-    windows down or more."""
+    """axe-core's WCAG 2.0-2.2 A/AA and best-practice rules pass on every page at desktop
+    width, as loaded and once the first interaction has started Material's bundle (which
+    raises no error on any page), and at mobile width once it has started; as loaded at
+    mobile width and in dark, on the pages ``axe_passes`` says (every page weekly); code's
+    token colours on the pages that show every token class (``token_pages``). And the first
+    block left to lay out after load (later.py) starts 1.2 windows down or more."""
     # Reduced motion, which Material's CSS honours by turning every transition off: axe
     # scrolls elements into view to measure them, Material hides its tabs while the page is
     # scrolled and fades them back in (0.25 s, 20 ms later per tab), and a measurement taken
