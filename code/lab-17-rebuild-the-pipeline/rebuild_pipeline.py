@@ -84,7 +84,12 @@ parser.add_argument(
 )  # fmt: skip
 add_figures_argument(parser)
 args = parse_args(parser)
-check_pipeline_arguments(parser, args)  # Lab 12's bounds, with its one-line errors
+# Lab 12's bounds, with its one-line errors; DDIM's leading grid with SD 1.5's steps_offset=1
+# reaches t = 1000 at 1000 steps, past alphas_cumprod (diffusers raises IndexError there too)
+if args.scheduler == "ddim":
+    check_pipeline_arguments(parser, args, 999, "DDIM with steps_offset=1 would reach t=1000")
+else:
+    check_pipeline_arguments(parser, args)
 
 data = toy_images(256, seed=0)  # .images (K, 3, 32, 32) in [-1, 1], .labels (K,)
 vae = PatchPCAAutoencoder.fit(data.images, patch_size=8, latent_channels=4)  # Lab 05

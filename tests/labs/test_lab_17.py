@@ -688,7 +688,7 @@ def test_figures(tmp_path, run_cli):
 @pytest.mark.parametrize(
     "argv",
     [["--steps", "0"], ["--prompt", "cat"], ["--guidance-scale", "-1"], ["--demo-wrong", "6"],
-     ["--scheduler", "pndm"], ["--num-samples", "0"]],
+     ["--scheduler", "pndm"], ["--num-samples", "0"], ["--scheduler", "ddim", "--steps", "1000"]],
     ids=" ".join,
 )  # fmt: skip
 @pytest.mark.parametrize("solution", [[], ["--solution"]], ids=["reader", "solution"])
