@@ -6,7 +6,7 @@ conditional rows, splits the prediction in two and extrapolates:
 The state is ``latents`` (N, 2); the axis that doubles is the batch axis. The
 trade-off: class purity rises with the scale while diversity falls and, at high
 scale, samples overshoot past the class they were pushed toward, and every
-guided step costs two denoiser evaluations instead of one.
+guided step costs twice the denoiser rows, in one call.
 
 Run it:  python3 code/lab-04-cfg-code-reading/cfg_guidance.py --guidance-scales 1,3,7.5
 """
@@ -211,8 +211,8 @@ if in_notebook():
 # finite set). The prompt is "square". Each column is one guidance scale (the first: no
 # prompt), each row one starting noise, the same in every column. All columns run as
 # one doubled batch per step, with the lines of `guided_noise_pred`; a column at scale
-# <= 1 uses the conditional half alone, which is diffusers' result, though here its
-# unconditional half is still computed (diffusers skips it). Drawn only with `--figures`
+# <= 1 uses the conditional half alone, StableDiffusionPipeline's result, though here its
+# unconditional half is still computed (the pipeline skips it). Drawn only with `--figures`
 # (the site's build), so the default run stays fast.
 
 # %%

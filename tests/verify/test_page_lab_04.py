@@ -105,10 +105,11 @@ def test_do_classifier_free_guidance_is_scale_above_one_without_guidance_embeddi
 
 
 def test_default_ddim_config_warns_and_is_rewritten(sd_pipe, run_lab):
-    """`StableDiffusionPipeline` built with diffusers' default DDIM config (`steps_offset=0`, `clip_sample=True`) warns that the scheduler's configuration is outdated and rewrites those two keys to `steps_offset=1` and `clip_sample=False`; DDIM's default `set_alpha_to_one=True` stays, so it is not the lab's config (`set_alpha_to_one=False`) and the same call ends on other `latents`.
+    """`StableDiffusionPipeline` built with SD's betas and DDIM's own defaults otherwise (`steps_offset=0`, `clip_sample=True`) warns that the scheduler's configuration is outdated and rewrites those two keys to `steps_offset=1` and `clip_sample=False`; DDIM's default `set_alpha_to_one=True` stays, so it is not the lab's config (`set_alpha_to_one=False`): the same call gives the same `latents` after every step but the last, which differs.
 
     The rewritten config is compared key by key with the starter's own scheduler; both
-    pipelines share one tiny UNet and VAE.
+    pipelines share one tiny UNet and VAE, and ``callback_on_step_end`` records the
+    ``latents`` after each step.
     """
     from diffusers import DDIMScheduler
 
@@ -123,7 +124,22 @@ def test_default_ddim_config_warns_and_is_rewritten(sd_pipe, run_lab):
     labs = lab["scheduler"].config.__dict__
     differ = {k for k in SD_SCHEDULER if config[k] != labs[k]}
     assert differ == {"set_alpha_to_one"} and config.set_alpha_to_one is True
-    assert not torch.allclose(run(pipe, 7.5, steps=3), run(sd_pipe, 7.5, steps=3))
+
+    def per_step(p):
+        seen = []
+
+        def record(pipe, i, t, callback_kwargs):
+            seen.append(callback_kwargs["latents"].clone())
+            return callback_kwargs
+
+        run(p, 7.5, steps=3, callback_on_step_end=record)
+        return seen
+
+    rewritten, lab_config = per_step(pipe), per_step(sd_pipe)
+    assert len(rewritten) == len(lab_config) == 3
+    for before, after in zip(rewritten[:-1], lab_config[:-1], strict=True):
+        assert torch.equal(before, after)
+    assert not torch.allclose(rewritten[-1], lab_config[-1])
 
 
 def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe, run_lab):

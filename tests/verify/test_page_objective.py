@@ -29,6 +29,7 @@ from diffusers import (
     PNDMScheduler,
     SASolverScheduler,
     SchedulerMixin,
+    SCMScheduler,
     StableDiffusion3Pipeline,
     StableDiffusionPipeline,
     UnCLIPScheduler,
@@ -76,24 +77,30 @@ def test_add_noise_is_the_forward_formula():
 
 
 def test_sd_latents_and_noise_pred_shapes(sd1_shaped_pipe):
-    """With a VAE of SD 1.x's four blocks, `StableDiffusionPipeline` denoises `latents` of shape `(B, 4, H/8, W/8)`, and each UNet output `noise_pred` has that same shape."""
+    """With a VAE of SD 1.x's four blocks, `StableDiffusionPipeline` denoises `latents` of shape `(B, 4, H/8, W/8)`, and SD 1.x's UNet returns `noise_pred` in the shape of its input, `(2B, 4, H/8, W/8)` under the default guidance.
+
+    The call leaves ``guidance_scale`` at the pipeline's default (7.5); a forward hook records
+    each UNet call's input and output shapes.
+    """
     pipe = sd1_shaped_pipe
     assert pipe.vae_scale_factor == 8
-    outputs = []
-    handle = pipe.unet.register_forward_hook(lambda m, a, out: outputs.append(out[0].shape))
+    shapes = []
+    handle = pipe.unet.register_forward_hook(
+        lambda m, args, out: shapes.append((args[0].shape, out[0].shape))
+    )
     try:
         latents = pipe(
             prompt_embeds=embeds(0, batch=2),
+            negative_prompt_embeds=embeds(1, batch=2),
             height=32,
             width=32,
             num_inference_steps=2,
-            guidance_scale=1.0,
             output_type="latent",
         ).images
     finally:
         handle.remove()
     assert latents.shape == (2, 4, 32 // 8, 32 // 8)
-    assert outputs == [latents.shape] * 2
+    assert shapes == [((4, 4, 4, 4), (4, 4, 4, 4))] * 2  # (2B, 4, H/8, W/8) in and out
 
 
 def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
@@ -145,7 +152,7 @@ def scheduler_classes_taking(parameter: str) -> list[type]:
 
 
 def test_from_config_keeps_prediction_type():
-    """A scheduler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` keeps the checkpoint's `prediction_type` (and its betas), and so does `from_config` on every scheduler class of the installed diffusers whose `__init__` takes `prediction_type`; on SD's `scaled_linear` config `UnCLIPScheduler`, which takes only the cosine schedule, raises `ValueError` instead.
+    """A scheduler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` keeps the checkpoint's recorded `prediction_type` (and its betas), and so does `from_config` on every scheduler class of the installed diffusers whose `__init__` takes `prediction_type`; on SD's `scaled_linear` config `UnCLIPScheduler`, which takes only the cosine schedule, raises `ValueError` instead.
 
     The first source config uses the cosine schedule, the one every such class accepts, on 100
     training timesteps (the KDPM2 schedulers build their grid over all of them in
@@ -177,10 +184,38 @@ def test_from_config_keeps_prediction_type():
     assert raising == [UnCLIPScheduler]
 
 
+def test_from_config_does_not_carry_a_prediction_type_the_file_omits():
+    """A value the source never set is listed in its config's `_use_default_values` and not carried: from SD 1.5's file the new class's default applies, `epsilon` for most but `flow_prediction` for the Helios schedulers and `trigflow` for `SCMScheduler`.
+
+    SD 1.5's shipped scheduler_config.json has no ``prediction_type``; every scheduler class
+    taking one is built from it, and its value compared with the class's own default (read
+    from the class built without that key, on 100 training timesteps).
+    """
+    assert "prediction_type" not in SD15_SCHEDULER_FILE
+    sd = PNDMScheduler.from_config(SD15_SCHEDULER_FILE).config
+    assert sd.prediction_type == "epsilon" and "prediction_type" in sd._use_default_values
+    got, raising = {}, []
+    for cls in scheduler_classes_taking("prediction_type"):
+        try:
+            got[cls] = cls.from_config(sd).config.prediction_type
+        except ValueError:  # UnCLIP: cosine schedule only
+            raising.append(cls)
+            continue
+        own = cls.from_config({"num_train_timesteps": 100}).config.prediction_type
+        assert got[cls] == own, cls.__name__
+    assert raising == [UnCLIPScheduler]
+    changed = {cls: value for cls, value in got.items() if value != "epsilon"}
+    assert changed == {
+        HeliosScheduler: "flow_prediction",
+        HeliosDMDScheduler: "flow_prediction",
+        SCMScheduler: "trigflow",
+    }
+
+
 def test_unclip_keeps_v_prediction_but_cannot_read_it():
     """Carrying the value over is not reading it: `UnCLIPScheduler` keeps a cosine config's `v_prediction`, then its `step` raises, since it reads only `epsilon` and `sample`.
 
-    scheduling_unclip.py:295-302; the same step with `epsilon` runs.
+    scheduling_unclip.py:295-302; the same step with `epsilon` or `sample` runs.
     """
     source = DDPMScheduler(prediction_type="v_prediction", beta_schedule="squaredcos_cap_v2").config
     unclip = UnCLIPScheduler.from_config(source)
@@ -189,9 +224,10 @@ def test_unclip_keeps_v_prediction_but_cannot_read_it():
     t, x_t, out = unclip.timesteps[0], randn(0), randn(1)
     with pytest.raises(ValueError, match="must be one of `epsilon` or `sample`"):
         unclip.step(out, t, x_t)
-    reading = UnCLIPScheduler.from_config(source, prediction_type="epsilon")
-    reading.set_timesteps(5)
-    assert torch.isfinite(reading.step(out, t, x_t).prev_sample).all()
+    for readable in ("epsilon", "sample"):
+        reading = UnCLIPScheduler.from_config(source, prediction_type=readable)
+        reading.set_timesteps(5)
+        assert torch.isfinite(reading.step(out, t, x_t).prev_sample).all(), readable
 
 
 def test_use_flow_sigmas_schedulers():
