@@ -306,7 +306,7 @@ for row in trace:
           f" ({row['layout']}{comma}){'':<{max(0, 10 - len(row['layout']) - len(comma))}} {row['dtype']}")  # fmt: skip
 print(f"{len(trace)} rows, {len(loop_rows)} in the loop ({n} steps x {per_step})")
 print(f"transformer calls: {len(transformer.rows)} of {B} rows each "
-      f"(SD with CFG: {n} unet calls of {2 * B} rows)")  # fmt: skip
+      f"(SD with CFG and DDIM: {n} unet calls of {2 * B} rows)")  # fmt: skip
 print(f"latents in the loop: rank 3 {loop_rows[-1]['shape']} (SD: rank 4, (B, 4, h, w))")
 print(f"mu = calculate_shift({image_seq_len}) = {mu:.4f} in this toy (1.15 at 4096 tokens);"
       f" sigmas {scheduler.sigmas[0]:.3f}, {scheduler.sigmas[1]:.3f} ... {scheduler.sigmas[-2]:.3f}"

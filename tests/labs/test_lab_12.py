@@ -70,6 +70,16 @@ def test_every_prompt_returns_training_images_of_its_class(run_lab, prompt):
     assert rms.max() < 1.5 * floor
 
 
+def test_two_steps_stop_short_of_the_training_images(run_lab):
+    """Things to try: `--prompt vbar --steps 2`, where the samples stop short of the training
+    images: every sample's RMS distance to its nearest training latent is several times the
+    noise DDIM's last step leaves (at 10 steps, the test above, all are within 1.5 times it)."""
+    g = run_lab(STARTER, "--prompt", "vbar", "--steps", "2")
+    _, rms = g["training_set"].nearest(g["latents"])
+    floor = np.sqrt(1 - g["scheduler"].alphas_cumprod[0])  # DDIM's last-step noise
+    assert rms.min() > 5 * floor, rms
+
+
 def test_default_output_reports_purity_and_cost(default_run):
     assert "nearest training latent has the prompt's label: 100.0% of 8" in default_run
     shares = {}

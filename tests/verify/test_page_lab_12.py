@@ -344,20 +344,44 @@ def sd15_flops():
     return sd15_flops()
 
 
-def test_sd15_decode_against_the_loop_in_flops(sd15_flops):
-    """SD 1.5 shows the same: at 512 × 512 its decode takes the FLOPs of about three UNet passes, 44% of the UNet and VAE FLOPs of a 4-step unguided call; at 20 guided steps the loop is 93% of SD 1.5's UNet and VAE FLOPs.
+def test_sd15_decode_against_the_loop_in_flops(sd15_flops, record_calls):
+    """SD 1.5 shows the same: at 512 × 512 its decode takes the FLOPs of about three UNet passes, 44% of the UNet and VAE FLOPs of a 4-step unguided DDIM call; at 20 guided steps the loop is 93% of SD 1.5's UNet and VAE FLOPs, with DDIM or with SD 1.5's shipped `PNDMScheduler`.
 
-    A guided step runs the UNet on 2 rows, twice one row's FLOPs. The shares are of the UNet
-    and VAE alone: with the text encoder (once per prompt, twice when guiding) and the
-    shipped safety checker (once per image) they are 43% and 92%.
+    The UNet rows are counted on the tiny pipeline's own ``__call__``: 4 unguided DDIM steps
+    make 4 one-row calls, while the shipped PNDM makes 5 there (decode 39%, so the 44% needs
+    DDIM); 20 guided steps make 20 two-row calls with DDIM and 21 with PNDM. The shares are
+    of the UNet and VAE alone: with the text encoder (once per prompt, twice when guiding)
+    and the shipped safety checker (once per image) DDIM's are 43% and 92%.
     """
+    from diffusers import PNDMScheduler
+    from tiny import SD15_PNDM
+
     unet, decode = sd15_flops["unet"], sd15_flops["decode"]
-    assert 2.9 < decode / unet < 3.3
-    assert round(100 * decode / (4 * unet + decode)) == 44
-    assert round(100 * 20 * 2 * unet / (20 * 2 * unet + decode)) == 93
     text, safety = sd15_flops["text"], sd15_flops["safety"]
-    assert round(100 * decode / (4 * unet + decode + text + safety)) == 43
-    assert round(100 * 20 * 2 * unet / (20 * 2 * unet + decode + 2 * text + safety)) == 92
+    assert 2.9 < decode / unet < 3.3
+
+    def rows(scheduler, steps, guidance_scale):  # UNet rows of one call, B = 1
+        pipe = tiny_sd_pipeline(scheduler=scheduler)
+        calls = record_calls(pipe.unet).calls
+        pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), num_inference_steps=steps,
+             guidance_scale=guidance_scale, height=SIZE, width=SIZE, latents=start_latents(1),
+             output_type="latent")  # fmt: skip
+        return sum(args[0].shape[0] for args, _ in calls)
+
+    def pndm():
+        return PNDMScheduler(**SD15_PNDM)
+
+    short = {"DDIM": rows(None, 4, 1.0), "PNDM": rows(pndm(), 4, 1.0)}
+    assert short == {"DDIM": 4, "PNDM": 5}
+    assert round(100 * decode / (short["DDIM"] * unet + decode)) == 44
+    assert round(100 * decode / (short["PNDM"] * unet + decode)) == 39  # not 44: DDIM only
+    long = {"DDIM": rows(None, 20, GUIDANCE), "PNDM": rows(pndm(), 20, GUIDANCE)}
+    assert long == {"DDIM": 2 * 20, "PNDM": 2 * 21}
+    for loop_rows in long.values():
+        assert round(100 * loop_rows * unet / (loop_rows * unet + decode)) == 93
+    ddim_short, ddim_long = short["DDIM"] * unet, long["DDIM"] * unet
+    assert round(100 * decode / (ddim_short + decode + text + safety)) == 43
+    assert round(100 * ddim_long / (ddim_long + decode + 2 * text + safety)) == 92
 
 
 def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch):

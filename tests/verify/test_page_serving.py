@@ -262,12 +262,19 @@ def test_a_loop_stage_without_text_encoder_rejects_a_call_lora_scale(sd_pipe):
     assert seen == [0.5]
 
 
-def test_real_sd15_flop_shares_of_loop_and_decode(sd_pipe, record_calls):
-    """Counted in FLOPs on SD 1.5's real UNet, VAE and CLIP text encoder at 512 px, with the UNet calls a `StableDiffusionPipeline` call makes, the loop is 92.7% of a guided 20-step call with `DDIMScheduler` and 93.0% with SD 1.5's shipped `PNDMScheduler` (21 UNet calls), both below Lab 12's toy 97.4%; the decode is 43.8% of an unguided 4-step call with DDIM and 38.4% with PNDM (5 UNet calls), either side of the toy's 40.4%. The safety checker is left out. `FlopCounterMode` counts one UNet call per row, one `vae.decode` and one text-encoder call per prompt row, all built on the meta device from the published configs; the calls and rows are counted on the tiny pipeline's own `__call__`."""
+@pytest.fixture(scope="module")
+def sd15_flops():
+    """FLOPs of SD 1.5's parts at 512 x 512 on the meta device (``sizes.sd15_flops``)."""
     from sizes import sd15_flops
+
+    return sd15_flops()
+
+
+def test_real_sd15_flop_shares_of_loop_and_decode(sd_pipe, record_calls, sd15_flops):
+    """Counted in FLOPs on SD 1.5's real UNet, VAE and CLIP text encoder at 512 px, with the UNet calls a `StableDiffusionPipeline` call makes, the loop is 92.7% of a guided 20-step call with `DDIMScheduler` and 93.0% with SD 1.5's shipped `PNDMScheduler` (21 UNet calls), both below Lab 12's toy 97.4%; the decode is 43.8% of an unguided 4-step call with DDIM and 38.4% with PNDM (5 UNet calls), either side of the toy's 40.4%. The safety checker is left out. `FlopCounterMode` counts one UNet call per row, one `vae.decode` and one text-encoder call per prompt row, all built on the meta device from the published configs; the calls and rows are counted on the tiny pipeline's own `__call__`."""
     from tiny import SD15_PNDM
 
-    counted = sd15_flops()
+    counted = sd15_flops
     row, decode, encode = counted["unet"], counted["decode"], counted["text"]
     recorded = record_calls(sd_pipe.unet).calls
 
@@ -283,6 +290,27 @@ def test_real_sd15_flop_shares_of_loop_and_decode(sd_pipe, record_calls):
     pndm = [PNDMScheduler(**SD15_PNDM) for _ in range(2)]
     assert shares(ddim[0], 20, 7.5)[:2] == (20, 92.7) and shares(pndm[0], 20, 7.5)[:2] == (21, 93.0)
     assert shares(ddim[1], 4, 1.0)[::2] == (4, 43.8) and shares(pndm[1], 4, 1.0)[::2] == (5, 38.4)
+
+
+def test_a_unet_rows_cost_grows_faster_than_the_latent_area(sd15_flops):
+    """The loop's cost is steps × rows × a per-row cost that grows faster than the latent area (self-attention): one row of SD 1.5's real UNet at 1024 px costs more than 4 times its FLOPs at 512 px, for 4 times the latent area.
+
+    ``FlopCounterMode`` on SD 1.5's ``UNet2DConditionModel`` built on the meta device from
+    its published config: latents ``(1, 4, 128, 128)`` against the ``(1, 4, 64, 64)`` of
+    ``sizes.sd15_flops``.
+    """
+    from diffusers import UNet2DConditionModel
+    from model_configs import SD15_UNET
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SD15_UNET)
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            unet(torch.randn(1, 4, 128, 128), torch.tensor(999),
+                 encoder_hidden_states=torch.randn(1, 77, 768))  # fmt: skip
+    ratio = counter.get_total_flops() / sd15_flops["unet"]
+    assert ratio > 4.5, ratio  # not 4: attention over 4x the tokens costs 16x
 
 
 def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_calls, calls_of):
@@ -639,14 +667,33 @@ def test_callback_preview_from_a_wrapped_step(sd_pipe, record_calls, monkeypatch
             callback_on_step_end_tensor_inputs=["noise_pred"])  # fmt: skip
 
 
-def test_dpmsolver_model_outputs_hold_the_x0_prediction():
-    """With its default `algorithm_type="dpmsolver++"`, `DPMSolverMultistepScheduler` stores the x0 prediction of the latest `step` in `scheduler.model_outputs[-1]`, so a callback can read a preview from `pipe.scheduler` without wrapping `step`."""
-    scheduler = DPMSolverMultistepScheduler(**SD_BETAS)
+def test_dpmsolver_model_outputs_hold_the_x0_prediction(sd_pipe, monkeypatch):
+    """With its default `algorithm_type="dpmsolver++"`, `DPMSolverMultistepScheduler` stores the x0 prediction of the latest `step` in `scheduler.model_outputs[-1]`, so a callback can read a preview from `pipe.scheduler` without wrapping `step`.
+
+    The tiny pipeline's own ``__call__``, guided, 4 steps: a ``callback_on_step_end`` reads
+    ``pipe.scheduler.model_outputs[-1]`` after each step, and it equals
+    ``(x_t - sqrt(1 - alpha_bar_t) * noise_pred) / sqrt(alpha_bar_t)`` of that step's inputs
+    (recorded by a spy that only observes).
+    """
+    scheduler = DPMSolverMultistepScheduler.from_config(SD_SCHEDULER)
     assert scheduler.config.algorithm_type == "dpmsolver++"
-    scheduler.set_timesteps(4)
-    x, eps = rand(0), rand(1)
-    t = scheduler.timesteps[0]
-    scheduler.step(eps, t, x)
-    alpha_bar = scheduler.alphas_cumprod[t]
-    expected = (x - (1 - alpha_bar).sqrt() * eps) / alpha_bar.sqrt()
-    torch.testing.assert_close(scheduler.model_outputs[-1], expected, rtol=1e-3, atol=1e-4)
+    pipe = sd_with(sd_pipe, scheduler=scheduler)
+    inputs, read = [], []
+    original = scheduler.step
+
+    def observe(model_output, timestep, sample, *args, **kwargs):
+        inputs.append((model_output.clone(), timestep, sample.clone()))
+        return original(model_output, timestep, sample, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "step", observe)
+
+    def preview(pipe, i, t, callback_kwargs):
+        read.append(pipe.scheduler.model_outputs[-1].clone())
+        return {}
+
+    run(pipe, steps=4, callback_on_step_end=preview)
+    assert len(read) == len(inputs) == 4
+    for (noise_pred, t, sample), x0 in zip(inputs, read, strict=True):
+        alpha_bar = scheduler.alphas_cumprod[t]
+        expected = (sample - (1 - alpha_bar).sqrt() * noise_pred) / alpha_bar.sqrt()
+        torch.testing.assert_close(x0, expected, rtol=1e-3, atol=1e-4)
