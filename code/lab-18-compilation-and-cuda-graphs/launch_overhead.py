@@ -230,8 +230,9 @@ print(f"check: matmul + attention FLOPs at 1024 px, batch 1 = {check / 1e12:.2f}
 # ## 4. When the host is the bottleneck
 #
 # The same step for a range of launch overheads: the device time per kernel is fixed by
-# the model and the resolution, so the step turns host-bound once a launch costs more than
-# an average kernel runs. The fused step has fewer kernels, so it turns later; the graph
+# the model and the resolution, so the step turns host-bound as a launch nears the time an
+# average kernel runs (a little before: runs of short pointwise kernels let the host fall
+# behind). The fused step has fewer kernels, so it turns later; the graph
 # never does.
 
 # %%
@@ -352,7 +353,7 @@ chart = figures.line_chart(
     logx=True,
     markers=True,
 )
-figures.save(args.figures, "launch-sweep", chart, alt=f"Line chart of the modelled FLUX.1-dev step time at {small} px, batch {args.batch_size}, against the host cost per kernel launch from 1 to 40 microseconds: eager stays flat while the device is the bottleneck and then rises steeply, once a launch costs more than an average kernel runs; the compiled step, with fewer kernels, turns later; with a CUDA graph the step time stays flat.", caption=f"Modelled step time against launch overhead, {small} px, batch {args.batch_size}: a roofline model with assumed H100 constants, not a measurement.")  # fmt: skip
+figures.save(args.figures, "launch-sweep", chart, alt=f"Line chart of the modelled FLUX.1-dev step time at {small} px, batch {args.batch_size}, against the host cost per kernel launch from 1 to 40 microseconds: eager stays flat while the device is the bottleneck and then rises steeply as a launch nears the time an average kernel runs; the compiled step, with fewer kernels, turns later; with a CUDA graph the step time stays flat.", caption=f"Modelled step time against launch overhead, {small} px, batch {args.batch_size}: a roofline model with assumed H100 constants, not a measurement.")  # fmt: skip
 cold = figures.line_chart(
     {name: (requests, total / 60) for name, total in cumulative.items()},
     xlabel=f"requests at {side} px, {args.steps} steps",

@@ -181,10 +181,10 @@ def test_new_resolution_recompiles_static_and_once_by_default():
 
 
 def test_dynamic_true_or_mark_dynamic_compile_once():
-    """With `dynamic=True`, or with `torch._dynamo.mark_dynamic` on the token dimension of `hidden_states` and `img_ids`, three resolutions compile one graph; but under `dynamic=True` a first call whose 32 image tokens equal another input's size (the text width of `encoder_hidden_states`, fixed at 32 by `context_embedder`'s weight) shares that size's symbol, so the token count is specialised and the next resolution recompiles."""
+    """With `dynamic=True`, or with `torch._dynamo.mark_dynamic` on the token dimension of `hidden_states` and `img_ids`, three resolutions compile one graph, and a later token count of 1 (a 16 px FLUX.1 image) compiles a second, since a size of 1 is specialised; and under `dynamic=True` a first call whose 32 image tokens equal another input's size (the text width of `encoder_hidden_states`, fixed at 32 by `context_embedder`'s weight) shares that size's symbol, so the token count is specialised and the next resolution recompiles."""
     model = two_block_flux()
     counter = CompileCounter()
-    assert graphs_per_side(torch.compile(model, backend=counter, dynamic=True), counter, [3, 5, 6]) == [1, 1, 1]  # fmt: skip
+    assert graphs_per_side(torch.compile(model, backend=counter, dynamic=True), counter, [3, 5, 6, 1]) == [1, 1, 1, 2]  # fmt: skip
     torch._dynamo.reset()
     counter = CompileCounter()
     sides = [(4, 1, 8), 5, 6]  # a 4 x 8 grid: 32 tokens, then 25 and 36
@@ -192,7 +192,7 @@ def test_dynamic_true_or_mark_dynamic_compile_once():
     torch._dynamo.reset()
     counter = CompileCounter()
     static = torch.compile(model, backend=counter, dynamic=False)
-    assert graphs_per_side(static, counter, [3, 5, 6], mark=True) == [1, 1, 1]
+    assert graphs_per_side(static, counter, [3, 5, 6, 1], mark=True) == [1, 1, 1, 2]
 
 
 def test_duck_shape_off_keeps_the_token_count_symbolic():
@@ -483,7 +483,19 @@ def test_mag_cache_runs_its_blocks_outside_the_graph():
 
 
 def test_fuse_qkv_projections_keeps_the_output():
-    """`fuse_qkv_projections()` on a tiny `UNet2DConditionModel` gives each self-attention one `to_qkv` linear and each cross-attention one `to_kv`, sets `FusedAttnProcessor2_0`, and leaves the output unchanged to within 1e-5."""
+    """`fuse_qkv_projections()` on a tiny `FluxTransformer2DModel` gives every attention one `to_qkv` linear (and each double-stream block's text stream one `to_added_qkv`), and on a tiny `UNet2DConditionModel` each self-attention one `to_qkv` and each cross-attention one `to_kv`, with `FusedAttnProcessor2_0`; both outputs stay unchanged to within 1e-5."""
+    from diffusers.models.transformers.transformer_flux import FluxAttention
+
+    flux = two_block_flux()
+    with torch.no_grad():
+        want = flux(**flux_inputs(3))[0]
+        flux.fuse_qkv_projections()
+        got = flux(**flux_inputs(3))[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    double = {id(b.attn) for b in flux.transformer_blocks}
+    attns = [m for m in flux.modules() if isinstance(m, FluxAttention)]
+    assert len(attns) == 2 and all(m.fused_projections and hasattr(m, "to_qkv") for m in attns)
+    assert all(hasattr(m, "to_added_qkv") == (id(m) in double) for m in attns)
     from diffusers.models.attention_processor import Attention, FusedAttnProcessor2_0
 
     unet = tiny_unet()
