@@ -324,7 +324,7 @@ if 2 in args.cache_intervals:
     print(f"At cache_interval=2 the toy predicts {toy_saved:.0%} of the steps; on Flux that would skip about {toy_saved * attn_share:.0%} of the FLOPs.")  # fmt: skip
 
 # %% [markdown]
-# ## 6. Why few-step models gain little
+# ## 6. Why the toy gains nothing at few steps
 #
 # The head residual's relative change between consecutive steps (threshold 0 runs every
 # step and still reports it) is small when the steps are small. At a few steps each step

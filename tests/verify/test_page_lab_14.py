@@ -467,7 +467,7 @@ def test_quant_backend_constructs_for_three_backends_only():
 
 
 def test_pipeline_quantization_config_maps_components(tmp_path):
-    """GGUF and `bfl` in `quant_mapping` raise `TypeError` at load (`json.dumps` of their config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); both load pre-quantized checkpoints only through `from_single_file`: of the registry's configs that construct here with their defaults, exactly these two fail `json.dumps(config.to_dict())`, are `pre_quantized`, and raise `TypeError` when a saved tiny `FluxPipeline` is loaded with them in `quant_mapping` (the others stop earlier, at a missing package or GPU; that `from_single_file` loads them is read from the source, not run). `QuantoConfig` and its quantizer are deprecated in 0.42.1: building them raises a `FutureWarning`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
+    """GGUF and `bfl` in `quant_mapping` raise `TypeError` at load (`json.dumps` of their config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); both load pre-quantized checkpoints only through `from_single_file`: of the registry's configs that construct here with their defaults, exactly these two fail `json.dumps(config.to_dict())`, are `pre_quantized`, and raise `TypeError` when a saved tiny `FluxPipeline` is loaded with them in `quant_mapping` (the others stop earlier: bitsandbytes at the missing GPU, quanto at its missing package, and `auto-round` with `ValueError` because its quantizer loads only pre-quantized checkpoints, through `quant_backend="auto-round"` too; that `from_single_file` loads GGUF and `bfl` is read from the source, not run). `QuantoConfig` and its quantizer are deprecated in 0.42.1: building them raises a `FutureWarning`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
     import contextlib
     import json
 
@@ -498,7 +498,7 @@ def test_pipeline_quantization_config_maps_components(tmp_path):
 
     with pytest.raises(TypeError, match="not JSON serializable"):
         load(config)
-    unserializable, type_errors = set(), set()
+    unserializable, type_errors, stops = set(), set(), {}
     for backend, config_class in AUTO_QUANTIZATION_CONFIG_MAPPING.items():  # as installed
         # quanto is deprecated in 0.42.1: its config and its quantizer say so as they are built
         deprecated = lambda b=backend: pytest.warns(FutureWarning, match="Quanto.* is deprecated") if b == "quanto" else contextlib.nullcontext()  # noqa: E731  # fmt: skip
@@ -518,9 +518,20 @@ def test_pipeline_quantization_config_maps_components(tmp_path):
         except TypeError as error:
             assert "not JSON serializable" in str(error)
             type_errors.add(backend)
-        except (ImportError, RuntimeError, ValueError):  # its package or a GPU is missing
-            pass
+        except ImportError:
+            stops[backend] = "package"
+        except RuntimeError as error:
+            assert "No GPU found" in str(error), backend
+            stops[backend] = "GPU"
+        except ValueError as error:
+            assert "require the model to be pre-quantized" in str(error), backend
+            stops[backend] = "pre-quantized only"
     assert unserializable == type_errors == {"gguf", "bfl"}
+    assert stops == {"bitsandbytes_4bit": "GPU", "bitsandbytes_8bit": "GPU", "quanto": "package", "auto-round": "pre-quantized only"}  # fmt: skip
+    # auto-round is one of the three backends `quant_backend` constructs, and it stops the same way
+    auto_round = PipelineQuantizationConfig(quant_backend="auto-round", quant_kwargs={"bits": 4}, components_to_quantize=["transformer"])  # fmt: skip
+    with pytest.raises(ValueError, match="require the model to be pre-quantized"):
+        DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=auto_round, **absent)
     pipe = load(TorchAoConfig(Int8WeightOnlyConfig()))
     linears = [m for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m.weight).__module__.startswith("torchao") for m in linears)

@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 import torch
 from sizes import flux_1024_record
-from tiny import cache_contexts_of_a_flux_call, run_starter, three_block_flux_transformer
+from tiny import (
+    cache_contexts_of_a_flux_call,
+    flux_prompt_embeds,
+    run_starter,
+    three_block_flux_transformer,
+    tiny_flux_pipeline,
+)
 
 LAB15 = "code/lab-15-step-caching/step_caching.py"
 #: sigma-like timesteps of a short loop: small steps with a few jumps
@@ -274,18 +280,35 @@ def test_numpy_taylorseer_matches_diffusers(starter):
 
 
 def test_flux_pipeline_wraps_its_calls_in_cache_context(monkeypatch):
-    """`FluxPipeline.__call__` runs each transformer call inside `transformer.cache_context("cond")`, and with true CFG (`true_cfg_scale > 1` and negative embeddings) the negative-prompt call inside `cache_context("uncond")`, so the two keep separate cache states; its default `num_inference_steps` is 28 (a 2-step call of a tiny pipeline whose transformer has FirstBlockCache enabled)."""
+    """`FluxPipeline.__call__` runs each transformer call inside `transformer.cache_context("cond")`, and with true CFG (`true_cfg_scale > 1` and negative embeddings) the negative-prompt call inside `cache_context("uncond")`, so the two keep separate cache states (a 2-step call of a tiny pipeline whose transformer has FirstBlockCache enabled)."""
     assert cache_contexts_of_a_flux_call(monkeypatch) == ["cond", "uncond", "cond", "uncond"]
 
 
+def test_flux_pipeline_runs_28_steps_by_default():
+    """`FluxPipeline`'s default `num_inference_steps` is 28, the lab's `--steps 28`: a tiny `FluxPipeline` called without `num_inference_steps` calls its transformer 28 times, one call per step (a forward pre-hook counts them)."""
+    pipe = tiny_flux_pipeline()
+    text, pooled = flux_prompt_embeds()
+    calls = []
+    pipe.transformer.register_forward_pre_hook(lambda module, args: calls.append(module))
+    with torch.no_grad():
+        pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], height=16, width=16, output_type="latent")  # fmt: skip
+    assert len(calls) == 28
+
+
 def test_taylorseer_without_warmup_cannot_start():
-    """With `disable_cache_before_step=0` and `cache_interval=2`, TaylorSeer's first call is scheduled as a prediction with nothing computed yet, and diffusers raises `ValueError` ("Cannot predict without prior initialization/update")."""
+    """With `disable_cache_before_step=0` and `cache_interval=2`, TaylorSeer's first call is scheduled as a prediction with nothing computed yet, and diffusers raises `ValueError` ("Cannot predict without prior initialization/update"); with `cache_interval=1` every call computes and nothing raises."""
     from diffusers import TaylorSeerCacheConfig
 
     model = three_block_flux_transformer()
     model.enable_cache(TaylorSeerCacheConfig(disable_cache_before_step=0, cache_interval=2))
     with pytest.raises(ValueError, match="Cannot predict without prior initialization"):
         run_loop(model, TIMESTEPS[:1])
+    model = three_block_flux_transformer()
+    model.enable_cache(TaylorSeerCacheConfig(disable_cache_before_step=0, cache_interval=1))
+    ran = []
+    model.transformer_blocks[0].attn.to_q.register_forward_pre_hook(lambda m, a: ran.append(m))
+    run_loop(model, TIMESTEPS[:3])
+    assert len(ran) == 3
 
 
 def test_taylorseer_on_real_flux_saves_only_the_attention_share(starter):

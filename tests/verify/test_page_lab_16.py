@@ -12,7 +12,6 @@ here needs a GPU: the GPU-only backends are checked as registry entries, not run
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from pathlib import Path
@@ -22,16 +21,18 @@ import pytest
 import torch
 from model_configs import COMPONENTS, build, installed_versions
 from tiny import (
+    HEIGHT,
+    WIDTH,
     count_transfers,
     embeds,
     flux_prompt_embeds,
     four_block_flux_transformer,
     run_four_block_flux,
     run_starter,
-    sdpa_kernels_seen,
     simulated_ring,
     simulated_stream_offload,
     start_latents,
+    text_to_image_pipelines,
     tiny_flux_pipeline,
     tiny_sd_pipeline,
     tiny_unet,
@@ -398,6 +399,25 @@ def test_disk_offload_copies_nothing_back(tmp_path, monkeypatch, default_backend
     assert list(tmp_path.glob("*.safetensors"))
 
 
+def test_disk_offload_reads_existing_files_as_is(tmp_path, default_backend):
+    """`enable_group_offload` writes a group's file only where it is missing ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L304)), named from the module names, not the weights: a path that already holds another model's files is read as is, and that model's weights run. A second tiny Flux transformer (its weights times 1.5) offloaded to the first one's `offload_to_disk_path` rewrites none of the 5 files and returns the first model's output, not its own."""
+    cpu = torch.device("cpu")
+    kwargs = dict(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, offload_to_disk_path=tmp_path)  # fmt: skip
+    first_out = run_four_block_flux(four_block_flux_transformer())
+    four_block_flux_transformer().enable_group_offload(**kwargs)
+    files = {f.name: f.read_bytes() for f in tmp_path.glob("*.safetensors")}
+    second = four_block_flux_transformer()
+    with torch.no_grad():
+        for p in second.parameters():
+            p.mul_(1.5)
+    second_out = run_four_block_flux(second)
+    second.enable_group_offload(**kwargs)
+    assert len(files) == 5 and {f.name: f.read_bytes() for f in tmp_path.glob("*.safetensors")} == files  # fmt: skip
+    out = run_four_block_flux(second)
+    torch.testing.assert_close(out, first_out, rtol=0, atol=1e-6)
+    assert (out - second_out).abs().max() > 0.1
+
+
 def test_model_offload_is_one_round_trip_per_image(starter, monkeypatch):
     """`enable_model_cpu_offload` moves the transformer to the execution device before its first step and back to the CPU at the end of every `__call__`: `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `self.to("cpu")` copies it back (`pipeline_utils.py` L1291, L1231; on a GPU the later steps find it resident, accelerate's `CpuOffload.pre_forward`). One round trip per image, so the lab's model-offload row moves `1 / steps` of it each way per step (two 3-step calls of a tiny `FluxPipeline`, CPU as the device)."""
     from accelerate.hooks import CpuOffload
@@ -501,17 +521,20 @@ def test_streams_need_an_accelerator():
         model.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1, use_stream=True)  # fmt: skip
 
 
-def test_real_attention_shapes(starter):
-    """The real shapes the lab sizes: the Flux.1-dev transformer has 24 heads of 128 and `FluxPipeline` encodes `max_sequence_length=512` T5 tokens by default; `StableDiffusion3Pipeline` defaults to 256 T5 tokens after CLIP's 77, with 24 heads of 64 in SD3 Medium; the SDXL UNet's first level (128 × 128 latents at 1024 px) has no attention, and its 64 × 64 level has 10 heads of 64."""
-
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+def test_real_attention_shapes(starter, tmp_path):
+    """The real shapes the lab sizes: the Flux.1-dev transformer has 24 heads of 128 and `FluxPipeline` encodes `max_sequence_length=512` T5 tokens by default; `StableDiffusion3Pipeline` defaults to 256 T5 tokens after CLIP's 77 (a `pipe("a cat")` call that does not set `max_sequence_length` hands the tiny Flux transformer 512 text tokens and the tiny SD3 one 77 + 256), with 24 heads of 64 in SD3 Medium; the SDXL UNet's first level (128 × 128 latents at 1024 px) has no attention, and its 64 × 64 level has 10 heads of 64."""
 
     comps = {(c.pipeline, c.component): c for c in COMPONENTS}
     flux = build(comps["Flux.1-dev", "transformer"])
     attn = flux.transformer_blocks[0].attn
     assert (attn.heads, attn.inner_dim // attn.heads) == (24, 128)
-    for pipe, n in [(FluxPipeline, 512), (StableDiffusion3Pipeline, 256)]:
-        assert inspect.signature(pipe.__call__).parameters["max_sequence_length"].default == n
+    pipes = text_to_image_pipelines(tmp_path)
+    for family, tokens in [("Flux.1-dev", 512), ("SD3 Medium", 77 + 256)]:
+        pipe, text_tokens = pipes[family][0], []
+        pipe.transformer.register_forward_pre_hook(lambda m, a, kw, seen=text_tokens: seen.append(kw["encoder_hidden_states"].shape[1]), with_kwargs=True)  # fmt: skip
+        with torch.no_grad():  # no max_sequence_length: the pipeline's own default
+            pipe("a cat", guidance_scale=1.0, num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+        assert text_tokens == [tokens], family
     unet = build(comps["SDXL", "unet"])
     assert not hasattr(unet.down_blocks[0], "attentions")
     attn1 = unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1
@@ -555,21 +578,26 @@ def test_block_modules_splits_the_unet_mid_block(starter, monkeypatch, default_b
 
 
 def test_native_backend_is_plain_sdpa(monkeypatch, default_backend):
-    """The default `native` backend calls `torch.nn.functional.scaled_dot_product_attention` with all four of its kernels (flash, memory-efficient, math, cuDNN) enabled, so torch picks one itself; each `_native_*` backend enables only its own (seen inside the SDPA calls of a tiny Flux transformer, and of `dispatch_attention_fn` for the two GPU-only kernels, which then fail on the CPU)."""
+    """The default `native` backend calls `torch.nn.functional.scaled_dot_product_attention` with every SDPA backend torch enables (in torch 2.13.0 every `SDPBackend` member but `ERROR`: flash, memory-efficient, math, cuDNN and the overrideable one for out-of-tree devices), so torch picks one itself; each `_native_*` backend enables only its own (seen inside the SDPA calls of a tiny Flux transformer, and of `dispatch_attention_fn` for the two GPU-only kernels, which then fail on the CPU)."""
     from diffusers.models import attention_dispatch as ad
+    from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 
     assert ad._AttentionBackendRegistry._active_backend == ad.AttentionBackendName.NATIVE
-    seen = sdpa_kernels_seen(monkeypatch)
+    sdpa, seen = torch.nn.functional.scaled_dot_product_attention, []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: seen.append(set(_cur_sdpa_kernel_backends())) or sdpa(*a, **k))  # fmt: skip
     model = four_block_flux_transformer()
     run_four_block_flux(model)
-    assert len(seen) == 4 and all(s == {"flash", "efficient", "math", "cudnn"} for s in seen)
-    for name, kernel in [("_native_math", "math"), ("_native_flash", "flash")]:
+    every = set(SDPBackend.__members__.values()) - {
+        SDPBackend.ERROR
+    }  # as installed: a new one joins
+    assert len(seen) == 4 and all(s == every for s in seen)
+    for name, kernel in [("_native_math", SDPBackend.MATH), ("_native_flash", SDPBackend.FLASH_ATTENTION)]:  # fmt: skip
         seen.clear()
         with ad.attention_backend(name):
             run_four_block_flux(model)
         assert len(seen) == 4 and all(s == {kernel} for s in seen), name
     q = torch.randn(1, 8, 2, 16)  # (B, N, heads, head_dim)
-    for name, kernel in [("_native_efficient", "efficient"), ("_native_cudnn", "cudnn")]:
+    for name, kernel in [("_native_efficient", SDPBackend.EFFICIENT_ATTENTION), ("_native_cudnn", SDPBackend.CUDNN_ATTENTION)]:  # fmt: skip
         seen.clear()
         with ad.attention_backend(name), pytest.raises(RuntimeError, match="No viable backend"):
             ad.dispatch_attention_fn(q, q, q)
