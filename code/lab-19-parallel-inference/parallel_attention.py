@@ -60,6 +60,10 @@ add_figures_argument(parser)
 args = parse_args(parser)
 if args.tokens > 8192 or args.heads > 128 or args.head_dim > 256 or args.ranks > 64:
     parser.error("--tokens must be <= 8192, --heads <= 128, --head-dim <= 256, --ranks <= 64")
+# NumPy holds the toy's whole score matrix, (heads, tokens, tokens) float64: keep it, and the
+# multiply-adds that fill it, small enough to run in about a second
+if args.heads * args.tokens**2 > 2**20 or args.heads * args.tokens**2 * args.head_dim > 2**25:
+    parser.error(f"--heads x --tokens^2 is {args.heads * args.tokens**2:,} and x --head-dim {args.heads * args.tokens**2 * args.head_dim:,}: the toy's score matrix allows at most {2**20:,} and {2**25:,}")  # fmt: skip
 if args.tokens % args.ranks:
     parser.error(f"--tokens {args.tokens} is not divisible by --ranks {args.ranks}: each rank holds tokens/ranks")  # fmt: skip
 if args.heads % args.ranks:

@@ -137,6 +137,9 @@ def test_figure(run_cli, tmp_path):
         ["--ranks", "5"],
         ["--tokens", "0"],
         ["--tokens", "100000"],
+        # within each flag's own limit, but NumPy would hold a 64 GiB (or 4.3 GB) score matrix
+        ["--tokens", "8192", "--heads", "128", "--head-dim", "256", "--ranks", "64"],
+        ["--tokens", "8192"],
         ["--link-gbs", "0"],
         ["--tflops", "nan"],
         ["--steps", "x"],

@@ -572,19 +572,14 @@ def test_enable_parallelism_needs_an_initialised_process_group():
 
 
 def test_enable_parallelism_refuses_a_cpu_only_torch(ranks):
-    """On a CPU-only torch, `enable_parallelism` raises ZeroDivisionError ("integer modulo by zero") in `_resolve_parallel_config`, which picks the device as `rank % torch.accelerator.device_count()`, and the count is 0."""
-    import inspect
-
-    from diffusers.models.modeling_utils import ModelMixin
-
+    """On a CPU-only torch, `enable_parallelism` raises ZeroDivisionError ("integer modulo by zero") on both gloo ranks: `torch.accelerator.device_count()` is 0, and with it patched to 1 the same calls run (the tests below)."""
     assert torch.accelerator.device_count() == 0
-    assert "rank % torch.accelerator.device_count()" in inspect.getsource(ModelMixin._resolve_parallel_config)  # fmt: skip
     for r in ranks:
         assert r["as_installed"] == ["ZeroDivisionError", "integer modulo by zero"]
 
 
 def test_the_same_refusal_in_one_process():
-    """The refusal needs no second process: a one-rank gloo group raises the same ZeroDivisionError."""
+    """The refusal needs no second process: a one-rank gloo group raises the same ZeroDivisionError, from `ModelMixin._resolve_parallel_config`, which picks the device as `rank % torch.accelerator.device_count()`."""
     from diffusers import ContextParallelConfig
     from tiny import tiny_flux_transformer
 
@@ -593,8 +588,9 @@ def test_the_same_refusal_in_one_process():
     os.environ.update(env)
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     try:
-        with pytest.raises(ZeroDivisionError, match="integer modulo by zero"):
+        with pytest.raises(ZeroDivisionError, match="integer modulo by zero") as raised:
             tiny_flux_transformer().enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))  # fmt: skip
+        assert raised.traceback[-1].name == "_resolve_parallel_config"
     finally:
         torch.distributed.destroy_process_group()
         for k, v in old.items():
@@ -644,18 +640,9 @@ def test_ring_equals_one_process_with_an_lse_op(ranks):
 
 
 def test_ring_all_gathers_kv_once_per_attention(ranks):
-    """diffusers 0.42.1's `TemplatedRingAttention` does not rotate K/V blocks: it calls `all_gather_tensor` once per attention layer on its K and V concatenated, receives every rank's block at once, then merges block by block with `out = prev_out - sigmoid(lse - prev_lse) * (prev_out - out)` (2 layers here: 2 gathers of 768 elements to 1,536, then one of the output at `proj_out`); `rotate_method="alltoall"` raises NotImplementedError, although `ContextParallelConfig`'s docstring says ring "only holds 1/N of KV at a time"."""
-    import inspect
-
+    """diffusers 0.42.1's `TemplatedRingAttention` does not rotate K/V blocks: it calls `all_gather_tensor` once per attention layer on its K and V concatenated and receives every rank's block at once (2 layers here: 2 gathers of 768 elements to 1,536, then one of the output at `proj_out`); `rotate_method="alltoall"` raises NotImplementedError, although `ContextParallelConfig`'s docstring says ring "only holds 1/N of KV at a time"."""
     from diffusers import ContextParallelConfig
-    from diffusers.models.attention_dispatch import TemplatedRingAttention
 
-    source = inspect.getsource(TemplatedRingAttention.forward)
-    assert "funcol.all_gather_tensor(kv_buffer" in source
-    assert (
-        "out = prev_out - torch.nn.functional.sigmoid(lse - prev_lse) * (prev_out - out)" in source
-    )
-    assert "send" not in source and "recv" not in source
     doc = " ".join(ContextParallelConfig.__doc__.split())
     assert "overlaps compute with communication" in doc and "only holds 1/N of KV at a time" in doc
     with pytest.raises(NotImplementedError, match="Only rotate_method='allgather'"):
@@ -761,7 +748,7 @@ def test_config_validation():
 
 
 def test_diffusers_cp_warns_through_torch(ranks):
-    """diffusers' context-parallel code calls `torch.distributed._functional_collectives.all_gather_tensor`, which torch 2.13 deprecates with a FutureWarning (use `all_gather_single`); it is the only warning the workers raise."""
+    """diffusers' context-parallel code calls `torch.distributed._functional_collectives.all_gather_tensor`, which torch 2.13 deprecates with a FutureWarning (use `all_gather_single`); it is the only warning the two-process workers raise."""
     for r in ranks:
         # exactly this one: any other warning in the workers (which record rather than raise) fails here
         assert r["warnings"] == [

@@ -11,6 +11,7 @@ tensor parallelism accepts. No weights, no hub.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -134,38 +135,92 @@ def test_flux_1024px_is_4096_image_and_512_text_tokens(tmp_path):
     assert latents.numel() * torch.tensor([], dtype=torch.bfloat16).element_size() == 524_288
 
 
-def test_ulysses_anything_padding_must_be_smaller_than_a_ranks_share():
-    """With `ulysses_anything=True`, diffusers 0.42.1 pads the heads up to a multiple of the Ulysses degree (`_maybe_pad_qkv_head`) only while the padding is smaller than a rank's share: FLUX.1-dev's 24 heads on 16 ranks (8 padded, 2 a rank) raise AssertionError (lab 19's five-process run shows 24 heads running on 5); `ulysses_anything` cannot be combined with `ring_degree > 1`."""
+def _on_a_fake_group(world, fn):
+    """``fn()`` as rank 0 of torch's fake process group of ``world`` ranks (one process; its
+    collectives move no data), with the accelerator count patched to 1 so that
+    ``enable_parallelism`` runs on a CPU-only torch (lab 19 shows the refusal)."""
     from unittest import mock
 
-    import diffusers.models.attention_dispatch as dispatch
-    from diffusers import ContextParallelConfig
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    x = torch.zeros(1, 2, 24, 4)  # (B, S_LOCAL, H, D)
-    with (
-        mock.patch.object(dispatch.dist, "get_world_size", return_value=16),
-        pytest.raises(
-            AssertionError, match="Padding head num 8 should be less than new local head num 2"
-        ),
-    ):
-        dispatch._maybe_pad_qkv_head(x, 24, group=None)
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        with torch.no_grad(), mock.patch("torch.accelerator.device_count", return_value=1):
+            return fn()
+    finally:
+        dist.destroy_process_group()
+
+
+def _flux_inputs(image, text):
+    """A tiny FLUX transformer's inputs: ``image`` packed latents (a 4-wide grid), ``text`` tokens."""
+    g = torch.Generator().manual_seed(0)
+    img_ids = torch.zeros(image, 3)
+    img_ids[:, 1], img_ids[:, 2] = torch.arange(image // 4).repeat_interleave(4), torch.arange(4).repeat(image // 4)  # fmt: skip
+    return dict(hidden_states=torch.randn(1, image, 64, generator=g),
+                encoder_hidden_states=torch.randn(1, text, 32, generator=g),
+                pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.full((1,), 0.5),
+                guidance=torch.full((1,), 3.5), img_ids=img_ids, txt_ids=torch.zeros(text, 3),
+                return_dict=False)  # fmt: skip
+
+
+def test_ulysses_anything_padding_must_be_smaller_than_a_ranks_share():
+    """With `ulysses_anything=True`, diffusers 0.42.1 pads the heads up to a multiple of the Ulysses degree only while the padding is smaller than a rank's share: a tiny FLUX transformer with FLUX.1-dev's 24 heads under `enable_parallelism` on 16 ranks (8 padded, 2 a rank; torch's fake process group) raises AssertionError at its first attention (lab 19's five-process run shows 24 heads running on 5); neither `ulysses_anything` nor `ring_anything` takes a 2-D ring x Ulysses mesh (ValueError)."""
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+
+    def run():
+        model = tiny_flux_transformer(num_attention_heads=24)
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=16, ulysses_anything=True))  # fmt: skip
+        with pytest.raises(AssertionError, match="Padding head num 8 should be less than new local head num 2"):  # fmt: skip
+            model(**_flux_inputs(32, 16))
+
+    _on_a_fake_group(16, run)
     with pytest.raises(ValueError, match="ulysses_anything cannot be enabled when ring_degree > 1"):
         ContextParallelConfig(ring_degree=2, ulysses_degree=2, ulysses_anything=True)
+    with pytest.raises(ValueError, match="ring_anything cannot be enabled when ulysses_degree > 1"):
+        ContextParallelConfig(ring_degree=2, ulysses_degree=2, ring_anything=True)
 
 
+def test_set_attention_backend_refuses_every_non_context_parallel_backend_once_enabled():
+    """Once `enable_parallelism` has run (Ulysses over 2 ranks of torch's fake process group), `set_attention_backend` raises ValueError ("does not support context parallelism") for each of the 16 attention backends the installed diffusers registers without context-parallel support, and accepts `native`."""
+    from diffusers import ContextParallelConfig
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    from tiny import tiny_flux_transformer
+
+    backends = _AttentionBackendRegistry.list_backends()
+    refused = [b.value for b in backends if not _AttentionBackendRegistry._is_context_parallel_available(b)]  # fmt: skip
+    active = _AttentionBackendRegistry.get_active_backend()[0]
+
+    def run():
+        model = tiny_flux_transformer()
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+        for name in refused:
+            with pytest.raises(ValueError, match=f"'{name}' does not support context parallelism"):
+                model.set_attention_backend(name)
+        model.set_attention_backend("native")
+
+    try:
+        _on_a_fake_group(2, run)
+    finally:  # set_attention_backend also sets the process-wide active backend
+        _AttentionBackendRegistry.set_active_backend(active)
+    assert len(refused) == 16
+
+
+@functools.cache
 def _models_with_a_tp_plan():
-    """Every ModelMixin subclass in the installed diffusers.models whose `_tp_plan` is set."""
+    """Every ModelMixin subclass in the installed diffusers.models whose `_tp_plan` is set, by name."""
     import importlib
     import pkgutil
 
     import diffusers.models
     from diffusers.models.modeling_utils import ModelMixin
 
-    found = set()
+    found = {}
     for info in pkgutil.walk_packages(diffusers.models.__path__, "diffusers.models."):
         for obj in vars(importlib.import_module(info.name)).values():
             if isinstance(obj, type) and issubclass(obj, ModelMixin) and obj._tp_plan:
-                found.add(obj.__name__)
+                found[obj.__name__] = obj
     return found
 
 
@@ -174,9 +229,32 @@ def test_tensor_parallelism_needs_a_tp_plan_that_only_flux_and_qwenimage_define(
     from diffusers.models._modeling_parallel import TensorParallelConfig
     from tiny import tiny_wan_transformer
 
-    assert _models_with_a_tp_plan() == {
+    assert set(_models_with_a_tp_plan()) == {
         "FluxTransformer2DModel", "Flux2Transformer2DModel",
         "QwenImageTransformer2DModel", "QwenImage21Transformer2DModel",
     }  # fmt: skip
     with pytest.raises(ValueError, match="`_tp_plan` must be set on the model class"):
         tiny_wan_transformer().enable_parallelism(config=TensorParallelConfig(tp_degree=2))
+
+
+def test_tensor_parallel_plans_shard_only_attention_and_mlp_linears():
+    """Tensor parallelism shards the attention and MLP linear layers by columns or rows: for every model class with a `_tp_plan`, built on the meta device from its default config, `resolve_tp_shard_specs` (the function that maps each parameter tensor parallelism shards to its split) covers only parameters of attention (`attn`) and MLP (`ff`, `ff_context`, `img_mlp`, `txt_mlp`, `proj_mlp`, and FLUX.1's single-block `proj_out`, which takes both) layers; FLUX.1's adaLN modulation linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`) stay whole on every rank."""
+    import re
+
+    from diffusers.hooks.tensor_parallel import resolve_tp_shard_specs
+
+    mlp = {"ff", "ff_context", "img_mlp", "txt_mlp", "proj_mlp"}
+    for name, cls in _models_with_a_tp_plan().items():
+        with torch.device("meta"):
+            model = cls()
+        specs = resolve_tp_shard_specs(model, cls._tp_plan, 2)
+        assert specs
+        for param in specs:
+            parts = param.split(".")
+            single_out = parts[0] == "single_transformer_blocks" and parts[2] == "proj_out"
+            assert "attn" in parts or mlp & set(parts) or single_out, (name, param)
+        if name == "FluxTransformer2DModel":
+            linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+            whole = {re.sub(r"\.\d+\.", ".*.", n) for n in linears - {s.rsplit(".", 1)[0] for s in specs}}  # fmt: skip
+            assert {"transformer_blocks.*.norm1.linear", "transformer_blocks.*.norm1_context.linear",
+                    "single_transformer_blocks.*.norm.linear"} <= whole  # fmt: skip
