@@ -464,6 +464,27 @@ T5_FP16_NOTE = (
     "2.01 GB above the total row in fp16; bf16 loads them in bf16."
 )
 
+#: SD 1.5's model_index.json ships a safety_checker (StableDiffusionSafetyChecker on CLIP_L14_VISION),
+#: which the table does not count; test_model_sizes counts it on the meta device
+SD15_SAFETY_NOTE = (
+    "Not in this table or its total: the safety checker SD 1.5 ships "
+    "(`StableDiffusionSafetyChecker`, 304.0 M parameters: 1.22 GB in fp32, 0.61 GB in fp16)."
+)
+#: diffusers keeps WanTransformer3DModel._keep_in_fp32_modules in float32 in any 16-bit load
+#: (fp16 and bf16 alike); test_model_sizes saves and reloads a tiny one and counts them
+WAN_14B_NOTE = (
+    "Not in this table or its total: its text encoder (UMT5-XXL). Loaded in bf16 or fp16, "
+    "diffusers keeps its 29,184,000 `time_embedder`, `norm2` and `scale_shift_table` weights "
+    "in float32 (`_keep_in_fp32_modules`): 28.64 GB, not the fp16 / bf16 column's figure, "
+    "and 28.89 GB for the total."
+)
+WAN_1_3B_NOTE = (
+    "The model's name says 1.3B; its counted parameters are about 9% more (no published count "
+    "to check against). Not in this table or its total: its VAE (the 14B model's) and its text "
+    "encoder (UMT5-XXL). In bf16 or fp16, 3,127,296 of its weights stay float32 (see the 14B "
+    "row): 2.84 GB still."
+)
+
 _SD15_YAML = f"{SD1} configs/stable-diffusion/v1-inference.yaml"
 _SDXL_YAML = f"{SGM} configs/inference/sd_xl_base.yaml"
 _LDM_MAPPING = f"mapped by diffusers' create_unet_diffusers_config_from_ldm ({DIFFUSERS} src/diffusers/loaders/single_file_utils.py)"
@@ -494,6 +515,7 @@ COMPONENTS: list[Component] = [
         f"{_SD15_YAML} unet_config (model_channels 320, channel_mult [1,2,4,4], "
         f"attention_resolutions [4,2,1], num_res_blocks 2, num_heads 8, context_dim 768), "
         f"{_LDM_MAPPING}",
+        note=SD15_SAFETY_NOTE,
     ),
     Component(
         "SD 1.5",
@@ -680,7 +702,7 @@ COMPONENTS: list[Component] = [
         f"{WAN} wan/configs/wan_t2v_14B.py (dim 5120, ffn_dim 13824, freq_dim 256, 40 heads, "
         f"40 layers, patch (1, 2, 2), eps 1e-6), mapped by {DIFFUSERS} "
         f"scripts/convert_wan_to_diffusers.py (Wan-T2V-14B)",
-        note="Not in this table or its total: its text encoder (UMT5-XXL).",
+        note=WAN_14B_NOTE,
     ),
     Component(
         "Wan 2.1 T2V 14B",
@@ -701,7 +723,7 @@ COMPONENTS: list[Component] = [
         WAN_T2V_1_3B_TRANSFORMER,
         f"{WAN} wan/configs/wan_t2v_1_3B.py (dim 1536, ffn_dim 8960, freq_dim 256, 12 heads, "
         f"30 layers), mapped by {DIFFUSERS} scripts/convert_wan_to_diffusers.py (Wan-T2V-1.3B)",
-        note="The model's name says 1.3B; its counted parameters are about 9% more (no published count to check against). Not in this table or its total: its VAE (the 14B model's) and its text encoder (UMT5-XXL).",
+        note=WAN_1_3B_NOTE,
     ),
 ]
 

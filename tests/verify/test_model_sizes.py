@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from model_configs import (
+    CLIP_L14_VISION,
     COMPONENTS,
     FLUX_AE_ORIGINAL,
     FLUX_DEV_ORIGINAL,
@@ -32,6 +33,7 @@ from model_configs import (
     SD3_MEDIUM_TRANSFORMER,
     SD3_T5_CONFIG_ORIGINAL,
     SD15_LDM_ORIGINAL,
+    SD15_SAFETY_NOTE,
     SD15_UNET,
     SD15_VAE,
     SD35_LARGE_TRANSFORMER,
@@ -304,21 +306,113 @@ def test_t5_rows_note_the_float32_wo_layers_of_an_fp16_load(fresh, recorded, tmp
     ]
 
 
+#: the diffusers pipeline class each table pipeline runs in
+PIPELINE_CLASSES = {
+    "SD 1.5": "StableDiffusionPipeline",
+    "SDXL": "StableDiffusionXLPipeline",
+    "SD3 Medium": "StableDiffusion3Pipeline",
+    "Flux.1-dev": "FluxPipeline",
+    "SD3.5 Large": "StableDiffusion3Pipeline",
+    "Qwen-Image": "QwenImagePipeline",
+    "Wan 2.1 T2V 14B": "WanPipeline",
+    "Wan 2.1 T2V 1.3B": "WanPipeline",
+}
+#: optional components a checkpoint ships: SD 1.5's model_index.json has a safety_checker
+SHIPPED_OPTIONAL = {"SD 1.5": ["safety_checker"]}
+
+
 def test_total_rows_name_what_a_partly_counted_pipeline_leaves_out(recorded):
-    """A pipeline's total row sums only the rows shown: where the table counts no text encoder or no VAE of a pipeline (SD3.5 Large, Qwen-Image, Wan 2.1), a note on its rows names the missing part after "Not in this table or its total:"."""
+    """A pipeline's total row sums only the rows shown: where the table leaves out a component with weights that its diffusers pipeline class requires or its checkpoint ships (SD 1.5's safety checker, 304.0 M parameters; the text encoders or VAEs of SD3.5 Large, Qwen-Image and Wan 2.1), a note on its rows names it after "Not in this table or its total:"."""
+    import diffusers
+    import torch
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPConfig
+
     from labkit.model_sizes import markdown_table
 
     table = markdown_table(None, totals=True)
     pipelines = dict.fromkeys(r["pipeline"] for r in recorded["components"])
-    partial = []
+    assert set(pipelines) == set(PIPELINE_CLASSES)
+    partial = {}
     for pipeline in pipelines:
+        cls = getattr(diffusers, PIPELINE_CLASSES[pipeline])
+        weighted = {name for name, kind in cls._get_signature_types().items() if any(isinstance(t, type) and issubclass(t, torch.nn.Module) for t in (kind if isinstance(kind, tuple) else (kind,)))}  # fmt: skip
+        shipped = set(SHIPPED_OPTIONAL.get(pipeline, []))
+        required = weighted - set(cls._optional_components) | shipped
         rows = [r for r in recorded["components"] if r["pipeline"] == pipeline]
-        names = [r["component"] for r in rows]
-        missing = [part for part, there in [("text encoder", any(n.startswith("text_encoder") for n in names)), ("VAE", "vae" in names)] if not there]  # fmt: skip
+        missing = sorted(required - {r["component"] for r in rows})
         assert f"| {pipeline} | **total** |" in table
         if not missing:
             continue
-        partial.append(pipeline)
+        partial[pipeline] = missing
         said = [n.split("Not in this table or its total:", 1)[1] for n in (r.get("note") or "" for r in rows) if "Not in this table or its total:" in n]  # fmt: skip
-        assert len(said) == 1 and all(part in said[0] for part in missing), pipeline
-    assert partial == ["SD3.5 Large", "Qwen-Image", "Wan 2.1 T2V 14B", "Wan 2.1 T2V 1.3B"]
+        words = {m.rstrip("_23").replace("_", " ").replace("vae", "VAE") for m in missing}
+        assert len(said) == 1 and all(w in said[0] for w in words), (pipeline, words)
+    assert list(partial) == ["SD 1.5", "SD3.5 Large", "Qwen-Image", "Wan 2.1 T2V 14B", "Wan 2.1 T2V 1.3B"]  # fmt: skip
+    assert partial["SD 1.5"] == ["safety_checker"]
+    with torch.device("meta"):
+        safety = StableDiffusionSafetyChecker(CLIPConfig(vision_config=CLIP_L14_VISION, projection_dim=768))  # fmt: skip
+    n = sum(p.numel() for p in safety.parameters())
+    assert all(s in SD15_SAFETY_NOTE for s in [f"{n / 1e6:.1f} M", f"{4 * n / 1e9:.2f} GB", f"{2 * n / 1e9:.2f} GB"])  # fmt: skip
+    assert _row(recorded, "SD 1.5", "unet")["note"] == SD15_SAFETY_NOTE
+
+
+def _pattern_of(name: str) -> str:
+    """'blocks.7.norm2.weight' -> 'blocks.*.norm2.weight': one name for every block's copy."""
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def test_a_16_bit_load_keeps_float32_weights_only_in_t5_and_wan(recorded, tmp_path):
+    """Loaded with `dtype=torch.float16` or `torch.bfloat16`, a tiny model of each class in the table (saved and reloaded here) holds every weight in that dtype except T5's `wo` in fp16 and, in both, the `time_embedder`, `norm2` and `scale_shift_table` weights that diffusers keeps in float32 in `WanTransformer3DModel` (`_keep_in_fp32_modules`): 29,184,000 weights of the meta-device Wan 2.1 14B transformer, so 28.64 GB and 28.89 GB for its total in 16 bits, 0.06 GB above the table's column, as the Wan rows' notes say."""
+    import torch
+    from diffusers import QwenImageTransformer2DModel
+    from tiny import (
+        tiny_flux_transformer,
+        tiny_sd3_transformer,
+        tiny_text_encoder,
+        tiny_unet,
+        tiny_vae,
+        tiny_wan_transformer,
+        tiny_wan_vae,
+    )
+    from transformers import T5Config, T5EncoderModel
+
+    t5 = T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2, feed_forward_proj="gated-gelu")  # fmt: skip
+    qwen = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4))  # fmt: skip
+    makers = {
+        "UNet2DConditionModel": tiny_unet,
+        "AutoencoderKL": tiny_vae,
+        "CLIPTextModel": tiny_text_encoder,
+        "CLIPTextModelWithProjection": lambda: tiny_text_encoder(with_projection=True),
+        "T5EncoderModel": lambda: T5EncoderModel(t5),
+        "SD3Transformer2DModel": tiny_sd3_transformer,
+        "FluxTransformer2DModel": tiny_flux_transformer,
+        "QwenImageTransformer2DModel": lambda: QwenImageTransformer2DModel(**qwen),
+        "WanTransformer3DModel": tiny_wan_transformer,
+        "AutoencoderKLWan": tiny_wan_vae,
+    }
+    assert set(makers) == {c.cls for c in COMPONENTS}  # a new class in the table needs one here
+    kept = {}  # (class, dtype) -> names of the weights a load of that dtype keeps in float32
+    for name, make in makers.items():
+        model = make()
+        model.save_pretrained(tmp_path / name)
+        for dtype in (torch.float16, torch.bfloat16):
+            loaded = type(model).from_pretrained(tmp_path / name, dtype=dtype)
+            dtypes = {n: p.dtype for n, p in loaded.named_parameters()}
+            assert set(dtypes.values()) <= {dtype, torch.float32}, (name, dtype)
+            kept[name, dtype] = {_pattern_of(n) for n, d in dtypes.items() if d == torch.float32}
+    assert {k for k, v in kept.items() if v} == {("T5EncoderModel", torch.float16), ("WanTransformer3DModel", torch.float16), ("WanTransformer3DModel", torch.bfloat16)}  # fmt: skip
+    wan = kept["WanTransformer3DModel", torch.bfloat16]
+    assert wan == kept["WanTransformer3DModel", torch.float16]
+    named = ("time_embedder", "norm2", "scale_shift_table")  # the note's names, each kept
+    assert all(any(m in p.split(".") for m in named) for p in wan)
+    assert all(any(m in p.split(".") for p in wan) for m in named)
+    for c in (c for c in COMPONENTS if c.cls == "WanTransformer3DModel"):
+        in_fp32 = sum(p.numel() for n, p in build(c).named_parameters() if _pattern_of(n) in wan)
+        params = _row(recorded, c.pipeline, c.component)["params"]
+        total = sum(r["params"] for r in recorded["components"] if r["pipeline"] == c.pipeline)
+        assert f"{in_fp32:,}" in c.note and f"{2 * (params + in_fp32) / 1e9:.2f} GB" in c.note
+        if c.pipeline == "Wan 2.1 T2V 14B":
+            assert in_fp32 == 29_184_000 and f"{2 * (total + in_fp32) / 1e9:.2f} GB" in c.note
+            assert (round(2 * (params + in_fp32) / 1e9, 2), round(2 * params / 1e9, 2)) == (28.64, 28.58)  # fmt: skip
+        assert _row(recorded, c.pipeline, c.component)["note"] == c.note

@@ -191,21 +191,25 @@ def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_cal
         assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
 
 
-def test_real_sd15_flop_shares_of_loop_and_decode(sd_pipe, record_calls):
-    """Counting FLOPs (not time) of SD 1.5's real UNet and VAE at 512 px, the loop is 92.7% of a call with 20 guided UNet calls, but with 4 unguided calls the decode is 43.8%: `FlopCounterMode` on one `UNet2DConditionModel` call per row (803.3 GFLOP), one `vae.decode` and one `CLIPTextModel` call per prompt, built on the meta device from SD 1.5's published configs, times the UNet calls and rows `StableDiffusionPipeline.__call__` makes with `DDIMScheduler` at 20 guided and 4 unguided steps (counted on the tiny pipeline); SD 1.5's shipped `PNDMScheduler` makes 21 and 5 calls there, 93.0% and 38.4%."""
+def test_real_sd15_flop_shares_of_loop_and_decode(text_pipe, record_calls, calls_of):
+    """Counting FLOPs (not time) of SD 1.5's real UNet, VAE and text encoder at 512 px, safety checker left out, the loop is 92.7% of a call with 20 guided UNet calls, but with 4 unguided calls the decode is 43.8%: `FlopCounterMode` on one `UNet2DConditionModel` call per row (803.3 GFLOP), one `vae.decode` and one `CLIPTextModel` call, built on the meta device from SD 1.5's published configs, times the UNet rows, text-encoder calls and `vae.decode` calls that `StableDiffusionPipeline.__call__` makes with `DDIMScheduler` at 20 guided and 4 unguided steps (counted on the tiny pipeline with a prompt, decoding to `"np"`); SD 1.5's shipped `PNDMScheduler` makes 21 and 5 UNet calls there, 93.0% and 38.4%."""
     from sizes import sd15_flops
 
     counted = sd15_flops()  # the real parts on the meta device, one row each
     row, decode, encode = counted["unet"], counted["decode"], counted["text"]
-    recorded = record_calls(sd_pipe.unet).calls
+    unet = record_calls(text_pipe.unet).calls
+    encoder = record_calls(text_pipe.text_encoder).calls
+    decodes = calls_of(text_pipe.vae, "decode")
 
-    def shares(scheduler, steps, guidance_scale):  # the UNet rows the pipeline's own call runs
-        recorded.clear()
-        generate(sd_with(sd_pipe, scheduler=scheduler), steps=steps, guidance_scale=guidance_scale)
-        rows = sum(args[0].shape[0] for args, _ in recorded)  # one image: 2 rows a call if guided
-        prompts = rows // len(recorded)  # text encoder calls: prompt, and negative prompt if guided
-        total = rows * row + decode + prompts * encode
-        return len(recorded), round(100 * rows * row / total, 1), round(100 * decode / total, 1)
+    def shares(scheduler, steps, guidance_scale):  # what the pipeline's own call runs
+        for calls in (unet, encoder, decodes):
+            calls.clear()
+        pipe = sd_with(text_pipe, scheduler=scheduler)
+        generate(pipe, prompt="a cat", steps=steps, guidance_scale=guidance_scale, output_type="np")  # fmt: skip
+        rows = sum(args[0].shape[0] for args, _ in unet)  # one image: 2 rows a call if guided
+        total = rows * row + len(decodes) * decode + len(encoder) * encode
+        assert len(decodes) == 1 and len(encoder) == (2 if guidance_scale > 1 else 1)
+        return len(unet), round(100 * rows * row / total, 1), round(100 * decode / total, 1)
 
     assert round(row / 1e9, 1) == 803.3
     ddim = [DDIMScheduler(**SD_SCHEDULER) for _ in range(2)]
@@ -783,16 +787,14 @@ def test_torchao_fp8_quantizes_weights_and_activations_for_an_fp8_matmul(tmp_pat
 
 
 def test_context_parallelism_is_a_config_passed_to_enable_parallelism():
-    """diffusers 0.42.1 describes context parallelism with `ContextParallelConfig(ulysses_degree=..., ring_degree=...)`, handed as the keyword `config=` to a model's `enable_parallelism`, alone or inside a `ParallelConfig`, which holds a context- or a tensor-parallel config and no CFG-parallel setting."""
+    """diffusers 0.42.1 describes context parallelism with `ContextParallelConfig(ulysses_degree=..., ring_degree=...)` (handed as `config=` to a model's `enable_parallelism` in the FLUX GPU-count run), alone or inside a `ParallelConfig`, which holds a context- or a tensor-parallel config and no CFG-parallel setting."""
     import dataclasses
 
-    from diffusers import ContextParallelConfig, FluxTransformer2DModel, ParallelConfig
+    from diffusers import ContextParallelConfig, ParallelConfig
 
     config = ContextParallelConfig(ulysses_degree=2)
     assert (config.ulysses_degree, config.ring_degree) == (2, 1)
     assert ContextParallelConfig(ring_degree=4).ring_degree == 4
-    parameter = inspect.signature(FluxTransformer2DModel.enable_parallelism).parameters["config"]
-    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
     public = {f.name for f in dataclasses.fields(ParallelConfig) if not f.name.startswith("_")}
     assert public == {"context_parallel_config", "tensor_parallel_config"}
     names = {f.name for c in (ParallelConfig, ContextParallelConfig) for f in dataclasses.fields(c)}
@@ -813,7 +815,7 @@ def test_ring_needs_an_lse_backend_not_the_default_native():
 
 
 def test_context_parallel_gpu_counts_for_flux_1024px():
-    """By default each rank takes an equal share of the 4,096 image and 512 text tokens: ring needs only a count that divides both (16 or 32 GPUs run), plain Ulysses must also divide the 24 heads (2, 4 or 8; 16 only as a 2 x 8 ring x Ulysses mesh), and 3 GPUs raise AssertionError; diffusers' `ulysses_anything` and `ring_anything` cut unequal shares instead (1,366 image and 171 text tokens on the first of 3 GPUs). Run through `enable_parallelism` on a tiny FLUX transformer with FLUX.1-dev's 24 heads and token counts, as rank 0 of torch's fake process group (one process; its collectives move no data, so only the splits and shapes are checked here; Lab 19's gloo runs check the outputs, uneven shares with an NCCL-style gather)."""
+    """By default each rank takes an equal share of the 4,096 image and 512 text tokens: ring needs only a count that divides both (16 or 32 GPUs run), plain Ulysses must also divide the 24 heads (2, 4 or 8; 16 as a ring x Ulysses mesh of 2 x 8, 4 x 4 or 8 x 2: every split of 16 runs but Ulysses 16 alone), and 3 GPUs raise AssertionError; diffusers' `ulysses_anything` and `ring_anything` cut unequal shares instead (1,366 image and 171 text tokens on the first of 3 GPUs). Run through `enable_parallelism` on a tiny FLUX transformer with FLUX.1-dev's 24 heads and token counts, as rank 0 of torch's fake process group (one process; its collectives move no data, so only the splits and shapes are checked here; Lab 19's gloo runs check the outputs, uneven shares with an NCCL-style gather)."""
     from unittest import mock
 
     import diffusers.models.attention_dispatch as dispatch
@@ -876,9 +878,12 @@ def test_context_parallel_gpu_counts_for_flux_1024px():
     with pytest.warns(FutureWarning, match="all_gather_tensor` is deprecated"):
         assert run(16, ring_degree=16) == ([(256, 32)], (1, 4096, 64))  # 24 heads, 16 ranks
         assert run(32, ring_degree=32) == ([(128, 16)], (1, 4096, 64))
-        # ring 2 x Ulysses 8: 3 heads a rank
-        assert run(16, ring_degree=2, ulysses_degree=8) == ([(256, 32)], (1, 4096, 64))
-    assert run(16, ulysses_degree=16) == ([(256, 32)], "RuntimeError")  # 24 heads / 16
+        # every (ring, Ulysses) mesh of 16 GPUs: Ulysses 16 alone cannot split 24 heads
+        meshes = {
+            (r, 16 // r): run(16, ring_degree=r, ulysses_degree=16 // r) for r in (1, 2, 4, 8)
+        }
+    ran = ([(256, 32)], (1, 4096, 64))
+    assert meshes == {(1, 16): ([(256, 32)], "RuntimeError"), (2, 8): ran, (4, 4): ran, (8, 2): ran}
     for config in (dict(ring_degree=3), dict(ulysses_degree=3)):  # 512 / 3
         assert run(3, **config) == ([], "AssertionError")
     assert run(3, stop=True, ring_degree=3, ring_anything=True) == ([(1366, 171)], "stopped")
