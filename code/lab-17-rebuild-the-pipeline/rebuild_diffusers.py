@@ -55,8 +55,8 @@ def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator
     latents = randn_tensor(shape, generator=generator, device=device, dtype=prompt_embeds.dtype)
     latents = latents * pipe.scheduler.init_noise_sigma
     # eta and generator, passed to step when its signature has them (eta: DDIM's; generator:
-    # DDIM, DDPM, Euler and Euler Ancestral take one; DDPM and Euler Ancestral draw noise
-    # from it every step, DDIM only with eta > 0, Euler only with s_churn > 0)
+    # DDIM, DDPM, Euler and Euler Ancestral take one; Euler Ancestral draws noise from it
+    # every step, DDPM at every t > 0, DDIM only with eta > 0, Euler only with s_churn > 0)
     extra_step_kwargs = pipe.prepare_extra_step_kwargs(generator, eta)
 
     with torch.no_grad():

@@ -12,6 +12,8 @@ Check it:  python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --check
 The solution's pipeline() in place of yours:  add --solution (solution.py holds it)
 """
 
+import inspect
+import itertools
 import sys
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from labkit.blanks import (
     blank_at,
     error_site,
     innermost_line,
+    lines_run,
     load_constant,
     load_function,
     source_line,
@@ -90,6 +93,8 @@ if args.scheduler == "ddim":
     check_pipeline_arguments(parser, args, 999, "DDIM with steps_offset=1 would reach t=1000")
 else:
     check_pipeline_arguments(parser, args)
+if args.figures and (args.check or args.demo_wrong):  # the figures are drawn from a run
+    parser.error("--figures draws a run's images: use it without --check and --demo-wrong")
 
 data = toy_images(256, seed=0)  # .images (K, 3, 32, 32) in [-1, 1], .labels (K,)
 vae = PatchPCAAutoencoder.fit(data.images, patch_size=8, latent_channels=4)  # Lab 05
@@ -224,7 +229,7 @@ PASSED_AS = {
 
 
 #: pipeline function -> the lines of it that its last run executed, in order (the last one
-#: is where it returned): which line left the loop, when a loop stops early
+#: is where it returned): which line left the loop early, or cut an iteration short
 EXECUTED = {}
 
 
@@ -233,33 +238,20 @@ def run_on_spies(fn):
     but for the unet's call counter), each wrapped in labkit's Spy, which records the
     arguments of each watched call and each attribute write (passed on to the part), and
     your array variables at that moment: (calls, image, error). The lines ``fn`` runs go
-    to EXECUTED[fn] (a trace on its own frame only)."""
-    calls, executed = [], []
-    EXECUTED[fn] = executed
-
-    def on_line(frame, event, arg):
-        if event in ("line", "return"):
-            executed.append(frame.f_lineno)
-        return on_line
-
-    def on_call(frame, event, arg):
-        return on_line if frame.f_code is fn.__code__ else None
-
+    to EXECUTED[fn] (labkit's lines_run; a debugger's breakpoints in ``fn`` still stop)."""
+    calls = []
     parts = [
         Spy("unet", unet, calls, ["__call__"]),
         Spy("scheduler", make_scheduler(args.scheduler), calls, ["scale_model_input", "step"]),
         Spy("vae", vae, calls, ["decode"]),
     ]
-    previous = sys.gettrace()
-    sys.settrace(on_call)
-    try:
-        out = fn(*parts, class_labels, negative_class_labels, noise,
-                 num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
-        return calls, out, None
-    except (Exception, KeyboardInterrupt, SystemExit) as error:  # a blank to fill, your code
-        return calls, None, error  # failing, exit() or Ctrl-C in it: reported, no traceback
-    finally:
-        sys.settrace(previous)
+    with lines_run(fn) as EXECUTED[fn]:
+        try:
+            out = fn(*parts, class_labels, negative_class_labels, noise,
+                     num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
+            return calls, out, None
+        except (Exception, KeyboardInterrupt, SystemExit) as error:  # a blank to fill, your
+            return calls, None, error  # code failing, exit() or Ctrl-C in it: no traceback
 
 
 def where_is(fn, line):
@@ -269,6 +261,33 @@ def where_is(fn, line):
         return f"line {line} (in blank {number})"
     text = source_line(fn, line)
     return f"line {line} ({'the for line, ' if text.startswith('for ') else ''}outside the blanks)"
+
+
+def skipped_at(fn, calls):
+    """(line, iteration) of the ``continue`` that cut an iteration of ``fn``'s loop short:
+    the first iteration that ends on a ``continue`` line and holds no line that called
+    ``step``. None if none does, or the loop made a ``step`` call per iteration it ran."""
+    stepping = {call.line for call in calls if call.method == "scheduler.step"}
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    heads = [first + k for k, text in enumerate(lines) if text.strip().startswith("for ")]
+    executed = EXECUTED.get(fn, [])
+    marks = [k for k, line in enumerate(executed) if heads and line == heads[0]]
+    if len(stepping) and sum(call.method == "scheduler.step" for call in calls) >= len(marks) - 1:
+        return None  # a step for every iteration that went back to the for line
+    for iteration, (a, b) in enumerate(itertools.pairwise(marks), 1):  # one iteration's lines
+        body, code = executed[a + 1 : b], source_line(fn, executed[b - 1]).split("#")[0]
+        ends = code.replace(" ", "") == "continue" or code.replace(" ", "").endswith(":continue")
+        if body and ends and not stepping & set(body):
+            return body[-1], iteration
+    return None
+
+
+def cut(fn, line, iteration):
+    """What a ``continue`` at ``line`` did to iteration ``iteration`` of your loop."""
+    return f"your loop cut iteration {iteration} of {n} short before its step, at {where_is(fn, line)}"  # fmt: skip
 
 
 def loop_left_at(fn, call=None):
@@ -324,8 +343,8 @@ def contract_break(calls):
             if number == 1 and method == "scheduler.scale_model_input" and fits(value, (B, *shape[1:]), like.dtype):  # fmt: skip
                 text += SCALE_THEN_DOUBLE
             return text
-        latents = call.caller_arrays.get("latents")
-        if step == 1 and call.method in BEFORE and not fits(latents, noise.shape, noise.dtype):
+        latents = call.caller_arrays.get("latents")  # absent: called from a helper of yours
+        if step == 1 and call.method in BEFORE and "latents" in call.caller_arrays and not fits(latents, noise.shape, noise.dtype):  # fmt: skip
             number = BEFORE[call.method]  # the loop's latents changed before step 1's step
             return f"blank {number} breaks the contract (step 1 of {n}): your latents are {describe(latents)} when it calls {call.method}; the loop carries {noise.shape} {noise.dtype}, B = {B} rows, and only blank 4 changes it"  # fmt: skip
         step += call.method == "scheduler.step"
@@ -337,7 +356,8 @@ def return_break(image):
     decoded = (B, *data.images.shape[1:])
     if fits(image, decoded, np.float64):
         return None
-    return f"your pipeline() returns {describe(image)}; return the decoded images, {decoded} float64"  # fmt: skip
+    why = " (a yield makes pipeline() a generator, which runs none of its lines)" if inspect.isgenerator(image) else ""  # fmt: skip
+    return f"your pipeline() returns {describe(image)}{why}; return the decoded images, {decoded} float64"  # fmt: skip
 
 
 def raised(error, fn, calls=()):
@@ -393,9 +413,11 @@ if not (args.check or args.demo_wrong):
     calls, image, error = run_on_spies(yours)
     broken = contract_break(calls)
     ran = sum(call.method == "unet" for call in calls)  # the unet's line runs once a step
-    if broken is None and error is None and ran < n:  # a break or return in your lines
+    done = sum(call.method == "scheduler.step" for call in calls)
+    if broken is None and error is None and skipped_at(yours, calls):  # a continue
+        broken = f"{cut(yours, *skipped_at(yours, calls))}: {plural(done, 'step')} of {n} ran"
+    elif broken is None and error is None and ran < n and EXECUTED[yours]:  # a break or return
         decoded = next((call for call in calls if call.method == "vae.decode"), None)
-        done = sum(call.method == "scheduler.step" for call in calls)
         broken = f"your loop stopped after {plural(done, 'step')} of {n}, at {where_is(yours, loop_left_at(yours, decoded))}"  # fmt: skip
     broken = broken or (return_break(image) if error is None else None)
     for text in dict.fromkeys(f"{c.method} warned: {w}" for c in calls for w in c.warnings):
@@ -436,7 +458,8 @@ if image is not None:
 # names the blank that computed it, or the one that passed it if the variable that should
 # hold it matches. A call yours skips names the blank that owns it; an extra call, or a
 # write to a part's attribute, the blank whose lines made it; a loop that stops early, the
-# line that left it (a trace of your pipeline()'s own lines records which).
+# line that left it, and a `continue` that cuts an iteration short, its own line (labkit's
+# `lines_run` records the lines your pipeline() runs).
 
 # %%
 # --8<-- [start:check]
@@ -486,11 +509,14 @@ def first_difference(yours, reference, complete=True, fn=None):
     """The first (blank, step, message) where the two call lists differ, or None.
     ``complete=False``: your run stopped early, so only the calls it made are compared.
     ``fn``: your pipeline, whose blank paragraphs name the blank of a call made in one."""
-    step = 1
+    step, skipped = 1, skipped_at(fn, yours) if fn else None  # a continue in your loop
     for k, ref in enumerate(reference[: None if complete else len(yours)]):
         mine = yours[k] if k < len(yours) else None
+        here = skipped if skipped and skipped[1] == step else None  # it cut this step short
         if mine is None:
             said = f"the solution calls {ref.method} here; yours makes no further call"
+            if here:  # a continue cut this iteration short: that line's blank
+                return blank_at(fn, here[0]), step, f"{cut(fn, *here)}: {said}"
             line = loop_left_at(fn) if fn else None  # where your pipeline() returned
             if line:  # from inside its loop, or after it but before decoding: that line's blank
                 stopped = f"your loop stopped after {plural(step - 1, 'step')} of {n}" if step <= n else "your pipeline() returned"  # fmt: skip
@@ -500,15 +526,19 @@ def first_difference(yours, reference, complete=True, fn=None):
             said = f"the solution calls {ref.method} here; yours {did(mine)}"
             made_in = blank_at(fn, mine.line) if fn else None  # the blank whose lines made it
             following = reference[k + 1].method if k + 1 < len(reference) else None
+            if here:  # a continue cut this iteration short: that line's blank
+                return blank_at(fn, here[0]), step, f"{cut(fn, *here)}: {said}"
+            going_on = any(call.method in ("unet", *BEFORE) for call in yours[k + 1 :])
             if mine.method == following:  # yours makes the solution's next call: it skipped one
                 number = CALL_OF.get(ref.method) or made_in or CALL_OF.get(mine.method)
                 return number, step, f"{said}, skipping {ref.method}"
-            if mine.method == "vae.decode":  # decoded mid-loop: the line that left the loop
+            if mine.method == "vae.decode" and not going_on:  # the loop left early, then decoded
                 line = loop_left_at(fn, mine) if fn else None
                 at = f", at {where_is(fn, line)}" if line else ""
                 number = blank_at(fn, line) if line else 4
                 return number, step, f"your loop stopped after {plural(step - 1, 'step')} of {n}{at}: {said}"  # fmt: skip
-            return made_in or CALL_OF.get(mine.method), step, said  # an extra call: who made it
+            extra = ", an extra call (your loop goes on after it)" if going_on and mine.method == "vae.decode" else ""  # fmt: skip
+            return made_in or CALL_OF.get(mine.method), step, said + extra  # who made it
         for (method, arg), (number, what) in BOUNDARIES.items():
             if method != ref.method:
                 continue
@@ -524,7 +554,10 @@ def first_difference(yours, reference, complete=True, fn=None):
                     lines.append(f"  yours is {ratio:.4g} x the solution's, everywhere")
             variable, passer = PASSED_AS.get((method, arg), (None, None))
             t_mine, t_ref = mine.caller_arrays.get("t"), ref.caller_arrays.get("t")
-            if arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref):  # fmt: skip
+            if arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref) and here:  # fmt: skip
+                number = blank_at(fn, here[0])  # your t is a later step's: a continue
+                lines.insert(1, f"  (that is your loop's t: {cut(fn, *here)})")
+            elif arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref):  # fmt: skip
                 number = None  # you passed your t, and your loop's t differs: the for line
                 lines.insert(1, "  (that is your loop's t, which differs: the for line, outside the blanks)")  # fmt: skip
             elif variable and same(mine.caller_arrays.get(variable, np.nan), b):
@@ -542,7 +575,7 @@ def first_difference(yours, reference, complete=True, fn=None):
                 lines.append("  " + SCALE_THEN_DOUBLE.strip())  # the images may still agree
             return number, step, "\n".join(lines)
         mine_latents, ref_latents = mine.caller_arrays.get("latents"), ref.caller_arrays.get("latents")  # fmt: skip
-        if step == 1 and ref.method in BEFORE and not same(mine_latents, ref_latents):
+        if step == 1 and ref.method in BEFORE and "latents" in mine.caller_arrays and not same(mine_latents, ref_latents):  # fmt: skip
             number = BEFORE[ref.method]  # every argument matched; the loop's latents did not
             return number, step, "\n".join([
                 f"{ref.method}: its arguments match, but your latents at this call differ",
@@ -581,6 +614,9 @@ def check(fn, label):
         sys.exit("interrupted while the solution ran")  # one line, exit 1
     assert ref_error is None, ref_error  # the solution runs, or the lab is broken
     calls, image, error = run_on_spies(fn)
+    if error is None and not EXECUTED[fn]:  # a generator: no call to compare
+        print(return_break(image))
+        return False
     with np.errstate(all="ignore"):  # your inf or NaN: compared, not warned about here
         found = first_difference(calls, ref_calls, complete=error is None, fn=fn)
     if found is None and isinstance(error, UnfilledBlankError):

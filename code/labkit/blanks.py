@@ -3,7 +3,7 @@
 Lab 17 ships one function twice, differing only on the lines that call :func:`blank`: in
 the reader's file, where each such line is a placeholder, and in ``solution.py``, where it
 is filled in. A checker runs the reader's function and the solution's on the same inputs
-and compares, call by call, what each hands to the pipeline's parts. Five pieces make that
+and compares, call by call, what each hands to the pipeline's parts. Six pieces make that
 work:
 
 - :func:`blank` raises :class:`UnfilledBlankError`, which knows its number and the line that called
@@ -20,7 +20,9 @@ work:
 - :func:`error_site` finds, for an exception raised inside a function, the line of that
   function that raised it, the blank whose comment heads that line's paragraph
   (:func:`blank_at`), and the function's variables there; :func:`innermost_line` finds the deepest line of the
-  reader's file, so an error raised in a helper of theirs names the helper's line too.
+  reader's file, so an error raised in a helper of theirs names the helper's line too;
+- :func:`lines_run` records the lines a function runs (which line left its loop), passing
+  every event on to a tracer already set, such as a debugger's.
 
 NumPy is the only dependency, as for the rest of labkit.
 """
@@ -31,7 +33,8 @@ import ast
 import inspect
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FunctionType
@@ -237,3 +240,34 @@ def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | Non
             found = tb.tb_frame.f_code.co_name, tb.tb_lineno
         tb = tb.tb_next
     return found
+
+
+@contextmanager
+def lines_run(fn: FunctionType) -> Iterator[list[int]]:
+    """Within the block, the lines that calls of ``fn`` run go to the list it yields, in
+    order (each frame's last is where it returned). Every trace event still reaches a tracer
+    set before (a debugger's breakpoints in ``fn`` still stop), and the tracer's own frames
+    are in this file, not the reader's: an error or Ctrl-C names the reader's line only."""
+    executed: list[int] = []
+    previous = sys.gettrace()
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        local = previous(frame, event, arg) if previous is not None else None
+        if frame.f_code is not fn.__code__:
+            return local
+
+        def on_line(frame: Any, event: str, arg: Any) -> Any:
+            nonlocal local
+            if event in ("line", "return"):
+                executed.append(frame.f_lineno)
+            if local is not None:
+                local = local(frame, event, arg)
+            return on_line
+
+        return on_line
+
+    sys.settrace(on_call)
+    try:
+        yield executed
+    finally:
+        sys.settrace(previous)
