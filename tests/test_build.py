@@ -190,11 +190,12 @@ def cited_numbers(markdown_path: Path) -> dict[str, str]:
 PROSE_LINKED_LAB = re.compile(r"\]\((?:[./]*labs/|\.\./)?(lab-\d\d-[a-z0-9-]+)(?:\.md|/)")
 
 
-def prose_blocks(markdown_path: Path) -> list[tuple[str, set[str]]]:
+def prose_blocks(markdown_path: Path) -> list[tuple[str, set[str], str]]:
     """A page's prose, block by block (paragraphs, list items run together, table rows of one
-    table): (the block's text, the lab pages it links to). The first screen's ``outcome`` and
-    ``why`` are blocks too; the rest of the front matter, code, math and a lab's prediction
-    prompt (it offers wrong answers on purpose) are left out."""
+    table): (the block's text, the lab pages it links to, the block as written, inline code and
+    comments included). The first screen's ``outcome`` and ``why`` are blocks too; the rest of
+    the front matter, code, math and a lab's prediction prompt (it offers wrong answers on
+    purpose) are left out."""
     from infralens_docs.registry import read_front_matter
 
     md = markdown_path.read_text(encoding="utf-8")
@@ -204,11 +205,12 @@ def prose_blocks(markdown_path: Path) -> list[tuple[str, set[str]]]:
     md = re.sub(r"^## Predict first\n.*?(?=^## )", "", md, flags=re.DOTALL | re.MULTILINE)
     for pattern in [r"```.*?```", r"\$\$.*?\$\$"]:
         md = re.sub(pattern, "\n\n", md, flags=re.DOTALL)  # fenced code and display math
-    # a paragraph, a list or a table is a block; an admonition (`!!!`, `???`) is one block
-    # with its indented body, so a question's answer and its "Lab: [NN]" line go together
+    # a paragraph, a list or a table is a block; an admonition (`!!!`, `???`) or a content tab
+    # (`===`) is one block with its indented body, so a question's answer and its "Lab: [NN]"
+    # line go together, and a tab's label with the run it shows
     groups, admonition = [[]], False
     for line in md.splitlines():
-        if re.match(r"(\?\?\?|!!!)\+? ", line):
+        if re.match(r"(\?\?\?|!!!|===)\+? ", line):
             groups.append([line])
             admonition = True
         elif admonition and (not line.strip() or line.startswith("    ")):
@@ -223,6 +225,7 @@ def prose_blocks(markdown_path: Path) -> list[tuple[str, set[str]]]:
             groups[-1].append(line)
     blocks = []
     for block in ("\n".join(group) for group in groups if group):
+        written = block
         labs = set(PROSE_LINKED_LAB.findall(block))
         for pattern in [r"`[^`]*`", r"\$[^$\n]*\$", r"\]\([^)]*\)"]:
             block = re.sub(pattern, " ", block)  # inline code, inline math, link targets
@@ -232,7 +235,7 @@ def prose_blocks(markdown_path: Path) -> list[tuple[str, set[str]]]:
             " ",
             block,
         )
-        blocks.append((block, labs))
+        blocks.append((block, labs, written))
     return blocks
 
 
@@ -255,7 +258,9 @@ def quoted_in(text: str, markdown_path: Path) -> set[str]:
 def quoted_numbers(markdown_path: Path) -> set[str]:
     """Decimals in a page's prose: not in code, math, link targets, version strings, model
     names or a lab's prediction prompt, nor the constants and cited numbers above."""
-    return set().union(*(quoted_in(text, markdown_path) for text, _ in prose_blocks(markdown_path)))
+    return set().union(
+        *(quoted_in(text, markdown_path) for text, *_ in prose_blocks(markdown_path))
+    )
 
 
 PAGES_WITH_PROSE = [ROOT / "docs" / "index.md", ROOT / "docs" / "references.md"]
@@ -288,6 +293,11 @@ def shown_output(built_page: Path) -> str:
     """The text of a built page's code and console blocks (included code, real runs), of
     its model-sizes tables (rendered from labkit/model_sizes.json, checked by verify) and
     of its figures' captions and alt texts (written by the starter at build time)."""
+    return " ".join(shown_blocks(built_page))
+
+
+def shown_blocks(built_page: Path) -> list[str]:
+    """:func:`shown_output`, one text per block, figure caption or alt text."""
     import html
 
     page = built_page.read_text(encoding="utf-8")
@@ -299,7 +309,42 @@ def shown_output(built_page: Path) -> str:
     for figure in re.findall(r'<figure class="lab-figure"[^>]*>(.*?)</figure>', page, re.DOTALL):
         blocks += re.findall(r"<figcaption>(.*?)</figcaption>", figure, re.DOTALL)
         blocks += re.findall(r'(?:alt|aria-label)="([^"]*)"', figure)
-    return html.unescape(re.sub(r"<[^>]+>", "", " ".join(blocks)))
+    return [html.unescape(re.sub(r"<[^>]+>", "", block)) for block in blocks]
+
+
+def run_flags(shown: str) -> tuple[str, ...] | None:
+    """The flags of the starter run a shown block prints (its first line is the command a
+    run directive shows: ``$ python3 code/lab-…/x.py FLAGS``), () for a run with its
+    defaults, None for a block that is not a run."""
+    first = shown.lstrip().split("\n", 1)[0]
+    if not re.match(r"\$ python3 \S+\.py(?: |$)", first):
+        return None
+    return tuple(shlex.split(first[2:])[2:])
+
+
+def cites_run(written: str, flags: tuple[str, ...]) -> bool:
+    """A prose block (as written) cites the run with ``flags`` when it holds that run's
+    directive, or names the run in inline code: a span whose words are consecutive words of
+    the run's flags (after an optional ``python3 path.py``), one of them a flag's name or a
+    value that is not a bare number (`--timestep 50`, `scaled_linear`; not `50`)."""
+    joined = shlex.join(flags)
+    directive = rf"infralens:(?:run|figure) \S+ (?:--expect-error |\S+ )?{re.escape(joined)} -->"
+    if re.search(directive, written):
+        return True
+    for span in re.findall(r"`([^`\n]+)`", written):
+        try:
+            words = shlex.split(span)
+        except ValueError:
+            words = span.split()
+        if words[:1] == ["python3"]:
+            words = words[1:]
+        if words and words[0].endswith(".py"):
+            words = words[1:]
+        n = len(words)
+        named = any(w.startswith("--") or not re.fullmatch(r"[-+\d.,e]+", w) for w in words)
+        if n and named and any(tuple(words) == flags[i : i + n] for i in range(len(flags))):
+            return True
+    return False
 
 
 #: The name of the kernel set OpenBLAS picked (NumPy's wheels bundle scipy-openblas, built
@@ -439,34 +484,58 @@ def built_path(site: Path, page: Path) -> Path:
 
 @pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=lambda p: p.stem)
 def test_numbers_in_prose_come_from_the_runs_they_cite(built_site, page, tmp_path):
-    """Every number a page's prose quotes (see :func:`quoted_in`) is a whole number in the
-    output of a run the page shows (its run blocks, included code, figures' captions and alt
-    texts), of a lab page that the same paragraph, list, table or admonition links to, or, on
-    a handbook section, of a lab that serves that section (its ``sections``); else it is
-    cited. A starter change that moves a quoted number fails here, and a number cannot pass
-    by matching part of another ("0.8" in "10.85") or by turning up in some unrelated lab's
-    output. Quoted diffusers grids are recomputed by the verify suite instead
-    (``VERIFIED_ELSEWHERE``)."""
+    """Every number a page's prose quotes (see :func:`quoted_in`) is a whole number in what
+    the page shows, a lab page its block links to shows, or, on a handbook section, a lab that
+    serves that section (its ``sections``) shows; else it is cited. Of the page's own runs a
+    block counts those with their defaults and the runs it cites (:func:`cites_run`: it holds
+    the run's directive or names its flags), so a number printed by a run with other flags
+    must say which run it comes from, and a number left stale in prose cannot pass by turning
+    up in another run of the page. Included code, model-size tables and figures' captions and
+    alt texts count everywhere on the page. A starter change that moves a quoted number fails
+    here, and a number cannot pass by matching part of another ("0.8" in "10.85"). Quoted
+    diffusers grids are recomputed by the verify suite instead (``VERIFIED_ELSEWHERE``)."""
     stripped = tmp_path / page.name
     stripped.write_text(
         VERIFIED_ELSEWHERE.sub(" ", page.read_text(encoding="utf-8")), encoding="utf-8"
     )
     labs = {lab.page.with_suffix("").name: lab for lab in LABS}
     serving = {name for name, lab in labs.items() if page.stem in lab.sections}
+    blocks = [(run_flags(b), b) for b in shown_blocks(built_path(built_site, page))]
     own = " ".join(
-        [shown_output(built_path(built_site, page))]
+        [b for flags, b in blocks if not flags]
         + [shown_output(built_site / labs[name].page.with_suffix("") / "index.html") for name in sorted(serving)]
     )  # fmt: skip
+    flagged = [(flags, b) for flags, b in blocks if flags]
     unshown = []
-    for text, linked in prose_blocks(stripped):
+    for text, linked, written in prose_blocks(stripped):
         cited = [shown_output(built_site / labs[name].page.with_suffix("") / "index.html")
                  for name in sorted(linked - serving) if name in labs]  # fmt: skip
+        cited += [b for flags, b in flagged if cites_run(written, flags)]
         shown = " ".join([own, *cited])
         first = " ".join(text.split())[:70]
         unshown += [
             f"{n} in '{first}...'" for n in sorted(quoted_in(text, page)) if not shows(n, shown)
         ]
     assert unshown == []
+
+
+def test_a_block_cites_a_run_by_its_directive_or_its_flags():
+    """What :func:`cites_run` counts as naming a run, and what it does not."""
+    flags = ("--guidance-scales", "1,7.5", "--steps", "5")
+    assert cites_run("In the `--guidance-scales 1,7.5 --steps 5` run, ...", flags)
+    assert cites_run("With `--steps 5`, ...", flags)
+    assert cites_run("`python3 code/lab-04/cfg.py --steps 5` prints", flags)
+    assert cites_run("<!-- infralens:run code/x.py --guidance-scales 1,7.5 --steps 5 -->", flags)
+    assert not cites_run("With `5` steps", flags)  # a bare number names nothing
+    assert not cites_run("With `--steps 50`, ...", flags)
+    assert not cites_run("With --steps 5 outside code", flags)
+    assert cites_run("Under `scaled_linear`", ("--schedule", "scaled_linear"))
+    assert run_flags("$ python3 code/lab-01/x.py --schedule linear\nt  abar") == (
+        "--schedule",
+        "linear",
+    )
+    assert run_flags("$ python3 code/lab-01/x.py\nt  abar") == ()
+    assert run_flags("import numpy as np") is None
 
 
 @pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
