@@ -221,22 +221,19 @@ def scheduler_batches(scheduler, monkeypatch):
 
 
 def test_only_scale_model_input_sees_the_doubled_batch(sd_pipe, monkeypatch):
-    """The pipeline hands the scheduler the doubled batch of `2B` only in `scale_model_input`: in `StableDiffusionPipeline.__call__` with every scheduler of the pipeline's `compatibles` (those that need scipy or torchsde excepted, not installed here), `scheduler.step` gets batch `B`.
+    """The pipeline hands the scheduler the doubled batch of `2B` only in `scale_model_input`: in `StableDiffusionPipeline.__call__` with every scheduler of the pipeline's `compatibles`, `scheduler.step` gets batch `B`.
 
     Every public method of each scheduler instance is wrapped (enumerated from the instance,
     and the schedulers from the installed library, so a new one is covered) and records the
     batch of each 4-D tensor the pipeline passes it; CFG on, one image, one step, SD 1.x's
-    scheduler settings (PNDM with ``skip_prk_steps``, as SD ships it). Schedulers whose
-    optional dependency is not installed (scipy, torchsde) raise ``ImportError`` and are skipped.
+    scheduler settings (PNDM with ``skip_prk_steps``, as SD ships it), LMS and DPMSolverSDE
+    among them (the verify extra installs scipy and torchsde).
     """
     original, ran = sd_pipe.scheduler, []
     config = dict(SD_SCHEDULER, skip_prk_steps=True)
     try:
         for cls in sorted(original.compatibles, key=lambda c: c.__name__):
-            try:
-                sd_pipe.scheduler = cls.from_config(config)
-            except ImportError:  # raised by diffusers' dummy objects without scipy/torchsde
-                continue
+            sd_pipe.scheduler = cls.from_config(config)
             seen = scheduler_batches(sd_pipe.scheduler, monkeypatch)
             run(sd_pipe, guidance_scale=7.5, steps=1)
             doubled = {name for name, batches in seen.items() if 2 in batches}

@@ -300,13 +300,10 @@ def _classes_carrying_the_karras_list(monkeypatch):
     """Scheduler classes whose `_compatibles` is the `KarrasDiffusionSchedulers` list, read at
     run time from every installed ``diffusers.schedulers.scheduling_*`` module.
 
-    Two modules import torchsde at their top, and it is not installed here: those are
-    imported again with a stub ``torchsde`` (their classes use it only to draw noise), then
-    dropped from ``sys.modules`` so no other test sees them.
+    Every module imports: the verify extra installs scipy and torchsde, which two of them
+    import at their top.
     """
     import pkgutil
-    import sys
-    import types
 
     import diffusers.schedulers
     from diffusers import DDIMScheduler
@@ -320,17 +317,10 @@ def _classes_carrying_the_karras_list(monkeypatch):
             and obj.__dict__.get("_compatibles") == DDIMScheduler._compatibles
         ]  # fmt: skip
 
-    found, missing = [], []
+    found = []
     for info in pkgutil.iter_modules(diffusers.schedulers.__path__):
         if info.name.startswith("scheduling_"):
-            try:
-                found += carriers(importlib.import_module(f"diffusers.schedulers.{info.name}"))
-            except ImportError:
-                missing.append(f"diffusers.schedulers.{info.name}")
-    monkeypatch.setitem(sys.modules, "torchsde", types.ModuleType("torchsde"))
-    for name in missing:
-        found += carriers(importlib.import_module(name))
-        del sys.modules[name]
+            found += carriers(importlib.import_module(f"diffusers.schedulers.{info.name}"))
     return found
 
 
@@ -464,8 +454,7 @@ def test_flow_match_from_config_keeps_the_sigma_flags_it_shares(lab):
     sharing = []
     for name in diffusers.DDIMScheduler._compatibles:
         cls = getattr(diffusers, name, None)
-        if not (isinstance(cls, type) and issubclass(cls, SchedulerMixin)):
-            continue  # a dummy: its optional package (scipy, torchsde) is not installed
+        assert isinstance(cls, type) and issubclass(cls, SchedulerMixin), name
         if "use_karras_sigmas" not in inspect.signature(cls.__init__).parameters:
             continue
         flow = FlowMatchEulerDiscreteScheduler.from_config(cls(use_karras_sigmas=True).config)

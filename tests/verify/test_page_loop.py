@@ -999,10 +999,10 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
 def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
     """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times with SD 1.5's `PNDMScheduler` (`order == 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
 
-    The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` that the
-    installed extras let us build, each with SD 1.5's settings; ``n`` calls for every order-1
-    class except PNDM, ``2n - 1`` for every order-2 one (here Heun and the two KDPM2 schedulers;
-    ``DPMSolverSDEScheduler``, also order 2, needs torchsde), so a new class that breaks the
+    The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` (LMS and
+    DPMSolverSDE included: the verify extra installs scipy and torchsde), each with SD 1.5's
+    settings; ``n`` calls for every order-1 class except PNDM, ``2n - 1`` for every order-2
+    one (here Heun, the two KDPM2 schedulers and ``DPMSolverSDEScheduler``), so a new class that breaks the
     rule fails here. Then every other order-2 class the installed diffusers exports runs in
     its own pipeline, SD3's for a flow-matching scheduler (no ``init_noise_sigma``), SD's
     otherwise: ``FlowMatchHeunDiscreteScheduler`` makes ``2n - 1`` calls, and the deprecated
@@ -1015,10 +1015,7 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
     calls = record_calls(sd_pipe.unet).calls
     n, seen, order_2, solver_order_2 = 3, set(), set(), {}
     for cls in sorted(sd_pipe.scheduler.compatibles, key=lambda c: c.__name__):
-        try:
-            scheduler = PNDMScheduler(**SD15_PNDM) if cls is PNDMScheduler else sd_scheduler(cls)
-        except ImportError:  # LMS needs scipy, DPMSolverSDE torchsde: not installed here
-            continue
+        scheduler = PNDMScheduler(**SD15_PNDM) if cls is PNDMScheduler else sd_scheduler(cls)
         pipe = sd_with(sd_pipe, scheduler=scheduler)
         bar = bars(pipe)
         calls.clear()
@@ -1046,17 +1043,15 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
         "HeunDiscreteScheduler",
         "KDPM2DiscreteScheduler",
         "KDPM2AncestralDiscreteScheduler",
+        "DPMSolverSDEScheduler",
     }
     import diffusers
 
     others = set()
     for name in [name for name in dir(diffusers) if name.endswith("Scheduler")]:
-        try:
-            cls = getattr(diffusers, name)
-            if getattr(cls, "order", None) == 2:
-                others.add(cls)
-        except ImportError:  # a dummy whose backend is missing (DPMSolverSDE: torchsde)
-            continue
+        cls = getattr(diffusers, name)
+        if getattr(cls, "order", None) == 2:
+            others.add(cls)
     others = {cls for cls in others if cls.__name__ not in order_2}
     ran, not_run = set(), set()
     assert others, "no order-2 scheduler outside StableDiffusionPipeline's compatibles"

@@ -1282,8 +1282,7 @@ def test_compatibles_is_one_shared_list():
         UniPCMultistepScheduler,
     ):
         listed = {c.__name__ for c in cls().compatibles} - {cls.__name__}
-        # classes whose optional dependency (scipy, torchsde) is missing import as dummies
-        assert listed <= karras and len(listed) >= len(karras) - 3, cls.__name__
+        assert listed == karras - {cls.__name__}, cls.__name__
         assert EDMEulerScheduler in cls().compatibles, cls.__name__
     assert "beta_schedule" not in inspect.signature(EDMEulerScheduler).parameters
     assert not hasattr(EDMEulerScheduler(), "alphas_cumprod")
