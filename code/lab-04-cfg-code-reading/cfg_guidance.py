@@ -59,6 +59,8 @@ add_figures_argument(parser)
 args = parse_args(parser)
 if args.steps > 999:  # leading spacing + steps_offset=1 reaches t=1000 at 1000 steps
     parser.error(f"--steps must be <= 999 (steps_offset=1 would reach t=1000), got {args.steps}")
+if max(args.guidance_scales) > 100:  # bounded: at 1e200 the toy's arithmetic overflows to NaN
+    parser.error(f"--guidance-scales must be <= 100, got {max(args.guidance_scales):g}")
 
 mixture = GaussianMixture(
     means=np.array([[-0.7, 0.0], [0.7, 0.0]]),  # (K=2, 2)
@@ -224,8 +226,9 @@ if args.figures is not None:
     prompt = SHAPES.index("square")  # class 1: the toy's prompt
     R, C = 4, len(runs)  # rows: starting noises; columns: no prompt, then each scale
     image_noise = np.random.default_rng(args.seed).standard_normal((R, 3, 32, 32))
-    # the same DDIM config, but at most 15 steps (the runs use 30): a call on 3072 pixels costs
-    # far more than on 2-D points, and this keeps the site build's --figures run short
+    # the same DDIM config, but at most 15 steps (the runs use 30): an image's 3072 values
+    # (3 x 32 x 32) cost far more than 2-D points, and this keeps the site build's --figures
+    # run short
     image_scheduler = DDIMScheduler(**vars(scheduler.config))  # like from_config
     image_scheduler.set_timesteps(min(args.steps, 15))
     # column-major: rows k*R .. k*R + R-1 are column k; (C*R, 3, 32, 32)

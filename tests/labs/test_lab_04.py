@@ -50,7 +50,7 @@ def test_high_scale_overshoots_the_class_mean(table):
 
 
 def test_guiding_doubles_the_rows_per_step(table):
-    assert table["1"]["rows"] == 2000  # guidance_scale <= 1: cond branch only, as diffusers
+    assert table["1"]["rows"] == 2000  # guidance_scale <= 1: cond branch only, as in SD's pipeline
     assert table["2"]["rows"] == 4000
 
 
@@ -84,6 +84,9 @@ def test_guidance_grid_on_images_follows_the_scale(run_lab, tmp_path):
     that started from different noise end on fewer distinct training images."""
     g = run_lab(STARTER, "--figures", str(tmp_path))
     assert (tmp_path / "images.png").is_file()
+    # 3,072 values an image (3 x 32 x 32) but 1,024 pixels, the unit of the shape areas
+    assert g["data"].images.shape[1:] == (3, 32, 32) and g["data"].images[0].size == 3072
+    assert 0 < g["area"].max() <= 32 * 32
     purity, distinct, area = g["image_purity"], g["image_distinct"], g["image_area"]
     scales = ["1", "2", "4", "7.5", "15"]
     assert list(purity) == ["uncond", *scales]
@@ -112,6 +115,8 @@ def test_guidance_grid_on_images_follows_the_scale(run_lab, tmp_path):
     [
         ["--guidance-scales", "-1"],
         ["--guidance-scales", "x"],
+        ["--guidance-scales", "1,1e200"],
+        ["--guidance-scales", "100.5"],
         ["--steps", "0"],
         ["--steps", "1000"],
     ],
@@ -121,3 +126,12 @@ def test_bad_arguments(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("cfg_guidance.py: error: ")
+
+
+def test_guidance_scales_from_0_to_100_run(run_cli):
+    """Both ends of the accepted range run to the end with finite rows (past 100 is an error)."""
+    run = run_cli(STARTER, "--guidance-scales", "0,100", "--num-samples", "100", "--steps", "5")
+    assert run.returncode == 0, run.stderr
+    rows = sweep(run.stdout)
+    assert set(rows) == {"uncond", "0", "100"}
+    assert all(np.isfinite(list(row.values())).all() for row in rows.values())

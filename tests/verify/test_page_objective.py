@@ -9,6 +9,7 @@ built from one known (x0, noise) pair, so a wrong conversion shows up as a misma
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 
@@ -139,8 +140,11 @@ def test_scheduler_config_json_records_prediction_type(tmp_path):
     assert DDIMScheduler.from_pretrained(tmp_path).config.prediction_type == "v_prediction"
 
 
+@functools.cache
 def scheduler_classes_taking(parameter: str) -> list[type]:
-    """Every scheduler class the installed diffusers exports whose ``__init__`` takes ``parameter``."""
+    """Every scheduler class of the installed diffusers whose ``__init__`` takes ``parameter``
+    (those behind an optional package included: the verify extra installs scipy and torchsde,
+    and test_versions.py fails if any scheduler is exported as a dummy)."""
     classes = [getattr(diffusers, name) for name in dir(diffusers) if name.endswith("Scheduler")]
     return [
         cls
@@ -154,21 +158,25 @@ def scheduler_classes_taking(parameter: str) -> list[type]:
 def test_from_config_keeps_prediction_type():
     """A scheduler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` keeps the checkpoint's recorded `prediction_type` (and its betas), and so does `from_config` on every scheduler class of the installed diffusers whose `__init__` takes `prediction_type`; on SD's `scaled_linear` config `UnCLIPScheduler`, which takes only the cosine schedule, raises `ValueError` instead.
 
-    The first source config uses the cosine schedule, the one every such class accepts, on 100
+    The classes include those behind an optional package (scipy, torchsde). The
+    first source configs use the cosine schedule, the one every such class accepts, on 100
     training timesteps (the KDPM2 schedulers build their grid over all of them in
-    ``__init__``); the second is SD 1.5's shipped file, at 1000 (about 4 s).
+    ``__init__``), recording ``v_prediction`` and then ``epsilon``, so every class is handed a
+    value other than its own default; the last is SD 1.5's shipped file, at 1000 (about 4 s).
     """
     old = DDPMScheduler(prediction_type="v_prediction", **SD_BETAS)
     new = DDIMScheduler.from_config(old.config)
     assert new.config.prediction_type == "v_prediction"
     close(new.alphas_cumprod, old.alphas_cumprod)
-    source = DDPMScheduler(
-        prediction_type="v_prediction", beta_schedule="squaredcos_cap_v2", num_train_timesteps=100
-    ).config
     classes = scheduler_classes_taking("prediction_type")
     assert len(classes) > 20 and DDIMScheduler in classes
-    for cls in classes:
-        assert cls.from_config(source).config.prediction_type == "v_prediction", cls.__name__
+    for recorded in ("v_prediction", "epsilon"):
+        source = DDPMScheduler(
+            prediction_type=recorded, beta_schedule="squaredcos_cap_v2", num_train_timesteps=100
+        ).config
+        assert "prediction_type" not in source._use_default_values
+        for cls in classes:
+            assert cls.from_config(source).config.prediction_type == recorded, cls.__name__
     # SD 1.5's shipped scheduler_config.json, 1000 timesteps, read as a v_prediction checkpoint
     sd = PNDMScheduler.from_config(
         {**SD15_SCHEDULER_FILE, "prediction_type": "v_prediction"}
@@ -185,11 +193,12 @@ def test_from_config_keeps_prediction_type():
 
 
 def test_from_config_does_not_carry_a_prediction_type_the_file_omits():
-    """A value the source never set is listed in its config's `_use_default_values` and not carried: from SD 1.5's file the new class's default applies, `epsilon` for most but `flow_prediction` for the Helios schedulers and `trigflow` for `SCMScheduler`.
+    """A value the source never set is listed in its config's `_use_default_values` and not carried: from SD 1.5's file the new class's default applies, `epsilon` for most but `flow_prediction` for the Helios schedulers, `trigflow` for `SCMScheduler` and `v_prediction` for `CosineDPMSolverMultistepScheduler`.
 
     SD 1.5's shipped scheduler_config.json has no ``prediction_type``; every scheduler class
-    taking one is built from it, and its value compared with the class's own default (read
-    from the class built without that key, on 100 training timesteps).
+    taking one (those behind an optional package included) is built from it, and its value
+    compared with the class's own default (read from the class built without that key, on
+    100 training timesteps).
     """
     assert "prediction_type" not in SD15_SCHEDULER_FILE
     sd = PNDMScheduler.from_config(SD15_SCHEDULER_FILE).config
@@ -205,10 +214,12 @@ def test_from_config_does_not_carry_a_prediction_type_the_file_omits():
         assert got[cls] == own, cls.__name__
     assert raising == [UnCLIPScheduler]
     changed = {cls: value for cls, value in got.items() if value != "epsilon"}
+    (cosine_dpmsolver,) = (c for c in got if c.__name__ == "CosineDPMSolverMultistepScheduler")
     assert changed == {
         HeliosScheduler: "flow_prediction",
         HeliosDMDScheduler: "flow_prediction",
         SCMScheduler: "trigflow",
+        cosine_dpmsolver: "v_prediction",
     }
 
 
@@ -264,6 +275,37 @@ def test_ddim_step_uses_the_conversion_formulas(prediction_type):
     result = scheduler.step(out, t, x_t, eta=0.0)
     close(result.pred_original_sample, x0)
     close(result.prev_sample, a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps)
+
+
+def test_ddim_rederives_epsilon_from_the_clipped_x0():
+    r"""`DDIMScheduler.step` recovers $\hat\epsilon$ from $\hat{x}_0$ for `sample`, and for every type with `use_clipped_model_output=True`, from the clipped $\hat{x}_0$.
+
+    With ``clip_sample=True`` and a model output whose $\hat{x}_0$ leaves [-1, 1], each
+    ``prediction_type`` is stepped at ``eta=0`` with and without the flag: with it,
+    ``prev_sample`` is built from the clipped x0 and the noise recovered from it; without it,
+    from the clipped x0 and the type's own noise estimate (the ``sample`` case is in the
+    parametrized test above).
+    """
+    t, prev = 500, 400
+    x_t, out = randn(0), 3 * randn(1)
+    for prediction_type in ["epsilon", "sample", "v_prediction"]:
+        scheduler = DDIMScheduler(prediction_type=prediction_type, clip_sample=True, **SD_BETAS)
+        scheduler.set_timesteps(10)
+        a, a_prev = abar(scheduler, t), abar(scheduler, prev)
+        x0 = {
+            "epsilon": (x_t - (1 - a).sqrt() * out) / a.sqrt(),
+            "sample": out,
+            "v_prediction": a.sqrt() * x_t - (1 - a).sqrt() * out,
+        }[prediction_type]
+        assert x0.abs().max() > 1.5
+        clipped = x0.clamp(-1, 1)
+        eps = (x_t - a.sqrt() * clipped) / (1 - a).sqrt()
+        got = scheduler.step(out, t, x_t, eta=0.0, use_clipped_model_output=True)
+        close(got.pred_original_sample, clipped)
+        close(got.prev_sample, a_prev.sqrt() * clipped + (1 - a_prev).sqrt() * eps)
+        if prediction_type != "sample":
+            plain = scheduler.step(out, t, x_t, eta=0.0).prev_sample
+            assert (plain - got.prev_sample).abs().max() > 1e-3, prediction_type
 
 
 @pytest.mark.parametrize("cls", [DDPMScheduler, DDIMScheduler], ids=lambda c: c.__name__)
