@@ -264,6 +264,21 @@ def test_np_output_is_the_decoded_image_in_unit_range_channels_last():
     np.testing.assert_allclose(images, expected, rtol=0, atol=1e-6)
 
 
+def test_call_not_encode_prompt_concatenates_the_condition():
+    """`__call__` concatenates the two `encode_prompt` outputs before the loop (inference_trace.md): `encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` with `B` rows each, and every UNet call gets `cat([negative_prompt_embeds, prompt_embeds])`, `2B` rows, unconditional first.
+
+    Recorded on the tiny pipeline's own guided ``__call__`` by ``real_trace``'s wrapper on
+    ``encode_prompt`` and its pre-hook on the UNet.
+    """
+    rows, _ = real_trace(tiny_sd_pipeline())
+    prompt = value(rows, "prompt -> condition")
+    negative = value(rows, "negative prompt -> condition")
+    assert prompt.shape == negative.shape == (B, 77, EMBED_DIM)
+    for step in range(1, N + 1):
+        into_unet = value(rows, "condition into the unet", step=step)
+        torch.testing.assert_close(into_unet, torch.cat([negative, prompt]), rtol=0, atol=0)
+
+
 def test_numpy_to_pil_rounds_to_uint8():
     """`VaeImageProcessor.numpy_to_pil` makes 8-bit pixels as `(image * 255).round()`, the lab's last boundary."""
     pipe = tiny_sd_pipeline()
@@ -274,13 +289,14 @@ def test_numpy_to_pil_rounds_to_uint8():
 
 
 def test_the_loop_takes_the_most_time_then_decode():
-    """In the tiny real pipeline the denoising loop takes more CPU time than decode, and decode more than prepare, the order of the lab's cost model (one torch thread, after a warm-up call, best of 5 calls per stage; `prompt_embeds` and `negative_prompt_embeds` are passed, so prepare runs no text encoder)."""
+    """In the tiny real pipeline at 3 guided steps (`B = 2`) the denoising loop takes more CPU time than decode, and decode more than prepare, the order of the lab's cost model (one torch thread, after a warm-up call, best of 5 calls per stage; `prompt_embeds` and `negative_prompt_embeds` are passed, so prepare runs no text encoder)."""
     # Why CPU time and not wall time: on a loaded machine a stage that lasts about a
     # millisecond (prepare) can be descheduled for a whole time slice and look ten times
     # slower. This thread's CPU time does not count that wait, one torch thread keeps
     # worker threads from spinning, and the minimum over 5 calls drops the remaining
     # noise. Unloaded, the margins are about 7x (loop/decode) and 6x (decode/prepare),
     # so the order is not an accident of noise, and the assertion fails if it is reversed.
+    assert (N, B) == (3, 2) and GUIDANCE > 1  # real_trace's defaults: the run the page names
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

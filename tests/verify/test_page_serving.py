@@ -129,6 +129,28 @@ def test_split_decode_skips_the_safety_checker(sd_pipe):
     np.testing.assert_array_equal(staged, full.images)
 
 
+def test_the_safety_checker_is_resident_where_the_decode_runs_it(sd_pipe, record_calls):
+    """Residency: the safety checker SD 1.5 ships is needed where the decode runs it, not in the loop stage: a call with `output_type="latent"` never runs the checker, while a full call and a decode stage that matches it (`pipe.run_safety_checker`) run it once each.
+
+    The tiny pipeline's own ``__call__`` with a tiny ``StableDiffusionSafetyChecker``; a
+    forward hook counts the checker's calls.
+    """
+    checker, processor = flagging_safety_checker()
+    pipe = StableDiffusionPipeline(
+        **{**sd_pipe.components, "safety_checker": checker, "feature_extractor": processor}
+    )
+    pipe.set_progress_bar_config(disable=True)
+    runs = record_calls(pipe.safety_checker).calls
+    latents = run(pipe, steps=1)  # the loop stage
+    assert runs == []
+    run(pipe, steps=1, output_type="np")  # a full call
+    assert len(runs) == 1
+    with torch.no_grad():
+        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+    pipe.run_safety_checker(image, image.device, image.dtype)  # the decode stage
+    assert len(runs) == 2
+
+
 def test_a_second_request_on_shared_state_changes_the_first(sd_pipe, record_calls):
     """A pipeline keeps per-call state on itself (among it `_guidance_scale`, `_cross_attention_kwargs`, which its later UNet calls read, `_interrupt`, which `__call__` resets to `False` when it starts, `_num_timesteps`, and the scheduler's timesteps), and `StableDiffusionPipeline(**pipe.components)` and `from_pipe` share the same `scheduler` object as well as the models: a second request run while the first is between steps, on the same object or on such a twin, silently changes the first request's `latents`, while a pipeline object with its own scheduler (`from_config`) leaves them as in a solo run."""
     calls = record_calls(sd_pipe.unet).calls
@@ -241,6 +263,37 @@ def test_an_lcm_unet_takes_the_guidance_scale_as_an_embedding(sd_pipe, record_ca
     embedded = pipe.get_guidance_scale_embedding(torch.tensor([7.5 - 1]), embedding_dim=8)
     torch.testing.assert_close(calls[-1][1]["timestep_cond"], embedded)
     assert not torch.allclose(outs[0.5], outs[1.0], atol=1e-4)
+
+
+def test_a_shared_call_takes_one_set_of_call_settings_for_every_row(sd_pipe):
+    """Text encoding can share a batch only among prompts encoded with the same call settings, and a step's UNet call only among requests with the same adapter settings: a UNet call's LoRA scale (`cross_attention_kwargs={"scale": s}`) applies to every row, so a row batched with a request at 0.5 gets the 0.5 output, not the output of its own call at 1.0; and likewise `encode_prompt`'s `lora_scale` applies to every prompt it encodes.
+
+    The tiny UNet with a random LoRA on ``to_q``, called as a step-level loop calls it, on two
+    rows at different timesteps; the tiny CLIP text encoder with a random LoRA on ``q_proj``
+    through ``encode_prompt`` (the pipeline passes a call's LoRA scale there as ``lora_scale``).
+    """
+    from peft import LoraConfig
+    from tiny import tiny_tokenizer
+
+    unet = type(sd_pipe.unet).from_config(sd_pipe.unet.config)
+    unet.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q"], init_lora_weights=False))  # fmt: skip
+    sample, timesteps = torch.cat([rand(0), rand(1)]), torch.tensor([801, 401])
+    hidden = embeds(7, batch=2)
+    with torch.no_grad():
+        together = unet(sample, timesteps, encoder_hidden_states=hidden,
+                        cross_attention_kwargs={"scale": 0.5}).sample  # fmt: skip
+        own = {s: unet(sample[1:], timesteps[1:], encoder_hidden_states=hidden[1:],
+                       cross_attention_kwargs={"scale": s}).sample for s in (0.5, 1.0)}  # fmt: skip
+    torch.testing.assert_close(together[1:], own[0.5], rtol=1e-3, atol=1e-4)
+    assert not torch.allclose(together[1:], own[1.0], atol=1e-3)
+    encoder = tiny_text_encoder()
+    encoder.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))  # fmt: skip
+    pipe = sd_with(sd_pipe, text_encoder=encoder, tokenizer=tiny_tokenizer())
+    encoded = {s: pipe.encode_prompt(["a red disc", "a blue bar"], "cpu", 1, False, lora_scale=s)[0]
+               for s in (0.5, 1.0)}  # fmt: skip
+    alone = pipe.encode_prompt("a blue bar", "cpu", 1, False, lora_scale=1.0)[0]
+    torch.testing.assert_close(encoded[1.0][1:], alone, rtol=1e-3, atol=1e-4)
+    assert not torch.allclose(encoded[0.5][1:], alone, atol=1e-3)  # the batch's scale, not its own
 
 
 def test_a_loop_stage_without_text_encoder_rejects_a_call_lora_scale(sd_pipe):
@@ -422,9 +475,10 @@ def test_step_level_batching_across_requests(sd_pipe):
         r["scheduler"].set_timesteps(r["steps"])
         r["latents"] = rand(30 + k) * r["scheduler"].init_noise_sigma
         r["i"] = 0
-    tick = 0
+    tick, shared = 0, 0
     while any(r["i"] < r["steps"] for r in requests):
         active = [r for r in requests if r["start"] <= tick and r["i"] < r["steps"]]
+        shared += len(active) == 2
         inputs, ts, hidden = [], [], []
         for r in active:
             t = r["scheduler"].timesteps[r["i"]]
@@ -443,7 +497,7 @@ def test_step_level_batching_across_requests(sd_pipe):
             r["latents"] = r["scheduler"].step(guided, t, r["latents"]).prev_sample
             r["i"] += 1
         tick += 1
-    assert tick == 6  # the 5-step request started one tick late
+    assert tick == 6 and shared == 2  # the 5-step request started one tick late
     for k, r in enumerate(requests):
         alone = run(
             pipe,
