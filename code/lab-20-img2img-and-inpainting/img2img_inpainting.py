@@ -268,8 +268,8 @@ print(f"conditioned (9-channel):  {consistent_share(conditioned):.0%} consistent
 # `padding_mask_crop=pad` crops the mask's bounding box plus `pad` pixels (grown to the
 # output's aspect ratio: `VaeImageProcessor.get_crop_region`), inpaints that crop at the
 # full `height x width`, and pastes it back. A reference editor (FLUX.1 Kontext) instead
-# appends the reference image's packed latents to the sequence: `N` image tokens become
-# `2N`, and the attention over them costs four times as much.
+# appends the reference image's packed latents, resized to about 1 MP, to the sequence: at
+# 1024 px `N` image tokens become `2N`, and the attention over them costs four times as much.
 
 
 # %%
@@ -293,12 +293,13 @@ print(f"FLUX.1 Kontext at 1024 px: {N} image + {text_tokens} text = {L0} tokens;
 print(f"attention FLOPs ~ L^2: x{(L1 / L0) ** 2:.2f} per call; image-image part"
       f" N^2 -> (2N)^2: x{(2 * N) ** 2 / N**2:.0f}; linear layers ~ L: x{L1 / L0:.2f}")  # fmt: skip
 
-# Flux's strength counts steps too, on a grid the resolution shift moved up: the pipeline's
-# sigmas linspace(1, 1/n, n) go through time_shift with mu = calculate_shift(N tokens)
+# FLUX.1-dev's strength counts steps too, on a grid the resolution shift moved up (its
+# scheduler has use_dynamic_shifting=True): the pipeline's sigmas linspace(1, 1/n, n) go
+# through time_shift with mu = calculate_shift(N tokens)
 mu = 0.5 + (1.15 - 0.5) * (N - 256) / (4096 - 256)  # base_shift, max_shift: 1.15 at 4096
 flux_sigmas = np.exp(mu) / (np.exp(mu) + (1 / np.linspace(1.0, 1 / 10, 10) - 1))
 sigma_first = float(flux_sigmas[int(10 - 10 * 0.6)])  # FluxImg2ImgPipeline.get_timesteps
-print(f"FLUX img2img at 1024 px (mu {mu:.2f}), strength 0.6 of 10 steps: first sigma"
+print(f"FLUX.1-dev img2img at 1024 px (mu {mu:.2f}), strength 0.6 of 10 steps: first sigma"
       f" {sigma_first:.2f}, not 0.6")  # fmt: skip
 # --8<-- [end:numbers]
 
@@ -341,6 +342,6 @@ if args.figures is not None:  # PNG encoding costs time: only when the figures a
         f"10, 25 and 50 steps: rising in steps, int(steps x strength), from {calls[0.1, 10]}, "
         f"{calls[0.1, 25]} and {calls[0.1, 50]} to {calls[1.0, 10]}, {calls[1.0, 25]} and "
         f"{calls[1.0, 50]} at strength 1.0.",
-        caption="Denoiser calls of img2img: get_timesteps runs int(num_inference_steps x strength).",
+        caption="Denoiser calls of img2img with DDIM: get_timesteps runs int(num_inference_steps x strength).",
     )  # fmt: skip
 # --8<-- [end:figures]

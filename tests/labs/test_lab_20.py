@@ -48,7 +48,7 @@ def test_img2img_starts_from_add_noise_at_the_first_timestep(lab):
 
 
 def test_flux_first_sigma_is_shifted(lab):
-    # time_shift of sigma 0.6 with mu 1.15 (FLUX.1's max_shift at 4096 tokens)
+    # time_shift of sigma 0.6 with mu 1.15 (FLUX.1-dev's max_shift at 4096 tokens)
     assert lab["mu"] == pytest.approx(1.15)
     assert lab["sigma_first"] == pytest.approx(np.exp(1.15) / (np.exp(1.15) + 1 / 0.6 - 1))
     assert 0.82 < lab["sigma_first"] < 0.83

@@ -168,7 +168,7 @@ def test_floating_point_strength_floors_below_the_whole_number(record_calls):
 
 
 def test_flux_strength_counts_steps_not_noise_at_1024px(monkeypatch, record_calls):
-    """Run through `FluxImg2ImgPipeline.__call__` with 4,096 image tokens (FLUX.1 at 1024 px; here a tiny VAE at 256 px gives the same token grid): `mu` is 1.15, the shifted grid's first sigma run at strength 0.6 of 10 steps is 0.83, not 0.6, and 6 transformer calls run."""
+    """Run through `FluxImg2ImgPipeline.__call__` with 4,096 image tokens (FLUX.1 at 1024 px; here a tiny VAE at 256 px gives the same token grid) and FLUX.1-dev's resolution-shifted scheduler (`use_dynamic_shifting=True`): `mu` is 1.15, the shifted grid's first sigma run at strength 0.6 of 10 steps is 0.83, not 0.6, and 6 transformer calls run. An unshifted scheduler (`use_dynamic_shifting=False`, `shift=1.0`, as FLUX.1-schnell samples) ignores `mu` and starts at 0.6."""
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
     from tiny import DIT_TEXT, DIT_TOKENS, FLUX_VAE_FACTORS, tiny_dit_vae, tiny_flux_transformer
@@ -205,6 +205,25 @@ def test_flux_strength_counts_steps_not_noise_at_1024px(monkeypatch, record_call
     assert mus == [pytest.approx(1.15)]
     assert [s / 1000 for s in starts] == [pytest.approx(0.83, abs=5e-3)]
     assert len(calls.calls) == 6
+
+    class StopError(Exception):  # the unshifted run stops once its start sigma is known
+        pass
+
+    def stop(sample, timestep, noise=None):
+        starts.append(float(timestep.flatten()[0]))
+        raise StopError
+
+    unshifted = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=False, shift=1.0)
+    pipe = FluxImg2ImgPipeline(**{**pipe.components, "scheduler": unshifted})
+    pipe.set_progress_bar_config(disable=True)
+    monkeypatch.setattr(pipe.scheduler, "scale_noise", stop)
+    starts.clear()
+    with pytest.raises(StopError), torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+             image=PIL.Image.new("RGB", (size, size), (200, 30, 30)), strength=0.6,
+             height=size, width=size, num_inference_steps=10, output_type="latent")  # fmt: skip
+    assert [s / 1000 for s in starts] == [pytest.approx(0.6)]
 
 
 @pytest.mark.parametrize("strength", [1.0, 0.5])
@@ -539,7 +558,7 @@ def test_qwen_image_edit_reference_also_lengthens_prompt_embeds(qwen_edit_run, t
 
     assert Qwen2VLImageProcessorPil().size["longest_edge"] == 28 * 28 * 1280
     counts = []
-    for pipe, seen in (qwen_edit_run, run_qwen_edit(tmp_path_factory, max_pixels=1440 * 736)):
+    for pipe, seen in (qwen_edit_run, run_qwen_edit(tmp_path_factory, max_pixels=2 * 1440 * 736)):
         (text,) = seen["text"]
         image_tokens = int((text["input_ids"] == pipe.text_encoder.config.image_token_id).sum())
         assert image_tokens == int(text["image_grid_thw"].prod()) // 4

@@ -286,11 +286,12 @@ def test_inpaint_raises_unless_4_or_9_channels(channels):
 
 
 def test_padding_mask_crop(inpaint4, record_calls):
-    """`padding_mask_crop=pad` crops the mask's bounding box grown by `pad` px (`VaeImageProcessor.get_crop_region`: a 200 px hole in a 2048 px image with pad 32 gives a 264 px crop), inpaints the crop at the call's `height x width` and pastes it back over the original: the output has the original's size and its pixels outside the mask; it needs PIL `image` and `mask_image` and `output_type="pil"`, else `ValueError`."""
+    """`padding_mask_crop=pad` crops the mask's bounding box grown by `pad` px (`VaeImageProcessor.get_crop_region`: a 200 px hole in a 2048 px image with pad 32 gives a 264 px square crop, which it grows to the output's aspect ratio, 528 x 264 px for a 1024 x 512 output), inpaints the crop at the call's `height x width` and pastes it back over the original: the output has the original's size and its pixels outside the mask; it needs PIL `image` and `mask_image` and `output_type="pil"`, else `ValueError`."""
     from diffusers.image_processor import VaeImageProcessor
 
     _, big = pil_image_and_mask(2048, hole=(924, 924, 1124, 1124))
     assert VaeImageProcessor.get_crop_region(big, 512, 512, pad=32) == (892, 892, 1156, 1156)
+    assert VaeImageProcessor.get_crop_region(big, 1024, 512, pad=32) == (760, 892, 1288, 1156)
 
     image, mask_image = pil_image_and_mask(32, hole=(20, 20, 26, 26))
     calls = record_calls(inpaint4.unet)
