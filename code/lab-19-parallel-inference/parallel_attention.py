@@ -290,7 +290,7 @@ for name in ("Flux.1-dev", "Wan 2.1 T2V 14B"):
 # pipelines make one batch-2 call; the roofline time is the same). Data parallel gives each
 # GPU its own request: no traffic, the same latency, more images per second. CFG-parallel puts uncond on one GPU and cond on the other; after each
 # step one all-gather of `noise_pred` (B, tokens, channels) lets both compute
-# `uncond + guidance_scale (cond - uncond)`. Context parallel splits the tokens with Ulysses.
+# `uncond + scale (cond - uncond)` (WanPipeline's `guidance_scale`, FluxPipeline's `true_cfg_scale`). Context parallel splits the tokens with Ulysses.
 # A call's time is its FLOPs at the peak rate (a roofline: real kernels are slower, and a
 # small shard uses a GPU less well); traffic is not overlapped (an upper bound). FLUX.1-dev
 # is guidance-distilled and runs one branch; with `true_cfg_scale > 1` and a negative prompt

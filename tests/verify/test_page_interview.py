@@ -116,11 +116,12 @@ def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
 def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_calls):
     """The exceptions: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them, 49 at 25; DPM-Solver++ 2M (`solver_order=2`) has `order == 1` and makes 25.
 
-    Every class in the pipeline's ``scheduler.compatibles`` that the installed extras can
-    build runs the pipeline at 4 steps with SD 1.5's settings; the ones that do not make 4 UNet
-    calls, one per entry of ``scheduler.timesteps``, are exactly PNDM and the order-2 classes
-    (here Heun and the two KDPM2 schedulers; ``DPMSolverSDEScheduler``, also order 2, needs
-    torchsde), and their grids at 25 steps have 26 and 49 entries. Every other order-2 class
+    Every class in the pipeline's ``scheduler.compatibles`` (LMS and DPMSolverSDE included:
+    the verify extra installs scipy and torchsde) runs the pipeline at 4 steps with SD 1.5's
+    settings; the ones that do not make 4 UNet calls, one per entry of
+    ``scheduler.timesteps``, are exactly PNDM and the order-2 classes (here Heun, the two
+    KDPM2 schedulers and ``DPMSolverSDEScheduler``), and their grids at 25 steps have 26 and
+    49 entries. Every other order-2 class
     diffusers exports runs at 25 steps in its pipeline (SD3's for flow matching): 49 calls
     (``FlowMatchHeunDiscreteScheduler``), or none at all when its ``step`` takes another
     signature (the deprecated ``KarrasVeScheduler``). The compatible classes whose config has
@@ -129,11 +130,8 @@ def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_call
     unet, odd, order_2 = record_calls(sd_pipe.unet).calls, {}, set()
     solver_order_2 = set()
     for cls in sd_pipe.scheduler.compatibles:
-        try:
-            pndm = cls is PNDMScheduler
-            scheduler = PNDMScheduler(**SD15_PNDM) if pndm else cls.from_config(SD_SCHEDULER)
-        except ImportError:  # LMS needs scipy, DPMSolverSDE torchsde: not installed here
-            continue
+        pndm = cls is PNDMScheduler
+        scheduler = PNDMScheduler(**SD15_PNDM) if pndm else cls.from_config(SD_SCHEDULER)
         unet.clear()
         generate(sd_with(sd_pipe, scheduler=scheduler), steps=4, guidance_scale=1.0)
         assert len(unet) == len(scheduler.timesteps), cls.__name__
@@ -153,11 +151,8 @@ def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_call
 
     runs = {}
     for name in [name for name in dir(diffusers) if name.endswith("Scheduler")]:
-        try:
-            cls = getattr(diffusers, name)
-            if getattr(cls, "order", None) != 2:
-                continue
-        except ImportError:  # a dummy whose backend is missing (DPMSolverSDE: torchsde)
+        cls = getattr(diffusers, name)
+        if getattr(cls, "order", None) != 2:
             continue
         if name in order_2:
             continue
@@ -824,9 +819,13 @@ def test_context_parallel_gpu_counts_for_flux_1024px():
     from tiny import tiny_flux_transformer
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    stop_in_op = []
+
     def lse_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
                _parallel_config=None):  # fmt: skip
+        if stop_in_op:  # the heads this rank attends are what is asked: stop there
+            raise StopBeforeAttentionError
         # the native op's attention plus its log-sum-exp, which ring blocks ask for
         q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, S, D)
         scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
@@ -888,6 +887,9 @@ def test_context_parallel_gpu_counts_for_flux_1024px():
         assert run(3, **config) == ([], "AssertionError")
     assert run(3, stop=True, ring_degree=3, ring_anything=True) == ([(1366, 171)], "stopped")
     assert run(3, stop=True, ulysses_degree=3, ulysses_anything=True) == ([(1366, 171)], "stopped")
+    stop_in_op.append(True)  # plain Ulysses on 2, 4 and 8 GPUs reaches attention
+    for n in (2, 4, 8):
+        assert run(n, ulysses_degree=n) == ([(4096 // n, 512 // n)], "stopped")
     assert [n for n in range(2, 33) if 24 % n == 0 and 4096 % n == 0 and 512 % n == 0] == [2, 4, 8]
 
 

@@ -10,6 +10,7 @@ tensor parallelism accepts. No weights, no hub.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
@@ -180,6 +181,71 @@ def test_ulysses_anything_padding_must_be_smaller_than_a_ranks_share():
         ContextParallelConfig(ring_degree=2, ulysses_degree=2, ulysses_anything=True)
     with pytest.raises(ValueError, match="ring_anything cannot be enabled when ulysses_degree > 1"):
         ContextParallelConfig(ring_degree=2, ulysses_degree=2, ring_anything=True)
+
+
+def test_plain_ulysses_runs_flux_1024px_on_2_4_or_8_gpus_only():
+    """By default R must divide the head count and (`EquipartitionSharder`) each split input's tokens: a tiny FLUX transformer with FLUX.1-dev's 24 heads, 4,096 image and 512 text tokens reaches its attention op under `ContextParallelConfig(ulysses_degree=R)` for R = 2, 4 and 8 only of 2 to 24 (each rank attending all 4,608 tokens for 24/R heads; torch's fake process group, stopped there); 16 fails in the head split (RuntimeError), every other R in the token split (AssertionError)."""
+    from unittest import mock
+
+    import diffusers.models.attention_dispatch as dispatch
+    from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
+
+    class ReachedAttentionError(Exception):
+        pass
+
+    def op(ctx, query, *a, **kw):  # stop before attending: the shapes are the claim
+        raise ReachedAttentionError(tuple(query.shape))
+
+    inputs, built = _flux_inputs(4096, 512), tiny_flux_transformer(
+        num_attention_heads=24, attention_head_dim=8, axes_dims_rope=(2, 2, 4), num_single_layers=0)  # fmt: skip
+
+    def run(ranks):
+        model = copy.deepcopy(built)  # a fresh copy each time: enable_parallelism runs once a model
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ranks))
+        try:
+            with mock.patch.object(dispatch, "_native_attention_forward_op", op):
+                model(**inputs)
+        except ReachedAttentionError as e:
+            return e.args[0]  # (B, tokens, heads this rank attends, head_dim)
+        except (AssertionError, RuntimeError) as e:
+            return type(e).__name__
+
+    got = {r: _on_a_fake_group(r, functools.partial(run, r)) for r in range(2, 25)}
+    assert {r: q for r, q in got.items() if isinstance(q, tuple)} == {
+        2: (1, 4608, 12, 8), 4: (1, 4608, 6, 8), 8: (1, 4608, 3, 8)}  # fmt: skip
+    assert got[16] == "RuntimeError"  # 4,096 and 512 split; 24 heads do not
+    assert {q for r, q in got.items() if r not in (2, 4, 8, 16)} == {"AssertionError"}
+
+
+def test_the_backend_check_reads_the_first_attention_module_only():
+    """`enable_parallelism` checks the backend of the first attention module only, and an attention module's own `set_attention_backend` skips the check: on torch's fake process group (Ulysses over 2), `_native_math` set on a tiny FLUX transformer's single-stream block passes `enable_parallelism`, set on its first block it raises ValueError, and once parallelism is enabled the first block's own `set_attention_backend("_native_math")` is accepted where the model's raises ValueError."""
+    from diffusers import ContextParallelConfig
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    from tiny import tiny_flux_transformer
+
+    active = _AttentionBackendRegistry.get_active_backend()[0]
+    config = ContextParallelConfig(ulysses_degree=2)
+
+    def run():
+        later = tiny_flux_transformer()
+        later.single_transformer_blocks[0].attn.set_attention_backend("_native_math")
+        later.enable_parallelism(config=config)  # accepted
+        first = tiny_flux_transformer()
+        first.transformer_blocks[0].attn.set_attention_backend("_native_math")
+        with pytest.raises(ValueError, match="'_native_math' which does not support context"):
+            first.enable_parallelism(config=config)
+        model = tiny_flux_transformer()
+        model.enable_parallelism(config=config)
+        model.transformer_blocks[0].attn.set_attention_backend("_native_math")  # accepted
+        assert model.transformer_blocks[0].attn.processor._attention_backend.value == "_native_math"  # fmt: skip
+        with pytest.raises(ValueError, match="'_native_math' does not support context"):
+            model.set_attention_backend("_native_math")
+
+    try:
+        _on_a_fake_group(2, run)
+    finally:  # set_attention_backend also sets the process-wide active backend
+        _AttentionBackendRegistry.set_active_backend(active)
 
 
 def test_set_attention_backend_refuses_every_non_context_parallel_backend_once_enabled():
