@@ -470,19 +470,19 @@ SD15_SAFETY_NOTE = (
     "Not in this table or its total: the safety checker SD 1.5 ships "
     "(`StableDiffusionSafetyChecker`, 304.0 M parameters: 1.22 GB in fp32, 0.61 GB in fp16)."
 )
-#: diffusers keeps WanTransformer3DModel._keep_in_fp32_modules in float32 in any 16-bit load
-#: (fp16 and bf16 alike); test_model_sizes saves and reloads a tiny one and counts them
+#: diffusers' from_pretrained keeps WanTransformer3DModel._keep_in_fp32_modules in float32 in a
+#: 16-bit load (fp16 and bf16 alike; from_single_file casts them): test_model_sizes loads a tiny one
 WAN_14B_NOTE = (
-    "Not in this table or its total: its text encoder (UMT5-XXL). Loaded in bf16 or fp16, "
-    "diffusers keeps its 29,184,000 `time_embedder`, `norm2` and `scale_shift_table` weights "
+    "Not in this table or its total: its text encoder (UMT5-XXL). Loaded by `from_pretrained` in "
+    "bf16 or fp16 (not `from_single_file`), diffusers keeps its 29,184,000 `time_embedder`, `norm2` and `scale_shift_table` weights "
     "in float32 (`_keep_in_fp32_modules`): 28.64 GB, not the fp16 / bf16 column's figure, "
     "and 28.89 GB for the total."
 )
 WAN_1_3B_NOTE = (
     "The model's name says 1.3B; its counted parameters are about 9% more (no published count "
     "to check against). Not in this table or its total: its VAE (the 14B model's) and its text "
-    "encoder (UMT5-XXL). In bf16 or fp16, 3,127,296 of its weights stay float32 (see the 14B "
-    "row): 2.84 GB still."
+    "encoder (UMT5-XXL). By `from_pretrained` in bf16 or fp16 (not `from_single_file`), 3,127,296 "
+    "of its weights stay float32 (see the 14B row): 2.84 GB still."
 )
 
 _SD15_YAML = f"{SD1} configs/stable-diffusion/v1-inference.yaml"

@@ -363,7 +363,7 @@ def _pattern_of(name: str) -> str:
 
 
 def test_a_16_bit_load_keeps_float32_weights_only_in_t5_and_wan(recorded, tmp_path):
-    """Loaded with `dtype=torch.float16` or `torch.bfloat16`, a tiny model of each class in the table (saved and reloaded here) holds every weight in that dtype except T5's `wo` in fp16 and, in both, the `time_embedder`, `norm2` and `scale_shift_table` weights that diffusers keeps in float32 in `WanTransformer3DModel` (`_keep_in_fp32_modules`): 29,184,000 weights of the meta-device Wan 2.1 14B transformer, so 28.64 GB and 28.89 GB for its total in 16 bits, 0.06 GB above the table's column, as the Wan rows' notes say."""
+    """Loaded by `from_pretrained` with `dtype=torch.float16` or `torch.bfloat16`, a tiny model of each class in the table (saved and reloaded here) holds every weight in that dtype except T5's `wo` in fp16 and, in both, the `time_embedder`, `norm2` and `scale_shift_table` weights that diffusers keeps in float32 in `WanTransformer3DModel` (`_keep_in_fp32_modules`): 29,184,000 weights of the meta-device Wan 2.1 14B transformer, so 28.64 GB and 28.89 GB for its total in 16 bits, 0.06 GB above the table's column, as the Wan rows' notes say; `from_single_file` (the same tiny transformer in Wan's original key layout) keeps none of them in float32."""
     import torch
     from diffusers import QwenImageTransformer2DModel
     from tiny import (
@@ -416,3 +416,23 @@ def test_a_16_bit_load_keeps_float32_weights_only_in_t5_and_wan(recorded, tmp_pa
             assert in_fp32 == 29_184_000 and f"{2 * (total + in_fp32) / 1e9:.2f} GB" in c.note
             assert (round(2 * (params + in_fp32) / 1e9, 2), round(2 * params / 1e9, 2)) == (28.64, 28.58)  # fmt: skip
         assert _row(recorded, c.pipeline, c.component)["note"] == c.note
+        assert "`from_pretrained`" in c.note and "not `from_single_file`" in c.note
+    # the same tiny transformer in Wan's original layout: diffusers' converter maps it back exactly
+    from diffusers import WanTransformer3DModel
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "WanTransformer3DModel"
+    weights = WanTransformer3DModel.from_pretrained(folder).state_dict()
+    swaps = [("condition_embedder.time_embedder.linear_1", "time_embedding.0"), ("condition_embedder.time_embedder.linear_2", "time_embedding.2"), ("condition_embedder.text_embedder.linear_1", "text_embedding.0"), ("condition_embedder.text_embedder.linear_2", "text_embedding.2"), ("condition_embedder.time_proj", "time_projection.1"), ("attn1", "self_attn"), ("attn2", "cross_attn"), (".to_out.0.", ".o."), (".to_q.", ".q."), (".to_k.", ".k."), (".to_v.", ".v."), ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"), ("proj_out", "head.head"), ("norm2", "norm@"), ("norm3", "norm2"), ("norm@", "norm3")]  # fmt: skip
+    original = {}
+    for key, value in weights.items():
+        for ours, theirs in swaps:
+            key = key.replace(ours, theirs)
+        key = "head.modulation" if key == "scale_shift_table" else key.replace(".scale_shift_table", ".modulation")  # fmt: skip
+        original[key] = value.contiguous()
+    assert set(convert_wan_transformer_to_diffusers(dict(original))) == set(weights)
+    save_file(original, tmp_path / "wan_original.safetensors")
+    for dtype in (torch.float16, torch.bfloat16):
+        single = WanTransformer3DModel.from_single_file(tmp_path / "wan_original.safetensors", config=str(folder), torch_dtype=dtype)  # fmt: skip
+        assert {p.dtype for p in single.parameters()} == {dtype}
