@@ -3,7 +3,7 @@
 Every tensor of a pipeline is stored in some number format: fp32, fp16, bf16, fp8, or a
 block-quantized GGUF type such as Q8_0 or Q4_0. Fewer bits per number means fewer bytes to
 hold and to move, and a coarser grid of representable values: rounding error everywhere,
-and, for fp16, a ceiling of 65504 past which an activation becomes inf and then NaN. The
+and, for fp16, a ceiling of 65504: an activation rounding past it becomes inf, then NaN. The
 trap: the error of a format is not one number; range (overflow) and step size (rounding)
 fail differently, and block quantization spends bytes on scales to keep both in check.
 

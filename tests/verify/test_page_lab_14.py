@@ -286,44 +286,54 @@ def test_gguf_linear_dequantizes_on_every_call(starter, monkeypatch):
     torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
 
 
-#: Imports diffusers' GGUF module under each setting of the opt-in; prints one line each.
-GGUF_GATE = """
-import importlib, os, sys, types, torch
-import diffusers.utils
-import diffusers.quantizers.gguf.utils as u
+def fresh_copy(monkeypatch, dotted):
+    """Executes a fresh copy of the diffusers module ``dotted`` (its module-level code, the
+    GPU and kernel gates included) under a private name, with whatever stand-ins the caller
+    has set; the imported module and its classes stay as they are."""
+    import importlib.util
 
-# a stand-in `kernels` package: diffusers imports get_kernel from it before its trust check
-sys.modules["kernels"] = types.SimpleNamespace(get_kernel=lambda *a, **k: print("downloaded"))
+    import diffusers
 
-def load(env, capability, kernels):
-    os.environ.pop("DIFFUSERS_GGUF_CUDA_KERNELS", None)
-    os.environ.update(env)
-    torch.cuda.is_available = lambda: capability is not None
-    torch.cuda.get_device_capability = lambda *a: capability
-    diffusers.utils.is_kernels_available = lambda: kernels
-    try:
-        importlib.reload(u)
-        print(u.can_use_cuda_kernels, u.ops is None)
-    except ValueError as e:
-        print("ValueError", e)
-
-on = {"DIFFUSERS_GGUF_CUDA_KERNELS": "true"}
-load(on, None, True)      # no CUDA
-load(on, (6, 1), True)    # compute capability below 7
-load({}, (8, 0), True)    # not opted in
-load(on, (8, 0), False)   # no kernels package
-load(on, (8, 0), True)    # all set: the Hub kernel would be downloaded and run
-"""
+    path = os.path.join(os.path.dirname(diffusers.__file__), *dotted.split(".")[1:]) + ".py"
+    name = dotted.rsplit(".", 1)[0] + "._lab14_fresh_copy"  # same package: relative imports resolve
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_gguf_cuda_kernels_are_opt_in():
-    """diffusers' GGUF CUDA path is opt-in: `can_use_cuda_kernels` is true only with `DIFFUSERS_GGUF_CUDA_KERNELS=true` and a CUDA GPU of compute capability 7 or more, and its kernel (`ops`) loads only if the `kernels` package is installed; then, in 0.42.1, importing the module raises `ValueError` unless `DIFFUSERS_TRUST_REMOTE_KERNELS=true`, because the kernel, `Isotr0py/ggml`, is downloaded from the Hub and executed (the module re-imported in a subprocess with a stand-in CUDA device and `kernels` package)."""
-    import subprocess
+def test_gguf_cuda_kernels_are_opt_in(monkeypatch):
+    """diffusers' GGUF CUDA path is opt-in: `can_use_cuda_kernels` is true only with `DIFFUSERS_GGUF_CUDA_KERNELS=true` and a CUDA GPU of compute capability 7 or more (7.0 passes, 6.9 does not), and its kernel (`ops`) loads only if the `kernels` package is installed; then, in 0.42.1, importing the module raises `ValueError` unless `DIFFUSERS_TRUST_REMOTE_KERNELS=true`, because the kernel, `Isotr0py/ggml`, is downloaded from the Hub and executed (with the flag set, the stand-in kernel is fetched). The module's own code runs for each setting, a fresh copy of it executed with a stand-in CUDA device and `kernels` package."""
+    import diffusers.quantizers.gguf.utils as imported  # as imported, before any stand-in
+    import diffusers.utils
+    import diffusers.utils.constants as constants
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIFFUSERS_")}
-    out = subprocess.run([sys.executable, "-c", GGUF_GATE], env=env, capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
-    assert out[:4] == ["False True", "False True", "False True", "True True"]
-    assert out[4].startswith("ValueError `Isotr0py/ggml`") and "DIFFUSERS_TRUST_REMOTE_KERNELS=true" in out[4]  # fmt: skip
+    fetched = []
+    kernels = SimpleNamespace(get_kernel=lambda repo, **kw: fetched.append(repo) or "the Hub kernel")  # fmt: skip
+    monkeypatch.setitem(sys.modules, "kernels", kernels)  # diffusers imports get_kernel from it
+
+    def gate(opt_in, capability, has_kernels, trust=False):
+        monkeypatch.delenv("DIFFUSERS_GGUF_CUDA_KERNELS", raising=False)
+        if opt_in:
+            monkeypatch.setenv("DIFFUSERS_GGUF_CUDA_KERNELS", "true")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+        monkeypatch.setattr(diffusers.utils, "is_kernels_available", lambda: has_kernels)
+        monkeypatch.setattr(constants, "DIFFUSERS_TRUST_REMOTE_KERNELS", trust)
+        module = fresh_copy(monkeypatch, "diffusers.quantizers.gguf.utils")
+        return module.can_use_cuda_kernels, module.ops
+
+    assert gate(True, None, True) == (False, None)  # no CUDA
+    assert gate(True, (6, 9), True) == (False, None)  # compute capability below 7
+    assert gate(False, (7, 0), True) == (False, None)  # not opted in
+    assert gate(True, (7, 0), False) == (True, None)  # no kernels package
+    with pytest.raises(ValueError, match=r"`Isotr0py/ggml`.*DIFFUSERS_TRUST_REMOTE_KERNELS=true"):
+        gate(True, (7, 0), True)  # all set but the trust flag
+    assert fetched == []
+    assert gate(True, (7, 0), True, trust=True) == (True, "the Hub kernel")
+    assert fetched == ["Isotr0py/ggml"]
+    assert imported.can_use_cuda_kernels is False and imported.ops is None
 
 
 def test_gguf_cuda_path_still_dequantizes_then_matmuls(starter, monkeypatch):
@@ -681,7 +691,7 @@ def test_torchao_int8_stores_int8_weights_with_a_scale_per_row(torchao_flux):
 
 
 def test_torchao_int8_dynamic_activations_run_an_integer_matmul(torchao_flux, monkeypatch):
-    """With int8 weights *and* dynamic int8 activations, each `Linear` quantizes its input per token on every call and multiplies int8 by int8 in `torch._int_mm` (int32 accumulation), on this CPU too; its output stays within 2% (relative RMS) of the bfloat16 model's. With `Int8WeightOnlyConfig` no integer matmul runs: the int8 weight is cast to bfloat16 for an ordinary matmul, the weight-only path."""
+    """With int8 weights *and* dynamic int8 activations, each `Linear` quantizes its input per token on every call and multiplies int8 by int8 in `torch._int_mm` (int32 accumulation), on this CPU too (a CPU with VNNI and no AMX gets the activations shifted to uint8 first); its output stays within 2% (relative RMS) of the bfloat16 model's. With `Int8WeightOnlyConfig` no integer matmul runs: the int8 weight is cast to bfloat16 for an ordinary matmul, the weight-only path."""
     from torchao.quantization import Int8Tensor
 
     calls, scales = [], []
@@ -695,10 +705,12 @@ def test_torchao_int8_dynamic_activations_run_an_integer_matmul(torchao_flux, mo
     assert all(sc == (*shape[:-1], 1) for shape, sc in scales), scales[:3]
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in torchao_flux.w8a8.modules())
     assert len(calls) >= n_linear and {b for _, b in calls} == {torch.int8}
-    assert {a for a, _ in calls} <= {
-        torch.int8,
-        torch.uint8,
-    }  # uint8: the VNNI form, shifted by 128
+    # torchao's CPU path shifts the int8 activations to uint8 (+128) where the CPU has VNNI but
+    # no AMX (kernel/intmm.py); elsewhere, as on this machine, it multiplies int8 by int8
+    from torchao.utils import _cpu_is_amx_tile_supported, _cpu_is_vnni_supported
+
+    shifted = _cpu_is_vnni_supported() and not _cpu_is_amx_tile_supported()
+    assert {a for a, _ in calls} == {torch.uint8 if shifted else torch.int8}
     w8a8 = {type(m.weight.act_quant_kwargs.granularity).__name__ for m in torchao_flux.w8a8.modules() if isinstance(m, torch.nn.Linear)}  # fmt: skip
     assert w8a8 == {"PerRow"}  # one activation scale per token (row of hidden_states)
     calls.clear()
@@ -725,7 +737,7 @@ def test_torchao_fp8_activations_refuse_this_cpu(torchao_flux):
 
 
 def test_nunchaku_refuses_hopper_and_asks_blackwell_for_nvfp4(monkeypatch):
-    """diffusers 0.42.1's Nunchaku backend (`nunchaku_lite`, pre-quantized SVDQuant W4A4 and AWQ W4A16 checkpoints with kernels from the Hub) checks the GPU in `NunchakuLiteQuantizer.validate_environment` (`quantizers/nunchaku/nunchaku_quantizer.py`): it raises on any compute capability 9.x ("not supported on Hopper"), asks for 10.0 or newer (Blackwell) for `nvfp4` and 7.5 or newer (Turing) for `int4`; an int4 checkpoint passes on 8.9 (Ada) and nvfp4 on 10.0 and 12.0 (capability simulated, kernels package taken as present)."""
+    """diffusers 0.42.1's Nunchaku backend (`nunchaku_lite`, pre-quantized SVDQuant W4A4 and AWQ W4A16 checkpoints with kernels from the Hub) checks the GPU in `NunchakuLiteQuantizer.validate_environment` (`quantizers/nunchaku/nunchaku_quantizer.py`): it raises on any compute capability 9.x ("not supported on Hopper"), asks for 10.0 or newer (Blackwell) for `nvfp4` and 7.5 or newer (Turing) for `int4`; an int4 checkpoint passes on 7.5 and 8.9 (Ada) and nvfp4 on 10.0 and 12.0 (capability simulated, kernels package taken as present)."""
     import diffusers.quantizers.nunchaku.nunchaku_quantizer as nunchaku
     from diffusers.quantizers.quantization_config import NunchakuLiteQuantizationConfig
 
@@ -744,6 +756,7 @@ def test_nunchaku_refuses_hopper_and_asks_blackwell_for_nvfp4(monkeypatch):
         check((8, 9), "nvfp4")
     with pytest.raises(ValueError, match="INT4 checkpoints on CUDA requires a Turing"):
         check((7, 0), "int4")
+    check((7, 5), "int4")  # the edge
     check((8, 9), "int4")
     check((10, 0), "nvfp4")
     check((12, 0), "nvfp4")
@@ -770,32 +783,51 @@ def test_torchao_import_logs_warnings_with_diffusers_0421():
     assert {e for e in ("KernelPreference", "ScaleCalculationMode") if any(e in line for line in pytree)} == {"KernelPreference", "ScaleCalculationMode"}  # fmt: skip
 
 
-#: Builds diffusers' Nunchaku layer on the meta device with a stand-in `kernels` package
-#: (diffusers fetches the real kernel from the Hub at import); prints each parameter.
-SVDQ_LAYER = """
-import sys, types
-import diffusers.utils, diffusers.utils.constants as constants
-sys.modules["kernels"] = types.SimpleNamespace(get_kernel=lambda *a, **k: types.SimpleNamespace(ops=None))
-diffusers.utils.is_kernels_available = lambda: True
-diffusers.utils.is_kernels_version = lambda *a: True
-constants.DIFFUSERS_TRUST_REMOTE_KERNELS = True
-from diffusers.quantizers.nunchaku.utils import SVDQW4A4Linear
-for precision, group in (("int4", 64), ("nvfp4", 16)):
-    layer = SVDQW4A4Linear(256, 128, rank=32, precision=precision, group_size=group, device="meta")
-    for name, p in layer.named_parameters():
-        print(precision, name, *p.shape, str(p.dtype).removeprefix("torch."))
-"""
+def test_nunchaku_layer_holds_svdquant_pieces(monkeypatch):
+    """diffusers 0.42.1's Nunchaku layer `SVDQW4A4Linear` (`quantizers/nunchaku/utils.py`) holds SVDQuant's pieces: `smooth_factor` (one per input channel), the 16-bit low-rank branch `proj_down` `(in, rank)` and `proj_up` `(out, rank)`, the 4-bit weight `qweight` packed two values per int8 byte `(out, in / 2)`, and `wscales` per group of inputs, bf16 per 64 for `int4` and fp8 e4m3 per 16 for `nvfp4`; besides a `bias`, those are all its parameters for `int4`, and `nvfp4` adds `wcscales` (one per output row) and `wtscale` (one per tensor). Its forward quantizes each input to 4 bits: it hands `quantize_w4a4_act_fuse_lora` a `uint8` buffer of `(rows rounded up to 256, in / 2)`, two 4-bit values a byte, and a scale per 64 (int4) or 16 (nvfp4) inputs, and `gemm_w4a4` multiplies exactly that buffer by `qweight`. The backend's weight-only layer, `AWQW4A16Linear`, is not widened to bf16 in diffusers: it hands its packed 4-bit weight (`int32`, eight values each) to fused kernels, `awq_gemm_w4a16_g64_int32` from 16 rows on and `gemv_awq` below, for a layer of 256 inputs and 128 outputs. (A fresh copy of the module executed with a stand-in `kernels` package whose ops record their arguments: diffusers fetches the real kernel from the Hub at import.)"""
+    import diffusers.utils
+    import diffusers.utils.constants as constants
 
-
-def test_nunchaku_layer_holds_svdquant_pieces():
-    """diffusers 0.42.1's Nunchaku layer `SVDQW4A4Linear` (`quantizers/nunchaku/utils.py`) holds SVDQuant's pieces: `smooth_factor` (one per input channel), the 16-bit low-rank branch `proj_down` `(in, rank)` and `proj_up` `(out, rank)`, the 4-bit weight `qweight` packed two values per int8 byte `(out, in / 2)`, and `wscales` per group of inputs, bf16 per 64 for `int4` and fp8 e4m3 per 16 for `nvfp4` (built on the meta device with a stand-in `kernels` package)."""
-    import subprocess
-
-    out = subprocess.run([sys.executable, "-c", SVDQ_LAYER], capture_output=True, text=True, check=True).stdout  # fmt: skip
-    params = {tuple(line.split()[:2]): line.split()[2:] for line in out.splitlines()}
-    for precision, groups, scale_dtype in (("int4", "4", "bfloat16"), ("nvfp4", "16", "float8_e4m3fn")):  # fmt: skip
-        assert params[precision, "smooth_factor"] == ["256", "bfloat16"]
-        assert params[precision, "proj_down"] == ["256", "32", "bfloat16"]
-        assert params[precision, "proj_up"] == ["128", "32", "bfloat16"]
-        assert params[precision, "qweight"] == ["128", "128", "int8"]
-        assert params[precision, "wscales"] == [groups, "128", scale_dtype]
+    calls = {}
+    ops = SimpleNamespace(
+        quantize_w4a4_act_fuse_lora=lambda x, packed, scales, *_: calls.update(
+            quantized=(packed, scales)
+        ),
+        gemm_w4a4=lambda act, wgt, out, _, scales, *rest: calls.update(gemm=(act, wgt, scales)),
+        awq_gemm_w4a16_g64_int32=lambda x, w, *_: calls.update(awq_gemm=w) or x[:, :128] * 0,
+        gemv_awq=lambda x, w, *_: calls.update(gemv_awq=w) or x[:, :128] * 0,
+    )
+    fetched = []
+    kernels = SimpleNamespace(get_kernel=lambda repo, **kw: fetched.append(repo) or SimpleNamespace(ops=ops))  # fmt: skip
+    monkeypatch.setitem(sys.modules, "kernels", kernels)
+    monkeypatch.setattr(diffusers.utils, "is_kernels_available", lambda: True)
+    monkeypatch.setattr(diffusers.utils, "is_kernels_version", lambda *a: True)
+    monkeypatch.setattr(constants, "DIFFUSERS_TRUST_REMOTE_KERNELS", True)
+    module = fresh_copy(monkeypatch, "diffusers.quantizers.nunchaku.utils")
+    assert fetched == ["rootonchair/nunchaku-lite-kernels"]
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    for precision, group, scale_dtype in (("int4", 64, bf16), ("nvfp4", 16, fp8)):
+        layer = module.SVDQW4A4Linear(256, 128, rank=32, precision=precision, group_size=group, device="cpu")  # fmt: skip
+        params = {name: (tuple(p.shape), p.dtype) for name, p in layer.named_parameters()}
+        expected = {
+            "smooth_factor": ((256,), bf16), "proj_down": ((256, 32), bf16),
+            "proj_up": ((128, 32), bf16), "qweight": ((128, 128), torch.int8),
+            "wscales": ((256 // group, 128), scale_dtype), "bias": ((128,), bf16),
+        }  # fmt: skip
+        if precision == "nvfp4":
+            expected |= {"wcscales": ((128,), bf16), "wtscale": ((1,), bf16)}
+        assert params == expected, precision
+        calls.clear()
+        y = layer(torch.randn(3, 256, dtype=bf16))  # 3 tokens, padded to 256 rows
+        (packed, ascales), (act, weight, gemm_scales) = calls["quantized"], calls["gemm"]
+        assert packed.dtype == torch.uint8 and packed.shape == (256, 128)  # two 4-bit values a byte
+        assert ascales.dtype == scale_dtype and ascales.shape == (256 // group, 256)
+        assert act is packed and gemm_scales is ascales and weight is layer.qweight
+        assert y.shape == (3, 128)
+    # weight-only AWQ W4A16: the packed weight goes to a fused kernel, with no bf16 copy made
+    awq = module.AWQW4A16Linear(256, 128, device="cpu")
+    assert awq.qweight.dtype == torch.int32 and awq.qweight.numel() * 8 == 128 * 256
+    for rows, kernel in ((16, "awq_gemm"), (15, "gemv_awq"), (3, "gemv_awq")):
+        calls.clear()
+        assert awq(torch.randn(rows, 256, dtype=bf16)).shape == (rows, 128)
+        assert list(calls) == [kernel] and calls[kernel] is awq.qweight, rows
