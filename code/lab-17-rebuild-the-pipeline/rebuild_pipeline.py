@@ -12,8 +12,6 @@ Check it:  python3 code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py --check
 The solution's pipeline() in place of yours:  add --solution (solution.py holds it)
 """
 
-import inspect
-import itertools
 import sys
 from pathlib import Path
 
@@ -39,9 +37,11 @@ from labkit.blanks import (
     blank_at,
     error_site,
     innermost_line,
+    is_generator,
     lines_run,
     load_constant,
     load_function,
+    loop_heads,
     source_line,
 )
 from labkit.blanks import blank as blank  # the placeholder; solution.py has none left
@@ -231,6 +231,14 @@ PASSED_AS = {
 #: pipeline function -> the lines of it that its last run executed, in order (the last one
 #: is where it returned): which line left the loop early, or cut an iteration short
 EXECUTED = {}
+#: said when a breakpoint() in your pipeline() took over the trace that records its lines
+UNTRACED = "(a breakpoint() in your pipeline() replaced the trace that records its lines: no line of the loop is named; run without it to see which)"  # fmt: skip
+
+
+def traced(fn):
+    """EXECUTED[fn], or [] if a debugger's breakpoint() took over its trace partway."""
+    executed = EXECUTED.get(fn, [])
+    return executed if getattr(executed, "whole", True) else []
 
 
 def run_on_spies(fn):
@@ -265,19 +273,17 @@ def where_is(fn, line):
 
 def skipped_at(fn, calls):
     """(line, iteration) of the ``continue`` that cut an iteration of ``fn``'s loop short:
-    the first iteration that ends on a ``continue`` line and holds no line that called
-    ``step``. None if none does, or the loop made a ``step`` call per iteration it ran."""
+    the first iteration (of the first ``for`` outside the blanks) that ends on a ``continue``
+    line and holds no line that called ``step``. None if none does, or the loop made a
+    ``step`` call per iteration it ran."""
     stepping = {call.line for call in calls if call.method == "scheduler.step"}
-    try:
-        lines, first = inspect.getsourcelines(fn)
-    except (OSError, TypeError):
-        return None
-    heads = [first + k for k, text in enumerate(lines) if text.strip().startswith("for ")]
-    executed = EXECUTED.get(fn, [])
+    heads = loop_heads(fn)
+    executed = traced(fn)
     marks = [k for k, line in enumerate(executed) if heads and line == heads[0]]
     if len(stepping) and sum(call.method == "scheduler.step" for call in calls) >= len(marks) - 1:
         return None  # a step for every iteration that went back to the for line
-    for iteration, (a, b) in enumerate(itertools.pairwise(marks), 1):  # one iteration's lines
+    for iteration in range(1, len(marks)):  # the lines of one iteration: marks[i - 1] to marks[i]
+        a, b = marks[iteration - 1], marks[iteration]
         body, code = executed[a + 1 : b], source_line(fn, executed[b - 1]).split("#")[0]
         ends = code.replace(" ", "") == "continue" or code.replace(" ", "").endswith(":continue")
         if body and ends and not stepping & set(body):
@@ -293,10 +299,13 @@ def cut(fn, line, iteration):
 def loop_left_at(fn, call=None):
     """The line of ``fn`` that ended its loop early: the line that made ``call`` (a decode
     made in another blank's lines), else the line run just before it (a ``break``, or the
-    ``for`` line running out), or, with no call, the line ``fn`` returned from."""
-    executed = EXECUTED.get(fn, [])
+    ``for`` line running out), or, with no call, the line ``fn`` returned from. None if
+    the trace did not see the whole run."""
+    executed = traced(fn)
     if call is None:
         return executed[-1] if executed else None
+    if not executed:
+        return None
     if blank_at(fn, call.line) not in (None, 5) or call.line not in executed:
         return call.line
     first = executed.index(call.line)
@@ -356,7 +365,7 @@ def return_break(image):
     decoded = (B, *data.images.shape[1:])
     if fits(image, decoded, np.float64):
         return None
-    why = " (a yield makes pipeline() a generator, which runs none of its lines)" if inspect.isgenerator(image) else ""  # fmt: skip
+    why = " (a yield makes pipeline() a generator, which runs none of its lines)" if is_generator(image) else ""  # fmt: skip
     return f"your pipeline() returns {describe(image)}{why}; return the decoded images, {decoded} float64"  # fmt: skip
 
 
@@ -374,6 +383,8 @@ def raised(error, fn, calls=()):
     in_part = last is not None and last.line == line and last.result is None and not last.method.endswith(" =")  # fmt: skip
     if number:
         where = f"line {line} (in blank {number})"
+    elif in_part and isinstance(error, KeyboardInterrupt):  # Ctrl-C while a part ran
+        where = f"line {line}, while {last.method} ran"
     elif in_part:  # a given line: the part it calls failed on what the blanks handed it
         where = f"line {line}, inside {last.method}, which failed on the arguments your blanks gave it"  # fmt: skip
     else:
@@ -418,8 +429,12 @@ if not (args.check or args.demo_wrong):
         broken = f"{cut(yours, *skipped_at(yours, calls))}: {plural(done, 'step')} of {n} ran"
     elif broken is None and error is None and ran < n and EXECUTED[yours]:  # a break or return
         decoded = next((call for call in calls if call.method == "vae.decode"), None)
-        broken = f"your loop stopped after {plural(done, 'step')} of {n}, at {where_is(yours, loop_left_at(yours, decoded))}"  # fmt: skip
+        left = loop_left_at(yours, decoded)
+        at = f", at {where_is(yours, left)}" if left else f" {UNTRACED}"
+        broken = f"your loop {'stopped after' if left else 'made'} {plural(done, 'step')} of {n}{at}"  # fmt: skip
     broken = broken or (return_break(image) if error is None else None)
+    if broken is None and error is None and not np.isfinite(image).all():  # inf or NaN
+        broken = f"your images hold {np.isnan(image).sum()} NaN and {np.isinf(image).sum()} inf values of {image.size}: no image to judge"  # fmt: skip
     for text in dict.fromkeys(f"{c.method} warned: {w}" for c in calls for w in c.warnings):
         print(text)  # each warning a part raised, once
     if broken is None and isinstance(error, UnfilledBlankError):
@@ -536,7 +551,7 @@ def first_difference(yours, reference, complete=True, fn=None):
                 line = loop_left_at(fn, mine) if fn else None
                 at = f", at {where_is(fn, line)}" if line else ""
                 number = blank_at(fn, line) if line else 4
-                return number, step, f"your loop stopped after {plural(step - 1, 'step')} of {n}{at}: {said}"  # fmt: skip
+                return number, step, f"your loop {'stopped after' if line else 'made'} {plural(step - 1, 'step')} of {n}{at}: {said}"  # fmt: skip
             extra = ", an extra call (your loop goes on after it)" if going_on and mine.method == "vae.decode" else ""  # fmt: skip
             return made_in or CALL_OF.get(mine.method), step, said + extra  # who made it
         for (method, arg), (number, what) in BOUNDARIES.items():
@@ -557,7 +572,7 @@ def first_difference(yours, reference, complete=True, fn=None):
             if arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref) and here:  # fmt: skip
                 number = blank_at(fn, here[0])  # your t is a later step's: a continue
                 lines.insert(1, f"  (that is your loop's t: {cut(fn, *here)})")
-            elif arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref):  # fmt: skip
+            elif arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref) and traced(fn):  # fmt: skip
                 number = None  # you passed your t, and your loop's t differs: the for line
                 lines.insert(1, "  (that is your loop's t, which differs: the for line, outside the blanks)")  # fmt: skip
             elif variable and same(mine.caller_arrays.get(variable, np.nan), b):
@@ -641,6 +656,8 @@ def check(fn, label):
     where = "after the loop" if step > n else f"step {step} of {n}"
     print(f"{f'blank {number}' if number else 'a line outside the blanks'} differs from the solution ({where}):")  # fmt: skip
     print(message)
+    if not getattr(EXECUTED[fn], "whole", True):
+        print(UNTRACED)
     warned = {f"{call.method} warned: {text}": None for call in calls for text in call.warnings}
     print("".join(f"{line}\n" for line in warned), end="")  # each once, in order
     if error is not None:
@@ -688,8 +705,8 @@ if args.figures and image is not None:
         alt=f"Six rows of {shown} small images generated for the prompt '{args.prompt}' with "
         f"{name}, in blank order ({mistakes}). As drawn at the default flags: the top row, "
         f"{top}, is training images of the prompted class; rows 2 and 4 (the "
-        "condition order swapped, the guidance sign flipped) are saturated blocks far outside "
-        "the pixel range; row 3 (no scale_model_input) is clean images of the prompted class, "
+        "condition order swapped, the guidance sign flipped) are saturated blocks, far outside "
+        "the pixel range in places; row 3 (no scale_model_input) is clean images of the prompted class, "
         "mostly other ones than the top row's; row 5 (pred_original_sample carried) is one image "
         "eight times; row 6 (no division by scaling_factor) is the top row at lower contrast.",
         caption=f"Rows, top to bottom: {top} ({name}, prompt '{args.prompt}'), "

@@ -22,7 +22,8 @@ work:
   (:func:`blank_at`), and the function's variables there; :func:`innermost_line` finds the deepest line of the
   reader's file, so an error raised in a helper of theirs names the helper's line too;
 - :func:`lines_run` records the lines a function runs (which line left its loop), passing
-  every event on to a tracer already set, such as a debugger's.
+  every event on to a tracer already set, such as a debugger's (``whole`` says whether one
+  set later, as ``breakpoint()`` does, cut the record short).
 
 NumPy is the only dependency, as for the rest of labkit.
 """
@@ -230,6 +231,26 @@ def blank_at(fn: FunctionType, line: int | None) -> int | None:
     return number
 
 
+def loop_heads(fn: FunctionType) -> list[int]:
+    """The lines of ``fn``'s ``for`` statements outside the blanks, in order ([] when its
+    source cannot be read)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return []
+    return [
+        first + k
+        for k, text in enumerate(lines)
+        if text.strip().startswith("for ") and not blank_at(fn, first + k)
+    ]
+
+
+def is_generator(value: Any) -> bool:
+    """Whether ``value`` is a generator: what a function with a ``yield`` returns, its lines
+    unrun."""
+    return inspect.isgenerator(value)
+
+
 def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | None:
     """(function name, line) of the deepest frame of ``error``'s traceback in ``filename``:
     where the reader's own code raised, even inside a helper they wrote. None if no frame
@@ -242,13 +263,20 @@ def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | Non
     return found
 
 
+class Lines(list):
+    """The lines :func:`lines_run` recorded; ``whole`` is False when another tracer took over
+    before the block ended (``breakpoint()`` sets pdb's): the list then stops short."""
+
+    whole = True
+
+
 @contextmanager
-def lines_run(fn: FunctionType) -> Iterator[list[int]]:
+def lines_run(fn: FunctionType) -> Iterator[Lines]:
     """Within the block, the lines that calls of ``fn`` run go to the list it yields, in
     order (each frame's last is where it returned). Every trace event still reaches a tracer
     set before (a debugger's breakpoints in ``fn`` still stop), and the tracer's own frames
     are in this file, not the reader's: an error or Ctrl-C names the reader's line only."""
-    executed: list[int] = []
+    executed = Lines()
     previous = sys.gettrace()
 
     def on_call(frame: Any, event: str, arg: Any) -> Any:
@@ -270,4 +298,5 @@ def lines_run(fn: FunctionType) -> Iterator[list[int]]:
     try:
         yield executed
     finally:
+        executed.whole = sys.gettrace() is on_call  # not if a breakpoint() replaced it
         sys.settrace(previous)

@@ -3,11 +3,13 @@
 import ast
 import json
 import re
+import runpy
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -29,13 +31,21 @@ def pipeline_of(source):
     return source.split("# --8<-- [start:pipeline]\n")[1].split("# --8<-- [end:pipeline]")[0]
 
 
+def edit(body, old, new):
+    """``body`` with ``old`` replaced by ``new`` (each must occur there once); a tuple of
+    ``old`` strings and one of ``new`` strings make several edits."""
+    for a, b in zip(*((old, new) if isinstance(old, tuple) else ((old,), (new,))), strict=True):
+        assert body.count(a) == 1, a
+        body = body.replace(a, b)
+    return body
+
+
 def filled(old=None, new=None):
     """rebuild_pipeline.py with its pipeline() replaced by solution.py's: what a reader who
     filled in every blank has; with ``old`` replaced by ``new`` (it must occur there once)."""
     reader, solution = text("rebuild_pipeline.py"), pipeline_of(text("solution.py"))
     if old is not None:
-        assert solution.count(old) == 1, old
-        solution = solution.replace(old, new)
+        solution = edit(solution, old, new)
     return reader.replace(pipeline_of(reader), solution)
 
 
@@ -49,6 +59,44 @@ def run_copy(tmp_path, source, *argv, name="rebuild_pipeline.py"):
         [sys.executable, str(path), *argv],
         cwd=ROOT, env=starter_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def shown_on_stderr(message, category, filename, lineno, file=None, line=None):
+    """Python's own display of a warning, on stderr, as a fresh interpreter shows it."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@pytest.fixture
+def run_here(tmp_path, monkeypatch, capsys):
+    """run_copy in this process: the copy beside the real solution.py, run by runpy as
+    __main__ with the same argv, warnings shown on stderr under Python's default filters,
+    and sys.exit turned into a return code. Its module code is the one a subprocess runs,
+    without a new interpreter's start (about 2 s of a test's wall time each on a loaded
+    machine); an exception it does not catch fails the test, as a traceback would."""
+
+    def run(source, *argv, name="rebuild_pipeline.py"):
+        shutil.copy(FOLDER / "solution.py", tmp_path / "solution.py")
+        path = tmp_path / name
+        path.write_text(source, encoding="utf-8")
+        monkeypatch.setattr(sys, "argv", [str(path), *argv])
+        monkeypatch.setattr(sys, "path", list(sys.path))  # the file puts code/ first
+        capsys.readouterr()
+        code = 0
+        with warnings.catch_warnings():
+            warnings.resetwarnings()  # Python's defaults: show each warning once per line
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):  # fmt: skip
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = shown_on_stderr
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as stop:
+                if isinstance(stop.code, str):  # sys.exit("text"): the text, exit 1
+                    print(stop.code, file=sys.stderr)
+                code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(sys.argv, code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +127,7 @@ def check_fill(checker, tmp_path, capsys, old, new, scheduler="euler"):
     ``new`` in its pipeline(), judged in this process: (passed, stdout, stderr, the copy)."""
     solution = text("solution.py")
     body = pipeline_of(solution)
-    assert body.count(old) == 1, old
-    source = solution.replace(body, body.replace(old, new))
+    source = solution.replace(body, edit(body, old, new))
     path = tmp_path / "mine.py"
     path.write_text(source, encoding="utf-8")
     g = checker(scheduler)
@@ -237,11 +284,11 @@ def test_a_loop_that_stops_early_is_named_by_the_line_that_left_it(checker, tmp_
     assert f"your {where.format(line_of(source, statement))}" in lines[2], out
 
 
-def test_the_plain_run_names_the_line_of_a_loop_that_never_ran(tmp_path):
+def test_the_plain_run_names_the_line_of_a_loop_that_never_ran(run_here):
     """A return in blank 1, before the loop: the plain run names that line and blank in one
     line and exits 1 (it once divided by the unet's zero calls, with a traceback)."""
     source = filled(DOUBLE, DOUBLE + "    return vae.decode(latents / vae.config.scaling_factor)\n")
-    run = run_copy(tmp_path, source)
+    run = run_here(source)
     assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
     line = line_of(source, "return vae.decode(latents / vae.config.scaling_factor)")
     assert (
@@ -251,12 +298,16 @@ def test_the_plain_run_names_the_line_of_a_loop_that_never_ran(tmp_path):
 
 
 SCALE = "        latent_model_input = scheduler.scale_model_input"
+#: blank 1's first line written as a for statement of its own: a right answer
+FOR_1 = "    rows = []\n    for embeds in (negative_prompt_embeds, prompt_embeds):\n        rows.append(embeds)\n    prompt_embeds = np.concatenate(rows)\n"  # fmt: skip
 #: a continue that cuts iterations short, the loop running to its end: (id, old, new, the
 #: blank it sits in, the first iteration it cuts, that step's verdict)
 SKIPPED = [
     ("early steps, blank 2", SCALE, "        if t > 500:\n            continue\n" + SCALE, 2, 1),
     ("late steps, blank 2", SCALE, "        if t < 500:\n            continue\n" + SCALE, 2, 11),
     ("late steps, blank 3", GUIDE, GUIDE + "        if t < 500:\n            continue\n", 3, 11),
+    ("early steps, a for in blank 1", (DOUBLE, SCALE), (FOR_1, "        if t > 500:\n            continue\n" + SCALE), 2, 1),
+    ("late steps, a for in blank 1", (DOUBLE, SCALE), (FOR_1, "        if t < 500:\n            continue\n" + SCALE), 2, 11),
 ]  # fmt: skip
 
 
@@ -264,7 +315,8 @@ SKIPPED = [
 def test_a_continue_is_named_by_its_line_not_as_the_for_line_stopping_the_loop(checker, tmp_path, capsys, old, new, number, iteration):  # fmt: skip
     """A continue in a blank skips the calls of some iterations while the for line runs to its
     end: --check names the continue's line and blank, not the for line, and says no loop
-    stopped (it once blamed the for line, outside the blanks)."""
+    stopped (it once blamed the for line, outside the blanks; and again when blank 1 held a
+    for statement of its own, taken for the loop)."""
     passed, out, err, source = check_fill(checker, tmp_path, capsys, old, new)
     assert not passed and err == "", out + err
     assert out.splitlines()[1] == f"blank {number} differs from the solution (step {iteration} of 20):", out  # fmt: skip
@@ -273,14 +325,15 @@ def test_a_continue_is_named_by_its_line_not_as_the_for_line_stopping_the_loop(c
     assert "for line" not in out and "stopped" not in out, out
 
 
-def test_the_plain_run_names_a_continue_too(tmp_path):
-    """The plain run of a continue in blank 2: one line naming it, exit 1 (it once said the
-    loop stopped after 10 steps, at the for line)."""
-    source = filled(SCALE, "        if t < 500:\n            continue\n" + SCALE)
-    run = run_copy(tmp_path, source)
+@pytest.mark.parametrize("old, new, number, iteration", [v[1:] for v in SKIPPED], ids=[v[0] for v in SKIPPED])  # fmt: skip
+def test_the_plain_run_names_a_continue_too(run_here, old, new, number, iteration):
+    """The plain run of a continue: one line naming it, exit 1 (it once said the loop stopped
+    after 10 steps, at the for line)."""
+    source = filled(old, new)
+    run = run_here(source)
     assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
     line = line_of(source, "continue")
-    assert run.stdout.splitlines()[0] == f"your loop cut iteration 11 of 20 short before its step, at line {line} (in blank 2): 10 steps of 20 ran"  # fmt: skip
+    assert run.stdout.splitlines()[0] == f"your loop cut iteration {iteration} of 20 short before its step, at line {line} (in blank {number}): 10 steps of 20 ran"  # fmt: skip
 
 
 def test_a_decode_the_loop_goes_on_after_is_an_extra_call_not_a_stopped_loop(checker, tmp_path, capsys):  # fmt: skip
@@ -296,10 +349,10 @@ def test_a_decode_the_loop_goes_on_after_is_an_extra_call_not_a_stopped_loop(che
 
 
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
-def test_a_yield_is_told_it_makes_a_generator(tmp_path, argv):
+def test_a_yield_is_told_it_makes_a_generator(run_here, argv):
     """A yield in the loop makes pipeline() a generator that runs none of its lines: both modes
     say so in one line and exit 1 (the plain run once named "line None", --check blank 2)."""
-    run = run_copy(tmp_path, filled(".prev_sample\n", ".prev_sample\n        yield latents\n"), *argv)  # fmt: skip
+    run = run_here(filled(".prev_sample\n", ".prev_sample\n        yield latents\n"), *argv)  # fmt: skip
     assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
     verdict = run.stdout.splitlines()[1 if argv else 0]
     assert verdict.startswith("your pipeline() returns a generator (a yield makes pipeline() a generator, which runs none of its lines)"), run.stdout  # fmt: skip
@@ -307,19 +360,25 @@ def test_a_yield_is_told_it_makes_a_generator(tmp_path, argv):
 
 
 STEP = "        latents = scheduler.step(noise_pred, t, latents).prev_sample\n"
+#: a debugger's breakpoint(), as pdb runs it, told to continue (its prompt goes to a buffer)
+BREAKPOINT = "        __import__('pdb').Pdb(stdin=__import__('io').StringIO('c\\n'), stdout=__import__('io').StringIO(), nosigint=True, readrc=False).set_trace()\n"  # fmt: skip
 #: right answers in another shape, which the line tracer and the latents check must not flag
 RIGHT = [
     ("a helper that calls step", STEP, "        def advance(x):\n            return scheduler.step(noise_pred, t, x).prev_sample\n\n        latents = advance(latents)\n"),
     ("a continue after the step", STEP, STEP + "        continue\n"),
+    ("a for in blank 1", DOUBLE, FOR_1),
+    ("a breakpoint() that continues", GUIDE, BREAKPOINT + GUIDE),
+    ("a continue in a loop of blank 3's own", GUIDE, "        for half in range(2):\n            if half:\n                continue\n" + GUIDE),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("old, new", [v[1:] for v in RIGHT], ids=[v[0] for v in RIGHT])
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
-def test_a_right_loop_in_another_shape_passes(tmp_path, argv, old, new):
-    """step called from a helper of the reader's (whose frame holds no latents), or a continue
-    after the step: the plain run and --check pass (the helper was once blamed on blank 3)."""
-    run = run_copy(tmp_path, filled(old, new), *argv)
+def test_a_right_loop_in_another_shape_passes(run_here, argv, old, new):
+    """step called from a helper of the reader's (whose frame holds no latents), a continue
+    after the step, or blank 1 written as a for statement: the plain run and --check pass
+    (the helper was once blamed on blank 3)."""
+    run = run_here(filled(old, new), *argv)
     assert run.returncode == 0 and run.stderr == "", run.stdout + run.stderr
     assert ("all 5 blanks match" in run.stdout) if argv else ("pipeline(): prompt" in run.stdout)
 
@@ -347,6 +406,71 @@ def test_a_debuggers_tracer_still_sees_your_lines(checker):
     assert lines and lines == g["EXECUTED"][fn][:-1]  # the same lines (the last: its return)
     step = next(call.line for call in calls if call.method == "scheduler.step")
     assert lines.count(step) == 20  # the debugger saw every step's line
+
+
+def test_ctrl_c_while_a_part_runs_names_the_part_running_not_failing(checker):
+    """Ctrl-C while the unet runs (where a slow run spends its time): the line and the part
+    that was running, not "inside unet, which failed on the arguments your blanks gave it"."""
+    g = checker()
+    fn, here = g["load_solution"](), g["run_on_spies"].__globals__  # the module's own globals
+    unet = here["unet"]
+
+    def interrupted(sample, timestep, class_labels=None):  # Ctrl-C lands inside the unet
+        raise KeyboardInterrupt
+
+    here["unet"] = interrupted
+    try:
+        calls, image, error = g["run_on_spies"](fn)
+    finally:
+        here["unet"] = unet
+    line = next(call.line for call in calls if call.method == "unet")
+    assert isinstance(error, KeyboardInterrupt) and image is None
+    said = f"your pipeline raised KeyboardInterrupt at line {line}, while unet ran: interrupted there (Ctrl-C): a loop of yours that does not end?"  # fmt: skip
+    assert g["raised"](error, fn, calls) == said
+
+
+#: a debugger's breakpoint() in blank 3 (pdb, told to continue) and a continue in blank 2
+PDB_STOP = (GUIDE, SCALE), (
+    BREAKPOINT + GUIDE,
+    "        if t > 500:\n            continue\n" + SCALE,
+)  # fmt: skip
+
+
+def test_a_breakpoint_that_took_over_the_trace_names_no_line(checker, tmp_path, capsys, run_here):
+    """pdb's breakpoint() replaces the trace that records your lines: the plain run and
+    --check then name no line of the loop and say why (they once named the return line, in
+    blank 5, and the for line, for a continue in blank 2)."""
+    passed, out, err, _ = check_fill(checker, tmp_path, capsys, *PDB_STOP)
+    assert not passed and err == "", out + err
+    untraced = "(a breakpoint() in your pipeline() replaced the trace that records its lines: no line of the loop is named; run without it to see which)"  # fmt: skip
+    assert untraced in out.splitlines() and "for line" not in out, out
+    run = run_here(filled(*PDB_STOP))
+    assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
+    assert run.stdout.splitlines()[0] == f"your loop made 10 steps of 20 {untraced}", run.stdout
+
+
+def test_the_plain_run_refuses_images_that_are_not_finite(run_here):
+    """Blank 5 dividing by 0.0: the plain run says the images hold NaN and inf, exit 1 (it once
+    printed "range nan..nan" and exited 0); Python's own warning names the line."""
+    source = filled("latents / vae.config.scaling_factor", "latents / 0.0")
+    run = run_here(source)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert re.fullmatch(r"your images hold \d+ NaN and \d+ inf values of 24576: no image to judge", run.stdout.splitlines()[1]), run.stdout  # fmt: skip
+    line = line_of(source, "image = vae.decode(latents / 0.0)  # (B, 3, H, W), about [-1, 1]")
+    assert f":{line}: RuntimeWarning: divide by zero" in run.stderr, run.stderr
+
+
+def test_the_figures_rows_as_the_page_describes_them(checker):
+    """Rows 2 and 4 of the figure (the order swapped, the guidance sign flipped) go far outside
+    the pixel range in places, most of their pixels inside it; the others stay about [-1, 1];
+    row 5 (pred_original_sample carried) is one image eight times."""
+    g = checker()
+    rows = {k: g["run_on_spies"](g["load_solution"](k))[1] for k in range(1, 6)}
+    for k in (1, 3):
+        assert np.abs(rows[k]).max() > 5 and (np.abs(rows[k]) > 1).mean() < 0.5
+    for k in (2, 4, 5):
+        assert np.abs(rows[k]).max() < 1.5
+    assert len(rows[4]) == 8 and all(np.array_equal(image, rows[4][0]) for image in rows[4])
 
 
 #: arguments that are arrays but not numbers, and what the checker shows of them
@@ -385,12 +509,12 @@ def test_an_inf_of_yours_is_compared_without_a_warning_from_the_checker(checker,
 
 
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
-def test_blank_1_doubling_latents_itself_is_blamed_on_blank_1_not_on_step(tmp_path, argv):
+def test_blank_1_doubling_latents_itself_is_blamed_on_blank_1_not_on_step(run_here, argv):
     """`latents = np.concatenate([latents] * 2)` in blank 1, then scale_model_input(latents, t):
     every argument up to step matches, but latents changed before step 1's step: blank 1."""
     source = filled("latent_model_input = np.concatenate([latents] * 2)", "latents = np.concatenate([latents] * 2)")  # fmt: skip
     source = source.replace("scale_model_input(latent_model_input, t)", "scale_model_input(latents, t)")  # fmt: skip
-    run = run_copy(tmp_path, source, *argv)
+    run = run_here(source, *argv)
     assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
     verdict = run.stdout.splitlines()[1 if argv else 0]
     assert verdict.startswith("blank 1 "), run.stdout
@@ -417,18 +541,18 @@ def test_the_spy_passes_attribute_writes_to_the_part_and_records_them():
     assert calls[0].arguments == {"value": 2}
 
 
-def test_the_checker_says_when_your_loops_t_differs_outside_the_blanks(tmp_path):
+def test_the_checker_says_when_your_loops_t_differs_outside_the_blanks(run_here):
     """Reversed timesteps change the for line, which is not a blank: the checker says so."""
     source = filled("for t in scheduler.timesteps:", "for t in scheduler.timesteps[::-1]:")
-    run = run_copy(tmp_path, source, "--check")
+    run = run_here(source, "--check")
     assert "a line outside the blanks differs from the solution (step 1 of 20)" in run.stdout, run.stdout  # fmt: skip
     assert "your loop's t, which differs: the for line" in run.stdout
 
 
-def test_an_empty_line_inside_a_blank_is_explained(tmp_path):
+def test_an_empty_line_inside_a_blank_is_explained(run_here):
     """blank_at ends a blank's lines at the first empty line: an error after one says so."""
     source = filled("        noise_pred = noise_pred_uncond +", "\n        noise_pred = noise_pred_uncondd +")  # fmt: skip
-    run = run_copy(tmp_path, source)
+    run = run_here(source)
     assert "outside the blanks (a blank's lines end at the first empty line after its # BLANK comment)" in run.stdout, run.stdout  # fmt: skip
 
 
@@ -476,12 +600,12 @@ def test_unfilled_blanks_say_which_is_next_without_a_traceback(run_cli, argv):
     assert "blank 1 of 5 is not filled in yet" in run.stdout and "rebuild_pipeline.py" in run.stdout
 
 
-def test_a_partly_filled_copy_points_at_the_next_blank(tmp_path):
+def test_a_partly_filled_copy_points_at_the_next_blank(run_here):
     partly = text("rebuild_pipeline.py")
     for line in ["prompt_embeds = np.concatenate([negative_prompt_embeds, prompt_embeds])",
                  "latent_model_input = np.concatenate([latents] * 2)"]:  # fmt: skip
         partly = partly.replace(f"{line.split(' = ')[0]} = blank(1)", line)
-    run = run_copy(tmp_path, partly, "--check")
+    run = run_here(partly, "--check")
     assert run.returncode == 0, run.stderr
     assert "blank 2 of 5 is not filled in yet" in run.stdout
 
@@ -511,6 +635,8 @@ WRONG = [
     (".prev_sample\n", ".prev_sample if t != scheduler.timesteps[-1] else latents\n", "euler", 4),
     # a loop that stops early decodes mid-loop: blank 4, not blank 5
     (".prev_sample\n", ".prev_sample\n        break\n", "euler", 4),
+    # a continue in a loop of blank 4's own skips step at early steps: blank 4, its owner
+    (STEP, "        for _ in range(1):\n            if t > 500:\n                continue\n    " + STEP, "euler", 4),
     # writes to a part reach it through the Spy, as without it, and count as extra calls
     (".prev_sample\n", ".prev_sample\n        scheduler._step_index += 1\n", "euler", 4),
     (".prev_sample\n", ".prev_sample\n        scheduler.step_index += 1\n", "euler", 4),
@@ -576,15 +702,17 @@ ODD = [
 
 
 @pytest.mark.parametrize("old, new, number", [v[1:] for v in ODD], ids=[v[0] for v in ODD])
-def test_odd_input_gets_a_message_naming_the_blank_never_a_traceback(tmp_path, old, new, number):
+def test_odd_input_gets_a_message_naming_the_blank_never_a_traceback(tmp_path, run_here, old, new, number):  # fmt: skip
     """The plain run and --check each exit 1 and name the blank (or the reader's line) on
     odd input: a wrong batch, shape or dtype, a SchedulerOutput where an array goes, [0]
-    on an array, a NameError, the reader's own raise, a syntax error; no traceback."""
+    on an array, a NameError, the reader's own raise, a syntax error; no traceback. Run in
+    this process (run_here), but for the syntax error, which Python reports before any of
+    the file runs: that one runs as a subprocess."""
     source = filled(old, new)
     parts = [part.strip() for part in new.splitlines() if part.strip()]
     mine = [k + 1 for k, line in enumerate(source.splitlines()) if any(p in line for p in parts)]
     for argv in [], ["--check"]:
-        run = run_copy(tmp_path, source, *argv)
+        run = run_copy(tmp_path, source, *argv) if number is None else run_here(source, *argv)
         out = run.stdout + run.stderr
         assert run.returncode == 1 and "Traceback" not in out, out
         if number is None:  # Python's own SyntaxError: the file, the reader's line, one caret
@@ -596,48 +724,48 @@ def test_odd_input_gets_a_message_naming_the_blank_never_a_traceback(tmp_path, o
             assert any(f"line {k}" in verdict for k in mine), out
 
 
-def test_the_diffusers_idiom_step_0_is_prev_sample(tmp_path):
+def test_the_diffusers_idiom_step_0_is_prev_sample(run_here):
     """scheduler.step(...)[0] is prev_sample, as diffusers' BaseOutput[0]: the checker passes it."""
     for argv in [], ["--check"]:
-        run = run_copy(tmp_path, filled(".prev_sample", "[0]"), *argv)
+        run = run_here(filled(".prev_sample", "[0]"), *argv)
         assert run.returncode == 0 and run.stderr == "", run.stdout + run.stderr
     assert "all 5 blanks match" in run.stdout
 
 
-def test_the_checker_reports_your_own_error_by_line(tmp_path):
+def test_the_checker_reports_your_own_error_by_line(run_here):
     """An error in the reader's own code (not a part's call) is reported with its line."""
     source = filled("np.split(noise_pred, 2)", "np.split(noise_pred, 3)")
-    run = run_copy(tmp_path, source, "--check")
+    run = run_here(source, "--check")
     line = source.splitlines().index("        noise_pred_uncond, noise_pred_text = np.split(noise_pred, 3)") + 1  # fmt: skip
     assert run.returncode == 1 and run.stderr == ""
     assert f"your pipeline raised ValueError at line {line}" in run.stdout
 
 
-def test_the_checker_names_the_variable_passed_in_place_of_the_right_one(tmp_path):
+def test_the_checker_names_the_variable_passed_in_place_of_the_right_one(run_here):
     source = filled("step(noise_pred, t, latents)", "step(noise_pred_text, t, latents)")
-    run = run_copy(tmp_path, source, "--check")
+    run = run_here(source, "--check")
     assert "(your noise_pred matches the solution's; blank 4 passes noise_pred_text instead)" in run.stdout  # fmt: skip
     source = filled("scale_model_input(latent_model_input, t)", "scale_model_input(latents, t)")
-    run = run_copy(tmp_path, source, "--check")
+    run = run_here(source, "--check")
     assert "blank 2 differs from the solution (step 1 of 20)" in run.stdout
     assert "blank 2 passes latents instead" in run.stdout
 
 
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
-def test_the_whole_step_output_kept_is_blamed_on_blank_4_not_where_it_fails(tmp_path, argv):
+def test_the_whole_step_output_kept_is_blamed_on_blank_4_not_where_it_fails(run_here, argv):
     """Without .prev_sample the loop fails at the next doubling (blank 1's line): blank 4 is named."""
-    run = run_copy(tmp_path, filled(".prev_sample\n", "\n"), *argv)
+    run = run_here(filled(".prev_sample\n", "\n"), *argv)
     assert run.returncode == 1 and run.stderr == "", run.stderr
     assert run.stdout.count("blank 4 is wrong: latents is a SchedulerOutput, not an array") == 1
     assert "so your pipeline raised ValueError at line " in run.stdout
 
 
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
-def test_an_error_in_your_code_is_one_line_with_its_blank_never_a_traceback(tmp_path, argv):
+def test_an_error_in_your_code_is_one_line_with_its_blank_never_a_traceback(run_here, argv):
     """torch's .chunk on a NumPy array: the run and the checker name the line and blank 3."""
     source = filled("np.split(noise_pred, 2)", "noise_pred.chunk(2)")
     line = source.splitlines().index("        noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)") + 1  # fmt: skip
-    run = run_copy(tmp_path, source, *argv)
+    run = run_here(source, *argv)
     assert run.returncode == 1 and run.stderr == "", run.stderr
     assert f"your pipeline raised AttributeError at line {line} (in blank 3): " in run.stdout
 
@@ -646,9 +774,9 @@ def test_an_error_in_your_code_is_one_line_with_its_blank_never_a_traceback(tmp_
 @pytest.mark.parametrize(
     "returned, what", [("latents", "(8, 4, 4, 4) float64"), ("None", "a NoneType")]
 )
-def test_the_run_and_the_checker_judge_the_returned_images_too(tmp_path, argv, returned, what):
+def test_the_run_and_the_checker_judge_the_returned_images_too(run_here, argv, returned, what):
     """Every call can match and the function still return the wrong thing."""
-    run = run_copy(tmp_path, filled("    return image\n", f"    return {returned}\n"), *argv)
+    run = run_here(filled("    return image\n", f"    return {returned}\n"), *argv)
     assert run.returncode == 1 and run.stderr == ""
     assert (
         f"your pipeline() returns {what}; return the decoded images, (8, 3, 32, 32) float64"
@@ -687,15 +815,15 @@ LAST_STEP = [
 
 
 @pytest.mark.parametrize("old, new, flags", LAST_STEP, ids=["x0", "float32", "x1.01", "last only"])
-def test_a_blank_4_mistake_seen_only_by_the_decoder_is_blamed_on_blank_4(tmp_path, old, new, flags):
+def test_a_blank_4_mistake_seen_only_by_the_decoder_is_blamed_on_blank_4(run_here, old, new, flags):
     """When the decoder's input differs because the latents the last step left differ, the
     checker names blank 4, not blank 5 (the one-step-late rule, for the decoder)."""
-    run = run_copy(tmp_path, filled(old, new), "--check", *flags)
+    run = run_here(filled(old, new), "--check", *flags)
     assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
     assert "blank 4 differs from the solution (after the loop)" in run.stdout, run.stdout
     assert "your latents after the loop differ" in run.stdout
     if "float32" in new:  # the plain run's contract check says the same
-        plain = run_copy(tmp_path, filled(old, new), *flags)
+        plain = run_here(filled(old, new), *flags)
         assert plain.stdout.startswith("blank 4 breaks the contract (after the loop)"), plain.stdout
 
 
@@ -712,7 +840,7 @@ def test_with_one_step_the_checker_names_blank_4_for_ddim_and_sees_nothing_for_e
     )
 
 
-def test_scaling_b_rows_then_doubling_gives_the_same_images_and_is_still_named(tmp_path):
+def test_scaling_b_rows_then_doubling_gives_the_same_images_and_is_still_named(run_here):
     """Scaling the B latents and then doubling gives bit-identical images (Euler's scale is one
     number per step), but diffusers doubles first: the run and the checker name blank 1 and say
     it is diffusers' convention."""
@@ -723,56 +851,56 @@ def test_scaling_b_rows_then_doubling_gives_the_same_images_and_is_still_named(t
         "scheduler.scale_model_input(latent_model_input, t)",
         "np.concatenate([scheduler.scale_model_input(latent_model_input, t)] * 2)",
     )
-    check = run_copy(tmp_path, source, "--check")
+    check = run_here(source, "--check")
     assert "blank 1 differs from the solution (step 1 of 20)" in check.stdout, check.stdout
     assert "diffusers doubles, then scales" in check.stdout
     assert "images: max |yours - solution| 0\n" in check.stdout
-    plain = run_copy(tmp_path, source)
+    plain = run_here(source)
     assert (
         plain.stdout.startswith("blank 1 breaks the contract")
         and "diffusers doubles" in plain.stdout
     )
 
 
-def test_an_if_guide_branch_is_told_the_toy_loop_always_guides(tmp_path):
+def test_an_if_guide_branch_is_told_the_toy_loop_always_guides(run_here):
     """rebuild_diffusers.py's `if guide` branch, copied, breaks the toy's contract at
     --guidance-scale 0; the note that the toy loop always guides comes with that message."""
     source = filled("latent_model_input = np.concatenate([latents] * 2)",
                     "latent_model_input = np.concatenate([latents] * 2) if guidance_scale > 1 else latents")  # fmt: skip
-    run = run_copy(tmp_path, source, "--guidance-scale", "0")
+    run = run_here(source, "--guidance-scale", "0")
     assert run.returncode == 1 and "blank 1 breaks the contract" in run.stdout, run.stdout
     assert "StableDiffusionPipeline does not guide at guidance_scale <= 1" in run.stdout
 
 
-def test_messages_name_your_file_and_count_in_words(tmp_path, run_lab):
+def test_messages_name_your_file_and_count_in_words(run_here, run_lab):
     """A copy named mine.py is told to find the blank in mine.py; one step is "1 step"."""
     describe = run_lab(READER, "--solution")["describe"]
     assert describe(1) == "an int" and describe(None) == "a NoneType"
-    run = run_copy(tmp_path, text("rebuild_pipeline.py"), "--check", name="mine.py")
+    run = run_here(text("rebuild_pipeline.py"), "--check", name="mine.py")
     assert "find blank(1) in mine.py" in run.stdout and "rebuild_pipeline.py" not in run.stdout
-    run = run_copy(tmp_path, filled(), "--steps", "1")
+    run = run_here(filled(), "--steps", "1")
     assert "1 step of EulerDiscreteScheduler" in run.stdout and "unet: 1 call on" in run.stdout
 
 
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
-def test_errors_outside_the_blanks_and_in_the_call_itself_say_so(tmp_path, argv):
+def test_errors_outside_the_blanks_and_in_the_call_itself_say_so(run_here, argv):
     """An error on a given line names no blank and says so; a renamed parameter is reported
     as the call of pipeline() failing, not as "line None"; diffusers' return_dict gets a hint."""
     source = filled("num_inference_steps, guidance_scale,\n", "steps, guidance_scale,\n")
-    run = run_copy(tmp_path, source, *argv)
+    run = run_here(source, *argv)
     assert (
         "calling your pipeline() raised TypeError" in run.stdout and "line None" not in run.stdout
     )
     source = filled(
         "    scheduler.set_timesteps(num_inference_steps)", "    scheduler.set_timesteps(-1)"
     )
-    run = run_copy(tmp_path, source, *argv)
+    run = run_here(source, *argv)
     assert "outside the blanks" in run.stdout, run.stdout
     source = filled(
         "step(noise_pred, t, latents).prev_sample",
         "step(noise_pred, t, latents, return_dict=False)[0]",
     )
-    run = run_copy(tmp_path, source, *argv)
+    run = run_here(source, *argv)
     assert "the toy's step has no return_dict: step(...)[0] or .prev_sample" in run.stdout, (
         run.stdout
     )
@@ -795,8 +923,9 @@ def test_figures(tmp_path, run_cli):
     ids=" ".join,
 )  # fmt: skip
 @pytest.mark.parametrize("solution", [[], ["--solution"]], ids=["reader", "solution"])
-def test_bad_arguments(run_cli, solution, argv):
-    run = run_cli(READER, *solution, *argv)
+def test_bad_arguments(run_here, solution, argv):
+    """Each bad flag: one line on stderr, exit 2, before any part is built (run in this process)."""
+    run = run_here(text("rebuild_pipeline.py"), *solution, *argv)
     assert run.returncode == 2 and run.stdout == ""
     assert len(run.stderr.splitlines()) == 1 and ": error: " in run.stderr
 
