@@ -86,6 +86,15 @@ def test_orderings_and_the_host_bound(lab):
     assert sweep["eager"][-1] > 3 * sweep["eager"][0]  # eager turns host-bound
 
 
+def test_launches_matter_before_they_outlast_the_average_kernel(lab):
+    """Launches matter as they near kernels' length: at 256 px a 10 us launch, shorter than
+    the 10.9 us average kernel, already costs the eager step over 10% (runs of short pointwise
+    kernels let the host fall behind), while 1 and 2 us cost next to nothing."""
+    eager, launches = lab["sweep"]["eager"], lab["launch_us"].tolist()
+    assert round(lab["per_kernel"], 1) == 10.9 and launches[:4] == [1, 2, 5, 10]
+    assert eager[0] == pytest.approx(eager[1], rel=1e-3) and eager[3] > 1.1 * eager[0]
+
+
 def test_cold_start_pays_back_later_with_fewer_steps(run_cli):
     run = run_cli(STARTER)
     assert run.returncode == 0, run.stderr
@@ -102,6 +111,7 @@ def test_shape_policies(lab):
     # (tests/verify/test_page_lab_18.py runs the first): a backed batch 1 stays a constant (mark_unbacked lifts that)
     count = lab["automatic_dynamic_compiles"]
     assert count([(1, 9), (1, 25), (1, 36), (2, 36), (4, 49), (1, 4)]) == 3
+    assert count([(1, 9), (1, 25), (1, 36), (2, 36), (4, 49), (1, 4), (1, 1)]) == 4  # 1 token
     assert count([(4, 9), (1, 25), (2, 36), (4, 49), (1, 64)]) == 3
     assert count([(1, 9), (2, 9), (1, 25), (4, 36)]) == 4  # batch changed first: 4 graphs
     assert lab["bucket_shapes"] == 9 and lab["padding"] > 0

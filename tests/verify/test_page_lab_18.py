@@ -164,7 +164,7 @@ def test_regional_compile_graphs_do_not_grow_with_depth():
 
 
 def test_new_resolution_recompiles_static_and_once_by_default():
-    """With `dynamic=False` every new resolution compiles a new graph (2 sizes, 2 graphs), a size seen before reuses its graph, and under `torch.compiler.set_stance("fail_on_recompile")` a new size raises instead of compiling; with the default `dynamic=None` the first new size recompiles once, with the token count made symbolic, and later sizes compile nothing, while batch 1 stays a constant: batch 2 compiles a graph with a symbolic batch, which batch 4 reuses."""
+    """With `dynamic=False` every new resolution compiles a new graph (2 sizes, 2 graphs), a size seen before reuses its graph, and under `torch.compiler.set_stance("fail_on_recompile")` a new size raises instead of compiling; with the default `dynamic=None` the first new size recompiles once, with the token count made symbolic, and later token counts above 1 compile nothing, while a size of 1 stays a constant: batch 2 compiles a graph with a symbolic batch, which batch 4 reuses, and a 1-token call (a 16 px FLUX.1 image) compiles one more."""
     model = two_block_flux()
     counter = CompileCounter()
     static = torch.compile(model, backend=counter, dynamic=False)
@@ -176,8 +176,8 @@ def test_new_resolution_recompiles_static_and_once_by_default():
     torch._dynamo.reset()
     counter = CompileCounter()
     default = torch.compile(model, backend=counter)
-    sides = [3, 5, 6, (6, 2), (7, 4), (2, 1)]  # (side, batch)
-    assert graphs_per_side(default, counter, sides) == [1, 2, 2, 3, 3, 3]
+    sides = [3, 5, 6, (6, 2), (7, 4), (2, 1), (1, 1)]  # (side, batch)
+    assert graphs_per_side(default, counter, sides) == [1, 2, 2, 3, 3, 3, 4]
 
 
 def test_dynamic_true_or_mark_dynamic_compile_once():
@@ -647,22 +647,27 @@ def test_diffusers_flux_forward_dispatches_far_more_ops_than_the_toy_counts():
 
 
 def test_compiled_diffusers_models_share_the_recompile_limit():
-    """The whole-model limit counts entries per code object, and a compiled diffusers model enters through the `wrapper` of `apply_lora_scale` (`diffusers/utils/peft_utils.py:300`), which `FluxTransformer2DModel` and `UNet2DConditionModel` share: after 6 static Flux shapes a compiled tiny UNet gets only 2 dynamo graphs of the default `recompile_limit` (8), and its third size runs eagerly."""
+    """The whole-model limit counts entries per code object, and a compiled diffusers model enters through the `wrapper` of `apply_lora_scale` (`diffusers/utils/peft_utils.py:300`), which `FluxTransformer2DModel` and `UNet2DConditionModel` share: by default, with `recompile_limit` at 3, after 2 static Flux shapes a compiled tiny UNet gets only 1 dynamo graph, and its second size runs eagerly, with the same output; the same UNet compiled with `torch.compile(..., isolate_recompiles=True)` keeps entries of its own and compiles that size."""
     flux, unet = two_block_flux(), tiny_unet()
     assert type(flux).forward.__code__ is type(unet).forward.__code__  # one shared `wrapper`
     counter = CompileCounter()
     compiled_flux = torch.compile(flux, backend=counter, dynamic=False)
     compiled_unet = torch.compile(unet, backend=counter, dynamic=False)
-    assert graphs_per_side(compiled_flux, counter, [2, 3, 4, 5, 6, 7])[-1] == 6
-    g, seen = torch.Generator().manual_seed(0), []
-    with torch.no_grad():
-        for side in (8, 16, 24):
-            latents = torch.randn(1, 4, side, side, generator=g)
-            text = torch.randn(1, 77, EMBED_DIM, generator=g)
-            out = compiled_unet(latents, torch.tensor(10), text, return_dict=False)[0]
+    isolated = torch.compile(unet, backend=counter, dynamic=False, isolate_recompiles=True)
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn(1, 77, EMBED_DIM, generator=g)
+    latents = {side: torch.randn(1, 4, side, side, generator=g) for side in (8, 16)}
+    seen = []
+    # a limit of 3 instead of the default 8 (test_dynamo_shape_defaults): the same sharing, fewer compiles
+    with torch._dynamo.config.patch(recompile_limit=3), torch.no_grad():
+        assert graphs_per_side(compiled_flux, counter, [2, 3]) == [1, 2]
+        for side in (8, 16):
+            out = compiled_unet(latents[side], torch.tensor(10), text, return_dict=False)[0]
             seen.append(counter.frame_count)
-        torch.testing.assert_close(out, unet(latents, torch.tensor(10), text, return_dict=False)[0])
-    assert seen == [7, 8, 8]
+        torch.testing.assert_close(out, unet(latents[16], torch.tensor(10), text, return_dict=False)[0])  # fmt: skip
+        isolated(latents[16], torch.tensor(10), text, return_dict=False)
+        seen.append(counter.frame_count)
+    assert seen == [3, 3, 4]
 
 
 def test_the_shared_budget_counts_model_configurations_not_classes():
