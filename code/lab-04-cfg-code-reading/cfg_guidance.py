@@ -60,7 +60,7 @@ args = parse_args(parser)
 if args.steps > 999:  # leading spacing + steps_offset=1 reaches t=1000 at 1000 steps
     parser.error(f"--steps must be <= 999 (steps_offset=1 would reach t=1000), got {args.steps}")
 if max(args.guidance_scales) > 100:  # bounded: at 1e200 the toy's arithmetic overflows to NaN
-    parser.error(f"--guidance-scales must be <= 100, got {max(args.guidance_scales):g}")
+    parser.error(f"--guidance-scales must be <= 100, got {max(args.guidance_scales)!r}")
 
 mixture = GaussianMixture(
     means=np.array([[-0.7, 0.0], [0.7, 0.0]]),  # (K=2, 2)

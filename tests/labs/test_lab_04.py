@@ -135,3 +135,9 @@ def test_guidance_scales_from_0_to_100_run(run_cli):
     rows = sweep(run.stdout)
     assert set(rows) == {"uncond", "0", "100"}
     assert all(np.isfinite(list(row.values())).all() for row in rows.values())
+
+
+def test_a_scale_just_past_100_is_named_in_the_error(run_cli):
+    """The one-line error names the offending scale exactly (not rounded to 100)."""
+    run = run_cli(STARTER, "--guidance-scales", "100.0000000000001")
+    assert run.returncode == 2 and "got 100.0000000000001" in run.stderr

@@ -74,8 +74,9 @@ def text_pipe(sd_pipe):
 
 
 def test_guidance_doubles_the_rows_of_every_unet_call(sd_pipe, record_calls, calls_of):
-    """With `guidance_scale` above 1, every UNet call gets `2B` rows: the latents concatenated with themselves and `[negative_prompt_embeds, prompt_embeds]` as `encoder_hidden_states`, while `scheduler.step` gets the `B` rows of the guided prediction."""
+    """With `guidance_scale` above 1 and a UNet without `time_cond_proj_dim`, every UNet call gets `2B` rows: the latents concatenated with themselves and `[negative_prompt_embeds, prompt_embeds]` as `encoder_hidden_states`, while `scheduler.step` gets the `B` rows of the guided prediction."""
     pipe = sd_with(sd_pipe)
+    assert pipe.unet.config.time_cond_proj_dim is None
     unet = record_calls(pipe.unet).calls
     steps = calls_of(pipe.scheduler, "step")
     generate(pipe, steps=3, guidance_scale=7.5, batch=2)
@@ -388,7 +389,7 @@ def test_size_mismatches_raise_the_vae_one_only_at_decode(sd_pipe, record_calls)
 
 
 def test_wrong_prediction_type_runs_without_error(sd_pipe):
-    """A scheduler whose `prediction_type` does not match the checkpoint raises nothing: the call returns finite latents that differ from those of the matching configuration."""
+    """A `DDIMScheduler` whose `prediction_type` does not match the checkpoint raises nothing: the call returns finite latents that differ from those of the matching configuration."""
     matched = generate(sd_with(sd_pipe, scheduler=DDIMScheduler(**SD_SCHEDULER)))
     wrong = generate(
         sd_with(sd_pipe, scheduler=DDIMScheduler(prediction_type="v_prediction", **SD_SCHEDULER))
@@ -429,17 +430,25 @@ def test_add_noise_is_the_closed_form_forward_process():
 
 
 def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
-    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so a mismatch raises nothing: the pipeline runs one UNet under `epsilon` and `v_prediction` to different finite latents."""
+    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so `DDIMScheduler` reads a mismatched output without an error: the pipeline runs one UNet under `epsilon`, `v_prediction` and `sample` to different finite latents.
+
+    Not every scheduler is silent: SD 1.x's `PNDMScheduler` raises in `step` on `sample`.
+    """
     assert DDIMScheduler().config.prediction_type == "epsilon"
     with pytest.raises(TypeError, match="prediction_type"):  # raised before any weight is built
         UNet2DConditionModel(prediction_type="v_prediction")
     config = sd_pipe.scheduler.config
     assert config.prediction_type == "epsilon"
-    as_v = sd_with(
-        sd_pipe, scheduler=DDIMScheduler.from_config(config, prediction_type="v_prediction")
-    )
-    right, wrong = generate(sd_pipe, guidance_scale=1.0), generate(as_v, guidance_scale=1.0)
-    assert torch.isfinite(wrong).all() and (right - wrong).abs().max() > 0.1
+    right = generate(sd_pipe, guidance_scale=1.0)
+    for wrong_type in ("v_prediction", "sample"):
+        as_wrong = sd_with(
+            sd_pipe, scheduler=DDIMScheduler.from_config(config, prediction_type=wrong_type)
+        )
+        wrong = generate(as_wrong, guidance_scale=1.0)
+        assert torch.isfinite(wrong).all() and (right - wrong).abs().max() > 0.1, wrong_type
+    pndm = sd_with(sd_pipe, scheduler=PNDMScheduler(**SD15_PNDM, prediction_type="sample"))
+    with pytest.raises(ValueError, match="must be one of `epsilon` or `v_prediction`"):
+        generate(pndm, guidance_scale=1.0)
 
 
 def test_euler_and_ddim_scale_the_state_differently():

@@ -105,7 +105,7 @@ def test_do_classifier_free_guidance_is_scale_above_one_without_guidance_embeddi
 
 
 def test_default_ddim_config_warns_and_is_rewritten(sd_pipe, run_lab):
-    """`StableDiffusionPipeline` built with SD's betas and DDIM's own defaults otherwise (`steps_offset=0`, `clip_sample=True`) warns that the scheduler's configuration is outdated and rewrites those two keys to `steps_offset=1` and `clip_sample=False`; DDIM's default `set_alpha_to_one=True` stays, so it is not the lab's config (`set_alpha_to_one=False`): the same call gives the same `latents` after every step but the last, which differs.
+    """`StableDiffusionPipeline` built with SD's betas and DDIM's own defaults otherwise (`steps_offset=0`, `clip_sample=True`) warns about each of those two keys and rewrites them to `steps_offset=1` and `clip_sample=False`; DDIM's default `set_alpha_to_one=True` stays, so it is not the lab's config (`set_alpha_to_one=False`): the same call gives the same `latents` after every step but the last, which differs.
 
     The rewritten config is compared key by key with the starter's own scheduler; both
     pipelines share one tiny UNet and VAE, and ``callback_on_step_end`` records the

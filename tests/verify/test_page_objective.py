@@ -360,21 +360,32 @@ def test_get_velocity_builds_the_v_target(cls):
         close(v[i], a.sqrt() * eps[i] - (1 - a).sqrt() * x0[i])
 
 
-def test_wrong_prediction_type_runs_silently():
-    """Reading an `epsilon` output with `prediction_type="v_prediction"` raises no error: at every timestep of the grid, `step` returns finite `latents` that differ from the correct ones."""
-    x0, eps = randn(0), randn(1)
-    schedulers = {}
-    for prediction_type in ["epsilon", "v_prediction"]:
-        scheduler = DDIMScheduler(prediction_type=prediction_type, clip_sample=False, **SD_BETAS)
+@pytest.mark.parametrize(
+    "cls", [DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler], ids=lambda c: c.__name__
+)
+def test_wrong_prediction_type_runs_silently(cls):
+    """In DDPM, DDIM and Euler, a checkpoint read as the wrong target raises no error: at every timestep of the grid, `step` returns finite `latents` that differ from the correct ones, for every pairing of `epsilon`, `sample` and `v_prediction`.
+
+    One model output and one state are stepped under each ``prediction_type``; the three
+    readings are compared pairwise at each of the 10 steps (Euler after ``scale_model_input``,
+    the call order a pipeline uses; DDPM with one seeded generator per step).
+    """
+    x_t, out = randn(0), randn(1)
+    kwargs = {} if cls is EulerDiscreteScheduler else {"clip_sample": False}
+    prev = {}
+    for prediction_type in ["epsilon", "sample", "v_prediction"]:
+        scheduler = cls(prediction_type=prediction_type, **kwargs, **SD_BETAS)
         scheduler.set_timesteps(10)
-        schedulers[prediction_type] = scheduler
-    for t in schedulers["epsilon"].timesteps.tolist():
-        prev = {}
-        for prediction_type, scheduler in schedulers.items():
-            x_t, outputs = targets(scheduler, x0, eps, t)
-            prev[prediction_type] = scheduler.step(outputs["epsilon"], t, x_t).prev_sample
-        assert torch.isfinite(prev["v_prediction"]).all(), t
-        assert (prev["v_prediction"] - prev["epsilon"]).abs().max() > 1e-4, t
+        prev[prediction_type] = []
+        for t in scheduler.timesteps:
+            scheduler.scale_model_input(x_t, t)
+            generator = torch.Generator().manual_seed(3)
+            result = scheduler.step(out, t, x_t, generator=generator).prev_sample
+            assert torch.isfinite(result).all(), (prediction_type, t)
+            prev[prediction_type].append(result)
+    for a, b in [("epsilon", "sample"), ("epsilon", "v_prediction"), ("sample", "v_prediction")]:
+        for step, (x, y) in enumerate(zip(prev[a], prev[b], strict=True)):
+            assert (x - y).abs().max() > 1e-4, (a, b, step)
 
 
 def test_thresholding_replaces_clipping():
