@@ -289,9 +289,13 @@ def shows(number: str, text: str) -> bool:
     return re.search(rf"(?<![\d.]){digits}(?!\d|\.\d|e[-+]?\d)", text) is not None
 
 
+#: Pygments' spans of comments and docstrings in highlighted code
+CODE_PROSE = re.compile(r'<span class="(?:c|c1|cm|ch|cs|sd)">.*?</span>', re.DOTALL)
+
+
 def shown_output(built_page: Path) -> str:
-    """The text of a built page's code and console blocks (included code, real runs), of
-    its model-sizes tables (rendered from labkit/model_sizes.json, checked by verify) and
+    """The text of a built page's code and console blocks (included code less its comments
+    and docstrings, real runs), of its model-sizes tables (rendered from labkit/model_sizes.json, checked by verify) and
     of its figures' captions and alt texts (written by the starter at build time)."""
     return " ".join(shown_blocks(built_page))
 
@@ -304,6 +308,8 @@ def shown_blocks(built_page: Path) -> list[str]:
     blocks = re.findall(
         r'<div class="language-(?:console|python|text) highlight"[^>]*>(.*?)</div>', page, re.DOTALL
     )
+    # code's comments and docstrings are prose nothing runs: a number there shows nothing
+    blocks = [CODE_PROSE.sub(" ", block) for block in blocks]
     blocks += re.findall(r'<div class="model-sizes"[^>]*>(.*?)</div>', page, re.DOTALL)
     # a figure's caption and alt text are written by the starter when the build runs it
     for figure in re.findall(r'<figure class="lab-figure"[^>]*>(.*?)</figure>', page, re.DOTALL):
