@@ -203,8 +203,8 @@ for f in (1, 17, 33, 49, 81):
 # frames), keeping the last `CACHE_T = 2` frames of every causal convolution's input. At
 # full resolution the decoder has `base_dim=96` channels and 7 causal convolutions (3
 # residual blocks of 2, and `conv_out`). Here: one 96-channel full-resolution feature map
-# for the whole clip, against one call's 4 frames of the map before `conv_out` plus those 7
-# two-frame caches, all 96-channel maps;
+# for the whole clip, against a later call's 4 frames of the map before `conv_out` plus those
+# 7 two-frame caches, all 96-channel maps (the first call holds 1 frame and 1-frame caches);
 # bf16 (diffusers' Wan example loads the VAE in float32: twice these). A lower bound: the
 # lower-resolution stages' caches and a call's transient activations come on top. The
 # measured peak (a verify test runs the real decoder on the meta device and records the
@@ -230,7 +230,7 @@ per_call = (
     4 + FULL_RES_CAUSAL_CONVS * CACHE_T
 )  # frames of 96-channel maps held: 4 before conv_out + caches
 print(f"\n96-channel 720p decoder feature maps (bf16): one map of the whole 81-frame clip {feature_map_gb(81):.1f} GB; "
-      f"frame by frame, one decoder call's 4 frames before conv_out + {FULL_RES_CAUSAL_CONVS} caches x {CACHE_T} frames = {feature_map_gb(per_call):.2f} GB (a lower bound), whatever the clip's length")  # fmt: skip
+      f"frame by frame, a later decoder call's 4 frames before conv_out + {FULL_RES_CAUSAL_CONVS} caches x {CACHE_T} frames = {feature_map_gb(per_call):.2f} GB (a lower bound), whatever the clip's length")  # fmt: skip
 DECODE = model_sizes.load()["wan_vae_decode_720p"]  # measured by tests/verify (meta device)
 peak = {k: v / 1e9 for k, v in DECODE["peak_bytes"].items()}
 print(f"measured: AutoencoderKLWan() decoding {DECODE['frames']} frames of 720p peaks at {peak['bf16']:.1f} GB of live tensors in bf16 "

@@ -122,7 +122,8 @@ def test_decode_memory_prints_the_measured_peak_beside_the_bound(run_cli):
         and "+0.41 GB over 9 frames" in run.stdout
     )
     assert (
-        "one decoder call's 4 frames before conv_out + 7 caches x 2 frames = 3.19 GB" in run.stdout
+        "a later decoder call's 4 frames before conv_out + 7 caches x 2 frames = 3.19 GB"
+        in run.stdout
     )
     assert 2.8 < peak["bf16"] / 3.19 < 3.2 and peak["bf16_tiled"] < 1
     assert "weights, bf16: Wan 2.1 14B's transformer 28.6 GB" in run.stdout

@@ -224,7 +224,7 @@ def test_enable_tiling_is_spatial(record_calls):
 
 
 def test_real_decoder_caches_7_full_resolution_maps():
-    """The default (Wan 2.1) `AutoencoderKLWan` decoder, built on the meta device and run through `_decode`'s per-latent-frame loop on two latent frames of 720p, caches 7 tensors of 96 channels x 2 frames at full resolution (720 x 1280), and its own example loads the VAE in float32."""
+    """The default (Wan 2.1) `AutoencoderKLWan` decoder, built on the meta device and run through `_decode`'s per-latent-frame loop on two latent frames of 720p, caches 7 tensors of 96 channels at full resolution (720 x 1280), 1 frame each after the first call (which returns 1 frame) and 2 after the second (which returns 4), and its own example loads the VAE in float32."""
     from diffusers import AutoencoderKLWan
     from diffusers.pipelines.wan import pipeline_wan
 
@@ -232,17 +232,17 @@ def test_real_decoder_caches_7_full_resolution_maps():
     with torch.device("meta"):
         vae = AutoencoderKLWan().to(torch.bfloat16)
         z = torch.randn(1, 16, 2, 90, 160, dtype=torch.bfloat16)
-    with torch.no_grad():
-        vae._decode(z)  # clears its cache at the end: keep the last state
-    seen = []
-    hook = vae.decoder.register_forward_hook(lambda m, a, out: seen.append([tuple(c.shape) for c in vae._feat_map if isinstance(c, torch.Tensor)]))  # fmt: skip
+    seen, frames_out = [], []  # per decoder call (_decode clears its cache at the end)
+    hook = vae.decoder.register_forward_hook(lambda m, a, out: seen.append([tuple(c.shape) for c in vae._feat_map if isinstance(c, torch.Tensor)]) or frames_out.append(out.shape[2]))  # fmt: skip
     try:
         with torch.no_grad():
             vae._decode(z)
     finally:
         hook.remove()
-    full = [s for s in seen[-1] if s[-2:] == (720, 1280)]
-    assert full == [(1, 96, 2, 720, 1280)] * 7
+    assert frames_out == [1, 4]
+    for call, cached in zip(seen, (1, 2), strict=True):
+        full = [s for s in call if s[-2:] == (720, 1280)]
+        assert full == [(1, 96, cached, 720, 1280)] * 7
 
 
 def test_starter_flops_estimate_is_within_5_percent_of_torch(starter):

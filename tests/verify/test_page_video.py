@@ -149,7 +149,10 @@ def test_height_and_width_must_be_multiples_of_16_then_are_floored_to_the_patch(
         latents = ti2v(**embeds(), num_frames=5, height=80, width=80, num_inference_steps=1, output_type="latent").frames  # fmt: skip
     assert tuple(latents.shape[3:]) == (64 // 16, 64 // 16)
     assert any("Adjusting (80, 80) -> (64, 64)" in m for m in messages)
-    assert 720 // 32 * 32 == 704
+    with logged_messages() as messages, torch.no_grad():
+        latents = ti2v(**embeds(), num_frames=5, height=720, width=64, num_inference_steps=1, output_type="latent").frames  # fmt: skip
+    assert latents.shape[3] == 704 // 16
+    assert any("Adjusting (720, 64) -> (704, 64)" in m for m in messages)
 
 
 def test_text_enters_by_cross_attention(pipe):
@@ -283,7 +286,7 @@ def test_wan_example_sets_flow_shift_by_resolution(calls_of):
 
 
 def test_pab_cache_is_shared_by_cond_and_uncond_calls_and_counts_calls():
-    """PAB's cache counts calls, not steps, and `WanPipeline`'s cond and uncond calls share it: with skip 2, each uncond call reuses its step's cond attention and no step reuses another's; with skip 3, cond calls reuse uncond's. Run: `PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2 or 3)` (timestep range covering every step), 6 steps of the tiny `WanPipeline`, block 1's `attn1` output of each call (cond then uncond, batch 1) compared with every earlier call's; without the cache no two are equal."""
+    """PAB's cache counts calls, not steps, and `WanPipeline`'s cond and uncond calls share it: inside PAB's timestep range, with skip 2 each uncond call reuses its step's cond attention and no step reuses another's, and with skip 3 cond calls reuse uncond's. Run: `PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2 or 3)` with a timestep range covering every step, then skip 2 with the default range, where steps outside it compute both calls; 6 steps of the tiny `WanPipeline`, block 1's `attn1` output of each call (cond then uncond, batch 1) compared with every earlier call's; without the cache no two are equal."""
     from diffusers import PyramidAttentionBroadcastConfig
 
     pipe = tiny_wan_pipeline()
@@ -315,6 +318,15 @@ def test_pab_cache_is_shared_by_cond_and_uncond_calls_and_counts_calls():
             pipe.transformer.enable_cache(config)
             by_skip[skip] = run()
             pipe.transformer.disable_cache()
+        # skip 2 with the default timestep range: reuse inside it only
+        config = PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2, current_timestep_callback=lambda: pipe.current_timestep)  # fmt: skip
+        pipe.transformer.enable_cache(config)
+        default_range = run()
+        pipe.transformer.disable_cache()
+        low, high = config.spatial_attention_timestep_skip_range
+        inside = [bool(low < t < high) for t in pipe.scheduler.timesteps]
+        assert any(inside) and not all(inside)
+        assert default_range == [x for s in range(6) for x in (f"C{s}", f"U{s}=C{s}" if inside[s] else f"U{s}")]  # fmt: skip
         # skip 2: every uncond call is its step's cond attention; no step reuses an earlier step's
         assert by_skip[2] == [x for s in range(6) for x in (f"C{s}", f"U{s}=C{s}")]
         # skip 3: calls 0, 3, 6, 9 compute; cond calls C1, C2, C4, C5 reuse a computed call, C2 and C5 an uncond's
