@@ -273,13 +273,14 @@ def where_is(fn, line):
 
 def skipped_at(fn, calls):
     """(line, iteration) of the ``continue`` that cut an iteration of ``fn``'s loop short:
-    the first iteration (of the first ``for`` outside the blanks) that ends on a ``continue``
-    line and holds no line that called ``step``. None if none does, or the loop made a
-    ``step`` call per iteration it ran."""
+    the first iteration (of the loop outside the blanks that runs the unet's line, a ``for``
+    in blank 1 aside) that ends on a ``continue`` line and holds no line that called
+    ``step``. None if none does, or the loop made a ``step`` call per iteration it ran."""
     stepping = {call.line for call in calls if call.method == "scheduler.step"}
-    heads = loop_heads(fn)
+    inside = [call.line for call in calls if call.method in ("unet", *BEFORE)]
+    heads = next(filter(None, (loop_heads(fn, line) for line in inside)), loop_heads(fn)[:1])
     executed = traced(fn)
-    marks = [k for k, line in enumerate(executed) if heads and line == heads[0]]
+    marks = [k for k, line in enumerate(executed) if heads and line == heads[-1]]
     if len(stepping) and sum(call.method == "scheduler.step" for call in calls) >= len(marks) - 1:
         return None  # a step for every iteration that went back to the for line
     for iteration in range(1, len(marks)):  # the lines of one iteration: marks[i - 1] to marks[i]
@@ -385,6 +386,8 @@ def raised(error, fn, calls=()):
         where = f"line {line} (in blank {number})"
     elif in_part and isinstance(error, KeyboardInterrupt):  # Ctrl-C while a part ran
         where = f"line {line}, while {last.method} ran"
+    elif isinstance(error, KeyboardInterrupt):  # Ctrl-C on a given line: no blank's mistake
+        where = f"line {line}, outside the blanks"
     elif in_part:  # a given line: the part it calls failed on what the blanks handed it
         where = f"line {line}, inside {last.method}, which failed on the arguments your blanks gave it"  # fmt: skip
     else:
@@ -427,10 +430,10 @@ if not (args.check or args.demo_wrong):
     done = sum(call.method == "scheduler.step" for call in calls)
     if broken is None and error is None and skipped_at(yours, calls):  # a continue
         broken = f"{cut(yours, *skipped_at(yours, calls))}: {plural(done, 'step')} of {n} ran"
-    elif broken is None and error is None and ran < n and EXECUTED[yours]:  # a break or return
+    elif broken is None and error is None and min(ran, done) < n and EXECUTED[yours]:  # a break or return, or steps skipped  # fmt: skip
         decoded = next((call for call in calls if call.method == "vae.decode"), None)
-        left = loop_left_at(yours, decoded)
-        at = f", at {where_is(yours, left)}" if left else f" {UNTRACED}"
+        left = loop_left_at(yours, decoded) if ran < n else None  # the line that left the loop
+        at = f", at {where_is(yours, left)}" if left else "" if traced(yours) else f" {UNTRACED}"
         broken = f"your loop {'stopped after' if left else 'made'} {plural(done, 'step')} of {n}{at}"  # fmt: skip
     broken = broken or (return_break(image) if error is None else None)
     if broken is None and error is None and not np.isfinite(image).all():  # inf or NaN
@@ -550,7 +553,7 @@ def first_difference(yours, reference, complete=True, fn=None):
             if mine.method == "vae.decode" and not going_on:  # the loop left early, then decoded
                 line = loop_left_at(fn, mine) if fn else None
                 at = f", at {where_is(fn, line)}" if line else ""
-                number = blank_at(fn, line) if line else 4
+                number = blank_at(fn, line) if line else None  # untraced: no line, no blank
                 return number, step, f"your loop {'stopped after' if line else 'made'} {plural(step - 1, 'step')} of {n}{at}: {said}"  # fmt: skip
             extra = ", an extra call (your loop goes on after it)" if going_on and mine.method == "vae.decode" else ""  # fmt: skip
             return made_in or CALL_OF.get(mine.method), step, said + extra  # who made it
@@ -572,9 +575,9 @@ def first_difference(yours, reference, complete=True, fn=None):
             if arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref) and here:  # fmt: skip
                 number = blank_at(fn, here[0])  # your t is a later step's: a continue
                 lines.insert(1, f"  (that is your loop's t: {cut(fn, *here)})")
-            elif arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref) and traced(fn):  # fmt: skip
+            elif arg == "timestep" and t_mine is not None and same(a, t_mine) and not same(t_mine, t_ref):  # fmt: skip
                 number = None  # you passed your t, and your loop's t differs: the for line
-                lines.insert(1, "  (that is your loop's t, which differs: the for line, outside the blanks)")  # fmt: skip
+                lines.insert(1, "  (that is your loop's t, which differs" + (": the for line, outside the blanks)" if traced(fn) else ")"))  # fmt: skip
             elif variable and same(mine.caller_arrays.get(variable, np.nan), b):
                 number = passer  # the right array was there; this blank passed another one
                 passed = [k for k, v in mine.caller_arrays.items() if k != variable and same(v, a)]
@@ -654,7 +657,8 @@ def check(fn, label):
         return same(image, ref_image)
     number, step, message = found
     where = "after the loop" if step > n else f"step {step} of {n}"
-    print(f"{f'blank {number}' if number else 'a line outside the blanks'} differs from the solution ({where}):")  # fmt: skip
+    who = f"blank {number}" if number else "a line outside the blanks" if traced(fn) else "your pipeline()"  # fmt: skip
+    print(f"{who} differs from the solution ({where}):")
     print(message)
     if not getattr(EXECUTED[fn], "whole", True):
         print(UNTRACED)

@@ -231,18 +231,25 @@ def blank_at(fn: FunctionType, line: int | None) -> int | None:
     return number
 
 
-def loop_heads(fn: FunctionType) -> list[int]:
-    """The lines of ``fn``'s ``for`` statements outside the blanks, in order ([] when its
-    source cannot be read)."""
+def loop_heads(fn: FunctionType, around: int | None = None) -> list[int]:
+    """The first lines of ``fn``'s ``for`` and ``while`` statements outside the blanks, in
+    order ([] when its source cannot be read); with ``around``, only the loops whose lines
+    hold line ``around``, outermost first (the last one is the loop that runs that line)."""
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError):
         return []
-    return [
-        first + k
-        for k, text in enumerate(lines)
-        if text.strip().startswith("for ") and not blank_at(fn, first + k)
+    loops = [
+        node
+        for node in ast.walk(ast.parse("".join(lines)))
+        if isinstance(node, ast.For | ast.AsyncFor | ast.While)
     ]
+    return sorted(
+        first + node.lineno - 1
+        for node in loops
+        if not blank_at(fn, first + node.lineno - 1)
+        and (around is None or node.lineno <= around - first + 1 <= node.end_lineno)
+    )
 
 
 def is_generator(value: Any) -> bool:

@@ -300,6 +300,8 @@ def test_the_plain_run_names_the_line_of_a_loop_that_never_ran(run_here):
 SCALE = "        latent_model_input = scheduler.scale_model_input"
 #: blank 1's first line written as a for statement of its own: a right answer
 FOR_1 = "    rows = []\n    for embeds in (negative_prompt_embeds, prompt_embeds):\n        rows.append(embeds)\n    prompt_embeds = np.concatenate(rows)\n"  # fmt: skip
+#: the same with an empty line inside, so that its for line is outside the blanks
+FOR_1_GAP = FOR_1.replace("rows = []\n", "rows = []\n\n")
 #: a continue that cuts iterations short, the loop running to its end: (id, old, new, the
 #: blank it sits in, the first iteration it cuts, that step's verdict)
 SKIPPED = [
@@ -308,7 +310,12 @@ SKIPPED = [
     ("late steps, blank 3", GUIDE, GUIDE + "        if t < 500:\n            continue\n", 3, 11),
     ("early steps, a for in blank 1", (DOUBLE, SCALE), (FOR_1, "        if t > 500:\n            continue\n" + SCALE), 2, 1),
     ("late steps, a for in blank 1", (DOUBLE, SCALE), (FOR_1, "        if t < 500:\n            continue\n" + SCALE), 2, 11),
+    ("early steps, a for after an empty line in blank 1", (DOUBLE, SCALE), (FOR_1_GAP, "        if t > 500:\n            continue\n" + SCALE), 2, 1),
+    ("late steps, a for after an empty line in blank 1", (DOUBLE, SCALE), (FOR_1_GAP, "        if t < 500:\n            continue\n" + SCALE), 2, 11),
 ]  # fmt: skip
+#: the loop's for line written as a while loop: a right answer, and one with a continue
+WHILE = "    i = 0\n    while i < len(scheduler.timesteps):\n        t = scheduler.timesteps[i]\n        i += 1\n"
+WHILE_CONTINUE = WHILE + "        if i % 2 == 0:\n            continue\n"
 
 
 @pytest.mark.parametrize("old, new, number, iteration", [v[1:] for v in SKIPPED], ids=[v[0] for v in SKIPPED])  # fmt: skip
@@ -334,6 +341,19 @@ def test_the_plain_run_names_a_continue_too(run_here, old, new, number, iteratio
     assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
     line = line_of(source, "continue")
     assert run.stdout.splitlines()[0] == f"your loop cut iteration {iteration} of 20 short before its step, at line {line} (in blank {number}): 10 steps of 20 ran"  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
+def test_a_continue_in_a_while_loop_is_named_by_its_line(run_here, argv):
+    """The for line rewritten as a while loop whose continue skips every other step: both modes
+    name the continue's line, outside the blanks (the plain run once said the loop stopped at
+    the while line, --check blamed "the for line")."""
+    source = filled("    for t in scheduler.timesteps:\n", WHILE_CONTINUE)
+    run = run_here(source, *argv)
+    assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
+    line = line_of(source, "continue")
+    assert f"your loop cut iteration 2 of 20 short before its step, at line {line} (outside the blanks)" in run.stdout, run.stdout  # fmt: skip
+    assert "for line" not in run.stdout and "stopped" not in run.stdout, run.stdout
 
 
 def test_a_decode_the_loop_goes_on_after_is_an_extra_call_not_a_stopped_loop(checker, tmp_path, capsys):  # fmt: skip
@@ -367,6 +387,8 @@ RIGHT = [
     ("a helper that calls step", STEP, "        def advance(x):\n            return scheduler.step(noise_pred, t, x).prev_sample\n\n        latents = advance(latents)\n"),
     ("a continue after the step", STEP, STEP + "        continue\n"),
     ("a for in blank 1", DOUBLE, FOR_1),
+    ("a for after an empty line in blank 1", DOUBLE, FOR_1_GAP),
+    ("a while loop for the for line", "    for t in scheduler.timesteps:\n", WHILE),
     ("a breakpoint() that continues", GUIDE, BREAKPOINT + GUIDE),
     ("a continue in a loop of blank 3's own", GUIDE, "        for half in range(2):\n            if half:\n                continue\n" + GUIDE),
 ]  # fmt: skip
@@ -429,24 +451,62 @@ def test_ctrl_c_while_a_part_runs_names_the_part_running_not_failing(checker):
     assert g["raised"](error, fn, calls) == said
 
 
-#: a debugger's breakpoint() in blank 3 (pdb, told to continue) and a continue in blank 2
-PDB_STOP = (GUIDE, SCALE), (
-    BREAKPOINT + GUIDE,
-    "        if t > 500:\n            continue\n" + SCALE,
-)  # fmt: skip
+#: a debugger's breakpoint() in blank 3 (pdb, told to continue) and a loop that skips or stops:
+#: (id, old, new, --check's verdict line)
+PDB_STOP = [
+    ("a continue in blank 2", (GUIDE, SCALE), (BREAKPOINT + GUIDE, "        if t > 500:\n            continue\n" + SCALE), "your pipeline() differs from the solution (step 1 of 20):"),
+    ("a continue in blank 4, after the unet", (GUIDE, STEP), (BREAKPOINT + GUIDE, "        if t > 500:\n            continue\n" + STEP), "blank 4 differs from the solution (step 1 of 20):"),
+    ("a break in blank 2", (GUIDE, SCALE), (BREAKPOINT + GUIDE, "        if t < 500:\n            break\n" + SCALE), "your pipeline() differs from the solution (step 11 of 20):"),
+]  # fmt: skip
 
 
-def test_a_breakpoint_that_took_over_the_trace_names_no_line(checker, tmp_path, capsys, run_here):
+@pytest.mark.parametrize("old, new, verdict", [v[1:] for v in PDB_STOP], ids=[v[0] for v in PDB_STOP])  # fmt: skip
+def test_a_breakpoint_that_took_over_the_trace_names_no_line(checker, tmp_path, capsys, run_here, old, new, verdict):  # fmt: skip
     """pdb's breakpoint() replaces the trace that records your lines: the plain run and
     --check then name no line of the loop and say why (they once named the return line, in
-    blank 5, and the for line, for a continue in blank 2)."""
-    passed, out, err, _ = check_fill(checker, tmp_path, capsys, *PDB_STOP)
+    blank 5, and the for line, for a continue in blank 2); the plain run still refuses a loop
+    that made 10 steps of 20 (it once passed a continue after the unet, exit 0), and --check
+    names no blank for a break it cannot place (it once named blank 4)."""
+    passed, out, err, _ = check_fill(checker, tmp_path, capsys, old, new)
     assert not passed and err == "", out + err
     untraced = "(a breakpoint() in your pipeline() replaced the trace that records its lines: no line of the loop is named; run without it to see which)"  # fmt: skip
     assert untraced in out.splitlines() and "for line" not in out, out
-    run = run_here(filled(*PDB_STOP))
+    assert out.splitlines()[1] == verdict, out
+    run = run_here(filled(old, new))
     assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
     assert run.stdout.splitlines()[0] == f"your loop made 10 steps of 20 {untraced}", run.stdout
+
+
+def test_ctrl_c_on_a_given_line_is_not_explained_by_the_empty_line_rule(checker):
+    """Ctrl-C landing on a line the file gives (here the for line, on its 5th pass): that line,
+    outside the blanks, without the note on empty lines ending a blank, which explains an
+    error, not an interrupt."""
+    g = checker()
+    fn = g["load_solution"]()
+    line = g["loop_heads"](fn)[0]
+    passes = []
+
+    def interrupting(frame, event, arg):  # a SIGINT that lands on the for line
+        if frame.f_code is not fn.__code__:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and frame.f_lineno == line:
+                passes.append(line)
+                if len(passes) == 5:
+                    raise KeyboardInterrupt
+            return local
+
+        return local
+
+    sys.settrace(interrupting)
+    try:
+        calls, image, error = g["run_on_spies"](fn)
+    finally:
+        sys.settrace(None)
+    assert isinstance(error, KeyboardInterrupt) and image is None
+    said = f"your pipeline raised KeyboardInterrupt at line {line}, outside the blanks: interrupted there (Ctrl-C): a loop of yours that does not end?"  # fmt: skip
+    assert g["raised"](error, fn, calls) == said
 
 
 def test_the_plain_run_refuses_images_that_are_not_finite(run_here):
