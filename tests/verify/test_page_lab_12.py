@@ -14,7 +14,7 @@ What "the same structure" means, exactly (see ``test_real_trace_has_the_toys_str
   with the real pipeline's own sizes: ``h, w`` = its latent size and ``H = f * h`` with
   ``f = pipe.vae_scale_factor`` (2 here, 8 in SD; the toy's patch VAE has 8). That holds
   the rank, the batch doubling, the 4 latent channels and the image/latent factor;
-- the two condition rows are the one exception: the toy's condition is a class label per
+- the condition rows are the exception: the toy's condition is a class label per
   row ``(B,)``, diffusers' is ``prompt_embeds`` ``(B, 77, D)``, so only the batch axis is
   compared there;
 - the dtype kind (float, signed int, unsigned int) agrees on every other row; the
@@ -29,7 +29,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from tiny import EMBED_DIM, embeds, run_starter, start_latents, tiny_sd_pipeline
+from tiny import EMBED_DIM, embeds, run_starter, sd_with, start_latents, tiny_sd_pipeline
 
 STARTER = "code/lab-12-end-to-end-inference-trace/pipeline_trace.py"
 #: the tiny pipeline's trace: a batch of 2, 3 DDIM steps, 16 x 16 pixels, 8 x 8 latents
@@ -265,18 +265,68 @@ def test_np_output_is_the_decoded_image_in_unit_range_channels_last():
 
 
 def test_call_not_encode_prompt_concatenates_the_condition():
-    """`__call__` concatenates the two `encode_prompt` outputs before the loop (inference_trace.md): `encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` with `B` rows each, and every UNet call gets `cat([negative_prompt_embeds, prompt_embeds])`, `2B` rows, unconditional first.
+    """`__call__` concatenates the two `encode_prompt` outputs before the loop (inference_trace.md): `encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` with `B` rows each, and every UNet call gets the same tensor, `cat([negative_prompt_embeds, prompt_embeds])`, `2B` rows, unconditional first.
 
     Recorded on the tiny pipeline's own guided ``__call__`` by ``real_trace``'s wrapper on
-    ``encode_prompt`` and its pre-hook on the UNet.
+    ``encode_prompt`` and its pre-hook on the UNet; one more pre-hook keeps each call's
+    ``encoder_hidden_states`` object: one object for all steps, so it is built once.
     """
-    rows, _ = real_trace(tiny_sd_pipeline())
+    pipe = tiny_sd_pipeline()
+    seen = []
+    handle = pipe.unet.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["encoder_hidden_states"]), with_kwargs=True
+    )
+    try:
+        rows, _ = real_trace(pipe)
+    finally:
+        handle.remove()
+    assert len(seen) == N and all(x is seen[0] for x in seen)
     prompt = value(rows, "prompt -> condition")
     negative = value(rows, "negative prompt -> condition")
     assert prompt.shape == negative.shape == (B, 77, EMBED_DIM)
     for step in range(1, N + 1):
         into_unet = value(rows, "condition into the unet", step=step)
         torch.testing.assert_close(into_unet, torch.cat([negative, prompt]), rtol=0, atol=0)
+
+
+def test_text_encoder_runs_before_the_loop_twice_when_guiding(tmp_path):
+    """The text encoder runs only before the loop, twice with guidance: prompt, then negative prompt; once without guidance.
+
+    The tiny pipeline's own ``__call__`` with a tiny CLIP text encoder and tokenizer, prompts
+    ``["a", "b"]`` (no embeddings passed), 3 steps: pre-hooks on the text encoder and the UNet
+    log the order of the calls and the text encoder's ``input_ids``.
+    """
+    from tiny import tiny_text_encoder, tiny_tokenizer
+
+    pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
+    log = []
+    handles = [
+        pipe.text_encoder.register_forward_pre_hook(
+            lambda module, args, kwargs: log.append(("text", args[0])), with_kwargs=True
+        ),
+        pipe.unet.register_forward_pre_hook(
+            lambda module, args, kwargs: log.append(("unet", None)), with_kwargs=True
+        ),
+    ]
+
+    def ids(prompts):
+        return pipe.tokenizer(
+            prompts, padding="max_length", max_length=77, truncation=True, return_tensors="pt"
+        ).input_ids
+
+    try:
+        for guidance_scale, texts in [(GUIDANCE, [["a", "b"], ["", ""]]), (1.0, [["a", "b"]])]:
+            log.clear()
+            with torch.no_grad():
+                pipe(prompt=["a", "b"], num_inference_steps=N, guidance_scale=guidance_scale,
+                     height=SIZE, width=SIZE, output_type="latent")  # fmt: skip
+            kinds = [kind for kind, _ in log]
+            assert kinds == ["text"] * len(texts) + ["unet"] * N, kinds
+            for (_, input_ids), prompts in zip(log, texts, strict=False):
+                torch.testing.assert_close(input_ids, ids(prompts))
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def test_numpy_to_pil_rounds_to_uint8():
@@ -426,37 +476,63 @@ def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch)
 
 
 def test_latency_is_len_timesteps_unet_calls(record_calls):
-    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` and the UNet runs `n + 1` times (inference_trace.md)."""
+    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ and the UNet runs `n + 1` times (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call.
+
+    The tiny pipeline's own guided ``__call__`` at 1, 2 and ``N`` steps, UNet calls counted by a
+    hook.
+    """
     from diffusers import PNDMScheduler
     from tiny import SD15_PNDM
 
-    for scheduler, expected in [(None, N), (PNDMScheduler(**SD15_PNDM), N + 1)]:
-        pipe = tiny_sd_pipeline(scheduler=scheduler)
-        calls = record_calls(pipe.unet).calls
-        real_trace(pipe)  # guided, B = 2, N steps
-        assert len(calls) == len(pipe.scheduler.timesteps) == expected
-        assert all(args[0].shape[0] == 2 * B for args, _ in calls)
+    for steps in [1, 2, N]:
+        pndm = 1 if steps == 1 else steps + 1
+        for scheduler, expected in [(None, steps), (PNDMScheduler(**SD15_PNDM), pndm)]:
+            pipe = tiny_sd_pipeline(scheduler=scheduler)
+            calls = record_calls(pipe.unet).calls
+            real_trace(pipe, steps=steps)  # guided, B = 2
+            assert len(calls) == len(pipe.scheduler.timesteps) == expected, (steps, scheduler)
+            assert all(args[0].shape[0] == 2 * B for args, _ in calls)
 
 
 def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls):
-    """With a scheduler whose `order` is 2 (Heun) or SD 1.5's PNDM there are more calls than steps, while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
+    """With a scheduler whose `order` is 2 (Heun) or SD 1.5's PNDM there are more calls than steps from 2 steps on, while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
 
-    The tiny pipeline's own ``__call__``, guided, ``N`` steps, UNet calls counted by a hook:
-    ``HeunDiscreteScheduler`` ``2N - 1``, SD 1.5's ``PNDMScheduler`` ``N + 1``, and
+    The tiny pipeline's own ``__call__``, guided, ``B = 1``, at 1, 2 and ``N`` steps, UNet calls
+    counted by a hook. The order-2 set is every class in ``StableDiffusionPipeline``'s
+    ``scheduler.compatibles`` with ``order == 2`` (Heun, the two KDPM2 schedulers and
+    ``DPMSolverSDEScheduler`` here), read from the installed library: ``2n - 1`` calls, one at
+    1 step. SD 1.5's ``PNDMScheduler``: ``n + 1``, one at 1 step.
     ``DPMSolverMultistepScheduler`` with its default ``solver_order=2`` (a second-order solver,
-    ``order == 1``) ``N``.
+    ``order == 1``): ``n``.
     """
     from diffusers import DPMSolverMultistepScheduler, HeunDiscreteScheduler, PNDMScheduler
     from tiny import SD15_PNDM, SD_SCHEDULER
 
-    heun = HeunDiscreteScheduler.from_config(SD_SCHEDULER)
+    base = tiny_sd_pipeline()  # one UNet and VAE; each scheduler swapped in with sd_with
+    compatibles = sorted(base.scheduler.compatibles, key=lambda cls: cls.__name__)
+    order_2 = [cls for cls in compatibles if getattr(cls, "order", None) == 2]
+    assert HeunDiscreteScheduler in order_2 and len(order_2) >= 4, order_2
     dpm = DPMSolverMultistepScheduler.from_config(SD_SCHEDULER)
-    assert heun.order == 2 and dpm.order == 1 and dpm.config.solver_order == 2
-    for scheduler, expected in [(heun, 2 * N - 1), (PNDMScheduler(**SD15_PNDM), N + 1), (dpm, N)]:
-        pipe = tiny_sd_pipeline(scheduler=scheduler)
-        calls = record_calls(pipe.unet).calls
-        real_trace(pipe)  # guided, B = 2, N steps
-        assert len(calls) == expected, type(scheduler).__name__
+    assert dpm.order == 1 and dpm.config.solver_order == 2
+    pndm = PNDMScheduler(**SD15_PNDM)
+    calls = record_calls(base.unet).calls
+    # built once (KDPM2's __init__ computes 1000 timesteps); set_timesteps resets their state
+    schedulers = [cls.from_config(SD_SCHEDULER) for cls in order_2]
+    pipes = [sd_with(base, scheduler=scheduler) for scheduler in [*schedulers, pndm, dpm]]
+    for steps in [1, 2, N]:
+        expected = [2 * steps - 1] * len(schedulers) + [1 if steps == 1 else steps + 1, steps]
+        for pipe, expected_calls in zip(pipes, expected, strict=True):
+            scheduler = pipe.scheduler
+            calls.clear()
+            with torch.no_grad():
+                pipe(
+                    prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2),
+                    num_inference_steps=steps, guidance_scale=GUIDANCE, height=SIZE, width=SIZE,
+                    latents=start_latents(1), output_type="latent",
+                )  # fmt: skip
+            assert len(calls) == expected_calls, (type(scheduler).__name__, steps)
+            more = not isinstance(scheduler, DPMSolverMultistepScheduler) and steps >= 2
+            assert (len(calls) > steps) == more, (type(scheduler).__name__, steps)
 
 
 def test_one_thread_cpu_time_counts_all_the_work():
