@@ -997,7 +997,7 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
 
 
 def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
-    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times with SD 1.5's `PNDMScheduler` (`order == 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
+    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
 
     The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` (LMS and
     DPMSolverSDE included: the verify extra installs scipy and torchsde), each with SD 1.5's
@@ -1035,6 +1035,10 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
         if scheduler.config.get("solver_order") == 2:
             solver_order_2[cls.__name__] = (scheduler.order, len(calls))
     assert {"DDIMScheduler", "EulerDiscreteScheduler", "PNDMScheduler"} <= seen
+    pndm = sd_with(sd_pipe, scheduler=PNDMScheduler(**SD15_PNDM))
+    calls.clear()
+    run(pndm, guidance_scale=1.0, steps=1)
+    assert len(calls) == len(pndm.scheduler.timesteps) == 1  # n + 1 holds from n = 2
     dpm = DPMSolverMultistepScheduler.from_config(SD_SCHEDULER)
     assert dpm.config.solver_order == 2 and dpm.config.algorithm_type == "dpmsolver++"
     assert "DPMSolverMultistepScheduler" in solver_order_2
