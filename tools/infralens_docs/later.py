@@ -96,8 +96,10 @@ class _Element:
 class _Blocks(HTMLParser):
     """Each block's insertion point (the end of its start tag) and the height above it."""
 
-    def __init__(self, html: str) -> None:
+    def __init__(self, html: str, pres: dict | None = None) -> None:
         super().__init__(convert_charrefs=True)
+        # <pre> start tag offset -> (its text, its runs), for the <pre>s fed as a comment
+        self.pres = pres or {}
         # getpos() counts lines at "\n" only (not at every character splitlines() splits at)
         self.starts = [0] + [i + 1 for i, c in enumerate(html) if c == "\n"]
         self.stack: list[_Element] = []
@@ -153,6 +155,14 @@ class _Blocks(HTMLParser):
             parent.children += 1
         if tag not in VOID:
             self.stack.append(_Element(tag, classes, shown, named, foreign))
+        if tag == "pre" and self._offset() in self.pres:
+            # its body was fed as a comment (_quiet_code): its text and its runs, as the
+            # "code-lines" branch above would have seen them
+            text, runs = self.pres[self._offset()]
+            self.stack[-1].text.append(text)
+            if shown and not any(e.tag in ("td", "th") for e in self.stack):
+                for end, above, marked in runs:
+                    self.blocks.append((end, [p + CODE_PX * above for p in self.px], marked))
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.handle_starttag(tag, attrs)
@@ -285,14 +295,54 @@ def split_code(html: str) -> str:
     return PRE_RE.sub(split, html)
 
 
+#: the tags a highlighted <pre> holds: its <code>, token spans and runs of its lines
+CODE_TAG_RE = re.compile(r"</?(?:span|code)\b[^>\n]*>")
+
+
+def _quiet_code(html: str) -> tuple[str, dict[int, tuple[str, list[tuple[int, int, bool]]]]]:
+    """``html`` with the body of each ``<pre>`` that holds only ``<code>`` and ``<span>``
+    markup replaced by a comment of the same length, and for each such ``<pre>`` (by its
+    start tag's offset) what :class:`_Blocks` reads of it: its text, and each run of its
+    lines (``code-lines``) as (the end of its start tag, the lines above it, marked
+    already). A highlighted block is mostly token spans (a notebook page's are most of its
+    tags), each a parser callback that counts nothing; offsets and newlines stay where
+    they were."""
+    import html as entities
+
+    pres = {}
+
+    def quiet(m: re.Match) -> str:
+        if m.group(1):
+            return m.group()
+        body = m.group(4)
+        if len(body) < 7 or "<" in CODE_TAG_RE.sub("", body):
+            return m.group()
+        text, runs, at = [], [], m.start(4)
+        last = 0
+        for tag in CODE_TAG_RE.finditer(body):
+            text.append(entities.unescape(body[last : tag.start()]))
+            last = tag.end()
+            if 'class="code-lines"' in tag.group():
+                above = "".join(text).removeprefix("\n").count("\n")
+                runs.append((at + tag.end() - 1, above, "data-later" in tag.group()))
+        text.append(entities.unescape(body[last:]))
+        pres[m.start(3)] = ("".join(text), runs)
+        newlines = body.count("\n")
+        filler = "x" * (len(body) - 7 - newlines) + "\n" * newlines
+        return m.group(3) + "<!--" + filler + "-->" + m.group(5)
+
+    return PRE_RE.sub(quiet, html), pres
+
+
 def mark_later(html: str) -> str:
     """``html`` (a page's content) with its long code blocks split (:func:`split_code`),
     then ``data-later`` on each block with at least ``LATER_PX`` of height above it in any
     window, ``data-later="narrow"`` on each with as much only in a narrow one (see the
     module's docstring)."""
     html = split_code(html)
-    parser = _Blocks(html)
-    parser.feed(html)
+    quiet, pres = _quiet_code(html)
+    parser = _Blocks(quiet, pres)  # the same offsets and lines: the marks go into ``html``
+    parser.feed(quiet)
     parser.close()
     out, last = [], 0
     for offset, (wide, narrow), marked in parser.blocks:
