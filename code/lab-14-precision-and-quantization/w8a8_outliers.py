@@ -62,8 +62,8 @@ if not 1.0 <= args.outlier_scale <= 1000.0:
     parser.error(f"--outlier-scale must be in [1, 1000], got {args.outlier_scale:g}")
 if not 0.0 <= args.alpha <= 1.0:
     parser.error(f"--alpha must be in [0, 1], got {args.alpha:g}")
-if args.in_features % args.group_size or args.outliers > args.in_features:
-    parser.error(f"--group-size {args.group_size} must divide --in-features {args.in_features}, and --outliers must not exceed it")  # fmt: skip
+if args.in_features % args.group_size or args.outliers >= args.in_features:
+    parser.error(f"--group-size {args.group_size} must divide --in-features {args.in_features}, and --outliers must be fewer")  # fmt: skip
 if args.rank > min(args.in_features, args.out_features):
     parser.error(f"--rank {args.rank} must not exceed min(--in-features, --out-features)")
 if args.tokens > 4096 or args.in_features > 4096 or args.out_features > 4096:
@@ -105,8 +105,8 @@ def rel_err(approx, exact):
 # scale per row of `x` and one per row of `w` *after* the integer product:
 # `y[t, o] = s_x[t] * s_w[o] * sum_k q_x[t, k] * q_w[o, k]`. A scale per input channel
 # `k` cannot come out of that sum, so per-token is the finest activation scale a plain
-# int8 GEMM takes. Weight-only schemes never quantize `x`: they widen `w` back to 16 bits
-# before the matmul (memory saved, no int8 math). SmoothQuant divides each input channel
+# int8 GEMM takes. Weight-only schemes never quantize `x`: `w` is widened to 16 bits for
+# the multiply (memory saved, no int8 math). SmoothQuant divides each input channel
 # of `x` by `s[k] = max|x[:, k]|**alpha / max|w[:, k]|**(1 - alpha)` and multiplies the
 # same column of `w` by it: the product is unchanged, and the outliers are split between
 # the two operands. SVDQuant keeps the top `rank` singular directions of the smoothed

@@ -260,8 +260,45 @@ def test_a_gguf_file_of_the_numpy_blocks_loads_in_diffusers(starter, tmp_path):
         torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_from_single_file_replaces_only_the_quantized_linears(starter, tmp_path):
+    """GGUF checkpoints are loaded pre-quantized from a `.gguf` file with `from_single_file` and `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)`, which on a tiny Flux transformer's file puts `GGUFLinear` in place of every `nn.Linear` whose weight the file holds quantized and leaves those the file keeps in F32 or F16 plain: the tiny four-block Flux transformer written by the `gguf` package with the starter's Q8_0 blocks for each Linear weight whose rows divide into blocks of 32, `proj_out` in F16 and the rest in F32, loaded back with `FluxTransformer2DModel.from_single_file(path, config=dir, quantization_config=...)`; its bfloat16 output stays within 2% of the unquantized model's."""
+    from diffusers import FluxTransformer2DModel, GGUFQuantizationConfig
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+    from gguf import GGMLQuantizationType
+    from tiny import four_block_flux_transformer
+
+    model = four_block_flux_transformer()
+    model.save_pretrained(tmp_path)  # the config from_single_file reads
+    writer, kept = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "flux"), set()
+    for key, value in model.state_dict().items():
+        w = value.float().numpy()
+        if key == "proj_out.weight":
+            writer.add_tensor(key, w.astype(np.float16))  # stored F16
+        elif w.ndim == 2 and w.shape[1] % 32 == 0:
+            writer.add_tensor(key, starter["quantize"](w, "Q8_0"), raw_dtype=GGMLQuantizationType.Q8_0)  # fmt: skip
+            continue
+        else:
+            writer.add_tensor(key, w)  # stored F32
+        kept.add(key.removesuffix(".weight"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = GGUFQuantizationConfig(compute_dtype=torch.bfloat16)
+    loaded = FluxTransformer2DModel.from_single_file(str(tmp_path / "tiny.gguf"), config=str(tmp_path), quantization_config=config)  # fmt: skip
+    linears = {n: type(m) for n, m in loaded.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert {n for n, cls in linears.items() if cls is torch.nn.Linear} == kept & set(linears)
+    assert {"proj_out", "x_embedder"} <= kept  # one F16, one F32 whose rows do not divide by 32
+    assert {n for n, cls in linears.items() if cls is GGUFLinear} == set(linears) - kept
+    assert len(set(linears) - kept) > 30
+    with torch.no_grad():
+        y = loaded(**_bf16_inputs())[0].float()
+        y_ref = model.to(torch.bfloat16)(**_bf16_inputs())[0].float()
+    assert ((y - y_ref).norm() / y_ref.norm()).item() < 0.02
+
+
 def test_gguf_linear_dequantizes_on_every_call(starter, monkeypatch):
-    """Unless `DIFFUSERS_GGUF_CUDA_KERNELS=true` is set (and a CUDA GPU is present), `GGUFLinear.forward` takes `forward_native`, which dequantizes the whole weight on every forward and then runs `F.linear` in `compute_dtype`: two calls make two dequantizations, and the output equals `x @ W.T` with the dequantized `W`."""
+    """Unless `DIFFUSERS_GGUF_CUDA_KERNELS` is `true`, `1` or `yes` (and a CUDA GPU is present), `GGUFLinear.forward` takes `forward_native`, which dequantizes the whole weight on every forward and then runs `F.linear` in `compute_dtype`: two calls make two dequantizations, and the output equals `x @ W.T` with the dequantized `W`."""
     import os
 
     import diffusers.quantizers.gguf.utils as gguf_utils
@@ -304,7 +341,7 @@ def fresh_copy(monkeypatch, dotted):
 
 
 def test_gguf_cuda_kernels_are_opt_in(monkeypatch):
-    """diffusers' GGUF CUDA path is opt-in: `can_use_cuda_kernels` is true only with `DIFFUSERS_GGUF_CUDA_KERNELS=true` and a CUDA GPU of compute capability 7 or more (7.0 passes, 6.9 does not), and its kernel (`ops`) loads only if the `kernels` package is installed; then, in 0.42.1, importing the module raises `ValueError` unless `DIFFUSERS_TRUST_REMOTE_KERNELS=true`, because the kernel, `Isotr0py/ggml`, is downloaded from the Hub and executed (with the flag set, the stand-in kernel is fetched). The module's own code runs for each setting, a fresh copy of it executed with a stand-in CUDA device and `kernels` package."""
+    """diffusers' GGUF CUDA path is opt-in: `can_use_cuda_kernels` is true only with `DIFFUSERS_GGUF_CUDA_KERNELS` set to `true`, `1` or `yes` (in any case; `on` does not count) and a CUDA GPU of compute capability 7 or more (7.0 passes, 6.9 does not), and its kernel (`ops`) loads only if the `kernels` package is installed; then, in 0.42.1, importing the module raises `ValueError` unless `DIFFUSERS_TRUST_REMOTE_KERNELS=true`, because the kernel, `Isotr0py/ggml`, is downloaded from the Hub and executed (with the flag set, the stand-in kernel is fetched). The module's own code runs for each setting, a fresh copy of it executed with a stand-in CUDA device and `kernels` package."""
     import diffusers.quantizers.gguf.utils as imported  # as imported, before any stand-in
     import diffusers.utils
     import diffusers.utils.constants as constants
@@ -316,7 +353,7 @@ def test_gguf_cuda_kernels_are_opt_in(monkeypatch):
     def gate(opt_in, capability, has_kernels, trust=False):
         monkeypatch.delenv("DIFFUSERS_GGUF_CUDA_KERNELS", raising=False)
         if opt_in:
-            monkeypatch.setenv("DIFFUSERS_GGUF_CUDA_KERNELS", "true")
+            monkeypatch.setenv("DIFFUSERS_GGUF_CUDA_KERNELS", "true" if opt_in is True else opt_in)
         monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
         monkeypatch.setattr(diffusers.utils, "is_kernels_available", lambda: has_kernels)
@@ -328,6 +365,8 @@ def test_gguf_cuda_kernels_are_opt_in(monkeypatch):
     assert gate(True, (6, 9), True) == (False, None)  # compute capability below 7
     assert gate(False, (7, 0), True) == (False, None)  # not opted in
     assert gate(True, (7, 0), False) == (True, None)  # no kernels package
+    for value in ("1", "yes", "TRUE", "on", "false", "0"):  # the values the opt-in accepts
+        assert gate(value, (7, 0), False)[0] is (value.lower() in ("1", "yes", "true")), value
     with pytest.raises(ValueError, match=r"`Isotr0py/ggml`.*DIFFUSERS_TRUST_REMOTE_KERNELS=true"):
         gate(True, (7, 0), True)  # all set but the trust flag
     assert fetched == []
@@ -459,8 +498,8 @@ def test_quantization_backends_of_diffusers():
     ]  # fmt: skip
 
 
-def test_quant_backend_constructs_for_three_backends_only():
-    """Through `quant_backend`, with transformers 5.23.0, only `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round` construct: the others raise `ValueError`, because their diffusers and transformers configs take different arguments or transformers lacks them ([`pipe_quant_config.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/quantizers/pipe_quant_config.py#L88-L152)) (every backend of `AUTO_QUANTIZATION_CONFIG_MAPPING` tried, as installed)."""
+def test_quant_backend_constructs_for_three_backends_only(monkeypatch):
+    """Through `quant_backend`, with transformers 5.23.0, only `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round` construct: the others raise `ValueError`, because their diffusers and transformers configs take different arguments or transformers lacks them ([`pipe_quant_config.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/quantizers/pipe_quant_config.py#L88-L152)) (every backend of `AUTO_QUANTIZATION_CONFIG_MAPPING` tried, as installed). `bitsandbytes_4bit` quantizes to FP4 by default, to NF4 with `bnb_4bit_quant_type="nf4"` (the transformer's config resolved as `from_pretrained` resolves it, the bitsandbytes version check given a stand-in)."""
     from diffusers import PipelineQuantizationConfig
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
 
@@ -472,12 +511,21 @@ def test_quant_backend_constructs_for_three_backends_only():
         except ValueError as error:
             reasons[backend] = "signatures" if "signatures" in str(error) else "not found" if "not found" in str(error) else str(error)  # fmt: skip
     assert constructs == {"bitsandbytes_4bit", "bitsandbytes_8bit", "auto-round"}
+    # bitsandbytes_4bit is FP4 unless told NF4: the transformer's config, resolved as from_pretrained
+    # does (its version check given a stand-in bitsandbytes 0.45.0: the package is not installed)
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.45.0" if name == "bitsandbytes" else real_version(name))  # fmt: skip
+    for kwargs, method in (({}, "fp4"), ({"bnb_4bit_quant_type": "nf4"}, "nf4")):
+        bnb = PipelineQuantizationConfig(quant_backend="bitsandbytes_4bit", quant_kwargs={"load_in_4bit": True, **kwargs}, components_to_quantize=["transformer"])  # fmt: skip
+        assert bnb._resolve_quant_config(is_diffusers=True, module_name="transformer").quantization_method() == method  # fmt: skip
     assert set(reasons.values()) == {"signatures", "not found"}
     assert reasons["torchao"] == reasons["quanto"] == reasons["gguf"] == "signatures"
 
 
 def test_pipeline_quantization_config_maps_components(tmp_path):
-    """GGUF and `bfl` in `quant_mapping` raise `TypeError` at load (`json.dumps` of their config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); both load pre-quantized checkpoints only through `from_single_file`: of the registry's configs that construct here with their defaults, exactly these two fail `json.dumps(config.to_dict())`, are `pre_quantized`, and raise `TypeError` when a saved tiny `FluxPipeline` is loaded with them in `quant_mapping` (the others stop earlier: bitsandbytes at the missing GPU, quanto at its missing package, and `auto-round` with `ValueError` because its quantizer loads only pre-quantized checkpoints, through `quant_backend="auto-round"` too; that `from_single_file` loads GGUF and `bfl` is read from the source, not run). `QuantoConfig` and its quantizer are deprecated in 0.42.1: building them raises a `FutureWarning`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
+    """GGUF and `bfl` in `quant_mapping` raise `TypeError` at load (`json.dumps` of their config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); both load pre-quantized checkpoints only through `from_single_file`: of the registry's configs that construct here with their defaults, exactly these two fail `json.dumps(config.to_dict())`, are `pre_quantized`, and raise `TypeError` when a saved tiny `FluxPipeline` is loaded with them in `quant_mapping` (the others stop earlier: bitsandbytes at the missing GPU, quanto at its missing package, and `auto-round` with `ValueError` because its quantizer loads only pre-quantized checkpoints, through `quant_backend="auto-round"` too; that `from_single_file` loads `bfl` is read from the source, not run; GGUF's is run above). `QuantoConfig` and its quantizer are deprecated in 0.42.1: building them raises a `FutureWarning`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
     import contextlib
     import json
 
@@ -784,7 +832,7 @@ def test_torchao_import_logs_warnings_with_diffusers_0421():
 
 
 def test_nunchaku_layer_holds_svdquant_pieces(monkeypatch):
-    """diffusers 0.42.1's Nunchaku layer `SVDQW4A4Linear` (`quantizers/nunchaku/utils.py`) holds SVDQuant's pieces: `smooth_factor` (one per input channel), the 16-bit low-rank branch `proj_down` `(in, rank)` and `proj_up` `(out, rank)`, the 4-bit weight `qweight` packed two values per int8 byte `(out, in / 2)`, and `wscales` per group of inputs, bf16 per 64 for `int4` and fp8 e4m3 per 16 for `nvfp4`; besides a `bias`, those are all its parameters for `int4`, and `nvfp4` adds `wcscales` (one per output row) and `wtscale` (one per tensor). Its forward quantizes each input to 4 bits: it hands `quantize_w4a4_act_fuse_lora` a `uint8` buffer of `(rows rounded up to 256, in / 2)`, two 4-bit values a byte, and a scale per 64 (int4) or 16 (nvfp4) inputs, and `gemm_w4a4` multiplies exactly that buffer by `qweight`. The backend's weight-only layer, `AWQW4A16Linear`, is not widened to bf16 in diffusers: it hands its packed 4-bit weight (`int32`, eight values each) to fused kernels, `awq_gemm_w4a16_g64_int32` from 16 rows on and `gemv_awq` below, for a layer of 256 inputs and 128 outputs. (A fresh copy of the module executed with a stand-in `kernels` package whose ops record their arguments: diffusers fetches the real kernel from the Hub at import.)"""
+    """diffusers 0.42.1's Nunchaku layer `SVDQW4A4Linear` (`quantizers/nunchaku/utils.py`) holds SVDQuant's pieces: `smooth_factor` (one per input channel), the 16-bit low-rank branch `proj_down` `(in, rank)` and `proj_up` `(out, rank)`, the 4-bit weight `qweight` packed two values per int8 byte `(out, in / 2)`, and `wscales` per group of inputs, per 64 in the layer's compute dtype for `int4` (bf16 by default, fp16 in a layer built for fp16) and fp8 e4m3 per 16 for `nvfp4`; besides a `bias`, those are all its parameters for `int4`, and `nvfp4` adds `wcscales` (one per output row) and `wtscale` (one per tensor). Its forward quantizes each input to 4 bits: it hands `quantize_w4a4_act_fuse_lora` a `uint8` buffer of `(rows rounded up to 256, in / 2)`, two 4-bit values a byte, and a scale per 64 (int4) or 16 (nvfp4) inputs, and `gemm_w4a4` multiplies exactly that buffer by `qweight`. The backend's weight-only layer, `AWQW4A16Linear`, is not widened to bf16 in diffusers: it hands its packed 4-bit weight (`int32`, eight values each) to fused kernels, `awq_gemm_w4a16_g64_int32` from 16 rows on and `gemv_awq` below, for a layer of 256 inputs and 128 outputs. (A fresh copy of the module executed with a stand-in `kernels` package whose ops record their arguments: diffusers fetches the real kernel from the Hub at import.)"""
     import diffusers.utils
     import diffusers.utils.constants as constants
 
@@ -824,6 +872,10 @@ def test_nunchaku_layer_holds_svdquant_pieces(monkeypatch):
         assert ascales.dtype == scale_dtype and ascales.shape == (256 // group, 256)
         assert act is packed and gemm_scales is ascales and weight is layer.qweight
         assert y.shape == (3, 128)
+    # the int4 scales follow the layer's compute dtype; nvfp4's stay fp8
+    for precision, group, scale_dtype in (("int4", 64, torch.float16), ("nvfp4", 16, fp8)):
+        layer = module.SVDQW4A4Linear(256, 128, precision=precision, group_size=group, torch_dtype=torch.float16, device="meta")  # fmt: skip
+        assert layer.wscales.dtype == scale_dtype and layer.proj_down.dtype == torch.float16
     # weight-only AWQ W4A16: the packed weight goes to a fused kernel, with no bf16 copy made
     awq = module.AWQW4A16Linear(256, 128, device="cpu")
     assert awq.qweight.dtype == torch.int32 and awq.qweight.numel() * 8 == 128 * 256
