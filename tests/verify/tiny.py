@@ -1148,7 +1148,8 @@ def tiny_wan_transformer(seed=0):
 def tiny_wan_pipeline():
     """The real ``WanPipeline`` around ``tiny_wan_vae`` and ``tiny_wan_transformer``, no
     tokenizer or UMT5 text encoder: pass ``prompt_embeds`` and ``negative_prompt_embeds``
-    (B, WAN_TEXT_TOKENS, WAN_TEXT). Wan 2.1's scheduler class, flow matching with shift 3."""
+    (B, WAN_TEXT_TOKENS, WAN_TEXT). A flow-matching scheduler,
+    ``FlowMatchEulerDiscreteScheduler(shift=3.0)``."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=tiny_wan_vae(),
