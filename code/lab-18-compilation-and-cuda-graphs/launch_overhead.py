@@ -332,13 +332,13 @@ bucket_shapes = len(bucket_order)
 bucket_compiles = min(bucket_shapes, RECOMPILE_LIMIT)  # the limit counts buckets too
 compiled_buckets = set(bucket_order[:bucket_compiles])
 bucket_eager = sum(s not in compiled_buckets for s in zip(batches.tolist(), bucket.tolist(), strict=True))  # fmt: skip
-padding = (bucket**2 // 256).sum() / tokens.sum() - 1  # extra tokens computed
+padding = (bucket**2 // 256).sum() / tokens.sum() - 1  # extra tokens per image (batch not weighted)
 print(f"\n{args.num_samples} requests, {len(shapes)} distinct (batch, tokens) shapes:")
 print(f" static shapes: {static_compiles} compiles, then {eager_fallback} requests "
       f"({eager_fallback / args.num_samples:.0%}) run eagerly past recompile_limit {RECOMPILE_LIMIT}")  # fmt: skip
 print(f" automatic dynamic: {automatic_compiles} compiles (changed dimensions made symbolic; batch 1 stays a constant)")  # fmt: skip
 print(f" buckets {BUCKETS.tolist()}, dynamic=False: {bucket_shapes} shapes, {bucket_compiles} compiles, {bucket_eager} request{'s' * (bucket_eager != 1)} "
-      f"eager unless recompile_limit >= {bucket_shapes}; {padding:.0%} more tokens computed")  # fmt: skip
+      f"eager unless recompile_limit >= {bucket_shapes}; {padding:.0%} more tokens per image")  # fmt: skip
 # --8<-- [end:buckets]
 
 # %% [markdown]

@@ -334,12 +334,13 @@ def pipe_frames(pipe, counter, sides, latents=None):
 
 
 def test_mark_unbacked_through_flux_pipeline_shares_one_graph_across_batch_sizes():
-    """Through `FluxPipeline.__call__` with FLUX.1-dev's config (`guidance_embeds=True`), a forward pre-hook on the `torch.compile(pipe.transformer, dynamic=False)` wrapper that marks the token dimension with `mark_dynamic` and the batch dimension of `hidden_states`, `encoder_hidden_states`, `pooled_projections`, `timestep` and `guidance` with `torch._dynamo.decorators.mark_unbacked` makes the batch an unbacked symbol, not specialised at 1: batch 1, 2 and 4 at 16, 32 and 48 px share one dynamo graph, with the eager pipeline's latents, if the hook passes `guidance.contiguous()`; `FluxPipeline` builds `guidance` with `.expand(batch)` (stride 1 at batch 1, 0 from batch 2), and without that copy batch 2 fails the graph's stride guard on `guidance` and recompiles."""
+    """Through `FluxPipeline.__call__` with FLUX.1-dev's config (`guidance_embeds=True`), a forward pre-hook on the `torch.compile(pipe.transformer, dynamic=False)` wrapper that marks the token dimension with `mark_dynamic` and the batch dimension of `hidden_states`, `encoder_hidden_states`, `pooled_projections`, `timestep` and `guidance` with `torch._dynamo.decorators.mark_unbacked` makes the batch an unbacked symbol, not specialised at 1: batch 1, 2 and 4 at the tiny pipeline's 16, 32 and 48 px (16 to 144 tokens) share one dynamo graph, with the eager pipeline's latents, if the hook passes `guidance.contiguous()`; `FluxPipeline` builds `guidance` with `.expand(batch)` (stride 1 at batch 1, 0 from batch 2), and without that copy batch 2 fails the graph's stride guard on `guidance` and recompiles."""
     from torch._dynamo.decorators import mark_unbacked
 
-    contiguous = [False]
+    contiguous, tokens = [False], set()
 
     def mark(module, args, kwargs):
+        tokens.add(kwargs["hidden_states"].shape[1])
         if contiguous[0]:
             kwargs = dict(kwargs, guidance=kwargs["guidance"].contiguous())
         torch._dynamo.mark_dynamic(kwargs["hidden_states"], 1)
@@ -370,17 +371,20 @@ def test_mark_unbacked_through_flux_pipeline_shares_one_graph_across_batch_sizes
                 height=48, width=48, num_inference_steps=2,
                 generator=torch.Generator().manual_seed(1), output_type="latent",
             ).images)  # fmt: skip
-    assert counter.frame_count == 1
+    assert counter.frame_count == 1 and sorted(tokens) == [16, 64, 144]
     torch.testing.assert_close(*latents)
 
 
 def test_mark_dynamic_through_flux_pipeline_needs_a_pre_hook_on_the_compiled_wrapper():
-    """Through `FluxPipeline.__call__`, which builds `img_ids` itself, `mark_dynamic` works from a forward pre-hook registered on the `torch.compile(pipe.transformer, dynamic=False)` wrapper that marks `hidden_states` (dim 1) and `img_ids` (dim 0) on every call: 16, 32 and 48 px share one graph; marking only the `latents` passed to `pipe(...)` raises `ConstraintViolationError`, and the same hook inside `pipe.transformer.compile()` is traced and fails."""
+    """Through `FluxPipeline.__call__`, which builds `img_ids` itself, `mark_dynamic` works from a forward pre-hook registered on the `torch.compile(pipe.transformer, dynamic=False)` wrapper that marks `hidden_states` (dim 1) and `img_ids` (dim 0) on every call: the tiny pipeline's 16, 32 and 48 px, 16, 64 and 144 packed tokens (its VAE halves the side), share one graph; marking only the `latents` passed to `pipe(...)` raises `ConstraintViolationError`, and the same hook inside `pipe.transformer.compile()` is traced and fails."""
     from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    tokens = []
 
     def mark(module, args, kwargs):
         torch._dynamo.mark_dynamic(kwargs["hidden_states"], 1)
         torch._dynamo.mark_dynamic(kwargs["img_ids"], 0)
+        tokens.append(kwargs["hidden_states"].shape[1])
 
     pipe = tiny_flux_pipeline()
     counter = CompileCounter()
@@ -388,6 +392,7 @@ def test_mark_dynamic_through_flux_pipeline_needs_a_pre_hook_on_the_compiled_wra
     compiled.register_forward_pre_hook(mark, with_kwargs=True)  # runs before dynamo
     pipe.transformer = compiled
     assert pipe_frames(pipe, counter, [16, 32, 48]) == [1, 1, 1]
+    assert tokens[::2] == [16, 64, 144]  # 2 steps a call; none is 1 token, FLUX.1's 16 px
     torch._dynamo.reset()
     pipe = tiny_flux_pipeline()
     pipe.transformer.compile(backend=CompileCounter(), dynamic=False)
@@ -647,7 +652,7 @@ def test_diffusers_flux_forward_dispatches_far_more_ops_than_the_toy_counts():
 
 
 def test_compiled_diffusers_models_share_the_recompile_limit():
-    """The whole-model limit counts entries per code object, and a compiled diffusers model enters through the `wrapper` of `apply_lora_scale` (`diffusers/utils/peft_utils.py:300`), which `FluxTransformer2DModel` and `UNet2DConditionModel` share: by default, with `recompile_limit` at 3, after 2 static Flux shapes a compiled tiny UNet gets only 1 dynamo graph, and its second size runs eagerly, with the same output; the same UNet compiled with `torch.compile(..., isolate_recompiles=True)` keeps entries of its own and compiles that size."""
+    """The whole-model limit counts entries per code object, and a compiled diffusers model enters through the `wrapper` of `apply_lora_scale` (`diffusers/utils/peft_utils.py:301`), which `FluxTransformer2DModel` and `UNet2DConditionModel` share: by default, with `recompile_limit` at 3, after 2 static Flux shapes a compiled tiny UNet gets only 1 dynamo graph, and its second size runs eagerly, with the same output; the same UNet compiled with `torch.compile(..., isolate_recompiles=True)` keeps entries of its own and compiles that size."""
     flux, unet = two_block_flux(), tiny_unet()
     assert type(flux).forward.__code__ is type(unet).forward.__code__  # one shared `wrapper`
     counter = CompileCounter()
