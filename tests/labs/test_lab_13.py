@@ -73,7 +73,11 @@ def test_few_steps_need_a_distilled_model(lab):
     results, steps = lab["results"], lab["args"].steps
     assert steps == [1, 2, 4, 8]
     for name in ("ddim", "euler", "dpm++2m", "lcm"):
-        # one step of the exact denoiser returns E[x0 | noise]: the mixture's middle, no mode
+        # one step, at t = 999 (trailing; LCM's own grid), of the exact denoiser returns
+        # E[x0 | noise]: the mixture's middle, no mode
+        scheduler = lab["make_scheduler"](name)
+        scheduler.set_timesteps(1)
+        assert [int(t) for t in scheduler.timesteps] == [999], name
         assert results[name, 1].on_mode < 0.05
         on_mode = [results[name, n].on_mode for n in steps]
         assert on_mode == sorted(on_mode)  # more steps, more samples on a mode

@@ -45,16 +45,20 @@ from tiny import (
 
 
 def test_leading_never_starts_at_the_noisiest_timestep():
-    """With `steps_offset=1`, `leading` gives `DDIMScheduler` 751, 501, 251, 1 at 4 steps and 1 at one step, and `DPMSolverMultistepScheduler` 801, 601, 401, 201 at 4 steps; `trailing` gives both 999, 749, 499, 249 and 999. On SD's betas `alphas_cumprod.sqrt()` is 0.236 at t = 751 and 0.191 at t = 801: the share of the image the model is told pure noise still holds."""
+    """With `steps_offset=1`, `leading` gives `DDIMScheduler` and `EulerDiscreteScheduler` 751, 501, 251, 1 at 4 steps and 1 at one step, and `DPMSolverMultistepScheduler` 801, 601, 401, 201 at 4 steps and 501 at one; `trailing` gives all three 999, 749, 499, 249 and 999, and `LCMScheduler`, whatever its `timestep_spacing`, starts at 999 from its own grid. On SD's betas `alphas_cumprod.sqrt()` is 0.236 at t = 751 and 0.191 at t = 801: the share of the image the model is told pure noise still holds."""
     signal = DDIMScheduler(**SD_BETAS).alphas_cumprod.sqrt()
     assert float(signal[751]) == pytest.approx(0.236, abs=5e-4)
     assert float(signal[801]) == pytest.approx(0.191, abs=5e-4)
-    assert timestep_grid(DDIMScheduler, "leading", 4) == [751, 501, 251, 1]
-    assert timestep_grid(DDIMScheduler, "leading", 1) == [1]
+    for cls in (DDIMScheduler, EulerDiscreteScheduler):
+        assert timestep_grid(cls, "leading", 4) == [751, 501, 251, 1], cls.__name__
+        assert timestep_grid(cls, "leading", 1) == [1], cls.__name__
     assert timestep_grid(DPMSolverMultistepScheduler, "leading", 4) == [801, 601, 401, 201]
-    for cls in (DDIMScheduler, DPMSolverMultistepScheduler):
-        assert timestep_grid(cls, "trailing", 4) == [999, 749, 499, 249]
-        assert timestep_grid(cls, "trailing", 1) == [999]
+    assert timestep_grid(DPMSolverMultistepScheduler, "leading", 1) == [501]
+    for cls in (DDIMScheduler, EulerDiscreteScheduler, DPMSolverMultistepScheduler):
+        assert timestep_grid(cls, "trailing", 4) == [999, 749, 499, 249], cls.__name__
+        assert timestep_grid(cls, "trailing", 1) == [999], cls.__name__
+    for spacing in ("leading", "trailing", "linspace"):
+        assert timestep_grid(LCMScheduler, spacing, 1) == [999]
 
 
 def test_from_config_spacing_is_the_class_default():
