@@ -283,11 +283,18 @@ def skipped_at(fn, calls):
     marks = [k for k, line in enumerate(executed) if heads and line == heads[-1]]
     if len(stepping) and sum(call.method == "scheduler.step" for call in calls) >= len(marks) - 1:
         return None  # a step for every iteration that went back to the for line
-    for iteration in range(1, len(marks)):  # the lines of one iteration: marks[i - 1] to marks[i]
-        a, b = marks[iteration - 1], marks[iteration]
-        body, code = executed[a + 1 : b], source_line(fn, executed[b - 1]).split("#")[0]
+    iteration, inside_loop = 0, {}  # line -> whether that loop holds it
+    for k in range(1, len(marks)):  # the lines run from one pass over its head to the next
+        a, b = marks[k - 1], marks[k]
+        body = executed[a + 1 : b]
+        if body and body[0] not in inside_loop:
+            inside_loop[body[0]] = heads[-1] in loop_heads(fn, body[0])
+        if not body or not inside_loop[body[0]]:  # it ran out and an outer loop restarted it
+            continue
+        iteration += 1
+        code = source_line(fn, executed[b - 1]).split("#")[0]
         ends = code.replace(" ", "") == "continue" or code.replace(" ", "").endswith(":continue")
-        if body and ends and not stepping & set(body):
+        if ends and not stepping & set(body):
             return body[-1], iteration
     return None
 
@@ -374,6 +381,7 @@ def raised(error, fn, calls=()):
     """What ``error`` in your ``fn`` was, and where: its line and the blank it belongs to,
     or the part whose call on that line raised (``calls``: the run's recorded calls)."""
     line, number, variables = error_site(error, fn)  # labkit.blanks reads the traceback
+    quit_debugger = type(error).__name__ == "BdbQuit"  # q typed at a breakpoint()'s (Pdb) prompt
     text = " ".join(str(error).split())  # one line, whatever the message
     latents = variables.get("latents", np.zeros(0))
     if not isinstance(latents, np.ndarray):  # e.g. step's whole output, kept by blank 4
@@ -386,7 +394,7 @@ def raised(error, fn, calls=()):
         where = f"line {line} (in blank {number})"
     elif in_part and isinstance(error, KeyboardInterrupt):  # Ctrl-C while a part ran
         where = f"line {line}, while {last.method} ran"
-    elif isinstance(error, KeyboardInterrupt):  # Ctrl-C on a given line: no blank's mistake
+    elif isinstance(error, KeyboardInterrupt) or quit_debugger:  # Ctrl-C or pdb's q on a given line
         where = f"line {line}, outside the blanks"
     elif in_part:  # a given line: the part it calls failed on what the blanks handed it
         where = f"line {line}, inside {last.method}, which failed on the arguments your blanks gave it"  # fmt: skip
@@ -401,6 +409,8 @@ def raised(error, fn, calls=()):
         text += " (the toy's step has no return_dict: step(...)[0] or .prev_sample)"
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C: where your pipeline was running
         text = "interrupted there (Ctrl-C): a loop of yours that does not end?"
+    elif quit_debugger:
+        text = "you quit the debugger (pdb's q) there"
     elif isinstance(error, SystemExit):
         text = f"exit({text}) ends the whole run: pipeline() must return the images"
     return f"your pipeline raised {type(error).__name__} at {where}: {text}"
@@ -437,7 +447,7 @@ if not (args.check or args.demo_wrong):
         broken = f"your loop {'stopped after' if left else 'made'} {plural(done, 'step')} of {n}{at}"  # fmt: skip
     broken = broken or (return_break(image) if error is None else None)
     if broken is None and error is None and not np.isfinite(image).all():  # inf or NaN
-        broken = f"your images hold {np.isnan(image).sum()} NaN and {np.isinf(image).sum()} inf values of {image.size}: no image to judge"  # fmt: skip
+        broken = f"the images hold {np.isnan(image).sum()} NaN and {np.isinf(image).sum()} inf values of {image.size}: no image to judge"  # fmt: skip
     for text in dict.fromkeys(f"{c.method} warned: {w}" for c in calls for w in c.warnings):
         print(text)  # each warning a part raised, once
     if broken is None and isinstance(error, UnfilledBlankError):
@@ -583,6 +593,9 @@ def first_difference(yours, reference, complete=True, fn=None):
                 passed = [k for k, v in mine.caller_arrays.items() if k != variable and same(v, a)]
                 instead = f" passes {passed[0]} instead" if passed else " passes something else"
                 lines.insert(1, f"  (your {variable} matches the solution's; blank {passer}{instead})")  # fmt: skip
+            elif number == 1 and arg == "sample" and step == 1 and getattr(held := mine.caller_arrays.get("latents"), "ndim", 0) and same(a, np.concatenate([held] * 2)):  # fmt: skip
+                number = 0  # the doubling is right; the latents it doubled already differ
+                lines.insert(1, "  (that is your latents, doubled as blank 1 should; your latents already differ here: compare the lines before this call)")  # fmt: skip
             elif number == 1 and arg == "sample" and step > 1:  # step 1 matched: the doubling is
                 number = 4  # right, so the latents it doubled are not what step 1 returned
                 lines.insert(1, "  (your doubling matched at step 1: the latents carried over differ)")  # fmt: skip
@@ -657,7 +670,7 @@ def check(fn, label):
         return same(image, ref_image)
     number, step, message = found
     where = "after the loop" if step > n else f"step {step} of {n}"
-    who = f"blank {number}" if number else "a line outside the blanks" if traced(fn) else "your pipeline()"  # fmt: skip
+    who = f"blank {number}" if number else "a line outside the blanks" if traced(fn) and number is None else "your pipeline()"  # fmt: skip
     print(f"{who} differs from the solution ({where}):")
     print(message)
     if not getattr(EXECUTED[fn], "whole", True):

@@ -23,7 +23,7 @@ work:
   reader's file, so an error raised in a helper of theirs names the helper's line too;
 - :func:`lines_run` records the lines a function runs (which line left its loop), passing
   every event on to a tracer already set, such as a debugger's (``whole`` says whether one
-  set later, as ``breakpoint()`` does, cut the record short).
+  set later, as pdb's ``breakpoint()`` can, cut the record short).
 
 NumPy is the only dependency, as for the rest of labkit.
 """
@@ -272,7 +272,7 @@ def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | Non
 
 class Lines(list):
     """The lines :func:`lines_run` recorded; ``whole`` is False when another tracer took over
-    before the block ended (``breakpoint()`` sets pdb's): the list then stops short."""
+    before the block ended (pdb's ``breakpoint()`` can): the list then stops short."""
 
     whole = True
 

@@ -302,6 +302,10 @@ SCALE = "        latent_model_input = scheduler.scale_model_input"
 FOR_1 = "    rows = []\n    for embeds in (negative_prompt_embeds, prompt_embeds):\n        rows.append(embeds)\n    prompt_embeds = np.concatenate(rows)\n"  # fmt: skip
 #: the same with an empty line inside, so that its for line is outside the blanks
 FOR_1_GAP = FOR_1.replace("rows = []\n", "rows = []\n\n")
+#: the loop's for line as two nested loops, half the timesteps each (the inner for indented
+#: one space more, so the body's lines stay as they are): a right answer
+FOR_LINE = "    for t in scheduler.timesteps:\n"
+NESTED = "    for chunk in np.array_split(scheduler.timesteps, 2):\n     for t in chunk:\n"
 #: a continue that cuts iterations short, the loop running to its end: (id, old, new, the
 #: blank it sits in, the first iteration it cuts, that step's verdict)
 SKIPPED = [
@@ -312,6 +316,7 @@ SKIPPED = [
     ("late steps, a for in blank 1", (DOUBLE, SCALE), (FOR_1, "        if t < 500:\n            continue\n" + SCALE), 2, 11),
     ("early steps, a for after an empty line in blank 1", (DOUBLE, SCALE), (FOR_1_GAP, "        if t > 500:\n            continue\n" + SCALE), 2, 1),
     ("late steps, a for after an empty line in blank 1", (DOUBLE, SCALE), (FOR_1_GAP, "        if t < 500:\n            continue\n" + SCALE), 2, 11),
+    ("late steps, the loop as two nested loops", (FOR_LINE, GUIDE), (NESTED, GUIDE + "        if t < 500:\n            continue\n"), 3, 11),
 ]  # fmt: skip
 #: the loop's for line written as a while loop: a right answer, and one with a continue
 WHILE = "    i = 0\n    while i < len(scheduler.timesteps):\n        t = scheduler.timesteps[i]\n        i += 1\n"
@@ -389,6 +394,7 @@ RIGHT = [
     ("a for in blank 1", DOUBLE, FOR_1),
     ("a for after an empty line in blank 1", DOUBLE, FOR_1_GAP),
     ("a while loop for the for line", "    for t in scheduler.timesteps:\n", WHILE),
+    ("two nested loops for the for line", FOR_LINE, NESTED),
     ("a breakpoint() that continues", GUIDE, BREAKPOINT + GUIDE),
     ("a continue in a loop of blank 3's own", GUIDE, "        for half in range(2):\n            if half:\n                continue\n" + GUIDE),
 ]  # fmt: skip
@@ -477,6 +483,35 @@ def test_a_breakpoint_that_took_over_the_trace_names_no_line(checker, tmp_path, 
     assert run.stdout.splitlines()[0] == f"your loop made 10 steps of 20 {untraced}", run.stdout
 
 
+#: INIT, the given line that scales the noise to the scheduler's start
+INIT = "    latents = latents * scheduler.init_noise_sigma  # the std the scheduler starts from\n"
+
+
+def test_latents_wrong_before_a_right_doubling_blame_no_blank(checker, tmp_path, capsys):
+    """The given init_noise_sigma line deleted: blank 1 doubles the latents it gets, as it
+    should, so --check names no blank and says your latents differ before that call (it once
+    said blank 1 differs)."""
+    passed, out, err, _ = check_fill(checker, tmp_path, capsys, INIT, "")
+    assert not passed and err == "", out + err
+    lines = out.splitlines()
+    assert lines[1] == "your pipeline() differs from the solution (step 1 of 20):", out
+    assert lines[3] == "  (that is your latents, doubled as blank 1 should; your latents already differ here: compare the lines before this call)", out  # fmt: skip
+    assert "blank 1 differs" not in out, out
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
+def test_quitting_the_debugger_says_so(run_here, argv):
+    """pdb's q at a breakpoint() in blank 3: the line and its blank, and that you quit the
+    debugger there, in one line (it once printed an empty reason and the note on empty lines)."""
+    quit_pdb = BREAKPOINT.replace("StringIO('c\\n')", "StringIO('q\\n')")
+    source = filled(GUIDE, quit_pdb + GUIDE)
+    run = run_here(source, *argv)
+    assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
+    line = line_of(source, GUIDE.strip())
+    said = f"your pipeline raised BdbQuit at line {line} (in blank 3): you quit the debugger (pdb's q) there"  # fmt: skip
+    assert said in run.stdout.splitlines(), run.stdout
+
+
 def test_ctrl_c_on_a_given_line_is_not_explained_by_the_empty_line_rule(checker):
     """Ctrl-C landing on a line the file gives (here the for line, on its 5th pass): that line,
     outside the blanks, without the note on empty lines ending a blank, which explains an
@@ -515,7 +550,7 @@ def test_the_plain_run_refuses_images_that_are_not_finite(run_here):
     source = filled("latents / vae.config.scaling_factor", "latents / 0.0")
     run = run_here(source)
     assert run.returncode == 1, run.stdout + run.stderr
-    assert re.fullmatch(r"your images hold \d+ NaN and \d+ inf values of 24576: no image to judge", run.stdout.splitlines()[1]), run.stdout  # fmt: skip
+    assert re.fullmatch(r"the images hold \d+ NaN and \d+ inf values of 24576: no image to judge", run.stdout.splitlines()[1]), run.stdout  # fmt: skip
     line = line_of(source, "image = vae.decode(latents / 0.0)  # (B, 3, H, W), about [-1, 1]")
     assert f":{line}: RuntimeWarning: divide by zero" in run.stderr, run.stderr
 
