@@ -264,11 +264,36 @@ def quoted_numbers(markdown_path: Path) -> set[str]:
 
 
 PAGES_WITH_PROSE = [ROOT / "docs" / "index.md", ROOT / "docs" / "references.md"]
+PAGES_WITH_PROSE += [ROOT / "docs" / "glossary.md", ROOT / "docs" / "labs" / "index.md"]
 PAGES_WITH_PROSE += sorted((ROOT / "docs" / "handbook").glob("*.md"))
 PAGES_WITH_PROSE += [ROOT / "docs" / lab.page for lab in LABS]
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=lambda p: p.stem)
+def page_id(page: Path) -> str:
+    """``labs/index``, ``handbook/cfg``: a page's path under docs/, unique where stems repeat."""
+    return page.relative_to(ROOT / "docs").with_suffix("").as_posix()
+
+
+#: Numbers the glossary's definitions (includes/abbreviations.md, shown on every page as a
+#: hover and listed on the glossary page) quote, each with the verify test that observes it
+GLOSSARY_NUMBERS = {
+    "1.0": "tests/verify/test_page_interview.py::test_euler_and_ddim_scale_the_state_differently"
+    " and tests/verify/test_page_forward_reverse.py: init_noise_sigma is 1.0 for DDIMScheduler,"
+    " read from the schedulers the pipeline runs",
+}
+
+
+def test_numbers_in_glossary_definitions_are_cited():
+    """Every number a glossary definition quotes is in ``GLOSSARY_NUMBERS`` with its source,
+    and every entry there is still quoted (the definitions are not a page's prose, so
+    :func:`test_numbers_in_prose_come_from_the_runs_they_cite` does not read them)."""
+    text = (ROOT / "includes" / "abbreviations.md").read_text(encoding="utf-8")
+    text = re.sub(r"`[^`]*`", " ", text)  # a name in code, such as `init_noise_sigma`
+    found = set(re.findall(r"(?<![\w.])\d+\.\d+(?:e[-+]\d+)?%?", text))
+    assert found == set(GLOSSARY_NUMBERS)
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=page_id)
 def test_cited_numbers_name_a_source_and_are_quoted(page):
     """Each ``cited_numbers`` entry gives a source and is quoted in the prose where it
     is cited (no stale exemptions)."""
@@ -488,7 +513,7 @@ def built_path(site: Path, page: Path) -> Path:
     return site / ("index.html" if rel.name == "index" else rel / "index.html")
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=lambda p: p.stem)
+@pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=page_id)
 def test_numbers_in_prose_come_from_the_runs_they_cite(built_site, page, tmp_path):
     """Every number a page's prose quotes (see :func:`quoted_in`) is a whole number in what
     the page shows, a lab page its block links to shows, or, on a handbook section, a lab that

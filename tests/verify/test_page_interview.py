@@ -74,7 +74,11 @@ def text_pipe(sd_pipe):
 
 
 def test_guidance_doubles_the_rows_of_every_unet_call(sd_pipe, record_calls, calls_of):
-    """With `guidance_scale` above 1 and a UNet without `time_cond_proj_dim`, every UNet call gets `2B` rows: the latents concatenated with themselves and `[negative_prompt_embeds, prompt_embeds]` as `encoder_hidden_states`, while `scheduler.step` gets the `B` rows of the guided prediction."""
+    """With `guidance_scale` above 1 and a UNet without `time_cond_proj_dim`, every UNet call gets `2B` rows: the latents concatenated with themselves and `[negative_prompt_embeds, prompt_embeds]` as `encoder_hidden_states`, while `scheduler.step` gets the `B` rows of the guided prediction. A guidance-embedding UNet (`time_cond_proj_dim` set) runs no classifier-free guidance: at `guidance_scale` 7.5 every call gets `B` rows."""
+    embedding = sd_with(sd_pipe, unet=tiny_unet(time_cond_proj_dim=8))
+    embedded = record_calls(embedding.unet).calls
+    generate(embedding, steps=2, guidance_scale=7.5, batch=2)
+    assert len(embedded) == 2 and all(args[0].shape[0] == 2 for args, _ in embedded)
     pipe = sd_with(sd_pipe)
     assert pipe.unet.config.time_cond_proj_dim is None
     unet = record_calls(pipe.unet).calls
