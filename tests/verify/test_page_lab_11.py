@@ -92,7 +92,7 @@ def test_the_labs_configs_are_sd15s_with_the_listed_overrides(run_lab):
 
 
 def test_the_labs_schedulers_give_n_timesteps_for_n_steps(run_lab):
-    """Built with diffusers' classes, each of the lab's five configurations has `order = 1` and gives exactly `n` timesteps for `set_timesteps(n)`: one denoiser call per step; `order = 1` alone does not guarantee it, since SD 1.5's `PNDMScheduler` (`order = 1`) gives `n + 1`."""
+    """Built with diffusers' classes, each of the lab's five configurations has `order = 1` and gives exactly `n` timesteps for `set_timesteps(n)`: one denoiser call per step; `order = 1` alone does not guarantee it, since SD 1.5's `PNDMScheduler` (`order = 1`) gives `n + 1` from `n = 2` (one at `n = 1`)."""
     lab = run_lab(LAB11, *QUICK)
     schedulers = diffusers_configs()
     assert list(schedulers) == lab["SCHEDULERS"]
@@ -102,8 +102,10 @@ def test_the_labs_schedulers_give_n_timesteps_for_n_steps(run_lab):
             scheduler.set_timesteps(n)
             assert len(scheduler.timesteps) == n, (name, n)
     pndm = PNDMScheduler(skip_prk_steps=True, set_alpha_to_one=False, **lab["sd_config"])
-    pndm.set_timesteps(10)
-    assert pndm.order == 1 and len(pndm.timesteps) == 11
+    assert pndm.order == 1
+    for n, expected in [(1, 1), (2, 3), (10, 11), (999, 1000)]:
+        pndm.set_timesteps(n)
+        assert len(pndm.timesteps) == expected, n
 
 
 @pytest.mark.parametrize("steps", [3, 7])

@@ -27,6 +27,7 @@ from diffusers import (
     DDIMScheduler,
     DDPMScheduler,
     DPMSolverMultistepScheduler,
+    DPMSolverSDEScheduler,
     EulerAncestralDiscreteScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
@@ -34,6 +35,7 @@ from diffusers import (
     PNDMScheduler,
     StableDiffusion3Pipeline,
     StableDiffusionPipeline,
+    UniPCMultistepScheduler,
 )
 from diffusers.models.attention_processor import AttnProcessor2_0, IPAdapterAttnProcessor2_0
 from diffusers.pipelines.stable_diffusion import pipeline_stable_diffusion as sd_module
@@ -1148,12 +1150,28 @@ def test_grid_options_move_the_steps_not_their_number():
         assert not torch.allclose(grids[a], grids[b], rtol=1e-3, atol=1e-3)
 
 
-def test_swapping_the_scheduler_and_fresh_noise(sd_pipe):
-    """From the same starting `latents`, swapping `DDIMScheduler` for `EulerDiscreteScheduler` changes the result, and `DDPMScheduler` draws fresh noise from `generator` in every `step`, so its result changes with the generator's seed while DDIM's (with `eta=0`) does not."""
+def test_swapping_the_scheduler_and_fresh_noise(sd_pipe, step_calls):
+    """From the same starting `latents`, swapping `DDIMScheduler` for `EulerDiscreteScheduler` changes the result, and `DDPMScheduler` draws fresh noise from `generator` in its steps, so its result changes with the generator's seed while DDIM's (with `eta=0`) does not. `DPMSolverSDEScheduler` takes no `generator`: its noise is seeded by its config's `noise_sampler_seed`, random when unset, so a seeded `generator` does not make its output repeat.
+
+    With ``noise_sampler_seed=0`` its result is the same for generator seeds 0 and 1; unset, two
+    calls with the same generator seed differ. So "stochastic schedulers draw from ``generator``"
+    is not true of every stochastic scheduler the pipeline runs.
+    """
 
     def final(scheduler, seed):
         pipe = sd_with(sd_pipe, scheduler=scheduler)
         return run(pipe, steps=4, generator=torch.Generator().manual_seed(seed))
+
+    def sde(**config):
+        return sd_scheduler(DPMSolverSDEScheduler, **config)
+
+    seeded = sde(noise_sampler_seed=0)
+    calls = step_calls(seeded)
+    torch.testing.assert_close(
+        final(seeded, 0), final(sde(noise_sampler_seed=0), 1), rtol=0, atol=0
+    )
+    assert calls and not any("generator" in call["kwargs"] for call in calls)
+    assert not torch.equal(final(sde(), 0), final(sde(), 0))
 
     ddim = final(sd_scheduler(DDIMScheduler), 0)
     torch.testing.assert_close(final(sd_scheduler(DDIMScheduler), 1), ddim, rtol=0, atol=0)
@@ -1164,9 +1182,12 @@ def test_swapping_the_scheduler_and_fresh_noise(sd_pipe):
 
 
 def test_a_mismatched_scheduler_runs_silently_or_fails_on_init_noise_sigma(sd_pipe, sd3_pipe):
-    """A wrong `prediction_type`, or DDIM in SD3's pipeline, runs silently and produces garbage; a flow-matching scheduler in `StableDiffusionPipeline` fails on `init_noise_sigma`.
+    """A wrong `prediction_type`, or DDIM in SD3's pipeline, runs silently and produces garbage; SD3's `FlowMatchEulerDiscreteScheduler` in `StableDiffusionPipeline` fails on `init_noise_sigma`.
 
     "Silently": the pipeline returns finite latents, different from the matched scheduler's.
+    The failure is the class's, not flow matching's: ``UniPCMultistepScheduler`` configured for
+    flow matching (``use_flow_sigmas=True``, ``prediction_type="flow_prediction"``)
+    has ``init_noise_sigma`` and runs in ``StableDiffusionPipeline`` without an error.
     """
     matched = run(sd_pipe, steps=4)
     wrong = sd_with(
@@ -1185,6 +1206,10 @@ def test_a_mismatched_scheduler_runs_silently_or_fails_on_init_noise_sigma(sd_pi
     flow_in_sd = sd_with(sd_pipe, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
     with pytest.raises(AttributeError, match="init_noise_sigma"):
         run(flow_in_sd, steps=2)
+    unipc_flow = UniPCMultistepScheduler(
+        use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0, steps_offset=1
+    )
+    assert torch.isfinite(run(sd_with(sd_pipe, scheduler=unipc_flow), steps=2)).all()
 
 
 # ---------------------------------------------------------------- SD3
