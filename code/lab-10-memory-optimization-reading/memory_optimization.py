@@ -217,7 +217,7 @@ table(
 # channels, tanh, a 3 x 3 convolution to 3 channels. `tiled_decode` in diffusers cuts the
 # latents into tiles of `tile_latent_min_size` that start every
 # `int(tile_latent_min_size * (1 - tile_overlap_factor))` positions, decodes each, blends
-# each tile into its upper and left neighbour linearly over
+# its upper and left neighbours linearly into each tile over
 # `blend_extent = int(tile_sample_min_size * tile_overlap_factor)` rows and columns
 # (`blend_v`, `blend_h`), and keeps `row_limit = tile_sample_min_size - blend_extent`.
 
@@ -502,6 +502,12 @@ print(f"SD 1.5's PNDM makes {DENOISER_CALLS['SD 1.5'](args.steps)} UNet calls at
 print("model offload crossings per call (in + out), replayed from each pipeline's forward order:")
 for name, n in crossings.items():
     print(f"  {name}: " + ", ".join(f"{c} {k}" for c, k in n.items()))
+# Not a weight: SD3's transformer keeps its sin-cos positions as a persistent buffer,
+# pos_embed_max_size**2 positions x hidden, loaded in the pipeline's dtype; module.to()
+# moves buffers with the parameters, so model offload moves it in and out with the transformer
+sd3_config = next(r for r in model_sizes.rows("SD3 Medium") if r["component"] == "transformer")["config"]  # fmt: skip
+pos_embed_values = sd3_config["pos_embed_max_size"] ** 2 * sd3_config["num_attention_heads"] * sd3_config["attention_head_dim"]  # fmt: skip
+print(f"plus SD3's pos_embed buffer ({pos_embed_values:,} values, {2 * pos_embed_values / 1e9:.2f} GB in bf16 or fp16): model offload moves it in and out with the transformer")  # fmt: skip
 
 # %% [markdown]
 # ## 6. What fits

@@ -104,6 +104,8 @@ def test_offload_bytes_from_model_sizes(lab):
     wo = 2 * lab["t5_wo_params"]
     assert rows["SD3 Medium, fp16"][3] == f"{(2 * sum(sd3.values()) + 2 * clips + 2 * wo) / 1e9:.2f}" == "38.07"  # fmt: skip
     assert rows["SD3 Medium, fp16"][5] == f"{(seq3 + 2 * wo) / 1e9:.1f}" == "148.2"  # runs twice
+    # not a weight: SD3's pos_embed buffer, 192**2 positions x 1536, crosses with the transformer
+    assert lab["pos_embed_values"] == 192**2 * 1536 == 56_623_104
     for dtype in ("bf16", "fp16"):
         assert lab["crossings"][f"SD3 Medium, {dtype}"] == {"text_encoder": 4, "text_encoder_2": 4, "text_encoder_3": 2, "transformer": 2, "vae": 2}  # fmt: skip
     # SDXL: upcast_vae() casts the VAE to float32 before it crosses in (4 bytes, not 2)

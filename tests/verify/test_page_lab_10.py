@@ -245,6 +245,18 @@ def test_t5_wo_count_from_the_config(starter):
     assert starter["t5_wo_params"] == wo
 
 
+def test_sd3_pos_embed_buffer_from_the_config(starter):
+    """The starter's SD3 `pos_embed` count, `pos_embed_max_size**2 * num_attention_heads * attention_head_dim` from the published config in `model_sizes`, is the one buffer of `SD3Transformer2DModel` built from that config on the meta device: 56,623,104 values, persistent (in the `state_dict`, so `from_pretrained` loads it in the pipeline's dtype) and not a parameter."""
+    from diffusers import SD3Transformer2DModel
+    from model_configs import SD3_MEDIUM_TRANSFORMER
+
+    with torch.device("meta"):
+        transformer = SD3Transformer2DModel(**SD3_MEDIUM_TRANSFORMER)
+    buffers = dict(transformer.named_buffers())
+    assert list(buffers) == ["pos_embed.pos_embed"] and "pos_embed.pos_embed" in transformer.state_dict()  # fmt: skip
+    assert starter["pos_embed_values"] == buffers["pos_embed.pos_embed"].numel() == 56_623_104
+
+
 def test_unet_flops_from_layer_shapes(starter):
     """The starter's `unet_macs`, counted from the layer shapes of SD 1.5's published UNet config, equals half the FLOPs `torch.utils.flop_counter.FlopCounterMode` counts for one forward of the real `UNet2DConditionModel` on a `(1, 4, 64, 64)` latent and 77 text tokens, built on the meta device."""
     from diffusers import UNet2DConditionModel

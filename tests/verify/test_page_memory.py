@@ -448,6 +448,43 @@ def test_model_offload_keeps_a_component_outside_the_sequence_until_the_call_end
     assert resident[1:] == [{"controlnet", "unet"}] * 3 + [{"controlnet", "vae"}]
 
 
+def test_model_offload_moves_sd3s_pos_embed_buffer_with_the_transformer(monkeypatch, tmp_path):
+    """Under `enable_model_cpu_offload` SD3's transformer crosses with its `pos_embed` buffer, a tensor that is not a weight: `from_pretrained(..., dtype=torch.bfloat16)` loads the persistent buffer in bfloat16, and in a `pipe(...)` call of `StableDiffusion3Pipeline` the buffer goes in and out each time the transformer's weights do (accelerate's `module.to()` moves buffers with parameters)."""
+    from diffusers import DiffusionPipeline
+
+    tiny_sd3_pipeline().save_pretrained(tmp_path)
+    absent = dict.fromkeys(["text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2", "tokenizer_3"])  # fmt: skip
+    pipe = DiffusionPipeline.from_pretrained(tmp_path, dtype=torch.bfloat16, **absent)
+    pipe.set_progress_bar_config(disable=True)
+    transformer = pipe.transformer
+    assert [n for n, _ in transformer.named_buffers()] == ["pos_embed.pos_embed"]
+    assert transformer.pos_embed.pos_embed.dtype == torch.bfloat16
+    pipe.enable_model_cpu_offload(device="cpu")
+    tracked = {  # looked up at each move: a move may replace the buffer's tensor
+        "pos_embed": lambda: transformer.pos_embed.pos_embed,
+        "weight": lambda: transformer.proj_out.weight,
+    }
+    moves, original = [], torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        target = args[0] if args else kwargs.get("device")
+        for name, tensor in tracked.items():
+            if isinstance(target, (str, torch.device)) and self.data_ptr() == tensor().data_ptr():
+                moves.append((name, "in" if torch.device(target).index is not None else "out"))
+        return original(self, *args, **kwargs)
+
+    g = torch.Generator().manual_seed(0)
+    text = [torch.randn(1, 8, EMBED_DIM, generator=g, dtype=torch.bfloat16) for _ in range(2)]
+    pooled = [torch.randn(1, 16, generator=g, dtype=torch.bfloat16) for _ in range(2)]
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    with torch.no_grad():
+        pipe(prompt_embeds=text[0], negative_prompt_embeds=text[1], pooled_prompt_embeds=pooled[0], negative_pooled_prompt_embeds=pooled[1], num_inference_steps=2, output_type="latent")  # fmt: skip
+    monkeypatch.setattr(torch.Tensor, "to", original)
+    buffer_moves = [side for name, side in moves if name == "pos_embed"]
+    assert {"in", "out"} <= set(buffer_moves)
+    assert buffer_moves == [side for name, side in moves if name == "weight"]
+
+
 def test_sequential_offload_keeps_weights_off_the_device(monkeypatch):
     """`enable_sequential_cpu_offload` leaves every UNet parameter on the `meta` device and gives each submodule that owns weights an accelerate hook with `offload=True` and a map of its CPU weights; the hook loads them for that submodule's forward and then sets them to `meta` again, with no copy back (on the CPU, torch 2.13 makes that last step raise `TypeError`). Components in `_exclude_from_cpu_offload`, SD's `safety_checker`, get no hook: they are moved to the device whole and stay there."""
     import accelerate.hooks
