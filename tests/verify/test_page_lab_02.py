@@ -114,10 +114,13 @@ def test_ddpm_adds_no_noise_at_t_zero():
 
 
 def test_ddim_eta1_differs_from_ddpm_at_the_final_step():
-    """With `eta=1` DDIM's step has the same distribution as DDPM's, except at the final step under SD 1.x's `set_alpha_to_one=False`: DDIM then targets `alphas_cumprod[0]` and still adds noise, while DDPM lands on clean data.
+    """With `eta=1` and `clip_sample=False` DDIM's step has the same distribution as DDPM's, except at the final step under SD 1.x's `set_alpha_to_one=False`: DDIM then targets `alphas_cumprod[0]` and still adds noise, while DDPM lands on clean data.
 
-    Both schedulers on SD 1.x's settings at 10 steps: the spread between two generators'
-    `prev_sample` at the last timestep (1) and at an earlier one (501)."""
+    Both schedulers on SD 1.x's settings at 10 steps: one generator seed gives both steps the
+    same fresh noise, so at 501 their whole `prev_sample` agrees; the spread between two
+    seeds' `prev_sample` at the last timestep (1). With the classes' default
+    `clip_sample=True` and a clipped `pred_original_sample` the two steps part: DDIM keeps
+    the unclipped noise estimate (`use_clipped_model_output=False`), DDPM does not."""
     sample, eps = torch.randn(4, 2, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
     ddpm = DDPMScheduler(**{k: v for k, v in SD_SCHEDULER.items() if k != "set_alpha_to_one"})
     ddim, ddim_one = (
@@ -142,6 +145,24 @@ def test_ddim_eta1_differs_from_ddpm_at_the_final_step():
     assert spread["ddim", 501] == pytest.approx(spread["ddpm", 501], rel=1e-6)  # same noise std
     assert spread["ddpm", 1] < 1e-8 and spread["ddim_one", 1] < 1e-8  # clean data
     assert spread["ddim", 1] > 1e-3  # alphas_cumprod[0] < 1: noise at the last step
+
+    e = torch.randn(4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def one_step(scheduler, x, **kw):  # seed 1: the same fresh noise for both classes
+        scheduler.set_timesteps(10)
+        gen = torch.Generator().manual_seed(1)
+        return scheduler.step(e, 501, x, generator=gen, **kw)
+
+    x = torch.randn(4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(  # same mean and same noise: the same step (float32 alphas)
+        one_step(ddim, x, eta=1.0).prev_sample, one_step(ddpm, x).prev_sample, rtol=0, atol=1e-5
+    )
+    clipped = {k: v for k, v in SD_SCHEDULER.items() if k != "clip_sample"}  # default True
+    ddpm_clip = DDPMScheduler(**{k: v for k, v in clipped.items() if k != "set_alpha_to_one"})
+    x = 3 * x
+    out = one_step(DDIMScheduler(**clipped), x, eta=1.0)
+    assert float(out.pred_original_sample.abs().max()) == 1.0  # clipping engaged
+    assert (out.prev_sample - one_step(ddpm_clip, x).prev_sample).abs().max() > 0.1
 
 
 def test_from_config_carries_the_schedule_and_prediction_type():

@@ -22,7 +22,7 @@ from diffusers import (
     HeunDiscreteScheduler,
     PNDMScheduler,
 )
-from tiny import SD15_SCHEDULER_FILE
+from tiny import HEIGHT, SD15_PNDM, SD15_SCHEDULER_FILE, WIDTH, embeds
 
 T = 1000
 
@@ -68,6 +68,25 @@ def test_trailing_matches_only_when_the_step_count_divides_1000():
     assert seven[0] == (856, 857)
     assert sum(nxt != target for nxt, target in seven) == 5
     assert all(abs(nxt - target) <= 1 for nxt, target in seven)
+
+
+def test_trailing_is_off_by_at_most_one_timestep():
+    """Elsewhere `trailing` is off by at most one training timestep: at every step count from 2 to 1000 that does not divide 1000, DDIM's target and the grid's next entry differ by 0 or 1, and at some counts (9: one of eight transitions) mostly by 0.
+
+    The grid minus DDIM's target `t - 1000 // n` (`DDIMScheduler.step`'s `prev_timestep`),
+    read from the step itself at four of the counts."""
+    scheduler, off = DDIMScheduler(timestep_spacing="trailing"), {}
+    for n in range(2, T + 1):
+        if T % n == 0:
+            continue
+        scheduler.set_timesteps(n)
+        grid = [t for t in scheduler.timesteps.tolist() if t >= 0]  # 62 counts end at -1
+        gaps = [abs(nxt - (t - T // n)) for t, nxt in itertools.pairwise(grid)]
+        assert max(gaps) <= 1, n
+        off[n] = sum(gaps)
+    assert off[9] == 1 and off[7] == 5
+    for n in (9, 27, 333, 999):  # the step's own target, not the formula
+        assert sum(abs(nxt - target) for nxt, target in transitions("trailing", n)) == off[n], n
 
 
 def test_euler_warns_when_scale_model_input_was_skipped(caplog):
@@ -278,3 +297,30 @@ def test_timesteps_and_sigmas_of_the_three_mirrored_classes():
         trailing = cls(timestep_spacing="trailing")
         trailing.set_timesteps(61)
         assert trailing.timesteps.shape == (62,) and trailing.timesteps[-1] == -1, cls.__name__
+
+
+def test_notes_sd15_pndm_makes_n_plus_one_calls_from_two(sd_pipe, record_calls):
+    """scheduler_notes.md: SD 1.5's PNDM (`order == 1`) makes n + 1 calls from n = 2 (one at n = 1).
+
+    `StableDiffusionPipeline.__call__` with SD 1.5's `PNDMScheduler` settings, unguided (one
+    UNet call per timestep), at 1, 2 and 3 steps; a UNet pre-hook counts the calls."""
+    original = sd_pipe.scheduler
+    try:
+        sd_pipe.scheduler = PNDMScheduler(**SD15_PNDM)
+        assert sd_pipe.scheduler.order == 1
+        calls = {}
+        for n in (1, 2, 3):
+            recorder = record_calls(sd_pipe.unet)
+            sd_pipe(
+                prompt_embeds=embeds(0),
+                guidance_scale=1.0,
+                num_inference_steps=n,
+                height=HEIGHT,
+                width=WIDTH,
+                output_type="latent",
+            )
+            calls[n] = len(recorder.calls)
+            recorder.remove()
+    finally:
+        sd_pipe.scheduler = original
+    assert calls == {1: 1, 2: 3, 3: 4}

@@ -314,7 +314,7 @@ def trailing_loop(cls, steps):
 
 
 def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
-    """`trailing` at 61 steps returns 62 timesteps, the last one -1: the pipeline makes 62 UNet calls, and DDIM, DDPM and PNDM (also `DDIMParallelScheduler`, `DDPMParallelScheduler` and `CogVideoXDDIMScheduler`) read `alphas_cumprod[-1]`, the noisiest level, at that last step and divide by its square root (DDIM's `pred_original_sample` is `(x - sqrt(1 - alphas_cumprod[999]) * noise_pred) / sqrt(alphas_cumprod[999])`), so the final `latents` come out about 15 times the correct ones for SD's schedule when `noise_pred` is small next to them, without an error; Euler, Heun, DPM-Solver and UniPC make the extra calls too but their output is unaffected; 61, 103, 121 and 59 other step counts up to 1000 do this.
+    """`trailing` at 61 steps returns 62 timesteps, the last one -1: the pipeline makes 62 UNet calls, and DDIM, DDPM and PNDM (also `DDIMParallelScheduler`, `DDPMParallelScheduler` and `CogVideoXDDIMScheduler`) read `alphas_cumprod[-1]`, the noisiest level, at that last step and divide by its square root (DDIM's `pred_original_sample` is `(x - sqrt(1 - alphas_cumprod[999]) * noise_pred) / sqrt(alphas_cumprod[999])`), so the final `latents` come out about 15 times the correct ones for SD's schedule when `noise_pred` is small next to them, without an error; Euler, Heun, DPM-Solver and UniPC make the extra calls too but read the smallest `sigma` there (that of `t = 0`), and their output is unaffected; 61, 103, 121 and 59 other step counts up to 1000 do this.
 
     `StableDiffusionPipeline` runs DDIM at 61 steps with a spy on `step`; the latents that
     enter the extra step at -1 are what a correct loop returns (the step from 15 already
@@ -370,10 +370,19 @@ def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
         "DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "DDIMParallelScheduler",
         "DDPMParallelScheduler", "CogVideoXDDIMScheduler",
     }  # fmt: skip
-    assert {
+    harmless = {
         "EulerDiscreteScheduler", "HeunDiscreteScheduler", "DPMSolverMultistepScheduler",
         "UniPCMultistepScheduler",
-    } <= unaffected  # fmt: skip
+    }  # fmt: skip
+    assert harmless <= unaffected
+    abar0 = DDIMScheduler(**SD_BETAS).alphas_cumprod[0].item()
+    for name in harmless:  # the sigma they step from at t = -1: the smallest, t = 0's
+        at61 = getattr(diffusers, name)(timestep_spacing="trailing", **SD_BETAS)
+        at61.set_timesteps(61)
+        sigmas = at61.sigmas[: len(at61.timesteps)]  # sigmas[i] belongs to timesteps[i]
+        last = sigmas[at61.timesteps == -1]
+        assert len(last) and (last == sigmas.min()).all(), name
+        assert last[0].item() == pytest.approx(((1 - abar0) / abar0) ** 0.5, rel=1e-5), name
 
 
 def test_class_defaults():
