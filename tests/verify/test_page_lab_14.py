@@ -260,8 +260,8 @@ def test_a_gguf_file_of_the_numpy_blocks_loads_in_diffusers(starter, tmp_path):
         torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_from_single_file_replaces_only_the_quantized_linears(starter, tmp_path):
-    """GGUF checkpoints are loaded pre-quantized from a `.gguf` file with `from_single_file` and `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)`, which on a tiny Flux transformer's file puts `GGUFLinear` in place of every `nn.Linear` whose weight the file holds quantized and leaves those the file keeps in F32 or F16 plain: the tiny four-block Flux transformer written by the `gguf` package with the starter's Q8_0 blocks for each Linear weight whose rows divide into blocks of 32, `proj_out` in F16 and the rest in F32, loaded back with `FluxTransformer2DModel.from_single_file(path, config=dir, quantization_config=...)`; its bfloat16 output stays within 2% of the unquantized model's."""
+def test_from_single_file_replaces_every_linear_not_in_f32_or_f16(starter, tmp_path):
+    """GGUF checkpoints are loaded pre-quantized from a `.gguf` file with `from_single_file` and `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)`, which on a tiny Flux transformer's file puts `GGUFLinear` in place of every `nn.Linear` whose weight the file holds in a type other than F32 or F16, quantized or BF16, and leaves the F32 and F16 ones plain: the tiny four-block Flux transformer written by the `gguf` package with the starter's Q8_0 blocks for each Linear weight whose rows divide into blocks of 32 (but the first block's `attn.to_q` in BF16, an unquantized type that still becomes a `GGUFLinear`), `proj_out` in F16 and the rest in F32, loaded back with `FluxTransformer2DModel.from_single_file(path, config=dir, quantization_config=...)`; its bfloat16 output stays within 2% of the unquantized model's."""
     from diffusers import FluxTransformer2DModel, GGUFQuantizationConfig
     from diffusers.quantizers.gguf.utils import GGUFLinear
     from gguf import GGMLQuantizationType
@@ -274,6 +274,9 @@ def test_from_single_file_replaces_only_the_quantized_linears(starter, tmp_path)
         w = value.float().numpy()
         if key == "proj_out.weight":
             writer.add_tensor(key, w.astype(np.float16))  # stored F16
+        elif key == "transformer_blocks.0.attn.to_q.weight":  # BF16: not quantized, yet wrapped
+            writer.add_tensor(key, gguf.quants.quantize(w, GGMLQuantizationType.BF16), raw_dtype=GGMLQuantizationType.BF16)  # fmt: skip
+            continue
         elif w.ndim == 2 and w.shape[1] % 32 == 0:
             writer.add_tensor(key, starter["quantize"](w, "Q8_0"), raw_dtype=GGMLQuantizationType.Q8_0)  # fmt: skip
             continue
@@ -291,6 +294,7 @@ def test_from_single_file_replaces_only_the_quantized_linears(starter, tmp_path)
     assert {"proj_out", "x_embedder"} <= kept  # one F16, one F32 whose rows do not divide by 32
     assert {n for n, cls in linears.items() if cls is GGUFLinear} == set(linears) - kept
     assert len(set(linears) - kept) > 30
+    assert loaded.transformer_blocks[0].attn.to_q.weight.quant_type == GGMLQuantizationType.BF16
     with torch.no_grad():
         y = loaded(**_bf16_inputs())[0].float()
         y_ref = model.to(torch.bfloat16)(**_bf16_inputs())[0].float()
@@ -525,7 +529,7 @@ def test_quant_backend_constructs_for_three_backends_only(monkeypatch):
 
 
 def test_pipeline_quantization_config_maps_components(tmp_path):
-    """GGUF and `bfl` in `quant_mapping` raise `TypeError` at load (`json.dumps` of their config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); both load pre-quantized checkpoints only through `from_single_file`: of the registry's configs that construct here with their defaults, exactly these two fail `json.dumps(config.to_dict())`, are `pre_quantized`, and raise `TypeError` when a saved tiny `FluxPipeline` is loaded with them in `quant_mapping` (the others stop earlier: bitsandbytes at the missing GPU, quanto at its missing package, and `auto-round` with `ValueError` because its quantizer loads only pre-quantized checkpoints, through `quant_backend="auto-round"` too; that `from_single_file` loads `bfl` is read from the source, not run; GGUF's is run above). `QuantoConfig` and its quantizer are deprecated in 0.42.1: building them raises a `FutureWarning`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized` and computes in float32 unless told otherwise; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
+    """GGUF and `bfl` in `quant_mapping` raise `TypeError` at load (`json.dumps` of their config's `torch.dtype`, [`modeling_utils.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/models/modeling_utils.py#L1206)); both load pre-quantized checkpoints only through `from_single_file`: of the registry's configs that construct here with their defaults, exactly these two fail `json.dumps(config.to_dict())`, are `pre_quantized`, and raise `TypeError` when a saved tiny `FluxPipeline` is loaded with them in `quant_mapping` (the others stop earlier: bitsandbytes at the missing GPU, quanto at its missing package, and `auto-round` with `ValueError` because its quantizer loads only pre-quantized checkpoints, through `quant_backend="auto-round"` too; that `from_single_file` loads `bfl` is read from the source, not run; GGUF's is run above). `QuantoConfig` and its quantizer are deprecated in 0.42.1: building them raises a `FutureWarning`. A tiny `FluxPipeline` saved and reloaded with `DiffusionPipeline.from_pretrained(dir, quantization_config=PipelineQuantizationConfig(quant_mapping={"transformer": ...}))`: `GGUFQuantizationConfig(compute_dtype=torch.bfloat16)` raises `TypeError`, `TorchAoConfig(Int8WeightOnlyConfig())` puts a torchao tensor in every `nn.Linear` of the transformer and leaves the VAE's parameters plain. `quant_backend="gguf"` with `quant_kwargs` raises `ValueError`; `GGUFQuantizationConfig` is `pre_quantized`; `from_pretrained` rejects a `quantization_config` that is not a `PipelineQuantizationConfig`."""
     import contextlib
     import json
 
@@ -544,7 +548,6 @@ def test_pipeline_quantization_config_maps_components(tmp_path):
     with pytest.raises(ValueError, match="signatures of the __init__ methods"):
         PipelineQuantizationConfig(quant_backend="gguf", quant_kwargs={"compute_dtype": torch.bfloat16})  # fmt: skip
     assert config.pre_quantized is True
-    assert GGUFQuantizationConfig().compute_dtype == torch.float32
     with pytest.raises(ValueError, match="must be an instance of `PipelineQuantizationConfig`"):
         DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=config)
     tiny_flux_pipeline().save_pretrained(tmp_path)
