@@ -277,9 +277,8 @@ def page_id(page: Path) -> str:
 #: Numbers the glossary's definitions (includes/abbreviations.md, shown on every page as a
 #: hover and listed on the glossary page) quote, each with the verify test that observes it
 GLOSSARY_NUMBERS = {
-    "1.0": "tests/verify/test_page_interview.py::test_euler_and_ddim_scale_the_state_differently"
-    " and tests/verify/test_page_forward_reverse.py: init_noise_sigma is 1.0 for DDIMScheduler,"
-    " read from the schedulers the pipeline runs",
+    "1.0": "tests/verify/test_page_scheduler.py::test_init_noise_sigma_per_class_and_spacing:"
+    " init_noise_sigma is 1.0 for DDPMScheduler and DDIMScheduler",
 }
 
 
