@@ -378,7 +378,7 @@ for row in sorted(first_step, key=lambda r: r["boundary"] != "condition into the
     stage = "prepare" if row["boundary"] == "condition into the unet" else row["stage"]
     here = f"{row['name']} " if row["name"] != name else ""
     sd_shape = str(expand(layout, sd15))
-    if row["boundary"] == "set_timesteps":  # SD 1.5's shipped PNDMScheduler adds one timestep
+    if row["boundary"] == "set_timesteps":  # SD 1.5's shipped PNDM adds one (n >= 2; here 50)
         sd_shape += f" DDIM, ({sd15['n'] + 1},) PNDM"
     diagram_rows.append((stage, operation, [
         f"{name} ({layout}{',' if ',' not in layout else ''})",

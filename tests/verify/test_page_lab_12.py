@@ -230,6 +230,12 @@ def test_prepare_latents_multiplies_by_init_noise_sigma():
         sigma = float(pipe.scheduler.init_noise_sigma)
         out = pipe.prepare_latents(B, 4, SIZE, SIZE, torch.float32, "cpu", None, start_latents(B))
         torch.testing.assert_close(out, start_latents(B) * sigma)
+        # the drawing branch too (latents=None): randn_tensor from the generator, then the scale
+        drawn = pipe.prepare_latents(B, 4, SIZE, SIZE, torch.float32, "cpu",
+                                     torch.Generator().manual_seed(3))  # fmt: skip
+        side = SIZE // pipe.vae_scale_factor
+        noise = torch.randn(B, 4, side, side, generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(drawn, noise * sigma)
         assert sigma == 1.0 if scheduler is None else sigma > 10.0
 
 
@@ -384,6 +390,24 @@ def test_passed_prompt_embeds_are_cast_and_repeated_not_encoded(tmp_path, record
     out, out_negative = no_encoder.encode_prompt(None, "cpu", 1, True, prompt_embeds=prompt_embeds,
                                                  negative_prompt_embeds=negative)  # fmt: skip
     assert out.dtype == out_negative.dtype == torch.bfloat16  # unet.dtype
+
+
+def test_sd15_prompt_embeds_are_b_77_768(tmp_path):
+    """With SD 1.5's text encoder, `encode_prompt` turns the prompts and the empty negative prompts into `prompt_embeds` and `negative_prompt_embeds` of `(B, 77, 768)` each, the width SD 1.5's UNet takes as `cross_attention_dim`.
+
+    The pipeline's own ``encode_prompt``, guided, two prompts, with SD 1.5's CLIP ViT-L text
+    encoder built on the meta device from its published config (``model_configs.py``).
+    """
+    from model_configs import CLIP_L_TEXT, SD15_UNET
+    from tiny import tiny_tokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    with torch.device("meta"):
+        encoder = CLIPTextModel(CLIPTextConfig(**CLIP_L_TEXT))
+    pipe = tiny_sd_pipeline(text_encoder=encoder, tokenizer=tiny_tokenizer(tmp_path))
+    prompt_embeds, negative = pipe.encode_prompt(["a", "b"], torch.device("meta"), 1, True)
+    assert prompt_embeds.shape == negative.shape == (2, 77, 768)
+    assert SD15_UNET["cross_attention_dim"] == 768
 
 
 def test_latent_channels_and_factor_per_family():
