@@ -539,7 +539,7 @@ def test_rescale_noise_cfg_documentation():
 
 
 def test_imagen_convention_comment():
-    """A source comment above `do_classifier_free_guidance` defines `guidance_scale` as the weight `w` of equation (2) of the Imagen paper and says "`guidance_scale = 1` corresponds to doing no classifier free guidance"."""
+    """A source comment above `StableDiffusionPipeline.do_classifier_free_guidance` defines `guidance_scale` as the weight `w` of equation (2) of the Imagen paper and says "`guidance_scale = 1` corresponds to doing no classifier free guidance"."""
     source = inspect.getsource(StableDiffusionPipeline)
     head, _, _ = source.partition("def do_classifier_free_guidance")
     comment = " ".join(re.findall(r"^\s*# ?(.*)$", head[-600:], re.MULTILINE))

@@ -537,6 +537,33 @@ def test_sd3_t5_runs_without_an_attention_mask(sd3_pipe, record_calls):
     torch.testing.assert_close(masked[:, :5], masked_short[:, :5])
 
 
+def test_no_attention_mask_reaches_encoders_or_denoiser(
+    sd_text_pipe, sdxl_pipe, sd3_pipe, record_calls
+):
+    """In SD 1.x, SDXL and SD3 no attention mask reaches the encoders (CLIP or T5) or the denoiser: in each pipeline's `__call__` with CFG, every text encoder gets the input ids alone and every denoiser call carries no mask.
+
+    A pre-hook on every text encoder and on the UNet or transformer records each call's
+    arguments; one step each.
+    """
+    cases = [(sd_text_pipe, {}), (sdxl_pipe, {}), (sd3_pipe, {"max_sequence_length": 12})]
+    for pipe, extra in cases:
+        encoders = [getattr(pipe, n, None) for n in ("text_encoder", "text_encoder_2", "text_encoder_3")]  # fmt: skip
+        encoder_calls = [record_calls(e).calls for e in encoders if e is not None]
+        denoiser = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
+        denoiser_calls = record_calls(denoiser).calls
+        pipe("ab cd", num_inference_steps=1, height=HEIGHT, width=WIDTH,
+             output_type="latent", **extra)  # fmt: skip
+        for calls in encoder_calls:
+            assert calls, type(pipe).__name__
+            for args, kwargs in calls:
+                assert len(args) == 1 and kwargs.get("attention_mask") is None
+        assert len(denoiser_calls) == 1
+        for _, kwargs in denoiser_calls:
+            assert kwargs["encoder_hidden_states"].shape[0] == 2  # CFG on
+            masks = {k: v for k, v in kwargs.items() if "mask" in k and v is not None}
+            assert masks == {} and not (kwargs.get("cross_attention_kwargs") or {})
+
+
 def test_sd3_without_t5_uses_zeros(tokenizers, record_calls):
     """With `text_encoder_3=None`, `_get_t5_prompt_embeds` returns zeros of shape `(B, max_sequence_length, joint_attention_dim)`, so `prompt_embeds` keeps its shape and only the CLIP tokens carry the prompt; in `StableDiffusion3Pipeline.__call__` the transformer still receives those zero rows, 77 + `max_sequence_length` text tokens, at every step."""
     pipe = sd3_pipeline(tokenizers, with_t5=False)
