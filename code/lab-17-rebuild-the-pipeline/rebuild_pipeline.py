@@ -348,6 +348,9 @@ def contract_break(calls):
             if method != call.method or fits(value, shape, like.dtype):
                 continue
             variable, passer = PASSED_AS.get((method, arg), (None, None))
+            held = call.caller_arrays.get("latents")  # your latents when the call was made
+            if arg == "sample" and number == 1 and step == 1 and isinstance(held, np.ndarray) and not fits(held, noise.shape, noise.dtype) and isinstance(value, np.ndarray) and value.dtype == held.dtype and np.array_equal(value, np.concatenate([held] * 2)):  # fmt: skip
+                return f"your latents break the contract before blank 1 doubles them (step 1 of {n}): they are {describe(held)}, and {method}({arg}=...) gets them doubled, {describe(value)}; the loop carries {noise.shape} {noise.dtype}, B = {B} rows: compare the lines before this call"  # fmt: skip
             if variable and fits(call.caller_arrays.get(variable), shape, like.dtype):
                 number = passer  # the right variable was there: this blank passed another
             elif arg == "sample" and number < 3 and step > 1:
@@ -578,7 +581,8 @@ def first_difference(yours, reference, complete=True, fn=None):
                 ratio = np.vdot(a, b) / np.vdot(b, b)  # yours = ratio x solution, if proportional
                 error = np.abs(a - b).max()
                 lines.append(f"  max |yours - solution| {error:.4g}")
-                if np.abs(a - ratio * b).max() < 1e-6 * np.abs(b).max():
+                proportional = np.abs(a - ratio * b).max() < 1e-6 * np.abs(b).max()
+                if proportional and f"{ratio:.4g}" != "1":  # 1 would say only that they round alike
                     lines.append(f"  yours is {ratio:.4g} x the solution's, everywhere")
             variable, passer = PASSED_AS.get((method, arg), (None, None))
             t_mine, t_ref = mine.caller_arrays.get("t"), ref.caller_arrays.get("t")

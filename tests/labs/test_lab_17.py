@@ -499,6 +499,20 @@ def test_latents_wrong_before_a_right_doubling_blame_no_blank(checker, tmp_path,
     assert "blank 1 differs" not in out, out
 
 
+def test_the_plain_run_blames_no_blank_for_latents_wrong_before_a_right_doubling(run_here):
+    """The given init_noise_sigma line cast to float32: blank 1 doubles the latents it gets, as
+    it should, so the plain run names no blank and says your latents break the contract before
+    blank 1 doubles them (it once said blank 1 breaks it); --check shows the dtypes and no
+    "1 x the solution's" ratio that only rounds to 1."""
+    source = filled("latents = latents * scheduler.init_noise_sigma", "latents = (latents * scheduler.init_noise_sigma).astype(np.float32)")  # fmt: skip
+    plain = run_here(source)
+    assert plain.returncode == 1 and plain.stdout.startswith("your latents break the contract before blank 1 doubles them (step 1 of 20): they are (8, 4, 4, 4) float32"), plain.stdout  # fmt: skip
+    assert "blank 1 breaks" not in plain.stdout, plain.stdout
+    check = run_here(source, "--check")
+    assert check.returncode == 1 and "your pipeline() differs from the solution (step 1 of 20)" in check.stdout, check.stdout  # fmt: skip
+    assert "(16, 4, 4, 4) float32" in check.stdout and "yours is 1 x" not in check.stdout, check.stdout  # fmt: skip
+
+
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
 def test_quitting_the_debugger_says_so(run_here, argv):
     """pdb's q at a breakpoint() in blank 3: the line and its blank, and that you quit the
@@ -935,26 +949,47 @@ def test_with_one_step_the_checker_names_blank_4_for_ddim_and_sees_nothing_for_e
     )
 
 
-def test_scaling_b_rows_then_doubling_gives_the_same_images_and_is_still_named(run_here):
+@pytest.mark.parametrize(
+    ("old", "new", "number"),
+    [
+        (
+            (
+                "latent_model_input = np.concatenate([latents] * 2)",
+                "scheduler.scale_model_input(latent_model_input, t)",
+            ),
+            (
+                "latent_model_input = latents",
+                "np.concatenate([scheduler.scale_model_input(latent_model_input, t)] * 2)",
+            ),
+            1,
+        ),
+        (  # blank 1 doubles as given; blank 2 scales your latents and doubles them itself
+            "latent_model_input = scheduler.scale_model_input(latent_model_input, t)",
+            "latent_model_input = np.concatenate([scheduler.scale_model_input(latents, t)] * 2)",
+            2,
+        ),
+    ],
+    ids=["in blank 1", "in blank 2"],
+)
+def test_scaling_b_rows_then_doubling_gives_the_same_images_and_is_still_flagged(run_here, old, new, number):  # fmt: skip
     """Scaling the B latents and then doubling gives bit-identical images (Euler's scale is one
-    number per step), but diffusers doubles first: the run and the checker name blank 1 and say
-    it is diffusers' convention."""
-    source = filled(
-        "latent_model_input = np.concatenate([latents] * 2)", "latent_model_input = latents"
-    )
-    source = source.replace(
-        "scheduler.scale_model_input(latent_model_input, t)",
-        "np.concatenate([scheduler.scale_model_input(latent_model_input, t)] * 2)",
-    )
+    number per step), but diffusers doubles first: the run and the checker flag step 1's
+    scale_model_input, which gets B rows, and name the blank that scaled them (blank 1 leaving
+    B rows, with a note on diffusers' order; blank 2 scaling your latents: blank 2)."""
+    source = filled(old, new)
     check = run_here(source, "--check")
-    assert "blank 1 differs from the solution (step 1 of 20)" in check.stdout, check.stdout
-    assert "diffusers doubles, then scales" in check.stdout
+    assert check.returncode == 1 and f"blank {number} differs from the solution (step 1 of 20)" in check.stdout, check.stdout  # fmt: skip
+    assert "scheduler.scale_model_input(sample=...)" in check.stdout
+    assert "(8, 4, 4, 4) float64" in check.stdout
     assert "images: max |yours - solution| 0\n" in check.stdout
     plain = run_here(source)
-    assert (
-        plain.stdout.startswith("blank 1 breaks the contract")
-        and "diffusers doubles" in plain.stdout
-    )
+    assert plain.returncode == 1 and plain.stdout.startswith(
+        f"blank {number} breaks the contract (step 1 of 20): scheduler.scale_model_input(sample=...) gets (8, 4, 4, 4)"
+    ), plain.stdout  # fmt: skip
+    if number == 1:  # blank 1 left B rows: the note says whose order the checker follows
+        assert (
+            "diffusers doubles, then scales" in check.stdout and "diffusers doubles" in plain.stdout
+        )
 
 
 def test_an_if_guide_branch_is_told_the_toy_loop_always_guides(run_here):
