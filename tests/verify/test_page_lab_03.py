@@ -70,23 +70,21 @@ def test_trailing_matches_only_when_the_step_count_divides_1000():
     assert all(abs(nxt - target) <= 1 for nxt, target in seven)
 
 
-def test_trailing_is_off_by_at_most_one_timestep():
-    """Elsewhere `trailing` is off by at most one training timestep: at every step count from 2 to 1000 that does not divide 1000, DDIM's target and the grid's next entry differ by 0 or 1, and at some counts (9: one of eight transitions) mostly by 0.
+def test_trailing_matches_the_stride_only_when_the_step_count_divides_1000():
+    """`trailing` matches DDIM's stride only when the step count divides 1000: at every dividing count from 2 to 1000 each transition lands on the next grid entry, at every other count at least one does not.
 
-    The grid minus DDIM's target `t - 1000 // n` (`DDIMScheduler.step`'s `prev_timestep`),
-    read from the step itself at four of the counts."""
+    The whole grid (its final -1 included, at the 62 counts that end there) against DDIM's
+    target `t - 1000 // n` (`DDIMScheduler.step`'s `prev_timestep`), read from the step itself
+    at five of the counts."""
     scheduler, off = DDIMScheduler(timestep_spacing="trailing"), {}
     for n in range(2, T + 1):
-        if T % n == 0:
-            continue
         scheduler.set_timesteps(n)
-        grid = [t for t in scheduler.timesteps.tolist() if t >= 0]  # 62 counts end at -1
-        gaps = [abs(nxt - (t - T // n)) for t, nxt in itertools.pairwise(grid)]
-        assert max(gaps) <= 1, n
-        off[n] = sum(gaps)
-    assert off[9] == 1 and off[7] == 5
-    for n in (9, 27, 333, 999):  # the step's own target, not the formula
-        assert sum(abs(nxt - target) for nxt, target in transitions("trailing", n)) == off[n], n
+        grid = scheduler.timesteps.tolist()
+        off[n] = sum(nxt != t - T // n for t, nxt in itertools.pairwise(grid))
+        assert (off[n] == 0) == (T % n == 0), n
+    assert off[7] == 5 and off[9] == 1
+    for n in (9, 10, 27, 333, 999):  # the step's own target, not the formula
+        assert sum(nxt != target for nxt, target in transitions("trailing", n)) == off[n], n
 
 
 def test_euler_warns_when_scale_model_input_was_skipped(caplog):
@@ -101,6 +99,26 @@ def test_euler_warns_when_scale_model_input_was_skipped(caplog):
         out = scheduler.step(torch.zeros_like(sample), t, sample).prev_sample
     assert torch.isfinite(out).all()
     assert any("scale_model_input" in r.getMessage() for r in caplog.records)
+
+
+def test_skipping_scale_model_input_feeds_init_noise_sigma_times_too_large():
+    """Skip `scale_model_input` with Euler and the network sees inputs about `init_noise_sigma` times too large at the first step, under every spacing on SD's betas, so less with SDXL's `leading` config than with `linspace` or `trailing`."""
+    noise = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(2))
+    for spacing in ("leading", "trailing", "linspace"):
+        scheduler = EulerDiscreteScheduler(
+            timestep_spacing=spacing,
+            steps_offset=1,
+            beta_schedule="scaled_linear",
+            beta_start=0.00085,
+            beta_end=0.012,
+        )
+        scheduler.set_timesteps(10)
+        latents = noise * scheduler.init_noise_sigma
+        seen = scheduler.scale_model_input(latents, scheduler.timesteps[0])
+        ratio = float(latents.std() / seen.std())
+        assert ratio == pytest.approx(float(scheduler.init_noise_sigma), rel=0.005), spacing
+        expected = 8.45 if spacing == "leading" else 14.6
+        assert ratio == pytest.approx(expected, rel=0.005), spacing
 
 
 def test_flow_match_shifts_sigma_min_twice():
