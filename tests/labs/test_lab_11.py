@@ -35,6 +35,17 @@ def test_one_denoiser_call_per_step(rows):
         assert calls == steps
 
 
+def test_trailing_ddim_makes_one_call_more_at_61_steps():
+    """The `trailing` DDIM grid gains a last t = -1 at some step counts: `--steps 61` makes 62 calls."""
+    from infralens_docs.runner import run_starter
+
+    run = run_starter(STARTER, ["--steps", "60,61", "--schedulers", "ddim,euler"], cache=False)
+    assert run.returncode == 0, run.stderr
+    rows = table(run.stdout)
+    assert rows[("ddim", 61)][0] == 62
+    assert rows[("ddim", 60)][0] == 60 and rows[("euler", 61)][0] == 61
+
+
 def test_enough_steps_land_on_the_modes_with_the_right_weights(rows):
     for name in ["ddpm", "ddim", "euler", "euler_karras", "flow_match"]:
         _, on_mode, weight_err, spread = rows[(name, 50)]

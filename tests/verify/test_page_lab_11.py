@@ -92,7 +92,11 @@ def test_the_labs_configs_are_sd15s_with_the_listed_overrides(run_lab):
 
 
 def test_the_labs_schedulers_give_n_timesteps_for_n_steps(run_lab):
-    """Built with diffusers' classes, each of the lab's five configurations has `order = 1` and gives exactly `n` timesteps for `set_timesteps(n)`: one denoiser call per step; `order = 1` alone does not guarantee it, since SD 1.5's `PNDMScheduler` (`order = 1`) gives `n + 1` from `n = 2` (one at `n = 1`)."""
+    """Built with diffusers' classes, each of the lab's five configurations has `order = 1` and gives `n` timesteps for `set_timesteps(n)` at the page's step counts (2 to 200), but not at every `n`: DDIM's `trailing` grid gives 62 at `n = 61`, the last `t = -1`, as the starter's does; and SD 1.5's `PNDMScheduler` (`order = 1`) gives `n + 1` from `n = 2` (one at `n = 1`).
+
+    ``trailing`` computes ``np.arange(1000, 0, -1000 / n)``, whose float step can give ``n + 1``
+    entries; the last rounds to 0 and becomes -1.
+    """
     lab = run_lab(LAB11, *QUICK)
     schedulers = diffusers_configs()
     assert list(schedulers) == lab["SCHEDULERS"]
@@ -101,6 +105,10 @@ def test_the_labs_schedulers_give_n_timesteps_for_n_steps(run_lab):
         for n in [2, 5, 10, 25, 50, 200]:
             scheduler.set_timesteps(n)
             assert len(scheduler.timesteps) == n, (name, n)
+    ddim, (ours, _) = schedulers["ddim"], lab["make"]("ddim")
+    ddim.set_timesteps(61), ours.set_timesteps(61)
+    assert len(ddim.timesteps) == len(ours.timesteps) == 62
+    assert int(ddim.timesteps[-1]) == int(ours.timesteps[-1]) == -1
     pndm = PNDMScheduler(skip_prk_steps=True, set_alpha_to_one=False, **lab["sd_config"])
     assert pndm.order == 1
     for n, expected in [(1, 1), (2, 3), (10, 11), (999, 1000)]:

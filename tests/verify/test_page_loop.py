@@ -286,7 +286,12 @@ def test_encode_prompt_pads_to_77_and_puts_the_negative_first(text_pipe, record_
 
 
 def test_custom_timesteps_and_sigmas(sd_pipe, record_calls, bars):
-    """`retrieve_timesteps` passes custom `timesteps=` or `sigmas=` to `set_timesteps` only if its signature accepts them, raising `ValueError` otherwise, and then sets `num_inference_steps = len(timesteps)`, which is what the progress bar counts."""
+    """`retrieve_timesteps` passes custom `timesteps=` or `sigmas=` to `set_timesteps` only if its signature accepts them, raising `ValueError` otherwise, and then sets `num_inference_steps = len(timesteps)`, which becomes the progress bar's `total`.
+
+    The bar need not reach it: with an order-2 scheduler it advances on every second call, so
+    ``HeunDiscreteScheduler`` with ``timesteps=[999, 500, 1]`` makes 5 UNet calls under a bar of
+    ``total=5`` that advances 3 times.
+    """
     ddpm = sd_with(sd_pipe, scheduler=sd_scheduler(DDPMScheduler))
     calls = record_calls(ddpm.unet).calls
     bar = bars(ddpm)
@@ -298,6 +303,12 @@ def test_custom_timesteps_and_sigmas(sd_pipe, record_calls, bars):
     bar = bars(euler)
     run(euler, guidance_scale=1.0, steps=50, sigmas=[10.0, 3.0, 1.0, 0.3, 0.0])  # ends at 0
     assert len(calls) == 4 and bar[0].total == 4
+    heun = sd_with(sd_pipe, scheduler=sd_scheduler(HeunDiscreteScheduler))
+    calls.clear()
+    bar = bars(heun)
+    run(heun, guidance_scale=1.0, steps=50, timesteps=[999, 500, 1])
+    assert len(calls) == len(heun.scheduler.timesteps) == bar[0].total == 5
+    assert bar[0].updates == 3
     torch.testing.assert_close(euler.scheduler.sigmas, torch.tensor([10.0, 3.0, 1.0, 0.3, 0.0]))
     assert "timesteps" not in inspect.signature(DDIMScheduler.set_timesteps).parameters
     with pytest.raises(ValueError, match="does not support custom timestep"):
@@ -305,7 +316,7 @@ def test_custom_timesteps_and_sigmas(sd_pipe, record_calls, bars):
 
 
 def test_timesteps_shape_and_dtype_per_scheduler(sd_pipe, record_calls):
-    """After `set_timesteps(n)`, `scheduler.timesteps` has shape `(n,)`, int64 for `DDPMScheduler` and `DDIMScheduler` and float32 for `EulerDiscreteScheduler`, and the pipeline passes each entry `t` to the UNet as a 0-d tensor."""
+    """With SD 1.5's settings, after `set_timesteps(n)`, `scheduler.timesteps` has shape `(n,)`, int64 for `DDPMScheduler` and `DDIMScheduler` and float32 for `EulerDiscreteScheduler`, and the pipeline passes each entry `t` to the UNet as a 0-d tensor."""
     calls = record_calls(sd_pipe.unet).calls
     for scheduler, dtype in [
         (sd_scheduler(DDPMScheduler), torch.int64),
@@ -999,7 +1010,7 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
 
 
 def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
-    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, `n` times with DDIM and Euler, `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
+    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, with SD 1.5's settings `n` times with DDPM, DDIM and Euler, `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
 
     The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` (LMS and
     DPMSolverSDE included: the verify extra installs scipy and torchsde), each with SD 1.5's
@@ -1012,7 +1023,11 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
     another signature (``sample_hat``), so the pipeline raises ``TypeError``. Every compatible
     class whose config has ``solver_order=2`` (``DPMSolverMultistepScheduler``, DPM-Solver++ 2M,
     among them) has ``order == 1`` and makes ``n`` calls: a second-order solver is not an
-    order-2 scheduler.
+    order-2 scheduler. With SD 1.5's settings (``leading`` for DDPM and DDIM, the ``linspace``
+    that Euler and DPM-Solver++ 2M get from ``from_config``) each gives ``n`` timesteps at every
+    ``n`` from 1 to 1000. Without that qualifier the count fails: with ``trailing`` spacing,
+    ``np.arange(1000, 0, -1000 / n)`` can return ``n + 1`` entries, the last ``t = -1``, so DDIM
+    at ``n = 61`` makes 62 UNet calls.
     """
     calls = record_calls(sd_pipe.unet).calls
     n, seen, order_2, solver_order_2 = 3, set(), set(), {}
@@ -1080,6 +1095,16 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
         assert len(seen_calls) == len(pipe.scheduler.timesteps) == 2 * n - 1, cls.__name__
         ran.add(cls.__name__)
     assert "FlowMatchHeunDiscreteScheduler" in ran, (ran, not_run)
+    for cls in [DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler, DPMSolverMultistepScheduler]:
+        scheduler = sd_scheduler(cls)
+        for steps in range(1, 1001):
+            scheduler.set_timesteps(steps)
+            assert len(scheduler.timesteps) == steps, (cls.__name__, steps)
+    trailing = sd_with(sd_pipe, scheduler=sd_scheduler(DDIMScheduler, timestep_spacing="trailing"))
+    calls.clear()
+    run(trailing, guidance_scale=1.0, steps=61)
+    assert len(calls) == len(trailing.scheduler.timesteps) == 62
+    assert int(trailing.scheduler.timesteps[-1]) == -1
 
 
 @pytest.fixture(scope="module")
@@ -1125,8 +1150,27 @@ def test_timestep_spacing_keeps_the_count_and_moves_the_start():
     assert starts == {"leading": 981, "trailing": 999}
 
 
-def test_grid_options_move_the_steps_not_their_number():
-    """`use_karras_sigmas=True`, a flow-matching `shift` and custom `sigmas=` change where the steps fall along the noise axis, not how many there are."""
+def test_grid_options_move_the_steps_not_their_number(sd_pipe):
+    """`use_karras_sigmas=True`, a flow-matching `shift` and custom `sigmas=` change where the steps fall along the noise axis, not how many there are.
+
+    Karras sigmas keep the count for every class in ``StableDiffusionPipeline``'s compatibles
+    whose grid the option moves, with SD 1.5's settings (at 1, 10 and 50 steps).
+    """
+    karras = set()
+    for cls in sd_pipe.scheduler.compatibles:
+        if cls is PNDMScheduler:  # no Karras option; SD 1.5 ships it with skip_prk_steps=True
+            continue
+        plain, with_karras = sd_scheduler(cls), sd_scheduler(cls, use_karras_sigmas=True)
+        for n in [1, 10, 50]:
+            plain.set_timesteps(n), with_karras.set_timesteps(n)
+            assert len(with_karras.timesteps) == len(plain.timesteps), (cls.__name__, n)
+        if not torch.equal(with_karras.timesteps, plain.timesteps):
+            karras.add(cls.__name__)  # the option moved the grid
+    assert {
+        "EulerDiscreteScheduler",
+        "DPMSolverMultistepScheduler",
+        "HeunDiscreteScheduler",
+    } <= karras
     grids = {}
     for name, scheduler, kwargs in [
         ("euler", sd_scheduler(EulerDiscreteScheduler), dict(num_inference_steps=10)),
