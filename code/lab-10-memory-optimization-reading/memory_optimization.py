@@ -397,7 +397,8 @@ table(
 # `pipe.to("cpu")` moves everything out; SD's `safety_checker` (`_exclude_from_cpu_offload`,
 # no hook) stays on the GPU during the call and is moved out and back in then.
 # `enable_sequential_cpu_offload` copies each submodule's weights in for its own forward and
-# drops them after (no copy back): every forward streams its component in once.
+# drops them after (no copy back): every forward streams in the submodules it runs, once
+# (a text-to-image call never runs the VAE's encoder).
 # Bandwidth is an assumption (`--pcie-gbps`); copies from pageable memory, per-copy
 # latency and compute are not modelled, so every time below is a floor.
 
@@ -410,6 +411,23 @@ def clip_vision_params(hidden=1024, layers=24, mlp=4096, patch=14, image=224, pr
     embed = hidden + 3 * patch * patch * hidden + positions * hidden  # class, patch conv, positions
     layer = 4 * (hidden * hidden + hidden) + 2 * hidden * mlp + mlp + hidden + 4 * hidden
     return embed + 4 * hidden + layers * layer + hidden * proj  # + pre/post LayerNorm, projection
+
+
+def vae_encoder_params(config):
+    """AutoencoderKL's encoder and quant_conv, from the config's shapes: a text-to-image call
+    never runs them, so sequential offload never streams them in."""
+    conv = lambda i, o, k=3: i * o * k * k + o  # noqa: E731
+    resnet = lambda i, o: 2 * i + conv(i, o) + 2 * o + conv(o, o) + (conv(i, o, 1) if i != o else 0)  # noqa: E731
+    widths, layers = config["block_out_channels"], config["layers_per_block"]
+    n, prev = conv(config["in_channels"], widths[0]), widths[0]
+    for k, width in enumerate(widths):
+        n += sum(resnet(prev if j == 0 else width, width) for j in range(layers))
+        n += conv(width, width) if k < len(widths) - 1 else 0  # downsample
+        prev = width
+    c, z = widths[-1], 2 * config["latent_channels"]  # mean and logvar
+    n += 2 * resnet(c, c) + 2 * c + 4 * (c * c + c)  # mid block: two resnets, one attention
+    n += 2 * c + conv(c, z)  # conv_norm_out, conv_out
+    return n + (conv(z, z, 1) if config.get("use_quant_conv", True) else 0)
 
 
 # The hooked forwards of one pipe(prompt) call at the default guidance, in order, with the
@@ -465,6 +483,8 @@ def model_offload(order, seq, parts, stays=0):
 safety_checker_params = clip_vision_params() + 20 * 768 + 20  # + 17 + 3 concept embeddings
 pipelines = list(FORWARDS)
 sizes = {p: {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows(p)} for p in pipelines}
+vae_rows = {p: next(r for r in model_sizes.rows(p) if r["component"] == "vae") for p in pipelines}
+encoder_share = {p: vae_encoder_params(r["config"]) / r["params"] for p, r in vae_rows.items()}
 stays = {"SD 1.5": 2 * safety_checker_params}  # fp16 bytes; _exclude_from_cpu_offload: no hook
 # float16 loading keeps T5's wo layers in float32 (_keep_in_fp32_modules; not in bfloat16)
 t5 = next(r for r in model_sizes.rows("SD3 Medium") if r["component"] == "text_encoder_3")
@@ -486,10 +506,10 @@ for name, (p, parts) in offload_variants.items():
     order = call_order(p, parts, args.steps)
     crossings[name], _ = model_offload(order, OFFLOAD_SEQ[p], parts, stays.get(p, 0))
     model_bytes = sum(n * parts[c] for c, n in crossings[name].items()) + 2 * stays.get(p, 0)
-    # in only, once per forward; the checker stays; the whole VAE is counted, though a
-    # text-to-image call runs only its decoder (the encoder is 0.07 GB of SD's VAE)
+    # in only, once per forward; the checker stays; the VAE's encoder never runs (0.07 GB)
     seq_bytes = sum(parts[c] for c in order)
     model_bytes, seq_bytes = (b + upcast_in.get(name, 0) for b in (model_bytes, seq_bytes))
+    seq_bytes -= (parts["vae"] + upcast_in.get(name, 0)) * encoder_share[p]
     total = sum(parts.values()) + stays.get(p, 0)
     offload_rows.append([name, f"{total / 1e9:.2f}", f"{stays.get(p, 0) / 1e9:.2f}", f"{model_bytes / 1e9:.2f}", f"{model_bytes / (pcie_gbps * 1e9):.2f} s", f"{seq_bytes / 1e9:.1f}", f"{seq_bytes / (pcie_gbps * 1e9):.1f} s"])  # fmt: skip
 # --8<-- [end:offload]

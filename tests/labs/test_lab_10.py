@@ -88,22 +88,27 @@ def test_offload_bytes_from_model_sizes(lab):
     checker = 2 * lab["safety_checker_params"]
     rows = {r[0]: r for r in lab["offload_rows"]}
     assert rows["SD 1.5, fp16"][3] == f"{2 * (sum(sd.values()) + checker) / 1e9:.2f}"  # out, in
-    # sequential: every forward streams its component in; CFG encodes the prompt and "";
-    # SD 1.5's shipped PNDM (skip_prk_steps) calls the UNet steps + 1 times
+    # sequential: every forward streams in what it runs; CFG encodes the prompt and "";
+    # SD 1.5's shipped PNDM (skip_prk_steps) calls the UNet steps + 1 times; the VAE's
+    # encoder (and quant_conv) never runs in a text-to-image call, so it never crosses
     assert lab["call_order"]("SD 1.5", sd, steps).count("unet") == steps + 1 == 31
-    seq = sum(sd.values()) + sd["text_encoder"] + sd["unet"] * steps  # checker stays
+    encoder = {p: lab["vae_encoder_params"](lab["vae_rows"][p]["config"]) for p in ("SD 1.5", "SD3 Medium")}  # fmt: skip
+    assert encoder == {"SD 1.5": 34_163_664, "SD3 Medium": 34_274_208}  # meta counts, verify test
+    seq = sum(sd.values()) + sd["text_encoder"] + sd["unet"] * steps - 2 * encoder["SD 1.5"]
     assert rows["SD 1.5, fp16"][5:] == [f"{seq / 1e9:.1f}", f"{seq / 25e9:.1f} s"] == ["53.9", "2.2 s"]  # fmt: skip
     sd3 = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD3 Medium")}
     clips = sd3["text_encoder"] + sd3["text_encoder_2"]
     # model offload: both CLIPs come back for "" while T5 stays: 4 crossings each
     assert rows["SD3 Medium, bf16"][3] == f"{(2 * sum(sd3.values()) + 2 * clips) / 1e9:.2f}" == "34.04"  # fmt: skip
     encoders = clips + sd3["text_encoder_3"]  # each runs twice
-    seq3 = sum(sd3.values()) + encoders + sd3["transformer"] * (steps - 1)
-    assert rows["SD3 Medium, bf16"][5] == f"{seq3 / 1e9:.1f}" == "144.2"
+    seq3 = (
+        sum(sd3.values()) + encoders + sd3["transformer"] * (steps - 1) - 2 * encoder["SD3 Medium"]
+    )
+    assert rows["SD3 Medium, bf16"][5] == f"{seq3 / 1e9:.1f}" == "144.1"  # 144.2 with the encoder
     # float16: T5's wo layers stay float32, 2 more bytes per wo weight, and T5 crosses twice
     wo = 2 * lab["t5_wo_params"]
     assert rows["SD3 Medium, fp16"][3] == f"{(2 * sum(sd3.values()) + 2 * clips + 2 * wo) / 1e9:.2f}" == "38.07"  # fmt: skip
-    assert rows["SD3 Medium, fp16"][5] == f"{(seq3 + 2 * wo) / 1e9:.1f}" == "148.2"  # runs twice
+    assert rows["SD3 Medium, fp16"][5] == f"{(seq3 + 2 * wo) / 1e9:.1f}" == "148.1"  # runs twice
     # not a weight: SD3's pos_embed buffer, 192**2 positions x 1536, crosses with the transformer
     assert lab["pos_embed_values"] == 192**2 * 1536 == 56_623_104
     for dtype in ("bf16", "fp16"):

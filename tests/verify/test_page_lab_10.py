@@ -179,7 +179,7 @@ def test_offload_methods_and_sequence():
 
 
 def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_path):
-    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings and the peak resident set that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G."""
+    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings and the peak resident set that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
     from diffusers import PNDMScheduler
 
     variants = {"SD3 Medium, no T5": starter["sd3_no_t5"]}
@@ -189,9 +189,14 @@ def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_pat
         if family == "SD 1.5":  # the scheduler SD 1.5's checkpoint ships
             pipe.scheduler = PNDMScheduler(**SD15_PNDM)
         assert starter["OFFLOAD_SEQ"][family] == type(pipe).model_cpu_offload_seq
+        vae_runs = []
+        for child in ("encoder", "quant_conv", "decoder"):
+            if getattr(pipe.vae, child, None) is not None:
+                getattr(pipe.vae, child).register_forward_pre_hook(lambda m, a, c=child, runs=vae_runs: runs.append(c))  # fmt: skip
         forwards = hooked_forwards(pipe, monkeypatch, "a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="np", **kwargs)  # fmt: skip
         order = starter["call_order"](family, parts, 2)
         assert [n for n, _ in forwards] == order, name
+        assert set(vae_runs) == {"decoder"}, name
         crossings, resident = replay_model_offload(forwards, monkeypatch)
         stays = starter["stays"].get(family, 0)
         mine, peak = starter["model_offload"](order, starter["OFFLOAD_SEQ"][family], parts, stays)
@@ -201,6 +206,21 @@ def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_pat
             assert (crossings["text_encoder"], crossings["text_encoder_2"], crossings["text_encoder_3"]) == (4, 4, 2)  # fmt: skip
             assert {"text_encoder", "text_encoder_3"} in resident
             assert {"text_encoder_2", "text_encoder_3"} in resident
+
+
+def test_sequential_bytes_leave_out_the_vae_encoder(starter):
+    """Sequential offload streams a submodule in only for its own forward, so the starter's sequential column leaves out what a text-to-image call never runs: its `vae_encoder_params`, from each family's published VAE config in `model_sizes`, equals the parameters of `AutoencoderKL`'s `encoder` and `quant_conv` built from that config on the meta device (34,163,664 for SD 1.5 and SDXL, 34,274,208 for SD3 and Flux.1, which have no `quant_conv`)."""
+    from diffusers import AutoencoderKL
+
+    seen = {}
+    for family, row in starter["vae_rows"].items():
+        with torch.device("meta"):
+            vae = AutoencoderKL.from_config(row["config"])
+        quant = sum(p.numel() for p in vae.quant_conv.parameters()) if vae.quant_conv is not None else 0  # fmt: skip
+        assert starter["vae_encoder_params"](row["config"]) == sum(p.numel() for p in vae.encoder.parameters()) + quant, family  # fmt: skip
+        assert row["params"] == sum(p.numel() for p in vae.parameters()), family
+        seen[family] = starter["vae_encoder_params"](row["config"])
+    assert seen == {"SD 1.5": 34_163_664, "SDXL": 34_163_664, "SD3 Medium": 34_274_208, "Flux.1-dev": 34_274_208}  # fmt: skip
 
 
 def test_denoiser_calls_are_the_shipped_schedulers_timesteps(starter):
