@@ -219,7 +219,7 @@ def test_real_sd15_flop_shares_of_loop_and_decode(text_pipe, record_calls, calls
 
 
 def test_images_per_prompt_multiply_unet_rows_not_encoder_rows(text_pipe, record_calls):
-    """With `num_images_per_prompt=k`, the text encoder runs on `batch_size` rows and every guided UNet call on `2 * batch_size * k` rows."""
+    """With `num_images_per_prompt=k`, the text encoder runs on `batch_size` rows and, with CFG on, every UNet call on `2 * batch_size * k` rows."""
     encoder = record_calls(text_pipe.text_encoder).calls
     unet = record_calls(text_pipe.unet).calls
     generate(text_pipe, prompt=["a cat", "a dog"], batch=2, num_images_per_prompt=3, steps=2)
@@ -240,8 +240,9 @@ def test_one_call_shares_one_grid_and_one_scale(sd_pipe, record_calls, calls_of)
 
 
 def test_guidance_doubles_the_loop_rows_not_the_decode_rows(sd_pipe, record_calls, calls_of):
-    """Guidance doubles the loop's rows but not the decode's: with `guidance_scale` 7.5 and `B` = 2, every UNet call gets 4 rows and the one `vae.decode` call 2."""
+    """Classifier-free guidance doubles the loop's rows but not the decode's: with `guidance_scale` 7.5 and `B` = 2, every UNet call gets 4 rows and the one `vae.decode` call 2."""
     pipe = sd_with(sd_pipe)
+    assert pipe.unet.config.time_cond_proj_dim is None  # a guidance-embedding UNet gets `B`
     unet = record_calls(pipe.unet).calls
     decodes = calls_of(pipe.vae, "decode")
     generate(pipe, steps=2, guidance_scale=7.5, batch=2, output_type="np")
@@ -297,10 +298,13 @@ def test_callback_runs_after_every_step_and_can_cancel(sd_pipe, record_calls, ca
 
 
 def test_prompt_embeds_let_the_pipeline_run_without_a_text_encoder(sd_pipe):
-    """A `StableDiffusionPipeline` built with `text_encoder=None` and `tokenizer=None` runs a guided call when given `prompt_embeds` and `negative_prompt_embeds`, with the same result as a pipeline that has an encoder."""
+    """A `StableDiffusionPipeline` built with `text_encoder=None` and `tokenizer=None` runs a guided call when given `prompt_embeds` and `negative_prompt_embeds`, with the same result as a pipeline that has an encoder; given `prompt_embeds` alone it runs only without guidance: at the pipeline's default `guidance_scale` it raises, since it would encode the `""` negative prompt."""
     assert sd_pipe.text_encoder is None and sd_pipe.tokenizer is None
     with_encoder = sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
     torch.testing.assert_close(generate(sd_pipe), generate(with_encoder), rtol=0, atol=0)
+    generate(sd_pipe, steps=1, guidance_scale=1.0)  # prompt_embeds alone, no guidance: runs
+    with pytest.raises(AttributeError):  # the default guidance_scale, 7.5: "" needs the encoder
+        sd_pipe(prompt_embeds=PROMPT, latents=start_latents(), num_inference_steps=1, output_type="latent")  # fmt: skip
 
 
 def test_latent_output_skips_the_decoder(sd_pipe, calls_of):
