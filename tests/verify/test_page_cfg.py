@@ -150,11 +150,12 @@ def test_scheduler_step_gets_the_guided_combination(sd_pipe, record_calls, outpu
 
 
 def test_cfg_doubles_the_batch_uncond_first(sd_pipe, record_calls):
-    """With `guidance_scale > 1`, each step makes one UNet call on `torch.cat([latents] * 2)` of batch `2B`, where `B = batch_size * num_images_per_prompt`, with `encoder_hidden_states = torch.cat([negative_prompt_embeds, prompt_embeds])`: the unconditional rows come first, in the same image order as the conditional ones.
+    """With CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), each step makes one UNet call on `torch.cat([latents] * 2)` of batch `2B`, where `B = batch_size * num_images_per_prompt`, with `encoder_hidden_states = torch.cat([negative_prompt_embeds, prompt_embeds])`: the unconditional rows come first, in the same image order as the conditional ones.
 
     Moved from tests/verify/test_pipeline_loop.py and extended to B = 2 (one prompt,
     ``num_images_per_prompt=2``).
     """
+    assert sd_pipe.unet.config.time_cond_proj_dim is None  # else 7.5 gives batch B (below)
     calls = record_calls(sd_pipe.unet).calls
     run(sd_pipe, guidance_scale=7.5, steps=4, latents=start_latents(2), num_images_per_prompt=2)
     assert len(calls) == 4  # one UNet call per step, even with CFG
@@ -415,12 +416,21 @@ def test_negative_prompt_is_not_checked_without_guidance(text_pipe):
 
 
 @pytest.mark.parametrize("guidance_scale", [7.5, 1.0])
-def test_negative_prompt_embeds_shape_must_match(sd_pipe, guidance_scale):
-    """`negative_prompt_embeds` passed directly must have the shape of `prompt_embeds`: `check_inputs` raises `ValueError` otherwise, whatever the `guidance_scale`."""
+def test_negative_prompt_embeds_shape_must_match(sd_pipe, text_pipe, guidance_scale):
+    """`check_inputs` compares `negative_prompt_embeds` with `prompt_embeds` (`ValueError` on a different shape), whatever the `guidance_scale`, but only when both are passed: beside a text `prompt` it compares nothing, so with guidance off a wrong shape raises nothing.
+
+    With a text prompt and guidance on, the mismatch surfaces later, in ``torch.cat``.
+    """
     with pytest.raises(ValueError, match="must have the same shape"):
         run(sd_pipe, guidance_scale, steps=1, negative_prompt_embeds=NEGATIVE[:, :70])
     with pytest.raises(ValueError, match="must have the same shape"):
         run(sd_pipe, guidance_scale, steps=1, negative_prompt_embeds=embeds(2, batch=2))
+    text = dict(steps=1, prompt="ab", negative_prompt_embeds=NEGATIVE[:, :70])
+    if guidance_scale > 1:
+        with pytest.raises(RuntimeError, match="Sizes of tensors must match"):  # not check_inputs
+            run(text_pipe, guidance_scale, **text)
+    else:
+        assert run(text_pipe, guidance_scale, **text).shape == (1, 4, 8, 8)
 
 
 # ---------------------------------------------------------------- defaults and guidance_rescale
@@ -591,13 +601,14 @@ def test_sd3_guides_the_flow_velocity_the_same_way(sd3_pipe, record_calls, outpu
 
 
 def test_sdxl_batches_2b_with_zeros_as_the_default_negative(record_calls):
-    """`StableDiffusionXLPipeline` guides from `guidance_scale > 1` and batches the same way, negative half first for `prompt_embeds`, the pooled `text_embeds` and `time_ids`, but with no `negative_prompt` its default `force_zeros_for_empty_prompt=True` makes the unconditional embeddings zeros, not an encoded empty string.
+    """With a UNet without `time_cond_proj_dim`, `StableDiffusionXLPipeline` batches `2B` from `guidance_scale > 1` as SD does, negative half first for `prompt_embeds`, the pooled `text_embeds` and `time_ids`, but with no `negative_prompt` its default `force_zeros_for_empty_prompt=True` makes the unconditional embeddings zeros, not an encoded empty string.
 
     ``negative_original_size`` / ``negative_target_size`` make the negative ``time_ids`` row
     differ from the positive one, so their order shows.
     """
     pipe = tiny_sdxl_pipeline()  # the constructor's default
     assert pipe.config.force_zeros_for_empty_prompt is True
+    assert pipe.unet.config.time_cond_proj_dim is None  # else one pass at B (next test)
     for scale, on in [(1.0, False), (1.0001, True)]:
         pipe._guidance_scale = scale
         assert pipe.do_classifier_free_guidance is on
