@@ -190,7 +190,7 @@ def pipeline(
 # ## 4. Run it
 #
 # A blank still to fill stops the run with its number; an error in your lines, with
-# its line and blank, in one line each (`--check` says more). Filled in, the images
+# the line that raised and its blank (`--check` says more). Filled in, the images
 # come out, and the exact denoiser gives a check any reader can run: it memorises its
 # training set, so each image, encoded back, should sit on a training latent of the
 # prompted class (Lab 12). `--solution` runs solution.py's `pipeline()` instead of yours,

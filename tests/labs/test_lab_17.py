@@ -397,6 +397,8 @@ RIGHT = [
     ("two nested loops for the for line", FOR_LINE, NESTED),
     ("a breakpoint() that continues", GUIDE, BREAKPOINT + GUIDE),
     ("a continue in a loop of blank 3's own", GUIDE, "        for half in range(2):\n            if half:\n                continue\n" + GUIDE),
+    ("the other form of the guidance formula", GUIDE, "        noise_pred = (1 - guidance_scale) * noise_pred_uncond + guidance_scale * noise_pred_text\n"),
+    ("slicing for np.split", "np.split(noise_pred, 2)", "noise_pred[: len(noise_pred) // 2], noise_pred[len(noise_pred) // 2 :]"),
 ]  # fmt: skip
 
 
@@ -404,8 +406,9 @@ RIGHT = [
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["run", "check"])
 def test_a_right_loop_in_another_shape_passes(run_here, argv, old, new):
     """step called from a helper of the reader's (whose frame holds no latents), a continue
-    after the step, or blank 1 written as a for statement: the plain run and --check pass
-    (the helper was once blamed on blank 3)."""
+    after the step, blank 1 written as a for statement, or blank 3 by slicing or the other
+    form of the guidance formula: the plain run and --check pass (the helper was once
+    blamed on blank 3)."""
     run = run_here(filled(old, new), *argv)
     assert run.returncode == 0 and run.stderr == "", run.stdout + run.stderr
     assert ("all 5 blanks match" in run.stdout) if argv else ("pipeline(): prompt" in run.stdout)
@@ -651,11 +654,34 @@ def test_the_spy_passes_attribute_writes_to_the_part_and_records_them():
 
 
 def test_the_checker_says_when_your_loops_t_differs_outside_the_blanks(run_here):
-    """Reversed timesteps change the for line, which is not a blank: the checker says so."""
+    """Reversed timesteps change the for line, which is not a blank: the checker says so. The
+    plain run does not: it prints what it found, the error step raised in blank 4's line, exit
+    1 and no traceback (so the page says "prints what it found", not "where it went wrong")."""
     source = filled("for t in scheduler.timesteps:", "for t in scheduler.timesteps[::-1]:")
     run = run_here(source, "--check")
     assert "a line outside the blanks differs from the solution (step 1 of 20)" in run.stdout, run.stdout  # fmt: skip
     assert "your loop's t, which differs: the for line" in run.stdout
+    plain = run_here(source)
+    assert plain.returncode == 1 and plain.stderr == "" and "Traceback" not in plain.stdout
+    assert "(in blank 4)" in plain.stdout and "for line" not in plain.stdout, plain.stdout
+
+
+def test_swapping_both_orders_is_flagged_on_blank_1_while_the_images_agree(run_here):
+    """The condition rows prompt first and chunk(2) read in that order: the numbers agree, but
+    --check flags blank 1 against diffusers' order (the page's "things to try")."""
+    source = filled(
+        (
+            "[negative_prompt_embeds, prompt_embeds]",
+            "noise_pred_uncond, noise_pred_text = np.split",
+        ),
+        (
+            "[prompt_embeds, negative_prompt_embeds]",
+            "noise_pred_text, noise_pred_uncond = np.split",
+        ),
+    )
+    run = run_here(source, "--check")
+    assert run.returncode == 1 and "blank 1 differs from the solution (step 1 of 20)" in run.stdout, run.stdout  # fmt: skip
+    assert "images: max |yours - solution| 0\n" in run.stdout
 
 
 def test_an_empty_line_inside_a_blank_is_explained(run_here):

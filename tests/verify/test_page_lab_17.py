@@ -114,6 +114,15 @@ def test_each_blanks_classic_mistake_changes_the_real_pipelines_output(pipe, edi
     assert abs(rebuilt(pipe, edit) - real(pipe)).max() > 1e-3
 
 
+def test_ddims_scale_model_input_is_the_identity_so_leaving_it_out_changes_nothing(pipe):
+    """With DDIM the call is the identity, so leaving it out changes nothing: on a StableDiffusionPipeline with diffusers' DDIMScheduler, the rebuilt loop without scale_model_input returns bit for bit the images pipe(...) returns (with Euler it does not)."""
+    skipped = ("pipe.scheduler.scale_model_input(latent_model_input, t)", "latent_model_input")
+    ddim = with_scheduler(pipe, "DDIMScheduler")
+    np.testing.assert_array_equal(rebuilt(ddim, skipped), real(ddim))
+    euler = with_scheduler(pipe, "EulerDiscreteScheduler")
+    assert np.abs(rebuilt(euler, skipped) - real(euler)).max() > 1e-3
+
+
 def record(monkeypatch, owner, name, seen, arg):
     """Wrap ``owner.name`` (signature kept: prepare_extra_step_kwargs reads step's) so that
     each call appends (name, its argument number ``arg``, cloned) to ``seen``."""
