@@ -39,9 +39,11 @@ def ddim_target(scheduler: DDIMScheduler, t: int) -> int:
     return int(np.argmin(np.abs(scheduler.alphas_cumprod.double().numpy() - ab_prev)))
 
 
-def transitions(spacing: str, n: int) -> list[tuple[int, int]]:
+def transitions(spacing: str, n: int, steps_offset: int = 0) -> list[tuple[int, int]]:
     """(next grid entry, the timestep DDIM's step targets) for each step but the last."""
-    scheduler = DDIMScheduler(timestep_spacing=spacing, clip_sample=False)
+    scheduler = DDIMScheduler(
+        timestep_spacing=spacing, clip_sample=False, steps_offset=steps_offset
+    )
     scheduler.set_timesteps(n)
     grid = scheduler.timesteps.tolist()
     return [(nxt, ddim_target(scheduler, t)) for t, nxt in itertools.pairwise(grid)]
@@ -55,10 +57,19 @@ def test_ddim_step_targets_t_minus_the_fixed_stride_under_linspace():
     assert ddim_target(scheduler, 999) == 899
 
 
-@pytest.mark.parametrize("n", [1, 3, 7, 10, 13, 50, 64, 100, 250])
-def test_leading_always_matches_the_ddim_stride(n):
-    """Under `leading` the grid's stride is `1000 // n` by construction, so `DDIMScheduler.step` always lands on the next grid entry."""
-    assert all(nxt == target for nxt, target in transitions("leading", n))
+def test_leading_always_matches_the_ddim_stride():
+    """Under `leading` the grid's stride is `1000 // n` by construction, so `DDIMScheduler.step` always lands on the next grid entry.
+
+    The grid against `t - 1000 // n` at every count from 1 to 999, `steps_offset` 0 and 1;
+    the step's own target at nine of the counts, both offsets."""
+    for offset in (0, 1):
+        scheduler = DDIMScheduler(timestep_spacing="leading", steps_offset=offset)
+        for n in range(1, T):
+            scheduler.set_timesteps(n)
+            grid = scheduler.timesteps.tolist()
+            assert all(nxt == t - T // n for t, nxt in itertools.pairwise(grid)), (n, offset)
+        for n in (1, 3, 7, 10, 13, 50, 64, 100, 250):
+            assert all(nxt == target for nxt, target in transitions("leading", n, offset)), n
 
 
 def test_trailing_matches_only_when_the_step_count_divides_1000():
@@ -146,7 +157,7 @@ def flow_loop(scheduler, z, mean=0.5, std=0.3, steps=25):
 
 
 def test_flow_matching_is_a_path_and_a_target():
-    """`FlowMatchEulerDiscreteScheduler` has no `prediction_type`; `DPMSolverMultistepScheduler` runs a flow model's loop as accurately only with both `use_flow_sigmas=True` and `prediction_type="flow_prediction"`, and with only the second it runs without an error and ends far from the data."""
+    """`FlowMatchEulerDiscreteScheduler` has no `prediction_type`; `DPMSolverMultistepScheduler` runs a flow model's loop as accurately only with both `use_flow_sigmas=True` and `prediction_type="flow_prediction"`: with either one alone it runs without an error and ends far from the data."""
     assert "prediction_type" not in FlowMatchEulerDiscreteScheduler().config
     z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     euler = flow_loop(FlowMatchEulerDiscreteScheduler(shift=3.0), z)
@@ -157,8 +168,10 @@ def test_flow_matching_is_a_path_and_a_target():
         z,
     )
     target_only = flow_loop(DPMSolverMultistepScheduler(prediction_type="flow_prediction"), z)
+    sigmas_only = flow_loop(DPMSolverMultistepScheduler(use_flow_sigmas=True, flow_shift=3.0), z)
     assert both < euler < 0.05, (both, euler)
-    assert np.isfinite(target_only) and target_only > 10 * euler, target_only
+    for alone in (target_only, sigmas_only):
+        assert np.isfinite(alone) and alone > 10 * euler, (target_only, sigmas_only)
 
 
 def test_leading_largest_entry():
@@ -235,10 +248,23 @@ def test_karras_end_points_follow_the_spacing():
 
 
 def test_euler_scale_model_input_reads_step_index_not_t():
-    """`EulerDiscreteScheduler.scale_model_input` looks up `step_index` from `t` on its first call, then reads `sigma` from `step_index` whatever `t` it is given, and does not advance it; only `step` does."""
+    """`EulerDiscreteScheduler`'s first `scale_model_input` or `step` sets `step_index` from `t`, unless `set_begin_index` was called first (then from the begin index, whatever `t` is); after that `scale_model_input` reads `sigma` from `step_index` whatever `t` it is given, and does not advance it; only `step` does."""
+    sample = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(1))
+    for begin, expected in ((None, 5), (0, 0)):
+        for first in ("scale_model_input", "step"):
+            scheduler = EulerDiscreteScheduler()
+            scheduler.set_timesteps(10)
+            if begin is not None:
+                scheduler.set_begin_index(begin)
+            t5 = scheduler.timesteps[5]
+            if first == "step":  # sets the index, then advances it by one (and logs a warning)
+                scheduler.step(torch.zeros_like(sample), t5, sample)
+                assert scheduler.step_index == expected + 1, (begin, first)
+            else:
+                scheduler.scale_model_input(sample, t5)
+                assert scheduler.step_index == expected, (begin, first)
     scheduler = EulerDiscreteScheduler()
     scheduler.set_timesteps(10)
-    sample = torch.randn(1, 4, 2, 2, generator=torch.Generator().manual_seed(1))
     t0, t5 = scheduler.timesteps[0], scheduler.timesteps[5]
     first = scheduler.scale_model_input(sample, t0)
     assert scheduler.step_index == 0
