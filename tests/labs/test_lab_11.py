@@ -36,13 +36,14 @@ def test_one_denoiser_call_per_step(rows):
 
 
 def test_trailing_ddim_makes_one_call_more_at_61_steps():
-    """The `trailing` DDIM grid gains a last t = -1 at some step counts: `--steps 61` makes 62 calls."""
+    """The `trailing` DDIM grid gains a last t = -1 at some step counts: `--steps 61` makes 62 calls and lands no sample on a mode."""
     from infralens_docs.runner import run_starter
 
     run = run_starter(STARTER, ["--steps", "60,61", "--schedulers", "ddim,euler"], cache=False)
     assert run.returncode == 0, run.stderr
     rows = table(run.stdout)
-    assert rows[("ddim", 61)][0] == 62
+    assert rows[("ddim", 61)][0] == 62 and rows[("ddim", 61)][1] == 0.0
+    assert rows[("ddim", 60)][1] > 0.95
     assert rows[("ddim", 60)][0] == 60 and rows[("euler", 61)][0] == 61
 
 

@@ -182,13 +182,21 @@ def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_call
 
 
 def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_calls, calls_of):
-    """In SD 1.x's `StableDiffusionPipeline` the text encoder runs twice per guided call (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count."""
+    """In SD 1.x's `StableDiffusionPipeline` the text encoder runs twice per call with CFG on (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count.
+
+    "With CFG on", not "per guided call": a guidance-embedded UNet (``time_cond_proj_dim`` set)
+    at ``guidance_scale=7.5`` runs without CFG, so the text encoder runs once.
+    """
     for steps in [2, 8]:
         encoder = record_calls(text_pipe.text_encoder).calls
         unet = record_calls(text_pipe.unet).calls
         decodes = calls_of(text_pipe.vae, "decode")
         generate(text_pipe, prompt="a cat", steps=steps, output_type="np")
         assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
+    distilled = sd_with(text_pipe, unet=tiny_unet(time_cond_proj_dim=8))
+    encoder = record_calls(distilled.text_encoder).calls
+    generate(distilled, prompt="a cat", guidance_scale=7.5, steps=2, output_type="np")
+    assert len(encoder) == 1
 
 
 def test_real_sd15_flop_shares_of_loop_and_decode(text_pipe, record_calls, calls_of):

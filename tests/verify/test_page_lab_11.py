@@ -116,6 +116,26 @@ def test_the_labs_schedulers_give_n_timesteps_for_n_steps(run_lab):
         assert len(pndm.timesteps) == expected, n
 
 
+def test_trailing_ddims_extra_step_reads_the_noise_level_of_t_999(run_lab):
+    """The `trailing` DDIM grid gains a last $t = -1$ at some step counts, whose step reads `alphas_cumprod[-1]`, the value for $t = 999$.
+
+    ``DDIMScheduler.step`` indexes ``self.alphas_cumprod[timestep]``, and -1 wraps to the last
+    entry: with a zero ``noise_pred`` its ``pred_original_sample`` at ``t = -1`` is the sample
+    divided by ``sqrt(alphas_cumprod[999])``, about 15 times the sample, in diffusers and in the
+    starter's mirror alike (the lab's DDIM configuration at 61 steps).
+    """
+    lab = run_lab(LAB11, *QUICK)
+    ddim, (ours, _) = diffusers_configs()["ddim"], lab["make"]("ddim")
+    ddim.set_timesteps(61), ours.set_timesteps(61)
+    sample = torch.ones(1, 2, dtype=torch.float64)
+    theirs = ddim.step(torch.zeros_like(sample), ddim.timesteps[-1], sample).pred_original_sample
+    expected = sample / ddim.alphas_cumprod[999].double().sqrt()
+    torch.testing.assert_close(theirs.double(), expected)
+    mine = ours.step(np.zeros((1, 2)), ours.timesteps[-1], np.ones((1, 2))).pred_original_sample
+    np.testing.assert_allclose(mine, expected.numpy(), rtol=1e-5)
+    assert expected[0, 0] > 10
+
+
 @pytest.mark.parametrize("steps", [3, 7])
 def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
     """`StableDiffusionPipeline` with an Euler scheduler calls the UNet `len(scheduler.timesteps)` times, each with the current `t`."""

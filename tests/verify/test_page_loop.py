@@ -659,13 +659,23 @@ def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
 
 
 def test_text_encoder_and_vae_run_outside_the_loop(text_pipe, record_calls, calls_of):
-    """Whatever the number of steps, the text encoder runs only before the loop (once for the prompt, once more for the negative prompt with CFG) and the VAE decodes once after it; the UNet runs once per step."""
+    """Whatever the number of steps, the text encoder runs only before the loop (once for the prompt, once more for the negative prompt with CFG on) and the VAE decodes once after it; the UNet runs once per step.
+
+    "With CFG on", not "when guiding": a guidance-embedded UNet (``time_cond_proj_dim`` set) at
+    ``guidance_scale=7.5`` has ``do_classifier_free_guidance`` false, one text-encoder pass and
+    ``B`` rows per UNet call.
+    """
     for steps in [2, 5]:
         encoder = record_calls(text_pipe.text_encoder).calls
         unet = record_calls(text_pipe.unet).calls
         decodes = calls_of(text_pipe.vae, "decode")
         run(text_pipe, prompt="a cat", steps=steps, output_type="np")
         assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
+    distilled = sd_with(text_pipe, unet=tiny_unet(time_cond_proj_dim=16))
+    encoder = record_calls(distilled.text_encoder).calls
+    unet = record_calls(distilled.unet).calls
+    run(distilled, prompt="a cat", guidance_scale=7.5, steps=2)
+    assert len(encoder) == 1 and [args[0].shape[0] for args, _ in unet] == [1, 1]
 
 
 # ---------------------------------------------------------------- ControlNet
@@ -1139,19 +1149,22 @@ def test_sd15_decode_is_one_and_a_half_guided_passes(sd15_flops):
     assert 1.4 < sd15_flops["decode"] / (2 * sd15_flops["unet"]) < 1.7
 
 
-def test_timestep_spacing_keeps_the_count_and_moves_the_start():
-    """With SD 1.x's scheduler config (`steps_offset=1`) and 50 steps, `timestep_spacing="leading"` starts the grid at `t = 981` and `"trailing"` at 999, both with 50 entries."""
-    starts = {}
+def test_timestep_spacing_moves_the_start_and_can_add_a_call():
+    """With SD 1.x's scheduler config (`steps_offset=1`) and 50 steps, `timestep_spacing="leading"` starts the grid at `t = 981` and `"trailing"` at 999, both with 50 entries; at some counts `trailing` adds one: DDIM has 61 entries at 61 steps with `leading`, 62 with `trailing` (62 UNet calls through the pipeline, `test_unet_calls_equal_len_timesteps`)."""
+    starts, at_61 = {}, {}
     for spacing in ["leading", "trailing"]:
         scheduler = sd_scheduler(DDIMScheduler, timestep_spacing=spacing)
         scheduler.set_timesteps(50)
         assert len(scheduler.timesteps) == 50
         starts[spacing] = int(scheduler.timesteps[0])
+        scheduler.set_timesteps(61)
+        at_61[spacing] = len(scheduler.timesteps)
     assert starts == {"leading": 981, "trailing": 999}
+    assert at_61 == {"leading": 61, "trailing": 62}
 
 
 def test_grid_options_move_the_steps_not_their_number(sd_pipe):
-    """`use_karras_sigmas=True`, a flow-matching `shift` and custom `sigmas=` change where the steps fall along the noise axis, not how many there are.
+    """`use_karras_sigmas=True` and a flow-matching `shift` change where the steps fall along the noise axis, not how many there are; custom `sigmas=` move them too, but their length sets the count (`test_custom_timesteps_and_sigmas`).
 
     Karras sigmas keep the count for every class in ``StableDiffusionPipeline``'s compatibles
     whose grid the option moves, with SD 1.5's settings (at 1, 10 and 50 steps).
