@@ -440,7 +440,7 @@ def test_sd15_decode_against_the_loop_in_flops(sd15_flops, record_calls):
     The UNet rows are counted on the tiny pipeline's own ``__call__``: 4 unguided DDIM steps
     make 4 one-row calls, while the shipped PNDM makes 5 there (decode 39%, so the 44% needs
     DDIM); 20 guided steps make 20 two-row calls with DDIM and 21 with PNDM. The shares are
-    of the UNet and VAE alone: with the text encoder (once per prompt, twice when guiding)
+    of the UNet and VAE alone: with the text encoder (once per prompt, twice with CFG on)
     and the shipped safety checker (once per image) DDIM's are 43% and 92%.
     """
     from diffusers import PNDMScheduler
