@@ -360,7 +360,7 @@ def test_null_condition_is_the_encoded_empty_string(text_pipe, record_calls):
 
 
 def test_encode_prompt_shapes_and_dtype():
-    """`encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` of shape `(batch_size * num_images_per_prompt, 77, D)` each, in `text_encoder.dtype`."""
+    """With `do_classifier_free_guidance=True`, `encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` of shape `(batch_size * num_images_per_prompt, 77, D)` each, in `text_encoder.dtype`."""
     pipe = tiny_sd_pipeline(text_encoder=cfg_text_encoder().double(), tokenizer=tiny_tokenizer())
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
         ["a cat", "a dog"], "cpu", 3, True, negative_prompt=["x", "y"]
@@ -369,6 +369,7 @@ def test_encode_prompt_shapes_and_dtype():
         assert tensor.shape == (6, 77, EMBED_DIM) and tensor.dtype == torch.float64
     torch.testing.assert_close(negative_prompt_embeds[0], negative_prompt_embeds[2])  # per prompt
     assert not torch.allclose(negative_prompt_embeds[2], negative_prompt_embeds[3])
+    assert pipe.encode_prompt("a cat", "cpu", 1, False)[1] is None  # no CFG: no negative half
 
 
 def test_text_encoder_runs_twice_per_generation_with_cfg(text_pipe, record_calls):
