@@ -506,7 +506,7 @@ for name, (p, parts) in offload_variants.items():
     order = call_order(p, parts, args.steps)
     crossings[name], _ = model_offload(order, OFFLOAD_SEQ[p], parts, stays.get(p, 0))
     model_bytes = sum(n * parts[c] for c, n in crossings[name].items()) + 2 * stays.get(p, 0)
-    # in only, once per forward; the checker stays; the VAE's encoder never runs (0.07 GB)
+    # in only, once per forward; the checker stays; the VAE's encoder never runs (0.07 GB in fp16)
     seq_bytes = sum(parts[c] for c in order)
     model_bytes, seq_bytes = (b + upcast_in.get(name, 0) for b in (model_bytes, seq_bytes))
     seq_bytes -= (parts["vae"] + upcast_in.get(name, 0)) * encoder_share[p]

@@ -7,6 +7,8 @@ so the processors, the tile parameters and the blend code are diffusers' own.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -31,6 +33,12 @@ LAB10 = "code/lab-10-memory-optimization-reading/memory_optimization.py"
 @pytest.fixture(scope="module")
 def starter():
     return run_starter(LAB10)
+
+
+@pytest.fixture(scope="module")
+def built_pipelines(tmp_path_factory):
+    """``text_to_image_pipelines`` built once; each test takes a deep copy to hook."""
+    return text_to_image_pipelines(tmp_path_factory.mktemp("tok"))
 
 
 def call(pipe):
@@ -178,12 +186,12 @@ def test_offload_methods_and_sequence():
             method()
 
 
-def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_path):
+def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, built_pipelines):
     """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings and the peak resident set that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
     from diffusers import PNDMScheduler
 
     variants = {"SD3 Medium, no T5": starter["sd3_no_t5"]}
-    for name, (pipe, kwargs) in text_to_image_pipelines(tmp_path).items():
+    for name, (pipe, kwargs) in copy.deepcopy(built_pipelines).items():
         family = name.split(",")[0]
         parts = variants.get(name, starter["sizes"][family])
         if family == "SD 1.5":  # the scheduler SD 1.5's checkpoint ships
@@ -209,7 +217,7 @@ def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, tmp_pat
 
 
 def test_sequential_bytes_leave_out_the_vae_encoder(starter):
-    """Sequential offload streams a submodule in only for its own forward, so the starter's sequential column leaves out what a text-to-image call never runs: its `vae_encoder_params`, from each family's published VAE config in `model_sizes`, equals the parameters of `AutoencoderKL`'s `encoder` and `quant_conv` built from that config on the meta device (34,163,664 for SD 1.5 and SDXL, 34,274,208 for SD3 and Flux.1, which have no `quant_conv`)."""
+    """The starter's `vae_encoder_params`, from each family's published VAE config in `model_sizes`, equals the parameters of `AutoencoderKL`'s `encoder` and `quant_conv` built from that config on the meta device (34,163,664 for SD 1.5 and SDXL, 34,274,208 for SD3 and Flux.1, which have no `quant_conv`)."""
     from diffusers import AutoencoderKL
 
     seen = {}
@@ -221,6 +229,56 @@ def test_sequential_bytes_leave_out_the_vae_encoder(starter):
         assert row["params"] == sum(p.numel() for p in vae.parameters()), family
         seen[family] = starter["vae_encoder_params"](row["config"])
     assert seen == {"SD 1.5": 34_163_664, "SDXL": 34_163_664, "SD3 Medium": 34_274_208, "Flux.1-dev": 34_274_208}  # fmt: skip
+
+
+def test_sequential_offload_streams_what_each_forward_runs(starter, monkeypatch, built_pipelines):
+    """Under the real `enable_sequential_cpu_offload`, one `pipe("a cat")` call loads, over the hooks of each component's submodules, that component's whole weight bytes once per forward in the starter's `call_order`, except the VAE's `encoder` and `quant_conv`, which never load: the rule behind the starter's sequential column, on every family's tiny pipeline. SDXL's float16 VAE, upcast by the pipeline, loads 4 bytes per weight."""
+    from contextlib import nullcontext
+
+    import accelerate.hooks
+    from diffusers import PNDMScheduler
+
+    original = accelerate.hooks.set_module_tensor_to_device
+    for name, (pipe, kwargs) in copy.deepcopy(built_pipelines).items():
+        if name == "SD3 Medium, no T5":  # shares its parts with "SD3 Medium"
+            continue
+        family = name.split(",")[0]
+        if family == "SD 1.5":  # the scheduler SD 1.5's checkpoint ships
+            pipe.scheduler = PNDMScheduler(**SD15_PNDM)
+        if family == "SDXL":
+            pipe.vae.to(torch.float16)  # force_upcast: the pipeline casts it to float32
+        owner = {id(m): c for c, part in pipe.components.items() if isinstance(part, torch.nn.Module) for m in part.modules()}  # fmt: skip
+        size = lambda module: sum(p.numel() * p.element_size() for p in module.parameters())  # noqa: E731
+        parts = {c: size(owner_part) for c, owner_part in pipe.components.items() if isinstance(owner_part, torch.nn.Module)}  # fmt: skip
+        skipped = sum(size(m) for m in (pipe.vae.encoder, pipe.vae.quant_conv) if m is not None)
+        loaded = dict.fromkeys(parts, 0)
+
+        def spy(module, tensor, device, value=None, *a, loaded=loaded, owner=owner, **k):
+            if str(device) == "meta" and tensor in module._parameters:
+                # the hook's drop after the forward; on torch 2.13 its own call raises
+                # TypeError on the CPU (see the memory page's test), so drop by hand
+                old = module._parameters[tensor]
+                module._parameters[tensor] = torch.nn.Parameter(old.detach().to("meta"), requires_grad=False)  # fmt: skip
+                return None
+            if value is not None and tensor in module._parameters:  # a load, cast to its dtype
+                loaded[owner[id(module)]] += value.numel() * module._parameters[tensor].element_size()  # fmt: skip
+            return original(module, tensor, device, value, *a, **k)
+
+        monkeypatch.setattr(accelerate.hooks, "set_module_tensor_to_device", spy)
+        pipe.enable_sequential_cpu_offload(device="cpu")
+        upcast = pytest.warns(FutureWarning, match="upcast_vae") if family == "SDXL" else nullcontext()  # fmt: skip
+        with torch.no_grad(), upcast:  # SDXL: the deprecated upcast_vae()
+            pipe("a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="np", **kwargs)  # fmt: skip
+        monkeypatch.setattr(accelerate.hooks, "set_module_tensor_to_device", original)
+        factor = 2 if family == "SDXL" else 1  # float32 loads of a float16 VAE
+        expected = dict.fromkeys(parts, 0)
+        for component in starter["call_order"](family, parts, 2):
+            expected[component] += parts[component] * (factor if component == "vae" else 1)
+        per_weight = factor * parts["vae"] // sum(p.numel() for p in pipe.vae.parameters())
+        assert skipped * factor == starter["vae_encoder_params"](pipe.vae.config) * per_weight, name
+        expected["vae"] -= skipped * factor
+        assert loaded == expected, name
+        assert sum(loaded.values()) > 0 and loaded["vae"] > 0, name
 
 
 def test_denoiser_calls_are_the_shipped_schedulers_timesteps(starter):
