@@ -99,7 +99,7 @@ def test_trailing_matches_the_stride_only_when_the_step_count_divides_1000():
 
 
 def test_euler_warns_when_scale_model_input_was_skipped(caplog):
-    """`EulerDiscreteScheduler.step` without a prior `scale_model_input` only logs a warning: the step still runs."""
+    """`EulerDiscreteScheduler.step` without `scale_model_input` raises nothing, and warns only if that instance never ran `scale_model_input`: once it has, even before a later `set_timesteps`, a skipped call goes unlogged."""
     scheduler = EulerDiscreteScheduler(
         beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012
     )
@@ -110,6 +110,16 @@ def test_euler_warns_when_scale_model_input_was_skipped(caplog):
         out = scheduler.step(torch.zeros_like(sample), t, sample).prev_sample
     assert torch.isfinite(out).all()
     assert any("scale_model_input" in r.getMessage() for r in caplog.records)
+    # the same instance, reused as a pipeline reuses `pipe.scheduler`: no warning any more
+    scheduler.set_timesteps(10)
+    scheduler.scale_model_input(sample, scheduler.timesteps[0])
+    scheduler.set_timesteps(10)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="diffusers"):
+        for t in scheduler.timesteps[:2]:
+            out = scheduler.step(torch.zeros_like(sample), t, sample).prev_sample
+    assert torch.isfinite(out).all()
+    assert not any("scale_model_input" in r.getMessage() for r in caplog.records)
 
 
 def test_skipping_scale_model_input_feeds_init_noise_sigma_times_too_large():
