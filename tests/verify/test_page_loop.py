@@ -1020,7 +1020,7 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
 
 
 def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
-    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, with SD 1.5's settings `n` times with DDPM, DDIM and Euler, `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
+    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, with SD 1.5's settings and `n < 1000`, `n` times with DDPM, DDIM and Euler (at `n = 1000` DDPM and DDIM start at `t = 1000`, index `alphas_cumprod[1000]` and raise `IndexError` after one call), `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
 
     The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` (LMS and
     DPMSolverSDE included: the verify extra installs scipy and torchsde), each with SD 1.5's
@@ -1110,6 +1110,12 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
         for steps in range(1, 1001):
             scheduler.set_timesteps(steps)
             assert len(scheduler.timesteps) == steps, (cls.__name__, steps)
+    for cls in [DDPMScheduler, DDIMScheduler]:  # n = 1000: the grid starts at t = 1000
+        pipe = sd_with(sd_pipe, scheduler=sd_scheduler(cls))
+        calls.clear()
+        with pytest.raises(IndexError):
+            run(pipe, guidance_scale=1.0, steps=1000)
+        assert len(calls) == 1 and int(pipe.scheduler.timesteps[0]) == 1000, cls.__name__
     trailing = sd_with(sd_pipe, scheduler=sd_scheduler(DDIMScheduler, timestep_spacing="trailing"))
     calls.clear()
     run(trailing, guidance_scale=1.0, steps=61)
