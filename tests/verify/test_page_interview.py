@@ -182,7 +182,7 @@ def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_call
 
 
 def test_text_encoding_and_decoding_do_not_grow_with_steps(text_pipe, record_calls, calls_of):
-    """In SD 1.x's `StableDiffusionPipeline` the text encoder runs twice per call with CFG on (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count.
+    """In SD 1.x's `StableDiffusionPipeline`, called with a `prompt` and an image `output_type`, the text encoder runs twice per call with CFG on (prompt, then negative prompt) and `vae.decode` once, at 2 steps as at 8; only the number of UNet calls follows the step count.
 
     "With CFG on", not "per guided call": a guidance-embedded UNet (``time_cond_proj_dim`` set)
     at ``guidance_scale=7.5`` runs without CFG, so the text encoder runs once.

@@ -659,7 +659,7 @@ def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
 
 
 def test_text_encoder_and_vae_run_outside_the_loop(text_pipe, record_calls, calls_of):
-    """Whatever the number of steps, the text encoder runs only before the loop (once for the prompt, once more for the negative prompt with CFG on) and the VAE decodes once after it; the UNet runs once per step.
+    """Whatever the number of steps, the text encoder runs only before the loop (from a `prompt`, once for it and once more for the negative prompt with CFG on) and the VAE decodes once after it (except with `output_type="latent"`); the UNet runs once per step. With `prompt_embeds`, `negative_prompt_embeds` and `output_type="latent"` passed, neither runs.
 
     "With CFG on", not "when guiding": a guidance-embedded UNet (``time_cond_proj_dim`` set) at
     ``guidance_scale=7.5`` has ``do_classifier_free_guidance`` false, one text-encoder pass and
@@ -671,6 +671,10 @@ def test_text_encoder_and_vae_run_outside_the_loop(text_pipe, record_calls, call
         decodes = calls_of(text_pipe.vae, "decode")
         run(text_pipe, prompt="a cat", steps=steps, output_type="np")
         assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
+    encoder = record_calls(text_pipe.text_encoder).calls
+    decodes = calls_of(text_pipe.vae, "decode")
+    run(text_pipe, steps=2)  # prompt_embeds, negative_prompt_embeds, output_type="latent"
+    assert (len(encoder), len(decodes)) == (0, 0)
     distilled = sd_with(text_pipe, unet=tiny_unet(time_cond_proj_dim=16))
     encoder = record_calls(distilled.text_encoder).calls
     unet = record_calls(distilled.unet).calls
