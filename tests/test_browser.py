@@ -709,22 +709,20 @@ AXE_EVERYWHERE = bool(os.environ.get("INFRALENS_AXE_EVERYWHERE"))
 def axe_passes(width: int, on_cover: bool) -> list[tuple[str, dict]]:
     """(state, axe options) for one page, in the order they run: which rules run where.
 
-    Every rule but the colour rules runs on every page at both widths, in light, once the
-    first interaction has started Material's bundle, the state a reader's first touch or
-    key brings. The colour rules (half of axe's time: text contrast walks every text node's
-    backgrounds) run on every page at desktop in that state, where the page shows all of
-    its text: the sidebars as well as the content. As loaded (light and dark), in dark and
-    at mobile width the colour rules, and as loaded the other rules, run on the fewest pages
-    that together show every kind of element of the site (``colour_pages``), and on every
-    page in the weekly run (``AXE_EVERYWHERE``). What the page is as loaded differs from
-    what it is once the bundle has started only in what the bundle does to Material's
-    parts (tabs, header, search, code copy), kinds of element those pages all hold; the
-    content the other rules judge (headings, names, ids, alt texts, landmarks) is the
-    same in both states and judged on every page. The dark scheme is the light one's CSS
-    with other values of its custom properties, so a colour pair in dark belongs to a kind
-    of element as it does in light. So do colours at mobile width: what 390 px changes is
-    which parts the CSS shows and how it lays them out, which depends on the kinds of
-    element (Material's drawer and header among them), all on those pages.
+    Every rule but the colour rules runs on every page at both widths, in light, as loaded
+    and once the first interaction has started Material's bundle. The colour rules (half of
+    axe's time: text contrast walks every text node's backgrounds) run on every page at
+    desktop once the bundle has started, in light, where the page shows all of its text: the
+    sidebars as well as the content. In dark, at mobile width and at load (light and dark)
+    they run on the fewest pages that together show every kind of element of the site
+    (``colour_pages``), and on every page in the weekly run (``AXE_EVERYWHERE``): the dark
+    scheme is the light one's CSS with other values of its custom properties, so a colour
+    pair in dark belongs to a kind of element as it does in light. So does the
+    rest at mobile width as loaded: its HTML is the one judged at desktop width as loaded,
+    and what 390 px changes is which parts the CSS shows and how it lays them out, which
+    depends on the kinds of element (Material's drawer and header among them), all on
+    those pages; on every other page mobile width is judged once the bundle has started,
+    the state a reader's first touch brings.
 
     That rests on an assumption, measured once (2026-11-26, the site's 70 pages, every
     element's computed colour, background, opacity and font in the content, at load, after
@@ -743,7 +741,7 @@ def axe_passes(width: int, on_cover: bool) -> list[tuple[str, dict]]:
             ("dark", AXE_COLOUR),
         ]
     if width == DESKTOP:
-        return [("after interaction", AXE_ALL)]
+        return [("at load", AXE_NOT_COLOUR), ("after interaction", AXE_ALL)]
     return [("after interaction", AXE_NOT_COLOUR)]
 
 
@@ -898,9 +896,9 @@ def axe_pages(built_site) -> tuple[list[str], set[str], set[str]]:
 def test_axe_finds_no_violation_on_any_page(server, browser, axe_source, axe_pages, width,
                                             part):  # fmt: skip
     """axe-core's WCAG 2.0-2.2 A/AA and best-practice rules pass on every page at desktop
-    and mobile width once the first interaction has started Material's bundle (which raises
-    no error on any page; colour rules at desktop); as loaded, in dark and colours at mobile
-    width, on the pages ``axe_passes`` says (every page weekly); code's
+    width, as loaded and once the first interaction has started Material's bundle (which
+    raises no error on any page), and at mobile width once it has started; as loaded at
+    mobile width and in dark, on the pages ``axe_passes`` says (every page weekly); code's
     token colours on the pages that show every token class (``token_pages``). And the first
     block left to lay out after load (later.py) starts 1.2 windows down or more."""
     # Reduced motion, which Material's CSS honours by turning every transition off: axe
