@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import runpy
 import sys
@@ -98,6 +99,12 @@ def once_per_run(tmp_path_factory, name: str, make: Callable[[Path], Path]) -> P
                 raise
             made.write_text(str(result), encoding="utf-8")
     return Path(made.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def run_once(tmp_path_factory) -> Callable[[str, Callable[[Path], Path]], Path]:
+    """``once_per_run`` bound to this session: ``run_once(name, make)``."""
+    return functools.partial(once_per_run, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -63,6 +63,17 @@ def pytest_collection_modifyitems(items):
 from tiny import HEIGHT, embeds, sd1_shaped_pipeline, start_latents, tiny_sd_pipeline  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sizes_once_per_run(run_once):
+    """``sizes.once_per_run``'s records (the Wan VAE decode peaks, SD 1.5's FLOPs, Flux at
+    1024 px) are counted once per test run, not once per pytest-xdist worker."""
+    import sizes
+
+    sizes.RUN_ONCE = run_once
+    yield
+    sizes.RUN_ONCE = None
+
+
 @pytest.fixture(scope="module")
 def sd_pipe():
     return tiny_sd_pipeline()

@@ -9,8 +9,35 @@ pages' tests compare them with what the starters print. Import with ``from sizes
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 from model_configs import COMPONENTS, build
+
+#: tests/conftest.py's ``once_per_run`` bound to the session (the verify conftest sets it):
+#: made once per test run, shared by pytest-xdist's workers. None outside pytest.
+RUN_ONCE = None
+
+
+def once_per_run(fn):
+    """``fn()`` computed once per test run, not once per worker process, through conftest's
+    ``once_per_run`` (the first worker computes it under a file lock and leaves it as JSON;
+    the others read it). The records are meta-device counts, the same in every process; each
+    caller gets the JSON form, whichever process computed it."""
+
+    @functools.cache
+    @functools.wraps(fn)
+    def once():
+        if RUN_ONCE is None:
+            return json.loads(json.dumps(fn()))
+
+        def make(folder: Path) -> Path:
+            (folder / "record.json").write_text(json.dumps(fn()), encoding="utf-8")
+            return folder / "record.json"
+
+        return json.loads(RUN_ONCE(fn.__name__, make).read_text(encoding="utf-8"))
+
+    return once
 
 
 def _flux_transformer():
@@ -64,6 +91,7 @@ def layerwise_casting_record() -> dict:
 FLUX_1024 = {"image_tokens": 4096, "text_tokens": 512}
 
 
+@once_per_run
 def flux_1024_record() -> dict:
     """One Flux.1-dev transformer call at 1024 px on the meta device: its FLOPs, the share
     in the modules TaylorSeer hooks by default, and the bytes of TaylorSeer's stored factors.
@@ -213,7 +241,7 @@ def _live_tensor_peak(run, exclude, replay=None):
     return state["peak"], state["fp32_at_peak"]
 
 
-@functools.cache
+@once_per_run
 def wan_vae_decode_record() -> dict:
     """The live-tensor peak of the real Wan 2.1 VAE (`AutoencoderKLWan()`, its defaults) in
     `vae.decode` of 3 latent frames of 720p, built on the meta device: in bfloat16, in
@@ -222,7 +250,7 @@ def wan_vae_decode_record() -> dict:
     Also 81 frames (21 latent frames), tiled and untiled, with the decoder's repeated calls replayed
     (``_live_tensor_peak``'s ``replay``), checked against the full run: tiled on 9 frames, untiled
     on 13 (4 latent frames; on 3 an untiled decode replays none of its calls).
-    Cached: the tiled decode runs ~60,000 meta ops (about 45 s)."""
+    Computed once per test run (``once_per_run``): the tiled decodes run ~60,000 meta ops."""
     import torch
     from diffusers import AutoencoderKLWan
 
@@ -264,13 +292,13 @@ def wan_vae_decode_record() -> dict:
     }
 
 
-@functools.cache
+@once_per_run
 def sd15_flops() -> dict[str, int]:
     """FLOPs of SD 1.5's parts at 512 x 512, one row, counted by torch's ``FlopCounterMode``
     on the meta device from the published configs (``model_configs``; no weights, no memory):
     one UNet call (``unet``), one VAE decode (``decode``), one text-encoder call on 77 tokens
     (``text``) and the shipped safety checker's vision tower on its 224 x 224 input
-    (``safety``). Counted once per process: several pages quote shares of these."""
+    (``safety``). Counted once per test run (``once_per_run``): several pages quote shares of these."""
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
