@@ -6,7 +6,7 @@ one residual per skip connection (and one to the mid block) through projections
 initialised to zero, so at init the output is the base model's, exactly. The
 pipeline scales the residuals by ``controlnet_conditioning_scale`` and by a 0/1
 ``controlnet_keep`` per step. The trade-off: a second network runs at every step.
-IP-Adapter, for contrast, adds attention keys and values, not residuals.
+IP-Adapter, for contrast, adds a second attention over image tokens, not residuals.
 
 Run it:  python3 code/lab-09-controlnet-conditioning-reading/controlnet_conditioning.py
 """
@@ -230,9 +230,11 @@ controlnet_keep = controlnet_keep_for(args.steps, start, end)
 cond_scales = [args.conditioning_scale * k for k in controlnet_keep]
 print(f"controlnet_keep ({args.steps} steps, start {start}, end {end}): "
       f"{''.join(str(int(k)) for k in controlnet_keep)}")  # fmt: skip
-# not counted here: StableDiffusionControlNetPipeline's calls, from tests/verify/test_page_lab_09.py
+# not counted here: the pipeline calls the ControlNet once per entry of scheduler.timesteps,
+# which is --steps entries for DDIM (SD 1.5's shipped PNDM: 21 at 20 steps), and builds
+# controlnet_keep over them (tests/verify/test_page_lab_09.py)
 print(f"steps with control: {int(sum(controlnet_keep))} of {args.steps}; pipeline's "
-      f"ControlNet calls: {args.steps} (a 0 step still runs it, at conditioning_scale 0.0)")  # fmt: skip
+      f"ControlNet calls with DDIM: {args.steps} (a 0 step still runs it, at conditioning_scale 0.0)")  # fmt: skip
 
 # step 0 with CFG: latent_model_input is [latents] * 2, (2N, 2), unconditional half first
 latent_model_input = np.concatenate([latents, latents])

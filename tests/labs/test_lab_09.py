@@ -122,6 +122,8 @@ def test_figures(run_lab, tmp_path):
         ["--control-guidance-start", "0.5", "--control-guidance-end", "0.5"],
         ["--control-guidance-start", "-0.1"],
         ["--control-guidance-end", "1.5"],
+        ["--control-guidance-start", "nan"],
+        ["--control-guidance-end", "nan"],
         ["--steps", "0"],
         ["--steps", "x"],
     ],

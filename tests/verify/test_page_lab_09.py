@@ -51,6 +51,24 @@ def residuals(controlnet, **kwargs):
     return list(down), mid
 
 
+def starter_stdout(*argv):
+    """What the starter prints when run as ``__main__`` with ``argv``."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    out, saved, sys.argv = io.StringIO(), sys.argv, [LAB09.rsplit("/", 1)[1], *argv]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(ROOT / LAB09), run_name="__main__")
+    finally:
+        sys.argv = saved
+    return out.getvalue()
+
+
 def call(pipe, steps, **kwargs):
     """One CFG call (guidance_scale 7.5) on stand-in embeddings; returns latents."""
     from tiny import HEIGHT, WIDTH, embeds, start_latents
@@ -205,10 +223,9 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
     unet = tiny_unet()
     controlnet = new_controlnet(unet, trained=True)
     pipe = tiny_controlnet_pipeline(unet, controlnet)
-    # the first case is the lab's run: 20 steps, window 0.2 to 0.8, 12 with control, 20 calls
+    # DDIM: one timestep per step here; the lab's 20-step run is the next test's
     for steps, start, end, scale in [
-        (20, 0.2, 0.8, 0.7), (10, 0.2, 0.8, 0.7), (5, 0.0, 0.5, 0.7), (4, 0.5, 1.0, 0.7),
-        (3, 0.0, 1.0, 0.0),
+        (10, 0.2, 0.8, 0.7), (5, 0.0, 0.5, 0.7), (4, 0.5, 1.0, 0.7), (3, 0.0, 1.0, 0.0),
     ]:  # fmt: skip
         recorder = record_calls(controlnet)
         call(pipe, steps, controlnet_conditioning_scale=scale,
@@ -218,6 +235,42 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
         assert scales == [scale * k for k in keep] and len(scales) == steps
         assert 0.0 in scales
         recorder.remove()
+
+
+def test_controlnet_runs_once_per_timestep_for_every_compatible_scheduler(lab, record_calls):
+    """`StableDiffusionControlNetPipeline` calls the ControlNet once per entry of `scheduler.timesteps`, with `controlnet_keep` built over `len(timesteps)`, for every scheduler in its `scheduler.compatibles`; at 20 steps and the window 0.2 to 0.8, DDIM makes 20 calls, 12 with control (the starter's `ControlNet calls with DDIM: 20`), and SD 1.5's shipped `PNDMScheduler` 21, 11 with control."""
+    from diffusers import DDIMScheduler, PNDMScheduler
+    from tiny import SD15_PNDM, SD_SCHEDULER, tiny_unet
+
+    unet = tiny_unet()
+    controlnet = new_controlnet(unet, trained=True)
+    pipe = tiny_controlnet_pipeline(unet, controlnet, scheduler=PNDMScheduler(**SD15_PNDM))
+    sd15_config = pipe.scheduler.config
+
+    def run(scheduler, steps):
+        pipe.scheduler = scheduler
+        recorder = record_calls(controlnet)
+        call(pipe, steps, controlnet_conditioning_scale=0.7,
+             control_guidance_start=0.2, control_guidance_end=0.8)  # fmt: skip
+        recorder.remove()
+        scales = [kwargs["conditioning_scale"] for _, kwargs in recorder.calls]
+        keep = lab["controlnet_keep_for"](len(scheduler.timesteps), 0.2, 0.8)
+        assert scales == [0.7 * k for k in keep]
+        return len(scales), int(sum(keep))
+
+    classes = pipe.scheduler.compatibles
+    assert {"PNDMScheduler", "HeunDiscreteScheduler", "DPMSolverSDEScheduler"} <= {
+        c.__name__ for c in classes
+    }
+    for cls in classes:  # 3 steps: order-2 schedulers make 5 calls, PNDM 4
+        scheduler = cls.from_config(sd15_config)
+        calls, _ = run(scheduler, 3)
+        assert calls == len(scheduler.timesteps), cls.__name__
+    assert run(DDIMScheduler(**SD_SCHEDULER), 20) == (20, 12)
+    assert run(PNDMScheduler(**SD15_PNDM), 20) == (21, 11)
+    out = starter_stdout("--steps", "20", "--control-guidance-start", "0.2",
+                         "--control-guidance-end", "0.8")  # fmt: skip
+    assert "steps with control: 12 of 20; pipeline's ControlNet calls with DDIM: 20 " in out
 
 
 def test_multi_controlnet_union_skips_a_net_at_scale_zero():
@@ -265,7 +318,7 @@ def test_multi_controlnet_union_skips_a_net_at_scale_zero():
 
 
 def test_guidance_window_checks():
-    """`check_inputs` rejects a `control_guidance_start` that is not smaller than `control_guidance_end`, a start below 0 and an end above 1, with a `ValueError`."""
+    """`check_inputs` rejects a `control_guidance_start` that is not smaller than `control_guidance_end`, a start below 0 and an end above 1, with a `ValueError`; a NaN start or end passes (every comparison with NaN is false), which the starter rejects."""
     from tiny import tiny_unet
 
     unet = tiny_unet()
@@ -273,6 +326,8 @@ def test_guidance_window_checks():
     for start, end in [(0.5, 0.5), (0.6, 0.4), (-0.1, 1.0), (0.0, 1.5)]:
         with pytest.raises(ValueError, match="control guidance"):
             call(pipe, 2, control_guidance_start=start, control_guidance_end=end)
+    for start, end in [(float("nan"), 1.0), (0.0, float("nan"))]:
+        call(pipe, 1, control_guidance_start=start, control_guidance_end=end)
 
 
 def test_guess_mode_runs_the_controlnet_on_the_conditional_half(record_calls):
