@@ -293,7 +293,7 @@ print(f"{sum(row[-1] for row in levels_xl)} transformer blocks; largest attn1: "
 # width `C * p * p`: `(B, C, h, w) -> (B, (h/p) * (w/p), C * p * p)`. This is the
 # order FluxPipeline's `_pack_latents` uses (channels, then the patch's rows and
 # columns), and the layout of a `Conv2d(C, D, kernel_size=p, stride=p)` weight, so
-# `PatchEmbed` is "patchify, then one Linear". `unpatchify` is its exact inverse
+# `PatchEmbed` is "patchify, one Linear, + a position table". `unpatchify` inverts patchify
 # (Flux's `_unpack_latents`). DiT's output head orders each token differently,
 # `(p, p, C_out)`, and DiT-XL/2 learns the variance too: `C_out = 2 C`
 # (`out_channels=8`); `dit_unpatchify` follows `DiTTransformer2DModel`.
@@ -397,8 +397,8 @@ for px in (256, 512, 1024, 2048):
 # %% [markdown]
 # ## 8. adaLN-Zero against the UNet's added embedding
 #
-# A DiT block regresses six vectors from the conditioning `c` (timestep embedding
-# plus class or pooled text): `shift, scale, gate` for attention and for the MLP,
+# A DiT block regresses six vectors from the conditioning `c` (DiT-XL/2: timestep
+# plus class embedding): `shift, scale, gate` for attention and for the MLP,
 # in diffusers' `AdaLayerNormZero` order. Each branch is
 # `x + gate * f(LayerNorm(x) * (1 + scale) + shift)`. DiT initialises the
 # modulation Linear to zero, so every gate is 0 and the block is the identity.

@@ -92,8 +92,12 @@ def test_unet_time_proj_uses_sd_flags_and_widens_to_four_times(lab):
 
 
 def test_resnet_adds_one_time_value_per_channel(lab):
-    """Each `ResnetBlock2D` adds `time_emb_proj(SiLU(emb))`, shape `(B, C_out)`, to its `conv1` output, broadcast over height and width, where `emb` is the UNet's `time_embedding` output."""
+    """With SD 1.5's `resnet_time_scale_shift` (the default; `"scale_shift"` differs, see the UNet vs DiT page), each `ResnetBlock2D` adds `time_emb_proj(SiLU(emb))`, shape `(B, C_out)`, to its `conv1` output, broadcast over height and width, where `emb` is the UNet's `time_embedding` output."""
+    from model_configs import SD15_UNET
+
     unet = sd15_like_unet()
+    assert "resnet_time_scale_shift" not in SD15_UNET
+    assert unet.config.resnet_time_scale_shift == "default"
     resnet = unet.down_blocks[0].resnets[0]
     seen = {}
     handles = [
@@ -165,7 +169,7 @@ def test_attention_head_dim_is_the_number_of_heads_in_sd15(lab):
 
 @pytest.mark.parametrize("patch_size", [2, 4])
 def test_dit_patch_embedding_is_patchify_then_linear(lab, patch_size):
-    """A tiny `DiTTransformer2DModel`'s `pos_embed` turns `(B, C, H, W)` latents into `(B, (H/p)*(W/p), D)` tokens, and its patch projection equals the lab's `patchify` followed by one Linear with the `Conv2d` weight reshaped to `(D, C*p*p)`."""
+    """A tiny `DiTTransformer2DModel`'s `PatchEmbed` (`pos_embed`) turns `(B, C, H, W)` latents into `(B, (H/p)*(W/p), D)` tokens: the lab's `patchify` followed by one Linear with the `Conv2d` weight reshaped to `(D, C*p*p)`, plus its sin-cos position table, which the forward adds (without it the tokens differ)."""
     from diffusers import DiTTransformer2DModel
 
     torch.manual_seed(0)
@@ -192,6 +196,9 @@ def test_dit_patch_embedding_is_patchify_then_linear(lab, patch_size):
     weight = proj.weight.detach().numpy().reshape(proj.out_channels, -1)  # (D, C*p*p)
     tokens = lab["patchify"](latents.numpy(), patch_size) @ weight.T + proj.bias.detach().numpy()
     np.testing.assert_allclose(tokens, projected.numpy(), atol=1e-5)
+    table = model.pos_embed.pos_embed.numpy()  # (1, (H/p)*(W/p), D) sin-cos buffer
+    np.testing.assert_allclose(seen["tokens"].numpy(), tokens + table, atol=1e-5)
+    assert not np.allclose(seen["tokens"].numpy(), tokens, atol=1e-3)  # the table is added
 
 
 def test_flux_pack_latents_is_patchify_with_p2(lab):

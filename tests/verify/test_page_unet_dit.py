@@ -79,8 +79,12 @@ def test_sdxl_unet_has_no_attention_at_its_first_level():
 
 
 def test_unet_time_embedding_is_added_in_every_resnet():
-    """A `UNet2DConditionModel` embeds the timestep once (`time_proj`, then `time_embedding`) and every `ResnetBlock2D` receives that same `emb` and adds `time_emb_proj(SiLU(emb))[:, :, None, None]` to its `conv1` output: one shift per channel, the same at every position."""
+    """With SD 1.x's and SDXL's `resnet_time_scale_shift` (the default), a `UNet2DConditionModel` embeds the timestep once (`time_proj`, then `time_embedding`) and every `ResnetBlock2D` receives that same `emb` and adds `time_emb_proj(SiLU(emb))[:, :, None, None]` to its `conv1` output: one shift per channel, the same at every position (not with `"scale_shift"`, where `norm2` receives `conv1`'s output unchanged)."""
+    from model_configs import SD15_UNET, SDXL_UNET
+
+    assert "resnet_time_scale_shift" not in SD15_UNET and "resnet_time_scale_shift" not in SDXL_UNET
     model = unet()
+    assert model.config.resnet_time_scale_shift == "default"
     seen, resnets = {}, [m for m in model.modules() if type(m).__name__ == "ResnetBlock2D"]
     handles = [output_of(model.time_embedding, seen, "emb")]
     temb_in, added = [], []
@@ -108,11 +112,25 @@ def test_unet_time_embedding_is_added_in_every_resnet():
     for r, norm2_in in added:
         proj = seen[f"proj-{id(r)}"]
         torch.testing.assert_close(norm2_in, seen[f"conv1-{id(r)}"] + proj[:, :, None, None])
+    other, conv1, norm2 = unet(resnet_time_scale_shift="scale_shift"), [], []
+    for r in [m for m in other.modules() if type(m).__name__ == "ResnetBlock2D"]:
+        handles.append(r.conv1.register_forward_hook(lambda m, a, o: conv1.append(o)))
+        handles.append(r.norm2.register_forward_pre_hook(lambda m, a: norm2.append(a[0])))
+    with torch.no_grad():
+        other(torch.randn(2, 4, 8, 8), 300, encoder_hidden_states=torch.randn(2, 77, 24))
+    for h in handles:
+        h.remove()
+    assert len(conv1) == len(norm2) == len(resnets)
+    assert all(torch.equal(a, b) for a, b in zip(conv1, norm2, strict=True))
 
 
 def test_every_attn2_reads_the_same_prompt_embeds():
-    """In a UNet, every `attn2` receives the same, unchanged `encoder_hidden_states` that the UNet was called with: the prompt is read at every level and never updated."""
+    """In a UNet with SD 1.x's and SDXL's configs (no `encoder_hid_dim`), every `attn2` receives the same, unchanged `encoder_hidden_states` that the UNet was called with: the prompt is read at every level and never updated."""
+    from model_configs import SD15_UNET, SDXL_UNET
+
+    assert "encoder_hid_dim" not in SD15_UNET and "encoder_hid_dim" not in SDXL_UNET
     model = unet()
+    assert model.config.encoder_hid_dim is None
     prompt_embeds = torch.randn(1, 77, 24)
     got = []
     handles = [
@@ -470,7 +488,7 @@ def test_text_sequence_lengths_of_sd3_and_flux():
 
 
 def test_flux_packs_2x2_patches_and_uses_rotary_positions():
-    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions by rotating every query and key with `FluxPosEmbed`'s output and adds no position table, while DiT and SD3 add a 2D sin-cos table that `PatchEmbed` builds (a buffer; SD3's is saved in the state dict, so a checkpoint's values replace it)."""
+    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions by rotating every query and key with `FluxPosEmbed`'s output and adds no position table, while DiT's and SD3's `PatchEmbed` adds a 2D sin-cos table it builds to the projected patches in its forward (SD3: the table's centre crop; a buffer, and SD3's is saved in the state dict, so a checkpoint's values replace it)."""
     from diffusers import DiTTransformer2DModel, FluxPipeline, FluxTransformer2DModel
     from diffusers.models.embeddings import get_2d_sincos_pos_embed
 
@@ -509,6 +527,14 @@ def test_flux_packs_2x2_patches_and_uses_rotary_positions():
             interpolation_scale=patch_embed.interpolation_scale, output_type="pt",
         )  # fmt: skip
         torch.testing.assert_close(table[0], expected.float())
+        latents = torch.randn(1, 4, 8, 8)  # a 4 x 4 patch grid
+        with torch.no_grad():
+            tokens = patch_embed(latents)
+            projected = patch_embed.proj(latents).flatten(2).transpose(1, 2)
+        side = grid // 2 - 2  # the centre 4 x 4 of the table (DiT's is 4 x 4 already)
+        crop = table.reshape(1, grid, grid, -1)[:, side : side + 4, side : side + 4]
+        torch.testing.assert_close(tokens, projected + crop.reshape(1, 16, -1))
+        assert not torch.allclose(tokens, projected, atol=1e-3)  # the table is added
 
 
 def test_dit_pipeline_steps_on_the_first_c_of_2c_channels():
@@ -686,7 +712,7 @@ def test_sd3_position_table_is_a_hard_resolution_ceiling():
 
 
 def test_qk_norm_is_rms_norm_on_queries_and_keys():
-    """Flux's attention normalises queries and keys per head with an RMSNorm (`torch.nn.RMSNorm` as `norm_q`, `norm_k`, and `norm_added_q`, `norm_added_k` for the text stream) before the dot product; `SD3Transformer2DModel` normalises them only when built with a `qk_norm`: diffusers' `RMSNorm` with `"rms_norm"` (SD3.5's setting), `LayerNorm` with `"layer_norm"`, and no QK-norm by default (SD3 Medium)."""
+    """Flux's attention normalises queries and keys per head with an RMSNorm (`torch.nn.RMSNorm` as `norm_q`, `norm_k`, and `norm_added_q`, `norm_added_k` for the text stream) before the dot product; `SD3Transformer2DModel` normalises them only when built with a `qk_norm`: diffusers' `RMSNorm` with `"rms_norm"` (SD3.5's setting), `LayerNorm` with `"layer_norm"` (two of the values it accepts), and no QK-norm by default (SD3 Medium)."""
     from diffusers import SD3Transformer2DModel
     from diffusers.models.normalization import RMSNorm
 
