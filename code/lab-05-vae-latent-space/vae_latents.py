@@ -156,7 +156,7 @@ table("Reconstruction error (pixels in [-1, 1])", header, rows)
 # The "same as scaled t" column is the timestep at which scaled latents have that SNR.
 #
 # **Sampling side.** DDIM (lab 03) with the exact denoiser of the *scaled* training
-# latents starts from unit-variance noise, like a pipeline. The result has to be
+# latents starts from unit-variance noise, like a pipeline with DDIM. The result has to be
 # divided by `scaling_factor` before `decode`. Forgetting it decodes latents that are
 # too small (washed out, toward the mean patch); dividing twice (the pipeline already
 # did it, and your code does it again) decodes latents that are too large (blown out).

@@ -18,7 +18,7 @@ the top 4 principal components of the training patches (Pearson, 1901; Hotelling
   ``config.shift_factor`` (SD3 / Flux subtract a mean before scaling; SD 1.x has none).
 
 What the stand-in cannot show: a real VAE is non-linear and not patch-local, so tiled
-decoding leaves seams there (here tiles are exact), and a latent scaled wrongly is a
+decoding is approximate there (here tiles are exact), and a latent scaled wrongly is a
 non-linear distortion there (here only a change of contrast). SD's VAE was trained with
 reconstruction, LPIPS and patch-discriminator losses and only a slight KL penalty (weight
 1e-6 in the latent-diffusion configs), so its latents are not near N(0, I): hence

@@ -117,7 +117,7 @@ def test_decoder_mid_block_attention_has_one_head_at_latent_resolution(monkeypat
 
 
 def test_pipeline_decodes_latents_divided_by_scaling_factor():
-    """`StableDiffusionPipeline` decodes `vae.decode(latents / vae.config.scaling_factor)` once after the loop, whatever `scaling_factor` the VAE's config holds."""
+    """For an image output `StableDiffusionPipeline` decodes `vae.decode(latents / vae.config.scaling_factor)` once after the loop, whatever `scaling_factor` the VAE's config holds (with `output_type="latent"`, not at all)."""
     pipe = tiny_sd_pipeline()
     pipe.vae.register_to_config(scaling_factor=0.5)
     seen = []
@@ -129,6 +129,25 @@ def test_pipeline_decodes_latents_divided_by_scaling_factor():
     image = pipe(prompt_embeds=embeds, latents=start_latents(), output_type="pt", **run)
     assert len(seen) == 1 and image.images.shape == (1, 3, HEIGHT, WIDTH)
     torch.testing.assert_close(seen[0], latents.images / 0.5)
+
+
+def test_prepare_latents_draws_unit_variance_noise_with_ddim():
+    """`StableDiffusionPipeline.prepare_latents` starts from unit-variance noise with DDIM, whose `init_noise_sigma` is 1: it multiplies the drawn noise by `scheduler.init_noise_sigma`, which `EulerDiscreteScheduler` sets above 1."""
+    from diffusers import DDIMScheduler, EulerDiscreteScheduler
+    from tiny import SD_SCHEDULER
+
+    noise = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    ddim = DDIMScheduler(**SD_SCHEDULER)
+    for scheduler in (ddim, EulerDiscreteScheduler.from_config(ddim.config)):
+        pipe = tiny_sd_pipeline(scheduler)
+        pipe.scheduler.set_timesteps(2)
+        latents = pipe.prepare_latents(1, 4, HEIGHT, WIDTH, torch.float32, "cpu", torch.Generator().manual_seed(0))  # fmt: skip
+        sigma = pipe.scheduler.init_noise_sigma
+        torch.testing.assert_close(latents, noise * sigma)
+        assert (sigma == 1.0) == isinstance(scheduler, DDIMScheduler), (
+            type(scheduler).__name__,
+            sigma,
+        )
 
 
 def test_img2img_encodes_a_sample_times_scaling_factor():

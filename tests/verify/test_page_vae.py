@@ -128,8 +128,34 @@ def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, m
     assert "stable-diffusion-v1-5" in repo and config["scaling_factor"] == 0.25
 
 
+def test_single_file_config_reads_the_named_repos_top_level_config(tmp_path):
+    """Given `config=`, `AutoencoderKL.from_single_file` reads that repo's top-level `config.json`, or the one in `subfolder=`, not its `vae` folder: pointed at a pipeline-layout repo without `subfolder="vae"` it raises `OSError`."""
+    import json
+
+    from diffusers import AutoencoderKL
+    from safetensors.torch import save_file
+
+    vae = narrow_vae()
+    checkpoint = tmp_path / "vae.safetensors"
+    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(checkpoint))
+    pipeline_repo, flat_repo = tmp_path / "pipeline", tmp_path / "flat"
+    vae.register_to_config(scaling_factor=0.3)
+    vae.save_pretrained(pipeline_repo / "vae")  # a pipeline's layout: the VAE's config in vae/
+    (pipeline_repo / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))  # fmt: skip
+    vae.register_to_config(scaling_factor=0.4)
+    vae.save_pretrained(flat_repo)  # a VAE repo: config.json at the top
+
+    def load(repo, **kwargs):
+        return AutoencoderKL.from_single_file(str(checkpoint), config=str(repo), local_files_only=True, **kwargs)  # fmt: skip
+
+    with pytest.raises(OSError, match=r"config\.json"):
+        load(pipeline_repo)
+    assert load(pipeline_repo, subfolder="vae").config.scaling_factor == 0.3
+    assert load(flat_repo).config.scaling_factor == 0.4
+
+
 def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
-    """`StableDiffusionPipeline` never runs the VAE encoder for text-to-image, and decodes once after the loop: `vae.decode(latents / vae.config.scaling_factor)`."""
+    """`StableDiffusionPipeline` never runs the VAE encoder for text-to-image, and for an image output decodes once after the loop: `vae.decode(latents / vae.config.scaling_factor)` (with `output_type="latent"`, not at all)."""
     pipe = tiny_sd_pipeline()
     pipe.vae.register_to_config(scaling_factor=0.25)
     encoder = record_calls(pipe.vae.encoder)
@@ -310,6 +336,25 @@ def test_decoder_widest_activation_is_at_output_resolution():
     assert shapes["up_blocks.3"] == (1, block_out_channels[0], size, size)
 
 
+def test_first_unet_level_attends_over_one_token_per_latent_position(sd_pipe):
+    """At SD 1.x's first UNet level one head's self-attention scores are `(H/8)(W/8)` squared: through `StableDiffusionPipeline.__call__`, `attn1` of the first `CrossAttnDownBlock2D` runs over one token per latent position, `block_out_channels[0]` wide."""
+    unet = sd_pipe.unet
+    assert type(unet.down_blocks[0]).__name__ == "CrossAttnDownBlock2D"
+    attn1 = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    seen = []
+    hook = attn1.register_forward_pre_hook(
+        lambda m, a, k: seen.append(tuple((a[0] if a else k["hidden_states"]).shape)),
+        with_kwargs=True,
+    )
+    try:
+        sd_pipe(prompt_embeds=torch.randn(1, 77, 32), num_inference_steps=1, guidance_scale=1.0,
+                height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    finally:
+        hook.remove()
+    f = sd_pipe.vae_scale_factor
+    assert seen == [(1, (HEIGHT // f) * (WIDTH // f), unet.config.block_out_channels[0])]
+
+
 def test_vae_slicing_decodes_one_image_at_a_time(record_calls):
     """After `vae.enable_slicing()`, `vae.decode` on a batch of `B` latents runs the decoder `B` times on one image each, with the same result."""
     vae = narrow_vae()
@@ -470,11 +515,17 @@ def test_tiling_and_slicing_do_nothing_at_batch_1_up_to_the_vaes_sample_size(rec
     """`vae.enable_tiling()` tiles only latents with a side larger than `tile_latent_min_size` (`sample_size / f`): 64 latents (512 px) for SD 1.x's published VAE config and 128 (1024 px) for SDXL's, SD3's and Flux's, so at each family's default size it changes nothing. Through `StableDiffusionPipeline.__call__`, a tiled and sliced VAE decodes one image whose latents have exactly that side in one decoder call, and larger ones in several; `vae.enable_slicing()` leaves a batch of 1 as one call."""
     from diffusers import AutoencoderKL
     from model_configs import FLUX_VAE, SD3_VAE, SD15_VAE, SDXL_VAE
+    from tiny import real_vae_tiling
 
     for config, side in ((SD15_VAE, 64), (SDXL_VAE, 128), (SD3_VAE, 128), (FLUX_VAE, 128)):
         with torch.device("meta"):
             vae = AutoencoderKL(**config)
         assert vae.tile_latent_min_size == side == config["sample_size"] // 8
+    # each family's default size (its denoiser's sample_size, or FluxPipeline's
+    # default_sample_size, times 8) decoded on the meta device, then one latent more:
+    # only the larger reaches tiled_decode
+    defaults = {name: (px, tiled) for name, (_, px, tiled) in real_vae_tiling().items()}
+    assert defaults == {"SD 1.5": (512, [65]), "SDXL": (1024, [129]), "SD3": (1024, [129]), "Flux.1": (1024, [129])}  # fmt: skip
     pipe = tiny_sd_pipeline()  # tiny VAE: f = 2, sample_size 16: tiles of 8 latents
     pipe.vae.enable_tiling()
     pipe.vae.enable_slicing()
