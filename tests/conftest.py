@@ -13,7 +13,15 @@ import pytest
 from filelock import FileLock
 
 from infralens_docs.registry import ROOT, Lab, load_labs
-from infralens_docs.runner import Run, run_starter
+from infralens_docs.runner import BLAS_ENV, Run, run_starter
+
+# One BLAS thread in the test processes and in every starter or build they start, as the
+# build runs starters (runner.BLAS_ENV); set before NumPy's first import, which reads them.
+# With OpenBLAS's default (a thread per core) the starters' small matrix products spun on
+# both cores while the other pytest worker needed one: the odd-input runs of labs 10 and 15
+# took 300 s instead of 69 s on this 2-core machine.
+for _name, _value in BLAS_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 @pytest.fixture(scope="session")
