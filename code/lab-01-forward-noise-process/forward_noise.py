@@ -83,7 +83,7 @@ print(f"SNR drops below 1 at t = {int(np.argmax(snr < 1.0))}")
 # ## 3. Main transition: noise every chosen timestep in one shot
 #
 # x_t = sqrt(alpha_bar_t) * x0 + sqrt(1 - alpha_bar_t) * eps, with eps ~ N(0, I).
-# This is what diffusers' `scheduler.add_noise(original_samples, noise, timesteps)`
+# This is what diffusers' `DDPMScheduler.add_noise(original_samples, noise, timesteps)`
 # computes during training: no loop over t, because the Gaussian steps compose.
 
 # %%

@@ -70,7 +70,7 @@ def euler_pipe():
 
 
 def test_add_noise_one_level_per_sample():
-    r"""`scheduler.add_noise(original_samples, noise, timesteps)` with `timesteps` of shape `(B,)` noises each sample at its own level: $x_t = \sqrt{\bar\alpha_t}\, x_0 + \sqrt{1-\bar\alpha_t}\, \epsilon$ with $\bar\alpha_t$ = `alphas_cumprod[t]`, in one call."""
+    r"""`DDPMScheduler.add_noise(original_samples, noise, timesteps)` with `timesteps` of shape `(B,)` noises each sample at its own level: $x_t = \sqrt{\bar\alpha_t}\, x_0 + \sqrt{1-\bar\alpha_t}\, \epsilon$ with $\bar\alpha_t$ = `alphas_cumprod[t]`, in one call (`EulerDiscreteScheduler.add_noise` returns $x_0 + \sigma\, \epsilon$ instead)."""
     scheduler = DDPMScheduler(**SD_BETAS)
     x0, eps = randn(0), randn(1)
     timesteps = torch.tensor([999, 3])
@@ -79,10 +79,14 @@ def test_add_noise_one_level_per_sample():
     for i, t in enumerate(timesteps.tolist()):
         a = abar(scheduler, t)
         close(out[i], a.sqrt() * x0[i] + (1 - a).sqrt() * eps[i])
+    euler = EulerDiscreteScheduler(**SD_BETAS)
+    euler.set_timesteps(10)
+    t = euler.timesteps[:2]
+    close(euler.add_noise(x0, eps, t), x0 + euler.sigmas[:2].reshape(2, 1, 1, 1) * eps, tol=1e-5)
 
 
 def test_betas_and_alphas_cumprod_are_indexed_by_timestep():
-    r"""`betas` and `alphas_cumprod` are float32 tensors of shape `(num_train_timesteps,)` indexed by the integer timestep $0, \dots, 999$, and `alphas_cumprod[t]` is the product of `1 - betas[s]` for $s \le t$: `alphas_cumprod[0]` is `1 - betas[0]`, the paper's $\bar\alpha_1$."""
+    r"""`DDPMScheduler`'s `betas` and `alphas_cumprod` are float32 tensors of shape `(num_train_timesteps,)` indexed by the integer timestep $0, \dots, 999$, and `alphas_cumprod[t]` is the product of `1 - betas[s]` for $s \le t$: `alphas_cumprod[0]` is `1 - betas[0]`, the paper's $\bar\alpha_1$."""
     scheduler = DDPMScheduler()
     for name in ["betas", "alphas_cumprod"]:
         tensor = getattr(scheduler, name)
@@ -92,12 +96,13 @@ def test_betas_and_alphas_cumprod_are_indexed_by_timestep():
     assert scheduler.timesteps.tolist() == list(range(999, -1, -1))
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_snr_falls_monotonically(schedule):
-    r"""For each `beta_schedule`, $\text{SNR}(t) = \bar\alpha_t / (1-\bar\alpha_t)$ computed from `alphas_cumprod` falls strictly as `t` grows."""
-    a = DDPMScheduler(beta_schedule=schedule, **RANGES[schedule]).alphas_cumprod.double()
-    snr = a / (1 - a)
-    assert (snr.diff() < 0).all()
+def test_snr_falls_monotonically():
+    r"""For each `beta_schedule` `DDPMScheduler` accepts, $\text{SNR}(t) = \bar\alpha_t / (1-\bar\alpha_t)$ computed from `alphas_cumprod` falls strictly as `t` grows, with DDPM's and SD's beta ranges."""
+    for schedule in sorted(accepted_beta_schedules()):
+        for beta_range in [RANGES["linear"], RANGES["scaled_linear"]]:
+            a = DDPMScheduler(beta_schedule=schedule, **beta_range).alphas_cumprod.double()
+            snr = a / (1 - a)
+            assert (snr.diff() < 0).all(), (schedule, beta_range)
 
 
 def test_ddpm_scheduler_defaults():
@@ -200,13 +205,23 @@ def test_cosine_terminal_signal_is_zero_in_practice():
         inspect.signature(DDPMScheduler.__init__).parameters["timestep_spacing"].annotation
     ),
 )
-def test_set_timesteps_picks_a_descending_subsequence(cls, spacing):
-    """`set_timesteps(num_inference_steps)` sets `scheduler.timesteps` to `num_inference_steps` distinct integer training timesteps in `[0, 1000)`, from high noise to low, for every `timestep_spacing`."""
-    scheduler = cls(timestep_spacing=spacing)
-    scheduler.set_timesteps(10)
-    ts = scheduler.timesteps
-    assert not ts.is_floating_point() and len(ts) == 10
-    assert (ts.diff() < 0).all() and 0 <= ts.min() and ts.max() < 1000
+def test_set_timesteps_runs_from_high_noise_to_low(cls, spacing):
+    """`set_timesteps(num_inference_steps)` sets `scheduler.timesteps` to strictly decreasing integer timesteps, from high noise to low, for every `timestep_spacing` at every count from 1 to 1000; not always `num_inference_steps` of them, nor all in `[0, 1000)`: `trailing` at 61 steps gives 62, the last -1, and `leading` with `steps_offset=1` starts at 1000 at 1000 steps."""
+    for offset in (0, 1):
+        scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
+        for n in range(1, 1001):
+            scheduler.set_timesteps(n)
+            ts = scheduler.timesteps
+            assert not ts.is_floating_point() and (ts.diff() < 0).all(), (offset, n)
+    edges = {
+        "trailing": (0, 61, lambda ts: len(ts) == 62 and int(ts[-1]) == -1),
+        "leading": (1, 1000, lambda ts: len(ts) == 1000 and int(ts[0]) == 1000),
+    }
+    if spacing in edges:
+        offset, n, holds = edges[spacing]
+        scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
+        scheduler.set_timesteps(n)
+        assert holds(scheduler.timesteps)
 
 
 def first_scale_model_input_sample(pipe, **kwargs):
@@ -229,7 +244,7 @@ def first_scale_model_input_sample(pipe, **kwargs):
 
 
 def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
-    r"""`StableDiffusionPipeline` starts from `latents` drawn from $\mathcal{N}(0, I)$ with the `generator` and multiplied by `scheduler.init_noise_sigma` (1.0 for `DDIMScheduler`, about 14.6 for `EulerDiscreteScheduler` with SD's betas)."""
+    r"""`StableDiffusionPipeline` starts from `latents` drawn from $\mathcal{N}(0, I)$ with the `generator` and multiplied by `scheduler.init_noise_sigma` (1.0 for `DDIMScheduler`; for `EulerDiscreteScheduler` with SD's betas it follows the grid: about 14.6 at 3 steps, 0.029 at 1 step, whose only timestep is 0)."""
     for pipe in [sd_pipe, euler_pipe]:
         pipe.scheduler.set_timesteps(3)
         sigma = pipe.scheduler.init_noise_sigma
@@ -243,6 +258,15 @@ def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
         close(start, noise * sigma)
     assert sd_pipe.scheduler.init_noise_sigma == 1.0
     assert float(euler_pipe.scheduler.init_noise_sigma) == pytest.approx(14.6, abs=0.05)
+    start, first_t = first_scale_model_input_sample(
+        euler_pipe,
+        prompt_embeds=embeds(0),
+        num_inference_steps=1,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert float(first_t) == 0.0
+    noise = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    close(start, noise * 0.0292, tol=1e-3)
 
 
 def test_sd3_starts_from_unscaled_noise(record_calls):

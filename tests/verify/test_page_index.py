@@ -8,8 +8,10 @@ test runs ``StableDiffusionPipeline.__call__`` and observes it with hooks and sp
 
 from __future__ import annotations
 
+import pytest
 import torch
 from diffusers import (
+    DDIMScheduler,
     EulerDiscreteScheduler,
     PNDMScheduler,
     StableDiffusionImg2ImgPipeline,
@@ -17,7 +19,7 @@ from diffusers import (
 from tiny import (
     EMBED_DIM,
     HEIGHT,
-    SD_BETAS,
+    SD15_PNDM,
     SD_SCHEDULER,
     WIDTH,
     spy_step,
@@ -85,12 +87,19 @@ def test_sd1_shaped_vae_gives_latents_at_one_eighth(sd1_shaped_pipe):
 
 
 def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_calls, monkeypatch):
-    """With CFG the UNet runs once per entry of `scheduler.timesteps` on `2B` rows, which is `num_inference_steps` times with DDIM and, from two steps up, one more with the `PNDMScheduler` SD 1.x checkpoints ship (one call at one step), and `noise_pred` has the shape of `latents`.
+    """With CFG and SD 1.5's scheduler settings below 1000 steps, the UNet runs once per entry of `scheduler.timesteps` on `2B` rows: `num_inference_steps` times with DDIM and, from two steps up, one more with the `PNDMScheduler` SD 1.x checkpoints ship (one call at one step); `noise_pred` has the shape of `latents`.
 
     PNDM with SD 1.5's shipped config (``skip_prk_steps=True``, ``steps_offset=1``,
     ``set_alpha_to_one=False``): its ``set_timesteps(n)`` repeats one timestep when n > 1.
+    The grid lengths are checked at every count below 1000; at 1000, ``steps_offset=1`` puts
+    t = 1000 first and both pipelines stop after one UNet call with an IndexError.
     """
-    pndm = PNDMScheduler(skip_prk_steps=True, steps_offset=1, set_alpha_to_one=False, **SD_BETAS)
+    ddim = DDIMScheduler(**SD_SCHEDULER)
+    pndm = PNDMScheduler(**SD15_PNDM)
+    for n in range(1, 1000):
+        ddim.set_timesteps(n)
+        pndm.set_timesteps(n)
+        assert (len(ddim.timesteps), len(pndm.timesteps)) == (n, n + 1 if n > 1 else 1), n
     cases = [(None, 4, 4), (pndm, 4, 5), (pndm, 2, 3), (pndm, 1, 1)]
     for scheduler, num_steps, calls_expected in cases:
         pipe = full_pipeline(tmp_path, **({"scheduler": scheduler} if scheduler else {}))
@@ -102,6 +111,13 @@ def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_cal
         assert all(args[0].shape == (2, 4, 8, 8) for args, _ in unet.calls)  # 2B
         # the guided noise_pred that scheduler.step gets has the shape of latents, (B, 4, 8, 8)
         assert all(pred.shape == latents.shape == (1, 4, 8, 8) for pred, latents in steps)
+    for scheduler in [DDIMScheduler(**SD_SCHEDULER), PNDMScheduler(**SD15_PNDM)]:
+        pipe = full_pipeline(tmp_path, scheduler=scheduler)
+        unet = record_calls(pipe.unet)
+        with pytest.raises(IndexError):
+            pipe("a cat", num_inference_steps=1000, guidance_scale=7.5, height=HEIGHT,
+                 width=WIDTH, output_type="latent")  # fmt: skip
+        assert int(pipe.scheduler.timesteps[0]) == 1000 and len(unet.calls) == 1
 
 
 def test_encoding_multiplies_by_scaling_factor(record_calls, monkeypatch):
@@ -133,7 +149,7 @@ def test_encoding_multiplies_by_scaling_factor(record_calls, monkeypatch):
 
 
 def test_decode_divides_by_scaling_factor_once_after_the_loop(tmp_path, record_calls):
-    """After the loop the VAE decodes once, `vae.decode(latents / vae.config.scaling_factor)`, to `(B, 3, H, W)`; `AutoencoderKL`'s default `scaling_factor` is 0.18215."""
+    """After the loop the VAE decodes once, `vae.decode(latents / vae.config.scaling_factor)`, to `(B, 3, H, W)` (not at all with `output_type="latent"`); `AutoencoderKL`'s default `scaling_factor` is 0.18215."""
     pipe = full_pipeline(tmp_path)
     assert pipe.vae.config.scaling_factor == 0.18215  # tiny_vae passes none: the default
     decoder = record_calls(pipe.vae.decoder)

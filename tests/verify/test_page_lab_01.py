@@ -8,8 +8,14 @@ schedule tensors in float32; the lab computes in float64).
 import numpy as np
 import pytest
 import torch
-from diffusers import DDPMScheduler
-from tiny import accepted_beta_schedules, canonical_beta_range, t64
+from diffusers import (
+    DDIMScheduler,
+    DDPMScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    PNDMScheduler,
+)
+from tiny import SD15_SCHEDULER_FILE, accepted_beta_schedules, canonical_beta_range, t64
 
 from labkit import BETA_SCHEDULES
 
@@ -77,7 +83,7 @@ def test_cosine_terminal_signal_is_zero_in_practice():
 
 
 def test_add_noise_broadcasts_one_level_per_example():
-    """`add_noise` with `timesteps` of shape `(B,)` gathers `alphas_cumprod[timesteps]` and broadcasts it as `(B, 1, 1, 1)` over the channels and space of `(B, 4, h, w)` latents: each example is noised at its own level."""
+    """`DDPMScheduler.add_noise` with `timesteps` of shape `(B,)` gathers `alphas_cumprod[timesteps]` and broadcasts it as `(B, 1, 1, 1)` over the channels and space of `(B, 4, h, w)` latents: each example is noised at its own level."""
     scheduler = DDPMScheduler(
         beta_schedule="scaled_linear", **canonical_beta_range("scaled_linear")
     )
@@ -87,3 +93,31 @@ def test_add_noise_broadcasts_one_level_per_example():
     ab = scheduler.alphas_cumprod.double()[timesteps].reshape(3, 1, 1, 1)
     expected = ab.sqrt() * x0 + (1 - ab).sqrt() * noise
     torch.testing.assert_close(scheduler.add_noise(x0, noise, timesteps), expected)
+
+
+def test_add_noise_reads_alphas_cumprod_in_ddpm_not_in_every_scheduler():
+    """`DDPMScheduler.add_noise` indexes `alphas_cumprod`, but not every diffusers scheduler does: `EulerDiscreteScheduler.add_noise` returns `x0 + sigma * noise`, and `FlowMatchEulerDiscreteScheduler` has no `alphas_cumprod` and no `add_noise`."""
+    g = torch.Generator().manual_seed(0)
+    x0, noise = (torch.randn(2, 4, 8, 8, generator=g) for _ in range(2))
+    kwargs = canonical_beta_range("scaled_linear")
+    ddpm = DDPMScheduler(beta_schedule="scaled_linear", **kwargs)
+    euler = EulerDiscreteScheduler(beta_schedule="scaled_linear", **kwargs)
+    euler.set_timesteps(10)
+    t = euler.timesteps[2:3].repeat(2)
+    ab = ddpm.alphas_cumprod[t.round().long()].reshape(2, 1, 1, 1)
+    sigma = euler.sigmas[2]
+    torch.testing.assert_close(euler.add_noise(x0, noise, t), x0 + sigma * noise)
+    assert sigma == pytest.approx(((1 - ab[0]) / ab[0]).sqrt().item(), rel=1e-4)
+    assert not torch.allclose(
+        euler.add_noise(x0, noise, t), ab.sqrt() * x0 + (1 - ab).sqrt() * noise
+    )
+    flow = FlowMatchEulerDiscreteScheduler()
+    assert not hasattr(flow, "alphas_cumprod") and not hasattr(flow, "add_noise")
+
+
+def test_from_config_rebuilds_the_checkpoints_alphas_cumprod():
+    """A sampler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` rebuilds the `alphas_cumprod` of the scheduler it replaces (SD 1.5's shipped `PNDMScheduler` config), while `DDIMScheduler()` from defaults does not."""
+    shipped = PNDMScheduler.from_config(SD15_SCHEDULER_FILE)
+    swapped = DDIMScheduler.from_config(shipped.config)
+    assert torch.equal(swapped.alphas_cumprod, shipped.alphas_cumprod)
+    assert not torch.allclose(DDIMScheduler().alphas_cumprod, shipped.alphas_cumprod)
