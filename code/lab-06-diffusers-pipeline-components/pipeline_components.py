@@ -372,8 +372,9 @@ for target in ["EulerDiscreteScheduler", "DDIMScheduler", "FlowMatchEulerDiscret
 # Four tensors cross a boundary between two separately loaded components, and
 # each must agree on a size or a meaning. Nothing in `from_pretrained` checks
 # them: a wrong size raises somewhere in `__call__` (where depends on the
-# pipeline: see the lab page), a wrong `prediction_type` never raises, it just
-# denoises badly. The checker reads only the configs.
+# pipeline: see the lab page), a wrong `prediction_type` can run to the end
+# without an error (`DDIMScheduler`'s does), denoising badly. The checker reads
+# only the configs.
 
 
 # %%
@@ -469,9 +470,9 @@ scenarios = [
      if k != "text_encoder_2"}, sdxl["scheduler"]),
     ("Flux + EulerDiscreteScheduler", {**CONFIGS["flux"], "scheduler": sdxl["scheduler"]},
      CONFIGS["flux"]["scheduler"]),
-    ("Flux + DPM-Solver on flow sigmas", {**CONFIGS["flux"], "scheduler": {
+    ("SD3 + DPM-Solver on flow sigmas", {**CONFIGS["sd3"], "scheduler": {
      "_class_name": "DPMSolverMultistepScheduler", "use_flow_sigmas": True,
-     "prediction_type": "flow_prediction", "flow_shift": 3.0}}, CONFIGS["flux"]["scheduler"]),
+     "prediction_type": "flow_prediction", "flow_shift": 3.0}}, CONFIGS["sd3"]["scheduler"]),
 ]  # fmt: skip
 print("\nswaps:")
 for title, components, shipped_scheduler in scenarios:
@@ -484,7 +485,7 @@ for title, components, shipped_scheduler in scenarios:
 # Inputs become conditions (tokenizers and text encoders), loaders create the
 # modules (`from_pretrained` with `model_index.json`), the loop updates
 # `latents` (denoiser, then `scheduler.step`, once per entry of `scheduler.timesteps`:
-# `num_inference_steps` of them, one more with SD 1.5's PNDM from 2 steps on), and
+# 51 of them at 50 steps with SD 1.5's PNDM), and
 # decode emits media (`vae.decode`). Shapes at the checkpoint's default size,
 # `B` prompts, without classifier-free guidance (with it, the denoiser sees
 # `2B` rows; Flux.1-dev instead feeds `guidance_scale` in as an input).
@@ -632,13 +633,12 @@ def pipeline_graph(fam):
 
 graph = pipeline_graph(family)
 shapes = dict(boundary_shapes(family))
-# the loop runs len(scheduler.timesteps) times: PNDM (skip_prk_steps) has one more entry
-# from 2 steps on (at 1 step it has 1)
+# the loop runs len(scheduler.timesteps) times: SD 1.5's PNDM (skip_prk_steps) repeats one
+# timestep, 51 at 50 steps (but 1 at 1 step, and at 1000 its grid starts at t = 1000, past
+# the 1000 trained timesteps: step raises IndexError)
 pndm = PIPELINES[family]["components"]["scheduler"][1] == "PNDMScheduler"
 n_timesteps = (
-    "num_inference_steps + 1 with PNDMScheduler, from 2 steps on"
-    if pndm
-    else "num_inference_steps of them"
+    "51 at 50 steps with SD 1.5's PNDMScheduler" if pndm else "num_inference_steps of them"
 )
 figures.save(
     args.figures, f"graph-{family}", graph,

@@ -442,7 +442,8 @@ FORWARDS = {
 }
 # len(scheduler.timesteps) after set_timesteps(steps) with the scheduler each checkpoint ships:
 # SD 1.5's PNDMScheduler(skip_prk_steps=True) repeats its second-to-last timestep (steps + 1
-# from 2 steps on); SDXL's Euler and SD3's and Flux's flow-matching Euler make steps
+# from 2 to 999 steps; at 1000 its step raises IndexError); SDXL's Euler and SD3's and
+# Flux's flow-matching Euler make steps
 DENOISER_CALLS = {"SD 1.5": lambda steps: steps + (steps > 1)}
 OFFLOAD_SEQ = {  # each pipeline class's model_cpu_offload_seq, diffusers 0.42.1
     "SD 1.5": "text_encoder->image_encoder->unet->vae",

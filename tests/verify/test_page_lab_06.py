@@ -271,16 +271,26 @@ def test_image_encoder_is_optional_in_the_four_pipelines_not_in_every_sd_class(s
         assert "image_encoder" not in cls._optional_components, name
 
 
-def test_pndm_adds_one_timestep_from_two_steps_on(record_calls):
-    """The loop updates `latents` once per scheduler timestep: with SD 1.5's `PNDMScheduler` config, `StableDiffusionPipeline` makes one more UNet call than `num_inference_steps` from 2 steps on (3 at 2, 4 at 3), and 1 at 1 step."""
+def test_pndm_makes_51_calls_at_50_steps(record_calls):
+    """The loop updates `latents` once per scheduler timestep: with SD 1.5's `PNDMScheduler` config, `StableDiffusionPipeline` makes 51 UNet calls at 50 steps (3 at 2), one more than `num_inference_steps`, but 1 at 1 step.
+
+    The extra call is no open-ended rule: at 1000 steps the config's leading grid
+    (`steps_offset=1`) starts at t = 1000, past the 1000 trained timesteps, so the first
+    `step` raises `IndexError` after one UNet call.
+    """
     pipe = tiny_sd_pipeline(sd15_scheduler())
     calls = record_calls(pipe.unet).calls
-    for steps, expected in ((1, 1), (2, 3), (3, 4)):
+    run = dict(prompt_embeds=embeds(1), guidance_scale=1.0, height=HEIGHT, width=WIDTH,
+               output_type="latent")  # fmt: skip
+    for steps, expected in ((1, 1), (2, 3), (50, 51)):
         calls.clear()
         with torch.no_grad():
-            pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
-                 height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+            pipe(num_inference_steps=steps, **run)
         assert len(calls) == expected == len(pipe.scheduler.timesteps), steps
+    calls.clear()
+    with pytest.raises(IndexError), torch.no_grad():
+        pipe(num_inference_steps=1000, **run)
+    assert len(calls) == 1 and int(pipe.scheduler.timesteps[0]) == 1000
 
 
 # ------------------------------------------------------------------ scheduler swapping
@@ -633,9 +643,9 @@ def _frames(error):
     return traceback.extract_tb(error.__traceback__)
 
 
-def test_prediction_type_mismatch_runs_without_an_error(lab):
-    """A scheduler with `prediction_type="epsilon"` on a checkpoint trained for `v_prediction` raises nothing: the pipeline runs and returns different `latents`; only the lab's checker flags "prediction_type"."""
-    from diffusers import DDIMScheduler
+def test_ddim_runs_a_prediction_type_mismatch_without_an_error(lab, record_calls):
+    """A `DDIMScheduler` with `prediction_type="epsilon"` on a checkpoint trained for `v_prediction` raises nothing: the pipeline runs and returns different `latents`; only the lab's checker flags "prediction_type". Not every scheduler is silent: SD 1.5's `PNDMScheduler` set to `sample` raises `ValueError` in its first `step`."""
+    from diffusers import DDIMScheduler, PNDMScheduler
 
     shipped = DDIMScheduler(prediction_type="v_prediction", **SD_SCHEDULER)
     wrong = DDIMScheduler(prediction_type="epsilon", **SD_SCHEDULER)
@@ -649,6 +659,13 @@ def test_prediction_type_mismatch_runs_without_an_error(lab):
     components = _configs(pipe.unet, pipe.vae, pipe.text_encoder, wrong)
     shipped_config = {**dict(shipped.config), "_class_name": "DDIMScheduler"}
     assert _failed(lab, components, shipped_config) == ["prediction_type"]
+    pndm = PNDMScheduler.from_config(SD15_SCHEDULER_FILE, prediction_type="sample")
+    pipe = tiny_sd_pipeline(scheduler=pndm)
+    calls = record_calls(pipe.unet).calls
+    with pytest.raises(ValueError, match="must be one of `epsilon` or `v_prediction`"):
+        pipe(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=1.0, height=HEIGHT,
+             width=WIDTH, output_type="latent")  # fmt: skip
+    assert len(calls) == 1
 
 
 # -------------------------------------------------------------------------- shapes
@@ -908,6 +925,22 @@ def test_a_flow_model_samples_with_dpm_solver_on_flow_sigmas(lab):
                                                          shipped["scheduler"]))["objective"]
                 for sched in (flow_dpm, euler)]  # fmt: skip
     assert verdicts == [True, False]
+
+
+def test_flux_passes_mu_on_which_that_dpm_solver_raises(record_calls):
+    """`FluxPipeline` passes `mu`, on which that DPM-Solver (`DPMSolverMultistepScheduler` with `use_flow_sigmas=True, prediction_type="flow_prediction"`, which `StableDiffusion3Pipeline` runs) raises `AssertionError`: through `FluxPipeline.__call__` it fails in `set_timesteps`, given `mu`, before the first transformer call."""
+    from diffusers import DPMSolverMultistepScheduler
+
+    dpm = DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction",
+                                      flow_shift=3.0)  # fmt: skip
+    flux = lab_flux_pipeline()
+    flux.scheduler = dpm
+    seen, set_timesteps = [], dpm.set_timesteps
+    dpm.set_timesteps = lambda *a, **k: seen.append(k) or set_timesteps(*a, **k)
+    calls = record_calls(flux.transformer).calls
+    with pytest.raises(AssertionError):
+        _dit_call(flux, guidance_scale=1.0, output_type="latent")
+    assert len(seen) == 1 and seen[0].get("mu") is not None and calls == []
 
 
 def test_sd3_prompt_embeds_concatenate_clip_and_t5_tokens(tmp_path):

@@ -519,7 +519,7 @@ def test_latency_is_len_timesteps_unet_calls(record_calls):
 
 
 def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls):
-    """With a scheduler whose `order` is 2 (Heun) or SD 1.5's PNDM there are more calls than steps from 2 steps on, while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
+    """With a scheduler whose `order` is 2 (Heun) or SD 1.5's PNDM there are more calls than steps from 2 steps on (PNDM: up to 999), while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
 
     The tiny pipeline's own ``__call__``, guided, ``B = 1``, at 1, 2 and ``N`` steps, UNet calls
     counted by a hook. The order-2 set is every class in ``StableDiffusionPipeline``'s

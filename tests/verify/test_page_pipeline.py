@@ -110,7 +110,7 @@ def test_to_dtype_casts_every_module_and_the_pipeline_runs(pipe):
     ],
 )
 def test_model_cpu_offload_seq_lists_encoders_denoiser_vae(cls_name, sequence):
-    """Each pipeline class declares `model_cpu_offload_seq`: its text encoders, then `image_encoder`, then the denoiser, then the VAE (for SD 1.5 `text_encoder->image_encoder->unet->vae`, for Flux `text_encoder->text_encoder_2->image_encoder->transformer->vae`)."""
+    """Each of the four pipeline classes declares `model_cpu_offload_seq`: its text encoders, then `image_encoder`, then the denoiser, then the VAE (for SD 1.5 `text_encoder->image_encoder->unet->vae`, for Flux `text_encoder->text_encoder_2->image_encoder->transformer->vae`)."""
     import diffusers
 
     assert getattr(diffusers, cls_name).model_cpu_offload_seq == sequence
@@ -136,8 +136,8 @@ def test_a_call_uses_its_models_in_the_offload_order(pipe):
     assert present == ["text_encoder", "unet", "vae"]
 
 
-def test_the_pipeline_never_holds_tensors_between_calls(pipe):
-    """Two calls with the same `latents` and `prompt_embeds` give identical results: the pipeline keeps its components, not the previous call's state."""
+def test_two_calls_with_the_same_inputs_give_the_same_result(pipe):
+    """Two calls with the same `latents` and `prompt_embeds` give identical results."""
     kwargs = dict(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=3.0,
                   height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
     first = pipe(latents=start_latents(), **kwargs).images
@@ -175,7 +175,7 @@ def test_sd3_and_flux_decode_a_wrong_shift_but_raise_without_one(record_calls):
 
 
 def test_prompt_embeds_can_be_passed_instead_of_a_prompt(record_calls):
-    """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` built without text encoders run `__call__` from `prompt_embeds` (plus `pooled_prompt_embeds` from SDXL on, and the negative pair when CFG is on), so the text encoders need not be present during the loop."""
+    """`StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` built without text encoders run `__call__` from `prompt_embeds` (plus `pooled_prompt_embeds` from SDXL on, and the negative pair when CFG is on), so the text encoders need not be present during the loop; with classifier-free guidance on (`guidance_scale` 3.0, UNets without `time_cond_proj_dim`), SD 1.5's, SDXL's and SD3's denoisers get `2B` rows, negative first, and Flux.1-dev's `B`."""
     from diffusers import EulerDiscreteScheduler
 
     euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
@@ -196,6 +196,7 @@ def test_prompt_embeds_can_be_passed_instead_of_a_prompt(record_calls):
         encoders = [v for k, v in pipe.components.items() if k.startswith("text_encoder")]
         assert encoders and all(e is None for e in encoders), type(pipe).__name__
         denoiser = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
+        assert denoiser.config.get("time_cond_proj_dim") is None, type(pipe).__name__
         calls = record_calls(denoiser).calls
         with torch.no_grad():
             pipe(**kwargs, guidance_scale=3.0, num_inference_steps=2, height=HEIGHT,
@@ -253,20 +254,46 @@ def test_resolution_rules_differ_by_pipeline():
 
 
 def test_the_loop_calls_the_denoiser_once_per_scheduler_timestep(record_calls):
-    """The loop calls the denoiser once per entry of `scheduler.timesteps`, not always `num_inference_steps` times: `StableDiffusionPipeline` with SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) makes `num_inference_steps` + 1 UNet calls from 2 steps on (3 at 2, 6 at 5) but 1 at 1 step, while `EulerDiscreteScheduler` makes exactly `num_inference_steps`."""
+    """The loop calls the denoiser once per entry of `scheduler.timesteps`, not always `num_inference_steps` times: `StableDiffusionPipeline` with SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) makes 3 UNet calls at 2 steps but 1 at 1 step, while an `EulerDiscreteScheduler` built by `from_config` on that config (`linspace` spacing) makes 3 at 3."""
     from diffusers import EulerDiscreteScheduler, PNDMScheduler
 
     pndm = PNDMScheduler(**SD_BETAS, steps_offset=1, set_alpha_to_one=False, skip_prk_steps=True)
     euler = EulerDiscreteScheduler.from_config(pndm.config)
+    assert euler.config.timestep_spacing == "linspace"
     pipe = tiny_sd_pipeline(pndm)
     calls = record_calls(pipe.unet).calls
-    for scheduler, steps, expected in ((pndm, 1, 1), (pndm, 2, 3), (pndm, 5, 6), (euler, 3, 3)):
+    for scheduler, steps, expected in ((pndm, 1, 1), (pndm, 2, 3), (euler, 3, 3)):
         pipe.scheduler = scheduler
         calls.clear()
         with torch.no_grad():
             pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
         assert len(calls) == expected == len(pipe.scheduler.timesteps), (type(scheduler).__name__, steps)  # fmt: skip
+
+
+def test_from_pretrained_loads_mismatched_components_without_an_error(tmp_path):
+    """`__init__` and `from_pretrained` compare none of these: a `StableDiffusionPipeline` folder with a 16-channel VAE against a 4-channel UNet and a 48-wide text encoder against `cross_attention_dim` 32, and a `StableDiffusionXLPipeline` folder whose `text_encoder_2` projects to 16 against a UNet built for a 20-wide pooled vector, are built, saved and loaded back without an error, every mismatch intact; the UNet's config has no `prediction_type` to compare."""
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+    from tiny import tiny_vae
+
+    tok = tiny_tokenizer(tmp_path)
+    sd = tiny_sd_pipeline(vae=tiny_vae(latent_channels=16), tokenizer=tok,
+                          text_encoder=tiny_text_encoder(hidden_size=48))  # fmt: skip
+    xl = StableDiffusionXLPipeline(**{
+        **tiny_sdxl_pipeline(unet=tiny_sdxl_unet(pooled=20)).components,
+        "text_encoder": tiny_text_encoder(16), "tokenizer": tok, "tokenizer_2": tok,
+        "text_encoder_2": tiny_text_encoder(16, seed=1, with_projection=True, projection_dim=16),
+    })  # fmt: skip
+    sd.save_pretrained(tmp_path / "sd")
+    xl.save_pretrained(tmp_path / "xl")
+    sd = StableDiffusionPipeline.from_pretrained(tmp_path / "sd")
+    xl = StableDiffusionXLPipeline.from_pretrained(tmp_path / "xl")
+    assert (sd.vae.config.latent_channels, sd.unet.config.in_channels) == (16, 4)
+    assert (sd.text_encoder.config.hidden_size, sd.unet.config.cross_attention_dim) == (48, 32)
+    unet = xl.unet.config
+    pooled = unet.projection_class_embeddings_input_dim - 6 * unet.addition_time_embed_dim
+    assert (xl.text_encoder_2.config.projection_dim, pooled) == (16, 20)
+    assert "prediction_type" not in sd.unet.config
 
 
 @pytest.fixture(scope="module")
