@@ -131,6 +131,21 @@ def test_no_seed_filler_anywhere(built_site):
             assert phrase not in text, f"seed filler in {page.relative_to(built_site)}: {phrase}"
 
 
+def test_no_escaped_quote_reaches_a_page(built_site):
+    """Markdown prints a backslash before a quote as is where it does not unescape it (an
+    admonition's quoted title: `??? note "\\"scheduler\\" vs ..."` rendered `\\"scheduler\\"`):
+    no page shows one outside code, in its text or its attributes."""
+    code = re.compile(r"<(pre|code|script|style)\b.*?</\1>", re.S)
+    found = []
+    for page in html_pages(built_site):
+        text = code.sub("", page.read_text(encoding="utf-8"))
+        for m in re.finditer(r"\\(?:\"|&quot;|'|&#39;|&#x27;)", text):
+            found.append(
+                f"{page.relative_to(built_site)}: {text[max(0, m.start() - 40) : m.end() + 20]!r}"
+            )
+    assert found == []
+
+
 def test_pages_have_descriptions(built_site):
     for page in html_pages(built_site):
         if page.name == "404.html":
