@@ -143,7 +143,7 @@ def n_params(module):
 
 
 def test_lora_wraps_each_targeted_linear():
-    """`load_lora_weights` replaces each targeted `nn.Linear` of the UNet with a PEFT `lora.Linear` that keeps the original layer as `base_layer` and adds `lora_A` `(r, in_features)` and `lora_B` `(out_features, r)`; its output is `base_layer(x) + lora_B(lora_A(x)) * lora_alpha / r`. A targeted convolution becomes a PEFT `lora.Conv2d` instead."""
+    """`load_lora_weights` replaces each targeted `nn.Linear` of the UNet with a PEFT `lora.Linear` that keeps the original layer as `base_layer` and adds `lora_A` `(r, in_features)` and `lora_B` `(out_features, r)`; its output is `base_layer(x) + lora_B(lora_A(x)) * lora_alpha / r`, and it adds `r * (in_features + out_features)` parameters. A targeted convolution becomes a PEFT `lora.Conv2d` instead, whose `lora_A` keeps the layer's kernel: a 3 x 3 convolution adds `r * (9 * in_channels + out_channels)`, not `r * (in + out)`."""
     pipe = lora_pipe("style", rank=2)
     layer = first_projection(pipe.unet)
     assert isinstance(layer, LoraLinear) and isinstance(layer.base_layer, torch.nn.Linear)
@@ -168,7 +168,15 @@ def test_lora_wraps_each_targeted_linear():
          "unet.down_blocks.0.resnets.0.conv1.lora_B.weight": torch.randn(conv.out_channels, 2, 1, 1)},
         adapter_name="style",
     )  # fmt: skip
-    assert isinstance(convs.unet.down_blocks[0].resnets[0].conv1, LoraConv2d)
+    wrapped_conv = convs.unet.down_blocks[0].resnets[0].conv1
+    assert isinstance(wrapped_conv, LoraConv2d) and conv.kernel_size == (3, 3)
+    assert wrapped_conv.lora_A["style"].kernel_size == conv.kernel_size  # peft's own layer
+    added = sum(p.numel() for n, p in wrapped_conv.named_parameters() if "lora_" in n)
+    assert added == 2 * (conv.in_channels * 9 + conv.out_channels)  # 640, not 2 * (32 + 32)
+    assert all(
+        n_params(m.lora_A) + n_params(m.lora_B) == 2 * (m.in_features + m.out_features)
+        for m in wrapped
+    )
 
 
 def test_a_fresh_lora_adapter_leaves_the_output_unchanged():
@@ -246,13 +254,15 @@ def test_unload_after_fuse_keeps_the_fused_weights():
 
 
 def test_call_scale_and_adapter_weight_scale_the_same_branch():
-    """`cross_attention_kwargs={"scale": s}` and `set_adapters(name, adapter_weights=s)` scale the same LoRA branch and give the same output; `s = 0` gives the base model's output, and `disable_lora()` does too."""
+    """`cross_attention_kwargs={"scale": s}` and `set_adapters(name, adapter_weights=s)` scale the same LoRA branch and give the same output; `s = 0` gives the base model's output, either way, and `disable_lora()` does too."""
     base = predict(tiny_unet())
     pipe = lora_pipe("style")
     by_call = predict(pipe.unet, cross_attention_kwargs={"scale": 0.5})
     pipe.set_adapters("style", adapter_weights=0.5)
     torch.testing.assert_close(predict(pipe.unet), by_call, rtol=0, atol=0)
     assert not torch.allclose(by_call, base)
+    pipe.set_adapters("style", adapter_weights=0.0)
+    torch.testing.assert_close(predict(pipe.unet), base)
     pipe.set_adapters("style", adapter_weights=1.0)
     torch.testing.assert_close(predict(pipe.unet, cross_attention_kwargs={"scale": 0.0}), base)
     pipe.disable_lora()
@@ -503,18 +513,24 @@ def test_control_image_enters_after_conv_in():
 
 
 def test_guess_mode_runs_the_controlnet_on_the_conditional_half():
-    """Under CFG a ControlNet runs every step at the UNet's batch, `2B` rows, except with `guess_mode=True`: then `StableDiffusionControlNetPipeline` runs it on the conditional half only, `B` rows, half its cost per step, while the UNet still gets `2B`."""
+    """Under CFG a ControlNet runs every step at the UNet's batch, `2B` rows, except in guess mode: with `guess_mode=True`, or by itself for a single ControlNet whose config sets `global_pool_conditions`, `StableDiffusionControlNetPipeline` runs it on the conditional half only, `B` rows, half its cost per step, while the UNet still gets `2B`."""
     unet = tiny_unet()
     controlnet = tiny_controlnet(unet, trained=True)
-    pipe = tiny_controlnet_pipeline(unet, controlnet)
-    rows = {"controlnet": [], "unet": []}
-    for key, module in [("controlnet", controlnet), ("unet", unet)]:
+    pooled = tiny_controlnet(unet, trained=True)
+    pooled.register_to_config(global_pool_conditions=True)
+    rows = {"controlnet": [], "pooled": [], "unet": []}
+    for key, module in [("controlnet", controlnet), ("pooled", pooled), ("unet", unet)]:
         module.register_forward_pre_hook(
             lambda m, a, k, key=key: rows[key].append(a[0].shape[0]), with_kwargs=True
         )
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
     for guess_mode in (False, True):
         run(pipe, steps=2, image=CONTROL_IMAGE, guess_mode=guess_mode)
-    assert rows == {"controlnet": [2, 2, 1, 1], "unet": [2, 2, 2, 2]}  # B = 1
+    assert rows == {"controlnet": [2, 2, 1, 1], "pooled": [], "unet": [2] * 4}  # B = 1
+    for key in rows:
+        rows[key].clear()
+    run(tiny_controlnet_pipeline(unet, pooled), steps=2, image=CONTROL_IMAGE, guess_mode=False)
+    assert rows == {"controlnet": [], "pooled": [1, 1], "unet": [2, 2]}
 
 
 def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
@@ -1102,19 +1118,24 @@ def test_hotswap_replaces_an_adapter_in_place():
     assert not torch.allclose(out, before, atol=1e-3)
 
 
-def test_hotswap_at_the_same_rank_needs_no_enable_lora_hotswap():
-    """Without `enable_lora_hotswap`, `load_lora_weights(..., hotswap=True)` still copies a LoRA of the same rank into the existing adapter's tensors in place, with the output of a fresh load; `enable_lora_hotswap(target_rank=...)` is what lets later LoRAs have other ranks up to `target_rank`, and a first LoRA above `target_rank` raises a `ValueError`."""
+def test_hotswap_without_enable_copies_same_or_smaller_ranks_in_place():
+    """Without `enable_lora_hotswap`, `load_lora_weights(..., hotswap=True)` copies a LoRA of the same or a smaller rank into the existing adapter's tensors in place, writing no base weight, with the output of a fresh load, and a larger rank raises nothing but swaps in new, larger tensors, also with a fresh load's output; after `enable_lora_hotswap(target_rank=...)`, a first LoRA above `target_rank` raises a `ValueError`."""
     plain = tiny_unet()
-    pipe = tiny_sd_pipeline()
-    pipe.load_lora_weights(lora_state_dict(plain, rank=2), adapter_name="style")
-    storage = {n: p.data_ptr() for n, p in pipe.unet.named_parameters()}
-    pipe.load_lora_weights(
-        lora_state_dict(plain, rank=2, seed=1), adapter_name="style", hotswap=True
-    )
-    assert {n: p.data_ptr() for n, p in pipe.unet.named_parameters()} == storage
-    fresh = tiny_sd_pipeline()
-    fresh.load_lora_weights(lora_state_dict(plain, rank=2, seed=1), adapter_name="style")
-    torch.testing.assert_close(predict(pipe.unet), predict(fresh.unet), rtol=0, atol=1e-6)
+    for rank, in_place in [(2, True), (1, True), (4, False)]:  # the first LoRA has rank 2
+        pipe = tiny_sd_pipeline()
+        pipe.load_lora_weights(lora_state_dict(plain, rank=2), adapter_name="style")
+        storage = {n: p.data_ptr() for n, p in pipe.unet.named_parameters() if ".lora_" in n}
+        original = base_weights(pipe.unet)
+        pipe.load_lora_weights(lora_state_dict(plain, rank=rank, seed=1), adapter_name="style",
+                               hotswap=True)  # fmt: skip
+        swapped = base_weights(pipe.unet)
+        assert all(torch.equal(swapped[n], original[n]) for n in original)  # no base weight
+        after = {n: p.data_ptr() for n, p in pipe.unet.named_parameters() if ".lora_" in n}
+        assert after.keys() == storage.keys() and len(storage) == 64
+        assert sum(after[n] == storage[n] for n in storage) == (64 if in_place else 0), rank
+        fresh = tiny_sd_pipeline()
+        fresh.load_lora_weights(lora_state_dict(plain, rank=rank, seed=1), adapter_name="style")
+        torch.testing.assert_close(predict(pipe.unet), predict(fresh.unet), rtol=0, atol=1e-5)
     narrow = tiny_sd_pipeline()
     narrow.enable_lora_hotswap(target_rank=2)
     with pytest.raises(ValueError, match="original rank is larger"):

@@ -163,7 +163,7 @@ def test_fuse_lora_matches_unfused_and_unfuse_restores_weights(lab):
 
 @pytest.mark.parametrize("family, config_name", [("sd15", "SD15_UNET"), ("sdxl", "SDXL_UNET")])
 def test_lora_parameter_counts_on_real_configs(lab, family, config_name):
-    """A peft `LoraConfig(r, target_modules=["to_q", "to_k", "to_v", "to_out.0"])` added with `add_adapter` to the real SD 1.5 or SDXL UNet (built on the meta device) has exactly the LoRA parameter count the lab prints at ranks 4 and 128 (the lab's other ranks are the same count scaled by r), and its `to_q`, `to_k`, `to_v`, `to_out.0` layers have the `(in_features, out_features)` shapes the lab's `attention_projections` derives from the config."""
+    """A peft `LoraConfig(r, target_modules=["to_q", "to_k", "to_v", "to_out.0"])` added with `add_adapter` to the real SD 1.5 or SDXL UNet (built on the meta device) has exactly the LoRA parameter count the lab prints at ranks 4 and 128 (the lab's other ranks are the same count scaled by r), and its `to_q`, `to_k`, `to_v`, `to_out.0` layers have the `(in_features, out_features)` shapes the lab's `attention_projections` derives from the config; every config key of the starter's `CONFIGS` entry (all but its `name`), the block types included, equals the published config's."""
     import model_configs
     from diffusers import UNet2DConditionModel
 
@@ -171,8 +171,9 @@ def test_lora_parameter_counts_on_real_configs(lab, family, config_name):
         unet = UNet2DConditionModel(**getattr(model_configs, config_name))
     starter = lab["CONFIGS"][family]
     real = getattr(model_configs, config_name)
-    for key in ("block_out_channels", "layers_per_block", "cross_attention_dim",
-                "transformer_layers_per_block", "attention_head_dim"):  # fmt: skip
+    keys = set(starter) - {"name"}  # every config key the starter holds
+    assert {"down_block_types", "up_block_types", "block_out_channels"} < keys
+    for key in sorted(keys):
         a, b = starter[key], real[key]
         assert (list(a) if isinstance(a, tuple) else a) == b, key
     shapes = sorted(
