@@ -435,8 +435,10 @@ def test_scheduler_swap_can_change_the_timestep_grid():
 
 
 def test_add_noise_is_the_closed_form_forward_process():
-    """`scheduler.add_noise(x0, noise, timesteps)` returns `sqrt(alpha_bar_t) * x0 + sqrt(1 - alpha_bar_t) * noise` in one call, one timestep per row."""
-    scheduler = DDIMScheduler(**SD_BETAS)
+    """`DDPMScheduler.add_noise(x0, noise, timesteps)` returns `sqrt(alpha_bar_t) * x0 + sqrt(1 - alpha_bar_t) * noise` in one call, one timestep per row."""
+    from diffusers import DDPMScheduler
+
+    scheduler = DDPMScheduler(**SD_BETAS)
     g = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(3, 4, 8, 8, generator=g), torch.randn(3, 4, 8, 8, generator=g)
     timesteps = torch.tensor([10, 500, 999])
