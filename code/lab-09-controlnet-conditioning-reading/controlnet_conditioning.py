@@ -37,10 +37,11 @@ from labkit.cli import (
 # In: `--conditioning-scale` (`controlnet_conditioning_scale`, default 1.0),
 # `--control-guidance-start` / `--control-guidance-end` (the fraction of the loop in
 # which the ControlNet acts, default 0.0 and 1.0), `--steps` (`num_inference_steps`,
-# default 50) and `--guess-mode`. The checks are those of
+# default 50) and `--guess-mode`. The window checks are those of
 # `StableDiffusionControlNetPipeline.check_inputs` (start < end, start >= 0,
-# end <= 1), plus a non-negative scale. The toy denoiser works on 2-D `latents`
-# `(N, 2)` float32 with features `(N, 16)`: the same wiring as the UNet, at toy size.
+# end <= 1), which let NaN through; the starter also rejects NaN, and a negative
+# scale. The toy denoiser works on 2-D `latents` `(N, 2)` float32 with features
+# `(N, 16)`: the same wiring as the UNet, at toy size.
 
 # %%
 # --8<-- [start:setup]
@@ -88,7 +89,8 @@ print(f"latents {latents.shape} {latents.dtype}, controlnet_cond {controlnet_con
 # ## 2. The base denoiser with additive skip residuals
 #
 # `UNet2DConditionModel.forward` collects `down_block_res_samples` (the `conv_in`
-# output, then every resnet and downsampler output of the down blocks: 12 in SD 1.5;
+# output, then each resnet's output, after its transformer in a cross-attention
+# block, and each downsampler's output of the down blocks: 12 in SD 1.5;
 # here each down block is one matrix, one skip), adds `down_block_additional_residuals[i]`
 # to the i-th of them and `mid_block_additional_residual` to the mid-block output,
 # and only then runs the up blocks, which consume the skips in reverse.
@@ -231,10 +233,9 @@ cond_scales = [args.conditioning_scale * k for k in controlnet_keep]
 print(f"controlnet_keep ({args.steps} steps, start {start}, end {end}): "
       f"{''.join(str(int(k)) for k in controlnet_keep)}")  # fmt: skip
 # not counted here: the pipeline calls the ControlNet once per entry of scheduler.timesteps,
-# which is --steps entries for DDIM (SD 1.5's shipped PNDM: 21 at 20 steps), and builds
-# controlnet_keep over them (tests/verify/test_page_lab_09.py)
-print(f"steps with control: {int(sum(controlnet_keep))} of {args.steps}; pipeline's "
-      f"ControlNet calls with DDIM: {args.steps} (a 0 step still runs it, at conditioning_scale 0.0)")  # fmt: skip
+# 0 steps included, and builds controlnet_keep over them (tests/verify/test_page_lab_09.py)
+print(f"steps with control: {int(sum(controlnet_keep))} of {args.steps} (the pipeline still "
+      f"calls the ControlNet at a 0 step, with conditioning_scale 0.0)")  # fmt: skip
 
 # step 0 with CFG: latent_model_input is [latents] * 2, (2N, 2), unconditional half first
 latent_model_input = np.concatenate([latents, latents])

@@ -111,7 +111,7 @@ def test_fresh_controlnet_residuals_are_all_zero(record_calls):
 
 
 def test_one_residual_per_unet_skip_with_its_shape():
-    """The ControlNet returns one residual per UNet skip tensor (the `conv_in` output and every resnet and downsampler output of the down blocks), each with that skip's shape, plus one residual shaped like the mid-block output."""
+    """The ControlNet returns one residual per UNet skip tensor (the `conv_in` output, each resnet's output of the down blocks, taken after its transformer in a cross-attention block, and each downsampler's output), each with that skip's shape, plus one residual shaped like the mid-block output."""
     from tiny import tiny_unet
 
     unet = tiny_unet()
@@ -148,6 +148,35 @@ def test_from_unet_copies_the_encoder_and_embeds_the_control_image():
     with torch.no_grad():
         expected = controlnet.conv_in(x) + controlnet.controlnet_cond_embedding(control_image)
     torch.testing.assert_close(seen[0], expected)
+
+
+def test_zero_projections_move_at_the_first_update_the_cond_embedding_at_the_second():
+    """A fresh `ControlNetModel.from_unet`'s zero-initialised output projections (`controlnet_down_blocks`, `controlnet_mid_block`) get a nonzero weight gradient at the first training update, their inputs (the copied encoder's features) not being zero, so one SGD step moves them; the zero `conv_out` of `controlnet_cond_embedding`, whose gradient passes through those projections, gets exactly zero at the first update and moves from the second."""
+    from tiny import tiny_unet
+
+    unet = tiny_unet().requires_grad_(False)  # the frozen base
+    controlnet = new_controlnet(unet)
+    projections = [*controlnet.controlnet_down_blocks, controlnet.controlnet_mid_block]
+    cond_out = controlnet.controlnet_cond_embedding.conv_out
+    x, t, prompt_embeds, control_image = inputs()
+    target = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))  # the noise
+    optimizer = torch.optim.SGD(controlnet.parameters(), lr=0.1)
+    for update in (1, 2):
+        optimizer.zero_grad()
+        down, mid = controlnet(
+            x, t, encoder_hidden_states=prompt_embeds, controlnet_cond=control_image,
+            return_dict=False,
+        )  # fmt: skip
+        noise_pred = unet(
+            x, t, encoder_hidden_states=prompt_embeds,
+            down_block_additional_residuals=down, mid_block_additional_residual=mid,
+        ).sample  # fmt: skip
+        torch.nn.functional.mse_loss(noise_pred, target).backward()
+        assert all(p.weight.grad.abs().max() > 0 for p in projections)
+        assert bool(cond_out.weight.grad.abs().max() > 0) == (update == 2)
+        optimizer.step()
+        assert all(p.weight.abs().max() > 0 for p in projections)
+        assert bool(cond_out.weight.abs().max() > 0) == (update == 2)
 
 
 def test_unet_adds_the_residuals_to_its_skips_and_mid_block():
@@ -238,7 +267,7 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
 
 
 def test_controlnet_runs_once_per_timestep_for_every_compatible_scheduler(lab, record_calls):
-    """`StableDiffusionControlNetPipeline` calls the ControlNet once per entry of `scheduler.timesteps`, with `controlnet_keep` built over `len(timesteps)`, for every scheduler in its `scheduler.compatibles`; at 20 steps and the window 0.2 to 0.8, DDIM makes 20 calls, 12 with control (the starter's `ControlNet calls with DDIM: 20`), and SD 1.5's shipped `PNDMScheduler` 21, 11 with control."""
+    """`StableDiffusionControlNetPipeline` calls the ControlNet once per entry of `scheduler.timesteps`, with `controlnet_keep` built over `len(timesteps)`, for every scheduler in its `scheduler.compatibles`; at 20 steps and the window 0.2 to 0.8, DDIM makes 20 calls (20 timesteps with `leading`, `linspace` and `trailing` spacing), 12 with control (the starter's `steps with control: 12 of 20`, which counts no calls), and SD 1.5's shipped `PNDMScheduler` 21, 11 with control."""
     from diffusers import DDIMScheduler, PNDMScheduler
     from tiny import SD15_PNDM, SD_SCHEDULER, tiny_unet
 
@@ -262,15 +291,24 @@ def test_controlnet_runs_once_per_timestep_for_every_compatible_scheduler(lab, r
     assert {"PNDMScheduler", "HeunDiscreteScheduler", "DPMSolverSDEScheduler"} <= {
         c.__name__ for c in classes
     }
-    for cls in classes:  # 3 steps: order-2 schedulers make 5 calls, PNDM 4
+    counts = {}
+    for cls in classes:  # 2 steps: order-2 schedulers and PNDM make 3 calls
         scheduler = cls.from_config(sd15_config)
-        calls, _ = run(scheduler, 3)
-        assert calls == len(scheduler.timesteps), cls.__name__
+        counts[cls.__name__], _ = run(scheduler, 2)
+        assert counts[cls.__name__] == len(scheduler.timesteps), cls.__name__
+    assert counts["PNDMScheduler"] == counts["HeunDiscreteScheduler"] == 3
     assert run(DDIMScheduler(**SD_SCHEDULER), 20) == (20, 12)
+    for spacing in ("leading", "linspace", "trailing"):
+        ddim = DDIMScheduler.from_config(SD_SCHEDULER, timestep_spacing=spacing)
+        ddim.set_timesteps(20)
+        assert len(ddim.timesteps) == 20, spacing
     assert run(PNDMScheduler(**SD15_PNDM), 20) == (21, 11)
     out = starter_stdout("--steps", "20", "--control-guidance-start", "0.2",
                          "--control-guidance-end", "0.8")  # fmt: skip
-    assert "steps with control: 12 of 20; pipeline's ControlNet calls with DDIM: 20 " in out
+    assert (
+        "steps with control: 12 of 20 (the pipeline still calls the ControlNet at a 0 step" in out
+    )
+    assert "calls with" not in out  # the starter states no call count: it depends on the scheduler
 
 
 def test_multi_controlnet_union_skips_a_net_at_scale_zero():
@@ -353,7 +391,7 @@ def test_guess_mode_runs_the_controlnet_on_the_conditional_half(record_calls):
 
 
 def test_sd15_controlnet_size_matches_the_starter(lab):
-    """`ControlNetModel.from_unet` on SD 1.5's UNet config, counted on the meta device, has 361,279,120 parameters (the starter's `CONTROLNET_SD15_PARAMS`), 42.0% of the UNet's 859,520,964, with 12 `controlnet_down_blocks`."""
+    """`ControlNetModel.from_unet` on SD 1.5's UNet config, counted on the meta device, has 361,279,120 parameters (the starter's `CONTROLNET_SD15_PARAMS`), 42.0% of the UNet's 859,520,964, with 12 `controlnet_down_blocks`, one per UNet skip (its down blocks are three `CrossAttnDownBlock2D`s, then a `DownBlock2D`)."""
     from diffusers import ControlNetModel, UNet2DConditionModel
     from model_configs import SD15_UNET
 
@@ -366,6 +404,8 @@ def test_sd15_controlnet_size_matches_the_starter(lab):
     assert unet_count == lab["unet_params"] == 859_520_964
     assert f"{count / unet_count:.1%}" == "42.0%"
     assert len(controlnet.controlnet_down_blocks) == 12
+    kinds = [type(block).__name__ for block in unet.down_blocks]
+    assert kinds == ["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"]
 
 
 def test_sd15_controlnet_flops_share_matches_the_starter(lab):
