@@ -292,7 +292,7 @@ print(f"{sum(row[-1] for row in levels_xl)} transformer blocks; largest attn1: "
 # A DiT cuts the latent into `p x p` patches and flattens each into one token of
 # width `C * p * p`: `(B, C, h, w) -> (B, (h/p) * (w/p), C * p * p)`. This is the
 # order FluxPipeline's `_pack_latents` uses (channels, then the patch's rows and
-# columns), and the layout of a `Conv2d(C, D, kernel_size=p, stride=p)` weight, so
+# columns), and the layout of a `Conv2d(C, D, kernel_size=p, stride=p)` weight, so DiT's
 # `PatchEmbed` is "patchify, one Linear, + a position table". `unpatchify` inverts patchify
 # (Flux's `_unpack_latents`). DiT's output head orders each token differently,
 # `(p, p, C_out)`, and DiT-XL/2 learns the variance too: `C_out = 2 C`

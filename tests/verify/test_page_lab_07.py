@@ -98,26 +98,40 @@ def test_resnet_adds_one_time_value_per_channel(lab):
     unet = sd15_like_unet()
     assert "resnet_time_scale_shift" not in SD15_UNET
     assert unet.config.resnet_time_scale_shift == "default"
-    resnet = unet.down_blocks[0].resnets[0]
+    resnets = [m for m in unet.modules() if type(m).__name__ == "ResnetBlock2D"]
     seen = {}
     handles = [
-        unet.time_embedding.register_forward_hook(lambda m, a, o: seen.__setitem__("emb", o)),
-        resnet.conv1.register_forward_hook(lambda m, a, o: seen.__setitem__("conv1", o)),
-        resnet.time_emb_proj.register_forward_hook(lambda m, a, o: seen.__setitem__("proj", o)),
-        resnet.norm2.register_forward_pre_hook(lambda m, a: seen.__setitem__("norm2_in", a[0])),
-        resnet.register_forward_pre_hook(
-            lambda m, a, k: seen.__setitem__("temb", a[1] if len(a) > 1 else k["temb"]),
-            with_kwargs=True,
-        ),
+        unet.time_embedding.register_forward_hook(lambda m, a, o: seen.__setitem__("emb", o))
     ]
+    for i, resnet in enumerate(resnets):  # every ResnetBlock2D: down, mid and up
+        handles += [
+            resnet.conv1.register_forward_hook(
+                lambda m, a, o, i=i: seen.__setitem__(("conv1", i), o)
+            ),
+            resnet.time_emb_proj.register_forward_hook(
+                lambda m, a, o, i=i: seen.__setitem__(("proj", i), o)
+            ),
+            resnet.norm2.register_forward_pre_hook(
+                lambda m, a, i=i: seen.__setitem__(("norm2_in", i), a[0])
+            ),
+            resnet.register_forward_pre_hook(
+                lambda m, a, k, i=i: seen.__setitem__(
+                    ("temb", i), a[1] if len(a) > 1 else k["temb"]
+                ),
+                with_kwargs=True,
+            ),
+        ]
     with torch.no_grad():
         unet(torch.randn(2, 4, 16, 16), 500, encoder_hidden_states=torch.randn(2, 77, 24))
     for h in handles:
         h.remove()
-    c_out = resnet.conv1.out_channels
-    assert seen["proj"].shape == (2, c_out)
-    torch.testing.assert_close(seen["temb"], seen["emb"])
-    torch.testing.assert_close(seen["norm2_in"], seen["conv1"] + seen["proj"][:, :, None, None])
+    assert len(resnets) > 20 and len(seen) == 1 + 4 * len(resnets)
+    for i, resnet in enumerate(resnets):
+        assert seen["proj", i].shape == (2, resnet.conv1.out_channels)
+        torch.testing.assert_close(seen["temb", i], seen["emb"])
+        torch.testing.assert_close(
+            seen["norm2_in", i], seen["conv1", i] + seen["proj", i][:, :, None, None]
+        )
 
 
 def test_cross_attention_queries_come_from_latent_positions(lab):

@@ -38,6 +38,23 @@ def unet(**overrides):
     return UNet2DConditionModel(**config).eval()
 
 
+@pytest.fixture(scope="module")
+def sdxl_like():
+    """SDXL's published block types, layers per block and `text_time` addition, tiny widths."""
+    from model_configs import SDXL_UNET
+
+    model = unet(
+        sample_size=16, block_out_channels=(32, 32, 64), attention_head_dim=(2, 2, 4),
+        down_block_types=tuple(SDXL_UNET["down_block_types"]),
+        up_block_types=tuple(SDXL_UNET["up_block_types"]),
+        layers_per_block=SDXL_UNET["layers_per_block"], transformer_layers_per_block=(1, 2, 2),
+        use_linear_projection=True, addition_embed_type=SDXL_UNET["addition_embed_type"],
+        addition_time_embed_dim=8, projection_class_embeddings_input_dim=20 + 6 * 8,
+    )  # fmt: skip
+    added = {"text_embeds": torch.randn(1, 20), "time_ids": torch.tensor([[64.0] * 6])}
+    return model, added
+
+
 def sd3(num_layers=2):
     """``tiny_sd3_transformer`` with a 24-wide pooled input, ``num_layers`` joint blocks."""
     return tiny_sd3_transformer(pooled_projection_dim=24, num_layers=num_layers)
@@ -78,8 +95,8 @@ def test_sdxl_unet_has_no_attention_at_its_first_level():
     )
 
 
-def test_unet_time_embedding_is_added_in_every_resnet():
-    """With SD 1.x's and SDXL's `resnet_time_scale_shift` (the default), a `UNet2DConditionModel` embeds the timestep once (`time_proj`, then `time_embedding`) and every `ResnetBlock2D` receives that same `emb` and adds `time_emb_proj(SiLU(emb))[:, :, None, None]` to its `conv1` output: one shift per channel, the same at every position (not with `"scale_shift"`, where `norm2` receives `conv1`'s output unchanged)."""
+def test_unet_time_embedding_is_added_in_every_resnet(sdxl_like):
+    """With SD 1.x's and SDXL's `resnet_time_scale_shift` (the default), a `UNet2DConditionModel` embeds the timestep once (`time_proj`, then `time_embedding`) and every `ResnetBlock2D` receives that same `emb` (with SDXL's `text_time`, plus `add_embedding`'s output) and adds `time_emb_proj(SiLU(emb))[:, :, None, None]` to its `conv1` output: one shift per channel, the same at every position (not with `"scale_shift"`, where `norm2` receives `conv1`'s output unchanged)."""
     from model_configs import SD15_UNET, SDXL_UNET
 
     assert "resnet_time_scale_shift" not in SD15_UNET and "resnet_time_scale_shift" not in SDXL_UNET
@@ -112,6 +129,30 @@ def test_unet_time_embedding_is_added_in_every_resnet():
     for r, norm2_in in added:
         proj = seen[f"proj-{id(r)}"]
         torch.testing.assert_close(norm2_in, seen[f"conv1-{id(r)}"] + proj[:, :, None, None])
+    xl, added_cond_kwargs = sdxl_like  # SDXL: every resnet gets emb + add_embedding's output
+    xl_resnets = [m for m in xl.modules() if type(m).__name__ == "ResnetBlock2D"]
+    seen, temb_in, added = {}, [], []
+    handles = [output_of(xl.time_embedding, seen, "emb"), output_of(xl.add_embedding, seen, "aug")]
+    for r in xl_resnets:
+        handles.append(r.register_forward_pre_hook(
+            lambda m, a, k: temb_in.append(a[1] if len(a) > 1 else k["temb"]), with_kwargs=True
+        ))  # fmt: skip
+        handles.append(output_of(r.conv1, seen, f"conv1-{id(r)}"))
+        handles.append(output_of(r.time_emb_proj, seen, f"proj-{id(r)}"))
+        handles.append(r.norm2.register_forward_pre_hook(lambda m, a, r=r: added.append((r, a[0]))))
+    with torch.no_grad():
+        xl(torch.randn(1, 4, 16, 16), 300, encoder_hidden_states=torch.randn(1, 77, 24),
+           added_cond_kwargs=added_cond_kwargs)  # fmt: skip
+    for h in handles:
+        h.remove()
+    assert len(temb_in) == len(added) == len(xl_resnets) > 4
+    for t in temb_in:
+        torch.testing.assert_close(t, seen["emb"] + seen["aug"])
+        assert not torch.allclose(t, seen["emb"])
+    for r, norm2_in in added:
+        proj = seen[f"proj-{id(r)}"]
+        torch.testing.assert_close(norm2_in, seen[f"conv1-{id(r)}"] + proj[:, :, None, None])
+    handles = []
     other, conv1, norm2 = unet(resnet_time_scale_shift="scale_shift"), [], []
     for r in [m for m in other.modules() if type(m).__name__ == "ResnetBlock2D"]:
         handles.append(r.conv1.register_forward_hook(lambda m, a, o: conv1.append(o)))
@@ -124,8 +165,8 @@ def test_unet_time_embedding_is_added_in_every_resnet():
     assert all(torch.equal(a, b) for a, b in zip(conv1, norm2, strict=True))
 
 
-def test_every_attn2_reads_the_same_prompt_embeds():
-    """In a UNet with SD 1.x's and SDXL's configs (no `encoder_hid_dim`), every `attn2` receives the same, unchanged `encoder_hidden_states` that the UNet was called with: the prompt is read at every level and never updated."""
+def test_every_attn2_reads_the_same_prompt_embeds(sdxl_like):
+    """In a UNet with SD 1.x's and SDXL's configs (no `encoder_hid_dim`), every `attn2` receives the same, unchanged `encoder_hidden_states` that the UNet was called with: the prompt is never updated. SDXL's first level has no `attn2`, so no query there reads it."""
     from model_configs import SD15_UNET, SDXL_UNET
 
     assert "encoder_hid_dim" not in SD15_UNET and "encoder_hid_dim" not in SDXL_UNET
@@ -146,6 +187,23 @@ def test_every_attn2_reads_the_same_prompt_embeds():
         h.remove()
     assert len(got) == 4  # 1 down + 1 mid + 2 up transformer blocks
     assert all(torch.equal(g, prompt_embeds) for g in got)
+    xl, added_cond_kwargs = sdxl_like
+    got, queries = [], []
+    handles = [
+        m.register_forward_pre_hook(
+            lambda m, a, k: got.append(k["encoder_hidden_states"]) or queries.append(a[0].shape[1]),
+            with_kwargs=True,
+        )
+        for n, m in xl.named_modules()
+        if n.endswith("attn2")
+    ]
+    with torch.no_grad():
+        xl(torch.randn(1, 4, 16, 16), 10, encoder_hidden_states=prompt_embeds,
+           added_cond_kwargs=added_cond_kwargs)  # fmt: skip
+    for h in handles:
+        h.remove()
+    assert len(got) == 22 and all(torch.equal(g, prompt_embeds) for g in got)
+    assert sorted(set(queries)) == [4 * 4, 8 * 8]  # H/16 and H/32: none of level 1's 16 x 16
 
 
 def test_sdxl_pooled_text_and_time_ids_join_the_time_embedding():
@@ -159,6 +217,9 @@ def test_sdxl_pooled_text_and_time_ids_join_the_time_embedding():
     added_cond_kwargs = {"text_embeds": torch.randn(1, 20), "time_ids": torch.tensor([[64.0] * 6])}
     with pytest.raises(ValueError, match="text_embeds"):
         model(x, t, encoder_hidden_states=hidden, added_cond_kwargs={})
+    with pytest.raises(ValueError, match="time_ids"):  # pooled text alone is not enough
+        model(x, t, encoder_hidden_states=hidden,
+              added_cond_kwargs={"text_embeds": added_cond_kwargs["text_embeds"]})  # fmt: skip
     seen, temb = {}, []
     handles = [
         output_of(model.time_embedding, seen, "emb"),
@@ -564,7 +625,7 @@ def test_dit_pipeline_steps_on_the_first_c_of_2c_channels():
 
 @pytest.mark.parametrize("pipeline", ["PixArtAlphaPipeline", "PixArtSigmaPipeline"])
 def test_pixart_also_returns_2c_channels_and_its_pipelines_drop_the_variance(pipeline):
-    """DiT-XL/2 is not the only one: `PixArtTransformer2DModel` defaults to `out_channels=8` for 4 latent channels (PixArt's learned variance), so the transformer returns `2C` channels, and `PixArtAlphaPipeline.__call__` and `PixArtSigmaPipeline.__call__` hand `scheduler.step` only the first `C`."""
+    """DiT-XL/2 is not the only one: `PixArtTransformer2DModel` defaults to `out_channels=8` for 4 latent channels (PixArt's learned variance), so the transformer returns `2C` channels, and `PixArtAlphaPipeline.__call__` and `PixArtSigmaPipeline.__call__` hand `scheduler.step` only the first `C`; the prompt reaches the transformer only as `encoder_hidden_states`, with no pooled text among its inputs, and every block's cross-attention `attn2` reads it after `caption_projection`."""
     import diffusers
     from diffusers import DDIMScheduler, PixArtTransformer2DModel
 
@@ -582,11 +643,27 @@ def test_pixart_also_returns_2c_channels_and_its_pipelines_drop_the_variance(pip
     predicted, stepped, step = [], [], pipe.scheduler.step
     handle = transformer.register_forward_hook(lambda m, a, out: predicted.append(out[0]))
     pipe.scheduler.step = lambda out, t, x, **k: stepped.append(out) or step(out, t, x, **k)
+    inputs, projected, read = [], [], []
+    hooks = [
+        transformer.register_forward_pre_hook(lambda m, a, k: inputs.append(k), with_kwargs=True),
+        transformer.caption_projection.register_forward_hook(lambda m, a, o: projected.append(o)),
+        *[b.attn2.register_forward_pre_hook(
+            lambda m, a, k: read.append(k["encoder_hidden_states"]), with_kwargs=True
+        ) for b in transformer.transformer_blocks],
+    ]  # fmt: skip
     with torch.no_grad():
         latents = pipe(prompt_embeds=torch.randn(1, 5, 32), prompt_attention_mask=torch.ones(1, 5),
                        num_inference_steps=2, height=16, width=16, guidance_scale=1.0,
                        use_resolution_binning=False, output_type="latent").images  # fmt: skip
-    handle.remove()
+    for h in [handle, *hooks]:
+        h.remove()
+    assert len(inputs) == len(projected) == 2 == len(read)  # two steps, one block
+    for kwargs in inputs:  # the prompt comes in as encoder_hidden_states only: no pooled text
+        assert set(kwargs) == {"encoder_hidden_states", "encoder_attention_mask", "timestep",
+                               "added_cond_kwargs", "return_dict"}  # fmt: skip
+        assert set(kwargs["added_cond_kwargs"]) <= {"resolution", "aspect_ratio"}
+    for got, want in zip(read, projected, strict=True):  # one block per call
+        torch.testing.assert_close(got, want)
     assert len(predicted) == len(stepped) == 2
     for full, used in zip(predicted, stepped, strict=True):
         assert full.shape == (1, 8, 8, 8) and used.shape == (1, 4, 8, 8)
