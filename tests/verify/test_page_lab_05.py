@@ -169,13 +169,22 @@ def test_img2img_encodes_a_sample_times_scaling_factor():
 
 
 def test_text_to_image_never_encodes(sd_pipe, record_calls):
-    """Text-to-image never runs the VAE encoder: `StableDiffusionPipeline` starts from noise of latent shape and calls only the decoder, once."""
+    """Text-to-image never runs the VAE encoder: `StableDiffusionPipeline` starts from noise of latent shape and calls only the decoder, once for an image output."""
     encoder, decoder = record_calls(sd_pipe.vae.encoder), record_calls(sd_pipe.vae.decoder)
     sd_pipe(
         prompt_embeds=torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(1)),
         num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="pt", guidance_scale=1.0,
     )  # fmt: skip
     assert encoder.calls == [] and len(decoder.calls) == 1
+
+
+def test_text_to_image_decode_is_deterministic_with_autoencoderkl():
+    """With `AutoencoderKL` the decode is deterministic: through `StableDiffusionPipeline.__call__` (DDIM, eta 0), the same `latents` with another `generator` give the same image. The pipeline passes its `generator` to `vae.decode`, and a `ConsistencyDecoderVAE` in its place samples there, so its images differ."""
+    from tiny import decode_randomness, narrow_vae, tiny_consistency_decoder_vae
+
+    assert decode_randomness(narrow_vae((8, 16))) == (0.0, 0.0)
+    other_seed, same_seed = decode_randomness(tiny_consistency_decoder_vae())
+    assert other_seed > 1e-2 and same_seed == 0.0
 
 
 def test_sd_vae_config_from_the_original_yaml(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from tiny import (
     tiny_sd3_parts,
     tiny_sd_pipeline,
     tiny_sdxl_pipeline,
+    tiny_vae,
 )
 
 
@@ -129,7 +130,7 @@ def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, m
 
 
 def test_single_file_config_reads_the_named_repos_top_level_config(tmp_path):
-    """Given `config=`, `AutoencoderKL.from_single_file` reads that repo's top-level `config.json`, or the one in `subfolder=`, not its `vae` folder: pointed at a pipeline-layout repo without `subfolder="vae"` it raises `OSError`."""
+    """Given `config=`, `AutoencoderKL.from_single_file` reads that repo's top-level `config.json`, or the one in `subfolder=`, not its `vae` folder: pointed at a pipeline-layout repo without `subfolder="vae"` it raises `OSError`. A `scaling_factor=` keyword overrides that config too."""
     import json
 
     from diffusers import AutoencoderKL
@@ -152,6 +153,7 @@ def test_single_file_config_reads_the_named_repos_top_level_config(tmp_path):
         load(pipeline_repo)
     assert load(pipeline_repo, subfolder="vae").config.scaling_factor == 0.3
     assert load(flat_repo).config.scaling_factor == 0.4
+    assert load(flat_repo, scaling_factor=0.6).config.scaling_factor == 0.6
 
 
 def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
@@ -169,6 +171,15 @@ def test_sd_decodes_latents_over_scaling_factor_and_never_encodes(record_calls):
     pipe(**run, output_type="pt")
     assert encoder.calls == [] and len(seen) == 1
     torch.testing.assert_close(seen[0], latents / 0.25)
+
+
+def test_autoencoderkl_decode_adds_no_randomness_to_text_to_image():
+    """`AutoencoderKL`'s decode draws no noise in text-to-image: through `StableDiffusionPipeline.__call__` (DDIM, eta 0), the same `latents` with another `generator` give the same image. The pipeline passes its `generator` to `vae.decode`, and a `ConsistencyDecoderVAE` in its place samples there, so its images differ."""
+    from tiny import decode_randomness, tiny_consistency_decoder_vae
+
+    assert decode_randomness(tiny_vae()) == (0.0, 0.0)
+    other_seed, same_seed = decode_randomness(tiny_consistency_decoder_vae())
+    assert other_seed > 1e-2 and same_seed == 0.0
 
 
 def test_decoding_undivided_latents_raises_nothing():
@@ -314,26 +325,41 @@ def test_tiled_decoding_is_not_exact():
 
 
 def test_decoder_widest_activation_is_at_output_resolution():
-    """In `AutoencoderKL`'s decoder the widest activation is the last upsampler's output, `(B, block_out_channels[1], H, W)` at the output resolution, and the last up block runs `block_out_channels[0]` channels there; the input latents are `(B, latent_channels, H/8, W/8)`."""
+    """In `AutoencoderKL`'s decoder the widest activations are `(B, block_out_channels[1], H, W)` at the output resolution, from the last upsampler's output on (the last up block's first resnet normalises that width before reducing it), and the last up block runs `block_out_channels[0]` channels there; the input latents are `(B, latent_channels, H/8, W/8)`."""
     block_out_channels, size = (8, 16, 32, 32), 64
     vae = narrow_vae(block_out_channels, norm_num_groups=8)
     shapes = {}
     hooks = [
         module.register_forward_hook(
-            lambda m, a, out, name=name: shapes.__setitem__(name, tuple(out.shape))
+            # the first call's output shape (a SiLU runs twice per resnet); return None
+            lambda m, a, out, name=name: shapes.__setitem__(
+                name, shapes.get(name, tuple(out.shape))
+            )
         )
         for name, module in vae.decoder.named_modules()
-        if name.count(".") <= 3 and name  # blocks, their resnets and upsamplers
+        if name  # every module, at any depth
     ]
     with torch.no_grad():
         vae.decode(torch.randn(1, 4, size // 8, size // 8))
     for hook in hooks:
         hook.remove()
     numel = {name: torch.Size(shape).numel() for name, shape in shapes.items()}
-    widest = max((n for n in numel if n != "up_blocks.3"), key=numel.get)
-    assert widest == "up_blocks.2.upsamplers.0"
-    assert shapes[widest] == (1, block_out_channels[1], size, size)
+    widest = {n for n, k in numel.items() if k == max(numel.values())}
+    assert {"up_blocks.2.upsamplers.0", "up_blocks.3.resnets.0.norm1"} <= widest
+    assert {shapes[n] for n in widest} == {(1, block_out_channels[1], size, size)}
     assert shapes["up_blocks.3"] == (1, block_out_channels[0], size, size)
+
+
+def test_vae_parameters_are_a_small_fraction_of_the_denoisers():
+    """The VAE's parameters are a small fraction of the denoiser's, under a tenth, for each pipeline in the page's size table that lists its VAE (`labkit/model_sizes.json`, counted from the published configs)."""
+    from labkit import model_sizes
+
+    params = {(r["pipeline"], r["component"]): r["params"] for r in model_sizes.rows()}
+    with_vae = {pipeline for pipeline, component in params if component == "vae"}
+    assert len(with_vae) >= 4
+    for pipeline in with_vae:
+        denoiser = params.get((pipeline, "unet")) or params[(pipeline, "transformer")]
+        assert params[(pipeline, "vae")] < denoiser / 10, pipeline
 
 
 def test_first_unet_level_attends_over_one_token_per_latent_position(sd_pipe):
@@ -459,7 +485,7 @@ def test_sdxl_uses_per_channel_latents_mean_and_std_when_the_vae_config_sets_the
 
 
 def test_wan_and_flux2_vaes_normalise_per_channel():
-    """`AutoencoderKLWan`'s defaults carry 16 `latents_mean` and 16 `latents_std` values, one per latent channel (`z_dim=16`); `AutoencoderKLFlux2` defaults to 32 latent channels (Flux.1's `AutoencoderKL` has 16) and normalises with a `BatchNorm2d` over the 2 x 2-patchified 128 channels, whose running mean and variance `Flux2Pipeline` uses in place of `scaling_factor` and `shift_factor` (see the next test)."""
+    """`AutoencoderKLWan`'s defaults carry 16 `latents_mean` and 16 `latents_std` values, one per latent channel (`z_dim=16`); `AutoencoderKLFlux2` defaults to 32 latent channels (Flux.1's `AutoencoderKL` has 16) and carries a `BatchNorm2d` over the 2 x 2-patchified 128 channels, whose running mean and variance `Flux2Pipeline` uses in place of `scaling_factor` and `shift_factor` (see the next test)."""
     from diffusers import AutoencoderKLFlux2, AutoencoderKLWan
     from model_configs import FLUX_VAE
 
@@ -473,7 +499,7 @@ def test_wan_and_flux2_vaes_normalise_per_channel():
 
 
 def test_flux2_pipeline_decodes_with_the_batchnorm_running_statistics():
-    """`Flux2Pipeline` (tiny random `Flux2Transformer2DModel` and `AutoencoderKLFlux2`, prompt_embeds given) hands `vae.decode` its packed tokens unpacked to the patchified grid, times `sqrt(bn.running_var + batch_norm_eps)` plus `bn.running_mean`, then unpatchified; `AutoencoderKLFlux2` has no `scaling_factor` or `shift_factor` to use."""
+    """`Flux2Pipeline` (tiny random `Flux2Transformer2DModel` and `AutoencoderKLFlux2`, prompt_embeds given) hands `vae.decode` its packed tokens unpacked to the patchified grid, times `sqrt(bn.running_var + batch_norm_eps)` plus `bn.running_mean`, then unpatchified; `AutoencoderKLFlux2` has no `scaling_factor` or `shift_factor` to use, and its own `encode` and `decode` never run the `BatchNorm2d`."""
     from diffusers import (
         AutoencoderKLFlux2,
         FlowMatchEulerDiscreteScheduler,
@@ -496,12 +522,17 @@ def test_flux2_pipeline_decodes_with_the_batchnorm_running_statistics():
     vae.bn.running_mean.normal_()
     vae.bn.running_var.uniform_(0.5, 2.0)
     seen = record_decode(vae)
+    bn_runs = []
+    hook = vae.bn.register_forward_hook(lambda *a: bn_runs.append(1))
     run = dict(prompt_embeds=torch.randn(1, 6, 32), height=16, width=16, num_inference_steps=1)
     with torch.no_grad():
         packed = pipe(
             **run, generator=torch.Generator().manual_seed(0), output_type="latent"
         ).images
         pipe(**run, generator=torch.Generator().manual_seed(0), output_type="pt")
+        vae.encode(torch.zeros(1, 3, 16, 16))
+    hook.remove()
+    assert bn_runs == []  # the pipeline reads the layer's statistics; nothing runs the layer
     # vae_scale_factor 2 here: 8 x 8 latents of 4 channels, 4 x 4 tokens of 4 x 2 x 2 = 16
     assert packed.shape == (1, 16, 16)
     grid = packed.transpose(1, 2).reshape(1, 16, 4, 4)  # tokens in raster order

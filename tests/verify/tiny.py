@@ -274,6 +274,39 @@ def images(batch=2, size=32):
     return torch.rand(batch, 3, size, size, generator=torch.Generator().manual_seed(0)) * 2 - 1
 
 
+def tiny_consistency_decoder_vae():
+    """A tiny random ``ConsistencyDecoderVAE`` (f = 2, 4 latent channels): a VAE whose
+    ``decode`` samples, drawing noise from the ``generator`` it is given."""
+    import torch
+    from diffusers import ConsistencyDecoderVAE
+
+    torch.manual_seed(0)
+    return ConsistencyDecoderVAE(
+        encoder_block_out_channels=(8, 16), encoder_down_block_types=("DownEncoderBlock2D",) * 2,
+        encoder_norm_num_groups=4, encoder_layers_per_block=1,
+        decoder_block_out_channels=(16, 32), decoder_down_block_types=("ResnetDownsampleBlock2D",) * 2,
+        decoder_up_block_types=("ResnetUpsampleBlock2D",) * 2, decoder_norm_num_groups=4,
+        decoder_layers_per_block=1,
+    ).eval()  # fmt: skip
+
+
+def decode_randomness(vae) -> tuple[float, float]:
+    """Largest pixel difference between ``StableDiffusionPipeline.__call__`` runs (tiny UNet,
+    DDIM with eta 0, which draws no noise, ``vae`` as given) on the same ``latents``: with
+    ``generator`` seeds 1 and 2, and with seed 1 twice. Only the decode can make them differ."""
+    import torch
+
+    pipe = tiny_sd_pipeline(vae=vae)
+    run = dict(prompt_embeds=embeds(1), num_inference_steps=2, guidance_scale=1.0,
+               height=HEIGHT, width=WIDTH, output_type="pt")  # fmt: skip
+    with torch.no_grad():
+        a, b, c = (
+            pipe(**run, latents=start_latents(), generator=torch.Generator().manual_seed(s)).images
+            for s in (1, 2, 1)
+        )
+    return (a - b).abs().max().item(), (a - c).abs().max().item()
+
+
 #: scale of the overflowing VAE decoder's first conv: its output reaches ~1.6e5, past
 #: fp16's 65504
 OVERFLOW_SCALE = 1e5
