@@ -20,11 +20,13 @@ from diffusers import (
     DDPMScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    PNDMScheduler,
     StableDiffusionImg2ImgPipeline,
 )
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    SD15_PNDM,
     SD_BETAS,
     SD_SCHEDULER,
     WIDTH,
@@ -206,7 +208,7 @@ def test_cosine_terminal_signal_is_zero_in_practice():
     ),
 )
 def test_set_timesteps_runs_from_high_noise_to_low(cls, spacing):
-    """`set_timesteps(num_inference_steps)` sets `scheduler.timesteps` to strictly decreasing integer timesteps, from high noise to low, for every `timestep_spacing` at every count from 1 to 1000; not always `num_inference_steps` of them, nor all in `[0, 1000)`: `trailing` at 61 steps gives 62, the last -1, and `leading` with `steps_offset=1` starts at 1000 at 1000 steps."""
+    """`DDPMScheduler.set_timesteps(num_inference_steps)` and `DDIMScheduler`'s set `scheduler.timesteps` to strictly decreasing integer timesteps, from high noise to low, for every `timestep_spacing` at every count from 1 to 1000; not always `num_inference_steps` of them, nor all in `[0, 1000)`: `trailing` at 61 steps gives 62, the last -1, and `leading` with `steps_offset=1` starts at 1000 at 1000 steps."""
     for offset in (0, 1):
         scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
         for n in range(1, 1001):
@@ -244,7 +246,7 @@ def first_scale_model_input_sample(pipe, **kwargs):
 
 
 def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
-    r"""`StableDiffusionPipeline` starts from `latents` drawn from $\mathcal{N}(0, I)$ with the `generator` and multiplied by `scheduler.init_noise_sigma` (1.0 for `DDIMScheduler`; for `EulerDiscreteScheduler` with SD's betas it follows the grid: about 14.6 at 3 steps, 0.029 at 1 step, whose only timestep is 0)."""
+    r"""`StableDiffusionPipeline` starts from `latents` drawn from $\mathcal{N}(0, I)$ with the `generator` and multiplied by `scheduler.init_noise_sigma` (1.0 for `DDIMScheduler`; for `EulerDiscreteScheduler` from SD 1.5's config, whose spacing is `linspace`, it follows the grid: about 14.6 at 3 steps, 0.029 at 1 step, whose only timestep is 0)."""
     for pipe in [sd_pipe, euler_pipe]:
         pipe.scheduler.set_timesteps(3)
         sigma = pipe.scheduler.init_noise_sigma
@@ -257,6 +259,7 @@ def test_prepare_latents_scales_by_init_noise_sigma(euler_pipe, sd_pipe):
         noise = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
         close(start, noise * sigma)
     assert sd_pipe.scheduler.init_noise_sigma == 1.0
+    assert euler_pipe.scheduler.config.timestep_spacing == "linspace"
     assert float(euler_pipe.scheduler.init_noise_sigma) == pytest.approx(14.6, abs=0.05)
     start, first_t = first_scale_model_input_sample(
         euler_pipe,
@@ -333,7 +336,7 @@ def test_img2img_starts_from_a_noised_encoded_image(sd_pipe):
 
 
 def test_reverse_loop_is_scale_model_input_unet_step(euler_pipe, record_calls):
-    """`StableDiffusionPipeline` runs, for each `t` in `scheduler.timesteps` (high to low), `scale_model_input(latents, t)`, one UNet call with that scalar `t` for the whole batch, and `latents = scheduler.step(noise_pred, t, latents).prev_sample`."""
+    """`StableDiffusionPipeline` runs, for each `t` in `scheduler.timesteps` (high to low), `scale_model_input(latents, t)`, one UNet call with that scalar `t` for the whole batch, and `latents = scheduler.step(noise_pred, t, latents).prev_sample`: with SD 1.5's `PNDMScheduler`, 5 calls at `num_inference_steps=4`."""
     pipe, steps = euler_pipe, 4
     prompt_embeds, latents = embeds(0, batch=2), start_latents(batch=2)
     recorder = record_calls(pipe.unet)
@@ -362,6 +365,10 @@ def test_reverse_loop_is_scale_model_input_unet_step(euler_pipe, record_calls):
             noise_pred = pipe.unet(model_input, t, encoder_hidden_states=prompt_embeds).sample
             x = scheduler.step(noise_pred, t, x).prev_sample
     close(out, x, tol=1e-5)
+    pndm = tiny_sd_pipeline(scheduler=PNDMScheduler(**SD15_PNDM))
+    recorder = record_calls(pndm.unet)
+    pndm(prompt_embeds=embeds(0), num_inference_steps=4, guidance_scale=1.0, output_type="latent")
+    assert len(recorder.calls) == len(pndm.scheduler.timesteps) == 5
 
 
 def test_final_latents_decode_to_pixels(sd1_shaped_pipe):

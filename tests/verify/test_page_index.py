@@ -87,7 +87,7 @@ def test_sd1_shaped_vae_gives_latents_at_one_eighth(sd1_shaped_pipe):
 
 
 def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_calls, monkeypatch):
-    """With CFG and SD 1.5's scheduler settings below 1000 steps, the UNet runs once per entry of `scheduler.timesteps` on `2B` rows: `num_inference_steps` times with DDIM and, from two steps up, one more with the `PNDMScheduler` SD 1.x checkpoints ship (one call at one step); `noise_pred` has the shape of `latents`.
+    """With CFG and SD 1.5's scheduler settings below 1000 steps, the UNet runs once per entry of `scheduler.timesteps` on `2B` rows: `num_inference_steps` times with DDIM and, from two steps up, one more with the `PNDMScheduler` SD 1.x checkpoints ship (one call at one step), whose grid repeats one timestep; `noise_pred` has the shape of `latents`.
 
     PNDM with SD 1.5's shipped config (``skip_prk_steps=True``, ``steps_offset=1``,
     ``set_alpha_to_one=False``): its ``set_timesteps(n)`` repeats one timestep when n > 1.
@@ -108,6 +108,8 @@ def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_cal
         pipe("a cat", num_inference_steps=num_steps, guidance_scale=7.5, height=HEIGHT,
              width=WIDTH, output_type="latent")  # fmt: skip
         assert len(unet.calls) == len(steps) == len(pipe.scheduler.timesteps) == calls_expected
+        # per entry, not per distinct timestep: PNDM's grid repeats one (4 steps, 5 calls)
+        assert len(set(pipe.scheduler.timesteps.tolist())) == num_steps
         assert all(args[0].shape == (2, 4, 8, 8) for args, _ in unet.calls)  # 2B
         # the guided noise_pred that scheduler.step gets has the shape of latents, (B, 4, 8, 8)
         assert all(pred.shape == latents.shape == (1, 4, 8, 8) for pred, latents in steps)
