@@ -625,6 +625,35 @@ def test_search_finds_a_lab(server, browser):
     page.context.close()
 
 
+#: A topic's word -> the handbook section that teaches it, which search lists first, above
+#: the labs and starter pages that use the word (the glossary's ``taught_in`` and a page's
+#: ``search_terms`` make the section's tags: infralens_docs.search_terms)
+SEARCH_FIRST = {
+    "strength": "/handbook/img2img/",
+    "guidance_scale": "/handbook/cfg/",
+    "sigma": "/handbook/scheduler/",
+    "offload": "/handbook/memory/",
+}
+
+
+def test_search_lists_the_teaching_section_first(server, browser):
+    """For a topic's word, the first search result is the handbook section that teaches it."""
+    context = browser.new_context()
+    first = {}
+    for query in SEARCH_FIRST:
+        page = context.new_page()
+        page.goto(server + "/", wait_until="networkidle")
+        box = page.locator("input.md-search__input")
+        box.click()
+        box.fill(query)  # one input event: the results shown are the whole query's
+        page.wait_for_selector(".md-search-result__item", timeout=10_000)
+        href = page.locator(".md-search-result__item > a").first.evaluate("a => a.href")
+        first[query] = urlparse(href).path
+        page.close()
+    context.close()
+    assert first == SEARCH_FIRST
+
+
 @pytest.mark.parametrize("key", ["/", "s"])
 def test_first_key_press_opens_search(server, browser, key):
     """On a freshly loaded page (bundle not started), one press of a search shortcut opens

@@ -146,6 +146,37 @@ def test_no_escaped_quote_reaches_a_page(built_site):
     assert found == []
 
 
+def test_search_index_tags_each_teaching_section(built_site):
+    """Every glossary term and every page's ``search_terms`` word is a tag of the one section
+    that teaches it in the search index, which ranks a tag match first."""
+    from infralens_docs.search_terms import section_terms
+
+    index = json.loads((built_site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    tags = {entry["location"]: entry.get("tags", []) for entry in index["docs"]}
+    terms = section_terms()
+    assert "handbook/memory/#offload" in terms and "handbook/img2img/#img2img-start-the-loop-part-way" in terms  # fmt: skip
+    for location, words in terms.items():
+        assert set(words) <= set(tags[location]), location
+    assert sum(len(words) for words in terms.values()) == sum(len(t) for t in tags.values())
+
+
+def test_search_terms_fail_on_a_section_the_site_lacks(tmp_path):
+    """A term whose section is gone (a renamed heading) fails the build, by name."""
+    from infralens_docs.search_terms import SearchTermError, _location, tag_sections
+
+    pages = ("index.md", "labs/index.md#a", "handbook/memory.md#offload")
+    assert [_location(t) for t in pages] == ["", "labs/#a", "handbook/memory/#offload"]
+    assert [_location(t, directory_urls=False) for t in pages] == [
+        "index.html",
+        "labs/index.html#a",
+        "handbook/memory.html#offload",
+    ]
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "search_index.json").write_text('{"docs": [{"location": ""}]}')
+    with pytest.raises(SearchTermError, match="handbook/memory/#offload"):
+        tag_sections(tmp_path)
+
+
 def test_pages_have_descriptions(built_site):
     for page in html_pages(built_site):
         if page.name == "404.html":

@@ -57,7 +57,7 @@ from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 from mkdocs.utils import get_relative_url
 
-from infralens_docs import highlight_cache, notebooks, paths, search_cache
+from infralens_docs import highlight_cache, notebooks, paths, search_cache, search_terms
 from infralens_docs.directives import (
     DIRECTIVES,
     GENERATED_FILES,
@@ -650,8 +650,9 @@ def on_build_error(error: Exception) -> None:
 @event_priority(-100)  # after the search plugin has written its index
 def on_post_build(config: MkDocsConfig) -> None:
     """Copy the figure files the pages reference (see the ``figure`` directive); stop the
-    build's notebook kernel, workers and starter zygotes; for the offline build, write
-    the search index as a script."""
+    build's notebook kernel, workers and starter zygotes; give the search index's teaching
+    sections their words (``search_terms``); for the offline build, write the search index
+    as a script."""
     finish_prefetch()
     notebooks.finish()
     notebooks.shutdown_kernel()
@@ -659,6 +660,9 @@ def on_post_build(config: MkDocsConfig) -> None:
     search_cache.evict_unused()
     highlight_cache.save()
     site = Path(config.site_dir)
+    search_terms.tag_sections(
+        site, directory_urls=config.use_directory_urls
+    )  # teaching sections first
     for dest, source in GENERATED_FILES.items():
         target = site / dest
         target.parent.mkdir(parents=True, exist_ok=True)
