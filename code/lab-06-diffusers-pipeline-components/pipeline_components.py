@@ -383,6 +383,14 @@ def arch(config):
     return config.get("architectures", [config.get("_class_name")])[0]
 
 
+# the schedulers that step a flow model's velocity to sigma 0 in diffusers 0.42.1 (DEIS,
+# SA-Solver and the inverse DPM-Solver take the flow flags too, but stop short of sigma 0)
+FLOW_MATCH = ["FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler",
+              "FlowMatchLCMScheduler"]  # fmt: skip
+FLOW_SOLVERS = ["DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler",
+                "UniPCMultistepScheduler"]  # fmt: skip
+
+
 def check(components, shipped_scheduler):
     """components: {name: config dict}; shipped_scheduler: the checkpoint's scheduler config.
     Returns [(rule, left, right, ok)]: one line per boundary."""
@@ -422,15 +430,24 @@ def check(components, shipped_scheduler):
                         f"CLIP pooled width {pooled}", den["pooled_projection_dim"] == pooled))  # fmt: skip
     # the denoiser's output means what it was trained to predict; the scheduler must read it so
     sched, ship = components["scheduler"], shipped_scheduler
-    if ship["_class_name"].startswith("FlowMatch"):  # the output is a velocity: a FlowMatch*
-        # scheduler steps it, or DPM-Solver / UniPC set to flow sigmas and flow_prediction
-        # (DEIS takes the flags too, but in 0.42.1 its flow schedule stops short of sigma 0)
-        ok = sched["_class_name"].startswith("FlowMatch") or (
-            sched.get("use_flow_sigmas") is True
+    if ship["_class_name"].startswith("FlowMatch"):  # the output is a velocity: FLOW_MATCH
+        # steps it, or FLOW_SOLVERS set to flow sigmas and flow_prediction
+        name, want = sched["_class_name"], "a scheduler that steps a velocity"
+        ok = name in FLOW_MATCH or (
+            name in FLOW_SOLVERS
+            and sched.get("use_flow_sigmas") is True
             and sched.get("prediction_type") == "flow_prediction"
         )
-        results.append(("objective", f"scheduler {sched['_class_name']}",
-                        "a scheduler that steps a velocity", ok))  # fmt: skip
+        if den["_class_name"] == "FluxTransformer2DModel":  # FluxPipeline's set_timesteps call
+            # passes mu, and sigmas unless use_flow_sigmas: FlowMatchHeun takes no sigmas, and
+            # a DPM-Solver given mu asserts use_dynamic_shifting (UniPC ignores mu without it)
+            want += ", as FluxPipeline calls it"
+            ok = (
+                ok
+                and name != "FlowMatchHeunDiscreteScheduler"
+                and (not name.startswith("DPMSolver") or sched.get("use_dynamic_shifting") is True)
+            )
+        results.append(("objective", f"scheduler {name}", want, ok))
     else:
         want = ship.get("prediction_type", "epsilon")
         got = sched.get("prediction_type", "epsilon")
@@ -457,6 +474,8 @@ show(f"{FAMILY_NAMES[family]}", check(shipped, shipped["scheduler"]))
 SD21_TEXT_ENCODER = {"architectures": ["CLIPTextModel"], "hidden_size": 1024, "projection_dim": 512}
 SD21_V_SCHEDULER = {**CONFIGS["sd15"]["scheduler"], "_class_name": "DDIMScheduler",
                     "prediction_type": "v_prediction"}  # fmt: skip
+FLOW_DPM = {"_class_name": "DPMSolverMultistepScheduler", "use_flow_sigmas": True,
+            "prediction_type": "flow_prediction", "flow_shift": 3.0}  # fmt: skip
 sd15, sdxl = CONFIGS["sd15"], CONFIGS["sdxl"]
 scenarios = [
     ("SD 1.5 UNet + SD3's 16-channel VAE", {**sd15, "vae": CONFIGS["sd3"]["vae"]}, sd15["scheduler"]),
@@ -470,9 +489,10 @@ scenarios = [
      if k != "text_encoder_2"}, sdxl["scheduler"]),
     ("Flux + EulerDiscreteScheduler", {**CONFIGS["flux"], "scheduler": sdxl["scheduler"]},
      CONFIGS["flux"]["scheduler"]),
-    ("SD3 + DPM-Solver on flow sigmas", {**CONFIGS["sd3"], "scheduler": {
-     "_class_name": "DPMSolverMultistepScheduler", "use_flow_sigmas": True,
-     "prediction_type": "flow_prediction", "flow_shift": 3.0}}, CONFIGS["sd3"]["scheduler"]),
+    ("SD3 + DPM-Solver on flow sigmas", {**CONFIGS["sd3"], "scheduler": FLOW_DPM},
+     CONFIGS["sd3"]["scheduler"]),
+    ("Flux + the same DPM-Solver", {**CONFIGS["flux"], "scheduler": FLOW_DPM},
+     CONFIGS["flux"]["scheduler"]),
 ]  # fmt: skip
 print("\nswaps:")
 for title, components, shipped_scheduler in scenarios:

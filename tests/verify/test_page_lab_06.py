@@ -943,6 +943,41 @@ def test_flux_passes_mu_on_which_that_dpm_solver_raises(record_calls):
     assert len(seen) == 1 and seen[0].get("mu") is not None and calls == []
 
 
+def test_the_checkers_objective_verdict_is_what_sd3_and_flux_do(lab):
+    """The lab's checker accepts a scheduler for SD3 or Flux exactly when that pipeline's `__call__` steps it to sigma 0, over every `FlowMatch*` class diffusers exports and every class whose `__init__` takes `use_flow_sigmas` (set with `prediction_type="flow_prediction"`), with and without `use_dynamic_shifting=True`. `FluxPipeline` passes custom `sigmas` and `mu`: `FlowMatchHeunDiscreteScheduler` raises (it takes no custom `sigmas`) and a DPM-Solver raises on `mu` unless `use_dynamic_shifting=True`; DEIS, SA-Solver and the inverse DPM-Solver never reach sigma 0."""
+    import diffusers
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+    exported = [getattr(diffusers, n) for n in dir(diffusers) if n.endswith("Scheduler")]
+    schedulers = [c for c in exported if isinstance(c, type) and issubclass(c, SchedulerMixin)]
+    flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
+    candidates = [(c, dyn) for c in schedulers if c.__name__.startswith("FlowMatch") for dyn in ({}, {"use_dynamic_shifting": True})]  # fmt: skip
+    candidates += [(c, {**flow, **dyn}) for c in schedulers if "use_flow_sigmas" in inspect.signature(c.__init__).parameters for dyn in ({}, {"use_dynamic_shifting": True})]  # fmt: skip
+    pipes = {"sd3": tiny_sd3_pipeline_16ch(), "flux": lab_flux_pipeline()}
+    seen, wrong = set(), []
+    for cls, kwargs in candidates:
+        try:
+            scheduler = cls(**kwargs)
+        except TypeError:  # a class that takes the flags but not this combination
+            continue
+        for family, pipe in pipes.items():
+            pipe.scheduler = scheduler
+            try:
+                _dit_call(pipe, steps=4, guidance_scale=1.0, output_type="latent")
+                steps_to_zero = float(scheduler.sigmas[-1]) == 0.0
+            except (AssertionError, TypeError, ValueError):
+                steps_to_zero = False
+            config = {**lab["CONFIGS"][family], "scheduler": {**dict(scheduler.config), "_class_name": cls.__name__}}  # fmt: skip
+            verdict = {r[0]: r[3] for r in lab["check"](config, lab["CONFIGS"][family]["scheduler"])}  # fmt: skip
+            if verdict["objective"] != steps_to_zero:
+                wrong.append((family, cls.__name__, kwargs.get("use_dynamic_shifting", False)))
+            seen.add((family, cls.__name__, steps_to_zero))
+    assert wrong == []
+    assert ("flux", "FlowMatchHeunDiscreteScheduler", False) in seen
+    assert ("sd3", "FlowMatchHeunDiscreteScheduler", True) in seen
+    assert ("sd3", "DEISMultistepScheduler", False) in seen
+
+
 def test_sd3_prompt_embeds_concatenate_clip_and_t5_tokens(tmp_path):
     """`StableDiffusion3Pipeline.encode_prompt` returns `prompt_embeds` of `77 + max_sequence_length` tokens at the T5 width (both CLIP outputs concatenated on the feature axis, zero-padded, then T5's tokens appended) and `pooled_prompt_embeds` of the two CLIP projection widths summed."""
     from diffusers import StableDiffusion3Pipeline

@@ -136,6 +136,31 @@ def test_a_call_uses_its_models_in_the_offload_order(pipe):
     assert present == ["text_encoder", "unet", "vae"]
 
 
+def test_one_vae_decode_per_call_whatever_the_batch(record_calls):
+    """The decoder runs once per call, not once per image: given two prompts' embeddings (`B` = 2), `StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` each call `vae.decode` once, on both rows, and the VAE's decoder runs one forward pass."""
+    from diffusers import EulerDiscreteScheduler
+
+    euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
+    text, pooled = torch.cat([embeds(1), embeds(2)]), torch.randn(2, 20)
+    (t1, p1), (t2, p2) = dit_embeds(1), dit_embeds(2)
+    dit = dict(prompt_embeds=torch.cat([t1, t2]), pooled_prompt_embeds=torch.cat([p1, p2]))
+    cases = [
+        (tiny_sd_pipeline(), dict(prompt_embeds=text)),
+        (tiny_sdxl_pipeline(euler, unet=tiny_sdxl_unet(pooled=20), add_watermarker=False),
+         dict(prompt_embeds=text, pooled_prompt_embeds=pooled)),
+        (tiny_sd3_pipeline_16ch(), dit),
+        (tiny_flux_pipeline(vae_seed=0, vae_config=FLUX_VAE_FACTORS), dit),
+    ]  # fmt: skip
+    for pipe, kwargs in cases:
+        name, decode, rows = type(pipe).__name__, pipe.vae.decode, []
+        pipe.vae.decode = lambda z, *a, d=decode, r=rows, **k: r.append(z.shape[0]) or d(z, *a, **k)
+        forwards = record_calls(pipe.vae.decoder).calls
+        with torch.no_grad():
+            images = pipe(**kwargs, guidance_scale=1.0, num_inference_steps=1, height=HEIGHT,
+                          width=WIDTH, output_type="np").images  # fmt: skip
+        assert len(images) == 2 and rows == [2] and len(forwards) == 1, (name, rows)
+
+
 def test_two_calls_with_the_same_inputs_give_the_same_result(pipe):
     """Two calls with the same `latents` and `prompt_embeds` give identical results."""
     kwargs = dict(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=3.0,
@@ -327,7 +352,7 @@ def test_text_encoders_run_once_or_twice_per_call(with_encoders):
 
 
 def test_prompt_embeds_alone_still_need_the_encoders_under_guidance():
-    """With the text encoders removed, `prompt_embeds` alone are not enough: `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` raise `ValueError` without `pooled_prompt_embeds`; with guidance on, `StableDiffusionPipeline` and `StableDiffusion3Pipeline` (given the pooled vector) reach for their tokenizer and text encoders to encode the empty negative prompt and raise; the same calls run once `negative_prompt_embeds` (and SD3's `negative_pooled_prompt_embeds`) are passed."""
+    """With the text encoders removed, `prompt_embeds` alone are not enough: `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` raise `ValueError` without `pooled_prompt_embeds`; with guidance on, `StableDiffusionPipeline` and `StableDiffusion3Pipeline` (given the pooled vector) reach for their tokenizer and text encoders to encode the empty negative prompt and raise; the same calls run once `negative_prompt_embeds` (and SD3's `negative_pooled_prompt_embeds`) are passed. `StableDiffusionXLPipeline` runs guided without them only because `force_zeros_for_empty_prompt=True` (SDXL base's setting) zeroes them; set to `False`, it raises too."""
     sd, sd3 = tiny_sd_pipeline(), tiny_sd3_pipeline_16ch()
     flux = tiny_flux_pipeline(vae_seed=0, vae_config=FLUX_VAE_FACTORS)
     for pipe, text in ((tiny_sdxl_pipeline(), embeds(1)), (sd3, dit_embeds(1)[0]), (flux, dit_embeds(1)[0])):  # fmt: skip
@@ -346,10 +371,18 @@ def test_prompt_embeds_alone_still_need_the_encoders_under_guidance():
             pipe(**given, **run)
         with torch.no_grad():
             pipe(**given, **negatives, **run)
+    sdxl = tiny_sdxl_pipeline(unet=tiny_sdxl_unet(pooled=20), add_watermarker=False)
+    assert sdxl.config.force_zeros_for_empty_prompt is True
+    given = dict(prompt_embeds=embeds(1), pooled_prompt_embeds=torch.randn(1, 20))
+    with torch.no_grad():
+        sdxl(**given, **run)
+    sdxl.register_to_config(force_zeros_for_empty_prompt=False)
+    with pytest.raises(AttributeError), torch.no_grad():
+        sdxl(**given, **run)
 
 
 def test_optional_components_per_family(with_encoders, tmp_path, record_calls):
-    """The optional components (`_optional_components`) are SD 1.5's `safety_checker`, `feature_extractor`, `image_encoder`; SDXL's `tokenizer`, `tokenizer_2`, `text_encoder`, `text_encoder_2`, `image_encoder`, `feature_extractor`; SD3's and Flux's `image_encoder`, `feature_extractor`. Optional means the folder may lack it: an SDXL pipeline saved without its text encoders loads them back as `None`, while an SD3 folder without them loads only if they are passed as `None`. Any component passed as `None` is not loaded: `StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None)` drops T5, and `pipe(prompt)` then runs with zeros in place of T5's tokens."""
+    """The optional components (`_optional_components`) are SD 1.5's `safety_checker`, `feature_extractor`, `image_encoder`; SDXL's `tokenizer`, `tokenizer_2`, `text_encoder`, `text_encoder_2`, `image_encoder`, `feature_extractor`; SD3's and Flux's `image_encoder`, `feature_extractor`. Optional means the folder may lack it: an SDXL pipeline saved without its text encoders loads them back as `None`, while an SD3 folder without them (`save_pretrained` writes `[null, null]` for them, required or not) loads only if they are passed as `None`. Any component passed as `None` is not loaded: `StableDiffusion3Pipeline.from_pretrained(folder, text_encoder_3=None, tokenizer_3=None)` drops T5, and `pipe(prompt)` then runs with zeros in place of T5's tokens."""
     import diffusers
     from tiny import tiny_sd3_pipeline
 
@@ -366,6 +399,8 @@ def test_optional_components_per_family(with_encoders, tmp_path, record_calls):
     loaded = diffusers.StableDiffusionXLPipeline.from_pretrained(tmp_path / "sdxl")
     assert loaded.text_encoder is None and loaded.text_encoder_2 is None
     tiny_sd3_pipeline().save_pretrained(tmp_path / "sd3-bare")
+    index = json.loads((tmp_path / "sd3-bare" / "model_index.json").read_text(encoding="utf-8"))
+    assert index["text_encoder_3"] == index["tokenizer_3"] == [None, None]  # required, yet null
     with pytest.raises(ValueError, match="expected"):
         diffusers.StableDiffusion3Pipeline.from_pretrained(tmp_path / "sd3-bare")
     none = {f"{kind}{s}": None for kind in ("text_encoder", "tokenizer") for s in ("", "_2", "_3")}
@@ -412,7 +447,13 @@ def test_flow_match_from_config_keeps_every_init_key_it_shares():
         return set(inspect.signature(cls.__init__).parameters) - {"self"}
 
     shared = init_keys(FlowMatchEulerDiscreteScheduler) & init_keys(DPMSolverMultistepScheduler)
-    assert {"use_karras_sigmas", "use_dynamic_shifting", "time_shift_type"} <= shared
+    set_to = {"num_train_timesteps": 500, "time_shift_type": "linear", "use_beta_sigmas": True,
+              "use_dynamic_shifting": True, "use_exponential_sigmas": True,
+              "use_karras_sigmas": True}  # fmt: skip
+    assert shared == set(set_to)  # a new shared key fails here until it is carried below
+    for key, value in set_to.items():  # one at a time: the sigma flags exclude each other
+        carried = FlowMatchEulerDiscreteScheduler.from_config(DPMSolverMultistepScheduler(**{key: value}).config)  # fmt: skip
+        assert carried.config[key] == value, key
     old = DPMSolverMultistepScheduler(use_dynamic_shifting=True, time_shift_type="linear")
     flow = FlowMatchEulerDiscreteScheduler.from_config(old.config)
     assert flow.config.use_dynamic_shifting is True and flow.config.time_shift_type == "linear"
