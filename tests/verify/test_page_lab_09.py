@@ -115,10 +115,13 @@ def test_one_residual_per_unet_skip_with_its_shape():
     from tiny import tiny_unet
 
     unet = tiny_unet()
-    skips, mid_out = [], []
+    skips, mid_out, block_res, transformer_out = [], [], [], []
     unet.conv_in.register_forward_hook(lambda m, a, o: skips.append(o.shape))
     for block in unet.down_blocks:
         block.register_forward_hook(lambda m, a, o: skips.extend(r.shape for r in o[1]))
+        block.register_forward_hook(lambda m, a, o: block_res.append(o[1]))
+        for transformer in getattr(block, "attentions", []):  # CrossAttnDownBlock2D only
+            transformer.register_forward_hook(lambda m, a, o: transformer_out.append(o[0]))
     unet.mid_block.register_forward_hook(lambda m, a, o: mid_out.append(o.shape))
     x, t, prompt_embeds, _ = inputs()
     with torch.no_grad():
@@ -126,6 +129,9 @@ def test_one_residual_per_unet_skip_with_its_shape():
     down, mid = residuals(new_controlnet(unet, trained=True))
     assert [r.shape for r in down] == skips and len(skips) == 4
     assert mid.shape == mid_out[0]
+    # in the cross-attention block the skip is its transformer's output, not its ResNet's
+    assert type(unet.down_blocks[0]).__name__ == "CrossAttnDownBlock2D"
+    assert len(transformer_out) == 1 and block_res[0][0] is transformer_out[0]
 
 
 def test_from_unet_copies_the_encoder_and_embeds_the_control_image():
@@ -355,17 +361,24 @@ def test_multi_controlnet_union_skips_a_net_at_scale_zero():
                control_guidance_end=[0.5, 1.0]) == [2, 2]  # fmt: skip
 
 
-def test_guidance_window_checks():
-    """`check_inputs` rejects a `control_guidance_start` that is not smaller than `control_guidance_end`, a start below 0 and an end above 1, with a `ValueError`; a NaN start or end passes (every comparison with NaN is false), which the starter rejects."""
+def test_guidance_window_checks(record_calls):
+    """`check_inputs` rejects a `control_guidance_start` that is not smaller than `control_guidance_end`, a start below 0 and an end above 1, with a `ValueError`; a NaN start or end passes (every comparison with NaN is false), which the starter rejects. With one ControlNet, `controlnet_conditioning_scale=0` (an `int`) raises a `TypeError` before any ControlNet call, while a negative scale such as -0.5 runs, the ControlNet called with it."""
     from tiny import tiny_unet
 
     unet = tiny_unet()
-    pipe = tiny_controlnet_pipeline(unet, new_controlnet(unet))
+    controlnet = new_controlnet(unet)
+    pipe = tiny_controlnet_pipeline(unet, controlnet)
     for start, end in [(0.5, 0.5), (0.6, 0.4), (-0.1, 1.0), (0.0, 1.5)]:
         with pytest.raises(ValueError, match="control guidance"):
             call(pipe, 2, control_guidance_start=start, control_guidance_end=end)
     for start, end in [(float("nan"), 1.0), (0.0, float("nan"))]:
         call(pipe, 1, control_guidance_start=start, control_guidance_end=end)
+    recorder = record_calls(controlnet)
+    with pytest.raises(TypeError, match="must be type `float`"):
+        call(pipe, 2, controlnet_conditioning_scale=0)
+    assert recorder.calls == []
+    call(pipe, 1, controlnet_conditioning_scale=-0.5)
+    assert [kwargs["conditioning_scale"] for _, kwargs in recorder.calls] == [-0.5]
 
 
 def test_guess_mode_runs_the_controlnet_on_the_conditional_half(record_calls):
