@@ -43,7 +43,7 @@ from labkit.vae import PatchPCAAutoencoder
 # autoencoder; 64 more, drawn with the next seed, are held out to measure it. The
 # autoencoder is `labkit.vae.PatchPCAAutoencoder`: PCA over 8 x 8 patches, the best
 # *linear* code with `--latent-channels` numbers per patch (4, like SD 1.x/2.x/SDXL;
-# SD3 and Flux use 16). It has the diffusers names: `encode`, `decode`,
+# SD3 and Flux.1 use 16). It has the diffusers names: `encode`, `decode`,
 # `config.scaling_factor`, `config.shift_factor`.
 
 # %%

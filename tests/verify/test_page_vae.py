@@ -102,7 +102,7 @@ def _single_file_config(monkeypatch, checkpoint, **kwargs):
 
 
 def test_single_file_reads_scale_factor_only_from_an_original_config(tmp_path, monkeypatch):
-    """`AutoencoderKL.from_single_file` takes the factor from the original config's `scale_factor` only when given `original_config=` (0.18215 if absent, 0.5 if the checkpoint carries Playground's `edm_mean` and `edm_std`): SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`. Without it, the factor comes from the `vae` config of the diffusers repo it matches the checkpoint to (SD 1.5's for a bare VAE file), or from the repo named by `config=`. A `scaling_factor=` keyword overrides either source."""
+    """`AutoencoderKL.from_single_file` takes the factor from the original config's `scale_factor` only when given `original_config=` (0.18215 if absent, 0.5 if the checkpoint carries Playground's `edm_mean` and `edm_std`): SDXL's `sd_xl_base.yaml` first stage (`ch: 128`, `ch_mult: [1, 2, 4, 4]`, `scale_factor: 0.13025`) becomes `block_out_channels=[128, 256, 512, 512]` with `scaling_factor=0.13025`. Without it, the factor comes from the `vae` config of the diffusers repo it matches the checkpoint to (SD 1.5's for a bare VAE file), or from the repo named by `config=`. A `scaling_factor=` keyword overrides any of them."""
     import copy
 
     from model_configs import SDXL_SGM_ORIGINAL  # sd_xl_base.yaml, transcribed
@@ -325,7 +325,7 @@ def test_tiled_decoding_is_not_exact():
 
 
 def test_decoder_widest_activation_is_at_output_resolution():
-    """In `AutoencoderKL`'s decoder the widest activations are `(B, block_out_channels[1], H, W)` at the output resolution, from the last upsampler's output on (the last up block's first resnet normalises that width before reducing it), and the last up block runs `block_out_channels[0]` channels there; the input latents are `(B, latent_channels, H/8, W/8)`."""
+    """With SD's channel ratios (its `block_out_channels=(128, 256, 512, 512)`, scaled down here), `AutoencoderKL`'s decoder has its widest activations `(B, block_out_channels[1], H, W)` at the output resolution, from the last upsampler's output on (the last up block's first resnet normalises that width before reducing it), and the last up block runs `block_out_channels[0]` channels there; the input latents are `(B, latent_channels, H/8, W/8)`."""
     block_out_channels, size = (8, 16, 32, 32), 64
     vae = narrow_vae(block_out_channels, norm_num_groups=8)
     shapes = {}
@@ -414,8 +414,10 @@ def sdxl_pipeline():
     return tiny_sdxl_pipeline(EulerDiscreteScheduler(), force_zeros_for_empty_prompt=True)
 
 
-def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast(record_calls):
-    """In a float16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` (the default), `__call__` decodes float32 latents with a float32 VAE, doubling the decoder's activation bytes, through `upcast_vae()`, which warns that it is deprecated and names `pipe.vae.to(torch.float32)` instead; that replacement alone makes the same call fail with a dtype error."""
+def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast(
+    record_calls, monkeypatch
+):
+    """In a float16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` (the default), `__call__` decodes float32 latents with a float32 VAE, doubling the decoder's activation bytes, through `upcast_vae()`, which warns that it is deprecated and names `pipe.vae.to(torch.float32)` instead; that replacement alone does not give a float32 decode: the same call then raises a dtype error or, where `torch.backends.mps.is_available()` (the pipeline's own condition, patched both ways), casts the VAE back to float16 and decodes in float16."""
     from diffusers.utils import logging
 
     logging.set_verbosity_error()  # diffusers' notes about modules kept in float32 on .to()
@@ -433,8 +435,13 @@ def test_sdxl_decodes_in_float32_when_the_vae_is_float16_and_force_upcast(record
     assert len(decoder.calls) == 1 and decoder.calls[0][0][0].dtype == torch.float32
     assert pipe.vae.dtype == torch.float16  # cast back after the decode
     pipe.vae.to(torch.float32)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="should be the same"):
         pipe(**run)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    pipe(**run)  # no error: the pipeline undoes the user's float32 cast
+    assert len(decoder.calls) == 2 and decoder.calls[1][0][0].dtype == torch.float16
+    assert pipe.vae.dtype == torch.float16
 
 
 def test_flux_latent_output_is_packed_and_normalised_so_a_decoder_service_must_undo_both():
@@ -467,13 +474,15 @@ def test_flux_latent_output_is_packed_and_normalised_so_a_decoder_service_must_u
 
 
 def test_sdxl_uses_per_channel_latents_mean_and_std_when_the_vae_config_sets_them():
-    """When the VAE's config sets `latents_mean` and `latents_std` (one value per channel), `StableDiffusionXLPipeline` decodes `latents * latents_std / scaling_factor + latents_mean` instead of `latents / scaling_factor`; `AutoencoderKL` defaults both to None."""
+    """When the VAE's config sets both `latents_mean` and `latents_std` (one value per channel), `StableDiffusionXLPipeline` decodes `latents * latents_std / scaling_factor + latents_mean` instead of `latents / scaling_factor`; with only `latents_mean` set it decodes `latents / scaling_factor`; `AutoencoderKL` defaults both to None."""
     from tiny import sdxl_call, tiny_sdxl_pipeline, tiny_vae
 
     assert tiny_vae().config.latents_mean is None and tiny_vae().config.latents_std is None
     mean, std = [0.1, -0.2, 0.3, 0.0], [1.0, 2.0, 0.5, 1.5]
     seen = {}
-    for name, vae in (("plain", tiny_vae()), ("stats", tiny_vae(latents_mean=mean, latents_std=std))):  # fmt: skip
+    vaes = (("plain", tiny_vae()), ("stats", tiny_vae(latents_mean=mean, latents_std=std)),
+            ("mean only", tiny_vae(latents_mean=mean)))  # fmt: skip
+    for name, vae in vaes:
         pipe = tiny_sdxl_pipeline(vae=vae)
         seen[name] = record_decode(pipe.vae)
         with torch.no_grad():
@@ -482,6 +491,7 @@ def test_sdxl_uses_per_channel_latents_mean_and_std_when_the_vae_config_sets_the
     latents = seen["plain"][0] * sf  # the loop's final latents (same seed, same loop)
     m, s = torch.tensor(mean).view(1, 4, 1, 1), torch.tensor(std).view(1, 4, 1, 1)
     torch.testing.assert_close(seen["stats"][0], latents * s / sf + m)
+    torch.testing.assert_close(seen["mean only"][0], seen["plain"][0])
 
 
 def test_wan_and_flux2_vaes_normalise_per_channel():
