@@ -41,7 +41,8 @@ from labkit.cli import (
 # VAE divides each side by 8, so the latent is `(B, 4, H/8, W/8)` for SD 1.x and
 # `(B, 16, H/8, W/8)` for SD3 and Flux. `SD15_UNET` mirrors Stable Diffusion 1.5's
 # `unet/config.json` (diffusers' `UNet2DConditionModel` defaults, with
-# `cross_attention_dim=768`). Every array is float32, as a fp32 pipeline would hold it.
+# `cross_attention_dim=768`). Latents, embeddings and weights are float32, as a fp32
+# pipeline would hold them.
 
 # %%
 # --8<-- [start:setup]

@@ -18,6 +18,15 @@ def test_sd_timestep_embedding_is_cos_first(lab):
     assert np.allclose(t_emb[:, :160] ** 2 + t_emb[:, 160:] ** 2, 1.0, atol=1e-5)
 
 
+def test_latents_embeddings_and_weights_are_float32(lab):
+    """The starter's comment: latents, embeddings and weights are float32 (its bookkeeping
+    arrays, such as the integer timesteps and the float64 periods, are not)."""
+    names = ["latents", "hidden_states", "prompt_embeds", "t_emb", "emb", "c", "txt", "x"]
+    names += ["w_time", "to_q", "to_k", "to_v", "w_qkv", "w_mlp", "random_w", "w_img", "w_txt"]
+    assert {name: lab[name].dtype for name in names} == dict.fromkeys(names, np.float32)
+    assert lab["timesteps"].dtype != np.float32 and lab["periods"].dtype == np.float64
+
+
 def test_time_term_is_one_value_per_channel(lab):
     assert lab["temb"].shape == (1, 320, 1, 1)
     added = lab["hidden_states_t"] - lab["hidden_states"]

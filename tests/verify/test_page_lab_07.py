@@ -157,7 +157,7 @@ def test_cross_attention_queries_come_from_latent_positions(lab):
 
 
 def test_attention_head_dim_is_the_number_of_heads_in_sd15(lab):
-    """Built with SD 1.5's config (diffusers' `UNet2DConditionModel` defaults with `cross_attention_dim=768`, on the meta device), the UNet has 16 transformer blocks whose `attn1` and `attn2` all have `heads == 8` (`attention_head_dim=8`) and head widths 40, 80 and 160, as the lab's level table says; `attn2.to_k` takes 768-wide `prompt_embeds`."""
+    """Built with SD 1.5's config (diffusers' `UNet2DConditionModel` defaults with `cross_attention_dim=768`, on the meta device), the UNet has 16 transformer blocks whose `attn1` and `attn2` all have `heads == 8` (`attention_head_dim=8`) and head widths 40, 80 and 160, as the lab's level table says; `attn2.to_k` takes 768-wide `prompt_embeds`. `UNet2DConditionModel` takes the head count only under that name: passing `num_attention_heads` raises `ValueError`."""
     from diffusers import UNet2DConditionModel
 
     config = lab["SD15_UNET"]
@@ -179,6 +179,8 @@ def test_attention_head_dim_is_the_number_of_heads_in_sd15(lab):
         assert sorted((a.heads, a.to_q.out_features // a.heads) for a in attns) == sorted(expected)
     assert {d for _, d in expected} == {40, 80, 160}
     assert all(a.to_k.in_features == 768 for a in attn2) and len(attn2) == 16
+    with torch.device("meta"), pytest.raises(ValueError, match="num_attention_heads"):
+        UNet2DConditionModel(num_attention_heads=8, cross_attention_dim=768)
 
 
 @pytest.mark.parametrize("patch_size", [2, 4])

@@ -166,7 +166,7 @@ def test_unet_time_embedding_is_added_in_every_resnet(sdxl_like):
 
 
 def test_every_attn2_reads_the_same_prompt_embeds(sdxl_like):
-    """In a UNet with SD 1.x's and SDXL's configs (no `encoder_hid_dim`), every `attn2` receives the same, unchanged `encoder_hidden_states` that the UNet was called with: the prompt is never updated. SDXL's first level has no `attn2`, so no query there reads it."""
+    """In a UNet with SD 1.x's and SDXL's configs (no `encoder_hid_dim`), every `attn2` receives the same, unchanged `encoder_hidden_states` that the UNet was called with: the prompt is never updated. SDXL's first level has no `attn2`, so no query there reads it. Not every `UNet2DConditionModel`: with `encoder_hid_dim` set (`encoder_hid_dim_type="text_proj"`), every `attn2` reads `encoder_hid_proj`'s output instead."""
     from model_configs import SD15_UNET, SDXL_UNET
 
     assert "encoder_hid_dim" not in SD15_UNET and "encoder_hid_dim" not in SDXL_UNET
@@ -204,6 +204,22 @@ def test_every_attn2_reads_the_same_prompt_embeds(sdxl_like):
         h.remove()
     assert len(got) == 22 and all(torch.equal(g, prompt_embeds) for g in got)
     assert sorted(set(queries)) == [4 * 4, 8 * 8]  # H/16 and H/32: none of level 1's 16 x 16
+    projected = unet(encoder_hid_dim=40, encoder_hid_dim_type="text_proj")
+    got, seen = [], {}
+    handles = [output_of(projected.encoder_hid_proj, seen, "proj")] + [
+        m.register_forward_pre_hook(
+            lambda m, a, k: got.append(k["encoder_hidden_states"]), with_kwargs=True
+        )
+        for n, m in projected.named_modules()
+        if n.endswith("attn2")
+    ]
+    wide = torch.randn(1, 77, 40)
+    with torch.no_grad():
+        projected(torch.randn(1, 4, 8, 8), 10, encoder_hidden_states=wide)
+    for h in handles:
+        h.remove()
+    assert len(got) == 4 and all(g is seen["proj"] for g in got)  # not the prompt it was given
+    assert seen["proj"].shape == (1, 77, 24) != wide.shape
 
 
 def test_sdxl_pooled_text_and_time_ids_join_the_time_embedding():
@@ -631,7 +647,7 @@ def test_pixart_also_returns_2c_channels_and_its_pipelines_drop_the_variance(pip
 
     torch.manual_seed(0)
     transformer = PixArtTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1, sample_size=8,
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=2, sample_size=8,
         caption_channels=32, cross_attention_dim=16,
     ).eval()  # out_channels left at its default  # fmt: skip
     assert transformer.config.out_channels == 8
@@ -657,13 +673,13 @@ def test_pixart_also_returns_2c_channels_and_its_pipelines_drop_the_variance(pip
                        use_resolution_binning=False, output_type="latent").images  # fmt: skip
     for h in [handle, *hooks]:
         h.remove()
-    assert len(inputs) == len(projected) == 2 == len(read)  # two steps, one block
+    assert len(inputs) == len(projected) == 2 and len(read) == 4  # two steps, two blocks
     for kwargs in inputs:  # the prompt comes in as encoder_hidden_states only: no pooled text
         assert set(kwargs) == {"encoder_hidden_states", "encoder_attention_mask", "timestep",
                                "added_cond_kwargs", "return_dict"}  # fmt: skip
         assert set(kwargs["added_cond_kwargs"]) <= {"resolution", "aspect_ratio"}
-    for got, want in zip(read, projected, strict=True):  # one block per call
-        torch.testing.assert_close(got, want)
+    for i, got in enumerate(read):  # both blocks of each call read that call's projection
+        torch.testing.assert_close(got, projected[i // 2])
     assert len(predicted) == len(stepped) == 2
     for full, used in zip(predicted, stepped, strict=True):
         assert full.shape == (1, 8, 8, 8) and used.shape == (1, 4, 8, 8)
@@ -941,7 +957,7 @@ def test_fused_backends_and_what_the_unfused_math_path_holds():
 
 
 def test_fused_flash_kernel_never_stores_the_score_matrix():
-    """Fused kernels never store the `N x N` score matrix: PyTorch SDPA's flash backend, run on CPU for fp16, bf16 and fp32 inputs, dispatches one op that writes only the output `(B, H, N, d)` and a logsumexp `(B, H, N)`, while the math backend under the same spy writes `N x N` tensors; the memory-efficient and cuDNN backends and xFormers need a GPU and are cited, not run."""
+    """Fused kernels never store the `N x N` score matrix: PyTorch SDPA's flash backend, run on CPU for fp16, bf16 and fp32 inputs, dispatches one op that writes only the output `(B, H, N, d)` and a logsumexp `(B, H, N)`, while the math backend under the same spy writes `N x N` tensors; the memory-efficient and cuDNN backends and xFormers need a GPU and are not run here."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -976,3 +992,22 @@ def test_fused_flash_kernel_never_stores_the_score_matrix():
         with sdpa_kernel(SDPBackend.MATH), Outputs() as math:
             F.scaled_dot_product_attention(query, query, query)
         assert square(math.seen)  # the same spy sees the unfused path's scores
+
+
+def test_wan21_14b_text_to_video_transformer_is_not_its_largest():
+    """Wan 2.1's larger text-to-video transformer (the weights table's T2V 14B row) has about 14 billion parameters and is not Wan 2.1's largest video transformer: built on the meta device, `WanTransformer3DModel` counts within 3% of 14 billion with the text-to-video 14B config, and more than 16 billion with the image-to-video 14B one (the same plus `image_dim=1280`, `added_kv_proj_dim=5120` and `in_channels=36`, as diffusers' `scripts/convert_wan_to_diffusers.py` maps Wan-I2V-14B)."""
+    from diffusers import WanTransformer3DModel
+    from model_configs import WAN_T2V_14B_TRANSFORMER
+
+    image_to_video = dict(
+        WAN_T2V_14B_TRANSFORMER, image_dim=1280, added_kv_proj_dim=5120, in_channels=36
+    )
+    counts = []
+    for config in (WAN_T2V_14B_TRANSFORMER, image_to_video):
+        with torch.device("meta"):
+            model = WanTransformer3DModel(**config)
+        counts.append(sum(p.numel() for p in model.parameters()))
+        del model
+    text_to_video, largest = counts
+    assert abs(text_to_video / 14e9 - 1) < 0.03
+    assert largest > 16e9 > text_to_video
