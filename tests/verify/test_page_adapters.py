@@ -469,18 +469,19 @@ def test_controlnet_outputs_are_zero_initialised():
 
 
 def test_conditioning_scale_multiplies_every_residual():
-    """`ControlNetModel` multiplies each of its residuals by `conditioning_scale`, which the pipeline passes from `controlnet_conditioning_scale`; a `controlnet_conditioning_scale` of 0 still runs the ControlNet at every step."""
+    """Outside guess mode, `ControlNetModel` multiplies each of its residuals by `conditioning_scale`, which the pipeline passes from `controlnet_conditioning_scale`; under `guess_mode` it weights them by `conditioning_scale` times a factor rising geometrically from a tenth at the first skip connection to 1 at the mid block, unless its config sets `global_pool_conditions`. A `controlnet_conditioning_scale` of 0 still runs the ControlNet at every step."""
     unet = tiny_unet()
     controlnet = tiny_controlnet(unet, trained=True)
 
-    def residuals(scale):
+    def residuals(scale, guess_mode=False, net=controlnet):
         with torch.no_grad():
-            down, mid = controlnet(
+            down, mid = net(
                 X,
                 T,
                 encoder_hidden_states=PROMPT,
                 controlnet_cond=CONTROL_IMAGE,
                 conditioning_scale=scale,
+                guess_mode=guess_mode,
                 return_dict=False,
             )
         return [*down, mid]
@@ -488,6 +489,15 @@ def test_conditioning_scale_multiplies_every_residual():
     for full, half in zip(residuals(1.0), residuals(0.5), strict=True):
         assert full.abs().max() > 0
         torch.testing.assert_close(half, 0.5 * full)
+    guessed = residuals(0.5, guess_mode=True)  # 4 skip residuals and the mid block's
+    weights = [(g / f).flatten()[0].item() for g, f in zip(guessed, residuals(1.0), strict=True)]
+    assert weights == pytest.approx([0.5 * 10 ** (k / 4 - 1) for k in range(5)])  # 0.05 to 0.5
+    pooled = tiny_controlnet(unet, trained=True)
+    pooled.register_to_config(global_pool_conditions=True)
+    for plain, guessed in zip(
+        residuals(0.5, net=pooled), residuals(0.5, True, pooled), strict=True
+    ):
+        torch.testing.assert_close(guessed, plain, rtol=0, atol=0)  # no per-depth weights
     pipe = tiny_controlnet_pipeline(unet, controlnet)
     scales = []
     controlnet.register_forward_pre_hook(
@@ -513,28 +523,38 @@ def test_control_image_enters_after_conv_in():
 
 
 def test_guess_mode_runs_the_controlnet_on_the_conditional_half():
-    """Under CFG a ControlNet runs every step at the UNet's batch, `2B` rows, except in guess mode: with `guess_mode=True`, or by itself for a single ControlNet whose config sets `global_pool_conditions`, `StableDiffusionControlNetPipeline` runs it on the conditional half only, `B` rows, half its cost per step, while the UNet still gets `2B`."""
+    """Under CFG a ControlNet runs every step at the UNet's batch, `2B` rows, except in guess mode: with `guess_mode=True`, or by itself when the ControlNet's config sets `global_pool_conditions` (for a list of ControlNets, the first one's config decides), `StableDiffusionControlNetPipeline` runs it on the conditional half only, `B` rows, half its cost per step, while the UNet still gets `2B`."""
     unet = tiny_unet()
     controlnet = tiny_controlnet(unet, trained=True)
-    pooled = tiny_controlnet(unet, trained=True)
-    pooled.register_to_config(global_pool_conditions=True)
-    rows = {"controlnet": [], "pooled": [], "unet": []}
-    for key, module in [("controlnet", controlnet), ("pooled", pooled), ("unet", unet)]:
-        module.register_forward_pre_hook(
-            lambda m, a, k, key=key: rows[key].append(a[0].shape[0]), with_kwargs=True
+    pooled, pooled_too = (tiny_controlnet(unet, seed=s, trained=True) for s in (1, 2))
+    for net in (pooled, pooled_too):
+        net.register_to_config(global_pool_conditions=True)
+    rows = {"controlnet": [], "pooled": [], "pooled_too": [], "unet": []}
+    for key, module in [("controlnet", controlnet), ("pooled", pooled),
+                        ("pooled_too", pooled_too), ("unet", unet)]:  # fmt: skip
+        module.register_forward_pre_hook(  # a list calls each ControlNet with sample=...
+            lambda m, a, k, key=key: rows[key].append((a[0] if a else k["sample"]).shape[0]),
+            with_kwargs=True,
         )
-    pipe = tiny_controlnet_pipeline(unet, controlnet)
-    for guess_mode in (False, True):
-        run(pipe, steps=2, image=CONTROL_IMAGE, guess_mode=guess_mode)
-    assert rows == {"controlnet": [2, 2, 1, 1], "pooled": [], "unet": [2] * 4}  # B = 1
-    for key in rows:
-        rows[key].clear()
-    run(tiny_controlnet_pipeline(unet, pooled), steps=2, image=CONTROL_IMAGE, guess_mode=False)
-    assert rows == {"controlnet": [], "pooled": [1, 1], "unet": [2, 2]}
+
+    def rows_of(nets, **kwargs):
+        for key in rows:
+            rows[key].clear()
+        image = [CONTROL_IMAGE] * len(nets) if isinstance(nets, list) else CONTROL_IMAGE
+        run(tiny_controlnet_pipeline(unet, nets), steps=2, image=image, **kwargs)
+        return {key: value for key, value in rows.items() if value}
+
+    assert rows_of(controlnet) == {"controlnet": [2, 2], "unet": [2, 2]}  # B = 1
+    assert rows_of(controlnet, guess_mode=True) == {"controlnet": [1, 1], "unet": [2, 2]}
+    assert rows_of(pooled) == {"pooled": [1, 1], "unet": [2, 2]}  # guess_mode=False passed
+    both = rows_of([pooled, pooled_too])  # the first one pooled: guess mode for both
+    assert both == {"pooled": [1, 1], "pooled_too": [1, 1], "unet": [2, 2]}
+    second = rows_of([controlnet, pooled])  # only the second: no guess mode
+    assert second == {"controlnet": [2, 2], "pooled": [2, 2], "unet": [2, 2]}
 
 
 def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
-    """A list of ControlNets is wrapped in `MultiControlNetModel`, which on every step runs each ControlNet on its own control image and `controlnet_conditioning_scale` entry and adds their residuals element-wise, so the UNet still gets one `down_block_additional_residuals` tuple and one `mid_block_additional_residual`."""
+    """A list of ControlNets is wrapped in `MultiControlNetModel`, which on every step runs each ControlNet on its own control image and `controlnet_conditioning_scale` entry and adds their residuals element-wise, so the UNet still gets one `down_block_additional_residuals` list, one tensor per skip connection, and one `mid_block_additional_residual`."""
     unet = tiny_unet()
     first = tiny_controlnet(unet, seed=1, trained=True)
     second = tiny_controlnet(unet, seed=2, trained=True)
@@ -568,7 +588,7 @@ def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
                 outputs.append(net(*args, **cn_kwargs))
         (down_1, mid_1), (down_2, mid_2) = outputs
         residuals = kwargs["down_block_additional_residuals"]
-        assert len(residuals) == len(down_1) == 4
+        assert type(residuals) is list and len(residuals) == len(down_1) == 4  # not a tuple
         for total, one, two in zip(residuals, down_1, down_2, strict=True):
             torch.testing.assert_close(total, one + two)
         torch.testing.assert_close(kwargs["mid_block_additional_residual"], mid_1 + mid_2)
@@ -1097,7 +1117,7 @@ def test_lora_without_alpha_keys_gets_alpha_equal_to_rank(tmp_path):
 
 
 def test_hotswap_replaces_an_adapter_in_place():
-    """With `pipe.enable_lora_hotswap(target_rank=...)` called before the first LoRA is loaded, `load_lora_weights(..., adapter_name=name, hotswap=True)` copies a new LoRA, of another rank too, into the existing adapter's tensors in place: no new adapter, no base weight written, and the output of a fresh load of the new LoRA."""
+    """With `pipe.enable_lora_hotswap(target_rank=...)` called before the first LoRA is loaded, `load_lora_weights(..., adapter_name=name, hotswap=True)` copies a new LoRA, of another rank up to `target_rank` too, into the existing adapter's tensors in place: no new adapter, no base weight written, and the output of a fresh load of the new LoRA."""
     plain = tiny_unet()
     first, second = lora_state_dict(plain, rank=2, seed=0), lora_state_dict(plain, rank=4, seed=1)
     fresh = tiny_sd_pipeline()
@@ -1143,7 +1163,7 @@ def test_hotswap_without_enable_copies_same_or_smaller_ranks_in_place():
 
 
 def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight():
-    """A hotswapped LoRA must target the first one's layers or a subset: a layer the first lacks raises a `RuntimeError`, and the first one's layers the new one lacks are zeroed. The adapter must be unfused (a fused one raises a `ValueError`), and the swap resets a `set_adapters` weight to the new LoRA's `lora_alpha / r`. Text-encoder LoRA keys cannot be hotswapped (`ValueError`), and a rank above `target_rank` raises nothing but swaps new, larger tensors in for the adapter's, so the swap is no longer in place."""
+    """A hotswapped LoRA must target the first one's layers or a subset: a layer the first lacks raises a `RuntimeError`, and the first one's layers the new one lacks are zeroed. The adapter must be unfused (a fused one raises a `ValueError`). Either error deletes the loaded adapter: here, with no other adapter, the UNet then runs the base model, and a fused adapter's delta stays in the weights with nothing left to unfuse it. The swap resets a `set_adapters` weight to the new LoRA's `lora_alpha / r`. Text-encoder LoRA keys cannot be hotswapped: a `ValueError`, raised after the UNet's part is already swapped. A rank above `target_rank` raises nothing but swaps new, larger tensors in for the adapter's, so the swap is no longer in place."""
     plain = tiny_unet()
 
     def hotswap_pipe():
@@ -1152,9 +1172,13 @@ def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight(
         pipe.load_lora_weights(lora_state_dict(plain), adapter_name="style")
         return pipe
 
+    base = predict(plain)
     wider = lora_state_dict(plain, seed=1, suffixes=(*PROJECTIONS, "ff.net.2"))
+    pipe = hotswap_pipe()
     with pytest.raises(RuntimeError, match="unexpected keys"):
-        hotswap_pipe().load_lora_weights(wider, adapter_name="style", hotswap=True)
+        pipe.load_lora_weights(wider, adapter_name="style", hotswap=True)
+    assert "style" not in pipe.unet.peft_config  # the loaded adapter is gone
+    torch.testing.assert_close(predict(pipe.unet), base, rtol=0, atol=0)
     pipe = hotswap_pipe()
     pipe.load_lora_weights(
         lora_state_dict(plain, seed=1, suffixes=("to_q",)), adapter_name="style", hotswap=True
@@ -1167,14 +1191,23 @@ def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight(
     pipe.load_lora_weights(lora_state_dict(plain, seed=1), adapter_name="style", hotswap=True)
     assert first_projection(pipe.unet).scaling["style"] == 1.0  # lora_alpha / r, weight gone
     pipe.fuse_lora(components=["unet"])
+    fused = predict(pipe.unet)
     with pytest.raises(ValueError, match="merged"):
         pipe.load_lora_weights(lora_state_dict(plain, seed=2), adapter_name="style", hotswap=True)
+    assert "style" not in pipe.unet.peft_config  # deleted, its delta still in the weights
+    pipe.unfuse_lora(components=["unet"])  # nothing left to unfuse: the delta stays
+    torch.testing.assert_close(predict(pipe.unet), fused, rtol=0, atol=1e-6)
+    assert not torch.allclose(fused, base, atol=1e-3)
     te_layer = {"text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(2, EMBED_DIM),
                 "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(EMBED_DIM, 2)}  # fmt: skip
+    pipe = hotswap_pipe()
     with pytest.raises(ValueError, match="not supported for text encoders"):
-        hotswap_pipe().load_lora_weights(
+        pipe.load_lora_weights(
             {**lora_state_dict(plain, seed=1), **te_layer}, adapter_name="style", hotswap=True
         )
+    fresh = tiny_sd_pipeline()  # the UNet's part went in before the text encoder's raised
+    fresh.load_lora_weights(lora_state_dict(plain, seed=1), adapter_name="style")
+    torch.testing.assert_close(predict(pipe.unet), predict(fresh.unet), rtol=0, atol=1e-5)
     pipe = hotswap_pipe()  # target_rank=4; now a rank-8 LoRA
     storage = {n: p.data_ptr() for n, p in pipe.unet.named_parameters() if ".lora_" in n}
     wide = lora_state_dict(plain, rank=8, seed=1)
@@ -1185,6 +1218,56 @@ def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight(
     fresh = tiny_sd_pipeline()
     fresh.load_lora_weights(lora_state_dict(plain, rank=8, seed=1), adapter_name="style")
     torch.testing.assert_close(predict(pipe.unet), predict(fresh.unet), rtol=0, atol=1e-5)
+
+
+def test_hotswap_keeps_the_first_files_ratio_and_per_layer_ranks(tmp_path):
+    """The swap sets each layer's `scaling` to the new file's `lora_alpha / r`, but the layers keep the first file's `lora_alpha` and `r`: a later `set_adapters` weight or scale-0 call scales from the first file's ratio, not the new one's (two saved rank-2 files, `lora_alpha` 2 then 4). A file without alpha keys whose ranks vary by layer gets per-layer alphas, which a swap must match: it and a uniform-rank LoRA cannot replace each other (a `ValueError`, which deletes the loaded adapter)."""
+    from diffusers import StableDiffusionPipeline
+
+    plain = tiny_unet()
+
+    def saved(seed, lora_alpha):
+        state = lora_state_dict(plain, rank=2, seed=seed)
+        StableDiffusionPipeline.save_lora_weights(
+            tmp_path / f"alpha{lora_alpha}",
+            unet_lora_layers={k.removeprefix("unet."): v for k, v in state.items()},
+            unet_lora_adapter_metadata={"r": 2, "lora_alpha": lora_alpha,
+                                        "target_modules": list(PROJECTIONS)},
+        )  # fmt: skip
+        return str(tmp_path / f"alpha{lora_alpha}")
+
+    first, second = saved(0, lora_alpha=2), saved(1, lora_alpha=4)  # ratios 1 and 2
+    pipe, fresh = tiny_sd_pipeline(), tiny_sd_pipeline()
+    pipe.load_lora_weights(first, adapter_name="style")
+    pipe.load_lora_weights(second, adapter_name="style", hotswap=True)
+    fresh.load_lora_weights(second, adapter_name="style")
+    layer = first_projection(pipe.unet)
+    assert layer.scaling["style"] == first_projection(fresh.unet).scaling["style"] == 2.0
+    torch.testing.assert_close(predict(pipe.unet), predict(fresh.unet), rtol=0, atol=1e-6)
+    for target in (pipe, fresh):
+        predict(target.unet, cross_attention_kwargs={"scale": 0.0})  # resets to lora_alpha / r
+    assert (layer.scaling["style"], first_projection(fresh.unet).scaling["style"]) == (1.0, 2.0)
+    for target in (pipe, fresh):
+        target.set_adapters("style", adapter_weights=0.5)
+    assert (layer.scaling["style"], first_projection(fresh.unet).scaling["style"]) == (0.5, 1.0)
+    assert not torch.allclose(predict(pipe.unet), predict(fresh.unet), atol=1e-3)
+
+    def varying(n):  # to_q at rank 1, the other projections at rank 2
+        return 1 if n.endswith("to_q") else 2
+
+    mixed = {}
+    for name, module in plain.named_modules():
+        if name.endswith(PROJECTIONS) and isinstance(module, torch.nn.Linear):
+            r = varying(name)
+            mixed[f"unet.{name}.lora_A.weight"] = torch.randn(r, module.in_features)
+            mixed[f"unet.{name}.lora_B.weight"] = torch.randn(module.out_features, r)
+    for before, after in [(lora_state_dict(plain, rank=2), mixed),
+                          (mixed, lora_state_dict(plain, rank=2, seed=1))]:  # fmt: skip
+        pipe = tiny_sd_pipeline()
+        pipe.load_lora_weights(before, adapter_name="style")
+        with pytest.raises(ValueError, match="alpha_pattern"):
+            pipe.load_lora_weights(dict(after), adapter_name="style", hotswap=True)
+        assert "style" not in pipe.unet.peft_config
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():

@@ -547,6 +547,27 @@ def test_lora_is_not_a_line_of_the_loop(sd_pipe, record_calls):
     assert [c[0][0].shape for c in adapted] == [c[0][0].shape for c in plain]
 
 
+def test_a_lora_adds_matmuls_inside_the_calls_it_adapts(sd_pipe, record_calls):
+    """A LoRA adds small extra matmuls inside the calls it adapts: loaded by `load_lora_weights` from a file with UNet and text-encoder keys, its UNet layers run in each UNet call (3 at 3 steps) and its text-encoder layers in the text encoder's calls (2 with CFG on a prompt: the prompt and the negative prompt)."""
+    unet = UNet2DConditionModel.from_config(sd_pipe.unet.config)
+    pipe = sd_with(sd_pipe, unet=unet, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
+    to_q = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+    q_proj = "text_model.encoder.layers.0.self_attn.q_proj"
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for key, width in [(f"unet.{to_q}", unet.get_submodule(to_q).in_features),
+                       (f"text_encoder.{q_proj}", EMBED_DIM)]:  # fmt: skip
+        state[f"{key}.lora_A.weight"] = torch.randn(2, width, generator=g)
+        state[f"{key}.lora_B.weight"] = torch.randn(width, 2, generator=g)
+    pipe.load_lora_weights(state, adapter_name="style")
+    te_layer = next(m for n, m in pipe.text_encoder.named_modules()
+                    if n.endswith("layers.0.self_attn.q_proj"))  # fmt: skip
+    in_unet = record_calls(unet.get_submodule(to_q).lora_A["style"]).calls
+    in_text_encoder = record_calls(te_layer.lora_A["style"]).calls
+    generate(pipe, steps=3, prompt="abc")
+    assert (len(in_unet), len(in_text_encoder)) == (3, 2)
+
+
 @pytest.fixture(scope="module")
 def controlnet_pipe():
     """The real StableDiffusionControlNetPipeline: tiny UNet, a ControlNetModel made from it."""
