@@ -201,7 +201,7 @@ for i in (0, 5, 10, 20):
 down_a, _ = controlnet_forward(trained, latents, controlnet_cond, 0.5)
 down_b, _ = controlnet_forward(trained, latents, controlnet_cond, 1.0)
 print(f"residuals(0.5) == 0.5 * residuals(1.0): "
-      f"{all(np.allclose(a, 0.5 * b) for a, b in zip(down_a, down_b, strict=True))}")  # fmt: skip
+      f"{all(np.array_equal(a, 0.5 * b) for a, b in zip(down_a, down_b, strict=True))}")  # fmt: skip
 ramp = guess_mode_scales(len(down_a), 1.0)
 print(f"guess_mode scales (logspace(-1, 0, {len(ramp)})): {[round(float(r), 4) for r in ramp]}")
 # --8<-- [end:trained]
