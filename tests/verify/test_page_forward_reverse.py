@@ -420,15 +420,28 @@ def test_ddpm_step_across_a_stride_uses_the_effective_beta():
 
 
 def test_ddpm_final_step_adds_no_noise():
-    """At `t=0`, `DDPMScheduler.step` adds no noise: `prev_sample` is `pred_original_sample`, whatever the `generator`."""
-    scheduler = DDPMScheduler(clip_sample=False, **SD_BETAS)
+    r"""At `t=0`, `DDPMScheduler.step` adds no noise: `prev_sample` is `pred_original_sample`, whatever the `generator`; at the last entry of `scheduler.timesteps` (t = 1 on SD's grid, `steps_offset=1`) the default $\sigma_t^2 = \tilde\beta_t$ is zero (diffusers clamps it to 1e-20) and adds none above 1e-8, while `"fixed_large"` ($\beta_t$) adds noise there."""
     x_t, eps = randn(0), randn(1)
-    results = [
-        scheduler.step(eps, 0, x_t, generator=torch.Generator().manual_seed(seed))
-        for seed in (1, 2)
-    ]
+
+    def two_draws(scheduler, t):
+        return [
+            scheduler.step(eps, t, x_t, generator=torch.Generator().manual_seed(seed))
+            for seed in (1, 2)
+        ]
+
+    results = two_draws(DDPMScheduler(clip_sample=False, **SD_BETAS), 0)
     close(results[0].prev_sample, results[1].prev_sample, tol=0)
     close(results[0].prev_sample, results[0].pred_original_sample, tol=1e-6)
+    for variance_type in ["fixed_small", "fixed_large"]:
+        scheduler = DDPMScheduler(
+            clip_sample=False, steps_offset=1, variance_type=variance_type, **SD_BETAS
+        )
+        scheduler.set_timesteps(10)
+        last = int(scheduler.timesteps[-1])
+        assert last == 1
+        a, b = two_draws(scheduler, last)
+        gap = (a.prev_sample - b.prev_sample).abs().max()
+        assert (gap < 1e-8) if variance_type == "fixed_small" else (gap > 1e-2), variance_type
 
 
 def test_ddim_eta_zero_is_deterministic(sd_pipe, monkeypatch):

@@ -8,6 +8,9 @@ test runs ``StableDiffusionPipeline.__call__`` and observes it with hooks and sp
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import pytest
 import torch
 from diffusers import (
@@ -122,6 +125,46 @@ def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_cal
         assert int(pipe.scheduler.timesteps[0]) == 1000 and len(unet.calls) == 1
 
 
+def test_the_scheduler_makes_each_update_from_the_combined_prediction(tmp_path):
+    """Under CFG, `scheduler.step` gets `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` from the two halves of one UNet output (the unconditional half first), and its `prev_sample` is the next step's `latents` and the loop's output: the pipeline changes `latents` only through `scheduler.step`; the same UNet output read under `prediction_type="v_prediction"` gives different `latents`."""
+    pipe = full_pipeline(tmp_path)
+    outputs, steps = [], []
+    pipe.unet.register_forward_hook(
+        lambda m, a, out: outputs.append((out[0] if isinstance(out, tuple) else out.sample).clone())
+    )
+
+    def run(scheduler):
+        original = scheduler.step
+
+        @functools.wraps(original)  # keeps the signature prepare_extra_step_kwargs reads
+        def step(model_output, timestep, sample, *args, **kwargs):
+            out = original(model_output, timestep, sample, *args, **kwargs)
+            prev = out[0] if isinstance(out, tuple) else out.prev_sample
+            steps.append((model_output.clone(), sample.clone(), prev.clone()))
+            return out
+
+        scheduler.step = step
+        pipe.scheduler = scheduler
+        outputs.clear(), steps.clear()
+        return pipe("a cat", num_inference_steps=3, guidance_scale=7.5, height=HEIGHT,
+                    width=WIDTH, output_type="latent", latents=start_latents()).images  # fmt: skip
+
+    config = pipe.scheduler.config
+    latents = run(pipe.scheduler)
+    assert len(outputs) == len(steps) == 3
+    for out, (pred, _, _) in zip(outputs, steps, strict=True):
+        uncond, text = out.chunk(2)
+        torch.testing.assert_close(pred, uncond + 7.5 * (text - uncond))
+        assert not torch.allclose(pred, text + 7.5 * (uncond - text))  # the order matters
+    for (_, _, prev), (_, sample, _) in itertools.pairwise(steps):
+        torch.testing.assert_close(sample, prev, rtol=0, atol=0)
+    torch.testing.assert_close(latents, steps[-1][2], rtol=0, atol=0)
+    first_output = outputs[0]
+    other = run(DDIMScheduler.from_config(config, prediction_type="v_prediction"))
+    torch.testing.assert_close(outputs[0], first_output)  # the same first UNet call
+    assert not torch.allclose(other, latents)
+
+
 def test_encoding_multiplies_by_scaling_factor(record_calls, monkeypatch):
     """Encoding an image for the loop multiplies the VAE's latents by `vae.config.scaling_factor`: `StableDiffusionImg2ImgPipeline.__call__` hands `scheduler.add_noise` the encoder's sample times `scaling_factor`.
 
@@ -150,18 +193,22 @@ def test_encoding_multiplies_by_scaling_factor(record_calls, monkeypatch):
     assert not torch.allclose(seen[0], sample)
 
 
-def test_decode_divides_by_scaling_factor_once_after_the_loop(tmp_path, record_calls):
-    """After the loop the VAE decodes once, `vae.decode(latents / vae.config.scaling_factor)`, to `(B, 3, H, W)` (not at all with `output_type="latent"`); `AutoencoderKL`'s default `scaling_factor` is 0.18215."""
+def test_decode_divides_by_scaling_factor_once_after_the_loop(tmp_path, record_calls, monkeypatch):
+    """After the loop `vae.decode(latents / vae.config.scaling_factor)` is called once, to `(B, 3, H, W)` (not at all with `output_type="latent"`); `AutoencoderKL`'s default `scaling_factor` is 0.18215."""
     pipe = full_pipeline(tmp_path)
     assert pipe.vae.config.scaling_factor == 0.18215  # tiny_vae passes none: the default
+    decode_calls, decode = [], pipe.vae.decode
+    monkeypatch.setattr(
+        pipe.vae, "decode", lambda *a, **k: decode_calls.append(1) or decode(*a, **k)
+    )
     decoder = record_calls(pipe.vae.decoder)
     final = []
     handle = pipe.vae.post_quant_conv.register_forward_pre_hook(lambda m, a: final.append(a[0]))
     latents = pipe("a cat", num_inference_steps=3, height=HEIGHT, width=WIDTH,
                    output_type="latent", latents=start_latents()).images  # fmt: skip
-    assert decoder.calls == [] and final == []  # output_type="latent": no decode at all
+    assert decode_calls == [] and decoder.calls == [] and final == []  # "latent": no decode
     image = pipe("a cat", num_inference_steps=3, height=HEIGHT, width=WIDTH,
                  output_type="pt", latents=start_latents()).images  # fmt: skip
     handle.remove()
-    assert len(decoder.calls) == 1 and image.shape == (1, 3, HEIGHT, WIDTH)
+    assert len(decode_calls) == len(decoder.calls) == 1 and image.shape == (1, 3, HEIGHT, WIDTH)
     torch.testing.assert_close(final[0], latents / 0.18215)
