@@ -39,7 +39,7 @@ from labkit.cli import (
 # (`--patch-size`, 2 as DiT-XL/2, SD3 and Flux use), the number of text tokens an
 # MMDiT prepends or appends (`--text-tokens`, 333 for SD3: 77 CLIP + 256 T5). The
 # VAE divides each side by 8, so the latent is `(B, 4, H/8, W/8)` for SD 1.x and
-# `(B, 16, H/8, W/8)` for SD3 and Flux. `SD15_UNET` mirrors Stable Diffusion 1.5's
+# `(B, 16, H/8, W/8)` for SD3 and Flux.1. `SD15_UNET` mirrors Stable Diffusion 1.5's
 # `unet/config.json` (diffusers' `UNet2DConditionModel` defaults, with
 # `cross_attention_dim=768`). Latents, embeddings and weights are float32, as a fp32
 # pipeline would hold them.
@@ -295,7 +295,7 @@ print(f"{sum(row[-1] for row in levels_xl)} transformer blocks; largest attn1: "
 # order FluxPipeline's `_pack_latents` uses (channels, then the patch's rows and
 # columns), and the layout of a `Conv2d(C, D, kernel_size=p, stride=p)` weight, so DiT's
 # `PatchEmbed` is "patchify, one Linear, + a position table". `unpatchify` inverts patchify
-# (Flux's `_unpack_latents`). DiT's output head orders each token differently,
+# (FluxPipeline's `_unpack_latents`). DiT's output head orders each token differently,
 # `(p, p, C_out)`, and DiT-XL/2 learns the variance too: `C_out = 2 C`
 # (`out_channels=8`); `dit_unpatchify` follows `DiTTransformer2DModel`.
 
@@ -327,7 +327,7 @@ def dit_unpatchify(tokens, h, w, p):
 
 
 p = args.patch_size
-latents = rng.standard_normal((1, 16, latent_hw, latent_hw), dtype=np.float32)  # SD3 / Flux
+latents = rng.standard_normal((1, 16, latent_hw, latent_hw), dtype=np.float32)  # SD3 / Flux.1
 patch_tokens = patchify(latents, p)
 print(f"patchify p={p}: latents {latents.shape} -> tokens {patch_tokens.shape}: "
       f"({args.resolution}/8/{p})^2 = {(latent_hw // p) ** 2} tokens")  # fmt: skip

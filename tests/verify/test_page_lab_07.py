@@ -157,7 +157,7 @@ def test_cross_attention_queries_come_from_latent_positions(lab):
 
 
 def test_attention_head_dim_is_the_number_of_heads_in_sd15(lab):
-    """Built with SD 1.5's config (diffusers' `UNet2DConditionModel` defaults with `cross_attention_dim=768`, on the meta device), the UNet has 16 transformer blocks whose `attn1` and `attn2` all have `heads == 8` (`attention_head_dim=8`) and head widths 40, 80 and 160, as the lab's level table says; `attn2.to_k` takes 768-wide `prompt_embeds`. `UNet2DConditionModel` takes the head count only under that name: passing `num_attention_heads` raises `ValueError`."""
+    """Built with SD 1.5's config (diffusers' `UNet2DConditionModel` defaults with `cross_attention_dim=768`, on the meta device), the UNet has 16 transformer blocks whose `attn1` and `attn2` all have `heads == 8` (`attention_head_dim=8`) and head widths 40, 80 and 160, as the lab's level table says; `attn2.to_k` takes 768-wide `prompt_embeds`. The head count is what SD's `CrossAttnDownBlock2D`, `UNetMidBlock2DCrossAttn` and `CrossAttnUpBlock2D` make of it, not the class's rule: built from `SimpleCrossAttnDownBlock2D` blocks, the same `attention_head_dim=8` is the head width."""
     from diffusers import UNet2DConditionModel
 
     config = lab["SD15_UNET"]
@@ -179,8 +179,20 @@ def test_attention_head_dim_is_the_number_of_heads_in_sd15(lab):
         assert sorted((a.heads, a.to_q.out_features // a.heads) for a in attns) == sorted(expected)
     assert {d for _, d in expected} == {40, 80, 160}
     assert all(a.to_k.in_features == 768 for a in attn2) and len(attn2) == 16
-    with torch.device("meta"), pytest.raises(ValueError, match="num_attention_heads"):
-        UNet2DConditionModel(num_attention_heads=8, cross_attention_dim=768)
+    assert {type(b).__name__ for b in [*unet.down_blocks, unet.mid_block, *unet.up_blocks]} >= {
+        "CrossAttnDownBlock2D", "UNetMidBlock2DCrossAttn", "CrossAttnUpBlock2D"
+    }  # fmt: skip
+    with torch.device("meta"):
+        simple = UNet2DConditionModel(
+            block_out_channels=(32, 64), layers_per_block=1, attention_head_dim=8,
+            down_block_types=("SimpleCrossAttnDownBlock2D",) * 2,
+            up_block_types=("SimpleCrossAttnUpBlock2D",) * 2,
+            mid_block_type="UNetMidBlock2DSimpleCrossAttn", cross_attention_dim=24,
+            norm_num_groups=8,
+        )  # fmt: skip
+    attns = [m for m in simple.modules() if type(m).__name__ == "Attention"]
+    assert len(attns) == 7 and {a.to_q.out_features // a.heads for a in attns} == {8}
+    assert sorted({a.heads for a in attns}) == [32 // 8, 64 // 8]  # heads = channels // 8
 
 
 @pytest.mark.parametrize("patch_size", [2, 4])
