@@ -486,8 +486,8 @@ def test_embedded_guidance_against_true_cfg(record_calls, monkeypatch):
         torch.testing.assert_close(model_output, neg + 4.0 * (cond - neg))
 
 
-def test_zero_snr_needs_v_prediction():
-    """With `rescale_betas_zero_snr=True` and SD's `clip_sample=False`, `DDIMScheduler.step` at t = 999 returns NaN or inf for an epsilon model (the exact epsilon, x_999 itself, gives 0 / 0) and, for `prediction_type="v_prediction"`, the finite x0 prediction -v."""
+def test_zero_snr_rules_out_epsilon():
+    """With `rescale_betas_zero_snr=True` and SD's `clip_sample=False`, `DDIMScheduler.step` at t = 999 returns NaN or inf for an epsilon model (the exact epsilon, x_999 itself, gives 0 / 0) and, for `prediction_type="v_prediction"`, the finite x0 prediction -v (for `sample`, the output itself)."""
     x = torch.randn(4, 2, generator=torch.Generator().manual_seed(0))
     v = torch.randn(4, 2, generator=torch.Generator().manual_seed(1))
 
@@ -500,6 +500,7 @@ def test_zero_snr_needs_v_prediction():
     assert step("epsilon", x).isnan().all()
     assert step("epsilon", 0.9 * x).isinf().all()
     torch.testing.assert_close(step("v_prediction", v), -v)
+    torch.testing.assert_close(step("sample", v), v)
 
 
 def test_fixed_shift_is_the_dynamic_shift_at_exp_mu():
@@ -629,3 +630,21 @@ def test_unet_time_cond_proj_consumes_timestep_cond():
     assert len(seen) == 2 and torch.equal(seen[0], w_embedding) and seen[0].shape == (1, 8)
     assert not torch.allclose(a, b)
     assert tiny_unet().time_embedding.cond_proj is None
+
+
+def test_text_encoding_and_decode_run_once_per_call_not_per_step(record_calls):
+    """Text encoding (twice with SD 1.5's CFG) and the VAE decode run once per call, not per step: `StableDiffusionPipeline` with two prompts and guidance on calls its text encoder twice (prompts, then negative prompts, two rows each) and its VAE decoder once (two rows) at 4 steps and at 8, while the UNet calls follow the steps."""
+    from tiny import WIDTH, sd_with, tiny_text_encoder, tiny_tokenizer
+
+    pipe = sd_with(tiny_sd_pipeline(), text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
+    for steps in (4, 8):
+        encoder, unet = record_calls(pipe.text_encoder), record_calls(pipe.unet)
+        decoder = record_calls(pipe.vae.decoder)
+        with torch.no_grad():
+            pipe(["a cat", "a dog"], guidance_scale=7.5, num_inference_steps=steps,
+                 height=HEIGHT, width=WIDTH, output_type="pt")  # fmt: skip
+        assert [args[0].shape[0] for args, _ in encoder.calls] == [2, 2]
+        assert [args[0].shape[0] for args, _ in decoder.calls] == [2]
+        assert len(unet.calls) == steps
+        for recorder in (encoder, unet, decoder):
+            recorder.remove()

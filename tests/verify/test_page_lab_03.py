@@ -378,3 +378,25 @@ def test_notes_sd15_pndm_makes_n_plus_one_calls_from_two(sd_pipe, record_calls):
     finally:
         sd_pipe.scheduler = original
     assert calls == {1: 1, 2: 3, 3: 4}
+
+
+def test_notes_flow_checkpoint_runs_on_dpmsolver_or_unipc_with_both_flags():
+    """scheduler_notes.md: a flow-matching checkpoint runs on `FlowMatchEulerDiscreteScheduler`, or DPM-Solver or UniPC with `use_flow_sigmas=True` and `prediction_type="flow_prediction"`: in `StableDiffusion3Pipeline.__call__` those step to sigma 0, while the multistep DEIS with the same flags stops short of it."""
+    from diffusers import DEISMultistepScheduler, UniPCMultistepScheduler
+    from tiny import EMBED_DIM, tiny_sd3_pipeline
+
+    flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
+    pipe = tiny_sd3_pipeline()
+    last = {}
+    for scheduler in (FlowMatchEulerDiscreteScheduler(shift=3.0), DPMSolverMultistepScheduler(**flow),
+                      UniPCMultistepScheduler(**flow), DEISMultistepScheduler(**flow)):  # fmt: skip
+        pipe.scheduler = scheduler
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            latents = pipe(prompt_embeds=torch.randn(1, 10, EMBED_DIM, generator=g),
+                           pooled_prompt_embeds=torch.randn(1, 16, generator=g), guidance_scale=1.0,
+                           num_inference_steps=10, height=HEIGHT, width=WIDTH, output_type="latent").images  # fmt: skip
+        assert torch.isfinite(latents).all()
+        last[type(scheduler).__name__] = scheduler.sigmas[-1].item()
+    assert last.pop("DEISMultistepScheduler") > 0.2
+    assert set(last.values()) == {0.0}, last

@@ -500,7 +500,7 @@ def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch)
 
 
 def test_latency_is_len_timesteps_unet_calls(record_calls):
-    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ and the UNet runs `n + 1` times (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call.
+    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call.
 
     The tiny pipeline's own guided ``__call__`` at 1, 2 and ``N`` steps, UNet calls counted by a
     hook.
@@ -515,6 +515,8 @@ def test_latency_is_len_timesteps_unet_calls(record_calls):
             calls = record_calls(pipe.unet).calls
             real_trace(pipe, steps=steps)  # guided, B = 2
             assert len(calls) == len(pipe.scheduler.timesteps) == expected, (steps, scheduler)
+            assert len(set(pipe.scheduler.timesteps.tolist())) == steps  # PNDM repeats one
+            assert [int(args[1]) for args, _ in calls] == pipe.scheduler.timesteps.tolist()
             assert all(args[0].shape[0] == 2 * B for args, _ in calls)
 
 

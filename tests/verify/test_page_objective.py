@@ -495,6 +495,45 @@ def test_dpmsolver_flow_prediction_reads_the_velocity(cls):
     assert (prev - ((1 - s1) * x0 + s1 * eps)).abs().mean() > 0.1
 
 
+def exact_gaussian_velocity(module, args, kwargs, output, mean=0.5, std=0.3):
+    """Forward hook: the transformer's output replaced by the exact velocity for data
+    x0 ~ N(mean, std**2 I) at the level it is told (sigma = timestep / 1000); the flow ODE
+    then maps the starting noise z to mean + std * z."""
+    x = kwargs["hidden_states"].double()
+    sigma = kwargs["timestep"].double().reshape(-1, 1, 1, 1) / 1000
+    gain = (1 - sigma) * std**2 / ((1 - sigma) ** 2 * std**2 + sigma**2)
+    x0_hat = mean + gain * (x - (1 - sigma) * mean)
+    return ((x - x0_hat) / sigma).to(output[0].dtype), *output[1:]
+
+
+def test_deis_and_sa_solver_stop_short_of_sigma_zero_in_sd3():
+    """In `StableDiffusion3Pipeline.__call__` with `prediction_type="flow_prediction"`, `use_flow_sigmas=True` and `flow_shift=3.0`, DPM-Solver (multistep, singlestep) and UniPC step to sigma 0 and, on an exact flow denoiser at 25 steps, land closer to the exact samples than `FlowMatchEulerDiscreteScheduler(shift=3.0)`; DEIS and SA-Solver stop short of sigma 0 (their last `sigmas` entry repeats the one before it, 0.111 at 25 steps), leaving noise, and land farther from them."""
+    pipe = tiny_sd3_pipeline()
+    pipe.transformer.register_forward_hook(exact_gaussian_velocity, with_kwargs=True)
+    z = start_latents()
+    flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
+    errors, last_sigma = {}, {}
+    for cls in [FlowMatchEulerDiscreteScheduler, *FLOW_SOLVERS]:
+        pipe.scheduler = cls(shift=3.0) if cls is FlowMatchEulerDiscreteScheduler else cls(**flow)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            final = pipe(prompt_embeds=torch.randn(1, 10, EMBED_DIM, generator=g),
+                         pooled_prompt_embeds=torch.randn(1, 16, generator=g), guidance_scale=1.0,
+                         num_inference_steps=25, height=HEIGHT, width=WIDTH, output_type="latent",
+                         latents=z.clone()).images  # fmt: skip
+        errors[cls] = (final - (0.5 + 0.3 * z)).abs().mean().item()
+        last_sigma[cls] = pipe.scheduler.sigmas[-1].item()
+    euler = errors.pop(FlowMatchEulerDiscreteScheduler)
+    reach = {DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler, UniPCMultistepScheduler}
+    for cls, error in errors.items():
+        if cls in reach:
+            assert last_sigma[cls] == 0 and error < euler, (cls.__name__, errors)
+        else:
+            assert last_sigma[cls] == pytest.approx(0.111, abs=5e-4), cls.__name__
+            assert error > euler, (cls.__name__, errors)
+    assert set(errors) - reach == {DEISMultistepScheduler, SASolverScheduler}
+
+
 def test_vae_decodes_once_at_the_end(sd1_shaped_pipe, monkeypatch):
     """`StableDiffusionPipeline` calls `vae.decode` once, after the last UNet call: every step before it maps `latents` to `latents`."""
     pipe = sd1_shaped_pipe

@@ -1377,6 +1377,27 @@ def test_dpmsolver_with_flow_sigmas_runs_a_flow_model(sd3_pipe):
     assert max(errors["dpm"], errors["unipc"]) < errors["euler"] < 0.05, errors
 
 
+def test_flux_needs_dynamic_shifting_for_a_flow_dpmsolver():
+    """`DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)` runs `StableDiffusion3Pipeline` but not `FluxPipeline`, which passes `mu` to `set_timesteps`: there it raises an `AssertionError`; with `use_dynamic_shifting=True` added, `FluxPipeline` runs it to sigma 0."""
+    from tiny import dit_embeds, tiny_flux_pipeline
+
+    flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
+    prompt_embeds, pooled = dit_embeds(1)
+    kwargs = dict(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled, num_inference_steps=4,
+                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    flux = tiny_flux_pipeline()
+    flux.scheduler = DPMSolverMultistepScheduler(**flow)
+    with torch.no_grad(), pytest.raises(AssertionError):
+        flux(**kwargs)
+    flux.scheduler = DPMSolverMultistepScheduler(**flow, use_dynamic_shifting=True)
+    with torch.no_grad():
+        latents = flux(**kwargs).images
+    assert torch.isfinite(latents).all() and flux.scheduler.sigmas[-1].item() == 0
+    sd3 = tiny_sd3_pipeline(DPMSolverMultistepScheduler(**flow))
+    assert torch.isfinite(run_sd3(sd3)).all()
+    assert sd3.scheduler.sigmas[-1].item() == 0
+
+
 def test_flow_model_with_a_default_solver_config_fails_silently(sd3_pipe):
     """`DPMSolverMultistepScheduler.from_config(config)` of SD3's `FlowMatchEulerDiscreteScheduler` config keeps the default `use_flow_sigmas=False` and `prediction_type="epsilon"` (and drops `shift`): `StableDiffusion3Pipeline` runs without an error and ends far from the data; so does setting only one of `use_flow_sigmas=True` and `prediction_type="flow_prediction"`, in `DPMSolverMultistepScheduler` and in `UniPCMultistepScheduler`."""
     from diffusers import UniPCMultistepScheduler
@@ -1410,11 +1431,11 @@ def test_rescale_betas_zero_snr():
 
 
 def test_zero_terminal_snr():
-    r"""With `rescale_betas_zero_snr=True` `alphas_cumprod[999]` is exactly 0 (and `alphas_cumprod[0]` is unchanged), so at `t=999`, with `clip_sample=False` (SD's setting), an `epsilon` output gives a non-finite `pred_original_sample` (the default clip turns it into ±1), while a `v_prediction` output $v$ gives $\hat{x}_0 = -v$."""
+    r"""With `rescale_betas_zero_snr=True` `alphas_cumprod[999]` is exactly 0 (and `alphas_cumprod[0]` is unchanged), so at `t=999`, with `clip_sample=False` (SD's setting), an `epsilon` output gives a non-finite `pred_original_sample` (the default clip turns it into ±1), while a `v_prediction` output $v$ gives $\hat{x}_0 = -v$ and a `sample` output is $\hat{x}_0$ itself: at zero terminal SNR any target other than `epsilon` gives a finite $\hat{x}_0$, not `v_prediction` alone."""
     plain = DDIMScheduler(**SD_BETAS)
     x_t, out = randn(0), randn(1)
     x0 = {}
-    for prediction_type in ["epsilon", "v_prediction"]:
+    for prediction_type in ["epsilon", "v_prediction", "sample"]:
         scheduler = DDIMScheduler(
             rescale_betas_zero_snr=True,
             prediction_type=prediction_type,
@@ -1429,6 +1450,7 @@ def test_zero_terminal_snr():
         x0[prediction_type] = scheduler.step(out, 999, x_t).pred_original_sample
     assert not torch.isfinite(x0["epsilon"]).any()
     close(x0["v_prediction"], -out)
+    close(x0["sample"], out, tol=0)
     for cls in (DDIMScheduler, DDPMScheduler):
         zero_snr = dict(rescale_betas_zero_snr=True, timestep_spacing="trailing", **SD_BETAS)
         unclipped, clipped = cls(clip_sample=False, **zero_snr), cls(**zero_snr)

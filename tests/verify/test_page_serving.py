@@ -107,6 +107,24 @@ def flagging_safety_checker():
     return checker, processor
 
 
+def test_text_encoding_and_decode_are_one_batched_call_per_request(sd_pipe, record_calls, calls_of):
+    """Text encoding and the VAE decode run once per pipeline call, over all its rows, not once per prompt or image: given two prompts with `num_images_per_prompt=2` and guidance on, `StableDiffusionPipeline` calls its text encoder once on both prompts and once more on both negative prompts, the UNet on 8 rows per step, and `vae.decode` once, on all 4 `latents` rows, with one forward pass of the VAE's decoder."""
+    from tiny import tiny_tokenizer
+
+    pipe = sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
+    encoder = record_calls(pipe.text_encoder).calls
+    unet = record_calls(pipe.unet).calls
+    decoder = record_calls(pipe.vae.decoder).calls
+    decodes = calls_of(pipe.vae, "decode")
+    with torch.no_grad():
+        images = pipe(["a cat", "a dog"], num_images_per_prompt=2, guidance_scale=7.5,
+                      num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="pt").images  # fmt: skip
+    assert images.shape[0] == 4
+    assert [args[0].shape for args, _ in encoder] == [(2, 77), (2, 77)]
+    assert [args[0].shape[0] for args, _ in unet] == [8, 8]
+    assert [args[0].shape[0] for args, _ in decodes] == [4] and len(decoder) == 1
+
+
 def test_split_decode_skips_the_safety_checker(sd_pipe):
     """Decoding `output_type="latent"` output separately gives a full call's image only without a safety checker: with one (SD 1.5 ships one), a full call runs `run_safety_checker` and returns a flagged image black, while `vae.decode` and `postprocess` alone return it; the decode stage matches the full call when it runs `pipe.run_safety_checker` and passes its flags to `postprocess` as `do_denormalize`."""
     checker, processor = flagging_safety_checker()
