@@ -240,11 +240,14 @@ def prebuild(plugin, files) -> None:
         _threads.append(thread)
 
 
-def wait_for(path: str) -> None:
-    """Block until the worker rendering ``path`` is done (nothing if none is)."""
+def wait_for(path: str) -> BaseException | None:
+    """Block until the worker rendering ``path`` is done (nothing if none is); return what
+    went wrong in the worker, if anything. A failure is not raised here: the build renders
+    the page itself and reports the real error (under ``mkdocs serve``, the page shows it)."""
     future = _jobs.get(path)
     if future is not None and not future.cancelled():
-        future.exception()  # a failure is not raised here: the page renders it itself
+        return future.exception()
+    return None
 
 
 def finish() -> None:

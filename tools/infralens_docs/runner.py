@@ -101,6 +101,15 @@ def _execute(source: Path, args: list[str] | tuple[str, ...]) -> subprocess.Comp
     )
 
 
+class StarterError(RuntimeError):
+    """A starter run the build needed exited non-zero (or saved no figures); its
+    ``stderr`` is kept whole, for the error box a served page shows (``serving``)."""
+
+    def __init__(self, message: str, command: str, returncode: int, stderr: str) -> None:
+        super().__init__(message)
+        self.command, self.returncode, self.stderr = command, returncode, stderr
+
+
 class Zygote:
     """A client of one ``infralens_docs.zygote`` process (see that module): the same
     run as :func:`_execute`, without the interpreter start-up. One run at a time per
@@ -152,7 +161,12 @@ def _execute_for_build(source: Path, args: list[str] | tuple[str, ...]):
     if zygote is None or zygote.proc.poll() is not None:
         zygote = _zygotes.zygote = Zygote()
         _ALL_ZYGOTES.append(zygote)
-    return zygote.run(source, args)
+    try:
+        return zygote.run(source, args)
+    except (RuntimeError, OSError):
+        # the zygote died before it could run anything: labkit itself fails to import (a
+        # reader's edit under `mkdocs serve`); a fresh interpreter reports that error
+        return _execute(source, args)
 
 
 _ALL_ZYGOTES: list[Zygote] = []
@@ -207,9 +221,12 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
     proc = _execute_for_build(source, [*args, "--figures", str(tmp)])
     if proc.returncode != 0 or not (tmp / "figures.json").is_file():
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(
+        raise StarterError(
             f"`{command} --figures DIR` exited {proc.returncode} without figures: "
-            f"{proc.stderr.strip()[-500:]}"
+            f"{proc.stderr.strip()[-500:]}",
+            f"{command} --figures DIR",
+            proc.returncode,
+            proc.stderr,
         )
     if directory.exists() and not (directory / "figures.json").is_file():
         shutil.rmtree(directory, ignore_errors=True)  # a folder left without its manifest
