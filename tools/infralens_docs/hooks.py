@@ -308,7 +308,12 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     prefetch(jobs)
     jupyter = config.plugins.get("mkdocs-jupyter")
     if jupyter is not None:
-        notebooks.prebuild(jupyter, files)
+        if serving.SERVING and hasattr(jupyter, "_used_cache_paths"):
+            # mkdocs-jupyter evicts the entries a build did not use: while a starter is
+            # broken, that was its last good page, rendered again once the line is fixed
+            base = Path(jupyter.config["cache_dir"])
+            jupyter._used_cache_paths.update(base.glob("*.json") if base.is_dir() else [])
+        notebooks.prebuild(jupyter, files, serving=serving.SERVING)
     return files
 
 
