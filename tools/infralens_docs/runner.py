@@ -74,8 +74,12 @@ def starter_env() -> dict[str, str]:
 
 
 def _key(command: str, source: Path, extra: str = "") -> str:
-    """Everything that can change a starter's output, hashed."""
-    parts = [command, source.read_text(encoding="utf-8"), labkit_digest(), sys.version]
+    """Everything that can change a starter's output, hashed: its own source and the other
+    Python files beside it (lab 17's ``--solution`` runs load ``solution.py``), labkit's."""
+    beside = sorted(p for p in source.parent.glob("*.py") if p != source)
+    own = [source.read_text(encoding="utf-8")]
+    own += [f"{p.name}\0{p.read_text(encoding='utf-8')}" for p in beside]
+    parts = [command, "\0".join(own), labkit_digest(), sys.version]
     return hashlib.sha256(json.dumps([*parts, version("numpy"), extra]).encode()).hexdigest()
 
 
