@@ -341,6 +341,16 @@ def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
     """A notebook page being rendered by a prebuild worker waits for it first, then
     renders through mkdocs-jupyter (which finds the worker's entry in its cache)."""
     render = page.render
+    if serving.SERVING and not page.file.src_uri.startswith("code/"):
+        # a Markdown page: under serve, its HTML is reused when nothing it depends on changed
+
+        def render_served(config: MkDocsConfig, files: Files) -> None:
+            key = serving.render_key(page, _build_key(config, files))
+            serving.render_cached(page, config, files, render, key)
+
+        page.render = render_served  # type: ignore[method-assign]
+        _edit_starter_not_docs(page, config)
+        return page
 
     def render_when_prebuilt(config: MkDocsConfig, files: Files) -> None:
         failed = notebooks.wait_for(page.file.abs_src_path)
@@ -358,6 +368,17 @@ def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
     page.render = render_when_prebuilt  # type: ignore[method-assign]
     _edit_starter_not_docs(page, config)
     return page
+
+
+_BUILD_KEY: dict[int, str] = {}
+
+
+def _build_key(config: MkDocsConfig, files: Files) -> str:
+    """``serving.build_key`` once per build (its files are one object per build)."""
+    if id(files) not in _BUILD_KEY:
+        _BUILD_KEY.clear()
+        _BUILD_KEY[id(files)] = serving.build_key(config, files)
+    return _BUILD_KEY[id(files)]
 
 
 def _notebook_failed(page: Page, error: BaseException) -> None:
@@ -723,7 +744,8 @@ def on_post_build(config: MkDocsConfig) -> None:
     close_zygotes()
     search_cache.evict_unused()
     later_cache.evict_unused()
-    highlight_cache.save()
+    highlight_cache.save(keep=serving.SERVING)  # (served pages may skip their highlighting)
+    _BUILD_KEY.clear()
     site = Path(config.site_dir)
     for dest, source in GENERATED_FILES.items():
         target = site / dest

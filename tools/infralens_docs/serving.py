@@ -25,6 +25,8 @@ Lab 17 asks the reader to edit a starter with the site served. Two things made t
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import html
 import logging
 import re
@@ -185,6 +187,76 @@ def report(where: str, failures: list[Failure]) -> None:
             failure.message,
             WHAT_TO_DO.lower().rstrip("."),
         )
+
+
+# --------------------------------------------------------------------------- renders
+
+#: Under ``serve``: each Markdown page's last render, by page, with the key it was made for.
+_RENDERS: dict[str, tuple[str, dict]] = {}
+SNIPPET_RE = re.compile(r'--8<--\s*"([^"]+)"')
+
+
+def render_key(page, build_key: str) -> str | None:
+    """What a Markdown page's HTML depends on: its Markdown (directives expanded), its
+    URL, the files its snippets include, and ``build_key`` (mkdocs.yml, the appended
+    glossary, every file's URL). None if a snippet's file cannot be read (the render
+    reports it)."""
+    h = hashlib.sha256(f"{build_key}\0{page.file.src_uri}\0{page.url}\0".encode())
+    h.update(page.markdown.encode("utf-8"))
+    for target in sorted(set(SNIPPET_RE.findall(page.markdown))):
+        try:
+            h.update(b"\0" + target.encode() + b"\0" + (ROOT / target.split(":")[0]).read_bytes())
+        except OSError:
+            return None
+    return h.hexdigest()
+
+
+def build_key(config, files) -> str:
+    h = hashlib.sha256()
+    if config.config_file_path:
+        h.update(Path(config.config_file_path).read_bytes())
+    for path in ROOT.glob("includes/*"):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for file in files:
+        h.update(f"\0{file.src_uri}\0{file.url}".encode())
+    return h.hexdigest()
+
+
+def render_cached(page, config, files, render, key: str | None) -> None:
+    """``render(config, files)``, or its last result for the same key (``serve`` only:
+    a rebuild after a starter's edit converts only the Markdown that changed; what mkdocs
+    reads from a render, anchors for validation included, is restored)."""
+    uri = page.file.src_uri
+    found = _RENDERS.get(uri)
+    if key is not None and found is not None and found[0] == key:
+        kept = found[1]
+        page.content = kept["content"]
+        page.toc = copy.deepcopy(kept["toc"])
+        page._title_from_render = kept["title"]
+        page.present_anchor_ids = set(kept["anchors"])
+        links = {}
+        for target, anchors in kept["links"].items():
+            target_file = files.get_file_from_path(target)
+            if target_file is None:  # (the build key holds every file: not reached)
+                render(config, files)
+                return
+            links[target_file] = dict(anchors)
+        page.links_to_anchors = links if kept["links"] is not None else None
+        return
+    render(config, files)
+    if key is None:
+        return
+    links = getattr(page, "links_to_anchors", None)
+    _RENDERS[uri] = (
+        key,
+        {
+            "content": page.content,
+            "toc": copy.deepcopy(page.toc),
+            "title": page._title_from_render,
+            "anchors": set(page.present_anchor_ids or ()),
+            "links": None if links is None else {f.src_uri: dict(a) for f, a in links.items()},
+        },
+    )
 
 
 # --------------------------------------------------------------------------- server
