@@ -21,6 +21,10 @@ Lab 17 asks the reader to edit a starter with the site served. Two things made t
   last good pages served. mkdocs itself is not changed; if its server no longer has the
   attributes this relies on, the wrapper is not installed and serving works as mkdocs
   does.
+- **A save rebuilt everything.** The starters' runs and notebook pages were already cached
+  on their sources (``runner``, ``notebooks``), so a save re-ran only the edited starter's
+  lab; but every Markdown page was converted again. Under ``serve`` a page's render is
+  reused while nothing it depends on changed (:func:`render_cached`).
 """
 
 from __future__ import annotations
