@@ -42,11 +42,23 @@ class Run:
 
 
 def labkit_digest() -> str:
-    """Hash of the shared package's sources: a change there can change every output."""
-    h = hashlib.sha256()
+    """Hash of the shared package's sources: a change there can change every output.
+
+    Every cached run's key holds it (hundreds per build): the files are read again only
+    when one's size, modification time or inode changed (``_labkit_digest``)."""
+    files = []
     for path in sorted((ROOT / "code" / "labkit").rglob("*")):
-        if not path.is_file() or path.suffix not in {".py", ".json"}:
+        if path.suffix not in {".py", ".json"} or not path.is_file():
             continue  # sources and data (model_sizes.json), not __pycache__
+        stat = path.stat()
+        files.append((path, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return _labkit_digest(tuple(files))
+
+
+@functools.lru_cache(maxsize=4)
+def _labkit_digest(files: tuple[tuple[Path, int, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for path, *_ in files:
         h.update(path.relative_to(ROOT).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()
