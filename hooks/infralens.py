@@ -10,6 +10,9 @@ from infralens_docs.hooks import (
     on_post_build,
     on_post_page,
     on_pre_page,
+    on_serve,
+    on_shutdown,
+    on_startup,
 )
 
 __all__ = [
@@ -22,4 +25,7 @@ __all__ = [
     "on_post_build",
     "on_post_page",
     "on_pre_page",
+    "on_serve",
+    "on_shutdown",
+    "on_startup",
 ]

@@ -36,7 +36,8 @@ from mkdocs.structure.pages import Page
 
 from infralens_docs import claims, glossary, paths
 from infralens_docs.registry import ROOT, Lab, read_front_matter
-from infralens_docs.runner import run_starter, starter_figures
+from infralens_docs.runner import StarterError, run_starter, starter_figures
+from infralens_docs.serving import StarterRunError, describe
 
 #: Figure files the pages use, site-relative destination -> generated source. The
 #: ``on_post_build`` hook copies them into the site (SVGs are inlined instead).
@@ -59,6 +60,11 @@ class Context:
 
     def fail(self, message: str) -> PluginError:
         return PluginError(f"{self.where}: {message}")
+
+    def starter_failed(self, message: str, command: str, stderr: str, code: int) -> StarterRunError:
+        """A starter the page runs failed: the build fails with ``message``; under
+        ``mkdocs serve`` the page shows the error instead (``hooks.on_page_markdown``)."""
+        return StarterRunError(f"{self.where}: {message}", describe(command, stderr, code))
 
 
 def is_page(path) -> bool:
@@ -104,13 +110,17 @@ def run(ctx: Context, args: list[str]) -> str:
     result = run_starter(starter, flags)
     if expect_error:
         if result.returncode == 0 or result.stdout or len(result.stderr.strip().splitlines()) != 1:
-            raise ctx.fail(f"`{result.command}` should fail with one line")
+            raise ctx.starter_failed(
+                f"`{result.command}` should fail with one line",
+                result.command, result.stderr, result.returncode,
+            )  # fmt: skip
         shown = f"$ {result.command}\n{result.stderr.rstrip()}\n$ echo $?\n{result.returncode}"
     else:
         if result.returncode != 0 or result.stderr:
-            raise ctx.fail(
-                f"`{result.command}` exited {result.returncode}: {result.stderr.strip()}"
-            )
+            raise ctx.starter_failed(
+                f"`{result.command}` exited {result.returncode}: {result.stderr.strip()}",
+                result.command, result.stderr, result.returncode,
+            )  # fmt: skip
         shown = f"$ {result.command}\n{result.stdout.rstrip()}"
     return f"```console\n{shown}\n```"
 
@@ -266,6 +276,8 @@ def figure(ctx: Context, args: list[str]) -> str:
     starter, name, flags = args[0], args[1], args[2:]
     try:
         directory = starter_figures(starter, flags)
+    except StarterError as exc:
+        raise ctx.starter_failed(str(exc), exc.command, exc.stderr, exc.returncode) from exc
     except (FileNotFoundError, RuntimeError) as exc:
         raise ctx.fail(str(exc)) from exc
     manifest = json.loads((directory / "figures.json").read_text(encoding="utf-8"))

@@ -64,11 +64,14 @@ def install() -> None:
     module.highlight = highlight
 
 
-def save() -> None:
-    """Write the blocks this build used (only those: the file does not grow forever)."""
-    if not _used or _used == _store:
+def save(keep: bool = False) -> None:
+    """Write the blocks this build used (only those: the file does not grow forever);
+    ``keep``, those it loaded too (under ``mkdocs serve``, a page whose render is reused
+    highlights nothing)."""
+    used = {**_store, **_used} if keep else _used
+    if not used or used == _store:
         return
     CACHE_FILE.parent.mkdir(parents=True, exist_ok=True)
     tmp = CACHE_FILE.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_used, sort_keys=True), encoding="utf-8")
+    tmp.write_text(json.dumps(used, sort_keys=True), encoding="utf-8")
     tmp.replace(CACHE_FILE)

@@ -18,17 +18,20 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   CSS and their MathJax / Mermaid CDN scripts (styles come from site.css) and
   turns their code cells into Material code blocks; splits long code blocks into runs
   of lines and marks the blocks well below the first screen, which the browser may
-  render after load (``later.mark_later``).
+  render after load (``later.mark_later``, through ``later_cache``).
 - ``on_post_page``: names Material's search dialog and defers its bundle
   (accessibility and render-blocking fixes, without copying a template).
 - ``on_post_build``: copies the figure files the pages reference into the site, and
   stops the build's kernel, workers and zygotes.
+- ``on_startup`` / ``on_serve`` / ``on_shutdown``: under ``mkdocs serve`` a failing starter
+  shows its error on its own pages instead of failing the build, and requests are answered
+  from the last good build while the next one runs (``infralens_docs.serving``).
 
 ``on_config`` also routes Material's search indexing and Pygments' highlighting of
 code blocks through caches kept between builds (``search_cache``, ``highlight_cache``).
 
 Any directive it does not know, any starter that exits non-zero and any TeX it
-cannot render fails the build.
+cannot render fails the build (a starter under ``mkdocs serve``: see ``serving``).
 """
 
 from __future__ import annotations
@@ -55,9 +58,18 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
+from mkdocs.structure.toc import get_toc
 from mkdocs.utils import get_relative_url
 
-from infralens_docs import highlight_cache, notebooks, paths, search_cache, search_terms
+from infralens_docs import (
+    highlight_cache,
+    later_cache,
+    notebooks,
+    paths,
+    search_cache,
+    search_terms,
+    serving,
+)
 from infralens_docs.directives import (
     DIRECTIVES,
     GENERATED_FILES,
@@ -66,7 +78,6 @@ from infralens_docs.directives import (
     is_page,
     page_dir,
 )
-from infralens_docs.later import mark_later
 from infralens_docs.mathml import MathError, render_math
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
 from infralens_docs.runner import (
@@ -77,6 +88,7 @@ from infralens_docs.runner import (
     finish_prefetch,
     labkit_digest,
     prefetch,
+    run_starter,
     starter_figures,
 )
 
@@ -97,9 +109,24 @@ def offline_build() -> bool:
     return os.environ.get("INFRALENS_OFFLINE") == "1"
 
 
+def on_startup(*, command: str, dirty: bool) -> None:
+    serving.on_startup(command)
+
+
+def on_serve(server, config: MkDocsConfig, builder):
+    return serving.on_serve(server, config, builder)
+
+
+def on_shutdown() -> None:
+    serving.on_shutdown()
+
+
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
     global _labs
     GENERATED_FILES.clear()
+    serving.FAILED_PAGES.clear()
+    if serving.site_dir_override():  # a served rebuild, beside the pages being served
+        config.site_dir = serving.site_dir_override()
     try:
         _labs = load_labs()
     except RegistryError as exc:
@@ -289,7 +316,12 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     prefetch(jobs)
     jupyter = config.plugins.get("mkdocs-jupyter")
     if jupyter is not None:
-        notebooks.prebuild(jupyter, files)
+        if serving.SERVING and hasattr(jupyter, "_used_cache_paths"):
+            # mkdocs-jupyter evicts the entries a build did not use: while a starter is
+            # broken, that was its last good page, rendered again once the line is fixed
+            base = Path(jupyter.config["cache_dir"])
+            jupyter._used_cache_paths.update(base.glob("*.json") if base.is_dir() else [])
+        notebooks.prebuild(jupyter, files, serving=serving.SERVING)
     return files
 
 
@@ -317,14 +349,58 @@ def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
     """A notebook page being rendered by a prebuild worker waits for it first, then
     renders through mkdocs-jupyter (which finds the worker's entry in its cache)."""
     render = page.render
+    if serving.SERVING and not page.file.src_uri.startswith("code/"):
+        # a Markdown page: under serve, its HTML is reused when nothing it depends on changed
+
+        def render_served(config: MkDocsConfig, files: Files) -> None:
+            key = serving.render_key(page, _build_key(config, files))
+            serving.render_cached(page, config, files, render, key)
+
+        page.render = render_served  # type: ignore[method-assign]
+        _edit_starter_not_docs(page, config)
+        return page
 
     def render_when_prebuilt(config: MkDocsConfig, files: Files) -> None:
-        notebooks.wait_for(page.file.abs_src_path)
-        render(config, files)
+        failed = notebooks.wait_for(page.file.abs_src_path)
+        if serving.SERVING and failed is not None:
+            # its worker could not render it; rendering here would fail the same way
+            _notebook_failed(page, failed)
+            return
+        try:
+            render(config, files)
+        except Exception as exc:
+            if not serving.SERVING:
+                raise
+            _notebook_failed(page, exc)
 
     page.render = render_when_prebuilt  # type: ignore[method-assign]
     _edit_starter_not_docs(page, config)
     return page
+
+
+_BUILD_KEY: dict[int, str] = {}
+
+
+def _build_key(config: MkDocsConfig, files: Files) -> str:
+    """``serving.build_key`` once per build (its files are one object per build)."""
+    if id(files) not in _BUILD_KEY:
+        _BUILD_KEY.clear()
+        _BUILD_KEY[id(files)] = serving.build_key(config, files)
+    return _BUILD_KEY[id(files)]
+
+
+def _notebook_failed(page: Page, error: BaseException) -> None:
+    """Under ``serve``: the page of a starter that fails is its error box."""
+    starter = page.file.src_uri
+    run = run_starter(starter, [])  # its terminal run names the file and the line
+    if run.returncode != 0:
+        failure = serving.describe(run.command, run.stderr, run.returncode)
+    else:  # fails as a notebook only: the kernel's traceback
+        failure = serving.describe(f"the notebook of {starter}", str(error))
+    serving.report(starter, [failure])
+    serving.FAILED_PAGES.add(starter)
+    page.content = serving.notebook_error_html(starter, failure)
+    page.toc = get_toc([])
 
 
 def _edit_starter_not_docs(page: Page, config: MkDocsConfig) -> None:
@@ -345,18 +421,36 @@ def _edit_starter_not_docs(page: Page, config: MkDocsConfig) -> None:
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     ctx = Context(page=page, config=config, labs=_labs)
+    failures: list[serving.Failure] = []
 
     def expand(match: re.Match) -> str:
         name, args = match.group("name"), shlex.split(match.group("args"))
         if name not in DIRECTIVES:
             raise ctx.fail(f"unknown directive infralens:{name}")
         indent = match.group("indent")
-        out = DIRECTIVES[name](ctx, args)
+        try:
+            out = DIRECTIVES[name](ctx, args)
+        except serving.StarterRunError as exc:
+            if not serving.SERVING:
+                raise  # the build fails on it, as it always has
+            failures.append(exc.failure)
+            out = serving.placeholder(exc.failure)
         if not indent:
             return out
         return "\n".join(indent + line if line.strip() else line for line in out.split("\n"))
 
-    return _first_screen(DIRECTIVE_RE.sub(expand, markdown), page, ctx)
+    markdown = _first_screen(DIRECTIVE_RE.sub(expand, markdown), page, ctx)
+    if failures:  # under serve only: the error, where the reader sees it first
+        serving.report(page.file.src_uri, failures)
+        markdown = _after_title_markdown(markdown, serving.error_box(failures))
+    return markdown
+
+
+def _after_title_markdown(markdown: str, block: str) -> str:
+    title = _TITLE_RE.search(markdown)
+    if title is None:
+        return block + markdown
+    return markdown[: title.end()] + "\n\n" + block + markdown[title.end() :]
 
 
 _TITLE_RE = re.compile(r"^# .+$", re.MULTILINE)
@@ -564,7 +658,7 @@ def externalize_notebook_figures(html: str, page: Page) -> str:
 
 def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     if page.file.src_uri.startswith("code/"):
-        if page.file.src_uri.endswith(".py"):
+        if page.file.src_uri.endswith(".py") and page.file.src_uri not in serving.FAILED_PAGES:
             html = clean_notebook_html(html, page.file.src_uri)
             html = externalize_notebook_figures(html, page)
             align_toc_with_headings(html, page)
@@ -576,7 +670,7 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
         html = render_math(html)
     except MathError as exc:
         raise PluginError(f"{page.file.src_uri}: {exc}") from exc
-    return mark_later(html)
+    return later_cache.mark_later(html)
 
 
 # --------------------------------------------------------------------------- page
@@ -658,11 +752,12 @@ def on_post_build(config: MkDocsConfig) -> None:
     notebooks.shutdown_kernel()
     close_zygotes()
     search_cache.evict_unused()
-    highlight_cache.save()
+    later_cache.evict_unused()
+    highlight_cache.save(keep=serving.SERVING)  # (served pages may skip their highlighting)
+    _BUILD_KEY.clear()
     site = Path(config.site_dir)
-    search_terms.tag_sections(
-        site, directory_urls=config.use_directory_urls
-    )  # teaching sections first
+    # each teaching section first in search for its words
+    search_terms.tag_sections(site, directory_urls=config.use_directory_urls)
     for dest, source in GENERATED_FILES.items():
         target = site / dest
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -201,9 +201,12 @@ _queue: queue.Queue = queue.Queue()
 _threads: list[threading.Thread] = []
 
 
-def prebuild(plugin, files) -> None:
+def prebuild(plugin, files, serving: bool = False) -> None:
     """Start rendering, on worker processes, each notebook page ``plugin`` (mkdocs-jupyter)
-    will render whose result is not in its cache yet."""
+    will render whose result is not in its cache yet.
+
+    ``serving`` (``mkdocs serve``): a starter that does not compile gets no worker (nor a
+    kernel): its page shows the error (``hooks.on_pre_page``)."""
     from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path
 
     config = plugin.config
@@ -225,6 +228,13 @@ def prebuild(plugin, files) -> None:
         )
         if cache_path.exists() or path in _jobs:
             continue
+        if serving:
+            try:
+                compile(Path(path).read_bytes(), path, "exec")
+            except (SyntaxError, ValueError) as exc:
+                _jobs[path] = future = Future()
+                future.set_exception(exc)
+                continue
         job = {
             "path": path,
             "cache_path": str(cache_path),
@@ -240,11 +250,14 @@ def prebuild(plugin, files) -> None:
         _threads.append(thread)
 
 
-def wait_for(path: str) -> None:
-    """Block until the worker rendering ``path`` is done (nothing if none is)."""
+def wait_for(path: str) -> BaseException | None:
+    """Block until the worker rendering ``path`` is done (nothing if none is); return what
+    went wrong in the worker, if anything. A failure is not raised here: the build renders
+    the page itself and reports the real error (under ``mkdocs serve``, the page shows it)."""
     future = _jobs.get(path)
     if future is not None and not future.cancelled():
-        future.exception()  # a failure is not raised here: the page renders it itself
+        return future.exception()
+    return None
 
 
 def finish() -> None:

@@ -42,11 +42,23 @@ class Run:
 
 
 def labkit_digest() -> str:
-    """Hash of the shared package's sources: a change there can change every output."""
-    h = hashlib.sha256()
+    """Hash of the shared package's sources: a change there can change every output.
+
+    Every cached run's key holds it (hundreds per build): the files are read again only
+    when one's size, modification time or inode changed (``_labkit_digest``)."""
+    files = []
     for path in sorted((ROOT / "code" / "labkit").rglob("*")):
-        if not path.is_file() or path.suffix not in {".py", ".json"}:
+        if path.suffix not in {".py", ".json"} or not path.is_file():
             continue  # sources and data (model_sizes.json), not __pycache__
+        stat = path.stat()
+        files.append((path, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return _labkit_digest(tuple(files))
+
+
+@functools.lru_cache(maxsize=4)
+def _labkit_digest(files: tuple[tuple[Path, int, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for path, *_ in files:
         h.update(path.relative_to(ROOT).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()
@@ -74,8 +86,12 @@ def starter_env() -> dict[str, str]:
 
 
 def _key(command: str, source: Path, extra: str = "") -> str:
-    """Everything that can change a starter's output, hashed."""
-    parts = [command, source.read_text(encoding="utf-8"), labkit_digest(), sys.version]
+    """Everything that can change a starter's output, hashed: its own source and the other
+    Python files beside it (lab 17's ``--solution`` runs load ``solution.py``), labkit's."""
+    beside = sorted(p for p in source.parent.glob("*.py") if p != source)
+    own = [source.read_text(encoding="utf-8")]
+    own += [f"{p.name}\0{p.read_text(encoding='utf-8')}" for p in beside]
+    parts = [command, "\0".join(own), labkit_digest(), sys.version]
     return hashlib.sha256(json.dumps([*parts, version("numpy"), extra]).encode()).hexdigest()
 
 
@@ -99,6 +115,15 @@ def _execute(source: Path, args: list[str] | tuple[str, ...]) -> subprocess.Comp
         text=True,
         timeout=120,
     )
+
+
+class StarterError(RuntimeError):
+    """A starter run the build needed exited non-zero (or saved no figures); its
+    ``stderr`` is kept whole, for the error box a served page shows (``serving``)."""
+
+    def __init__(self, message: str, command: str, returncode: int, stderr: str) -> None:
+        super().__init__(message)
+        self.command, self.returncode, self.stderr = command, returncode, stderr
 
 
 class Zygote:
@@ -152,7 +177,12 @@ def _execute_for_build(source: Path, args: list[str] | tuple[str, ...]):
     if zygote is None or zygote.proc.poll() is not None:
         zygote = _zygotes.zygote = Zygote()
         _ALL_ZYGOTES.append(zygote)
-    return zygote.run(source, args)
+    try:
+        return zygote.run(source, args)
+    except (RuntimeError, OSError):
+        # the zygote died before it could run anything: labkit itself fails to import (a
+        # reader's edit under `mkdocs serve`); a fresh interpreter reports that error
+        return _execute(source, args)
 
 
 _ALL_ZYGOTES: list[Zygote] = []
@@ -207,9 +237,12 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
     proc = _execute_for_build(source, [*args, "--figures", str(tmp)])
     if proc.returncode != 0 or not (tmp / "figures.json").is_file():
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(
+        raise StarterError(
             f"`{command} --figures DIR` exited {proc.returncode} without figures: "
-            f"{proc.stderr.strip()[-500:]}"
+            f"{proc.stderr.strip()[-500:]}",
+            f"{command} --figures DIR",
+            proc.returncode,
+            proc.stderr,
         )
     if directory.exists() and not (directory / "figures.json").is_file():
         shutil.rmtree(directory, ignore_errors=True)  # a folder left without its manifest
