@@ -383,10 +383,12 @@ def arch(config):
     return config.get("architectures", [config.get("_class_name")])[0]
 
 
-# the schedulers that step a flow model's velocity to sigma 0 in diffusers 0.42.1 (DEIS,
-# SA-Solver and the inverse DPM-Solver take the flow flags too, but stop short of sigma 0)
+# the scheduler classes whose defaults step SD3's velocity to sigma 0 in diffusers 0.42.1, the
+# solvers once set to flow sigmas (DEIS, SA-Solver and the inverse DPM-Solver take the flow
+# flags too, but stop short of sigma 0); the tests run every class diffusers exports
 FLOW_MATCH = ["FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler",
-              "FlowMatchLCMScheduler"]  # fmt: skip
+              "FlowMatchLCMScheduler", "FlowMapEulerDiscreteScheduler",
+              "LTXEulerAncestralRFScheduler"]  # fmt: skip
 FLOW_SOLVERS = ["DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler",
                 "UniPCMultistepScheduler"]  # fmt: skip
 
@@ -433,18 +435,24 @@ def check(components, shipped_scheduler):
     if ship["_class_name"].startswith("FlowMatch"):  # the output is a velocity: FLOW_MATCH
         # steps it, or FLOW_SOLVERS set to flow sigmas and flow_prediction
         name, want = sched["_class_name"], "a scheduler that steps a velocity"
-        ok = name in FLOW_MATCH or (
+        ok = (name in FLOW_MATCH and not sched.get("invert_sigmas")) or (  # inverted: to noise
             name in FLOW_SOLVERS
             and sched.get("use_flow_sigmas") is True
             and sched.get("prediction_type") == "flow_prediction"
+            and sched.get("final_sigmas_type", "zero") == "zero"  # "sigma_min" stops short
         )
+        # given mu (SD3 passes it under use_dynamic_shifting), a DPM-Solver asserts exponential
+        if name.startswith("DPMSolver") and sched.get("use_dynamic_shifting"):
+            ok = ok and sched.get("time_shift_type", "exponential") == "exponential"
         if den["_class_name"] == "FluxTransformer2DModel":  # FluxPipeline's set_timesteps call
-            # passes mu, and sigmas unless use_flow_sigmas: FlowMatchHeun takes no sigmas, and
-            # a DPM-Solver given mu asserts use_dynamic_shifting (UniPC ignores mu without it)
+            # passes mu, and sigmas unless use_flow_sigmas: FlowMatchHeun takes no sigmas,
+            # FlowMapEuler no mu, LTX's rejects NumPy sigmas, and a DPM-Solver given mu
+            # asserts use_dynamic_shifting (UniPC ignores mu without it)
             want += ", as FluxPipeline calls it"
+            rejects = ["FlowMatchHeunDiscreteScheduler", *FLOW_MATCH[3:]]  # FlowMap, LTX
             ok = (
                 ok
-                and name != "FlowMatchHeunDiscreteScheduler"
+                and name not in rejects
                 and (not name.startswith("DPMSolver") or sched.get("use_dynamic_shifting") is True)
             )
         results.append(("objective", f"scheduler {name}", want, ok))

@@ -16,6 +16,7 @@ from tiny import (
     FLUX_VAE_FACTORS,
     HEIGHT,
     SD_BETAS,
+    SD_SCHEDULER,
     WIDTH,
     dit_embeds,
     embeds,
@@ -159,6 +160,45 @@ def test_one_vae_decode_per_call_whatever_the_batch(record_calls):
             images = pipe(**kwargs, guidance_scale=1.0, num_inference_steps=1, height=HEIGHT,
                           width=WIDTH, output_type="np").images  # fmt: skip
         assert len(images) == 2 and rows == [2] and len(forwards) == 1, (name, rows)
+
+
+def test_text_to_image_calls_the_denoiser_once_per_timestep_at_default_settings(record_calls):
+    """In text-to-image at default settings (each pipeline's own `guidance_scale`), `StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` call the denoiser `len(scheduler.timesteps)` times and `vae.decode` at most once: not at all with `output_type="latent"`. Not beyond that: `StableDiffusionImg2ImgPipeline` at `strength=0.5` runs the UNet on 2 of its 4 timesteps, and `StableDiffusion3Pipeline` with `skip_guidance_layers=[0]` (over the whole loop) makes 7 transformer calls at 4 steps."""
+    from diffusers import DDIMScheduler, EulerDiscreteScheduler, StableDiffusionImg2ImgPipeline
+
+    euler = EulerDiscreteScheduler(**SD_BETAS, steps_offset=1)
+    (t3, p3), (n3, np3) = dit_embeds(1), dit_embeds(2)
+    sd3_kwargs = dict(prompt_embeds=t3, pooled_prompt_embeds=p3, negative_prompt_embeds=n3,
+                      negative_pooled_prompt_embeds=np3)  # fmt: skip
+    sd3 = tiny_sd3_pipeline_16ch()
+    cases = [  # prompt_embeds (and the negative pair the default guidance needs), no guidance_scale
+        (tiny_sd_pipeline(), dict(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2))),
+        (tiny_sdxl_pipeline(euler, unet=tiny_sdxl_unet(pooled=20), add_watermarker=False),
+         dict(prompt_embeds=embeds(1), pooled_prompt_embeds=torch.randn(1, 20))),
+        (sd3, sd3_kwargs),
+        (tiny_flux_pipeline(vae_seed=0, vae_config=FLUX_VAE_FACTORS), dict(prompt_embeds=t3, pooled_prompt_embeds=p3)),
+    ]  # fmt: skip
+    run = dict(num_inference_steps=3, height=HEIGHT, width=WIDTH, output_type="latent")
+    for pipe, kwargs in cases:
+        name, decode, decoded = type(pipe).__name__, pipe.vae.decode, []
+        pipe.vae.decode = lambda *a, d=decode, r=decoded, **k: r.append(1) or d(*a, **k)
+        calls = record_calls(pipe.unet if hasattr(pipe, "unet") else pipe.transformer).calls
+        with torch.no_grad():
+            pipe(**kwargs, **run)
+        assert len(calls) == len(pipe.scheduler.timesteps) >= 3 and decoded == [], name
+    ddim = DDIMScheduler(**SD_SCHEDULER)
+    img2img = StableDiffusionImg2ImgPipeline(**tiny_sd_pipeline(ddim).components)
+    img2img.set_progress_bar_config(disable=True)
+    calls = record_calls(img2img.unet).calls
+    with torch.no_grad():
+        img2img(prompt_embeds=embeds(1), image=torch.rand(1, 3, HEIGHT, WIDTH), strength=0.5,
+                num_inference_steps=4, guidance_scale=1.0, output_type="latent")  # fmt: skip
+    assert (len(calls), len(img2img.scheduler.timesteps)) == (2, 4)
+    calls = record_calls(sd3.transformer).calls
+    with torch.no_grad():
+        sd3(**sd3_kwargs, **{**run, "num_inference_steps": 4}, skip_guidance_layers=[0],
+            skip_layer_guidance_start=0.0, skip_layer_guidance_stop=1.0)  # fmt: skip
+    assert (len(calls), len(sd3.scheduler.timesteps)) == (7, 4)
 
 
 def test_two_calls_with_the_same_inputs_give_the_same_result(pipe):
