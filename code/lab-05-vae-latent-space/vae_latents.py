@@ -100,13 +100,13 @@ def table(title, header, rows):
 # assumes data of variance about 1: `x_t = sqrt(alpha_bar_t) x_0 + sqrt(1 - alpha_bar_t) eps`.
 # So latent diffusion multiplies by `scaling_factor = 1 / std(latents)` (one scalar,
 # measured on training latents; SD 1.x's is 0.18215) before the denoiser, and divides
-# by it before `decode`. SD3 and Flux also subtract a `shift_factor` first.
+# by it before `decode`. SD3 and Flux.1 also subtract a `shift_factor` first.
 
 # %%
 # --8<-- [start:scaling]
 scaling_factor = vae.config.scaling_factor  # 1 / std of the training latents
 latents = latents_raw * scaling_factor  # what the denoiser is trained on and samples
-shift_factor = latents_raw.mean()  # what fit(..., shift=True) records; SD3/Flux subtract it
+shift_factor = latents_raw.mean()  # what fit(..., shift=True) records; SD3/Flux.1 subtract it
 # --8<-- [end:scaling]
 
 per_channel = " ".join(f"{s:.3f}" for s in latents_raw.std(axis=(0, 2, 3))[:4])

@@ -39,7 +39,7 @@ def test_latents_are_downsampled_by_two_per_extra_block(blocks):
 
 
 def test_sixteen_latent_channels():
-    """`latent_channels=16` (the SD3 and Flux layout) gives latents `(B, 16, H/8, W/8)`; the encoder's last convolution outputs twice that, a mean and a log-variance per channel."""
+    """`latent_channels=16` (the SD3 and Flux.1 layout) gives latents `(B, 16, H/8, W/8)`; the encoder's last convolution outputs twice that, a mean and a log-variance per channel."""
     vae = narrow_vae(latent_channels=16)
     with torch.no_grad():
         latents = vae.encode(images()).latent_dist.mean
@@ -48,7 +48,7 @@ def test_sixteen_latent_channels():
 
 
 def test_scaling_factor_default_and_shift_factor():
-    """`AutoencoderKL`'s default `vae.config.scaling_factor` is 0.18215 (SD 1.x's value), and its config also has `shift_factor`, `None` by default (SD3 and Flux set one)."""
+    """`AutoencoderKL`'s default `vae.config.scaling_factor` is 0.18215 (SD 1.x's value), and its config also has `shift_factor`, `None` by default (SD3 and Flux.1 set one)."""
     from diffusers import AutoencoderKL
 
     config = AutoencoderKL().config
@@ -73,7 +73,7 @@ def test_latent_dist_is_a_diagonal_gaussian():
 
 
 def test_decoder_walk_matches_the_starter(run_lab):
-    """The starter's `decoder_activation_shapes` gives the output shape of every module of diffusers' VAE `Decoder` (`conv_in`, `mid_block`, each `up_blocks.i.resnets.j` and `upsamplers.0`, `conv_norm_out`, `conv_out`), as hooks on a real four-block decoder record them; the widest is the last upsampler's, `(1, block_out_channels[1], H, W)`, and the last up block runs `block_out_channels[0]` channels at the output resolution."""
+    """The starter's `decoder_activation_shapes` gives the output shape of every module of diffusers' VAE `Decoder` (`conv_in`, `mid_block`, each `up_blocks.i.resnets.j` and `upsamplers.0`, `conv_norm_out`, `conv_out`), as hooks on a real four-block decoder record them; with SD's channel ratios (its `(128, 256, 512, 512)`, scaled down here) the widest is the last upsampler's, `(1, block_out_channels[1], H, W)`, and the last up block runs `block_out_channels[0]` channels at the output resolution."""
     walk_fn = run_lab(LAB05)["decoder_activation_shapes"]
     block_out_channels, size = (8, 16, 32, 32), 64
     vae = narrow_vae(block_out_channels, layers_per_block=2, norm_num_groups=8)
@@ -169,7 +169,7 @@ def test_img2img_encodes_a_sample_times_scaling_factor():
 
 
 def test_text_to_image_never_encodes(sd_pipe, record_calls):
-    """Text-to-image never runs the VAE encoder: `StableDiffusionPipeline` starts from noise of latent shape and calls only the decoder, once for an image output."""
+    """`StableDiffusionPipeline` never runs the VAE encoder for text-to-image: it starts from noise of latent shape and calls only the decoder, once for an image output."""
     encoder, decoder = record_calls(sd_pipe.vae.encoder), record_calls(sd_pipe.vae.decoder)
     sd_pipe(
         prompt_embeds=torch.randn(1, 77, 32, generator=torch.Generator().manual_seed(1)),
@@ -178,13 +178,24 @@ def test_text_to_image_never_encodes(sd_pipe, record_calls):
     assert encoder.calls == [] and len(decoder.calls) == 1
 
 
-def test_text_to_image_decode_is_deterministic_with_autoencoderkl():
-    """With `AutoencoderKL` the decode is deterministic: through `StableDiffusionPipeline.__call__` (DDIM, eta 0), the same `latents` with another `generator` give the same image. The pipeline passes its `generator` to `vae.decode`, and a `ConsistencyDecoderVAE` in its place samples there, so its images differ."""
+def test_autoencoderkl_decode_draws_no_noise():
+    """`AutoencoderKL`'s decode draws no noise: through `StableDiffusionPipeline.__call__` (DDIM, eta 0), the same `latents` with another `generator` give the same image. The pipeline passes its `generator` to `vae.decode`, and a `ConsistencyDecoderVAE` in its place samples there, so its images differ."""
     from tiny import decode_randomness, narrow_vae, tiny_consistency_decoder_vae
 
     assert decode_randomness(narrow_vae((8, 16))) == (0.0, 0.0)
     other_seed, same_seed = decode_randomness(tiny_consistency_decoder_vae())
     assert other_seed > 1e-2 and same_seed == 0.0
+
+
+def test_sd3_and_flux_controlnets_sample_the_control_image_with_the_vae():
+    """`latent_dist.sample(...)` is drawn only where an image is encoded: training, image-to-image, inpainting, and the control image of SD3's ControlNets and Flux.1's InstantX-layout ones, which therefore do add the VAE's randomness (SD3's from the global RNG, not `generator`): through `__call__` with the same `latents` every call, `StableDiffusion3ControlNetPipeline` and `FluxControlNetPipeline` with an InstantX-layout ControlNet (no `input_hint_block`) run the VAE encoder once per call; another `torch.manual_seed` changes SD3's image and another `generator` does not, and the reverse for Flux.1's."""
+    from tiny import controlnet_control_image_sampling
+
+    seen = controlnet_control_image_sampling()
+    encoder_runs, other_global_seed, other_generator = seen["SD3"]
+    assert encoder_runs == 1 and other_global_seed > 1e-2 and other_generator == 0.0
+    encoder_runs, other_global_seed, other_generator = seen["Flux.1"]
+    assert encoder_runs == 1 and other_generator > 1e-2 and other_global_seed == 0.0
 
 
 def test_sd_vae_config_from_the_original_yaml(tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ def test_shape_contract(blocks):
 
 
 def test_sixteen_channel_latents():
-    """With `latent_channels=16`, as in SD3 and Flux, the latents are `(B, 16, H/8, W/8)`, four times the numbers of SD 1.x's at the same size."""
+    """With `latent_channels=16`, as in SD3 and Flux.1, the latents are `(B, 16, H/8, W/8)`, four times the numbers of SD 1.x's at the same size."""
     with torch.no_grad():
         latents = narrow_vae(latent_channels=16).encode(images()).latent_dist.mode()
     assert latents.shape == (2, 16, 4, 4)
@@ -182,6 +182,17 @@ def test_autoencoderkl_decode_adds_no_randomness_to_text_to_image():
     assert other_seed > 1e-2 and same_seed == 0.0
 
 
+def test_sd3_and_flux_controlnets_encode_and_sample_the_control_image():
+    """The encoder runs in training, image-to-image, inpainting and SD3's ControlNets and Flux.1's InstantX-layout ones (on the control image): through `__call__` with a control image and the same `latents` every call, `StableDiffusion3ControlNetPipeline` and `FluxControlNetPipeline` with an InstantX-layout ControlNet (no `input_hint_block`) run the VAE encoder once per call and sample the control image's latents, so there the VAE adds randomness: Flux.1's draws from the pipeline's `generator`, SD3's from the global RNG (another `torch.manual_seed`, another image; another `generator`, the same)."""
+    from tiny import controlnet_control_image_sampling
+
+    seen = controlnet_control_image_sampling()
+    encoder_runs, other_global_seed, other_generator = seen["SD3"]
+    assert encoder_runs == 1 and other_global_seed > 1e-2 and other_generator == 0.0
+    encoder_runs, other_global_seed, other_generator = seen["Flux.1"]
+    assert encoder_runs == 1 and other_generator > 1e-2 and other_global_seed == 0.0
+
+
 def test_decoding_undivided_latents_raises_nothing():
     """Forgetting the division raises no error: `AutoencoderKL.decode` accepts latents at any scale, and latents not divided by `scaling_factor` decode, with no error or warning, to an image of the same shape, a different one."""
     import warnings
@@ -314,14 +325,19 @@ def test_every_latent_depends_on_the_whole_image():
 
 
 def test_tiled_decoding_is_not_exact():
-    """`enable_tiling()` changes the decoded image, not only the memory: tiles are decoded separately (GroupNorm and attention see one tile) and blended over their overlap, so the result differs from the whole-image decode."""
-    vae = narrow_vae((8, 16), sample_size=16)
+    """`enable_tiling()` changes the decoded image, not only the memory: each tile is decoded alone (its convolutions, GroupNorms and attention see only that tile) and the tiles are blended over their overlap, so the result differs from the whole-image decode, also with the decoder's attention and every GroupNorm removed (the convolutions pad at each tile's edge)."""
     latents = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        whole = vae.decode(latents).sample
-        vae.enable_tiling()
-        tiled = vae.decode(latents).sample
-    assert tiled.shape == whole.shape and (tiled - whole).abs().max() > 1e-3
+    plain = narrow_vae((8, 16), sample_size=16, mid_block_add_attention=False)
+    for module in list(plain.decoder.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.GroupNorm):
+                setattr(module, name, torch.nn.Identity())
+    for vae in (narrow_vae((8, 16), sample_size=16), plain):
+        with torch.no_grad():
+            whole = vae.decode(latents).sample
+            vae.enable_tiling()
+            tiled = vae.decode(latents).sample
+        assert tiled.shape == whole.shape and (tiled - whole).abs().max() > 1e-3
 
 
 def test_decoder_widest_activation_is_at_output_resolution():

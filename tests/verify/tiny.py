@@ -1442,3 +1442,99 @@ def self_zeroing_modulations() -> dict:
         "ERNIE-Image": ernie.adaLN_modulation[-1],
         "Kandinsky 5": kandinsky.visual_transformer_blocks[0].visual_modulation.out_layer,
     }
+
+
+def controlnet_control_image_sampling() -> dict[str, tuple[float, float, float]]:
+    """``{"SD3": ..., "Flux.1": ...}``: for a tiny ``StableDiffusion3ControlNetPipeline`` and a
+    tiny ``FluxControlNetPipeline`` (InstantX layout: no ``input_hint_block``) around an
+    ``AutoencoderKL``, each given a control image and the same ``latents``, prompt embeddings
+    and ``generator`` seed on every call: (VAE encoder runs per call, largest image change when
+    only the global seed (``torch.manual_seed``) changes, largest change when only the
+    ``generator`` seed changes). The ControlNets' zero-initialised output layers get random
+    weights, as after training, so the control image reaches the images."""
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxControlNetModel,
+        FluxControlNetPipeline,
+        SD3ControlNetModel,
+        SD3Transformer2DModel,
+        StableDiffusion3ControlNetPipeline,
+    )
+
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2,
+        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
+        caption_projection_dim=16, pooled_projection_dim=16, pos_embed_max_size=16,
+    ).eval()  # fmt: skip
+    sd3_cn = SD3ControlNetModel.from_transformer(
+        transformer, num_layers=1, num_extra_conditioning_channels=0
+    ).eval()
+    sd3_vae = AutoencoderKL(
+        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=16, layers_per_block=1,
+        norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+        scaling_factor=1.5305, shift_factor=0.0609,
+    ).eval()  # fmt: skip
+    none = {f"{kind}{n}": None for kind in ("text_encoder", "tokenizer") for n in ("", "_2", "_3")}
+    sd3 = StableDiffusion3ControlNetPipeline(
+        transformer=transformer, vae=sd3_vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+        controlnet=sd3_cn, **none,
+    )  # fmt: skip
+    parts = tiny_flux_parts()
+    config = parts["transformer"].config
+    # diffusers 0.42.1's FluxControlNetModel still builds the deprecated embeddings.FluxPosEmbed
+    with pytest.warns(FutureWarning, match="FluxPosEmbed"):
+        flux_cn = FluxControlNetModel(
+            in_channels=64, num_layers=1, num_single_layers=1,
+            attention_head_dim=config.attention_head_dim,
+            num_attention_heads=config.num_attention_heads,
+            joint_attention_dim=config.joint_attention_dim,
+            pooled_projection_dim=config.pooled_projection_dim,
+            axes_dims_rope=list(config.axes_dims_rope),
+        ).eval()  # fmt: skip
+    assert flux_cn.input_hint_block is None  # InstantX layout: the VAE encodes the control image
+    flux = FluxControlNetPipeline(controlnet=flux_cn, **parts)
+    for cn in (sd3_cn, flux_cn):
+        zeroed = [m for n, m in cn.named_modules() if n in ("controlnet_blocks", "pos_embed_input", "controlnet_x_embedder")]  # fmt: skip
+        for p in (p for m in zeroed for p in m.parameters()):
+            torch.nn.init.normal_(p, std=0.5)
+    g = torch.Generator().manual_seed(0)
+    control = torch.rand(1, 3, HEIGHT, WIDTH, generator=g)
+    f = flux.vae_scale_factor
+    runs = {
+        "SD3": (sd3, dict(prompt_embeds=torch.randn(1, 77, 32, generator=g),
+                          pooled_prompt_embeds=torch.randn(1, 16, generator=g),
+                          latents=torch.randn(1, 16, HEIGHT // 2, WIDTH // 2, generator=g))),
+        "Flux.1": (flux, dict(prompt_embeds=torch.randn(1, 10, 32, generator=g),
+                              pooled_prompt_embeds=torch.randn(1, 24, generator=g),
+                              latents=torch.randn(1, (HEIGHT // (2 * f)) * (WIDTH // (2 * f)), 64, generator=g))),
+    }  # fmt: skip
+    seen = {}
+    for name, (pipe, kwargs) in runs.items():
+        pipe.set_progress_bar_config(disable=True)
+        encoder_runs = []
+        hook = pipe.vae.encoder.register_forward_hook(lambda *a, runs=encoder_runs: runs.append(1))
+
+        def call(global_seed, generator_seed, pipe=pipe, kwargs=kwargs):
+            torch.manual_seed(global_seed)
+            with torch.no_grad():
+                return pipe(
+                    **kwargs, control_image=control, guidance_scale=1.0, num_inference_steps=1,
+                    height=HEIGHT, width=WIDTH, output_type="pt",
+                    generator=torch.Generator().manual_seed(generator_seed),
+                ).images  # fmt: skip
+
+        try:
+            first = call(0, 0)
+            other_global, other_generator = call(1, 0), call(0, 1)
+        finally:
+            hook.remove()
+        seen[name] = (
+            len(encoder_runs) / 3,
+            (other_global - first).abs().max().item(),
+            (other_generator - first).abs().max().item(),
+        )
+    return seen
