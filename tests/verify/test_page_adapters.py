@@ -1163,7 +1163,7 @@ def test_hotswap_without_enable_copies_same_or_smaller_ranks_in_place():
 
 
 def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight():
-    """A hotswapped LoRA must target the first one's layers or a subset: a layer the first lacks raises a `RuntimeError`, and the first one's layers the new one lacks are zeroed. The adapter must be unfused (a fused one raises a `ValueError`). Either error deletes the loaded adapter: here, with no other adapter, the UNet then runs the base model, and a fused adapter's delta stays in the weights with nothing left to unfuse it. The swap resets a `set_adapters` weight to the new LoRA's `lora_alpha / r`. Text-encoder LoRA keys cannot be hotswapped: a `ValueError`, raised after the UNet's part is already swapped. A rank above `target_rank` raises nothing but swaps new, larger tensors in for the adapter's, so the swap is no longer in place."""
+    """A hotswapped LoRA must target the first one's layers or a subset: a layer the first lacks raises a `RuntimeError`, and the first one's layers the new one lacks are zeroed. The adapter must be unfused (a fused one raises a `ValueError`). Either error also drops the adapter from the UNet's `peft_config`: with no other adapter, the UNet then runs the base model, and a fused adapter's delta stays in the weights with nothing left to unfuse it; an adapter another one has replaced as the active one keeps its tensors in the layers, under a name `set_adapters` no longer accepts. The swap drops a `set_adapters` weight (here, one rank for every layer, back to the new LoRA's `lora_alpha / r`). Text-encoder LoRA keys cannot be hotswapped: a `ValueError`, raised after the UNet's part is already swapped. A rank above `target_rank` raises nothing but swaps new, larger tensors in for the adapter's, so the swap is no longer in place."""
     plain = tiny_unet()
 
     def hotswap_pipe():
@@ -1179,6 +1179,17 @@ def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight(
         pipe.load_lora_weights(wider, adapter_name="style", hotswap=True)
     assert "style" not in pipe.unet.peft_config  # the loaded adapter is gone
     torch.testing.assert_close(predict(pipe.unet), base, rtol=0, atol=0)
+    pipe = hotswap_pipe()  # now with a second adapter, the only active one
+    with pytest.warns(UserWarning, match="Already found a `peft_config` attribute"):
+        pipe.load_lora_weights(lora_state_dict(plain, seed=2), adapter_name="subject")
+    pipe.set_adapters("subject")
+    with pytest.raises(RuntimeError, match="unexpected keys"):
+        pipe.load_lora_weights(dict(wider), adapter_name="style", hotswap=True)
+    assert list(pipe.unet.peft_config) == ["subject"]
+    kept = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear) and "style" in m.lora_A]
+    assert len(kept) == 32  # not deleted from the layers: only its config entry is gone
+    with pytest.raises(ValueError, match="not in the list of present adapters"):
+        pipe.set_adapters(["style", "subject"])
     pipe = hotswap_pipe()
     pipe.load_lora_weights(
         lora_state_dict(plain, seed=1, suffixes=("to_q",)), adapter_name="style", hotswap=True
@@ -1221,7 +1232,7 @@ def test_hotswap_needs_the_same_layers_an_unfused_adapter_and_resets_the_weight(
 
 
 def test_hotswap_keeps_the_first_files_ratio_and_per_layer_ranks(tmp_path):
-    """The swap sets each layer's `scaling` to the new file's `lora_alpha / r`, but the layers keep the first file's `lora_alpha` and `r`: a later `set_adapters` weight or scale-0 call scales from the first file's ratio, not the new one's (two saved rank-2 files, `lora_alpha` 2 then 4). A file without alpha keys whose ranks vary by layer gets per-layer alphas, which a swap must match: it and a uniform-rank LoRA cannot replace each other (a `ValueError`, which deletes the loaded adapter)."""
+    """A swap drops a `set_adapters` weight, and the layers keep the first file's `lora_alpha` and `r`: a later `set_adapters` weight or scale-0 call scales from the first file's ratio, not the new one's (two saved rank-2 files, `lora_alpha` 2 then 4). With per-layer ranks a swap may raise a `ValueError`, or run without one and give another output than a fresh load: a file with neither alpha keys nor metadata whose ranks vary by layer and a uniform-rank LoRA cannot replace each other (their per-layer alphas differ), while the same ranks saved by `save_lora_weights` with metadata swap in both directions, and into a uniform-rank adapter give `to_q` the scaling 1 where a fresh load gives 2."""
     from diffusers import StableDiffusionPipeline
 
     plain = tiny_unet()
@@ -1268,6 +1279,26 @@ def test_hotswap_keeps_the_first_files_ratio_and_per_layer_ranks(tmp_path):
         with pytest.raises(ValueError, match="alpha_pattern"):
             pipe.load_lora_weights(dict(after), adapter_name="style", hotswap=True)
         assert "style" not in pipe.unet.peft_config
+    qs = [
+        n.removeprefix("unet.").removesuffix(".lora_A.weight") for n in mixed if ".to_q.lora_A" in n
+    ]
+    StableDiffusionPipeline.save_lora_weights(
+        tmp_path / "mixed",
+        unet_lora_layers={k.removeprefix("unet."): v for k, v in mixed.items()},
+        unet_lora_adapter_metadata={"r": 2, "lora_alpha": 2, "rank_pattern": dict.fromkeys(qs, 1),
+                                    "target_modules": list(PROJECTIONS)},
+    )  # fmt: skip
+    saved_mixed = str(tmp_path / "mixed")  # no alpha keys; to_q at rank 1, lora_alpha 2
+    fresh = tiny_sd_pipeline()
+    fresh.load_lora_weights(saved_mixed, adapter_name="style")
+    pipe = tiny_sd_pipeline()
+    pipe.load_lora_weights(lora_state_dict(plain, rank=2), adapter_name="style")
+    pipe.load_lora_weights(saved_mixed, adapter_name="style", hotswap=True)  # no error
+    assert list(pipe.unet.peft_config) == ["style"]
+    assert (first_projection(pipe.unet).scaling["style"], first_projection(fresh.unet).scaling["style"]) == (1.0, 2.0)  # fmt: skip
+    assert not torch.allclose(predict(pipe.unet), predict(fresh.unet), atol=1e-3)
+    fresh.load_lora_weights(lora_state_dict(plain, rank=2, seed=1), adapter_name="style", hotswap=True)  # fmt: skip
+    assert list(fresh.unet.peft_config) == ["style"]  # the other direction: no error either
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():

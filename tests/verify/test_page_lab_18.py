@@ -590,7 +590,7 @@ def test_set_adapters_on_a_compiled_model_recompiles(rank8_reference):
 
 
 def test_lora_hotswap_needs_the_first_adapters_layers_and_no_text_encoder():
-    """A hotswapped LoRA may target only layers the first-loaded adapter already targets: through `FluxPipeline.load_lora_weights(..., hotswap=True)`, an adapter on `to_q` and `to_v` swapped into one loaded on `to_q` alone raises peft's `RuntimeError` ("unexpected keys"), and the failed call also deletes the loaded adapter, leaving the base model's output; and a LoRA with text-encoder weights cannot be hotswapped (a `ValueError`)."""
+    """A hotswapped LoRA may target only layers the first-loaded adapter already targets: through `FluxPipeline.load_lora_weights(..., hotswap=True)`, an adapter on `to_q` and `to_v` swapped into one loaded on `to_q` alone raises peft's `RuntimeError` ("unexpected keys"), and the failed call also drops the loaded adapter, leaving the base model's output when it was the only one; and a LoRA with text-encoder weights cannot be hotswapped (a `ValueError`), raised after the transformer's part is already swapped: the transformer then gives a fresh load's output of the new LoRA."""
     from tiny import tiny_text_encoder
 
     pipe = tiny_flux_pipeline()
@@ -609,6 +609,11 @@ def test_lora_hotswap_needs_the_first_adapters_layers_and_no_text_encoder():
     assert "default_0" in pipe.text_encoder.peft_config  # loaded without hotswap: fine
     with pytest.raises(ValueError, match="hotswapping is not supported for text encoders"):
         pipe.load_lora_weights(both(2), adapter_name="default_0", hotswap=True)
+    fresh = tiny_flux_pipeline()  # the transformer's part of both(2), loaded the plain way
+    fresh.load_lora_weights(lora(fresh, 4, 2), adapter_name="default_0")
+    with torch.no_grad():
+        swapped, want = (p.transformer(**transformer_inputs())[0] for p in (pipe, fresh))
+    torch.testing.assert_close(swapped, want, atol=1e-6, rtol=1e-6)
 
 
 class DispatchCounter(TorchDispatchMode):
