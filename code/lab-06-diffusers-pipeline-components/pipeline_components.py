@@ -373,7 +373,7 @@ for target in ["EulerDiscreteScheduler", "DDIMScheduler", "FlowMatchEulerDiscret
 # each must agree on a size or a meaning. Nothing in `from_pretrained` checks
 # them: a wrong size raises somewhere in `__call__` (where depends on the
 # pipeline: see the lab page), a wrong `prediction_type` can run to the end
-# without an error (`DDIMScheduler`'s does), denoising badly. The checker reads
+# without an error (`DDIMScheduler` at `epsilon` on a `v_prediction` checkpoint does). The checker reads
 # only the configs.
 
 
@@ -391,6 +391,9 @@ FLOW_MATCH = ["FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler
               "LTXEulerAncestralRFScheduler"]  # fmt: skip
 FLOW_SOLVERS = ["DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler",
                 "UniPCMultistepScheduler"]  # fmt: skip
+# flags that break them on flow sigmas (NaN or inf latents, a clipped clean estimate, or a
+# ValueError); the tests flip every boolean __init__ flag of the three classes
+FLOW_BREAKERS = ["use_exponential_sigmas", "use_beta_sigmas", "use_lu_lambdas", "thresholding"]
 
 
 def check(components, shipped_scheduler):
@@ -440,6 +443,12 @@ def check(components, shipped_scheduler):
             and sched.get("use_flow_sigmas") is True
             and sched.get("prediction_type") == "flow_prediction"
             and sched.get("final_sigmas_type", "zero") == "zero"  # "sigma_min" stops short
+            and not any(sched.get(flag) for flag in FLOW_BREAKERS)
+            and (name.startswith("UniPC") or not sched.get("use_karras_sigmas"))  # UniPC copes
+            and (  # UniPC needs its defaults predict_x0 and lower_order_final
+                not name.startswith("UniPC")
+                or (sched.get("predict_x0", True) and sched.get("lower_order_final", True))
+            )
         )
         # given mu (SD3 passes it under use_dynamic_shifting), a DPM-Solver asserts exponential
         if name.startswith("DPMSolver") and sched.get("use_dynamic_shifting"):

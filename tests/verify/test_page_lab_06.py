@@ -644,8 +644,8 @@ def _frames(error):
 
 
 def test_ddim_runs_a_prediction_type_mismatch_without_an_error(lab, record_calls):
-    """A `DDIMScheduler` with `prediction_type="epsilon"` on a checkpoint trained for `v_prediction` raises nothing: the pipeline runs and returns different `latents`; only the lab's checker flags "prediction_type". Not every scheduler is silent: SD 1.5's `PNDMScheduler` set to `sample` raises `ValueError` in its first `step`."""
-    from diffusers import DDIMScheduler, PNDMScheduler
+    """A `DDIMScheduler` with `prediction_type="epsilon"` on a checkpoint trained for `v_prediction` raises nothing: the pipeline runs and returns different `latents`; only the lab's checker flags "prediction_type". Not every mismatch is silent: a `DDIMScheduler` carrying `flow_prediction` (what `from_config` gives it from a DPM-Solver on flow sigmas) and SD 1.5's `PNDMScheduler` set to `sample` raise `ValueError` in their first `step`."""
+    from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, PNDMScheduler
 
     shipped = DDIMScheduler(prediction_type="v_prediction", **SD_SCHEDULER)
     wrong = DDIMScheduler(prediction_type="epsilon", **SD_SCHEDULER)
@@ -659,13 +659,17 @@ def test_ddim_runs_a_prediction_type_mismatch_without_an_error(lab, record_calls
     components = _configs(pipe.unet, pipe.vae, pipe.text_encoder, wrong)
     shipped_config = {**dict(shipped.config), "_class_name": "DDIMScheduler"}
     assert _failed(lab, components, shipped_config) == ["prediction_type"]
+    flow = DPMSolverMultistepScheduler(**SD_BETAS, steps_offset=1, use_flow_sigmas=True, prediction_type="flow_prediction")  # fmt: skip
+    ddim = DDIMScheduler.from_config(flow.config, clip_sample=False, set_alpha_to_one=False)
+    assert ddim.config.prediction_type == "flow_prediction"
     pndm = PNDMScheduler.from_config(SD15_SCHEDULER_FILE, prediction_type="sample")
-    pipe = tiny_sd_pipeline(scheduler=pndm)
-    calls = record_calls(pipe.unet).calls
-    with pytest.raises(ValueError, match="must be one of `epsilon` or `v_prediction`"):
-        pipe(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=1.0, height=HEIGHT,
-             width=WIDTH, output_type="latent")  # fmt: skip
-    assert len(calls) == 1
+    for scheduler, valid in ((ddim, "`epsilon`, `sample`, or `v_prediction`"), (pndm, "`epsilon` or `v_prediction`")):  # fmt: skip
+        pipe = tiny_sd_pipeline(scheduler=scheduler)
+        calls = record_calls(pipe.unet).calls
+        with pytest.raises(ValueError, match=f"must be one of {valid}"):
+            pipe(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=1.0, height=HEIGHT,
+                 width=WIDTH, output_type="latent")  # fmt: skip
+        assert len(calls) == 1
 
 
 # -------------------------------------------------------------------------- shapes
@@ -957,7 +961,7 @@ def _exact_velocity(pipe, x0, sigma_scale):
 
 
 def test_the_checkers_objective_verdict_is_what_sd3_and_flux_do(lab):
-    """The lab's checker accepts a scheduler for SD3 or Flux exactly when that pipeline's `__call__` steps a velocity with it to sigma 0, over every scheduler class diffusers exports: at its defaults and, where its `__init__` takes them, with `use_flow_sigmas=True, prediction_type="flow_prediction"`, `use_dynamic_shifting=True`, `time_shift_type="linear"`, `final_sigmas_type="sigma_min"` or `invert_sigmas=True` (run with a transformer that returns the exact velocity toward one data point, so a scheduler that steps it lands there). At their defaults for SD3 these are the three `FlowMatch*` classes, `FlowMapEulerDiscreteScheduler`, `LTXEulerAncestralRFScheduler`, and DPM-Solver (multistep, single-step) and UniPC once set to flow sigmas; `FluxPipeline` passes custom `sigmas` and `mu`, on which `FlowMatchHeunDiscreteScheduler`, `FlowMapEulerDiscreteScheduler`, `LTXEulerAncestralRFScheduler` and a DPM-Solver without `use_dynamic_shifting=True` raise; DEIS, SA-Solver and the inverse DPM-Solver never reach sigma 0."""
+    """The lab's checker accepts a scheduler for SD3 or Flux exactly when that pipeline's `__call__` steps a velocity with it to sigma 0, over every scheduler class diffusers exports: at its defaults and, where its `__init__` takes them, with `use_flow_sigmas=True, prediction_type="flow_prediction"`, `use_dynamic_shifting=True`, `time_shift_type="linear"`, `final_sigmas_type="sigma_min"` or `invert_sigmas=True`, and, for the flow solvers it accepts, each boolean `__init__` flag flipped (run with a transformer that returns the exact velocity toward one data point, so a scheduler that steps it lands there). At their defaults for SD3 these are the three `FlowMatch*` classes, `FlowMapEulerDiscreteScheduler`, `LTXEulerAncestralRFScheduler`, and DPM-Solver (multistep, single-step) and UniPC once set to flow sigmas; `FluxPipeline` passes custom `sigmas` and `mu`, on which `FlowMatchHeunDiscreteScheduler`, `FlowMapEulerDiscreteScheduler`, `LTXEulerAncestralRFScheduler` and a DPM-Solver without `use_dynamic_shifting=True` raise; DEIS, SA-Solver and the inverse DPM-Solver never reach sigma 0."""
     import diffusers
     from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
@@ -983,6 +987,9 @@ def test_the_checkers_objective_verdict_is_what_sd3_and_flux_do(lab):
             variants.append({**base, "final_sigmas_type": "sigma_min"})
         if "invert_sigmas" in params:
             variants.append({"invert_sigmas": True})
+        if cls.__name__ in lab["FLOW_SOLVERS"]:  # every boolean flag flipped on flow sigmas
+            flags = [k for k, p in params.items() if isinstance(p.default, bool) and k not in base]
+            variants += [{**base, k: not params[k].default} for k in flags]
         for kwargs in variants:
             try:
                 scheduler = cls(**kwargs)
