@@ -93,8 +93,8 @@ dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
 unknown = [d for d in dtypes if d not in DTYPES[1:]]  # float64 is the reference, always run
 if unknown or not dtypes:
     parser.error(f"--dtypes: {f'unknown dtype {unknown}' if unknown else 'no dtype given'} (choose from {', '.join(DTYPES[1:])}; float64 is the reference every run is compared with)")  # fmt: skip
-if args.steps > 1000:
-    parser.error("--steps must be <= 1000")
+if args.steps > 999:
+    parser.error("--steps must be <= 999 (at 1000, SD 1.5's shipped PNDMScheduler.step raises IndexError)")  # fmt: skip
 if len(args.pcie_gbps) != 1 or args.pcie_gbps[0] > 1000:
     parser.error("--pcie-gbps takes one bandwidth in GB/s, in (0, 1000]")
 pcie_gbps = args.pcie_gbps[0]
@@ -442,8 +442,8 @@ FORWARDS = {
 }
 # len(scheduler.timesteps) after set_timesteps(steps) with the scheduler each checkpoint ships:
 # SD 1.5's PNDMScheduler(skip_prk_steps=True) repeats its second-to-last timestep (steps + 1
-# from 2 to 999 steps; at 1000 its step raises IndexError); SDXL's Euler and SD3's and
-# Flux's flow-matching Euler make steps
+# from 2 to 999 steps; at 1000 its step raises IndexError: --steps stops at 999); SDXL's
+# Euler and SD3's and Flux's flow-matching Euler make steps
 DENOISER_CALLS = {"SD 1.5": lambda steps: steps + (steps > 1)}
 OFFLOAD_SEQ = {  # each pipeline class's model_cpu_offload_seq, diffusers 0.42.1
     "SD 1.5": "text_encoder->image_encoder->unet->vae",

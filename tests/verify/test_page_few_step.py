@@ -633,7 +633,7 @@ def test_unet_time_cond_proj_consumes_timestep_cond():
 
 
 def test_text_encoding_and_decode_run_once_per_call_not_per_step(record_calls):
-    """Text encoding (twice with SD 1.5's CFG) and the VAE decode run once per call, not per step: `StableDiffusionPipeline` with two prompts and guidance on calls its text encoder twice (prompts, then negative prompts, two rows each) and its VAE decoder once (two rows) at 4 steps and at 8, while the UNet calls follow the steps."""
+    """Text encoding (two calls with SD 1.5's CFG) and the VAE decode run per call, not per step: `StableDiffusionPipeline` with two prompts and guidance on calls its text encoder twice (prompts, then negative prompts, two rows each) and its VAE decoder once (two rows) at 4 steps and at 8, while the UNet calls follow the steps."""
     from tiny import WIDTH, sd_with, tiny_text_encoder, tiny_tokenizer
 
     pipe = sd_with(tiny_sd_pipeline(), text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())

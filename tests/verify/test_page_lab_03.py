@@ -381,14 +381,19 @@ def test_notes_sd15_pndm_makes_n_plus_one_calls_from_two(sd_pipe, record_calls):
 
 
 def test_notes_flow_checkpoint_runs_on_dpmsolver_or_unipc_with_both_flags():
-    """scheduler_notes.md: a flow-matching checkpoint runs on `FlowMatchEulerDiscreteScheduler`, or DPM-Solver or UniPC with `use_flow_sigmas=True` and `prediction_type="flow_prediction"`: in `StableDiffusion3Pipeline.__call__` those step to sigma 0, while the multistep DEIS with the same flags stops short of it."""
-    from diffusers import DEISMultistepScheduler, UniPCMultistepScheduler
-    from tiny import EMBED_DIM, tiny_sd3_pipeline
+    """scheduler_notes.md: a flow-matching checkpoint needs flow sigmas and a velocity reading: in SD3's pipeline `FlowMatchEulerDiscreteScheduler`, or DPM-Solver or UniPC with `use_flow_sigmas=True` and `prediction_type="flow_prediction"`; Flux's pipeline passes `mu`, so DPM-Solver also needs `use_dynamic_shifting=True`. In `StableDiffusion3Pipeline.__call__` the Euler, both DPM-Solvers (multistep, singlestep) and UniPC step to sigma 0, while the multistep DEIS with the same flags stops short of it; in `FluxPipeline.__call__` both DPM-Solvers raise an `AssertionError` with those flags alone and step to sigma 0 with `use_dynamic_shifting=True` added."""
+    from diffusers import (
+        DEISMultistepScheduler,
+        DPMSolverSinglestepScheduler,
+        UniPCMultistepScheduler,
+    )
+    from tiny import EMBED_DIM, dit_embeds, tiny_flux_pipeline, tiny_sd3_pipeline
 
     flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
+    dpm_solvers = (DPMSolverMultistepScheduler, DPMSolverSinglestepScheduler)
     pipe = tiny_sd3_pipeline()
     last = {}
-    for scheduler in (FlowMatchEulerDiscreteScheduler(shift=3.0), DPMSolverMultistepScheduler(**flow),
+    for scheduler in (FlowMatchEulerDiscreteScheduler(shift=3.0), *(cls(**flow) for cls in dpm_solvers),
                       UniPCMultistepScheduler(**flow), DEISMultistepScheduler(**flow)):  # fmt: skip
         pipe.scheduler = scheduler
         g = torch.Generator().manual_seed(1)
@@ -399,4 +404,16 @@ def test_notes_flow_checkpoint_runs_on_dpmsolver_or_unipc_with_both_flags():
         assert torch.isfinite(latents).all()
         last[type(scheduler).__name__] = scheduler.sigmas[-1].item()
     assert last.pop("DEISMultistepScheduler") > 0.2
-    assert set(last.values()) == {0.0}, last
+    assert len(last) == 4 and set(last.values()) == {0.0}, last
+    prompt_embeds, pooled = dit_embeds(1)
+    kwargs = dict(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled, num_inference_steps=4,
+                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    flux = tiny_flux_pipeline()
+    for cls in dpm_solvers:
+        flux.scheduler = cls(**flow)
+        with torch.no_grad(), pytest.raises(AssertionError):
+            flux(**kwargs)
+        flux.scheduler = cls(**flow, use_dynamic_shifting=True)
+        with torch.no_grad():
+            latents = flux(**kwargs).images
+        assert torch.isfinite(latents).all() and flux.scheduler.sigmas[-1].item() == 0, cls.__name__

@@ -301,6 +301,24 @@ def test_denoiser_calls_are_the_shipped_schedulers_timesteps(starter):
     assert starter["call_order"]("SD 1.5", starter["sizes"]["SD 1.5"], 30).count("unet") == 31
 
 
+def test_sd15_pndm_counts_hold_to_999_steps_and_step_raises_at_1000(starter, run_cli):
+    """SD 1.5's `PNDMScheduler(skip_prk_steps=True)` gives `steps + 1` timesteps from 2 to 999 steps, and `step` over them runs; at 1000 steps its `step` raises `IndexError`, so the starter's `--steps` stops at 999 (one-line error at 1000) and its `DENOISER_CALLS` matches the scheduler at 999."""
+    from diffusers import PNDMScheduler
+
+    def run(n):
+        scheduler, x = PNDMScheduler(**SD15_PNDM), torch.zeros(1, 1)
+        scheduler.set_timesteps(n)
+        for t in scheduler.timesteps:
+            x = scheduler.step(torch.zeros(1, 1), t, x).prev_sample
+        return len(scheduler.timesteps)
+
+    assert run(999) == 1000 == starter["DENOISER_CALLS"]["SD 1.5"](999)
+    with pytest.raises(IndexError):
+        run(1000)
+    refused = run_cli(LAB10, "--steps", "1000")
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
+
+
 def test_safety_checker_count_from_shapes(starter):
     """The starter's `clip_vision_params` count of SD's `safety_checker` equals the parameters of diffusers' `StableDiffusionSafetyChecker` built on the meta device from CLIP ViT-L/14's vision configuration (hidden 1024, 24 layers, MLP 4096, patch 14, 224 px, projection 768)."""
     from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker

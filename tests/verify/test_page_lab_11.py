@@ -154,6 +154,37 @@ def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
     assert [float(args[1]) for args, _ in unet.calls] == pipe.scheduler.timesteps.tolist()
 
 
+def test_denoiser_passes_are_one_or_more_per_timesteps_entry_run(record_calls):
+    """A pipeline's latency is mostly denoiser passes, one or more per entry of the scheduler's timesteps it runs: `StableDiffusionPipeline` makes one UNet call per entry (guidance batched), `FluxPipeline` with `true_cfg_scale > 1` and a negative prompt makes two transformer calls per entry, and `StableDiffusionImg2ImgPipeline` at `strength=0.5` runs only the last half of its 10 entries, one call each."""
+    from tiny import tiny_sd_variant
+
+    sd = tiny_sd_pipeline(scheduler=DDIMScheduler.from_config(SD_SCHEDULER))
+    unet = record_calls(sd.unet)
+    with torch.no_grad():
+        sd(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), guidance_scale=7.5,
+           num_inference_steps=4, height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    assert [int(args[1]) for args, _ in unet.calls] == sd.scheduler.timesteps.tolist()
+    assert all(args[0].shape[0] == 2 for args, _ in unet.calls)
+
+    flux = tiny_flux_pipeline()
+    transformer = record_calls(flux.transformer)
+    (neg, pos), (neg_pooled, pooled) = (t.split(1) for t in flux_prompt_embeds())
+    with torch.no_grad():
+        flux(prompt_embeds=pos, pooled_prompt_embeds=pooled, negative_prompt_embeds=neg,
+             negative_pooled_prompt_embeds=neg_pooled, true_cfg_scale=4.0, num_inference_steps=3,
+             height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    assert len(transformer.calls) == 2 * len(flux.scheduler.timesteps) == 6
+
+    img2img = tiny_sd_variant("StableDiffusionImg2ImgPipeline")
+    img2img.scheduler = DDIMScheduler.from_config(SD_SCHEDULER)
+    unet = record_calls(img2img.unet)
+    with torch.no_grad():
+        img2img(prompt_embeds=embeds(1), image=torch.rand(1, 3, HEIGHT, WIDTH), strength=0.5,
+                num_inference_steps=10, guidance_scale=1.0, output_type="latent")  # fmt: skip
+    timesteps = img2img.scheduler.timesteps.tolist()
+    assert len(timesteps) == 10 and [int(args[1]) for args, _ in unet.calls] == timesteps[5:]
+
+
 def test_the_labs_euler_loop_reproduces_the_pipeline(run_lab):
     """The lab's loop (`latents = noise * init_noise_sigma`, then `scale_model_input`, the call and `step(...).prev_sample` per `t`) with labkit's Euler scheduler reproduces `StableDiffusionPipeline`'s final `latents` with `EulerDiscreteScheduler` from the same starting noise.
 

@@ -521,18 +521,17 @@ def test_latency_is_len_timesteps_unet_calls(record_calls):
 
 
 def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls):
-    """With a scheduler whose `order` is 2 (Heun) or SD 1.5's PNDM there are more calls than steps from 2 steps on (PNDM: up to 999), while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
+    """With a scheduler whose `order` is 2 (Heun) there are more calls than steps from 2 steps on, while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
 
     The tiny pipeline's own ``__call__``, guided, ``B = 1``, at 1, 2 and ``N`` steps, UNet calls
     counted by a hook. The order-2 set is every class in ``StableDiffusionPipeline``'s
     ``scheduler.compatibles`` with ``order == 2`` (Heun, the two KDPM2 schedulers and
     ``DPMSolverSDEScheduler`` here), read from the installed library: ``2n - 1`` calls, one at
-    1 step. SD 1.5's ``PNDMScheduler``: ``n + 1``, one at 1 step.
-    ``DPMSolverMultistepScheduler`` with its default ``solver_order=2`` (a second-order solver,
-    ``order == 1``): ``n``.
+    1 step. ``DPMSolverMultistepScheduler`` with its default ``solver_order=2`` (a second-order
+    solver, ``order == 1``): ``n``.
     """
-    from diffusers import DPMSolverMultistepScheduler, HeunDiscreteScheduler, PNDMScheduler
-    from tiny import SD15_PNDM, SD_SCHEDULER
+    from diffusers import DPMSolverMultistepScheduler, HeunDiscreteScheduler
+    from tiny import SD_SCHEDULER
 
     base = tiny_sd_pipeline()  # one UNet and VAE; each scheduler swapped in with sd_with
     compatibles = sorted(base.scheduler.compatibles, key=lambda cls: cls.__name__)
@@ -540,13 +539,12 @@ def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls
     assert HeunDiscreteScheduler in order_2 and len(order_2) >= 4, order_2
     dpm = DPMSolverMultistepScheduler.from_config(SD_SCHEDULER)
     assert dpm.order == 1 and dpm.config.solver_order == 2
-    pndm = PNDMScheduler(**SD15_PNDM)
     calls = record_calls(base.unet).calls
     # built once (KDPM2's __init__ computes 1000 timesteps); set_timesteps resets their state
     schedulers = [cls.from_config(SD_SCHEDULER) for cls in order_2]
-    pipes = [sd_with(base, scheduler=scheduler) for scheduler in [*schedulers, pndm, dpm]]
+    pipes = [sd_with(base, scheduler=scheduler) for scheduler in [*schedulers, dpm]]
     for steps in [1, 2, N]:
-        expected = [2 * steps - 1] * len(schedulers) + [1 if steps == 1 else steps + 1, steps]
+        expected = [2 * steps - 1] * len(schedulers) + [steps]
         for pipe, expected_calls in zip(pipes, expected, strict=True):
             scheduler = pipe.scheduler
             calls.clear()

@@ -1378,7 +1378,7 @@ def test_dpmsolver_with_flow_sigmas_runs_a_flow_model(sd3_pipe):
 
 
 def test_flux_needs_dynamic_shifting_for_a_flow_dpmsolver():
-    """`DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)` runs `StableDiffusion3Pipeline` but not `FluxPipeline`, which passes `mu` to `set_timesteps`: there it raises an `AssertionError`; with `use_dynamic_shifting=True` added, `FluxPipeline` runs it to sigma 0."""
+    """`DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)` runs `StableDiffusion3Pipeline` but not `FluxPipeline`, which passes `mu` to `set_timesteps`: there it raises an `AssertionError`, also with `use_dynamic_shifting=True` and `time_shift_type="linear"`; with `use_dynamic_shifting=True` added (and the default `time_shift_type="exponential"`), `FluxPipeline` runs it to sigma 0."""
     from tiny import dit_embeds, tiny_flux_pipeline
 
     flow = dict(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0)
@@ -1387,6 +1387,11 @@ def test_flux_needs_dynamic_shifting_for_a_flow_dpmsolver():
                   height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
     flux = tiny_flux_pipeline()
     flux.scheduler = DPMSolverMultistepScheduler(**flow)
+    with torch.no_grad(), pytest.raises(AssertionError):
+        flux(**kwargs)
+    flux.scheduler = DPMSolverMultistepScheduler(
+        **flow, use_dynamic_shifting=True, time_shift_type="linear"
+    )
     with torch.no_grad(), pytest.raises(AssertionError):
         flux(**kwargs)
     flux.scheduler = DPMSolverMultistepScheduler(**flow, use_dynamic_shifting=True)

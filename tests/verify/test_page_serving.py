@@ -108,7 +108,7 @@ def flagging_safety_checker():
 
 
 def test_text_encoding_and_decode_are_one_batched_call_per_request(sd_pipe, record_calls, calls_of):
-    """Text encoding and the VAE decode run once per pipeline call, over all its rows, not once per prompt or image: given two prompts with `num_images_per_prompt=2` and guidance on, `StableDiffusionPipeline` calls its text encoder once on both prompts and once more on both negative prompts, the UNet on 8 rows per step, and `vae.decode` once, on all 4 `latents` rows, with one forward pass of the VAE's decoder."""
+    """Text encoding and the VAE decode run once per pipeline call, over all its rows, not once per prompt or image: given two prompts with `num_images_per_prompt=2` and guidance on, `StableDiffusionPipeline` calls its text encoder once on both prompts and once more on both negative prompts, the UNet on 8 rows per step, and `vae.decode` once, on all 4 `latents` rows, with one forward pass of the VAE's decoder; without guidance (`guidance_scale=1.0`) the text encoder runs once, on both prompts (the interview's "one cheap, cacheable CLIP call (two with CFG)")."""
     from tiny import tiny_tokenizer
 
     pipe = sd_with(sd_pipe, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
@@ -123,6 +123,11 @@ def test_text_encoding_and_decode_are_one_batched_call_per_request(sd_pipe, reco
     assert [args[0].shape for args, _ in encoder] == [(2, 77), (2, 77)]
     assert [args[0].shape[0] for args, _ in unet] == [8, 8]
     assert [args[0].shape[0] for args, _ in decodes] == [4] and len(decoder) == 1
+    encoder.clear()
+    with torch.no_grad():
+        pipe(["a cat", "a dog"], guidance_scale=1.0, num_inference_steps=1, height=HEIGHT,
+             width=WIDTH, output_type="latent")  # fmt: skip
+    assert [args[0].shape for args, _ in encoder] == [(2, 77)]
 
 
 def test_split_decode_skips_the_safety_checker(sd_pipe):
