@@ -555,7 +555,7 @@ def rank8_reference():
 
 
 def test_lora_hotswap_on_a_compiled_model_does_not_recompile(rank8_reference):
-    """After `pipe.enable_lora_hotswap(target_rank=8)` and a first `load_lora_weights`, `load_lora_weights(..., hotswap=True)` swaps a rank-8 LoRA into the compiled Flux transformer without a recompile, and the output equals the eager model with that LoRA."""
+    """After `pipe.enable_lora_hotswap(target_rank=8)` and a first `load_lora_weights`, `load_lora_weights(..., hotswap=True)` swaps a rank-8 LoRA, and then a rank-2 one, into the compiled Flux transformer without a recompile, and the output equals the eager model with that LoRA; a rank-16 LoRA on the same layers, above `target_rank`, swaps without an error but recompiles."""
     want, rank4, rank8 = rank8_reference
     pipe = tiny_flux_pipeline()
     pipe.enable_lora_hotswap(target_rank=8)
@@ -569,6 +569,15 @@ def test_lora_hotswap_on_a_compiled_model_does_not_recompile(rank8_reference):
     assert counter.frame_count == 1
     assert not torch.allclose(first, want)
     torch.testing.assert_close(swapped, want, atol=1e-6, rtol=1e-6)
+    for rank, graphs in [(2, 1), (16, 2)]:  # below target_rank: in place; above: new tensors
+        state = lora(pipe, rank, 3)
+        eager = tiny_flux_pipeline()
+        eager.load_lora_weights(dict(state), adapter_name="default_0")
+        with torch.no_grad():
+            pipe.load_lora_weights(state, adapter_name="default_0", hotswap=True)
+            swapped, want = (p.transformer(**transformer_inputs())[0] for p in (pipe, eager))
+        assert counter.frame_count == graphs, rank
+        torch.testing.assert_close(swapped, want, atol=1e-6, rtol=1e-6)
 
 
 def test_set_adapters_on_a_compiled_model_recompiles(rank8_reference):
