@@ -57,7 +57,7 @@ def test_scaling_factor_default_and_shift_factor():
 
 
 def test_latent_dist_is_a_diagonal_gaussian():
-    """`vae.encode(x).latent_dist` is a `DiagonalGaussianDistribution`: `.mode()` returns its `.mean`, and `.sample(generator)` returns `mean + std * noise` with `std = exp(logvar / 2)`, so encoding an image twice with different generators gives different latents."""
+    """`vae.encode(x).latent_dist` is a `DiagonalGaussianDistribution`: `.mode()` returns its `.mean`, and `.sample(generator)` returns `mean + std * noise` with `std = exp(logvar / 2)`, so two `.sample(generator)` draws with different generators give different latents."""
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
     vae = narrow_vae()
@@ -276,7 +276,7 @@ def test_sd3_subtracts_shift_factor_before_scaling_and_adds_it_back():
 
 
 def test_flux_pipelines_use_the_same_shift_and_scale_lines():
-    """Flux.1's pipelines use the same two lines: `FluxImg2ImgPipeline._encode_vae_image` returns `(latent_dist.sample() - shift_factor) * scaling_factor`, and `FluxPipeline` unpacks its `(B, N, 64)` tokens to `(B, 16, H/8, W/8)` and decodes `latents / scaling_factor + shift_factor`."""
+    """`FluxImg2ImgPipeline` and `FluxPipeline` use the same two lines: `FluxImg2ImgPipeline._encode_vae_image` returns `(latent_dist.sample() - shift_factor) * scaling_factor`, and `FluxPipeline` unpacks its `(B, N, 64)` tokens to `(B, 16, H/8, W/8)` and decodes `latents / scaling_factor + shift_factor`."""
     from diffusers import FluxImg2ImgPipeline, FluxPipeline
 
     parts = tiny_flux_parts()
