@@ -64,19 +64,20 @@ def test_dynamo_shape_defaults():
 
 
 def test_hotswap_must_come_first():
-    """`enable_lora_hotswap` must be called before the first adapter is loaded: after one it raises a `RuntimeError` (with the default `check_compiled="error"`)."""
-    from tiny import tiny_flux_transformer
+    """`enable_lora_hotswap` must be called before the first adapter is loaded: after one it raises a `RuntimeError` (with the default `check_compiled="error"`), through `FluxPipeline.load_lora_weights` and `pipe.enable_lora_hotswap`."""
+    from tiny import tiny_flux_pipeline
 
-    model = tiny_flux_transformer(False, in_channels=4, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))  # fmt: skip
+    pipe = tiny_flux_pipeline()
     g = torch.Generator().manual_seed(0)
-    q = model.transformer_blocks[0].attn.to_q
+    q = pipe.transformer.transformer_blocks[0].attn.to_q
+    key = "transformer.transformer_blocks.0.attn.to_q"
     state = {
-        "transformer_blocks.0.attn.to_q.lora_A.weight": torch.randn(4, q.in_features, generator=g),
-        "transformer_blocks.0.attn.to_q.lora_B.weight": torch.randn(q.out_features, 4, generator=g),
+        f"{key}.lora_A.weight": torch.randn(4, q.in_features, generator=g),
+        f"{key}.lora_B.weight": torch.randn(q.out_features, 4, generator=g),
     }
-    model.load_lora_adapter(state, prefix=None, adapter_name="a")
+    pipe.load_lora_weights(state, adapter_name="a")
     with pytest.raises(RuntimeError, match="before loading the first adapter"):
-        model.enable_lora_hotswap(target_rank=8)
+        pipe.enable_lora_hotswap(target_rank=8)
 
 
 CHILD = """

@@ -625,6 +625,17 @@ def test_lora_hotswap_needs_the_first_adapters_layers_and_no_text_encoder():
     torch.testing.assert_close(swapped, want, atol=1e-6, rtol=1e-6)
 
 
+def test_lora_hotswap_conditions_are_not_sufficient():
+    """`load_lora_weights(..., hotswap=True)` swaps only if the LoRA targets just the first's layers and has no text-encoder weights, and these are not enough: through `FluxPipeline.load_lora_weights`, a LoRA on the first's `to_q` and `to_v` with ranks 4 and 2 (under `target_rank=8`), no text-encoder weights, swapped into a rank-4 adapter, raises a `ValueError` (its per-layer ranks make an `alpha_pattern` the first lacks)."""
+    pipe = tiny_flux_pipeline()
+    pipe.enable_lora_hotswap(target_rank=8)
+    pipe.load_lora_weights(lora(pipe, 4, 1), adapter_name="default_0")
+    mixed = {**lora(pipe, 4, 2, targets=("attn.to_q",)), **lora(pipe, 2, 3, targets=("attn.to_v",))}  # fmt: skip
+    assert {k.rsplit(".lora_", 1)[0] for k in mixed} == {k.rsplit(".lora_", 1)[0] for k in lora(pipe, 4, 1)}  # fmt: skip
+    with pytest.raises(ValueError, match="alpha_pattern"):
+        pipe.load_lora_weights(mixed, adapter_name="default_0", hotswap=True)
+
+
 class DispatchCounter(TorchDispatchMode):
     """Counts the aten operations a forward dispatches, views (outputs aliasing an input) left out."""
 
