@@ -313,6 +313,10 @@ def test_sd15_pndm_counts_hold_to_999_steps_and_step_raises_at_1000(starter, run
         return len(scheduler.timesteps)
 
     assert run(999) == 1000 == starter["DENOISER_CALLS"]["SD 1.5"](999)
+    pndm = PNDMScheduler(**SD15_PNDM)
+    for steps in range(2, 1000):  # the length at every step count the starter accepts
+        pndm.set_timesteps(steps)
+        assert len(pndm.timesteps) == steps + 1 == starter["DENOISER_CALLS"]["SD 1.5"](steps)
     with pytest.raises(IndexError):
         run(1000)
     refused = run_cli(LAB10, "--steps", "1000")

@@ -155,7 +155,7 @@ def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
 
 
 def test_denoiser_passes_are_one_or_more_per_timesteps_entry_run(record_calls):
-    """A pipeline's latency is mostly denoiser passes, one or more per entry of the scheduler's timesteps it runs: `StableDiffusionPipeline` makes one UNet call per entry (guidance batched), `FluxPipeline` with `true_cfg_scale > 1` and a negative prompt makes two transformer calls per entry, and `StableDiffusionImg2ImgPipeline` at `strength=0.5` runs only the last half of its 10 entries, one call each."""
+    """A pipeline makes one or more denoiser passes per entry of the scheduler's timesteps it runs: `StableDiffusionPipeline` makes one UNet call per entry (guidance batched), `FluxPipeline` with `true_cfg_scale > 1` and a negative prompt makes two transformer calls per entry, and `StableDiffusionImg2ImgPipeline` at `strength=0.5` runs only the last half of its 10 entries, one call each."""
     from tiny import tiny_sd_variant
 
     sd = tiny_sd_pipeline(scheduler=DDIMScheduler.from_config(SD_SCHEDULER))

@@ -500,10 +500,10 @@ def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch)
 
 
 def test_latency_is_len_timesteps_unet_calls(record_calls):
-    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call.
+    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ to 999, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call; at $n = 1000$ its `step` raises `IndexError` after the first UNet call.
 
     The tiny pipeline's own guided ``__call__`` at 1, 2 and ``N`` steps, UNet calls counted by a
-    hook.
+    hook, and at 1000 steps with PNDM.
     """
     from diffusers import PNDMScheduler
     from tiny import SD15_PNDM
@@ -518,6 +518,16 @@ def test_latency_is_len_timesteps_unet_calls(record_calls):
             assert len(set(pipe.scheduler.timesteps.tolist())) == steps  # PNDM repeats one
             assert [int(args[1]) for args, _ in calls] == pipe.scheduler.timesteps.tolist()
             assert all(args[0].shape[0] == 2 * B for args, _ in calls)
+    pipe = tiny_sd_pipeline(scheduler=PNDMScheduler(**SD15_PNDM))
+    calls = record_calls(pipe.unet).calls
+    with pytest.raises(IndexError) as raised:
+        real_trace(pipe, steps=1000)
+    assert len(pipe.scheduler.timesteps) == 1001 and len(calls) == 1
+    assert raised.traceback[-1].path.name == "scheduling_pndm.py"
+    pndm = PNDMScheduler(**SD15_PNDM)
+    for steps in range(2, 1000):  # the timesteps' length between the steps run above
+        pndm.set_timesteps(steps)
+        assert len(pndm.timesteps) == steps + 1 and pndm.timesteps.max() < 1000, steps
 
 
 def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls):

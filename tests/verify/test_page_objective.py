@@ -559,3 +559,34 @@ def test_vae_decodes_once_at_the_end(sd1_shaped_pipe, monkeypatch):
         handle.remove()
     assert events == ["unet"] * 3 + ["decode"]
     assert image.shape == (1, 3, 32, 32)
+
+
+def test_glossary_noise_pred_is_shaped_like_the_input_in_sd1_text_to_image():
+    """The denoiser's output at one step, in SD 1.x text-to-image shaped like its input (glossary, `noise_pred`): `StableDiffusionPipeline`'s UNet returns its `(2B, 4, h, w)` input's shape, while `StableDiffusionInpaintPipeline`'s 9-channel UNet takes `(2B, 9, h, w)` and returns 4 channels, the latents' shape."""
+    from tiny import pil_image_and_mask, tiny_sd_pipeline, tiny_sd_variant
+
+    image, mask = pil_image_and_mask()
+    runs = {
+        "text-to-image": (tiny_sd_pipeline(), {"height": HEIGHT, "width": WIDTH}),
+        "inpaint": (
+            tiny_sd_variant("StableDiffusionInpaintPipeline", unet=tiny_unet(in_channels=9)),
+            {"image": image, "mask_image": mask},
+        ),
+    }
+    shapes = {}
+    for name, (pipe, kwargs) in runs.items():
+        seen = []
+        hook = pipe.unet.register_forward_hook(
+            lambda module, args, output, seen=seen: seen.append(
+                (tuple(args[0].shape), tuple(output[0].shape))
+            )
+        )
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), guidance_scale=7.5,
+                 num_inference_steps=2, output_type="latent", **kwargs)  # fmt: skip
+        hook.remove()
+        assert len(seen) == 2 and len(set(seen)) == 1, (name, seen)
+        shapes[name] = seen[0]
+    (t2i_in, t2i_out), (inpaint_in, inpaint_out) = shapes["text-to-image"], shapes["inpaint"]
+    assert t2i_in == t2i_out and t2i_in[:2] == (2, 4)
+    assert inpaint_in[:2] == (2, 9) and inpaint_out == (2, 4, *inpaint_in[2:])
