@@ -212,7 +212,7 @@ def test_ddpm_step_off_the_grid_raises_index_error():
 
 
 def test_unet_returns_sample_and_the_pipeline_takes_element_zero(sd_pipe, record_calls):
-    """`UNet2DConditionModel` returns its prediction, shaped like its input, as the output object's `.sample`, or as element `[0]` of a tuple under `return_dict=False`; `StableDiffusionPipeline` calls it with `return_dict=False`."""
+    """`UNet2DConditionModel` returns its prediction (in SD 1.x text-to-image shaped like its input) as the output object's `.sample`, or as element `[0]` of a tuple under `return_dict=False`; `StableDiffusionPipeline` calls it with `return_dict=False`."""
     unet = sd_pipe.unet
     latents, t, prompt_embeds = start_latents(), torch.tensor(500), embeds(0)
     with torch.no_grad():
