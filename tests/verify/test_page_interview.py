@@ -405,7 +405,7 @@ def test_size_mismatches_raise_the_vae_one_only_at_decode(sd_pipe, record_calls)
 
 
 def test_wrong_prediction_type_runs_without_error(sd_pipe):
-    """A `DDIMScheduler` whose `prediction_type` does not match the checkpoint raises nothing: the call returns finite latents that differ from those of the matching configuration."""
+    """A `DDIMScheduler` with `epsilon` and `v_prediction` swapped raises nothing: the call returns finite latents that differ from those of the matching configuration."""
     matched = generate(sd_with(sd_pipe, scheduler=DDIMScheduler(**SD_SCHEDULER)))
     wrong = generate(
         sd_with(sd_pipe, scheduler=DDIMScheduler(prediction_type="v_prediction", **SD_SCHEDULER))
@@ -575,13 +575,16 @@ def controlnet_pipe():
     return tiny_controlnet_pipeline(unet, tiny_controlnet(unet))
 
 
-def test_controlnet_runs_once_per_step_on_the_guided_batch(controlnet_pipe, record_calls):
-    """A `StableDiffusionControlNetPipeline` calls its ControlNet once per step, on the same `2B` latent rows as the UNet, and that step's UNet call receives its residuals as `down_block_additional_residuals` and `mid_block_additional_residual`."""
-    control = record_calls(controlnet_pipe.controlnet).calls
-    unet = record_calls(controlnet_pipe.unet).calls
+def test_controlnet_runs_once_per_unet_call_on_the_guided_batch(controlnet_pipe, record_calls):
+    """A `StableDiffusionControlNetPipeline` calls its ControlNet once per UNet call, not once per step (4 times at 3 steps with SD 1.5's `PNDMScheduler` config), on the same `2B` latent rows as the UNet, and that UNet call receives its residuals as `down_block_additional_residuals` and `mid_block_additional_residual`."""
+    pipe = tiny_controlnet_pipeline(
+        controlnet_pipe.unet, controlnet_pipe.controlnet, scheduler=PNDMScheduler(**SD15_PNDM)
+    )
+    control = record_calls(pipe.controlnet).calls
+    unet = record_calls(pipe.unet).calls
     image = torch.rand(1, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0))
-    generate(controlnet_pipe, steps=3, image=image)
-    assert len(control) == len(unet) == 3
+    generate(pipe, steps=3, image=image)
+    assert len(control) == len(unet) == 4  # n + 1 UNet calls at n = 3 steps
     for (args, _), (unet_args, unet_kwargs) in zip(control, unet, strict=True):
         assert args[0].shape[0] == unet_args[0].shape[0] == 2
         assert "down_block_additional_residuals" in unet_kwargs

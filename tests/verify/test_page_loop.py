@@ -1249,7 +1249,7 @@ def test_swapping_the_scheduler_and_fresh_noise(sd_pipe, step_calls):
 
 
 def test_a_mismatched_scheduler_runs_silently_or_fails_on_init_noise_sigma(sd_pipe, sd3_pipe):
-    """A wrong `prediction_type`, or DDIM in SD3's pipeline, runs silently and produces garbage; SD3's `FlowMatchEulerDiscreteScheduler` in `StableDiffusionPipeline` fails on `init_noise_sigma`.
+    """`epsilon` and `v_prediction` swapped, or DDIM in SD3's pipeline, silently produce garbage; SD3's `FlowMatchEulerDiscreteScheduler` in `StableDiffusionPipeline` fails on `init_noise_sigma`.
 
     "Silently": the pipeline returns finite latents, different from the matched scheduler's.
     The failure is the class's, not flow matching's: ``UniPCMultistepScheduler`` configured for
