@@ -175,7 +175,7 @@ def test_from_config_carries_the_schedule_and_prediction_type():
 
 
 def test_a_prediction_type_mismatch_raises_nothing(sd_pipe):
-    """Reading a model output with the wrong `prediction_type` raises no error: `StableDiffusionPipeline` runs the same UNet from the same `latents` to the end with `DDIMScheduler` set to `epsilon`, `sample` or `v_prediction`, each returning finite `latents` of the same shape and dtype, and different ones."""
+    """In `DDIMScheduler`, reading a model output with the wrong `prediction_type` raises no error (SD 1.5's `PNDMScheduler` raises a `ValueError` for `sample`): `StableDiffusionPipeline` runs the same UNet from the same `latents` to the end with `DDIMScheduler` set to `epsilon`, `sample` or `v_prediction`, each returning finite `latents` of the same shape and dtype, and different ones."""
     original, results = sd_pipe.scheduler, []
     try:
         for prediction_type in ("epsilon", "sample", "v_prediction"):
@@ -196,6 +196,16 @@ def test_a_prediction_type_mismatch_raises_nothing(sd_pipe):
         assert r.shape == latents.shape and r.dtype == latents.dtype
         assert torch.isfinite(r).all()
     assert not torch.allclose(results[0], results[1]) and not torch.allclose(results[0], results[2])
+    from diffusers import PNDMScheduler
+    from tiny import SD15_PNDM
+
+    try:
+        sd_pipe.scheduler = PNDMScheduler(**{**SD15_PNDM, "prediction_type": "sample"})
+        with pytest.raises(ValueError, match="prediction_type"):
+            sd_pipe(prompt_embeds=embeds(0), latents=start_latents(), num_inference_steps=2,
+                    guidance_scale=1.0, output_type="latent")  # fmt: skip
+    finally:
+        sd_pipe.scheduler = original
 
 
 def test_ddpm_step_off_the_grid_raises_index_error():
