@@ -636,6 +636,29 @@ def test_lora_hotswap_conditions_are_not_sufficient():
         pipe.load_lora_weights(mixed, adapter_name="default_0", hotswap=True)
 
 
+def test_lora_hotswap_enabled_after_the_first_load_recompiles():
+    """`set_adapters` recompiles; hotswap, enabled before the first load, need not: through `FluxPipeline.load_lora_weights`, `pipe.enable_lora_hotswap(target_rank=8, check_compiled="warn")` called after the first load only logs a warning, and a rank-8 LoRA on the first's layers, with no text-encoder weights, hotswapped into the compiled transformer then recompiles (a second graph), with a fresh load's output."""
+    from tiny import logged_messages
+
+    pipe = tiny_flux_pipeline()
+    pipe.load_lora_weights(lora(pipe, 4, 1), adapter_name="default_0")
+    with logged_messages() as messages:
+        pipe.enable_lora_hotswap(target_rank=8, check_compiled="warn")
+    assert any("before loading the first adapter" in m for m in messages), messages
+    counter = CompileCounter()
+    pipe.transformer.compile(backend=counter)
+    state = lora(pipe, 8, 2)
+    eager = tiny_flux_pipeline()
+    eager.load_lora_weights(dict(state), adapter_name="default_0")
+    with torch.no_grad():
+        pipe.transformer(**transformer_inputs())
+        assert counter.frame_count == 1
+        pipe.load_lora_weights(dict(state), adapter_name="default_0", hotswap=True)
+        swapped, want = (p.transformer(**transformer_inputs())[0] for p in (pipe, eager))
+    assert counter.frame_count == 2
+    torch.testing.assert_close(swapped, want, atol=1e-6, rtol=1e-6)
+
+
 class DispatchCounter(TorchDispatchMode):
     """Counts the aten operations a forward dispatches, views (outputs aliasing an input) left out."""
 
