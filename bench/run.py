@@ -20,6 +20,7 @@ import gzip
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -151,6 +152,9 @@ def main() -> int:
         )
         ok &= cold <= COLD_BUILD_BUDGET_S and warm <= WARM_BUILD_BUDGET_S
         source = CHANGED_STARTER.read_bytes()
+        # a bench stopped by `kill` or a closed terminal must still put the starter back
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda *_: sys.exit(1))
         try:
             CHANGED_STARTER.write_bytes(source + b"# bench: one starter changed\n")
             one = build(site)
