@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import html as html_lib
 import json
 import platform
+import posixpath
 import re
 import shlex
 from html.parser import HTMLParser
@@ -113,15 +115,71 @@ def test_runnable_starters_render_as_executed_notebooks(built_site, lab):
         assert (out.parent / starter.path.name).is_file(), "the source download is missing"
 
 
+def link_texts(page_html: str, page_url: str, target: str, where: str = "") -> list[str]:
+    """The texts of the links of ``page_html`` (those with ``where`` in their attributes)
+    that lead to the site URL ``target``, whose page is at ``page_url``."""
+    texts = []
+    for attrs, inner in re.findall(r"<a\b([^>]*)>(.*?)</a>", page_html, re.DOTALL):
+        href = re.search(r'href="([^"#]*)', attrs)
+        if not href or where not in attrs or href.group(1).startswith(("http", "mailto")):
+            continue
+        url = posixpath.normpath(posixpath.join(page_url, href.group(1))).rstrip("/") + "/"
+        if url == target:
+            shown = re.sub(
+                r"<span class=\"md-footer__direction\">.*?</span>", "", inner, flags=re.S
+            )
+            texts.append(" ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", shown)).split()))
+    return texts
+
+
 def test_nav_and_labs_index_come_from_the_registry(built_site):
     index = (built_site / "labs" / "index.html").read_text(encoding="utf-8")
     home = (built_site / "index.html").read_text(encoding="utf-8")
     for lab in LABS:
         href = f"{lab.page.with_suffix('').name}/"
         assert href in index, f"labs index misses {lab.id}"
-        assert lab.label.replace("·", "&middot;") in home or lab.label in home, (
-            f"nav misses {lab.id}"
+        assert html_lib.escape(lab.name) in home, f"nav misses {lab.id}"
+
+
+def test_each_lab_has_one_name_in_nav_footer_map_and_index(built_site):
+    """The nav, the footer's previous/next links, the home page's map, the labs index and
+    the page's own title all call a lab by the registry's name, "Lab 01: Forward Noise
+    Process"; a prose link may say just "Lab 01"."""
+    pages = {
+        ("/" + p.relative_to(built_site).parent.as_posix().strip(".") + "/").replace("//", "/"): (
+            p.read_text(encoding="utf-8")
         )
+        for p in built_site.rglob("index.html")
+    }
+    home, index = pages["/"], pages["/labs/"]
+    for lab in LABS:
+        target = "/" + lab.page.with_suffix("").as_posix() + "/"
+        own = pages[target]
+        h1 = re.search(r"<h1\b[^>]*>(.*?)<a class=\"headerlink\"", own, re.DOTALL).group(1)
+        assert html_lib.unescape(re.sub(r"<[^>]+>", "", h1)) == lab.name, lab.id
+        assert f"<title>{html_lib.escape(lab.name)} - " in own, lab.id
+        nav = home[
+            home.index('<nav class="md-nav md-nav--primary') : home.index("md-sidebar--secondary")
+        ]
+        assert link_texts(nav, "/", target) == [lab.name], lab.id
+        # the lab's own section: the nested item that holds its links (the innermost)
+        section = [c for c in nav.split("md-nav__item--nested") if f'href="{target[1:]}"' in c][-1]
+        label = re.search(r'<span class="md-ellipsis">\s*([^<]*?)\s*</span>', section)
+        assert label.group(1) == lab.name, f"nav section of {lab.id}: {label.group(1)}"
+        listed = link_texts(
+            re.search(r"<article\b.*?</article>", index, re.DOTALL).group(0), "/labs/", target
+        )
+        assert listed == [lab.name], f"labs index: {lab.id}: {listed}"
+        footer = [
+            t
+            for url, text in pages.items()
+            for t in link_texts(text, url, target, "md-footer__link")
+        ]
+        assert footer and set(footer) == {lab.name}, f"footer names of {lab.id}: {set(footer)}"
+        article = re.search(r"<article\b.*?</article>", home, re.DOTALL).group(0)
+        in_map = link_texts(article, "/", target)
+        assert in_map.count(lab.name) == 1, f"home page map: {lab.id}"
+        assert set(in_map) <= {lab.name, f"Lab {lab.number:02d}"}, f"home page: {lab.id}: {in_map}"
 
 
 def test_no_seed_filler_anywhere(built_site):
@@ -234,6 +292,23 @@ def cited_numbers(markdown_path: Path) -> dict[str, str]:
 
 
 PROSE_LINKED_LAB = re.compile(r"\]\((?:[./]*labs/|\.\./)?(lab-\d\d-[a-z0-9-]+)(?:\.md|/)")
+#: a link to a handbook section, from a section (``memory.md#...``) or a lab page
+PROSE_LINKED_SECTION = re.compile(r"\]\((?:\.\./handbook/)?([a-z0-9-]+)\.md(?:#[^)]*)?\)")
+
+
+def linked_size_tables(built_site: Path, written: str) -> list[str]:
+    """The model-size tables of the handbook sections a prose block links to: the full table
+    lives on one page (Memory's), and a block elsewhere that quotes a row links to it."""
+    import html
+
+    tables = []
+    for name in sorted(set(PROSE_LINKED_SECTION.findall(written))):
+        built = built_site / "handbook" / name / "index.html"
+        if built.is_file():
+            page = built.read_text(encoding="utf-8")
+            found = re.findall(r'<div class="model-sizes"[^>]*>(.*?)</div>', page, re.DOTALL)
+            tables += [html.unescape(re.sub(r"<[^>]+>", "", table)) for table in found]
+    return tables
 
 
 def prose_blocks(markdown_path: Path) -> list[tuple[str, set[str], str]]:
@@ -561,8 +636,9 @@ def built_path(site: Path, page: Path) -> Path:
 @pytest.mark.parametrize("page", PAGES_WITH_PROSE, ids=page_id)
 def test_numbers_in_prose_come_from_the_runs_they_cite(built_site, page, tmp_path):
     """Every number a page's prose quotes (see :func:`quoted_in`) is a whole number in what
-    the page shows, a lab page its block links to shows, or, on a handbook section, a lab that
-    serves that section (its ``sections``) shows; else it is cited. Of the page's own runs a
+    the page shows, a lab page its block links to shows, the model-size table of a section its
+    block links to, or, on a handbook section, a lab that serves that section (its
+    ``sections``) shows; else it is cited. Of the page's own runs a
     block counts those with their defaults and the runs it cites (:func:`cites_run`: it holds
     the run's directive or names its flags), so a number printed by a run with other flags
     must say which run it comes from, and a number left stale in prose cannot pass by turning
@@ -587,6 +663,7 @@ def test_numbers_in_prose_come_from_the_runs_they_cite(built_site, page, tmp_pat
         cited = [shown_output(built_site / labs[name].page.with_suffix("") / "index.html")
                  for name in sorted(linked - serving) if name in labs]  # fmt: skip
         cited += [b for flags, b in flagged if cites_run(written, flags)]
+        cited += linked_size_tables(built_site, written)
         shown = " ".join([own, *cited])
         first = " ".join(text.split())[:70]
         unshown += [
@@ -636,19 +713,42 @@ def test_lab_page_shows_a_figure_its_starter_draws(built_site, lab):
             assert len(svg.encode()) <= 60_000 and " id=" not in svg
 
 
-@pytest.mark.parametrize("page", ["index.html", "handbook/loop/index.html"])
-def test_home_and_loop_pages_show_the_pipeline_diagram(built_site, page):
+@pytest.mark.parametrize(
+    "page",
+    ["handbook/loop/index.html", "index.html", "labs/lab-12-end-to-end-inference-trace/index.html"],
+)
+def test_the_pipeline_diagram_is_on_the_loop_page_alone(built_site, page):
     """The pipeline diagram (stages, tensors, shapes) that Lab 12's starter draws from its
-    trace is inline SVG on the home page and the inference-loop section: no script, no
-    request, with a text alternative that names every tensor."""
+    trace is inline SVG on the inference-loop section, where the loop is taught: no script,
+    no request, with a text alternative that names every tensor. The home page and Lab 12
+    link to it rather than show it again (issue 32: each fact taught once)."""
     text = (built_site / page).read_text(encoding="utf-8")
     found = [f for f in re.findall(r'<figure class="lab-figure"[^>]*>(.*?)</figure>', text, re.DOTALL)
              if "A text-to-image pipeline call" in f]  # fmt: skip
+    if page != "handbook/loop/index.html":
+        assert found == [], f"{page} shows the pipeline diagram again"
+        assert re.search(r'href="[^"]*handbook/loop/#the-loop-line-by-line"', text), page
+        return
     assert len(found) == 1, f"{page} shows no pipeline diagram"
     label = re.search(r'role="img" aria-label="([^"]+)"', found[0]).group(1)
     for name in ["prompt_embeds", "latent_model_input", "noise_pred", "latents", "image"]:
         assert name in label
     assert "<script" not in found[0] and "<img" not in found[0]
+
+
+def test_memory_page_opens_with_lab_10s_memory_timeline(built_site):
+    """The memory section's first picture, before any table or code, is the memory
+    timeline Lab 10's starter draws from its run: one line per switch over the phases of a
+    call, captioned as the lab's accounting of SD 1.5 (issue 32)."""
+    text = (built_site / "handbook" / "memory" / "index.html").read_text(encoding="utf-8")
+    article = re.search(r"<article\b.*?</article>", text, re.DOTALL).group(0)
+    first = re.search(r'<figure class="lab-figure"|<table|<pre|<div class="highlight', article)
+    assert first and first.group(0) == '<figure class="lab-figure"', "a table or code comes first"
+    figure = re.search(r'<figure class="lab-figure".*?</figure>', article, re.DOTALL).group(0)
+    for phase in ("loaded", "text encode", "denoise loop", "VAE decode"):
+        assert f">{phase}</text>" in figure
+    assert "Lab 10&#x27;s accounting" in figure or "Lab 10's accounting" in figure
+    assert "SD 1.5" in figure
 
 
 def test_no_page_inlines_base64_images(built_site):
@@ -682,6 +782,8 @@ def test_starter_pages_link_back_and_offer_downloads(built_site, lab):
     import json
 
     for starter in lab.starters:
+        if starter.path.suffix not in {".py", ".md"}:  # a solution kept as .txt is no page
+            continue
         out = built_site / starter.path.with_suffix("") / "index.html"
         text = out.read_text(encoding="utf-8")
         title = f"Lab {lab.number:02d} · {starter.path.name}"
@@ -689,7 +791,9 @@ def test_starter_pages_link_back_and_offer_downloads(built_site, lab):
         if starter.path.suffix == ".py":  # a Markdown starter keeps its own H1
             assert f"<h1>{title}</h1>" in text
         links = re.search(r'<p class="starter-links">(.*?)</p>', text).group(1)
-        guide = re.search(r'<a href="([^"]+)">Lab \d\d guide', links).group(1)
+        guide = re.search(
+            rf'<a href="([^"]+)">{re.escape(html_lib.escape(lab.name))}</a>', links
+        ).group(1)
         assert (out.parent / guide / "index.html").resolve().is_file(), guide
         assert "anchor-link" not in text
         if starter.path.suffix == ".py":
@@ -1131,3 +1235,206 @@ def test_offline_copy_links_resolve_to_files(offline_site):
     index = (offline_site / "search" / "search_index.js").read_text(encoding="utf-8")
     assert index.startswith("var __index = {")
     assert json.loads(index.removeprefix("var __index = "))["docs"]
+
+
+# --------------------------------------------------------------------------- metrics
+
+#: Each metric a starter prints, as the output names it -> (what marks it in the starter's
+#: source, what marks it in a page's text, what its gloss must say: what the code computes).
+#: ``labkit.metrics.SampleQuality``'s fields are all here (a test below holds that).
+METRICS = {
+    "mode acc": ("'mode acc'", r"\bmode acc\b", r"most probable mode given .{0,80}came from"),
+    "moment err": ("'moment err'", r"\bmoment err(?:or)?s?\b", r"mean and covariance"),
+    "on_mode": (  # prose may spell it "on-mode" ("on-mode stays 99.2%"), not "on-mode samples"
+        "on_mode",
+        r"\bon_mode\b|(?i:\bon-mode\b)(?! samples)",
+        r"within 3 std of (?:their|its) nearest mode",
+    ),
+    "weight_err": ("weight_err", r"\bweight_err(?:or)?\b", r"total-variation distance"),
+    "spread": (  # on-mode samples only, and over what true samples give (1 = the data)
+        ".spread",
+        r"<code>spread</code>|\bspread (?:is |of )?\d",
+        r"(?:on-mode samples[’']? RMS distance|RMS distance of on-mode samples) to their mode,?"
+        r" over (?:what true samples give|the data[’']s)",
+    ),
+    "purity": ("'purity'", r"(?i)\bpurity\b", r"share of samples whose nearest class mean is"),
+    "mean x": ("'mean x'", r"\bmean x\b", r"mean along the class axis"),
+    "std x": ("'std x'", r"\bstd [xy]\b", r"standard deviation along"),
+    "rows/step": ("'rows/step'", r"\brows/step\b", r"rows evaluated per step"),
+    # Lab 01's check columns: the largest gaps of the batch's moments, and `ok`, which also
+    # checks the noise term's variance
+    "|mean err|": ("'|mean err|'", r"\|mean err\|", r"largest gaps between the batch[’']s mean"),
+    "|cov err|": ("'|cov err|'", r"\|cov err\|", r"largest gaps between .{0,40}covariance"),
+    "ok": (
+        "'ok'",
+        r"<code>ok</code>|\bok\s+mode acc",
+        # forward_noise.py's tolerances: the Gaussian formula at the larger channel variance
+        r"noise term[’']s variance.{0,60}within five standard errors \(Gaussian formula, at the"
+        r" larger variance\)",
+    ),
+}
+#: the blocks of a page in reading order: prose (a paragraph, list item, caption, cell,
+#: heading) and code or program output (``pre``)
+BLOCK_RE = re.compile(r"<(p|li|figcaption|td|th|summary|h[1-6]|pre)\b[^>]*>(.*?)</\1>", re.DOTALL)
+#: charts, and the first screen's card: it names what the page will measure, the page
+#: defines it where it shows it
+HIDDEN_RE = re.compile(
+    r"<(svg|script|style)\b.*?</\1>|<div class=\"admonition abstract\">.*?</div>", re.DOTALL
+)
+
+
+def first_mention_block(page_html: str, mention: str, code: bool) -> tuple[str, str] | None:
+    """The first block of the page's article (charts aside; code and output only if
+    ``code``) that mentions the metric: its tag and its text; None if none does."""
+    body = re.search(r"<article\b[^>]*>(.*)</article>", page_html, re.DOTALL).group(1)
+    body = HIDDEN_RE.sub("", body)
+    for block in BLOCK_RE.finditer(body):
+        if (code or block.group(1) != "pre") and re.search(mention, block.group(2)):
+            text = html_lib.unescape(re.sub(r"<[^>]+>", "", block.group(2)))
+            return block.group(1), " ".join(text.split())
+    return None
+
+
+def metric_pages() -> list[tuple[str, Path]]:
+    """Every handbook section and lab guide (the Markdown pages that show starter output)."""
+    pages = sorted((ROOT / "docs" / "handbook").glob("*.md"))
+    pages += [ROOT / "docs" / lab.page for lab in LABS]
+    return [(p.relative_to(ROOT / "docs").with_suffix("").as_posix(), p) for p in pages]
+
+
+def test_every_sample_quality_field_has_a_gloss():
+    """A metric added to labkit.metrics is added here with what it computes."""
+    from dataclasses import fields
+
+    from labkit.metrics import SampleQuality
+
+    names = {name.removesuffix("or") for name in METRICS}
+    assert {f.name.removesuffix("or") for f in fields(SampleQuality)} <= names
+
+
+@pytest.mark.parametrize("page", metric_pages(), ids=lambda p: p[0])
+def test_metrics_are_defined_where_first_shown(built_site, page):
+    """Each metric a page shows, and each metric its lab's starters print, is defined in the
+    first block of the page that mentions it, with what the code computes: the reader never
+    meets a metric's name before its meaning. (Where the starters do not print it, a code
+    variable of the same name does not count as showing it.)"""
+    stem, source = page
+    shown = (built_site / stem / "index.html").read_text(encoding="utf-8")
+    lab = next((lab for lab in LABS if ROOT / "docs" / lab.page == source), None)
+    starters = lab.starters if lab else ()
+    printed = "".join((ROOT / s.path).read_text(encoding="utf-8") for s in starters)
+    for name, (in_code, mention, gloss) in METRICS.items():
+        first = first_mention_block(shown, mention, code=in_code in printed)
+        if first is None:
+            assert in_code not in printed, f"{stem}: its starter prints {name}, the page does not"
+            continue
+        tag, text = first
+        assert tag != "pre", f"{stem}: {name} appears in code or output before prose defines it"
+        assert re.search(gloss, text), f"{stem}: {name} is first shown undefined, in: {text[:300]}"
+
+
+def runnable_starter_pages() -> list[tuple[str, Path]]:
+    """Every executed starter page (a ``.py`` starter): its output shows the runs too."""
+    return [
+        (s.path.with_suffix("").as_posix(), ROOT / s.path)
+        for lab in LABS
+        for s in lab.starters
+        if s.path.suffix == ".py" and s.runnable
+    ]
+
+
+def test_every_gloss_of_spread_says_only_on_mode_samples_count():
+    """Not only the first: every sentence that says what ``spread`` is (a page, a starter's
+    comment or printed label, labkit) says it is taken over on-mode samples, as
+    ``sample_quality`` computes it (hence its inf when no sample is on a mode)."""
+    gloss = re.compile(r"\bspread\b[^.;]{0,25}?(?:RMS distance|how wide)[^.;]{0,45}", re.I)
+    files = [*(ROOT / "docs").rglob("*.md"), *(ROOT / "code").rglob("*.py")]
+    found, wrong = 0, []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".py":
+            text = re.sub(r"\n\s*# ?", " ", text)  # a comment's lines as one sentence
+        for m in gloss.finditer(text):
+            found += 1
+            if "on-mode" not in m.group(0):
+                wrong.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
+    assert found >= 5 and wrong == []
+
+
+@pytest.mark.parametrize("page", metric_pages() + runnable_starter_pages(), ids=lambda p: p[0])
+def test_an_infinite_spread_is_explained_before_it_is_shown(built_site, page):
+    """``sample_quality`` returns a spread of inf when no sample lies within 3 std of a
+    mode (its RMS is over on-mode samples only): a page, a starter's page too, whose output
+    prints ``inf`` in a spread column says so in prose before that output."""
+    shown = (built_site / page[0] / "index.html").read_text(encoding="utf-8")
+    body = re.search(r"<article\b[^>]*>(.*)</article>", shown, re.DOTALL).group(1)
+    body = HIDDEN_RE.sub("", body)
+    said = ""
+    for block in BLOCK_RE.finditer(body):
+        text = " ".join(html_lib.unescape(re.sub(r"<[^>]+>", "", block.group(2))).split())
+        if block.group(1) == "pre" and "spread" in text and re.search(r"\binf\b", text):
+            why = r"\binf\b[^.]*(?:on-mode samples only|no sample is on a mode)"
+            assert re.search(why, said), f"{page[0]}: a spread of inf, unexplained before it"
+            return
+        if block.group(1) != "pre":
+            said += text + " "
+
+
+def test_lab_02_says_what_the_stride_is_where_it_first_uses_it(built_site):
+    """Lab 02's first block that says "stride" (the lab card aside) says what it is: the gap
+    from the step's timestep to the previous one, ``num_train_timesteps //
+    num_inference_steps`` in denoising_step.py. Its numbers are the default run's, as the
+    page prints it: ``timestep=500 -> prev_timestep=400``."""
+    shown = (built_site / "labs" / "lab-02-denoising-step" / "index.html").read_text()
+    _, text = first_mention_block(shown, r"\bstride\b", code=False)
+    said = re.search(
+        r"one step from t = (\d+) with (\d+) inference steps, so stride (\d+), the gap from the"
+        r" step[’']s timestep to the previous one: (\d+) → (\d+)",
+        text,
+    )
+    assert said, text
+    t, steps, stride, start, end = map(int, said.groups())
+    runs = [
+        html_lib.unescape(re.sub(r"<[^>]+>", "", pre))
+        for pre in re.findall(r"<pre\b[^>]*>(.*?)</pre>", shown, re.DOTALL)
+    ]
+    command = "$ python3 code/lab-02-denoising-step/denoising_step.py\n"
+    default = next(r for r in runs if r.startswith(command))
+    printed = re.search(r"timestep=(\d+) -> prev_timestep=(-?\d+)", default)
+    assert (t, start, end) == (int(printed.group(1)), int(printed.group(1)), int(printed.group(2)))
+    assert stride == start - end == 1000 // steps  # num_train_timesteps // num_inference_steps
+
+
+def test_a_starters_cache_keys_fold_in_the_files_beside_it(tmp_path):
+    """A checker's page and runs show what the files beside it hold: the notebook page's
+    cache key (mkdocs-jupyter's, wrapped by ``notebooks.configure``) and the run cache's key
+    change when the exercise's blanks file or its ``*_solution.txt`` changes, and not when
+    a file no run reads (a Markdown note) does."""
+    from mkdocs_jupyter import plugin
+
+    from infralens_docs import notebooks, runner
+
+    notebooks.configure()
+    checker, blanks, solution, note = (
+        tmp_path / name for name in ("check.py", "blanks.py", "solution.txt", "notes.md")
+    )
+    for path in (checker, blanks, solution, note):
+        path.write_text("x = 1\n", encoding="utf-8")
+    config = dict.fromkeys(
+        ["kernel_name", "theme", "allow_errors", "show_input", "no_input", "no_prompt",
+         "remove_tag_config", "highlight_extra_classes", "include_requirejs",
+         "custom_mathjax_url", "toc_depth"]
+    )  # fmt: skip
+
+    def keys() -> tuple[str, str]:
+        return plugin._compute_cache_key(str(checker), config, True), runner._key("c", checker)
+
+    first = keys()
+    note.write_text("y = 2\n", encoding="utf-8")
+    assert keys() == first
+    blanks.write_text("x = 2\n", encoding="utf-8")
+    second = keys()
+    assert second[0] != first[0] and second[1] != first[1]
+    solution.write_text("x = 3\n", encoding="utf-8")
+    third = keys()
+    assert third[0] != second[0] and third[1] != second[1]

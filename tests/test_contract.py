@@ -59,6 +59,23 @@ def test_registry_rejects_starters_that_would_share_a_page(tmp_path):
         load_labs(tmp_path)
 
 
+def test_registry_rejects_a_page_titled_other_than_the_labs_name(tmp_path):
+    """The page's title is the lab's one name ("Lab 01: X"), as the nav, the footer and
+    the home page's map show it."""
+    (tmp_path / "docs" / "labs").mkdir(parents=True)
+    (tmp_path / "code" / "lab-01-x").mkdir(parents=True)
+    for title in ("Lab 01 guide", "Lab 01: X"):
+        (tmp_path / "docs" / "labs" / "lab-01-x.md").write_text(
+            f'---\ntitle: "{title}"\nlab:\n  number: 1\n  slug: x\n  title: X\n  question: Q?\n'
+            "  starters:\n    - file: x.py\n  sections: []\n---\n"
+        )
+        if title == "Lab 01: X":
+            assert load_labs(tmp_path)[0].name == title
+        else:
+            with pytest.raises(RegistryError, match="lab's name"):
+                load_labs(tmp_path)
+
+
 def test_every_lab_folder_has_a_page():
     folders = {p.name for p in (ROOT / "code").glob("lab-*") if p.is_dir()}
     assert folders == {lab.id for lab in LABS}

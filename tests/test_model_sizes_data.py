@@ -124,3 +124,24 @@ def test_size_formats():
     assert model_sizes.format_params(859_520_964) == "859.5 M"
     assert model_sizes.format_params(2_567_463_684) == "2.57 B"
     assert model_sizes.format_gb(3_438_083_856) == "3.44 GB"
+
+
+def test_the_size_table_is_shown_on_one_page_only():
+    """The size table is shown on one page, Memory's, where weights memory is taught, and
+    unfolded there; another page may keep a few of its pipelines' rows in a collapsed block
+    (issue 32: the reader met the whole table on Memory, Serving and
+    Interview). A directive outside a ``???`` block starts its line; inside one it is
+    indented; with no pipeline named it renders every row."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    directives = [
+        (page.relative_to(docs).as_posix(), line)
+        for page in docs.rglob("*.md")
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if line.lstrip().startswith("<!-- infralens:model-sizes")
+    ]
+    unfolded = [(page, line) for page, line in directives if not line[0].isspace()]
+    whole = [page for page, line in directives if line.strip() == "<!-- infralens:model-sizes -->"]
+    assert unfolded == [("handbook/memory.md", "<!-- infralens:model-sizes -->")]
+    assert whole == ["handbook/memory.md"]

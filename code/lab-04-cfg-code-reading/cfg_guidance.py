@@ -189,7 +189,7 @@ for label, scale in runs:
     nearest = (samples[:400, 0] > 0).astype(int)  # class 1's mean is at +0.7, class 0's at -0.7
     title = "no prompt" if scale is None else f"guidance_scale={label}"
     panels.append((title, samples[:400], nearest))
-sweep_figure = figures.scatter_panels(panels, lim=3.6, columns=min(len(panels), 6), size=140)
+sweep_figure = figures.scatter_panels(panels, lim=3.6, columns=min(len(panels), 3), size=160)
 figures.save(
     args.figures, "sweep", sweep_figure,
     alt="Scatter plots of 400 samples without a prompt and at guidance scales "

@@ -462,9 +462,10 @@ def call_order(pipeline, parts, steps):
     return [c for run in expanded for c in run if c in parts]
 
 
-def model_offload(order, seq, parts, stays=0):
+def model_offload(order, seq, parts, stays=0, resident=None):
     """Replay CpuOffload.pre_forward over ``order``: (crossings per component, peak resident
-    bytes). ``stays`` (no hook) is resident throughout and crosses twice at the end."""
+    bytes). ``stays`` (no hook) is resident throughout and crosses twice at the end; a list
+    ``resident`` gets the bytes resident during each forward of ``order``."""
     chain = [c for c in seq.split("->") if c in parts]
     prev = {c: chain[k - 1] if k else None for k, c in enumerate(chain)}
     on, crossings, peak = set(), dict.fromkeys(chain, 0), 0
@@ -476,6 +477,8 @@ def model_offload(order, seq, parts, stays=0):
             on.add(c)
             crossings[c] += 1
         peak = max(peak, stays + sum(parts[x] for x in on))
+        if resident is not None:
+            resident.append(stays + sum(parts[x] for x in on))
     for c in on:  # maybe_free_model_hooks: pipe.to("cpu")
         crossings[c] += 1
     return crossings, peak
@@ -635,7 +638,67 @@ print(
 )
 
 # %% [markdown]
-# ## 8. Summary
+# ## 8. One call, phase by phase: where each switch lowers the peak
+#
+# SD 1.5 at 512 px, one image with guidance: the weights resident in each phase of a call
+# plus the tensors this lab counts live at the phase's largest step. Loaded: weights before
+# the call (under model offload only the `safety_checker`, which `enable_model_cpu_offload`
+# moves to the device instead of hooking it: `pipelines/pipeline_utils.py`, lines 1264-1265
+# of diffusers 0.42.1). Text encode: weights only (77 tokens' activations are small).
+# Denoise loop: one first-level self-attention layer run by diffusers' `AttnProcessor`,
+# whose `get_attention_scores` keeps two `(2 * 8, 4096, 4096)` tensors alive (section 2;
+# two `"auto"` slices when sliced). The default `AttnProcessor2_0` calls SDPA, whose flash
+# and memory-efficient kernels store no scores: there the loop adds nothing counted here.
+# VAE decode: three tensors of the decoder's widest output, `(1, C, H, W)` of the up block
+# with the most values, from the VAE's config (the last up block's first resnet holds its
+# input for the shortcut, its GroupNorm output and their SiLU). A floor, not a
+# measurement: other activations, workspace and the CUDA context come on top.
+
+
+# %%
+# --8<-- [start:timeline]
+def widest_decoder_output(cfg, px):
+    """Values in the largest up block output of AutoencoderKL's decoder at ``px`` pixels:
+    reversed(block_out_channels), each up block but the last doubling the side."""
+    side, widest = px // 2 ** (len(cfg["block_out_channels"]) - 1), 0
+    for i, channels in enumerate(reversed(cfg["block_out_channels"])):
+        side *= 2 if i < len(cfg["block_out_channels"]) - 1 else 1
+        widest = max(widest, channels * side * side)
+    return widest
+
+
+PHASES = ("loaded", "text encode", "denoise loop", "VAE decode")
+sd15, stay = sizes["SD 1.5"], stays["SD 1.5"]  # fp16 component bytes; the safety_checker
+scores_values = 2 * 2 * 8 * (512 // 8) ** 4  # two live (B * heads, N, N): B = 2 (CFG), N = 4096
+auto_values = 2 * (8 // 2) * (512 // 8) ** 4  # two live slices of 8 // 2 rows ("auto")
+decode_values = 3 * widest_decoder_output(vae_rows["SD 1.5"]["config"], 512)  # three live
+order = call_order("SD 1.5", sd15, args.steps)
+phase_of = {"text_encoder": 1, "unet": 2, "vae": 3}
+resident = []
+model_offload(order, OFFLOAD_SEQ["SD 1.5"], sd15, stay, resident)
+offloaded = [stay] + [max(r for c, r in zip(order, resident, strict=True) if phase_of[c] == k) for k in (1, 2, 3)]  # fmt: skip
+timeline = {}  # switch -> bytes in each phase
+for name, width, loop_values, weights in [
+    ("float32", 4, scores_values, [2 * (sum(sd15.values()) + stay)] * 4),
+    ("float16", 2, scores_values, [sum(sd15.values()) + stay] * 4),
+    ("+ attn slicing", 2, auto_values, [sum(sd15.values()) + stay] * 4),
+    ("+ model offload", 2, auto_values, offloaded),
+]:
+    extra = [0, 0, width * loop_values, width * decode_values]
+    timeline[name] = [w + e for w, e in zip(weights, extra, strict=True)]
+# with a flash or memory-efficient SDPA kernel (the default processor's) no scores are stored
+sdpa_row = [w + e for w, e in zip(timeline["float16"], [0, 0, -2 * scores_values, 0], strict=True)]
+# --8<-- [end:timeline]
+table(
+    "SD 1.5, 512 px, one image with guidance: weights + the tensors counted live, GB (float32: no dtype=)",
+    ["", *PHASES],
+    [[name, *(f"{b / 1e9:.2f}" for b in row)] for name, row in timeline.items()],
+)
+print(f"float16 with a flash or memory-efficient SDPA kernel (no scores stored): peak {max(sdpa_row) / 1e9:.2f} GB in the {PHASES[int(np.argmax(sdpa_row))]}; attention slicing lowers nothing there")  # fmt: skip
+print("VAE slicing and tiling change nothing here: a batch of one image, and 512 px is one tile")
+
+# %% [markdown]
+# ## 9. Summary
 
 # %%
 best_slice = min(sliced, key=lambda s: sliced[s][1])
@@ -686,7 +749,7 @@ rows = [
 table("Strategy summary (this run)", ["strategy", "reduces", "measured saving", "cost"], rows)
 
 # %% [markdown]
-# ## 9. Picture it
+# ## 10. Picture it
 
 # %%
 # --8<-- [start:figures]
@@ -724,9 +787,21 @@ prec = figures.line_chart(
     logy=True,
 )
 figures.save(args.figures, "precision-error", prec, alt="Line chart, log scale, of the deviation of the DDIM latents from the float64 run at each step, for float32, float16 and emulated bfloat16.", caption="Deviation from the float64 run over the DDIM steps.")  # fmt: skip
+# each phase one unit wide: a step per switch, its value held across the phase
+edges = np.repeat(np.arange(len(PHASES) + 1), 2)[1:-1]  # 0, 1, 1, 2, 2, 3, 3, 4
+steps_y = {name: np.repeat(np.round(np.array(row) / 1e9, 2), 2) for name, row in timeline.items()}
+mem = figures.line_chart(
+    {name: (edges, y) for name, y in steps_y.items()},
+    xlabel="phase of one pipe(prompt) call",
+    ylabel="GB resident (10^9 B)",
+    xticks={k + 0.5: phase for k, phase in enumerate(PHASES)},
+    legend_outside=True,
+)
+peaks = [f"{name} {max(row) / 1e9:.2f} GB in the {PHASES[int(np.argmax(row))]}" for name, row in timeline.items()]  # fmt: skip
+figures.save(args.figures, "memory-timeline", mem, alt="Step chart of Lab 10's accounting (not a measurement) of GPU memory over the phases of one SD 1.5 call (loaded, text encode, denoise loop, VAE decode), one line per switch, each peaking: " + "; ".join(peaks) + ".", caption="Lab 10's accounting, not a measurement: SD 1.5 at 512 px, one image with guidance, from the real classes' configs. Weights resident in each phase plus the tensors the lab counts live there, a floor: one first-level self-attention layer's scores and softmax as diffusers' AttnProcessor keeps them (not the processor a pipeline loads with), and three tensors of the VAE decoder's widest output. With the default SDPA's flash or memory-efficient kernels no scores are stored, and attention slicing lowers nothing.")  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display
 
-    for svg in (chart, seam, prec):
+    for svg in (mem, chart, seam, prec):
         display(SVG(svg))
 # --8<-- [end:figures]

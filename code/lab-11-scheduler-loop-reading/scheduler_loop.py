@@ -142,7 +142,7 @@ def run_loop(scheduler, unet, num_inference_steps, seed, trajectory=None, start=
 # `on_mode`: samples within 3 std of a mode (98.9% for real data, so more is
 # not better). `weight_err`: total-variation distance between the sampled mode
 # shares and the true weights (0.4 / 0.3 / 0.2 / 0.1). `spread`: how wide the
-# samples sit around their mode, relative to the data (1.00; below 1 means too
+# on-mode samples sit around their mode, relative to the data (1.00; below 1 means too
 # narrow, above 1 smeared). `calls`: denoiser calls, the
 # latency proxy: in a real pipeline each one is a UNet pass, which dwarfs the
 # scheduler's arithmetic, so wall time follows this column.

@@ -69,7 +69,8 @@ class _Axes:
             d - c or 1
         ) * self.h
 
-    def frame(self, xlabel="", ylabel="", title="") -> list[str]:
+    def frame(self, xlabel="", ylabel="", title="", xticks=None) -> list[str]:
+        """``xticks`` maps x positions to labels, in place of numeric ticks."""
         out = [
             f'<rect class="frame" x="{self.x0}" y="{self.y0}" width="{self.w}" height="{self.h}"/>'
         ]
@@ -79,6 +80,8 @@ class _Axes:
                 if log
                 else _ticks(*lim)
             )
+            if axis == "x" and xticks:
+                ticks = list(xticks)
             for t in ticks:
                 if axis == "x":
                     x, _ = self.px(t, 10 ** self.ylim[0] if self.logy else self.ylim[0])
@@ -86,8 +89,9 @@ class _Axes:
                     out.append(
                         f'<line class="tick" x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}"/>'
                     )
+                    label = escape(xticks[t]) if xticks else _fmt(t)
                     out.append(
-                        f'<text x="{x:.1f}" y="{y + 17}" text-anchor="middle">{_fmt(t)}</text>'
+                        f'<text x="{x:.1f}" y="{y + 17}" text-anchor="middle">{label}</text>'
                     )
                 else:
                     _, y = self.px(10 ** self.xlim[0] if self.logx else self.xlim[0], t)
@@ -140,8 +144,12 @@ def line_chart(
     logy: bool = False,
     markers: bool = False,
     max_points: int = 160,
+    xticks: dict[float, str] | None = None,
+    legend_outside: bool = False,
 ) -> str:
-    """One SVG line chart; ``series`` maps a legend name to ``(x, y)`` arrays."""
+    """One SVG line chart; ``series`` maps a legend name to ``(x, y)`` arrays; ``xticks``
+    (optional) maps x positions to tick labels, such as the phases of a call;
+    ``legend_outside`` puts the legend right of the plot, where no line can cross it."""
     xs = np.concatenate([np.asarray(x, float) for x, _ in series.values()])
     ys = np.concatenate([np.asarray(y, float) for _, y in series.values()])
     pad = 0.0 if logy else 0.05 * (ys.max() - ys.min() or 1)
@@ -153,11 +161,11 @@ def line_chart(
     box = (
         MARGIN["left"],
         MARGIN["top"],
-        WIDTH - MARGIN["left"] - MARGIN["right"],
+        WIDTH - MARGIN["left"] - MARGIN["right"] - (170 if legend_outside else 0),
         HEIGHT - MARGIN["top"] - MARGIN["bottom"],
     )
     ax = _Axes(box, (xs.min(), xs.max()), ylim, logx, logy)
-    body = ax.frame(xlabel, ylabel, title)
+    body = ax.frame(xlabel, ylabel, title, xticks)
     for i, (x, y) in enumerate(series.values()):
         x, y = np.asarray(x, float), np.asarray(y, float)
         if len(x) > max_points:  # an even subsample keeps the SVG small; ends stay exact
@@ -171,7 +179,8 @@ def line_chart(
                 f'<circle class="c{i % 6} dot" cx="{a:.1f}" cy="{b:.1f}" r="3"/>'
                 for a, b in zip(px, py, strict=True)
             ]
-    body += _legend(list(series), box[0] + box[2] - 150, box[1] + 14)
+    legend_x = box[0] + box[2] + (12 if legend_outside else -150)
+    body += _legend(list(series), legend_x, box[1] + 14)
     return _svg(body, WIDTH, HEIGHT)
 
 

@@ -75,6 +75,27 @@ def test_mismatch_hides_at_low_noise(run_lab):
     assert eps_v_error("50") < 0.1 < 1.0 < eps_v_error("500")
 
 
+def test_a_sample_reading_does_not_hide_at_low_noise(run_lab):
+    """Only the epsilon/v swap hides at low noise: an epsilon or v_prediction output read as
+    sample has a larger x0 error and DDIM step moment error at t=50 than at t=900."""
+
+    def cells(timestep: str) -> dict[tuple[str, str], tuple[float, float]]:
+        lines = run_lab(STARTER, "--timestep", timestep)["__stdout__"].splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith("trained (row)"))
+        table = {}
+        for row in lines[start + 1 : start + 4]:
+            trained, *rest = [cell.strip() for cell in row.split(" | ")]
+            for assumed, cell in zip(("epsilon", "sample", "v_prediction"), rest, strict=True):
+                table[trained, assumed] = tuple(float(x) for x in cell.split("/"))
+        return table
+
+    low, high = cells("50"), cells("900")
+    for trained in ("epsilon", "v_prediction"):
+        (x0_low, step_low), (x0_high, step_high) = low[trained, "sample"], high[trained, "sample"]
+        assert x0_low > x0_high and step_low > step_high, trained
+    assert low["v_prediction", "epsilon"][0] < 0.1 and low["epsilon", "v_prediction"][0] < 0.1
+
+
 def test_x0_hat_collapses_toward_the_data_mean_as_t_grows(run_lab, tmp_path):
     """The figure x0hat-vs-t: x0_hat's distance to the data mean, relative to x0's, is 1 at
     t = 0 and falls (up to a hair of sampling noise) toward 0 by t = 999, for the 2-D mixture
@@ -118,3 +139,32 @@ def test_bad_arguments(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("denoising_step.py: error: ")
+
+
+def test_the_too_little_spread_myth_quotes_moment_errors(run_lab):
+    """Common misunderstandings: "With `fixed_small` and a large stride it adds too *little*
+    spread (`moment err` 0.1243 against DDIM's 0.0526 in the default run)." The two numbers
+    are the default run's moment errors, labelled as such (not a spread), and DDPM's batch
+    is the narrower one."""
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs/labs/lab-02-denoising-step.md").read_text(encoding="utf-8")
+    said = re.search(
+        r"adds too \*little\* spread \(`moment err` (\d\.\d+) against DDIM's (\d\.\d+) in the"
+        r" default run\)",
+        page,
+    )
+    assert said, "the sentence is gone, reworded, or quotes its numbers unlabelled"
+    g = run_lab(STARTER)
+    ab_prev = g["alpha_prod_t_prev"]
+    ddpm, ddim = (
+        g["moment_error"](g[n], ab_prev) for n in ("latent_prev_ddpm", "latent_prev_ddim")
+    )
+    assert (said.group(1), said.group(2)) == (f"{ddpm:.4f}", f"{ddim:.4f}")
+    cov = ab_prev * g["mixture"].covariance() + (1 - ab_prev) * np.eye(2)
+    narrow = {
+        n: np.trace(np.cov(g[n], rowvar=False)) for n in ("latent_prev_ddpm", "latent_prev_ddim")
+    }
+    assert narrow["latent_prev_ddpm"] < narrow["latent_prev_ddim"] < np.trace(cov)

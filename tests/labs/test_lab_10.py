@@ -1,6 +1,7 @@
 """Lab 10 Memory Optimization Reading: slicing, tiling, precision and offload, measured."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -124,6 +125,61 @@ def test_offload_bytes_from_model_sizes(lab):
     assert fits["SD3 Medium, no T5"][1] == "yes"
 
 
+def test_memory_timeline_comes_from_the_run(lab):
+    """Each switch's line is the weights resident in each phase of one SD 1.5 call plus the
+    tensors counted live there, all from this run's numbers: the model offload replay, two
+    (16, N, N) scores tensors (two "auto" slices when sliced) and three of the VAE decoder's
+    widest output (tests/verify/test_page_lab_10.py holds these counts to the real classes)."""
+    from labkit import model_sizes
+
+    sd = {r["component"]: r["bytes"]["fp16"] for r in model_sizes.rows("SD 1.5")}
+    checker = 2 * lab["safety_checker_params"]
+    scores, auto = 2 * 16 * 4096**2, 2 * 4 * 4096**2  # two live (16, N, N); two "auto" slices
+    decode = 3 * 256 * 512 * 512  # three of the third up block's upsampled output
+    assert (lab["scores_values"], lab["auto_values"], lab["decode_values"]) == (scores, auto, decode)  # fmt: skip
+    loaded = sum(sd.values()) + checker
+    t = lab["timeline"]
+    assert t["float32"] == [2 * loaded, 2 * loaded, 2 * loaded + 4 * scores, 2 * loaded + 4 * decode]  # fmt: skip
+    assert t["float16"] == [loaded, loaded, loaded + 2 * scores, loaded + 2 * decode]
+    assert t["+ attn slicing"] == [loaded, loaded, loaded + 2 * auto, loaded + 2 * decode]
+    # model offload: the checker alone before the call, then the component that runs with it
+    assert t["+ model offload"] == [checker, checker + sd["text_encoder"], checker + sd["unet"] + 2 * auto, checker + sd["vae"] + 2 * decode]  # fmt: skip
+    # each switch lowers the peak of the one above it; slicing moves it to the decode
+    peaks = [max(row) for row in t.values()]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+    assert [row.index(max(row)) for row in t.values()] == [2, 2, 3, 2]
+    # a flash or memory-efficient SDPA kernel stores no scores: float16 peaks in the decode
+    assert lab["sdpa_row"] == [loaded, loaded, loaded, loaded + 2 * decode]
+
+
+def test_memory_timeline_figure_shows_the_run(run_cli, tmp_path):
+    run = run_cli(STARTER, "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    entry = json.loads((tmp_path / "figures.json").read_text())["memory-timeline"]
+    svg = (tmp_path / entry["file"]).read_text()
+    for phase in ("loaded", "text encode", "denoise loop", "VAE decode"):
+        assert f">{phase}</text>" in svg  # the phases label the x axis
+    # the legend sits right of the plot, where no step line can cross it, and ends inside
+    # the 394 px a phone shows of the 640-unit chart (8 px text): labels of at most 15 characters
+    frame = re.search(r'<rect class="frame" x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', svg)
+    right = float(frame.group(1)) + float(frame.group(2))
+    table = run.stdout.split("weights + the tensors counted live, GB")[1].split("\n\n")[0]
+    rows = {line[:16].strip(): line[16:].split() for line in table.strip().splitlines()[2:6]}
+    assert len(rows) == 4 and all(len(name) <= 15 for name in rows)
+    for name in rows:
+        assert float(re.search(rf'<text x="([\d.]+)" y="[\d.]+">{re.escape(name)}</text>', svg).group(1)) > right  # fmt: skip
+    assert "SD 1.5" in entry["caption"] and "not a measurement" in entry["caption"]
+    # the processor counted, the default kernel's case, and that the counts are a floor
+    for words in ("AttnProcessor keeps them (not the processor a pipeline loads with)", "no scores are stored, and attention slicing lowers nothing", "a floor"):  # fmt: skip
+        assert words in entry["caption"]
+    assert "accounting (not a measurement)" in entry["alt"]
+    for name, values in rows.items():
+        peak = max(values, key=float)
+        phase = ("loaded", "text encode", "denoise loop", "VAE decode")[values.index(peak)]
+        assert f"{name} {peak} GB in the {phase}" in entry["alt"]
+    assert "peak 3.14 GB in the VAE decode; attention slicing lowers nothing there" in run.stdout
+
+
 def test_flop_per_byte_is_hundreds(lab):
     assert 300 < lab["flop_per_byte"] < 1000  # compute-bound already at one 512 px row
 
@@ -139,7 +195,7 @@ def test_figures_are_small(run_cli, tmp_path):
     run = run_cli(STARTER, "--figures", str(tmp_path))
     assert run.returncode == 0, run.stderr
     manifest = json.loads((tmp_path / "figures.json").read_text())
-    assert set(manifest) == {"attention-peak", "seam-error", "precision-error"}
+    assert set(manifest) == {"memory-timeline", "attention-peak", "seam-error", "precision-error"}
     for entry in manifest.values():
         content = (tmp_path / entry["file"]).read_text()
         assert len(content) <= 60_000 and " id=" not in content

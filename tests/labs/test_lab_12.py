@@ -244,3 +244,36 @@ def test_flux_bad_arguments(run_cli, argv):
     assert run.returncode == 2 and run.stdout == ""
     assert len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("flux_trace.py: error: ")
+
+
+def test_the_vae_is_lab_05s_patch_pca_as_the_page_says(run_lab):
+    """Predict first: "The VAE is Lab 05's linear `AutoencoderKL` stand-in: each 8 × 8 patch
+    becomes its coordinates on the training patches' top 4 principal components." The
+    starter's `vae` is Lab 05's class with the page's patch size and component count, and its
+    `encode` projects each mean-removed patch onto the top principal directions of the
+    training images' patches."""
+    import re
+
+    from infralens_docs.registry import ROOT
+    from labkit.vae import PatchPCAAutoencoder, patchify
+
+    page = (ROOT / "docs/labs/lab-12-end-to-end-inference-trace.md").read_text(encoding="utf-8")
+    said = re.search(
+        r"\[Lab 05\]\([^)]*\)'s linear `AutoencoderKL` stand-in: each (\d+) × (\d+) patch becomes"
+        r" its coordinates on the training patches' top (\d+) principal components",
+        page,
+    )
+    assert said, "the sentence is gone or reworded: update this test with it"
+    size, channels = int(said.group(1)), int(said.group(3))
+    assert said.group(1) == said.group(2)
+    lab_05 = run_lab("code/lab-05-vae-latent-space/vae_latents.py")["vae"]
+    g = run_lab(STARTER, "--steps", "2", "--num-samples", "2")
+    vae, images = g["vae"], g["data"].images
+    assert type(vae) is type(lab_05) is PatchPCAAutoencoder
+    assert (vae.config.patch_size, vae.config.latent_channels) == (size, channels)
+    rows = patchify(images, size).reshape(-1, 3 * size**2)  # (patches, 192)
+    centred = rows - rows.mean(axis=0)
+    _, vectors = np.linalg.eigh(centred.T @ centred)
+    top = vectors[:, ::-1][:, :channels]  # (192, channels): the top principal directions
+    latents = vae.encode(images).transpose(0, 2, 3, 1).reshape(-1, channels)
+    np.testing.assert_allclose(np.abs(latents), np.abs(centred @ top), atol=1e-8)

@@ -159,6 +159,22 @@ def test_lora_wraps_each_targeted_linear():
     wrapped = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
     targets = [n for n, _ in tiny_unet().named_modules() if n.endswith(PROJECTIONS)]
     assert len(wrapped) == len(targets) == 32  # 8 attention layers x 4 projections
+    # The lora-linear diagram (tools/infralens_docs/diagrams.yml) gives scaling as loaded,
+    # the value checked above, and no formula over the two handles: after one call at
+    # cross_attention_kwargs={"scale": 0}, diffusers' unscale_lora_layers resets scaling to
+    # lora_alpha / r (set_scale(name, 1.0)), so set_adapters' weight no longer applies.
+    pipe.set_adapters("style", adapter_weights=0.5)
+    predict(pipe.unet, cross_attention_kwargs={"scale": 0.0})
+    assert layer.scaling["style"] == config.lora_alpha / config.r
+    from pathlib import Path
+
+    import yaml
+
+    file = Path(__file__).resolve().parents[2] / "tools" / "infralens_docs" / "diagrams.yml"
+    rows = yaml.safe_load(file.read_text(encoding="utf-8"))["lora-linear"]["rows"]
+    lines = [line for _, _, row_lines in rows for line in row_lines]
+    assert "scaling = lora_alpha / r" in lines and "(as loaded)" in lines
+    assert not [line for line in lines if "set_adapters" in line or "call's scale" in line]
     from peft.tuners.lora import Conv2d as LoraConv2d
 
     conv = tiny_unet().down_blocks[0].resnets[0].conv1  # a 3 x 3 convolution

@@ -378,6 +378,9 @@ def test_text_encoder_runs_twice_per_generation_with_cfg(text_pipe, record_calls
     run(text_pipe, guidance_scale=7.5, steps=3, prompt="a cat", negative_prompt="dog")
     assert len(calls) == 2
     calls.clear()
+    run(text_pipe, guidance_scale=7.5, steps=3, prompt="a cat")  # the default: "" is encoded
+    assert len(calls) == 2
+    calls.clear()
     run(text_pipe, guidance_scale=1.0, steps=3, prompt="a cat", negative_prompt="dog")
     assert len(calls) == 1
 

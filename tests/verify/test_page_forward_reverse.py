@@ -9,12 +9,15 @@ transformer. One pipeline uses a VAE with SD 1.x's four blocks, so its
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import typing
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from diffusers import (
     DDIMScheduler,
     DDPMScheduler,
@@ -85,6 +88,12 @@ def test_add_noise_one_level_per_sample():
     euler.set_timesteps(10)
     t = euler.timesteps[:2]
     close(euler.add_noise(x0, eps, t), x0 + euler.sigmas[:2].reshape(2, 1, 1, 1) * eps, tol=1e-5)
+    # so the training diagram (tools/infralens_docs/diagrams.yml), which draws this formula
+    # under add_noise, names the scheduler whose add_noise it is, in its caption and its alt
+    file = Path(__file__).resolve().parents[2] / "tools" / "infralens_docs" / "diagrams.yml"
+    training = yaml.safe_load(file.read_text(encoding="utf-8"))["forward-training"]
+    assert any("sqrt(alpha_bar_t)" in line for _, _, lines in training["rows"] for line in lines)
+    assert "DDPMScheduler" in training["caption"] and "DDPMScheduler.add_noise(" in training["alt"]
 
 
 def test_betas_and_alphas_cumprod_are_indexed_by_timestep():
@@ -369,6 +378,42 @@ def test_reverse_loop_is_scale_model_input_unet_step(euler_pipe, record_calls):
     recorder = record_calls(pndm.unet)
     pndm(prompt_embeds=embeds(0), num_inference_steps=4, guidance_scale=1.0, output_type="latent")
     assert len(recorder.calls) == len(pndm.scheduler.timesteps) == 5
+
+
+def test_the_inference_diagram_draws_the_pipelines_order(euler_pipe, monkeypatch):
+    """The inference diagram's order is `StableDiffusionPipeline`'s: `scheduler.set_timesteps` runs before the starting `latents` are drawn and multiplied by `scheduler.init_noise_sigma`, which for `EulerDiscreteScheduler` follows the grid `set_timesteps` made (`prepare_latents` reads the new grid's value), then `scale_model_input`, the UNet and `scheduler.step` once per entry of `scheduler.timesteps`, then one `vae.decode`."""
+    pipe, order, sigmas = euler_pipe, [], []
+    spied = [(pipe.scheduler, "set_timesteps"), (pipe, "prepare_latents"),
+             (pipe.scheduler, "scale_model_input"), (pipe.scheduler, "step"), (pipe.vae, "decode")]  # fmt: skip
+    for owner, name in spied:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def log(*args, _original=original, _name=name, **kwargs):
+            order.append(_name)
+            if _name == "prepare_latents":
+                sigmas.append(float(pipe.scheduler.init_noise_sigma))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, log)
+    hook = pipe.unet.register_forward_pre_hook(lambda *_: order.append("unet"))
+    try:
+        pipe(prompt_embeds=embeds(0), num_inference_steps=1, guidance_scale=1.0, output_type="np")
+    finally:
+        hook.remove()
+    loop = ["scale_model_input", "unet", "step"] * len(pipe.scheduler.timesteps)
+    assert order == ["set_timesteps", "prepare_latents", *loop, "decode"]
+    # 1 step on SD 1.5's linspace grid: t = 0, so the sigma read is the new grid's, not 14.6
+    assert sigmas == [float(pipe.scheduler.init_noise_sigma)] and sigmas[0] < 1
+    # and the diagram (tools/infralens_docs/diagrams.yml) draws its rows in that order
+    file = Path(__file__).resolve().parents[2] / "tools" / "infralens_docs" / "diagrams.yml"
+    marks = {"set_timesteps": "set_timesteps", "init_noise_sigma": "prepare_latents",
+             "scale_model_input": "scale_model_input", "denoiser": "unet",
+             "scheduler.step": "step", "vae.decode": "decode"}  # fmt: skip
+    rows = yaml.safe_load(file.read_text(encoding="utf-8"))["reverse-inference"]["rows"]
+    assert [next(e for m, e in marks.items() if m in op) for _, op, _ in rows] == [
+        *dict.fromkeys(order)
+    ]
 
 
 def test_final_latents_decode_to_pixels(sd1_shaped_pipe):

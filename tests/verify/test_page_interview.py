@@ -448,7 +448,7 @@ def test_add_noise_is_the_closed_form_forward_process():
 
 
 def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
-    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so `DDIMScheduler` reads a mismatched output without an error: the pipeline runs one UNet under `epsilon`, `v_prediction` and `sample` to different finite latents.
+    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so `DDIMScheduler` reads an `epsilon` output as `v_prediction`, or the reverse, without an error: the pipeline runs one UNet under `epsilon`, `v_prediction` and `sample` to different finite latents.
 
     Not every scheduler is silent: SD 1.x's `PNDMScheduler` raises in `step` on `sample`.
     """
@@ -470,9 +470,10 @@ def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
 
 
 def test_euler_and_ddim_scale_the_state_differently():
-    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` with `linspace` or `trailing` starts at `sigmas.max()` (with SDXL's `leading` config, `(sigmas.max() ** 2 + 1) ** 0.5`: 8.45 at 10 steps, not the grid's 8.39, and more at `StableDiffusionXLPipeline`'s default 50, whose grid starts at 981) and divides the UNet input by `sqrt(sigma ** 2 + 1)`.
+    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` with `linspace` or `trailing` starts at `sigmas.max()` (with SDXL's `leading` config, `(sigmas.max() ** 2 + 1) ** 0.5`) and divides the UNet input by `sqrt(sigma ** 2 + 1)`.
 
-    The 50-step case runs `StableDiffusionXLPipeline.__call__` without `num_inference_steps` and
+    The leading factor is 8.45 at 10 steps, and more at `StableDiffusionXLPipeline`'s default 50,
+    whose grid starts at 981: the 50-step case runs `StableDiffusionXLPipeline.__call__` without `num_inference_steps` and
     reads the factor `prepare_latents` applies, then interrupts the loop before any UNet call.
     """
     sample = start_latents()

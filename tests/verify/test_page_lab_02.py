@@ -8,8 +8,8 @@ give the lab's numbers to float32 tolerance.
 import numpy as np
 import pytest
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler
-from tiny import SD_SCHEDULER, canonical_beta_range, embeds, start_latents, t64
+from diffusers import DDIMScheduler, DDPMScheduler, PNDMScheduler
+from tiny import SD15_PNDM, SD_SCHEDULER, canonical_beta_range, embeds, start_latents, t64
 
 LAB02 = "code/lab-02-denoising-step/denoising_step.py"
 
@@ -175,7 +175,7 @@ def test_from_config_carries_the_schedule_and_prediction_type():
 
 
 def test_a_prediction_type_mismatch_raises_nothing(sd_pipe):
-    """In `DDIMScheduler`, reading a model output with the wrong `prediction_type` raises no error (SD 1.5's `PNDMScheduler` raises a `ValueError` for `sample`): `StableDiffusionPipeline` runs the same UNet from the same `latents` to the end with `DDIMScheduler` set to `epsilon`, `sample` or `v_prediction`, each returning finite `latents` of the same shape and dtype, and different ones."""
+    """In `DDIMScheduler`, reading a model output as another of its three `prediction_type` values raises no error (SD 1.5's `PNDMScheduler` raises a `ValueError` for `sample`): `StableDiffusionPipeline` runs the same UNet from the same `latents` to the end with `DDIMScheduler` set to `epsilon`, `sample` or `v_prediction`, each returning finite `latents` of the same shape and dtype, and different ones."""
     original, results = sd_pipe.scheduler, []
     try:
         for prediction_type in ("epsilon", "sample", "v_prediction"):
@@ -205,6 +205,44 @@ def test_a_prediction_type_mismatch_raises_nothing(sd_pipe):
             sd_pipe(prompt_embeds=embeds(0), latents=start_latents(), num_inference_steps=2,
                     guidance_scale=1.0, output_type="latent")  # fmt: skip
     finally:
+        sd_pipe.scheduler = original
+
+
+def test_the_ddim_sd_loop_alternates_one_unet_call_and_one_step(sd_pipe):
+    """With `DDIMScheduler` at SD's settings, `StableDiffusionPipeline` at 3 steps, with and without CFG, alternates one UNet forward and one `scheduler.step`, 3 of each.
+
+    Not with every scheduler: SD 1.5's ``PNDMScheduler`` makes 4 of each at 3 steps. Nor at every
+    spacing: ``trailing`` DDIM gets 62 timesteps, so 62 of each, at 61 steps.
+    """
+    original, order = sd_pipe.scheduler, []
+    scheduler = DDIMScheduler(**SD_SCHEDULER)
+    step = scheduler.step
+
+    def spy(*args, **kwargs):
+        order.append("step")
+        return step(*args, **kwargs)
+
+    scheduler.step = spy
+    handle = sd_pipe.unet.register_forward_pre_hook(lambda module, args: order.append("unet"))
+    try:
+        sd_pipe.scheduler = scheduler
+        for guidance in ({"guidance_scale": 1.0}, {"negative_prompt_embeds": embeds(1)}):
+            order.clear()
+            sd_pipe(prompt_embeds=embeds(0), latents=start_latents(), num_inference_steps=3,
+                    output_type="latent", **guidance)  # fmt: skip
+            assert order == ["unet", "step"] * 3, (guidance, order)
+        pndm = PNDMScheduler(**SD15_PNDM)
+        step = pndm.step  # spy now wraps PNDM's step
+        pndm.step = spy
+        sd_pipe.scheduler, order[:] = pndm, []
+        sd_pipe(prompt_embeds=embeds(0), latents=start_latents(), num_inference_steps=3,
+                output_type="latent", guidance_scale=1.0)  # fmt: skip
+        assert order == ["unet", "step"] * 4, order
+        trailing = DDIMScheduler(**SD_SCHEDULER, timestep_spacing="trailing")
+        trailing.set_timesteps(61)
+        assert len(trailing.timesteps) == 62
+    finally:
+        handle.remove()
         sd_pipe.scheduler = original
 
 

@@ -414,7 +414,7 @@ def test_transformer_head_counts_match_the_real_configs(lab):
 
 
 def test_dit_output_head_is_p_p_c_per_token(lab):
-    """`DiTTransformer2DModel` unpatchifies its output head in `(p, p, C_out)` order per token, as the lab's `dit_unpatchify` does, not in the `(C, p, p)` order of `patchify`, `PatchEmbed`'s weight and Flux's packing; with `out_channels=8` (DiT-XL/2's learned sigma for 4 latent channels) the output has `2C` channels."""
+    """`DiTTransformer2DModel` unpatchifies its output head in `(p, p, C_out)` order per token, as the lab's `dit_unpatchify` does, not in the `(C, p, p)` order of `patchify`, `PatchEmbed`'s weight and Flux's packing; with `out_channels=8` (DiT-XL/2's learned variance for 4 latent channels) the output has `2C` channels."""
     from diffusers import DiTTransformer2DModel
 
     torch.manual_seed(0)

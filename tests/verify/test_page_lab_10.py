@@ -187,7 +187,7 @@ def test_offload_methods_and_sequence():
 
 
 def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, built_pipelines):
-    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings and the peak resident set that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
+    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings, the peak resident set and the set resident during each forward that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
     from diffusers import PNDMScheduler
 
     variants = {"SD3 Medium, no T5": starter["sd3_no_t5"]}
@@ -210,10 +210,58 @@ def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, built_p
         mine, peak = starter["model_offload"](order, starter["OFFLOAD_SEQ"][family], parts, stays)
         assert mine == crossings, name
         assert peak == stays + max(sum(parts[c] for c in on) for on in resident), name
+        during = []  # the bytes on the device during each forward: the timeline's offload line
+        starter["model_offload"](order, starter["OFFLOAD_SEQ"][family], parts, stays, during)
+        assert during == [stays + sum(parts[c] for c in on) for on in resident], name
         if name == "SD3 Medium":
             assert (crossings["text_encoder"], crossings["text_encoder_2"], crossings["text_encoder_3"]) == (4, 4, 2)  # fmt: skip
             assert {"text_encoder", "text_encoder_3"} in resident
             assert {"text_encoder_2", "text_encoder_3"} in resident
+
+
+def sd15_meta(cls, component):
+    """The real SD 1.5 ``cls`` built in float16 on the meta device from ``model_sizes``' config."""
+    from labkit import model_sizes
+
+    config = next(r for r in model_sizes.rows("SD 1.5") if r["component"] == component)["config"]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)  # build in float16: no .to() cast
+    try:
+        with torch.device("meta"):
+            return cls(**{k: v for k, v in config.items() if not k.startswith("_")})
+    finally:
+        torch.set_default_dtype(old)
+
+
+def test_memory_timeline_loop_counts_two_score_tensors(starter):
+    """The memory timeline's loop counts what the real SD 1.5 UNet keeps live, not one scores tensor: built from the published config on the meta device in float16, on guidance's batch of 2 at 512 px, its live tensors peak within 10% above the starter's two `(16, 4096, 4096)` with `AttnProcessor` (`get_attention_scores` keeps `baddbmm`'s empty input with the scores, then the scores with their softmax) and within 30% above its two `"auto"` slices after `set_attention_slice("auto")`. Live tensor storages are counted; weights and inputs are not."""
+    from diffusers import UNet2DConditionModel
+    from diffusers.models.attention_processor import AttnProcessor
+    from sizes import _live_tensor_peak
+
+    unet = sd15_meta(UNet2DConditionModel, "unet")
+    with torch.device("meta"):
+        x, t = torch.zeros(2, 4, 64, 64, dtype=torch.float16), torch.tensor(500)
+        context = torch.zeros(2, 77, 768, dtype=torch.float16)
+    inputs = [*unet.parameters(), *unet.buffers(), x, t, context]
+    unet.set_attn_processor(AttnProcessor())
+    whole, _ = _live_tensor_peak(lambda: unet(x, t, context), inputs)
+    assert 2 * starter["scores_values"] <= whole < 1.1 * 2 * starter["scores_values"]
+    unet.set_attention_slice("auto")
+    sliced, _ = _live_tensor_peak(lambda: unet(x, t, context), inputs)
+    assert 2 * starter["auto_values"] <= sliced < 1.3 * 2 * starter["auto_values"]
+
+
+def test_memory_timeline_decode_counts_three_widest_outputs(starter):
+    """The memory timeline's decode counts what the real SD 1.5 VAE keeps live, three tensors of its decoder's widest output, not one: `AutoencoderKL.decode` of `(1, 4, 64, 64)`, built from the published config on the meta device in float16, peaks within 0.1% above the starter's count (the last up block's first resnet holds its input for the shortcut, its `GroupNorm` output and their SiLU). Live tensor storages are counted; weights and the latents are not."""
+    from diffusers import AutoencoderKL
+    from sizes import _live_tensor_peak
+
+    vae = sd15_meta(AutoencoderKL, "vae")
+    with torch.device("meta"):
+        z = torch.zeros(1, 4, 64, 64, dtype=torch.float16)
+    decode, _ = _live_tensor_peak(lambda: vae.decode(z), [*vae.parameters(), *vae.buffers(), z])
+    assert 2 * starter["decode_values"] <= decode < 1.001 * 2 * starter["decode_values"]
 
 
 def test_sequential_bytes_leave_out_the_vae_encoder(starter):

@@ -783,6 +783,25 @@ def test_unet_adds_the_residuals_to_its_skips_and_mid_block(controlnet_pipe, rec
         torch.testing.assert_close(added, plain + residual)
 
 
+def test_one_controlnet_pass_per_unet_call(controlnet_pipe, record_calls):
+    """One pass per ControlNet per UNet call, not per step: with SD 1.5's `PNDMScheduler` config, `StableDiffusionControlNetPipeline` makes 4 UNet calls at 3 steps and calls its ControlNet 4 times, and each of two ControlNets 4 times."""
+    pipe = tiny_controlnet_pipeline(
+        controlnet_pipe.unet, controlnet_pipe.controlnet, scheduler=PNDMScheduler(**SD15_PNDM)
+    )
+    cn_calls = record_calls(pipe.controlnet).calls
+    unet_calls = record_calls(pipe.unet).calls
+    run(pipe, steps=3, image=CONTROL_IMAGE)
+    assert len(cn_calls) == len(unet_calls) == 4
+    nets = [controlnet_pipe.controlnet, tiny_controlnet(controlnet_pipe.unet, seed=1)]
+    two = tiny_controlnet_pipeline(  # a list becomes a MultiControlNetModel
+        controlnet_pipe.unet, nets, scheduler=PNDMScheduler(**SD15_PNDM)
+    )
+    net_calls = [record_calls(net).calls for net in nets]
+    unet_calls.clear()
+    run(two, steps=3, image=[CONTROL_IMAGE, CONTROL_IMAGE])
+    assert len(unet_calls) == 4 and [len(c) for c in net_calls] == [4, 4]
+
+
 def test_control_guidance_window_scales_but_still_calls(controlnet_pipe, record_calls):
     """`control_guidance_start` and `control_guidance_end` set `controlnet_keep[i]` to 1 or 0 per step, which multiplies `cond_scale`; on steps where it is 0 the ControlNet is still called, with `conditioning_scale=0.0`, and its residuals are zeros."""
     cn_calls = record_calls(controlnet_pipe.controlnet).calls
@@ -1249,7 +1268,7 @@ def test_swapping_the_scheduler_and_fresh_noise(sd_pipe, step_calls):
 
 
 def test_a_mismatched_scheduler_runs_silently_or_fails_on_init_noise_sigma(sd_pipe, sd3_pipe):
-    """`epsilon` and `v_prediction` swapped, or DDIM in SD3's pipeline, silently produce garbage; SD3's `FlowMatchEulerDiscreteScheduler` in `StableDiffusionPipeline` fails on `init_noise_sigma`.
+    """`DDIMScheduler` with `epsilon` and `v_prediction` swapped, or DDIM in SD3's pipeline, silently produce wrong latents; SD3's `FlowMatchEulerDiscreteScheduler` in `StableDiffusionPipeline` fails on `init_noise_sigma`.
 
     "Silently": the pipeline returns finite latents, different from the matched scheduler's.
     The failure is the class's, not flow matching's: ``UniPCMultistepScheduler`` configured for

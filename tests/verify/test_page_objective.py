@@ -364,7 +364,7 @@ def test_get_velocity_builds_the_v_target(cls):
     "cls", [DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler], ids=lambda c: c.__name__
 )
 def test_wrong_prediction_type_runs_silently(cls):
-    """In DDPM, DDIM and Euler, a checkpoint read as the wrong target raises no error: at every timestep of the grid, `step` returns finite `latents` that differ from the correct ones, for every pairing of `epsilon`, `sample` and `v_prediction`.
+    """In DDPM, DDIM and Euler, a checkpoint read as another of their three targets raises no error: at every timestep of the grid, `step` returns finite `latents` that differ from the correct ones, for every pairing of `epsilon`, `sample` and `v_prediction`.
 
     One model output and one state are stepped under each ``prediction_type``; the three
     readings are compared pairwise at each of the 10 steps (Euler after ``scale_model_input``,

@@ -8,6 +8,8 @@ random tensors. Nothing here is timed.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -427,6 +429,29 @@ def test_batched_rows_equal_separate_calls(sd_pipe):
 # ---------------------------------------------------------------- cancellation
 
 
+def serving_diagram() -> dict[str, list[list]]:
+    """The serving diagram's rows (tools/infralens_docs/diagrams.yml), by stage."""
+    from pathlib import Path
+
+    import yaml
+
+    file = Path(__file__).resolve().parents[2] / "tools" / "infralens_docs" / "diagrams.yml"
+    rows = yaml.safe_load(file.read_text(encoding="utf-8"))["serving-stages"]["rows"]
+    return {stage: [row for row in rows if row[0] == stage] for stage, _, _ in rows}
+
+
+def test_the_text_stage_hands_the_loop_both_embeddings(sd_pipe):
+    """The serving diagram's text stage passes on `prompt_embeds` and `negative_prompt_embeds`, and a loop stage built without tokenizer and text encoder runs a guided call on them; given `prompt_embeds` alone, `encode_prompt` encodes the empty negative prompt itself, and there it fails (`AttributeError`)."""
+    assert sd_pipe.text_encoder is None and sd_pipe.tokenizer is None
+    handed = {"prompt_embeds": PROMPT, "negative_prompt_embeds": NEGATIVE}
+    lines = " ".join(line for row in serving_diagram()["text queue"] for line in row[2])
+    passed = {name: handed[name] for name in re.findall(r"\b\w*prompt_embeds\b", lines)}
+    kwargs = dict(num_inference_steps=2, guidance_scale=7.5, output_type="latent")
+    assert sd_pipe(**passed, **kwargs).images.shape == LATENT
+    with pytest.raises(AttributeError):
+        sd_pipe(prompt_embeds=PROMPT, **kwargs)
+
+
 def test_interrupt_still_decodes_the_last_latents(sd_pipe, record_calls, calls_of):
     """A cancelled request is not free: after `pipe._interrupt = True` the loop stops calling the UNet, but unless `output_type="latent"` the pipeline still runs `vae.decode` once, on the `latents` of the last step that ran, then `run_safety_checker` and `postprocess`, and returns a full-size image."""
     calls = record_calls(sd_pipe.unet).calls
@@ -466,6 +491,24 @@ def test_interrupt_is_read_only_between_steps(sd_pipe, calls_of):
     finally:
         handle.remove()
     assert seen == [0, 1] and len(steps) == 2
+
+
+def test_a_callbacks_cancel_stops_every_request_of_the_call(sd_pipe, record_calls, calls_of):
+    """In one `StableDiffusionPipeline` call, `scheduler.step` runs once per step on all `B` rows and a `callback_on_step_end` that sets `pipe._interrupt` stops every request of the call, so the serving diagram's per-request step, preview and cancel are the service's own code, not the pipeline's callback."""
+    unet = record_calls(sd_pipe.unet).calls
+    steps = calls_of(sd_pipe.scheduler, "step")
+
+    def cancel(pipe, i, t, callback_kwargs):
+        pipe._interrupt = True
+        return {}
+
+    two = dict(prompt=embeds(1, batch=2), negative=embeds(2, batch=2), latents=start_latents(2))
+    run(sd_pipe, steps=4, callback_on_step_end=cancel, **two)
+    assert len(unet) == 1 and unet[0][0][0].shape[0] == 4  # 2 requests x 2 rows, then none
+    assert len(steps) == 1 and steps[0][0][2].shape[0] == 2  # one step on both requests
+    loop = serving_diagram()["loop queue"]
+    assert all("callback_on_step_end" not in operation for _, operation, _ in loop)
+    assert any("each request" in operation for _, operation, _ in loop)
 
 
 # ---------------------------------------------------------------- per-sample timesteps

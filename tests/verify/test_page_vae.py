@@ -356,7 +356,7 @@ def test_decoder_widest_activation_is_at_output_resolution():
 
 
 def test_vae_parameters_are_a_small_fraction_of_the_denoisers():
-    """The VAE's parameters are a small fraction of the denoiser's, under a tenth, for each pipeline in the page's size table that lists its VAE (`labkit/model_sizes.json`, counted from the published configs)."""
+    """The VAE's parameters are a small fraction of the denoiser's, under a tenth, for each pipeline in the size table that lists its VAE (`labkit/model_sizes.json`, counted from the published configs)."""
     from labkit import model_sizes
 
     params = {(r["pipeline"], r["component"]): r["params"] for r in model_sizes.rows()}

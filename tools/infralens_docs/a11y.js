@@ -18,7 +18,7 @@
 //   fragment again, unless the reader has scrolled, touched or pressed a key meanwhile.
 //   (A position the browser restores, on a reload or Back, needed no such help in
 //   Chromium with anchoring off: tests/test_browser.py holds both.)
-// - A table, an equation, a row of tab labels or a code block wider than its column
+// - A table, an equation, a row of tab labels, a chart or a code block wider than its column
 //   scrolls sideways; a keyboard reader can scroll it only if it takes focus
 //   (scrollable-region-focusable). Each block's are checked as it is laid out (for a
 //   run of a code block's lines, its code block, as wide as the runs laid out so far).
@@ -50,6 +50,7 @@
     ".md-typeset pre > code",
     ".md-typeset table",
     ".md-typeset .tabbed-labels",
+    ".md-typeset .lab-figure__chart",
   ].join(", ");
   var SLICE_MS = 5;
   var loaded = document.readyState === "complete";

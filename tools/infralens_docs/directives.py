@@ -12,9 +12,11 @@ A directive stands alone on its line and is replaced by Markdown at build time:
 | ``verified-claims [MODULE ...]`` | what this page's verify module checks, and against which versions |
 | ``verified-summary`` | every page's verify module, with its number of checks |
 | ``figure PATH NAME [FLAGS]`` | figure NAME that the starter saves when run with ``--figures DIR`` |
+| ``diagram NAME`` | diagram NAME of ``diagrams.yml``, drawn at build time (no starter draws it) |
 | ``model-sizes [PIPELINE ...]`` | the real-model size table (``labkit.model_sizes``), all rows or some pipelines |
 | ``paths`` | the reading paths (``docs/paths.yml``): the core path by evening, then the tracks, with reading times |
 | ``glossary`` | every term of ``includes/abbreviations.md`` (the hover definitions), with the section that teaches it |
+| ``taught-by PAGE[#ANCHOR]`` | which path teaches an interview question (``docs/paths.yml``: the core path's evening, or the track), linking the page |
 
 ``DIRECTIVES`` maps each name to its function; a name not in it fails the build.
 """
@@ -34,7 +36,7 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.pages import Page
 
-from infralens_docs import claims, glossary, paths
+from infralens_docs import claims, diagrams, glossary, paths
 from infralens_docs.registry import ROOT, Lab, read_front_matter
 from infralens_docs.runner import StarterError, run_starter, starter_figures
 from infralens_docs.serving import StarterRunError, describe
@@ -87,13 +89,11 @@ def _section_title(section: str) -> str:
 
 
 def _labs_rows(ctx: Context, labs: list[Lab]) -> str:
-    rows = ["| # | Lab | Question it answers | Starter files | Runs |", "|---|---|---|---|---|"]
+    rows = ["| Lab | Question it answers | Starter files | Runs |", "|---|---|---|---|"]
     for lab in labs:
         runs = "yes" if any(s.runnable for s in lab.starters) else "reading"
-        title_link = f"[{lab.title}]({ctx.rel(lab.page.as_posix())})"
-        rows.append(
-            f"| {lab.number:02d} | {title_link} | {lab.question} | {_starter_links(ctx, lab)} | {runs} |"
-        )
+        name_link = f"[{lab.name}]({ctx.rel(lab.page.as_posix())})"
+        rows.append(f"| {name_link} | {lab.question} | {_starter_links(ctx, lab)} | {runs} |")
     return "\n".join(rows)
 
 
@@ -137,9 +137,10 @@ def first_screen(ctx: Context) -> list[str]:
         raise ctx.fail("front matter gives an outcome but no 'why'")
     prereqs = meta.get("prereqs")
     step = paths.load_paths().step(ctx.where)
-    if prereqs is None:
-        part = next((p for p in paths.load_paths().parts if step and p.title == step.part), None)
-        prereqs = [part.items[step.index - 2]] if part and step.index > 1 else []
+    if prereqs is None:  # the page before it on its path (the core path runs across evenings)
+        order = paths.load_paths().order
+        at = order.index(ctx.where) if step else 0
+        prereqs = [order[at - 1]] if step and (step.index > 1 or step.on_core) and at else []
     for target in prereqs:
         if not (paths.DOCS / target).is_file():
             raise ctx.fail(f"prereqs names {target!r}, which is not a page")
@@ -290,7 +291,7 @@ def figure(ctx: Context, args: list[str]) -> str:
     path = directory / entry["file"]
     if path.suffix == ".svg":
         body = path.read_text(encoding="utf-8").strip()
-        media = f'<div class="lab-figure__chart" role="img" aria-label="{alt}">{body}</div>'
+        media = diagrams.chart_html(body, alt)
     else:
         data = path.read_bytes()
         width, height = struct.unpack(">II", data[16:24])  # the PNG IHDR chunk
@@ -305,6 +306,23 @@ def figure(ctx: Context, args: list[str]) -> str:
     return (
         f'<figure class="lab-figure">\n{media}\n'
         f"<figcaption>{html.escape(caption)}</figcaption>\n</figure>\n"
+    )
+
+
+def diagram(ctx: Context, args: list[str]) -> str:
+    """A diagram that is no starter's output (``infralens_docs.diagrams``), inline like a
+    starter's SVG chart, its alt text as the figure's label."""
+    if len(args) != 1:
+        raise ctx.fail("diagram takes one name from tools/infralens_docs/diagrams.yml")
+    try:
+        drawn = diagrams.load(args[0])
+    except diagrams.DiagramError as exc:
+        raise ctx.fail(str(exc)) from exc
+    alt = html.escape(drawn.alt, quote=True)
+    return (
+        f'<figure class="lab-figure">\n'
+        f"{diagrams.chart_html(drawn.svg(), alt)}\n"
+        f"<figcaption>{html.escape(drawn.caption)}</figcaption>\n</figure>\n"
     )
 
 
@@ -344,12 +362,13 @@ def reading_paths(ctx: Context, args: list[str]) -> str:
     core_total = sum(paths.total_minutes(e.items) for e in reading.evenings)
     out = [f"## {reading.core_title}", ""]
     exercises = sum(paths.exercise_minutes(p) for e in reading.evenings for p in e.items)
-    out += [f"{reading.core_summary} About {paths.as_duration(core_total)} of reading at {paths.WORDS_PER_MINUTE} words a minute, and {exercises} min of exercise. That rate suits prose: with the maths worked through and each lab run, plan on about twice the reading time.", ""]  # fmt: skip
+    reading_only = core_total - exercises
+    out += [f"{reading.core_summary} About {paths.as_duration(reading_only)} of reading (prose and tables at {paths.WORDS_PER_MINUTE} words a minute, code and its output at {paths.CODE_LINES_PER_MINUTE} lines a minute) and {exercises} min of exercise; each evening's time counts both, and the optional minutes of a page's folds come on top.", ""]  # fmt: skip
     for evening in reading.evenings:
         out += [f"### {evening.title} ({paths.as_duration(paths.total_minutes(evening.items))})", ""]  # fmt: skip
         out += [items(evening), ""]
     out += ["## Tracks that go deeper", ""]
-    out += ["Each track assumes the core path. Take them in any order.", ""]
+    out += ["Each track assumes the core path.", ""]
     for track in reading.tracks:
         out += [f"### {track.title} ({paths.as_duration(paths.total_minutes(track.items))})", ""]  # fmt: skip
         out += [track.summary, "", items(track), ""]
@@ -371,6 +390,22 @@ def glossary_list(ctx: Context, args: list[str]) -> str:
         raise ctx.fail(f"glossary: {exc}") from exc
 
 
+def taught_by(ctx: Context, args: list[str]) -> str:
+    """The tag above an interview question: the path its page is on, from
+    ``docs/paths.yml``, so moving the page moves the tag."""
+    if len(args) != 1:
+        raise ctx.fail("taught-by needs one page (docs-relative, an #anchor allowed)")
+    page, _, anchor = args[0].partition("#")
+    step = paths.load_paths().step(page)
+    if step is None:
+        raise ctx.fail(f"taught-by: {page} is on no reading path")
+    where = (
+        f"the core path, {step.part.split(':')[0]}" if step.on_core else f"the {step.part} track"
+    )
+    link = ctx.rel(page) + (f"#{anchor}" if anchor else "")
+    return f"Taught on {where}: [{paths.page_title(page)}]({link})\n{{: .taught-by }}"
+
+
 DIRECTIVES: dict[str, Callable[[Context, list[str]], str]] = {
     "run": run,
     "lab-card": lab_card,
@@ -380,7 +415,9 @@ DIRECTIVES: dict[str, Callable[[Context, list[str]], str]] = {
     "verified-claims": verified_claims,
     "verified-summary": verified_summary,
     "figure": figure,
+    "diagram": diagram,
     "model-sizes": model_sizes,
     "paths": reading_paths,
     "glossary": glossary_list,
+    "taught-by": taught_by,
 }

@@ -62,6 +62,7 @@ from mkdocs.structure.toc import get_toc
 from mkdocs.utils import get_relative_url
 
 from infralens_docs import (
+    diagrams,
     highlight_cache,
     later_cache,
     notebooks,
@@ -150,7 +151,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     if not os.environ.get("PATH", "").startswith(bindir + os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
-    paths.load_paths.cache_clear()  # `mkdocs serve` rebuilds in this process: reread the file
+    paths.clear_caches()  # `mkdocs serve` rebuilds in this process: reread the files
     try:
         reading = paths.load_paths()
     except paths.PathsError as exc:
@@ -169,14 +170,14 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     if labs_section is None:
         raise PluginError("mkdocs.yml nav needs a 'Labs' section for the registry to fill")
     for lab in _labs:
-        # (titled with its number: the footer names a page by its nav title alone)
-        entries = [{f"Lab {lab.number:02d} guide": lab.page.as_posix()}]
+        # (titled with the lab's name: the footer names a page by its nav title alone)
+        entries = [{lab.name: lab.page.as_posix()}]
         entries += [
             {f"Lab {lab.number:02d} · {s.path.name}": s.path.as_posix()}
             for s in lab.starters
             if is_page(s.path)
         ]
-        labs_section["Labs"].append({lab.label: entries})
+        labs_section["Labs"].append({lab.name: entries})
 
     if "material/search" in config.plugins or "search" in config.plugins:
         search_cache.install()
@@ -530,7 +531,7 @@ def _starter_header(page: Page, files: Files) -> str:
     if guide_file is None:
         raise PluginError(f"{starter}: lab page {lab.page} is not in the site")
     guide = guide_file.url_relative_to(page.file)
-    links = [f'<a href="{guide}">Lab {lab.number:02d} guide: {lab.title}</a>']
+    links = [f'<a href="{guide}">{html_lib.escape(lab.name)}</a>']
     if starter.suffix == ".py":
         notebook = _starter_notebook(ROOT / starter, f"{lab.id}-{starter.stem}")
         GENERATED_FILES[posixpath.join(page_dir(page), f"{starter.stem}.ipynb")] = notebook
@@ -633,7 +634,7 @@ def externalize_notebook_figures(html: str, page: Page) -> str:
         if kind == "image/svg+xml":
             svg = data.decode("utf-8").strip()
             alt = html_lib.escape(alts.get(_svg_key(svg), generic)[0], quote=True)
-            media = f'<div class="lab-figure__chart" role="img" aria-label="{alt}">{svg}</div>'
+            media = diagrams.chart_html(svg, alt)
         else:
             digest = hashlib.sha256(data).hexdigest()
             alt, name = alts.get(digest, generic)
@@ -666,11 +667,19 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
     html = _after_title(html, _you_are_here(page, files))
     # md_in_html keeps the attribute on a block it met indented (directives.model_sizes)
     html = html.replace('<div class="model-sizes" markdown>', '<div class="model-sizes">')
+    # a chart inside an indented block reaches Markdown as inline HTML, and the glossary's
+    # abbreviations wrap words of its <text> in <abbr>: an element SVG does not know, whose
+    # text Chromium then does not draw (lab 03's legends lost "Karras", "sigma")
+    html = SVG_RE.sub(lambda m: ABBR_TAG_RE.sub("", m.group(0)), html)
     try:
         html = render_math(html)
     except MathError as exc:
         raise PluginError(f"{page.file.src_uri}: {exc}") from exc
     return later_cache.mark_later(html)
+
+
+SVG_RE = re.compile(r"<svg\b.*?</svg>", re.DOTALL)
+ABBR_TAG_RE = re.compile(r"</?abbr\b[^>]*>")
 
 
 # --------------------------------------------------------------------------- page

@@ -51,8 +51,26 @@ def _socket_folder() -> Path:
     return folder
 
 
+def _key_on_the_files_beside() -> None:
+    """Wrap ``mkdocs_jupyter.plugin._compute_cache_key`` (the plugin and :func:`prebuild`
+    look it up at each call) to hash the files beside the notebook's starter too."""
+    import hashlib
+
+    from mkdocs_jupyter import plugin
+
+    from infralens_docs.runner import beside
+
+    original = plugin._compute_cache_key
+
+    def key(nb_path, config, exec_nb):
+        parts = [original(nb_path, config, exec_nb), *beside(Path(nb_path))]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    plugin._compute_cache_key = key
+
+
 def configure() -> None:
-    """Three settings for mkdocs-jupyter's notebook runs, applied once.
+    """Four settings for mkdocs-jupyter's notebook runs, applied once.
 
     - Kernels over IPC (Unix sockets in a private folder of the system's temporary folder,
       ``_socket_folder``) instead of TCP: nbclient starts each kernel with the exporter's
@@ -67,6 +85,10 @@ def configure() -> None:
       it when the build ends, so the next build (``mkdocs serve``) imports edited labkit
       sources afresh. The tests compare every notebook page with a fresh run of its script.
 
+    - A page's cache key folds in the files beside its starter that a run may read
+      (``runner.beside``): mkdocs-jupyter keys on the notebook file alone, so an edit to an
+      exercise's blanks file left its checker's page as it was (``_key_on_the_files_beside``).
+
     Each process that renders notebooks (the build, and each prebuild worker) calls it.
     """
     from mkdocs_jupyter import nbconvert2
@@ -74,6 +96,7 @@ def configure() -> None:
 
     if getattr(nbconvert2.get_nbconvert_app, "infralens_ipc", False):
         return
+    _key_on_the_files_beside()
     original = nbconvert2.get_nbconvert_app
     sockets = _socket_folder()
 

@@ -6,15 +6,20 @@ One file says in which order a reader meets the pages. Generated from it:
 - the Handbook section of the nav (sections in the order the paths first reach them);
 - the footer's previous/next links and ``<link rel="prev/next">`` (one linear walk: the
   core path, then each track; a lab's starter pages follow their lab page);
-- the "you are here" line under each page's title.
+- the "you are here" line under each page's title;
+- the tag above each interview question (the ``taught-by`` directive: the path its page is on).
 
 Every page is on exactly one path, except the home page and the pages listed under
 ``reference``, which are on none. :func:`load_paths` fails on anything else,
 so a new page cannot be left off the map.
 
-Reading time counts the prose a reader sees by default, at :data:`WORDS_PER_MINUTE`:
-code blocks, directives and front matter are left out, and a collapsed block
-(``??? note``) counts as optional depth, reported apart.
+Reading time counts what a reader sees by default: prose and tables at
+:data:`WORDS_PER_MINUTE`, and code at :data:`CODE_LINES_PER_MINUTE` (non-blank lines of
+the page's code blocks, of the starter sections they pull in and of each ``run``
+directive's command and output; the ``model-sizes`` table counts as prose). Front matter
+and the other directives (figures among them) are left out; every tab of a tabbed block
+counts as shown. A collapsed block (``??? note``) counts as optional depth, reported apart,
+except the interview answers a page's exercise minutes count (:func:`practised_words`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ DOCS = ROOT / "docs"
 PATHS_FILE = DOCS / "paths.yml"
 #: a common figure for careful reading of technical prose
 WORDS_PER_MINUTE = 200
+#: code and program output: a line of the starters holds about eight words, so 160 words a
+#: minute, a little slower than prose. Labs 01, 02, 04, 11 and 12 then come within 2 min of
+#: the times a reader measured, labs run (../shared/reviews/reader-walk-2026-11-29.md, "Mine")
+CODE_LINES_PER_MINUTE = 20
 
 
 class PathsError(ValueError):
@@ -163,11 +172,118 @@ def reading_words(text: str) -> tuple[int, int]:
     return shown, depth
 
 
+_SNIPPET_RE = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$')
+_RUN_RE = re.compile(r"^\s*<!-- infralens:(run|model-sizes)\b(.*?)-->\s*$")
+
+
+def snippet_lines(spec: str) -> int:
+    """Lines pymdownx.snippets puts on the page for ``"file"`` or ``"file:section"``."""
+    name, _, section = spec.partition(":")
+    lines = (ROOT / name).read_text(encoding="utf-8").splitlines()
+    if section:
+        start, end = f"--8<-- [start:{section}]", f"--8<-- [end:{section}]"
+        at = [i for i, line in enumerate(lines) if line.strip().endswith((start, end))]
+        if len(at) != 2:
+            raise PathsError(f"snippet {spec}: no section {section!r}")
+        lines = lines[at[0] + 1 : at[1]]
+    return sum(1 for line in lines if line.strip() and "--8<-- [" not in line)
+
+
+def directive_lines(name: str, args: list[str]) -> tuple[int, int]:
+    """(code lines, table words) a ``run`` or ``model-sizes`` directive shows: a run's
+    command and its output (the build's cached run), the size table's words."""
+    if name == "model-sizes":
+        from labkit import model_sizes
+
+        table = model_sizes.markdown_table(args or None, totals=True)
+        return 0, len(_WORD_RE.findall(table))
+    from infralens_docs.runner import run_starter
+
+    flags = args[1:]
+    expect_error = flags[:1] == ["--expect-error"]
+    result = run_starter(args[0], flags[1:] if expect_error else flags)
+    shown = result.stderr if expect_error else result.stdout
+    lines = sum(1 for line in shown.splitlines() if line.strip())
+    return 1 + lines + (2 if expect_error else 0), 0  # the command; "$ echo $?" and the code
+
+
+def reading_code(text: str) -> tuple[int, int, int, int]:
+    """(code lines shown, code lines collapsed, table words shown, table words collapsed)
+    that a Markdown page's code blocks, snippets and directives put on screen."""
+    import shlex
+
+    lines = text.splitlines()
+    if lines and lines[0].strip() == "---":
+        end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), 0)
+        lines = lines[end + 1 :]
+    code = [0, 0]
+    words = [0, 0]
+    fenced = False
+    collapsed_at: int | None = None
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if not fenced and collapsed_at is not None and line.strip() and indent <= collapsed_at:
+            collapsed_at = None
+        marker = _COLLAPSED_RE.match(line)
+        if marker and not fenced and collapsed_at is None:
+            collapsed_at = len(marker.group(1))
+            continue
+        where = 0 if collapsed_at is None else 1
+        if _FENCE_RE.match(line):
+            fenced = not fenced
+            continue
+        snippet = _SNIPPET_RE.match(line)
+        directive = None if fenced else _RUN_RE.match(line)
+        if snippet:
+            code[where] += snippet_lines(snippet.group(1))
+        elif directive:
+            lines_, table = directive_lines(directive.group(1), shlex.split(directive.group(2)))
+            code[where] += lines_
+            words[where] += table
+        elif fenced and line.strip():
+            code[where] += 1
+    return code[0], code[1], words[0], words[1]
+
+
+_TAUGHT_BY_RE = re.compile(r"<!-- infralens:taught-by ([^#\s]+)\S* -->")
+
+
+def practised_words(text: str) -> int:
+    """Words of the collapsed questions tagged with a core-path page (the interview page's
+    ``taught-by`` directives): its ``exercise_minutes`` count them, each answer said out loud
+    and read to compare, so they are not optional depth too."""
+    core = {page for evening in load_paths().evenings for page in evening.items}
+    lines, words, tag = text.splitlines(), 0, None
+    for at, line in enumerate(lines):
+        if match := _TAUGHT_BY_RE.fullmatch(line.strip()):
+            tag = match.group(1)
+        elif _COLLAPSED_RE.match(line) and tag in core:
+            end = next((i for i in range(at + 1, len(lines)) if lines[i][:1].strip()), len(lines))
+            words += reading_words("\n".join(lines[at:end]))[1]
+            tag = None
+    return words
+
+
+@cache
+def _minutes(page: str, text: str) -> tuple[int, int]:
+    shown, depth = reading_words(text)
+    depth -= practised_words(text)
+    code_shown, code_depth, table_shown, table_depth = reading_code(text)
+    minutes = (shown + table_shown) / WORDS_PER_MINUTE + code_shown / CODE_LINES_PER_MINUTE
+    more = (depth + table_depth) / WORDS_PER_MINUTE + code_depth / CODE_LINES_PER_MINUTE
+    return max(math.ceil(minutes), 1), math.ceil(more)
+
+
 def reading_minutes(page: str) -> tuple[int, int]:
-    """(minutes to read what is shown, minutes more for the collapsed depth)."""
-    shown, depth = reading_words((DOCS / page).read_text(encoding="utf-8"))
-    minutes = math.ceil(shown / WORDS_PER_MINUTE)
-    return max(minutes, 1), math.ceil(depth / WORDS_PER_MINUTE)
+    """(minutes to read what is shown, minutes more for the collapsed depth): prose and
+    tables at :data:`WORDS_PER_MINUTE`, code and output at :data:`CODE_LINES_PER_MINUTE`."""
+    return _minutes(page, (DOCS / page).read_text(encoding="utf-8"))
+
+
+def clear_caches() -> None:
+    """Forget the paths and the reading times (``mkdocs serve`` rebuilds in one process)."""
+    load_paths.cache_clear()
+    _minutes.cache_clear()
 
 
 def exercise_minutes(page: str) -> int:
@@ -177,7 +293,8 @@ def exercise_minutes(page: str) -> int:
 
 
 def total_minutes(pages) -> int:
-    return sum(reading_minutes(p)[0] for p in pages)
+    """Minutes for a part of a path: each page's shown reading time and its exercise."""
+    return sum(reading_minutes(p)[0] + exercise_minutes(p) for p in pages)
 
 
 def as_duration(minutes: int) -> str:

@@ -68,8 +68,10 @@ class Lab:
         return Path("code") / self.id
 
     @property
-    def label(self) -> str:
-        return f"{self.number:02d} · {self.title}"
+    def name(self) -> str:
+        """``Lab 01: Forward Noise Process``: the one name the page's title, the nav, the
+        footer's previous/next links, the home page's map and the labs index all show."""
+        return f"Lab {self.number:02d}: {self.title}"
 
 
 #: libyaml's loader where PyYAML has it (its wheels do): the same data, about ten times faster
@@ -99,7 +101,8 @@ def _parse_lab(path: Path, root: Path) -> Lab:
     name_match = PAGE_RE.match(path.name)
     if not name_match:
         raise RegistryError(f"{path}: lab pages are named lab-NN-slug.md")
-    meta = read_front_matter(path).get("lab")
+    front = read_front_matter(path)
+    meta = front.get("lab")
     if not isinstance(meta, dict):
         raise RegistryError(f"{path}: front matter has no 'lab' mapping")
     missing = {"number", "slug", "title", "question", "starters", "sections"} - meta.keys()
@@ -124,6 +127,12 @@ def _parse_lab(path: Path, root: Path) -> Lab:
     stems = [starter.path.stem for starter in starters]
     if len(set(stems)) != len(stems):
         raise RegistryError(f"{path}: starter file names must differ in their stem, got {stems}")
+    page_title = front.get("title")
+    if page_title != f"Lab {number:02d}: {meta['title']}":
+        raise RegistryError(
+            f"{path}: the page's title must be the lab's name, "
+            f"'Lab {number:02d}: {meta['title']}', got {page_title!r}"
+        )
     sections = tuple(meta["sections"])
     for section in sections:
         if not (root / "docs" / "handbook" / f"{section}.md").is_file():

@@ -85,12 +85,24 @@ def starter_env() -> dict[str, str]:
     return env
 
 
+#: What a starter's run may read beside it: the lab's other starters, lab 17's
+#: ``solution.py``, an exercise's blanks file and its ``*_solution.txt`` (labs 03 and 20).
+BESIDE_SUFFIXES = (".py", ".txt")
+
+
+def beside(source: Path) -> list[str]:
+    """The names and contents of the files beside ``source`` that its run may read."""
+    found = sorted(
+        p for p in source.parent.iterdir()
+        if p != source and p.suffix in BESIDE_SUFFIXES and p.is_file()
+    )  # fmt: skip
+    return [f"{p.name}\0{p.read_text(encoding='utf-8')}" for p in found]
+
+
 def _key(command: str, source: Path, extra: str = "") -> str:
-    """Everything that can change a starter's output, hashed: its own source and the other
-    Python files beside it (lab 17's ``--solution`` runs load ``solution.py``), labkit's."""
-    beside = sorted(p for p in source.parent.glob("*.py") if p != source)
-    own = [source.read_text(encoding="utf-8")]
-    own += [f"{p.name}\0{p.read_text(encoding='utf-8')}" for p in beside]
+    """Everything that can change a starter's output, hashed: its own source, the files
+    beside it that it may read (``beside``), labkit's."""
+    own = [source.read_text(encoding="utf-8"), *beside(source)]
     parts = [command, "\0".join(own), labkit_digest(), sys.version]
     return hashlib.sha256(json.dumps([*parts, version("numpy"), extra]).encode()).hexdigest()
 
