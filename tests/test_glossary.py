@@ -203,3 +203,146 @@ def test_every_prose_term_carries_its_hover_definition(built_site):
     assert bare == {}, "terms in prose without their <abbr>"
     assert wrong == {}, "<abbr> titles that differ from the glossary page"
     assert sorted(set(definitions) - used) == [], "hover terms no page uses"
+
+
+# --------------------------------------------------------------------------- the scheduler page
+
+#: the section that teaches the samplers (issue 32: the page a reader called "the wall")
+SCHEDULER_PAGE = "handbook/scheduler/index.html"
+#: names it uses besides the stems of the scheduler classes it names
+SAMPLER_WORDS = ["sigma", "Karras sigmas", "KDPM2"]
+#: ``EulerDiscreteScheduler`` -> Euler, ``DPMSolverMultistepScheduler`` -> DPMSolver
+STEM_RE = re.compile(
+    r"\b([A-Z][A-Za-z0-9]*?)(?:Discrete|Multistep|Singlestep|Parallel)*Scheduler\b"
+)
+
+
+class Ordered(Prose):
+    """:class:`Prose` that also keeps the prose text and the abbrs in page order:
+    (text, the abbr's title, or None outside an abbr)."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[tuple[str, str | None]] = []
+
+    def handle_data(self, data):
+        before = len(self.texts)
+        super().handle_data(data)
+        if self._abbr is not None:
+            self.events.append((data, self._title))
+        elif len(self.texts) > before:
+            self.events.append((data, None))
+
+
+def sampler_names(markdown: str) -> list[str]:
+    """The words for the samplers a page names: each scheduler class's stem, as the
+    glossary spells it (DPMSolver -> DPM-Solver), and ``SAMPLER_WORDS``."""
+    spelled = {t.name.replace("-", ""): t.name for t in HOVER}
+    stems = {spelled.get(stem, stem) for stem in STEM_RE.findall(markdown)}
+    return sorted(stems | set(SAMPLER_WORDS))
+
+
+@pytest.mark.build
+def test_scheduler_page_defines_each_sampler_name_at_first_use(built_site):
+    """Each sampler name the scheduler page writes in prose (Euler, Heun, PNDM, DPM-Solver,
+    UniPC, derived from the classes it names, and sigma, Karras sigmas, KDPM2) is a glossary
+    term, and its first occurrence carries the hover definition; ``s_churn``, written as code,
+    has its glossary entry."""
+    markdown = (DOCS / "handbook" / "scheduler.md").read_text(encoding="utf-8")
+    names = sampler_names(markdown)
+    assert {"Euler", "Heun", "PNDM", "DPM-Solver", "sigma", "Karras sigmas"} <= set(names)
+    definitions = {t.name: t.definition for t in HOVER}
+    parser = Ordered()
+    parser.feed(article(built_site / SCHEDULER_PAGE))
+    undefined = {}
+    for name in names:
+        first = next(((text, title) for text, title in parser.events if word_re(name).search(text)), None)  # fmt: skip
+        if name in SAMPLER_WORDS:
+            assert first is not None, f"the scheduler page no longer writes {name}"
+        if first is not None and (name not in definitions or first[1] != definitions[name]):
+            undefined[name] = first[0]
+    assert undefined == {}, "sampler names whose first use on the page has no hover definition"
+    code_terms = {t.name for t in TERMS if t.is_code}
+    assert "s_churn" in code_terms and "`s_churn`" in markdown
+
+
+@pytest.mark.build
+def test_scheduler_page_teaches_sigma_before_its_first_sigma_figure(built_site):
+    """The page's first figure drawn in sigma comes after the sentence that teaches sigma:
+    the word with its hover and the formula sigma_t = sqrt((1 - alpha_bar_t) / alpha_bar_t)."""
+    page = article(built_site / SCHEDULER_PAGE)
+    figures = [m for m in re.finditer(r"<figure\b.*?</figure>", page, re.DOTALL) if "sigma" in m.group(0)]  # fmt: skip
+    assert figures, "the scheduler page has no figure drawn in sigma"
+    before = page[: figures[0].start()]
+    sigma = next(t for t in HOVER if t.name == "sigma")
+    parser = Ordered()
+    parser.feed(before)
+    assert ("sigma", sigma.definition) in parser.events, "sigma has no hover before the figure"
+    formulas = [html.unescape(f) for f in re.findall(r"<math\b.*?</math>", before, re.DOTALL)]
+    assert any("σ" in f and "<msqrt>" in f and "α" in f for f in formulas), (
+        "no formula for sigma before the first sigma figure"
+    )
+
+
+#: a word written right before or after an "Euler" hover -> the diffusers class it then means
+EULER_CONTEXTS = {
+    "flow-matching Euler": "FlowMatchEulerDiscreteScheduler",
+    "Euler loop of a tiny Flux": "FlowMatchEulerDiscreteScheduler",
+    "Euler Ancestral": "EulerAncestralDiscreteScheduler",
+}
+
+
+def hover_contexts(site: Path, term: str) -> list[tuple[str, str, str]]:
+    """Every ``<abbr>`` of ``term`` on the pages Python-Markdown rendered (the glossary page
+    aside), as (page, the prose around it with the term in place, its title)."""
+    found = []
+    for page in markdown_pages(site):
+        rel = page.relative_to(site).as_posix()
+        if rel == "glossary/index.html":
+            continue
+        parser = Ordered()
+        parser.feed(article(page))
+        prose, start = "".join(text for text, _ in parser.events), 0
+        for text, title in parser.events:
+            if title is not None and text == term:
+                found.append((rel, prose[max(0, start - 40) : start + len(term) + 40], title))
+            start += len(text)
+    return found
+
+
+@pytest.mark.build
+def test_euler_hover_names_the_scheduler_each_page_means(built_site):
+    """The Euler hover is true where it shows: next to "flow-matching" or a Flux loop it
+    names FlowMatchEulerDiscreteScheduler, and in "Euler Ancestral" the ancestral class."""
+    seen = set()
+    for rel, context, title in hover_contexts(built_site, "Euler"):
+        for phrase, cls in EULER_CONTEXTS.items():
+            if phrase in " ".join(context.split()):
+                seen.add(phrase)
+                assert cls in title, f"{rel}: '{phrase}' shows a hover without {cls}"
+    assert seen == set(EULER_CONTEXTS), "the site no longer writes some of these contexts"
+
+
+@pytest.mark.build
+def test_sigma_hover_sits_only_on_noise_levels(built_site):
+    """The sigma hover defines a noise level; no page puts it on DiT's learned sigma, the
+    variance channels of ``learn_sigma``, which are not one."""
+    learned = [
+        (rel, c) for rel, c, _ in hover_contexts(built_site, "sigma") if "learned sigma" in c
+    ]
+    assert learned == []
+
+
+@pytest.mark.build
+def test_no_hover_inside_a_chart(built_site):
+    """No built page has an <abbr> inside an inline <svg>: SVG draws no text of an element
+    it does not know, so a hover on a legend's or axis's word blanked it (lab 03's sigma
+    charts, lab 08, 10, 12 and 14's)."""
+    bad = {}
+    for page in built_site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        for svg in re.findall(r"<svg\b.*?</svg>", text, re.DOTALL):
+            found = re.findall(r"<abbr\b[^>]*>([^<]*)</abbr>", svg)
+            if found:
+                bad.setdefault(page.relative_to(built_site).as_posix(), []).extend(found)
+    assert bad == {}

@@ -4,8 +4,9 @@ All three. ``set_timesteps`` turns the 1000 training timesteps into the few
 inference timesteps (and, for sigma-based schedulers, the noise levels
 ``sigmas``); ``scale_model_input`` adapts ``latents`` to what the network was
 trained on; ``step`` maps the network's prediction to the next ``latents``. The
-trap: ``step`` reads the prediction through ``prediction_type``, and a mismatch
-with the checkpoint still runs, producing garbage.
+trap: ``step`` reads the prediction through ``prediction_type``, and diffusers'
+``DDIMScheduler`` with ``epsilon`` and ``v_prediction`` swapped still runs, to wrong
+``latents``.
 
 Run it:  python3 code/lab-03-scheduler-reading/scheduler_reading.py --steps 10
 """

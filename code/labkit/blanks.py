@@ -25,12 +25,20 @@ work:
   every event on to a tracer already set, such as a debugger's (``whole`` says whether one
   set later, as pdb's ``breakpoint()`` can, cut the record short).
 
+Labs 03, 13, 16 and 20 leave blanks in one small function instead (lab 03's timestep
+spacing, lab 20's ``get_timesteps``), in a file the reader edits beside a checker script:
+:func:`check_function` runs the reader's function and the solution's on a list of cases
+(:func:`run_traced` records each one's variables), compares what each blank assigns, blank
+by blank, and names the first that differs, with the hint of the solution's typical mistake
+that gives the same value (:func:`how_it_differs` when none does).
+
 NumPy is the only dependency, as for the rest of labkit.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import sys
 import warnings
@@ -307,3 +315,446 @@ def lines_run(fn: FunctionType) -> Iterator[Lines]:
     finally:
         executed.whole = sys.gettrace() is on_call  # not if a breakpoint() replaced it
         sys.settrace(previous)
+
+
+# --------------------------------------------------------------------------- function blanks
+# Labs 03, 13, 16 and 20 leave blanks in one small function (lab 20's get_timesteps) that
+# the reader edits in its own file; a checker script beside it runs that function and the
+# solution's on the same cases and compares the variables each blank assigns, blank by blank.
+
+
+@dataclass
+class Traced:
+    """One call of a function: its result or error, its local variables when it returned or
+    raised, and the lines it ran."""
+
+    result: Any = None
+    error: BaseException | None = None
+    variables: dict[str, Any] = field(default_factory=dict)
+    lines: list[int] = field(default_factory=list)
+    #: (blank, its variables) each time the run left a blank's lines without an error, in
+    #: order: a blank inside a loop (lab 16's key/value blocks) is compared pass by pass
+    passes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+
+def _snapshot(variables: dict[str, Any]) -> dict[str, Any]:
+    """``variables`` with their arrays copied (a later ``acc *= ...`` must not change them)."""
+    return {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in variables.items()}
+
+
+def run_traced(fn: FunctionType, *args: Any) -> Traced:
+    """Call ``fn(*args)`` and record (:class:`Traced`) what it returned or raised, its local
+    variables at that moment and the lines it ran; a tracer set before still gets every
+    event (as in :func:`lines_run`)."""
+    traced, previous = Traced(), sys.gettrace()
+    try:
+        source, first = inspect.getsourcelines(fn)
+        heads, number = {}, None  # blank_at of every line, in one pass over the source
+        for k, text in enumerate(source):
+            if not text.strip():  # an empty line ends a blank's paragraph
+                number = None
+            elif text.strip().startswith("# BLANK ") and text.split("# BLANK ")[1][:1].isdigit():
+                number = int(text.split("# BLANK ")[1][0])
+            heads[first + k] = number
+    except (OSError, TypeError):
+        heads = {}
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        local = previous(frame, event, arg) if previous is not None else None
+        if frame.f_code is not fn.__code__:
+            return local
+        inside, raised = None, False  # the blank whose lines run; an exception since
+
+        def on_line(frame: Any, event: str, arg: Any) -> Any:
+            nonlocal local, inside, raised
+            if event == "line":
+                traced.lines.append(frame.f_lineno)
+                number = heads.get(frame.f_lineno)
+                if inside is not None and number != inside and not raised:
+                    traced.passes.append((inside, _snapshot(frame.f_locals)))
+                inside, raised = number, False
+            elif event == "exception":
+                raised = True
+            elif event == "return":  # also after an exception left the frame
+                if inside is not None and not raised:
+                    traced.passes.append((inside, _snapshot(frame.f_locals)))
+                traced.variables = dict(frame.f_locals)
+            if local is not None:
+                local = local(frame, event, arg)
+            return on_line
+
+        return on_line
+
+    sys.settrace(on_call)
+    try:
+        traced.result = fn(*args)
+    except (Exception, KeyboardInterrupt, SystemExit) as error:  # the reader's error, Ctrl-C
+        traced.error = error  # on a loop that does not end, or exit(): one line from the checker
+    finally:
+        sys.settrace(previous)
+    return traced
+
+
+def blank_assignments(fn: FunctionType) -> dict[int, dict[str, int]]:
+    """Blank number -> {variable: the last line that assigns it} for every assignment in a blank's
+    paragraph of ``fn`` (the blank's lines: :func:`blank_at`)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return {}
+    found: dict[int, dict[str, int]] = {}
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            line = first + node.lineno - 1
+            number = blank_at(fn, line)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            for name in names if number else ():  # the last line that assigns it
+                lines_of = found.setdefault(number, {})
+                lines_of[name] = max(line, lines_of.get(name, line))
+    return dict(sorted(found.items()))
+
+
+def blank_calls(fn: FunctionType) -> dict[int, int]:
+    """Blank number -> the line of each ``blank(n)`` call left in ``fn``: the blanks still to
+    fill, whether or not a run reaches them (an earlier blank's placeholder raises first)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return {}
+    found: dict[int, int] = {}
+    for node in ast.walk(ast.parse("".join(lines))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "blank"
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, int)
+        ):
+            found.setdefault(node.args[0].value, first + node.lineno - 1)
+    return dict(sorted(found.items()))
+
+
+def kind(value: Any) -> str:
+    """What sort of value: ``an integer`` (int or a NumPy integer), ``a float``, ``an array``,
+    or the type's name."""
+    if isinstance(value, bool | np.bool_):
+        return "a bool"
+    if isinstance(value, int | np.integer):
+        return "an integer"
+    if isinstance(value, float | np.floating):
+        return "a float"
+    if isinstance(value, np.ndarray):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def show(value: Any) -> str:
+    """A value in one line: an array's values, dtype and length, or the value itself."""
+    if isinstance(value, tuple):
+        return f"({', '.join(map(show, value))})"
+    if isinstance(value, np.ndarray) and value.ndim > 1:  # its entries: "first difference"
+        return f"{value.dtype} array of shape {value.shape}"
+    if isinstance(value, np.ndarray):
+        text = np.array2string(value, threshold=12, edgeitems=4, max_line_width=10**6)
+        return f"{' '.join(text.split())} ({value.dtype}, {value.size} entries)"
+    if isinstance(value, np.floating):  # a float32 entry: its digits, not float64's repr
+        return f"{float(value):.7g}"
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    return text if len(text) <= 120 else f"{text[:100]} ... ({len(text)} characters)"
+
+
+#: floats match to float32 rounding: a correct line may sum or multiply in another order
+FLOAT_RTOL, FLOAT_ATOL = 1e-5, 1e-6
+#: ... and within FLOAT_SCALE of the reference's largest finite entry (at least
+#: FLOAT_FLOOR): lab 16's correct lines land within 3e-7 of it, and a line off by a factor
+#: of 1 + 1e-5 (84 float32 steps) is a mistake, not rounding
+FLOAT_SCALE, FLOAT_FLOOR = 1e-6, 1e-9
+
+
+def close(a: Any, b: Any) -> Any:
+    """Entrywise: equal, or both floats within float32 rounding (nan matches nothing) and
+    within FLOAT_SCALE of ``b``'s largest finite entry."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "f" or b.dtype.kind == "f":
+        finite = np.abs(b[np.isfinite(b)])  # a 0-d b too: one entry or none
+        bound = max(FLOAT_SCALE * float(finite.max()) if finite.size else 0.0, FLOAT_FLOOR)
+        with np.errstate(invalid="ignore", over="ignore"):
+            near = np.abs(a.astype(np.float64) - b.astype(np.float64)) <= bound
+        return np.isclose(a, b, rtol=FLOAT_RTOL, atol=FLOAT_ATOL) & (near | (a == b))
+    return a == b
+
+
+def equal(a: Any, b: Any) -> bool:
+    """Same kind, and for arrays the same dtype (int32 is not int64), shape and values
+    (floats to float32 rounding: :func:`close`)."""
+    if kind(a) != kind(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.all(close(a, b)))
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(map(equal, a, b))
+    return bool(np.all(close(a, b))) if kind(a) == "a float" else bool(a == b)
+
+
+def how_it_differs(yours: Any, theirs: Any) -> str:
+    """A hint at how two values of the same kind differ: a dtype, a length, the order, a
+    constant offset (its sign), a constant ratio, or entries off by one (rounding)."""
+    if not isinstance(theirs, np.ndarray):
+        gap = yours - theirs
+        return f"yours is {'+' if gap > 0 else ''}{show(gap)} off" if kind(gap) == "an integer" else ""  # fmt: skip
+    if yours.dtype != theirs.dtype:
+        cast = " (cast with .astype, after rounding)" if theirs.dtype.kind in "iu" else ""
+        return f"the dtype: yours is {yours.dtype}, the solution's {theirs.dtype}{cast}"
+    if yours.shape != theirs.shape and max(yours.ndim, theirs.ndim) > 1:
+        return f"the shape: yours is {yours.shape}, the solution's {theirs.shape}"
+    if yours.shape != theirs.shape:
+        return f"the length: yours has {yours.size} entries, the solution's {theirs.size}"
+    if yours.dtype.kind != "i":  # the hints below are for integer grids (timesteps)
+        return ""
+    if np.array_equal(yours[::-1], theirs):
+        return "the order: yours runs the other way (timesteps run high to low)"
+    gap = yours.astype(np.float64) - theirs
+    if gap.size == 1:  # one entry: an offset, a rounding or another grid look alike
+        return ""
+    if np.all(gap == gap.flat[0]):
+        return f"every entry is {gap.flat[0]:+g} off: a missing or extra term (an offset, or an off-by-one)"  # fmt: skip
+    if np.abs(gap).max() <= 1:
+        return f"{np.count_nonzero(gap)} of {gap.size} entries are 1 off: rounding (round before .astype; int() floors)"  # fmt: skip
+    nonzero = theirs != 0
+    if nonzero.any() and np.all(yours[~nonzero] == 0):
+        ratio = yours[nonzero] / theirs[nonzero]
+        if np.allclose(ratio, ratio[0]):
+            return f"yours is {ratio[0]:.4g} x the solution's everywhere: a ratio"
+    return ""
+
+
+def _planted(solution: str | Path, name: str, edit: tuple[str, str]) -> FunctionType | None:
+    """The solution's function with ``edit`` planted, or None if its text is not there once."""
+    try:
+        return load_function(solution, name, edit)
+    except ValueError:
+        return None
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """The names the file ``path`` defines at its top level (def, class, assignment)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """:func:`equal`, and True where the two cannot be compared (objects without ==)."""
+    try:
+        return equal(a, b)
+    except Exception:
+        return True
+
+
+def _small_difference(a: Any, b: Any, scale: float = 1e-4) -> bool:
+    """Whether ``a`` and ``b`` have one shape and differ by at most ``scale`` of ``b``'s
+    largest finite entry everywhere (a nan differs by more)."""
+    try:
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    finite = np.abs(b[np.isfinite(b)])
+    if a.shape != b.shape or not finite.size:
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(np.abs(a - b) <= scale * finite.max()))
+
+
+def _pass_value(run: Traced, number: int, k: int, variable: str) -> Any:
+    """The value of ``variable`` when ``run`` left blank ``number``'s lines the k-th time."""
+    values = [v for n, v in run.passes if n == number]
+    return values[k].get(variable) if k < len(values) else None
+
+
+def _same_results(a: FunctionType, b: FunctionType, cases: list[tuple[str, tuple]]) -> bool:
+    """Whether ``a`` returns what ``b`` does on every case ``b`` runs without an error."""
+    for _, args in cases:  # each run on its own copy: a line that writes to an argument
+        run_b = run_traced(b, *copy.deepcopy(args))  # changes no other run's
+        if run_b.error is None and not equal(run_traced(a, *copy.deepcopy(args)).result, run_b.result):  # fmt: skip
+            return False
+    return True
+
+
+@dataclass
+class Verdict:
+    """What a function check found: ``code`` 0 (every filled blank the runs reach matches), 1 (a blank
+    differs: ``report`` says which, where and a hint) or 2 (the file or a blank cannot run:
+    ``report`` is one line)."""
+
+    code: int
+    report: str
+
+
+def check_function(
+    path: str | Path,
+    name: str,
+    solution: str | Path,
+    cases: list[tuple[str, tuple]],
+    blanks: int,
+    rounds: str = "pass",
+) -> Verdict:
+    """Check function ``name`` of the reader's file ``path`` against the one of the same name
+    in ``solution`` on ``cases`` ((label, args), in order): for each case, each blank whose
+    lines ran is compared by the variables it assigns, in blank order, then the return
+    value. The first difference names the blank, its line and a hint: the hint of a mistake
+    in the solution's ``MISTAKES`` table ({key: (blank, old, new, hint)}) that gives the
+    same value there, else :func:`how_it_differs`. A syntax error, an exception raised in a
+    line of the reader's (Ctrl-C on a loop that does not end and exit() too), or a blank's
+    variable of another kind than the solution's (a list for an array) is one line, code 2.
+    Only the variables the solution's blanks assign are compared: a helper of the reader's
+    (``step_ratio``) or a given name it rebinds (``T = float(T)``) is not, unless a later blank
+    or the return value then differs: then the line that rebinds it is named. The blanks still to fill are read from the text.
+    A blank is compared each time the run leaves its lines (:attr:`Traced.passes`): in a
+    loop, its k-th pass against the solution's k-th, named "``rounds`` k of n" (lab 16:
+    "key/value block 2 of 4"); floats match to float32 rounding (:func:`close`)."""
+    path = Path(path)
+    try:
+        yours = load_function(path, name)
+    except SyntaxError as error:
+        text = error.msg.split(" (")[0]
+        return Verdict(2, f"{path.name} line {error.lineno}: syntax error: {text}")
+    except ValueError as error:  # no function of that name, or two
+        return Verdict(2, str(error))
+    except Exception as error:  # an import of the file's that fails, say
+        return Verdict(2, f"{path.name}: {type(error).__name__}: {' '.join(str(error).split())}")
+    reference = load_function(solution, name)
+    mistakes = load_constant(solution, "MISTAKES")
+    assigned = blank_assignments(yours)
+    answers = {v for names in blank_assignments(reference).values() for v in names}
+    where = lambda number, line: f"{path.name} line {line}" + (f" (blank {number})" if number else "")  # noqa: E731  # fmt: skip
+    unfilled: dict[int, int] = {}
+    matched: set[int] = set()  # the blanks whose lines ran and matched on some case
+    cut: dict[int, int] = {}  # blank -> the fewest passes a run stopped by a blank() made
+
+    def _rebound(found: tuple, then: str) -> Verdict:
+        """Blank ``number`` rebinds a name ``name`` is given, to another value than the
+        solution's there, and ``then`` (a later blank's variable, the result) differs."""
+        _, number, variable, line, a, b, at = found
+        return Verdict(1, "\n".join([
+            f"blank {number} differs from the solution ({at}):",
+            f"  {where(number, line)}: {source_line(yours, line)}",
+            f"  yours:    {variable} = {show(a)}",
+            f"  solution: {variable} = {show(b)}",
+            f"hint: {name}() is given {variable} and your blank rebinds it: the lines after it see yours, and {then} then differs",
+        ]))  # fmt: skip
+
+    for label, args in cases:
+        # each on its own copy of the case: a line of yours that writes to an argument
+        # (scheduler.timesteps = ...) must not change what the solution's run sees
+        mine, theirs = run_traced(yours, *copy.deepcopy(args)), run_traced(reference, *copy.deepcopy(args))  # fmt: skip
+        rebound: list[tuple] = []  # (pass, blank, given name, line, yours, the solution's, at)
+        for run in (mine, theirs):  # Ctrl-C (a loop that does not end?) or exit(): one line
+            if isinstance(run.error, KeyboardInterrupt | SystemExit):
+                found = innermost_line(run.error, yours.__code__.co_filename) if run is mine else None  # fmt: skip
+                line = found[1] if found else None
+                what = "interrupted (Ctrl-C) there: a loop of yours that does not end?" if isinstance(run.error, KeyboardInterrupt) else f"exit() ends the whole check: {name}() must return its value"  # fmt: skip
+                if line is None:
+                    return Verdict(2, f"{path.name}: interrupted (Ctrl-C) while the solution ran ({label})")  # fmt: skip
+                return Verdict(2, f"{where(blank_at(yours, line), line)}: {type(run.error).__name__}: {what} ({label})")  # fmt: skip
+        assert theirs.error is None, theirs.error  # the solution runs, or the lab is broken
+        seen: dict[int, int] = {}  # blank -> its passes so far in your run
+        rounded: set[int] = set()  # blanks that matched only to rounding so far in this case
+        for p, (number, values) in enumerate(mine.passes):
+            k = seen[number] = seen.get(number, -1) + 1
+            ref = [v for n, v in theirs.passes if n == number]
+            if number not in assigned or k >= len(ref):
+                continue
+            at = f"{label}, {rounds} {k + 1} of {len(ref)}" if len(ref) > 1 else label
+            for variable, line in assigned[number].items():
+                if variable not in values:
+                    continue  # that blank's line did not run, or raised before assigning
+                if variable not in ref[k] or variable not in answers:
+                    if variable in ref[k] and not _alike(values[variable], ref[k][variable]):
+                        rebound.append((p, number, variable, line, values[variable], ref[k][variable], at))  # fmt: skip
+                    continue  # a helper of yours (step_ratio = T // n) or a given name you
+                    # rebind (T = float(T)): named only if a later blank or the result differs
+                a, b = values[variable], ref[k][variable]
+                if kind(a) != kind(b):
+                    return Verdict(2, f"{where(number, line)}: {variable} is {kind(a)}, {show(a)}; the solution's is {kind(b)}, {show(b)} ({at})")  # fmt: skip
+                if equal(a, b):
+                    matched.add(number)
+                    if kind(a) in ("a float", "an array") and not np.array_equal(a, b):
+                        rounded.add(number)
+                    continue
+                if earlier := [r for r in rebound if r[0] < p]:  # a given name rebound before
+                    return _rebound(earlier[0], f"{variable} in blank {number}")
+                hint = how_it_differs(a, b)
+                matches = [  # the typical mistakes of this blank that give your value here
+                    (planted, said)
+                    for blank_number, old, new, said in mistakes.values()
+                    if blank_number == number
+                    and (planted := _planted(solution, name, (old, new))) is not None
+                    and equal(_pass_value(run_traced(planted, *args), number, k, variable), a)
+                ]
+                # of those, the first that also returns what yours does on every other case
+                # (one case may not tell two apart: +1 from a missing "- 1" or an extra offset)
+                alike = [said for planted, said in matches if _same_results(planted, yours, cases)]  # fmt: skip
+                hint = (alike or [said for _, said in matches] or [hint])[0]
+                # a small error an earlier blank let through, grown here: only for a small
+                # difference (within 1e-4 of the largest entry), and blanks before this one
+                before = sorted(n for n in rounded if n < number)
+                if not hint and before and _small_difference(a, b):
+                    hint = f"no typical mistake gives this value; blank{'s' if len(before) > 1 else ''} {', '.join(map(str, before))} matched the solution only to float rounding on this case, not exactly: if this line is right, a small factor or term there is the difference"  # fmt: skip
+                ran = {n for n, _ in mine.passes}  # an earlier blank none of whose lines ran as its
+                own = blank_assignments(reference)  # own (the reader's line sits after an empty
+                off = {n for n, names in own.items() if any(v not in mine.variables or not _alike(mine.variables[v], theirs.variables.get(v)) for v in names)}  # fmt: skip
+                skipped = [n for n, _ in theirs.passes if n < number and n not in ran and n in off]
+                if skipped:  # line, outside it) and what it assigns ends the run off the solution's
+                    hint = f"blank {skipped[0]}'s lines did not run as blank {skipped[0]}'s: a blank's lines run from its # BLANK comment to the first empty line, and a line of yours after an empty line is not checked as the blank's"  # fmt: skip
+                report = [
+                    f"blank {number} differs from the solution ({at}):",
+                    f"  {where(number, line)}: {source_line(yours, line)}",
+                    f"  yours:    {variable} = {show(a)}",
+                    f"  solution: {variable} = {show(b)}",
+                ]
+                if isinstance(a, np.ndarray) and a.shape == b.shape and (a.ndim > 1 or a.size > 12):
+                    off = ~close(a, b)  # elided above: where, and how many
+                    i = np.unravel_index(int(np.flatnonzero(off)[0]), a.shape) if off.any() else None  # fmt: skip
+                    entry = i[0] if a.ndim == 1 else tuple(map(int, i)) if i else None
+                    report += [f"  first difference: entry {entry}, yours {show(a[i])}, the solution's {show(b[i])}" + (f" ({np.count_nonzero(off)} of {off.size} entries differ)" if a.ndim > 1 else "")] if i is not None else []  # fmt: skip
+                return Verdict(1, "\n".join(report + ([f"hint: {hint}"] if hint else [])))
+        if isinstance(mine.error, UnfilledBlankError):
+            unfilled.setdefault(mine.error.number, mine.error.line)
+            for number, count in seen.items():  # a loop the placeholder cut short
+                if count + 1 < sum(n == number for n, _ in theirs.passes):
+                    cut[number] = min(cut.get(number, count + 1), count + 1)
+            continue
+        if mine.error is not None:
+            found = innermost_line(mine.error, yours.__code__.co_filename)
+            line = found[1] if found else None
+            text = " ".join(str(mine.error).split())
+            if isinstance(mine.error, NameError) and mine.error.name in _top_level_names(path):
+                text += f": only your file's imports and its {name}() run in the check, so define it inside {name}()"  # fmt: skip
+            return Verdict(2, f"{where(blank_at(yours, line), line)}: {type(mine.error).__name__}: {text} ({label})")  # fmt: skip
+        if not equal(mine.result, theirs.result) and rebound:
+            return _rebound(rebound[0], "the value it returns")
+        if not equal(mine.result, theirs.result):
+            line = mine.lines[-1] if mine.lines else None
+            return Verdict(1, "\n".join([
+                f"your {name}() returns another value ({label}), the lines of its blanks matching:",
+                f"  {where(blank_at(yours, line), line)}: {source_line(yours, line)}",
+                f"  yours:    {show(mine.result)}",
+                f"  solution: {show(theirs.result)}",
+                "hint: a blank's lines run from its # BLANK comment to the first empty line: a line of yours after an empty line is not checked as the blank's, nor is a given line you changed",
+            ]))  # fmt: skip
+    unfilled = {**blank_calls(yours), **unfilled}  # also those no run reached
+    if unfilled:
+        todo = ", ".join(f"blank({k}) at line {line}" for k, line in sorted(unfilled.items()))
+        done = sorted(matched - set(unfilled))
+        matched = f"; blank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} match{'' if len(done) > 1 else 'es'} the solution on every case {'they' if len(done) > 1 else 'it'} ran" if done else ""  # fmt: skip
+        if done and any(k in cut for k in done):  # in a loop: only as far as the runs got
+            matched += f" (as far as each run got: it stops at the first blank left, in {rounds} {min(cut[k] for k in done if k in cut)})"  # fmt: skip
+        return Verdict(0, f"{len(unfilled)} of {blanks} blanks not filled in yet in {path.name}: {todo}{matched}")  # fmt: skip
+    return Verdict(0, f"all {blanks} blanks match the solution on {len(cases)} cases")

@@ -1,6 +1,8 @@
 """Lab 13 Few-Step Sampling: DPM-Solver++ 2M, the LCM step, spacing and Flux's shift, in NumPy."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -302,3 +304,297 @@ def test_bad_arguments(run_cli, argv, message):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("few_step.py: error: " + message)
+
+
+# --------------------------------------------------------------------------- your turn
+# dpm_blanks.py is the reader's file; check_dpm.py checks it against the solution
+# (dpm_solution.txt, off the site's pages) with labkit.blanks.check_function. The tests run
+# a copy of the checker beside a reader's file written here: filled from the solution, with
+# one of its typical MISTAKES planted, or with odd input.
+
+FOLDER = Path(__file__).resolve().parents[2] / "code/lab-13-few-step-sampling"
+CHECKER, BLANKS, SOLUTION = "check_dpm.py", "dpm_blanks.py", "dpm_solution.txt"
+NAME = "dpm_solver_update"
+VARIABLES = {1: "h", 2: "x_t", 3: "r0", 4: "D0, D1", 5: "x_t"}  # what each blank assigns
+
+
+def _mistakes():
+    from labkit.blanks import load_constant
+
+    return load_constant(FOLDER / SOLUTION, "MISTAKES")
+
+
+def function_lines(path, name):
+    """(first line, the lines) of top-level function ``name`` in ``path``."""
+    import ast
+
+    source = path.read_text(encoding="utf-8")
+    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
+    return node.lineno, source.splitlines()[node.lineno - 1 : node.end_lineno]
+
+
+def reader_file(fill=(), mistake=None):
+    """dpm_blanks.py with the blanks in ``fill`` written as the solution writes them
+    (``mistake``: a key of MISTAKES planted in its blank), the others left as they are."""
+    first, mine = function_lines(FOLDER / BLANKS, NAME)
+    _, theirs = function_lines(FOLDER / SOLUTION, NAME)
+    lines = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
+    number, old, new, _ = _mistakes()[mistake] if mistake else (None, "", "", "")
+    for k, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        blank = re.search(r"blank\((\d)\)", a)
+        if blank and int(blank.group(1)) in fill:
+            if int(blank.group(1)) == number:
+                assert b.count(old) == 1, (old, b)
+                b = b.replace(old, new)
+            lines[first - 1 + k] = b
+    return "\n".join(lines) + "\n"
+
+
+def blank_line(number):
+    """The line of blank(number) in the shipped dpm_blanks.py."""
+    text = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
+    return next(i for i, line in enumerate(text, 1) if f"= blank({number})" in line)
+
+
+@pytest.fixture
+def check(tmp_path, monkeypatch, capsys):
+    """Run a copy of check_dpm.py beside a reader's file ``source`` (in this process):
+    (exit code, stdout, stderr)."""
+    import runpy
+    import shutil
+    import sys
+
+    def run(source, *argv):
+        shutil.copy(FOLDER / CHECKER, tmp_path / CHECKER)
+        shutil.copy(FOLDER / SOLUTION, tmp_path / SOLUTION)
+        (tmp_path / BLANKS).write_text(source, encoding="utf-8")
+        monkeypatch.setattr(sys, "argv", [str(tmp_path / CHECKER), *argv])
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        capsys.readouterr()
+        code = 0
+        try:
+            runpy.run_path(str(tmp_path / CHECKER), run_name="__main__")
+        except SystemExit as stop:
+            code = stop.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
+
+
+def runpy_checker(*argv):
+    import runpy
+    import sys
+
+    saved, sys.argv = sys.argv, [str(FOLDER / CHECKER), *argv]
+    try:
+        return runpy.run_path(str(FOLDER / CHECKER), run_name="__main__")
+    finally:
+        sys.argv = saved
+
+
+def test_dpm_solution_is_the_blanks_file_filled_in_line_for_line():
+    """The solution's dpm_solver_update is the reader's, except the five blank lines."""
+    _, mine = function_lines(FOLDER / BLANKS, NAME)
+    _, theirs = function_lines(FOLDER / SOLUTION, NAME)
+    differ = [a.split("#")[0].strip() for a, b in zip(mine, theirs, strict=True) if a != b]
+    assert differ == [f"{VARIABLES[k]} = blank({k})" for k in (1, 2, 3, 4, 5)]
+
+
+def test_dpm_solution_is_the_starters_step(lab):
+    """The solution returns what the starter's DPMSolverMultistepScheduler.step (shown on
+    the page) does, step after step, on every case the checker tries (the same sigmas, x0_hat
+    and samples): the verify test holds the solution to diffusers' step."""
+    from labkit.blanks import load_function
+
+    solution = load_function(FOLDER / SOLUTION, NAME)
+    cases = runpy_checker("--solution")["CASES"]
+    scheduler = None
+    for label, (sigmas, i, sample, m0, m1) in cases:
+        if i == 0:  # a new grid: the starter's scheduler, with the checker's sigmas
+            scheduler = lab["DPMSolverMultistepScheduler"](lab["betas"], timestep_spacing="trailing", final_sigmas_type="sigma_min", lower_order_final=False)  # fmt: skip
+            scheduler.set_timesteps(len(sigmas) - 1)
+            assert np.allclose(scheduler.sigmas, sigmas, rtol=1e-12), label
+        # the starter's step takes epsilon: the one whose x0_hat is m0 at this sample
+        alpha, s = 1 / (sigmas[i] ** 2 + 1) ** 0.5, sigmas[i]
+        eps = (sample - alpha * m0) / (s * alpha)
+        if m1 is not None:
+            assert np.allclose(scheduler.model_outputs[1], m1), label
+        theirs = scheduler.step(eps, scheduler.timesteps[i], sample).prev_sample
+        assert np.allclose(solution(sigmas, i, sample, m0, m1), theirs, rtol=1e-9, atol=1e-12), label  # fmt: skip
+    assert {label.split(",")[2].strip() for label, _ in cases} == {"first order", "second order"}
+
+
+def test_the_shipped_dpm_file_says_which_blanks_to_fill(check):
+    """All five, though the run stops at blank 1's placeholder; with blank 1 written, the
+    other four and that blank 1 matches."""
+    code, out, err = check((FOLDER / BLANKS).read_text(encoding="utf-8"))
+    lines = ", ".join(f"blank({k}) at line {blank_line(k)}" for k in (1, 2, 3, 4, 5))
+    assert (code, err) == (0, "")
+    assert out == f"5 of 5 blanks not filled in yet in dpm_blanks.py: {lines}\n"
+    code, out, _ = check(reader_file(fill=(1,)))
+    lines = ", ".join(f"blank({k}) at line {blank_line(k)}" for k in (2, 3, 4, 5))
+    assert (code, out) == (0, f"4 of 5 blanks not filled in yet in dpm_blanks.py: {lines}; blank 1 matches the solution on every case it ran\n")  # fmt: skip
+
+
+PASSED = "all 5 blanks match the solution on 15 cases\n"
+
+
+def test_a_correct_dpm_fill_passes_and_the_solution_flag_checks_the_solution(check):
+    assert check(reader_file(fill=(1, 2, 3, 4, 5))) == (0, PASSED, "")
+    assert check((FOLDER / BLANKS).read_text(), "--solution")[:2] == (0, PASSED)
+
+
+#: correct answers written otherwise: a helper variable, two lines, few_step.py's own form
+OTHER_WAYS = {
+    2: "decay = np.exp(-h)\n        x_t = (sigma_t / sigma_s0) * sample - alpha_t * (decay - 1.0) * m0",
+    4: "D0 = m0\n    D1 = (m0 - m1) / r0",
+    5: "x_t = (sigma_t / sigma_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * (D0 + 0.5 * D1)",
+}
+
+
+@pytest.mark.parametrize("number", list(OTHER_WAYS))
+def test_a_correct_dpm_answer_written_otherwise_passes(check, number):
+    """A helper of the reader's (decay = e^-h) is no variable of the solution's, and a sum
+    in another order rounds otherwise in the last bits: no traceback, a pass."""
+    blank = {2: "x_t = blank(2)", 4: "D0, D1 = blank(4)", 5: "x_t = blank(5)"}[number]
+    source = reader_file(fill={1, 2, 3, 4, 5} - {number}).replace(blank, OTHER_WAYS[number])
+    assert check(source) == (0, PASSED, "")
+
+
+@pytest.mark.parametrize("mistake", list(_mistakes()))
+def test_each_typical_dpm_mistake_names_its_line_and_gets_its_hint(check, mistake):
+    """Every typical mistake of the solution's table (h's order, the sign of e^-h - 1, the
+    sigma ratio upside down, r0 upside down, D0 from the step before, D1's order, D1 without
+    its 0.5), written in the reader's file with the other blanks right: exit 1, the blank,
+    the reader's line and that mistake's hint."""
+    number, _, _, hint = _mistakes()[mistake]
+    code, out, err = check(reader_file(fill=(1, 2, 3, 4, 5), mistake=mistake))
+    assert code == 1 and err == "", out + err
+    assert out.startswith(f"blank {number} differs from the solution (num_inference_steps=")
+    assert f"  dpm_blanks.py line {blank_line(number)} (blank {number}): {VARIABLES[number]} = " in out  # fmt: skip
+    assert out.endswith(f"hint: {hint}\n"), out
+
+
+def test_a_wrong_dpm_blank_1_is_caught_before_blank_2_is_written(check):
+    code, out, _ = check(reader_file(fill=(1,), mistake="h-swapped"))
+    assert code == 1 and out.startswith("blank 1 differs from the solution"), out
+    assert re.search(r"yours:    h = -(\d\.\d+)\n  solution: h = \1\n", out), out
+
+
+#: slips a reader makes that the checker must answer with a true hint: (blank, the reader's
+#: line in place of the solution's, the hint it prints)
+SLIPS = {
+    "sigmas array's ratio": (2, "x_t = (s_t / s_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * m0", "the sigmas: the sample is scaled by sigma_t / sigma_s0, the variance-preserving sigmas (s * alpha), not the sigmas array's s_t / s_s0"),
+    "e^h": (2, "x_t = (sigma_t / sigma_s0) * sample - alpha_t * (np.exp(h) - 1.0) * m0", "the exponent: e^-h, below 1 since h > 0"),
+    "D1 times r0": (4, "D0, D1 = m0, r0 * (m0 - m1)", "r0 divides: D1 = (m0 - m1) / r0"),
+    "float32 x_t": (2, "x_t = ((sigma_t / sigma_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * m0).astype(np.float32)", "the dtype: yours is float32, the solution's float64\n"),
+    "after an empty line": (3, "\n    r0 = h / h_0", "blank 3's lines did not run as blank 3's: a blank's lines run from its # BLANK comment to the first empty line"),
+    "flattened x_t": (5, "x_t = ((sigma_t / sigma_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * (D0 + 0.5 * D1)).ravel()", "the shape: yours is (6,), the solution's (3, 2)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("slip", list(SLIPS))
+def test_a_dpm_slip_gets_a_true_hint(check, slip):
+    """Blank 2 with the sigmas array's s_t / s_s0 (the comment says the variance-preserving
+    sigmas), e^+h, D1 multiplied by r0, a float32 x_t (no "after rounding": nothing rounds
+    here), a wrong r0 written after an empty line (the checker then names blank 4's line: the
+    hint says blank 3's did not run as its own), a right x_t flattened to (6,) (the shape, not
+    "the length", which is the same): exit 1 and the true hint."""
+    number, line, hint = SLIPS[slip]
+    blank = {2: "x_t = blank(2)", 3: "r0 = blank(3)  # noqa: F841", 4: "D0, D1 = blank(4)  # noqa: RUF059", 5: "x_t = blank(5)"}[number]  # fmt: skip
+    source = reader_file(fill={1, 2, 3, 4, 5} - {number})
+    assert source.count(blank) == 1
+    code, out, err = check(source.replace(blank, line))
+    assert (code, err) == (1, ""), out + err
+    assert hint in out and "after rounding" not in out, out
+
+
+def test_exit_0_with_blank_1_left_says_nothing_of_a_later_wrong_blank(check):
+    """A wrong blank 3 (r0 upside down) with blank 1 still a placeholder: every run stops at
+    blank(1), so blank 3 never runs: exit 0, blank 3 not named as matching, and the docstring's
+    exit-0 sentence says only the blanks the runs reach match."""
+    import ast
+
+    source = reader_file().replace("r0 = blank(3)  # noqa: F841", "r0 = h / h_0")
+    code, out, err = check(source)
+    assert (code, err) == (0, ""), out + err
+    assert "4 of 5 blanks not filled in yet" in out and "match" not in out, out
+    doc = " ".join(ast.get_docstring(ast.parse((FOLDER / CHECKER).read_text(encoding="utf-8"))).split())  # fmt: skip
+    assert "Exit 0: every filled blank the runs reach matches" in doc, doc
+
+
+def test_a_right_line_after_an_empty_line_leaves_a_later_blanks_hint(check):
+    """A right r0 written after an empty line (outside blank 3) with blank 5's 0.5 left out:
+    the hint is blank 5's missing factor, not blank 3's empty line, which changed nothing."""
+    source = reader_file(fill=(1, 2, 4, 5), mistake="no-half")
+    code, out, err = check(source.replace("    r0 = blank(3)  # noqa: F841", "\n    r0 = h_0 / h"))
+    assert (code, err) == (1, "") and out.startswith("blank 5 differs"), out + err
+    assert out.endswith(f"hint: {_mistakes()['no-half'][3]}\n") and "blank 3" not in out, out
+
+
+def test_the_checker_names_the_configuration_its_orders_are_diffusers():
+    """check_dpm.py's docstring states its cases' orders (first order on the first step, second
+    on the others) as diffusers' step with `final_sigmas_type="sigma_min"` and
+    `lower_order_final=False`, the configuration the verify test runs: with
+    `lower_order_final=False` alone, diffusers' default `final_sigmas_type="zero"` makes the
+    last step first order (test_page_lab_13.py::test_dpm_solver_first_and_last_steps_are_first_order)."""
+    import ast
+
+    tree = ast.parse((FOLDER / CHECKER).read_text(encoding="utf-8"))
+    doc = " ".join(ast.get_docstring(tree).split())
+    said = doc.split("second order on the others")[1].split(")")[0]
+    assert 'final_sigmas_type="sigma_min"' in said and "lower_order_final=False" in said, said
+
+
+#: (the reader's line in blank 3, what the one-line error says about it)
+ODD = {
+    "syntax error": ("r0 = (h_0 / h", "syntax error: '(' was never closed"),
+    "an integer": ("r0 = int(h_0 / h)", "r0 is an integer, 0;"),
+    "an exception": ("r0 = h_0 / h_1", "NameError: name 'h_1' is not defined"),
+    "Ctrl-C": ("raise KeyboardInterrupt", "KeyboardInterrupt: interrupted (Ctrl-C) there: a loop of yours that does not end?"),
+    "exit()": ("raise SystemExit", "SystemExit: exit() ends the whole check: dpm_solver_update() must return its value"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ODD))
+def test_odd_dpm_input_is_one_line_exit_2_naming_the_readers_line(check, case):
+    """A syntax error, a blank of another type (an integer where the ratio r0 goes), an
+    exception in the reader's line, Ctrl-C (raised at the blank's line, as it would be on a
+    loop that does not end) or exit(): one line on stderr, exit 2, naming the file and the
+    line (and its blank, once it runs)."""
+    line, said = ODD[case]
+    source = reader_file(fill=(1, 2, 4, 5)).replace("r0 = blank(3)", line)
+    code, out, err = check(source)
+    assert code == 2 and out == "", out
+    where = f"check_dpm.py: error: dpm_blanks.py line {blank_line(3)}"
+    assert err.count("\n") == 1 and err.startswith(where), err
+    assert said in err and ("(blank 3)" in err) == (case != "syntax error"), err
+
+
+def test_the_dpm_solution_is_no_page_nav_entry_or_search_result(built_site):
+    """dpm_solution.txt is no page of the site: no nav entry or search location names it;
+    the reader's file and the checker are pages (their notebooks), and the guide prints the
+    checker's command. (The guide shows the starter's step, the same lines, before the
+    exercise, folded as the answer: test_the_guide_folds_the_dpm_answer_above_the_exercise.)"""
+    docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
+    locations = {doc["location"].split("#")[0] for doc in docs}
+    assert not any("dpm_solution" in location for location in locations)
+    assert {"code/lab-13-few-step-sampling/dpm_blanks/", "code/lab-13-few-step-sampling/check_dpm/"} <= locations  # fmt: skip
+    page = (FOLDER.parents[1] / "docs/labs/lab-13-few-step-sampling.md").read_text()
+    guide = page.split("\n---\n", 1)[1]  # the page below its front matter (the registry)
+    assert "dpm_solution" not in guide and "python3 code/lab-13-few-step-sampling/check_dpm.py" in guide  # fmt: skip
+    built = (built_site / "labs" / "lab-13-few-step-sampling" / "index.html").read_text()
+    assert not re.findall(r'<a href="[^"]*dpm_solution[^"]*"', built)
+
+
+def test_the_guide_folds_the_dpm_answer_above_the_exercise():
+    """The starter's DPMSolverMultistepScheduler, whose step holds the five blanks' lines, is
+    on the guide above "Your turn" only inside a collapsed block titled as the answer."""
+    page = (FOLDER.parents[1] / "docs/labs/lab-13-few-step-sampling.md").read_text()
+    lines = page.splitlines()
+    include = next(i for i, line in enumerate(lines) if "few_step.py:dpm" in line)
+    assert include < next(i for i, line in enumerate(lines) if line.startswith("### Your turn"))
+    assert lines[include].startswith("    "), "the include is not inside a ??? block"
+    opener = next(line for line in reversed(lines[:include]) if line and not line.startswith(" "))
+    assert opener.startswith("??? ") and "answer" in opener.lower(), opener

@@ -1,6 +1,8 @@
 """Lab 20 Image-to-Image and Inpainting: strength, add_noise, and inpainting two ways."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,3 +158,247 @@ def test_bad_arguments(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("img2img_inpainting.py: error: ")
+
+
+# --------------------------------------------------------------------------- your turn
+# strength_blanks.py is the reader's file; check_strength.py checks it against the solution
+# (strength_solution.txt, off the site's pages) with labkit.blanks.check_function. The tests
+# run a copy of the checker beside a reader's file written here: filled from the solution,
+# with one of its typical MISTAKES planted, or with odd input.
+
+FOLDER = Path(__file__).resolve().parents[2] / "code/lab-20-img2img-and-inpainting"
+CHECKER, BLANKS, SOLUTION = "check_strength.py", "strength_blanks.py", "strength_solution.txt"
+VARIABLES = {1: "init_timestep", 2: "t_start", 3: "timesteps"}  # what each blank assigns
+
+
+def _mistakes():
+    from labkit.blanks import load_constant
+
+    return load_constant(FOLDER / SOLUTION, "MISTAKES")
+
+
+def function_lines(path, name):
+    """(first line, the lines) of top-level function ``name`` in ``path``."""
+    import ast
+
+    source = path.read_text(encoding="utf-8")
+    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
+    return node.lineno, source.splitlines()[node.lineno - 1 : node.end_lineno]
+
+
+def reader_file(fill=(), mistake=None):
+    """strength_blanks.py with the blanks in ``fill`` written as the solution writes them
+    (``mistake``: a key of MISTAKES planted in its blank), the others left as they are."""
+    first, mine = function_lines(FOLDER / BLANKS, "get_timesteps")
+    _, theirs = function_lines(FOLDER / SOLUTION, "get_timesteps")
+    lines = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
+    number, old, new, _ = _mistakes()[mistake] if mistake else (None, "", "", "")
+    for k, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        blank = re.search(r"blank\((\d)\)", a)
+        if blank and int(blank.group(1)) in fill:
+            if int(blank.group(1)) == number:
+                assert b.count(old) == 1, (old, b)
+                b = b.replace(old, new)
+            lines[first - 1 + k] = b
+    return "\n".join(lines) + "\n"
+
+
+def blank_line(number):
+    """The line of blank(number) in the shipped strength_blanks.py."""
+    text = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
+    return next(i for i, line in enumerate(text, 1) if f"= blank({number})" in line)
+
+
+@pytest.fixture
+def check(tmp_path, monkeypatch, capsys):
+    """Run a copy of check_strength.py beside a reader's file ``source`` (in this process):
+    (exit code, stdout, stderr)."""
+    import runpy
+    import shutil
+    import sys
+
+    def run(source, *argv):
+        shutil.copy(FOLDER / CHECKER, tmp_path / CHECKER)
+        shutil.copy(FOLDER / SOLUTION, tmp_path / SOLUTION)
+        (tmp_path / BLANKS).write_text(source, encoding="utf-8")
+        monkeypatch.setattr(sys, "argv", [str(tmp_path / CHECKER), *argv])
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        capsys.readouterr()
+        code = 0
+        try:
+            runpy.run_path(str(tmp_path / CHECKER), run_name="__main__")
+        except SystemExit as stop:
+            code = stop.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
+
+
+def test_solution_is_the_blanks_file_filled_in_line_for_line():
+    """The solution's get_timesteps is the reader's, except the three blank lines."""
+    _, mine = function_lines(FOLDER / BLANKS, "get_timesteps")
+    _, theirs = function_lines(FOLDER / SOLUTION, "get_timesteps")
+    differ = [a.split("#")[0].strip() for a, b in zip(mine, theirs, strict=True) if a != b]
+    assert differ == [f"{VARIABLES[k]} = blank({k})" for k in (1, 2, 3)]
+
+
+def test_solution_is_the_starters_get_timesteps(lab):
+    """The checker's solution returns what the starter's get_timesteps (shown on the page)
+    does, on every case the checker tries: the verify test holds both to diffusers'."""
+    from labkit.blanks import load_function
+
+    solution = load_function(FOLDER / SOLUTION, "get_timesteps")
+    cases = runpy_checker("--solution")["CASES"]
+    for label, args in cases:
+        mine, theirs = solution(*args), lab["get_timesteps"](*args)
+        assert np.array_equal(mine[0], theirs[0]) and mine[1] == theirs[1], label
+    assert {(args[1], args[2]) for _, args in cases} >= {(10, 1.0), (10, 0.05), (10, 0.1), (1, 1.0), (1, 0.5)}  # fmt: skip
+
+
+def runpy_checker(*argv):
+    import runpy
+    import sys
+
+    saved, sys.argv = sys.argv, [str(FOLDER / CHECKER), *argv]
+    try:
+        return runpy.run_path(str(FOLDER / CHECKER), run_name="__main__")
+    finally:
+        sys.argv = saved
+
+
+def test_the_shipped_file_says_which_blanks_to_fill(check):
+    """All three, though the run stops at blank 1's placeholder; with blank 1 written, the
+    other two and that blank 1 matches."""
+    code, out, err = check((FOLDER / BLANKS).read_text(encoding="utf-8"))
+    lines = ", ".join(f"blank({k}) at line {blank_line(k)}" for k in (1, 2, 3))
+    assert (code, err) == (0, "")
+    assert out == f"3 of 3 blanks not filled in yet in strength_blanks.py: {lines}\n"
+    code, out, _ = check(reader_file(fill=(1,)))
+    lines = ", ".join(f"blank({k}) at line {blank_line(k)}" for k in (2, 3))
+    assert (code, out) == (0, f"2 of 3 blanks not filled in yet in strength_blanks.py: {lines}; blank 1 matches the solution on every case it ran\n")  # fmt: skip
+
+
+def test_a_correct_answer_with_a_helper_variable_passes(check):
+    """A helper of the reader's (steps = n * strength) is no variable of the solution's: no
+    traceback, a pass."""
+    two = "steps = num_inference_steps * strength\n    init_timestep = min(int(steps), num_inference_steps)"  # fmt: skip
+    source = reader_file(fill=(2, 3)).replace("init_timestep = blank(1)  # noqa: F841", two)
+    assert check(source) == (0, "all 3 blanks match the solution on 22 cases\n", "")
+
+
+def test_a_correct_fill_passes_and_the_solution_flag_checks_the_solution(check):
+    passed = "all 3 blanks match the solution on 22 cases\n"
+    assert check(reader_file(fill=(1, 2, 3))) == (0, passed, "")
+    assert check((FOLDER / BLANKS).read_text(), "--solution")[:2] == (0, passed)
+
+
+@pytest.mark.parametrize("mistake", list(_mistakes()))
+def test_each_typical_mistake_names_its_line_and_gets_its_hint(check, mistake):
+    """Every typical mistake of the solution's table (int vs round, strength's complement,
+    t_start as the steps kept or one off, the slice without scheduler.order or from the
+    wrong end), written in the reader's file with the other blanks right: exit 1, the blank,
+    the reader's line and that mistake's hint."""
+    number, _, _, hint = _mistakes()[mistake]
+    code, out, err = check(reader_file(fill=(1, 2, 3), mistake=mistake))
+    assert code == 1 and err == "", out + err
+    assert out.startswith(f"blank {number} differs from the solution (scheduler=")
+    assert f"  strength_blanks.py line {blank_line(number)} (blank {number}): {VARIABLES[number]} = " in out  # fmt: skip
+    assert out.endswith(f"hint: {hint}\n"), out
+
+
+def test_the_order_factor_is_caught_on_the_second_order_grid(check):
+    code, out, _ = check(reader_file(fill=(1, 2, 3), mistake="no-order"))
+    assert code == 1 and "(scheduler=second-order (order 2, 19 entries), num_inference_steps=10, strength=0.6)" in out, out  # fmt: skip
+
+
+def test_a_wrong_blank_1_is_caught_before_blank_2_is_written(check):
+    code, out, _ = check(reader_file(fill=(1,), mistake="round"))
+    assert code == 1 and out.startswith("blank 1 differs from the solution"), out
+    assert "yours:    init_timestep = 4\n  solution: init_timestep = 3\n" in out
+
+
+#: (the reader's line in blank 2, what the one-line error says about it)
+ODD = {
+    "syntax error": (
+        "t_start = max(num_inference_steps - init_timestep, 0",
+        "syntax error: '(' was never closed",
+    ),
+    "a float": ("t_start = num_inference_steps * (1 - strength)", "t_start is a float, 4.0"),
+    "an exception": (
+        "t_start = num_inference_steps - init_timestep + offset",
+        "NameError: name 'offset' is not defined",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD))
+def test_odd_input_is_one_line_exit_2_naming_the_readers_line(check, case):
+    """A syntax error, a blank of another type (a float where the count of skipped steps
+    goes), an exception in the reader's line: one line on stderr, exit 2, naming the file
+    and the line (and its blank, once it runs)."""
+    line, said = ODD[case]
+    source = reader_file(fill=(1, 3)).replace("t_start = blank(2)", line)
+    code, out, err = check(source)
+    assert code == 2 and out == "", out
+    where = f"check_strength.py: error: strength_blanks.py line {blank_line(2)}"
+    assert err.count("\n") == 1 and err.startswith(where), err
+    assert said in err and ("(blank 2)" in err) == (case != "syntax error"), err
+
+
+def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
+    """strength_solution.txt is no page of the site: no nav entry or search location names
+    it; the reader's file and the checker are pages (their notebooks), and the guide prints
+    the checker's command. (The guide shows the starter's get_timesteps, the same lines,
+    before the exercise, folded as the answer: test_the_guide_folds_the_answer.)"""
+    docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
+    locations = {doc["location"].split("#")[0] for doc in docs}
+    assert not any("strength_solution" in location for location in locations)
+    assert {"code/lab-20-img2img-and-inpainting/strength_blanks/", "code/lab-20-img2img-and-inpainting/check_strength/"} <= locations  # fmt: skip
+    page = (FOLDER.parents[1] / "docs/labs/lab-20-img2img-and-inpainting.md").read_text()
+    guide = page.split("\n---\n", 1)[1]  # the page below its front matter (the registry)
+    assert "strength_solution" not in guide and "python3 code/lab-20-img2img-and-inpainting/check_strength.py" in guide  # fmt: skip
+    built = (built_site / "labs" / "lab-20-img2img-and-inpainting" / "index.html").read_text()
+    assert not re.findall(r'<a href="[^"]*strength_solution[^"]*"', built)
+
+
+def test_the_guide_folds_the_answer_above_the_exercise():
+    """The starter's get_timesteps, the three blanks' lines, is on the guide above "Your turn"
+    only inside a collapsed block titled as the answer, not as an open code block."""
+    page = (FOLDER.parents[1] / "docs/labs/lab-20-img2img-and-inpainting.md").read_text()
+    lines = page.splitlines()
+    include = next(i for i, line in enumerate(lines) if "img2img_inpainting.py:timesteps" in line)
+    assert include < next(i for i, line in enumerate(lines) if line.startswith("### Your turn"))
+    assert lines[include].startswith("    "), "the include is not inside a ??? block"
+    opener = next(line for line in reversed(lines[:include]) if line and not line.startswith(" "))
+    assert opener.startswith("??? ") and "answer" in opener.lower(), opener
+
+
+def test_a_blank_that_rebinds_a_given_name_is_named_not_the_blank_after_it(check):
+    """Blank 1 rebinding num_inference_steps (to the steps that run) makes blank 2's own,
+    right line give another t_start: the report names blank 1's line, where the change is,
+    and says the lines after it see the rebound value; a rebind that changes nothing after
+    it still passes (test_lab_03's T = float(T))."""
+    rebind = "num_inference_steps = min(int(num_inference_steps * strength), num_inference_steps)"  # fmt: skip
+    source = reader_file(fill=(1, 2, 3)).replace(
+        "    init_timestep = min(int(num_inference_steps * strength), num_inference_steps)",
+        f"    {rebind}\n    init_timestep = num_inference_steps",
+    )
+    code, out, err = check(source)
+    assert (code, err) == (1, ""), (code, out, err)
+    assert out.startswith("blank 1 differs from the solution (") and "(blank 2)" not in out, out
+    assert f"  strength_blanks.py line {blank_line(1)} (blank 1): {rebind}\n" in out, out
+    assert "  yours:    num_inference_steps = 6\n  solution: num_inference_steps = 10\n" in out, out  # fmt: skip
+    assert "the lines after it see yours" in out and "t_start in blank 2" in out, out
+
+
+def test_a_blank_that_writes_the_scheduler_is_checked_against_the_real_solution(check):
+    """A blank 3 that cuts scheduler.timesteps in place returns the right entries: each run
+    gets its own copy of the case, so the solution's run never sees the cut grid (it used
+    to, and the report quoted the cut grid's entries as the solution's, with a false hint)."""
+    cut = "scheduler.timesteps = scheduler.timesteps[t_start * scheduler.order :]\n    timesteps = scheduler.timesteps"  # fmt: skip
+    source = reader_file(fill=(1, 2, 3)).replace(
+        "    timesteps = scheduler.timesteps[t_start * scheduler.order :]", f"    {cut}"
+    )
+    code, out, err = check(source)
+    assert (code, out, err) == (0, "all 3 blanks match the solution on 22 cases\n", ""), out

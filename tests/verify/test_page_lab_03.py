@@ -16,13 +16,14 @@ import pytest
 import torch
 from diffusers import (
     DDIMScheduler,
+    DDPMScheduler,
     DPMSolverMultistepScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     HeunDiscreteScheduler,
     PNDMScheduler,
 )
-from tiny import HEIGHT, SD15_PNDM, SD15_SCHEDULER_FILE, WIDTH, embeds
+from tiny import HEIGHT, SD15_PNDM, SD15_SCHEDULER_FILE, SD_SCHEDULER, WIDTH, embeds, start_latents
 
 T = 1000
 
@@ -353,17 +354,18 @@ def test_timesteps_and_sigmas_of_the_three_mirrored_classes():
         assert trailing.timesteps.shape == (62,) and trailing.timesteps[-1] == -1, cls.__name__
 
 
-def test_notes_sd15_pndm_makes_n_plus_one_calls_from_two(sd_pipe, record_calls):
-    """scheduler_notes.md: SD 1.5's PNDM (`order == 1`) makes n + 1 calls from n = 2 (one at n = 1).
+def test_notes_sd15_pndm_makes_51_calls_at_50_steps(sd_pipe, record_calls):
+    """scheduler_notes.md: SD 1.5's PNDM (`order == 1`) makes 51 calls at 50 steps.
 
     `StableDiffusionPipeline.__call__` with SD 1.5's `PNDMScheduler` settings, unguided (one
-    UNet call per timestep), at 1, 2 and 3 steps; a UNet pre-hook counts the calls."""
+    UNet call per timestep); a UNet pre-hook counts the calls. The notes state no range: at
+    1 step PNDM makes 1 call, and at 1000 it raises after one (test_page_scheduler)."""
     original = sd_pipe.scheduler
     try:
         sd_pipe.scheduler = PNDMScheduler(**SD15_PNDM)
         assert sd_pipe.scheduler.order == 1
         calls = {}
-        for n in (1, 2, 3):
+        for n in (1, 50):
             recorder = record_calls(sd_pipe.unet)
             sd_pipe(
                 prompt_embeds=embeds(0),
@@ -377,7 +379,70 @@ def test_notes_sd15_pndm_makes_n_plus_one_calls_from_two(sd_pipe, record_calls):
             recorder.remove()
     finally:
         sd_pipe.scheduler = original
-    assert calls == {1: 1, 2: 3, 3: 4}
+    assert calls == {1: 1, 50: 51}
+
+
+def test_notes_one_unet_call_per_step_for_ddpm_ddim_and_euler_only(sd_pipe, record_calls):
+    """scheduler_notes.md: in SD's text-to-image loop, one UNet call per step for DDPM, DDIM and Euler.
+
+    `StableDiffusionPipeline.__call__` at SD's settings, unguided, 3 steps: 3 UNet calls each.
+    Flow-matching Euler is not on that list: the same call with `FlowMatchEulerDiscreteScheduler`
+    raises an `AttributeError` (no `init_noise_sigma`) before any UNet call."""
+    from infralens_docs.registry import ROOT
+
+    original, calls = sd_pipe.scheduler, {}
+    call = dict(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=3)
+    call.update(height=HEIGHT, width=WIDTH, output_type="latent")
+    try:
+        for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+            sd_pipe.scheduler = cls.from_config(SD_SCHEDULER)  # ignores keys cls lacks
+            recorder = record_calls(sd_pipe.unet)
+            sd_pipe(**call)
+            calls[cls.__name__] = len(recorder.calls)
+            recorder.remove()
+        sd_pipe.scheduler = FlowMatchEulerDiscreteScheduler()
+        recorder = record_calls(sd_pipe.unet)
+        with pytest.raises(AttributeError, match="init_noise_sigma"):
+            sd_pipe(**call)
+        calls["FlowMatchEulerDiscreteScheduler"] = len(recorder.calls)
+        recorder.remove()
+    finally:
+        sd_pipe.scheduler = original
+    assert calls == {
+        "DDPMScheduler": 3, "DDIMScheduler": 3, "EulerDiscreteScheduler": 3,
+        "FlowMatchEulerDiscreteScheduler": 0,
+    }  # fmt: skip
+    notes = (ROOT / "code/lab-03-scheduler-reading/scheduler_notes.md").read_text()
+    bullet = notes.split("- In SD's text-to-image loop", 1)[1].split("\n- ", 1)[0]
+    assert "flow-matching" not in bullet and "FlowMatch" not in bullet
+
+
+def test_ddim_with_epsilon_and_v_prediction_swapped_runs_without_error(sd_pipe):
+    """`DDIMScheduler` with `epsilon` and `v_prediction` swapped runs without error (the myth "Any scheduler works with any checkpoint", scheduler_notes.md's `prediction_type` row, the starter's docstring, the interview hook): `StableDiffusionPipeline.__call__` runs one UNet from the same `latents` under each reading to finite `latents` of the input's shape and dtype, and different ones.
+
+    Not every scheduler is silent: SD 1.5's `PNDMScheduler` raises in `step` on `sample`.
+    """
+    original, finals = sd_pipe.scheduler, {}
+    try:
+        for prediction_type in ("epsilon", "v_prediction", "sample"):
+            if prediction_type == "sample":
+                sd_pipe.scheduler = PNDMScheduler(**{**SD15_PNDM, "prediction_type": "sample"})
+            else:
+                sd_pipe.scheduler = DDIMScheduler(**SD_SCHEDULER, prediction_type=prediction_type)
+            call = dict(prompt_embeds=embeds(0), latents=start_latents(), guidance_scale=1.0)
+            call.update(num_inference_steps=3, height=HEIGHT, width=WIDTH, output_type="latent")
+            if prediction_type == "sample":
+                with pytest.raises(ValueError, match="must be one of `epsilon` or `v_prediction`"):
+                    sd_pipe(**call)
+            else:
+                finals[prediction_type] = sd_pipe(**call).images
+    finally:
+        sd_pipe.scheduler = original
+    start = start_latents()
+    for latents in finals.values():
+        assert latents.shape == start.shape and latents.dtype == start.dtype
+        assert torch.isfinite(latents).all()
+    assert not torch.allclose(finals["epsilon"], finals["v_prediction"], atol=1e-3)
 
 
 def test_notes_flow_checkpoint_runs_on_dpmsolver_or_unipc_with_both_flags():
@@ -417,3 +482,60 @@ def test_notes_flow_checkpoint_runs_on_dpmsolver_or_unipc_with_both_flags():
         with torch.no_grad():
             latents = flux(**kwargs).images
         assert torch.isfinite(latents).all() and flux.scheduler.sigmas[-1].item() == 0, cls.__name__
+
+
+def spacing_checker_cases():
+    """check_spacing.py's cases and the solution it checks against, read from the checker
+    itself (its script part run with --solution, as a reader would)."""
+    import runpy
+    import sys
+    from unittest import mock
+
+    from infralens_docs.registry import ROOT
+
+    checker = ROOT / "code/lab-03-scheduler-reading/check_spacing.py"
+    with mock.patch.object(sys, "argv", [str(checker), "--solution"]):
+        found = runpy.run_path(str(checker), run_name="__main__")
+    return found["CASES"], found["SOLUTION"]
+
+
+def test_spacing_exercise_checks_against_ddim_set_timesteps():
+    """The solution `check_spacing.py` checks your spacings against gives the `timesteps` of `DDIMScheduler.set_timesteps` for `leading`, `trailing` and `linspace`, as int64, high to low, on every case it tries (1, 3, 7, 10, 16, 27, 50, 61 and 1000 steps, `steps_offset` 0 and 1, and 7 steps with `num_train_timesteps=500`); `EulerDiscreteScheduler` gives the same values as float32 for `leading` and `trailing`, and for `linspace` the same grid unrounded, in float32. At 27 and 61 steps, for example, diffusers' floats part from the formulas: DDIM's `linspace` middle timestep is 499 where the exact formula's tie 499.5 rounds to 500 (Euler's float32 grid holds 499.5 there), and `trailing` at 61 steps returns 62 timesteps, the last -1. At 16 steps `trailing`'s grid holds ties (937.5, 812.5), which `np.round` sends to the even integer: 937 and 811 after the - 1."""
+    from fractions import Fraction
+
+    from labkit.blanks import load_function
+
+    cases, solution = spacing_checker_cases()
+    reference = load_function(solution, "set_timesteps")
+    assert {args[1] for _, args in cases} == {"leading", "trailing", "linspace"}
+    assert {args[0] for _, args in cases} == {1, 3, 7, 10, 16, 27, 50, 61, 1000}
+    assert {args[2] for _, args in cases} == {0, 1}
+    assert {args[3] for _, args in cases} == {1000, 500}
+    for label, (n, spacing, offset, train) in cases:
+        mine = reference(n, spacing, offset, train)
+        ddim = DDIMScheduler(num_train_timesteps=train, timestep_spacing=spacing, steps_offset=offset)  # fmt: skip
+        ddim.set_timesteps(n)
+        assert ddim.timesteps.dtype == torch.int64 and mine.dtype == np.int64, label
+        np.testing.assert_array_equal(ddim.timesteps.numpy(), mine, err_msg=label)
+        euler = EulerDiscreteScheduler(num_train_timesteps=train, timestep_spacing=spacing, steps_offset=offset)  # fmt: skip
+        euler.set_timesteps(n)
+        assert euler.timesteps.dtype == torch.float32, label
+        if spacing == "linspace":  # unrounded: 166.5 at 7 steps, where DDIM has 166
+            grid = np.linspace(0, train - 1, n, dtype=np.float32)[::-1]
+            np.testing.assert_array_equal(euler.timesteps.numpy(), grid, err_msg=label)
+            tie = grid % 1 == 0.5  # float32 holds the tie exactly; DDIM's float64 grid may not
+            np.testing.assert_array_equal(grid.round().astype(np.int64)[~tie], mine[~tie], err_msg=label)  # fmt: skip
+        else:
+            np.testing.assert_array_equal(euler.timesteps.numpy(), mine.astype(np.float32), err_msg=label)  # fmt: skip
+    # where the floats part from the formulas: linspace's tie at 27 steps, trailing at 61
+    ddim = DDIMScheduler(timestep_spacing="linspace")
+    ddim.set_timesteps(27)
+    assert Fraction(13 * (T - 1), 26) == Fraction(999, 2) and ddim.timesteps[13].item() == 499
+    euler = EulerDiscreteScheduler(timestep_spacing="linspace")
+    euler.set_timesteps(27)
+    assert euler.timesteps[13].item() == 499.5
+    ddim = DDIMScheduler(timestep_spacing="trailing")
+    ddim.set_timesteps(61)
+    assert len(ddim.timesteps) == 62 and ddim.timesteps[-1].item() == -1
+    ddim.set_timesteps(16)  # ties: 937.5 and 812.5 go to the even 938 and 812
+    assert ddim.timesteps[[1, 3]].tolist() == [937, 811]

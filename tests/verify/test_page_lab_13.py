@@ -646,3 +646,48 @@ def test_sdxl_zeroes_a_missing_negative_prompt():
         else:
             assert encoded == [pipe.text_encoder, pipe.text_encoder_2]
             assert torch.count_nonzero(negative) > 0
+
+
+def test_dpm_exercise_checks_against_dpm_solver_multistep_step():
+    """The solution `check_dpm.py` checks your `dpm_solver_update` against gives the `prev_sample` of `DPMSolverMultistepScheduler.step` (`algorithm_type="dpmsolver++"`, `solver_order=2`, `solver_type="midpoint"`) to within 1e-5, step after step, on every case the checker tries: SD's trailing grids at 1, 2, 4 and 8 steps ending at the smallest training sigma, the first step first order and the others second order as with `lower_order_final=False` (its default, True, makes the last step of each of these grids first order), the x0_hat of the step before as m1."""
+    import runpy
+    import sys
+    from unittest import mock
+
+    from infralens_docs.registry import ROOT
+    from labkit.blanks import load_function
+
+    checker = ROOT / "code/lab-13-few-step-sampling/check_dpm.py"
+    with mock.patch.object(sys, "argv", [str(checker), "--solution"]):
+        found = runpy.run_path(str(checker), run_name="__main__")
+    solution = load_function(found["SOLUTION"], "dpm_solver_update")
+    orders, default_orders = [], []
+
+    def spied(**config):
+        """The scheduler, and the list its step appends the order of each update it takes to."""
+        scheduler = DPMSolverMultistepScheduler(**SD_BETAS, timestep_spacing="trailing", final_sigmas_type="sigma_min", prediction_type="sample", **config)  # fmt: skip
+        taken = []
+        for order, method in ((1, "dpm_solver_first_order_update"), (2, "multistep_dpm_solver_second_order_update")):  # fmt: skip
+            update = getattr(scheduler, method)
+            setattr(scheduler, method, lambda *a, _u=update, _o=order, **k: (taken.append(_o), _u(*a, **k))[1])  # fmt: skip
+        return scheduler, taken
+
+    for label, (sigmas, i, sample, m0, m1) in found["CASES"]:
+        if i == 0:  # a new grid; prediction_type="sample": the model output is x0_hat itself
+            theirs, taken = spied(lower_order_final=False)
+            assert (theirs.config.algorithm_type, theirs.config.solver_order, theirs.config.solver_type) == ("dpmsolver++", 2, "midpoint")  # fmt: skip
+            theirs.set_timesteps(len(sigmas) - 1)
+            np.testing.assert_allclose(sigmas, theirs.sigmas.numpy(), rtol=1e-4)  # float32 rounding
+            default, default_taken = spied()  # lower_order_final's default, True
+            default.set_timesteps(len(sigmas) - 1)
+        t = theirs.timesteps[i]
+        prev = theirs.step(torch.from_numpy(m0), t, torch.from_numpy(sample)).prev_sample
+        assert taken[-1] == (1 if m1 is None else 2), label  # the update diffusers called
+        orders.append(taken[-1])
+        default.step(torch.from_numpy(m0), t, torch.from_numpy(sample))
+        if i == len(sigmas) - 2:  # the last step: first order by default (on these grids)
+            default_orders.append(default_taken[-1])
+        mine = solution(theirs.sigmas.double().numpy(), i, sample, m0, m1)
+        np.testing.assert_allclose(mine, prev.double().numpy(), rtol=1e-5, atol=1e-5, err_msg=label)  # fmt: skip
+    assert set(orders) == {1, 2} and orders[-1] == 2
+    assert default_orders == [1, 1, 1, 1]  # the last step of the 1-, 2-, 4- and 8-step grids

@@ -420,3 +420,83 @@ def test_kontext_resizes_the_output_to_max_area(record_calls, monkeypatch):
         pipe(**text, height=HEIGHT, width=HEIGHT, num_inference_steps=1, output_type="latent")
     assert planned == [(1024, 1024)]
     assert [kw["max_sequence_length"] for _, kw in encoded] == [512]
+
+
+def strength_checker_cases():
+    """check_strength.py's (num_inference_steps, strengths) and the solution it checks
+    against, read from the checker itself (its script part run with --solution)."""
+    import runpy
+    import sys
+    from unittest import mock
+
+    from infralens_docs.registry import ROOT
+
+    checker = ROOT / "code/lab-20-img2img-and-inpainting/check_strength.py"
+    with mock.patch.object(sys, "argv", [str(checker), "--solution"]):
+        found = runpy.run_path(str(checker), run_name="__main__")
+    return found["STRENGTHS"], found["SOLUTION"], found["grids"]
+
+
+def test_strength_exercise_checks_against_img2img_get_timesteps(img2img):
+    """The solution `check_strength.py` checks your `get_timesteps` against returns what `StableDiffusionImg2ImgPipeline.get_timesteps` does, the timesteps and their step count, on `DDIMScheduler` and on the second-order `HeunDiscreteScheduler`, at every strength and step count the checker tries (strength 1.0; 0.1 of 10 steps, one step; 0.05 of 10 and 0.5 of 1, none); `HeunDiscreteScheduler` has `order` 2 and lays out its grid as the checker's second-order one: the first timestep once, each later one twice, 2n - 1 entries."""
+    from diffusers import DDIMScheduler, HeunDiscreteScheduler
+    from tiny import SD_BETAS
+
+    from labkit.blanks import load_function
+
+    strengths, solution, grids = strength_checker_cases()
+    reference = load_function(solution, "get_timesteps")
+    assert {n for n, _ in strengths} >= {1, 10} and 1.0 in strengths[0][1]
+    pipe = type(img2img)(**img2img.components, requires_safety_checker=False)
+    for scheduler in (DDIMScheduler(**SD_BETAS, steps_offset=1), HeunDiscreteScheduler(**SD_BETAS, steps_offset=1)):  # fmt: skip
+        pipe.scheduler = scheduler
+        for n, values in strengths:
+            scheduler.set_timesteps(n)
+            t = scheduler.timesteps
+            if scheduler.order == 2:  # the layout the checker's second-order grid copies
+                assert len(t) == 2 * n - 1 and torch.equal(t[1::2], t[2::2])
+                layout = grids(n)[1].timesteps
+                assert len(layout) == len(t) and np.array_equal(layout[1::2], layout[2::2])
+            for strength in values:
+                theirs, count = pipe.get_timesteps(n, strength, "cpu")
+                mine, my_count = reference(scheduler, n, strength)
+                assert torch.equal(mine, theirs) and my_count == count, (type(scheduler).__name__, n, strength)  # fmt: skip
+    assert HeunDiscreteScheduler.order == 2 and DDIMScheduler.order == 1
+
+
+def test_blank_3s_comment_names_the_scheduler_whose_layout_it_gives():
+    """`HeunDiscreteScheduler` (`scheduler.order` 2) holds its first timestep once and each later one twice (2n - 1 entries), as blank 3's comment in `strength_blanks.py` says of it by name: not every scheduler diffusers exports with `order` 2 lays out its grid so (`KDPM2DiscreteScheduler` and `DPMSolverSDEScheduler` interleave midpoints, `KarrasVeScheduler` holds n entries), so the comment says it of Heun, not of "a second-order scheduler", and so does the hint for a slice without `scheduler.order` (two entries for each step skipped, on Heun's grid)."""
+    import diffusers
+
+    from infralens_docs.registry import ROOT
+
+    def repeats(cls, n=10):
+        scheduler = cls()
+        scheduler.set_timesteps(n)
+        t = scheduler.timesteps
+        return len(t) == 2 * n - 1 and torch.equal(t[1::2], t[2::2]) and len(set(t.tolist())) == n
+
+    second_order = [
+        cls
+        for name in dir(diffusers)
+        if name.endswith("Scheduler")
+        and inspect.isclass(cls := getattr(diffusers, name))
+        and getattr(cls, "order", None) == 2
+    ]
+    laid_out = {cls.__name__ for cls in second_order if repeats(cls)}
+    assert "HeunDiscreteScheduler" in laid_out
+    assert laid_out < {cls.__name__ for cls in second_order}, laid_out  # not every order-2 class
+    for name, entries in (("KDPM2DiscreteScheduler", 19), ("DPMSolverSDEScheduler", 19), ("KarrasVeScheduler", 10)):  # fmt: skip
+        scheduler = getattr(diffusers, name)()
+        scheduler.set_timesteps(10)
+        t = scheduler.timesteps.tolist()
+        assert scheduler.order == 2 and len(t) == len(set(t)) == entries, (name, t)  # no repeats
+    folder = ROOT / "code/lab-20-img2img-and-inpainting"
+    for name in ("strength_blanks.py", "strength_solution.txt"):
+        text = " ".join((folder / name).read_text(encoding="utf-8").replace("#", " ").split())
+        assert "HeunDiscreteScheduler (scheduler.order 2) holds its first timestep once and each later one twice (2n - 1 entries)" in text, name  # fmt: skip
+        assert "a second-order scheduler such as" not in text, name
+    from labkit.blanks import load_constant
+
+    hint = load_constant(folder / "strength_solution.txt", "MISTAKES")["no-order"][3]
+    assert "a second-order scheduler holds" not in hint and "on Heun's grid that is two entries for each step skipped" in hint  # fmt: skip

@@ -61,6 +61,8 @@ from tiny import (
 from infralens_docs.registry import ROOT
 
 SCHEDULER_PAGE = (ROOT / "docs" / "handbook" / "scheduler.md").read_text(encoding="utf-8")
+#: the glossary's hover definitions, shown on every page a term appears
+ABBREVIATIONS = (ROOT / "includes" / "abbreviations.md").read_text(encoding="utf-8")
 #: SD 1.5's scheduler settings that EulerDiscreteScheduler accepts (it has no clip_sample)
 SD_SCHEDULER_EULER = dict(SD_BETAS, steps_offset=SD_SCHEDULER["steps_offset"])
 LATENT_SHAPE = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
@@ -195,13 +197,40 @@ def test_ddim_and_ddpm_sd_grid_at_50_steps(sd_pipe, record_calls):
         sd_pipe.scheduler = original
 
 
-def test_sd15_pndm_gives_51_timesteps_at_50_steps():
-    """SD 1.5's shipped `PNDMScheduler` config (`skip_prk_steps=True`, `steps_offset=1`, `set_alpha_to_one=False`) has `order = 1`, yet `set_timesteps(50)` returns 51 timesteps, 981, 961, 961, 941, …, 21, 1, with 961 repeated."""
+def test_sd15_pndm_gives_51_timesteps_at_50_steps(sd_pipe):
+    """SD 1.5's shipped `PNDMScheduler` config (`skip_prk_steps=True`, `steps_offset=1`, `set_alpha_to_one=False`) has `order = 1`, yet `set_timesteps(50)` returns 51 timesteps, 981, 961, 961, 941, …, 21, 1, with 961 repeated.
+
+    The pages quote this count at 50 steps only, not "n + 1 from n = 2": at 1000 steps the
+    grid has 1001 entries and ``StableDiffusionPipeline.__call__`` makes one UNet call, then
+    raises an ``IndexError`` (a stand-in UNet forward keeps the run cheap).
+    """
     scheduler = PNDMScheduler(**SD15_PNDM)
     assert scheduler.order == 1 and scheduler.config.timestep_spacing == "leading"
     scheduler.set_timesteps(50)
     assert scheduler.timesteps.tolist() == [981, 961, *range(961, 0, -20)]
     assert len(scheduler.timesteps) == 51
+
+    seen = []
+
+    def stand_in_unet(sample, t, *args, **kwargs):
+        seen.append(float(t))
+        return (torch.zeros_like(sample),)
+
+    original = sd_pipe.scheduler
+    sd_pipe.unet.forward = stand_in_unet
+    try:
+        sd_pipe.scheduler = PNDMScheduler(**SD15_PNDM)
+        with pytest.raises(IndexError):
+            run_sd(sd_pipe, 1000)
+        assert len(seen) == 1 and len(sd_pipe.scheduler.timesteps) == 1001
+    finally:
+        del sd_pipe.unet.forward
+        sd_pipe.scheduler = original
+    notes = (ROOT / "code" / "lab-03-scheduler-reading" / "scheduler_notes.md").read_text(
+        encoding="utf-8"
+    )
+    for text in (SCHEDULER_PAGE, notes):
+        assert not re.search(r"n \+ 1\$? (calls )?from\s+\$?n = 2", text)
 
 
 @pytest.mark.parametrize(
@@ -226,6 +255,64 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls, make, steps, call
     assert [float(args[1]) for args, _ in recorder.calls] == sd_pipe.scheduler.timesteps.tolist()
 
 
+def test_text_to_image_calls_the_denoiser_once_per_entry(sd_pipe, record_calls):
+    """The grid sets latency, because text-to-image `StableDiffusionPipeline` calls the denoiser once per entry of `scheduler.timesteps`: with DDIM at SD's settings, 4 UNet calls for 4 entries.
+
+    Not every pipeline: ``StableDiffusionImg2ImgPipeline`` at ``strength=0.5`` runs the same UNet
+    2 times for the same 4 entries (it slices ``scheduler.timesteps``).
+    """
+    from diffusers import StableDiffusionImg2ImgPipeline
+
+    original = sd_pipe.scheduler
+    recorder = record_calls(sd_pipe.unet)
+    try:
+        sd_pipe.scheduler = DDIMScheduler(**SD_SCHEDULER)
+        run_sd(sd_pipe, 4)
+        assert len(recorder.calls) == len(sd_pipe.scheduler.timesteps) == 4
+        img2img = StableDiffusionImg2ImgPipeline(**sd_pipe.components)
+        img2img.set_progress_bar_config(disable=True)
+        recorder.calls.clear()
+        img2img(prompt_embeds=embeds(0), image=torch.rand(1, 3, HEIGHT, WIDTH), strength=0.5,
+                guidance_scale=1.0, num_inference_steps=4, output_type="latent")  # fmt: skip
+        assert len(img2img.scheduler.timesteps) == 4 and len(recorder.calls) == 2
+    finally:
+        sd_pipe.scheduler = original
+
+
+def test_sd_schedulers_at_1000_steps_call_once_then_raise(sd_pipe):
+    """The count has an edge: with SD's `steps_offset=1`, `DDIMScheduler`, `DDPMScheduler` and SD 1.5's `PNDMScheduler` at 1000 steps put $t = 1000$ on the grid, and `StableDiffusionPipeline` makes one UNet call, then raises an `IndexError`.
+
+    Through ``StableDiffusionPipeline.__call__``; a stand-in UNet forward keeps the run cheap.
+    """
+    seen = []
+
+    def stand_in_unet(sample, t, *args, **kwargs):
+        seen.append(float(t))
+        return (torch.zeros_like(sample),)
+
+    original = sd_pipe.scheduler
+    sd_pipe.unet.forward = stand_in_unet
+    try:
+        for make in (
+            lambda: DDIMScheduler(**SD_SCHEDULER),
+            lambda: DDPMScheduler.from_config(SD_SCHEDULER),  # ignores set_alpha_to_one
+            lambda: PNDMScheduler(**SD15_PNDM),
+        ):
+            seen.clear()
+            sd_pipe.scheduler = make()
+            assert sd_pipe.scheduler.config.steps_offset == 1
+            with pytest.raises(IndexError):
+                run_sd(sd_pipe, 1000)
+            name = type(sd_pipe.scheduler).__name__
+            assert 1000 in sd_pipe.scheduler.timesteps.tolist(), name
+            assert seen == [1000.0], name
+    finally:
+        del sd_pipe.unet.forward
+        sd_pipe.scheduler = original
+    fold = SCHEDULER_PAGE.split("Depth: `order` and `solver_order`", 1)[1].split("### PNDM", 1)[0]
+    assert "1000 steps" in fold and "IndexError" in fold
+
+
 def test_higher_order_schedulers():
     """`HeunDiscreteScheduler` has `order = 2` and `set_timesteps(10)` returns 19 timesteps, the first once and every later level twice; `DPMSolverMultistepScheduler` has `order = 1` with its default `solver_order=2`, keeping the last two model outputs instead."""
     heun = HeunDiscreteScheduler(**SD_BETAS)
@@ -242,6 +329,36 @@ def test_higher_order_schedulers():
     for step_t in dpm.timesteps[:3]:
         x = dpm.step(eps, step_t, x).prev_sample
     assert sum(o is not None for o in dpm.model_outputs) == 2
+
+
+def test_heun_calls_twice_per_level_after_the_first(sd_pipe):
+    """Heun calls twice per level after the first (19 calls for 10 steps): through `StableDiffusionPipeline.__call__`, 1 + 2 (levels - 1) UNet calls, which is 2n - 1 only when the grid has n levels; at `trailing` 61 it has 62 (the last -1) and Heun makes 123 calls, so the Heun hover, shown on every page, states no count.
+
+    A stand-in UNet forward (zeros) keeps the 61-step run cheap; the loop is the pipeline's.
+    """
+    hover = next(line for line in ABBREVIATIONS.splitlines() if line.startswith("*[Heun]:"))
+    assert "2n - 1" not in hover  # false at the trailing step counts
+    assert "one denoiser call each" not in SCHEDULER_PAGE  # 10 levels, 19 calls (below)
+    seen = []
+
+    def stand_in_unet(sample, t, *args, **kwargs):
+        seen.append(float(t))
+        return (torch.zeros_like(sample),)
+
+    original = sd_pipe.scheduler
+    sd_pipe.unet.forward = stand_in_unet
+    try:
+        for spacing, n, calls in (("linspace", 10, 19), ("trailing", 61, 123)):
+            seen.clear()
+            sd_pipe.scheduler = HeunDiscreteScheduler(timestep_spacing=spacing, **SD_BETAS)
+            run_sd(sd_pipe, n, latents=start_latents())
+            levels = sorted(set(seen), reverse=True)
+            assert len(seen) == calls == 1 + 2 * (len(levels) - 1), (spacing, len(seen))
+            assert seen.count(levels[0]) == 1 and all(seen.count(t) == 2 for t in levels[1:])
+        assert levels[-1] == -1.0 and calls != 2 * n - 1
+    finally:
+        del sd_pipe.unet.forward
+        sd_pipe.scheduler = original
 
 
 @pytest.mark.parametrize("n", [5, 7, 10, 20, 25, 50])
@@ -611,6 +728,24 @@ def test_step_outputs_per_class():
     assert len(tup) == 1 and torch.equal(tup[0], out.prev_sample)
 
 
+def test_euler_sigma_is_the_noise_scale_of_alphas_cumprod():
+    """`EulerDiscreteScheduler` keeps its state as `x0 + sigma * noise` (`add_noise`), where `sigma` at training timestep `t` is `((1 - alphas_cumprod[t]) / alphas_cumprod[t]) ** 0.5`: 14.61 at SD's `t = 999`, 0.029 at `t = 0`; 0 is clean data (the final entry of `sigmas`)."""
+    scheduler = EulerDiscreteScheduler(**SD_BETAS)
+    abar = scheduler.alphas_cumprod.double()
+    torch.testing.assert_close(scheduler.sigmas[:-1].flip(0).double(), ((1 - abar) / abar) ** 0.5, rtol=1e-6, atol=0)  # fmt: skip
+    assert scheduler.sigmas[-1].item() == 0
+    assert f"{scheduler.sigmas[0].item():.2f}" == "14.61"
+    assert f"{scheduler.sigmas[-2].item():.3f}" == "0.029"  # t = 0 is not yet clean data
+    x0, noise = tensors(22)
+    scheduler.set_timesteps(1000)  # linspace at 1000 steps visits every training timestep
+    for i in (0, 499, 999):
+        t = scheduler.timesteps[i]
+        sigma = ((1 - abar[int(t)]) / abar[int(t)]) ** 0.5
+        scheduler._step_index = None
+        noisy = scheduler.add_noise(x0, noise, t.reshape(1))
+        torch.testing.assert_close(noisy, x0 + sigma.float() * noise)
+
+
 def test_forward_process_formulas():
     """`add_noise(original_samples, noise, timesteps)` gives `sqrt(alphas_cumprod[t]) * x0 + sqrt(1 - alphas_cumprod[t]) * noise` for DDPM and DDIM and `x0 + sigma * noise` for Euler; `FlowMatchEulerDiscreteScheduler` has `scale_noise(sample, timestep, noise)` = `sigma * noise + (1 - sigma) * sample` instead of `add_noise`."""
     x0, noise = tensors(5)
@@ -640,16 +775,24 @@ def test_contract_orders():
 
 
 def test_flow_timesteps_are_1000_sigmas():
-    """`FlowMatchEulerDiscreteScheduler.set_timesteps(n)` gives float32 `timesteps` of shape `(n,)` equal to `sigmas[:-1] * num_train_timesteps` and `sigmas` of shape `(n + 1,)` ending in 0; `EulerDiscreteScheduler` likewise gives `sigmas` of shape `(n + 1,)` ending in 0."""
+    """`FlowMatchEulerDiscreteScheduler.set_timesteps(n)` gives float32 `timesteps` of shape `(n,)` equal to `sigmas[:-1] * num_train_timesteps` and `sigmas` of shape `(n + 1,)` ending in 0; `EulerDiscreteScheduler` gives `sigmas` one longer than its `timesteps`, ending in 0.
+
+    Not ``(n + 1,)`` for Euler: at ``trailing`` 61 it has 62 timesteps and 63 sigmas, so the
+    page's contract table states no shape for DDPM, DDIM or Euler.
+    """
     for shift in (1.0, 3.0):
         flow = FlowMatchEulerDiscreteScheduler(shift=shift)
         flow.set_timesteps(10)
         assert flow.timesteps.dtype == torch.float32 and flow.timesteps.shape == (10,)
         assert flow.sigmas.shape == (11,) and flow.sigmas[-1].item() == 0
         torch.testing.assert_close(flow.timesteps, flow.sigmas[:-1] * 1000)
-    euler = EulerDiscreteScheduler(**SD_BETAS)
-    euler.set_timesteps(10)
-    assert euler.sigmas.shape == (11,) and euler.sigmas[-1].item() == 0
+    for spacing, n, entries in (("linspace", 10, 10), ("trailing", 61, 62)):
+        euler = EulerDiscreteScheduler(timestep_spacing=spacing, **SD_BETAS)
+        euler.set_timesteps(n)
+        assert len(euler.timesteps) == entries and euler.sigmas.shape == (entries + 1,)
+        assert euler.sigmas[-1].item() == 0
+    (row,) = table_rows(r"`set_timesteps\(n\)`")
+    assert "(n,)" not in row[1] + row[2] and "(n+1,)" not in row[2]
 
 
 # --- state -----------------------------------------------------------------------------------
@@ -673,6 +816,40 @@ def test_euler_and_flow_keep_a_step_index():
         scheduler.set_timesteps(10)
         assert scheduler.step_index is None
         torch.testing.assert_close(scheduler.step(model_output, t, sample).prev_sample, first)
+
+
+def test_an_extra_step_call_corrupts_the_trajectory(sd_pipe):
+    """Euler keeps a `step_index`, PNDM a `counter` and past outputs, advanced by each `step`: an extra `step` call corrupts the trajectory.
+
+    Not silently for Euler: through ``StableDiffusionPipeline.__call__`` at 5 steps, one
+    extra ``scheduler.step`` call in ``callback_on_step_end`` (a preview, say) makes
+    ``EulerDiscreteScheduler`` raise an ``IndexError`` at the last step, past the end of
+    ``sigmas``; SD 1.5's ``PNDMScheduler`` given it after its third call runs to the end
+    and returns other ``latents``, without an error.
+    """
+    assert "silently corrupts the trajectory" not in SCHEDULER_PAGE  # Euler's loop raises
+
+    def extra_step_after(k):
+        def callback(pipe, i, t, callback_kwargs):
+            if i == k:
+                latents = callback_kwargs["latents"]
+                pipe.scheduler.step(torch.zeros_like(latents), t, latents)
+            return callback_kwargs
+
+        return callback
+
+    original = sd_pipe.scheduler
+    try:
+        sd_pipe.scheduler = EulerDiscreteScheduler(**SD_SCHEDULER_EULER)
+        run_sd(sd_pipe, 5, latents=start_latents())
+        with pytest.raises(IndexError):
+            run_sd(sd_pipe, 5, latents=start_latents(), callback_on_step_end=extra_step_after(0))  # fmt: skip
+        sd_pipe.scheduler = PNDMScheduler(**SD15_PNDM)
+        alone = run_sd(sd_pipe, 5, latents=start_latents())
+        extra = run_sd(sd_pipe, 5, latents=start_latents(), callback_on_step_end=extra_step_after(2))  # fmt: skip
+        assert torch.isfinite(extra).all() and not torch.allclose(extra, alone, atol=1e-3)
+    finally:
+        sd_pipe.scheduler = original
 
 
 def test_ddim_and_ddpm_step_are_stateless():
@@ -791,7 +968,12 @@ def test_prediction_type_values_and_default():
 
 
 def test_wrong_prediction_type_raises_no_error():
-    """A mismatched `prediction_type` raises no error: an `epsilon` scheduler reads a `v_prediction` output as noise and returns finite `latents`; only a name outside the accepted ones raises, and only in `step`, not at construction."""
+    """In `DDIMScheduler` a mismatched `prediction_type` raises no error: at `epsilon` it reads a `v_prediction` output as noise and, on SD's schedule, returns finite `latents`; in DDPM, DDIM and Euler a name the class does not accept (`"noise"`) raises in `step`, not at construction.
+
+    Not every scheduler is silent: SD 1.5's ``PNDMScheduler`` raises in ``step`` on ``sample``. Nor is a bad
+    name the only raise: ``EulerDiscreteScheduler(timestep_type="continuous")`` at ``v_prediction``
+    raises a ``ValueError`` in ``set_timesteps(timesteps=...)``, where ``epsilon`` runs.
+    """
     x0, eps = tensors(10)
     scheduler = DDIMScheduler(prediction_type="epsilon", clip_sample=False, **SD_BETAS)
     scheduler.set_timesteps(10)
@@ -807,10 +989,29 @@ def test_wrong_prediction_type_raises_no_error():
         bogus.set_timesteps(10)
         with pytest.raises(ValueError, match="prediction_type"):
             bogus.step(eps, bogus.timesteps[0], x_t)
+    pndm = PNDMScheduler(**{**SD15_PNDM, "prediction_type": "sample"})
+    pndm.set_timesteps(10)
+    with pytest.raises(ValueError, match="must be one of `epsilon` or `v_prediction`"):
+        pndm.step(eps, pndm.timesteps[0], x_t)
+    custom = [999, 500, 1]  # an accepted name that raises, outside step
+    EulerDiscreteScheduler(timestep_type="continuous", **SD_BETAS).set_timesteps(timesteps=custom)
+    continuous_v = EulerDiscreteScheduler(
+        timestep_type="continuous", prediction_type="v_prediction", **SD_BETAS
+    )
+    with pytest.raises(ValueError, match="prediction_type = 'v_prediction'"):
+        continuous_v.set_timesteps(timesteps=custom)
+    zero_snr = DDIMScheduler(prediction_type="epsilon", clip_sample=False, **SD_BETAS,
+                             rescale_betas_zero_snr=True, timestep_spacing="trailing")  # fmt: skip
+    zero_snr.set_timesteps(10)
+    t = zero_snr.timesteps[0]  # 999, where zero terminal SNR puts alphas_cumprod at 0
+    abar = zero_snr.alphas_cumprod[t]
+    x_t = abar**0.5 * x0 + (1 - abar) ** 0.5 * eps
+    v = abar**0.5 * eps - (1 - abar) ** 0.5 * x0
+    assert t == 999 and not torch.isfinite(zero_snr.step(v, t, x_t).prev_sample).all()
 
 
 def test_a_mismatch_is_finite_except_at_zero_terminal_snr(sd_pipe):
-    """A mismatch raises no error: `step` returns wrong `latents`, finite except in DDPM and DDIM at zero terminal SNR when the grid reaches `t = 999` and `epsilon` is read unclipped: `StableDiffusionPipeline` with `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error on SD's schedule with finite, different `latents` either way; with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends non-finite in DDIM and DDPM (finite again with `clip_sample=True`) and `v_prediction` finite, while DDIM's `leading` grid (which starts at 801 for 5 steps) and `EulerDiscreteScheduler` (whose last `alphas_cumprod` is `2**-24`, not 0) stay finite."""
+    """In `step` a mismatch raises nothing, returning wrong `latents`, finite except in DDPM and DDIM at zero terminal SNR when the grid reaches `t = 999` and `epsilon` is read unclipped: `StableDiffusionPipeline` with `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error on SD's schedule with finite, different `latents` either way; with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends non-finite in DDIM and DDPM (finite again with `clip_sample=True`) and `v_prediction` finite, while DDIM's `leading` grid (which starts at 801 for 5 steps) and `EulerDiscreteScheduler` (whose last `alphas_cumprod` is `2**-24`, not 0) stay finite."""
     original, finals = sd_pipe.scheduler, {}
     zero_snr = dict(rescale_betas_zero_snr=True, timestep_spacing="trailing")
     ddpm = dict(SD_BETAS, steps_offset=1, clip_sample=False)
@@ -1129,6 +1330,137 @@ def test_s_churn_is_a_step_argument():
     assert torch.equal(step(None, 0), step(0.0, 1))
     assert not torch.allclose(step(1.0, 0), step(1.0, 1))
     assert not torch.allclose(step(1.0, 0), step(0.0, 0))
+
+
+def test_s_churn_raises_sigma_before_the_euler_step():
+    """`EulerDiscreteScheduler.step` computes `gamma = min(s_churn / (len(sigmas) - 1), 2**0.5 - 1)` when `s_tmin <= sigma <= s_tmax` (a range of sigmas, not of timesteps), else 0; it adds fresh noise of standard deviation `(sigma_hat**2 - sigma**2) ** 0.5` times `s_noise`, with `sigma_hat = (1 + gamma) * sigma`, and then steps from `sigma_hat` to the next sigma."""
+    sample, model_output = tensors(21)
+
+    def step(**churn):
+        scheduler = EulerDiscreteScheduler(**SD_BETAS)
+        scheduler.set_timesteps(10)
+        scheduler.scale_model_input(sample, scheduler.timesteps[2])
+        scheduler._step_index = 2
+        g = torch.Generator().manual_seed(7)
+        out = scheduler.step(model_output, scheduler.timesteps[2], sample, generator=g, **churn)
+        return scheduler, out.prev_sample
+
+    scheduler, plain = step()
+    sigma, sigma_next = scheduler.sigmas[2].item(), scheduler.sigmas[3].item()
+    n = len(scheduler.sigmas) - 1
+    noise = torch.randn(model_output.shape, generator=torch.Generator().manual_seed(7))
+
+    def expected(gamma, s_noise=1.0):
+        sigma_hat = sigma * (1 + gamma)
+        x = sample + noise * s_noise * (sigma_hat**2 - sigma**2) ** 0.5
+        return x + (sigma_next - sigma_hat) * model_output  # epsilon: the slope is eps_hat
+
+    torch.testing.assert_close(plain, expected(0.0))
+    torch.testing.assert_close(step(s_churn=2.0)[1], expected(2.0 / n))  # below the cap
+    torch.testing.assert_close(step(s_churn=2.0, s_noise=0.5)[1], expected(2.0 / n, 0.5))
+    torch.testing.assert_close(step(s_churn=50.0)[1], expected(2**0.5 - 1))  # capped
+    # s_tmin and s_tmax bound sigma: a window around this sigma churns, one in timesteps does not
+    t = scheduler.timesteps[2].item()
+    assert sigma < t
+    torch.testing.assert_close(step(s_churn=2.0, s_tmin=sigma - 0.01, s_tmax=sigma + 0.01)[1], expected(2.0 / n))  # fmt: skip
+    torch.testing.assert_close(step(s_churn=2.0, s_tmin=t - 1, s_tmax=t + 1)[1], plain)
+
+
+def test_s_churn_reuses_the_prediction_made_before_the_noise(record_calls):
+    """`EulerDiscreteScheduler.step` steps from `sigma_hat` to the next sigma with the prediction the model made at `sigma`: EDM's Algorithm 2 adds the same noise but then calls the denoiser on the churned sample; here the model never sees it.
+
+    The contract loop (``scale_model_input`` -> model -> ``step``) with the exact noise
+    predictor of N(0, I) data, ``eps_hat = sqrt(1 - alphas_cumprod) * x_t``: the model is called
+    once, on the sample before the noise, and ``prev_sample`` is that prediction moved from
+    ``sigma_hat``; Algorithm 2's Euler step, which predicts again at the churned sample, differs.
+    """
+    assert "here the model never sees it" in SCHEDULER_PAGE
+    assert "EDM's Algorithm 2)" not in SCHEDULER_PAGE  # the churn is not Algorithm 2's
+    scheduler = EulerDiscreteScheduler(**SD_BETAS)
+    scheduler.set_timesteps(10)
+    n = len(scheduler.sigmas) - 1
+    sigmas = {
+        float(t): float(s) for t, s in zip(scheduler.timesteps, scheduler.sigmas[:-1], strict=True)
+    }
+
+    class ExactEps(torch.nn.Module):  # the network's view: the variance-preserving x_t and t
+        def forward(self, x_t, t):
+            sigma = sigmas[float(t)]
+            return (sigma**2 / (1 + sigma**2)) ** 0.5 * x_t  # sqrt(1 - alphas_cumprod[t]) * x_t
+
+    model = ExactEps()
+    recorder = record_calls(model)
+    (x,) = tensors(23, n=1)
+    t = scheduler.timesteps[2]
+    latent_model_input = scheduler.scale_model_input(x, t)
+    noise_pred = model(latent_model_input, t)
+    out = scheduler.step(noise_pred, t, x, s_churn=4.0, generator=torch.Generator().manual_seed(3))
+    assert len(recorder.calls) == 1
+    torch.testing.assert_close(recorder.calls[0][0][0], x / (sigmas[float(t)] ** 2 + 1) ** 0.5)
+
+    sigma, sigma_next = scheduler.sigmas[2].item(), scheduler.sigmas[3].item()
+    gamma = min(4.0 / n, 2**0.5 - 1)
+    sigma_hat = (1 + gamma) * sigma
+    z = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    x_hat = x + (sigma_hat**2 - sigma**2) ** 0.5 * z
+    reused = x_hat + (sigma_next - sigma_hat) * noise_pred
+    eps_at_hat = sigma_hat / (1 + sigma_hat**2) * x_hat  # the exact predictor at (x_hat, sigma_hat)
+    algorithm_2 = x_hat + (sigma_next - sigma_hat) * eps_at_hat
+    torch.testing.assert_close(out.prev_sample, reused)
+    assert (out.prev_sample - algorithm_2).abs().max() > 0.05
+
+
+def test_flow_match_euler_accepts_and_ignores_s_churn():
+    """`FlowMatchEulerDiscreteScheduler.step` accepts `s_churn` and ignores it."""
+    sample, model_output = tensors(24)
+
+    def step(stochastic_sampling, **churn):
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, stochastic_sampling=stochastic_sampling)  # fmt: skip
+        scheduler.set_timesteps(10)
+        t = scheduler.timesteps[2]
+        scheduler.step(model_output, scheduler.timesteps[0], sample)  # advance the step_index
+        scheduler.step(model_output, scheduler.timesteps[1], sample)
+        g = torch.Generator().manual_seed(0)
+        return scheduler.step(model_output, t, sample, generator=g, **churn).prev_sample
+
+    for stochastic in (False, True):  # both branches of step
+        assert torch.equal(step(stochastic, s_churn=50.0, s_noise=2.0), step(stochastic))
+    assert not torch.equal(step(True), step(False))  # the stochastic branch is taken
+
+
+def test_the_sd_pipeline_never_passes_s_churn(sd_pipe):
+    """`s_churn` adds noise before the step, but only in a loop that passes it to `step`: `StableDiffusionPipeline.__call__` never does, and `pipe(..., s_churn=...)` lands in `**kwargs` and is ignored without an error."""
+    assert "`pipe(..., s_churn=...)` lands in `**kwargs`" in SCHEDULER_PAGE
+    assert "sends `eta` and `generator`" not in SCHEDULER_PAGE  # Euler's step gets no eta (below)
+    churners = {  # every exported scheduler whose step takes s_churn and that SD's loop can run
+        name: cls
+        for name in dir(diffusers)
+        if name.endswith("Scheduler")
+        and isinstance(cls := getattr(diffusers, name), type)
+        and issubclass(cls, SchedulerMixin)
+        and "s_churn" in inspect.signature(getattr(cls, "step", lambda: None)).parameters
+        and "init_noise_sigma" in dir(cls)  # the flow-matching ones fail in prepare_latents
+    }
+    assert {"EulerDiscreteScheduler", "EDMEulerScheduler"} <= set(churners), churners
+    original = sd_pipe.scheduler
+    for name, cls in churners.items():
+        accepted = inspect.signature(cls.__init__).parameters
+        sd_pipe.scheduler = cls(**{k: v for k, v in SD_SCHEDULER_EULER.items() if k in accepted})
+        step, seen = sd_pipe.scheduler.step, []
+
+        @functools.wraps(step)  # keeps step's signature, which prepare_extra_step_kwargs inspects
+        def spy(*args, step=step, seen=seen, **kwargs):
+            seen.append(set(kwargs))
+            return step(*args, **kwargs)
+
+        sd_pipe.scheduler.step = spy
+        try:
+            plain = run_sd(sd_pipe, 3, generator=torch.Generator().manual_seed(0))
+            churned = run_sd(sd_pipe, 3, generator=torch.Generator().manual_seed(0), s_churn=50.0)
+        finally:
+            sd_pipe.scheduler = original
+        assert len(seen) == 6 and all("s_churn" not in kw for kw in seen), (name, seen)
+        assert torch.equal(plain, churned), name
 
 
 # --- flow matching ---------------------------------------------------------------------------
