@@ -20,9 +20,7 @@ from pathlib import Path
 if "__file__" in globals():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import labkit
-from labkit.blanks import check_function
-from labkit.cli import LabArgumentParser, parse_args
+from labkit.blanks import check_function, exercise, finish
 
 # %% [markdown]
 # ## The cases and the check
@@ -39,15 +37,8 @@ from labkit.cli import LabArgumentParser, parse_args
 
 # %%
 # --8<-- [start:check]
-#: this folder (a notebook has no __file__: there it is found from labkit, code/labkit)
-HERE = Path(globals().get("__file__") or Path(labkit.__file__).parents[1] / "lab-03-scheduler-reading" / "check_spacing.py").resolve().parent  # fmt: skip
-YOURS, SOLUTION = HERE / "spacing_blanks.py", HERE / "spacing_solution.txt"
-
-parser = LabArgumentParser(prog="check_spacing.py", description=__doc__.splitlines()[0])
-parser.add_argument(
-    "--solution", action="store_true", help="check the solution's lines in place of yours"
-)
-args = parse_args(parser)
+parser, CHECKED, SOLUTION = exercise(__doc__, "check_spacing.py", "lab-03-scheduler-reading", globals().get("__file__"),
+                                     "spacing_blanks.py", "spacing_solution.txt")  # fmt: skip
 
 SPACINGS = ("leading", "trailing", "linspace")  # blanks 1, 2, 3
 #: (num_inference_steps, num_train_timesteps)
@@ -62,10 +53,6 @@ CASES = [
     for n, T in STEPS
     for offset in (1, 0)
 ]
-verdict = check_function(SOLUTION if args.solution else YOURS, "set_timesteps", SOLUTION, CASES, blanks=3)  # fmt: skip
-if verdict.code == 2:
-    parser.error(verdict.report)  # one line, exit 2
-print(verdict.report)
-if verdict.code:
-    sys.exit(verdict.code)
+verdict = check_function(CHECKED, "set_timesteps", SOLUTION, CASES, blanks=3)  # fmt: skip
+finish(parser, verdict)
 # --8<-- [end:check]

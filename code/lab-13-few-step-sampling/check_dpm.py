@@ -25,10 +25,8 @@ import numpy as np
 if "__file__" in globals():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import labkit
 from labkit import make_betas
-from labkit.blanks import check_function
-from labkit.cli import LabArgumentParser, parse_args
+from labkit.blanks import check_function, exercise, finish
 
 # %% [markdown]
 # ## The cases and the check
@@ -44,15 +42,8 @@ from labkit.cli import LabArgumentParser, parse_args
 
 # %%
 # --8<-- [start:check]
-#: this folder (a notebook has no __file__: there it is found from labkit, code/labkit)
-HERE = Path(globals().get("__file__") or Path(labkit.__file__).parents[1] / "lab-13-few-step-sampling" / "check_dpm.py").resolve().parent  # fmt: skip
-YOURS, SOLUTION = HERE / "dpm_blanks.py", HERE / "dpm_solution.txt"
-
-parser = LabArgumentParser(prog="check_dpm.py", description=__doc__.splitlines()[0])
-parser.add_argument(
-    "--solution", action="store_true", help="check the solution's lines in place of yours"
-)
-args = parse_args(parser)
+parser, CHECKED, SOLUTION = exercise(__doc__, "check_dpm.py", "lab-13-few-step-sampling", globals().get("__file__"),
+                                     "dpm_blanks.py", "dpm_solution.txt")  # fmt: skip
 
 betas = make_betas(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 alphas_cumprod = np.cumprod(1.0 - betas)  # (1000,) alpha_bar_t
@@ -77,10 +68,6 @@ for n in (1, 2, 4, 8):
         order = "second order" if i else "first order"
         CASES.append((f"num_inference_steps={n}, step_index={i}, {order}", (sigmas, i, samples[i], x0s[i], m1)))  # fmt: skip
 
-verdict = check_function(SOLUTION if args.solution else YOURS, "dpm_solver_update", SOLUTION, CASES, blanks=5)  # fmt: skip
-if verdict.code == 2:
-    parser.error(verdict.report)  # one line, exit 2
-print(verdict.report)
-if verdict.code:
-    sys.exit(verdict.code)
+verdict = check_function(CHECKED, "dpm_solver_update", SOLUTION, CASES, blanks=5)  # fmt: skip
+finish(parser, verdict)
 # --8<-- [end:check]

@@ -24,9 +24,7 @@ import numpy as np
 if "__file__" in globals():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import labkit
-from labkit.blanks import check_function
-from labkit.cli import LabArgumentParser, parse_args
+from labkit.blanks import check_function, exercise, finish
 
 # %% [markdown]
 # ## The cases and the check
@@ -40,15 +38,8 @@ from labkit.cli import LabArgumentParser, parse_args
 
 # %%
 # --8<-- [start:check]
-#: this folder (a notebook has no __file__: there it is found from labkit, code/labkit)
-HERE = Path(globals().get("__file__") or Path(labkit.__file__).parents[1] / "lab-16-attention-kernels-and-offload" / "check_softmax.py").resolve().parent  # fmt: skip
-YOURS, SOLUTION = HERE / "softmax_blanks.py", HERE / "softmax_solution.txt"
-
-parser = LabArgumentParser(prog="check_softmax.py", description=__doc__.splitlines()[0])
-parser.add_argument(
-    "--solution", action="store_true", help="check the solution's lines in place of yours"
-)
-args = parse_args(parser)
+parser, CHECKED, SOLUTION = exercise(__doc__, "check_softmax.py", "lab-16-attention-kernels-and-offload", globals().get("__file__"),
+                                     "softmax_blanks.py", "softmax_solution.txt")  # fmt: skip
 
 
 def qkv(seed, batch, heads, nq, nk, d, scale=1.0):
@@ -77,10 +68,6 @@ CASES = [
     for size in sizes
 ]
 with np.errstate(all="ignore"):  # a wrong line's inf or nan is shown in the report instead
-    verdict = check_function(SOLUTION if args.solution else YOURS, "tiled_attention", SOLUTION, CASES, blanks=6, rounds="key/value block")  # fmt: skip
-if verdict.code == 2:
-    parser.error(verdict.report)  # one line, exit 2
-print(verdict.report)
-if verdict.code:
-    sys.exit(verdict.code)
+    verdict = check_function(CHECKED, "tiled_attention", SOLUTION, CASES, blanks=6, rounds="key/value block")  # fmt: skip
+finish(parser, verdict)
 # --8<-- [end:check]

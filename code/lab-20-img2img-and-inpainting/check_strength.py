@@ -24,9 +24,7 @@ import numpy as np
 if "__file__" in globals():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import labkit
-from labkit.blanks import check_function
-from labkit.cli import LabArgumentParser, parse_args
+from labkit.blanks import check_function, exercise, finish
 from labkit.schedulers import DDIMScheduler
 
 # %% [markdown]
@@ -41,15 +39,8 @@ from labkit.schedulers import DDIMScheduler
 
 # %%
 # --8<-- [start:check]
-#: this folder (a notebook has no __file__: there it is found from labkit, code/labkit)
-HERE = Path(globals().get("__file__") or Path(labkit.__file__).parents[1] / "lab-20-img2img-and-inpainting" / "check_strength.py").resolve().parent  # fmt: skip
-YOURS, SOLUTION = HERE / "strength_blanks.py", HERE / "strength_solution.txt"
-
-parser = LabArgumentParser(prog="check_strength.py", description=__doc__.splitlines()[0])
-parser.add_argument(
-    "--solution", action="store_true", help="check the solution's lines in place of yours"
-)
-args = parse_args(parser)
+parser, CHECKED, SOLUTION = exercise(__doc__, "check_strength.py", "lab-20-img2img-and-inpainting", globals().get("__file__"),
+                                     "strength_blanks.py", "strength_solution.txt")  # fmt: skip
 
 
 class Grid:
@@ -85,10 +76,6 @@ CASES = [
     for strength in strengths
     for grid in grids(n)
 ]
-verdict = check_function(SOLUTION if args.solution else YOURS, "get_timesteps", SOLUTION, CASES, blanks=3)  # fmt: skip
-if verdict.code == 2:
-    parser.error(verdict.report)  # one line, exit 2
-print(verdict.report)
-if verdict.code:
-    sys.exit(verdict.code)
+verdict = check_function(CHECKED, "get_timesteps", SOLUTION, CASES, blanks=3)  # fmt: skip
+finish(parser, verdict)
 # --8<-- [end:check]

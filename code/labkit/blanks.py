@@ -530,6 +530,37 @@ def how_it_differs(yours: Any, theirs: Any) -> str:
     return ""
 
 
+def exercise(doc: str, prog: str, folder: str, checker: str | None, blanks_file: str,
+             solution_file: str) -> tuple[Any, Path, Path]:  # fmt: skip
+    """A checker script's start (labs 03, 13, 16, 20): its command line, ``--solution``
+    included, read with labkit.cli's one-line errors, and the files beside it. ``checker`` is
+    the script's ``__file__`` (None in a notebook: the folder is then code/``folder``, found
+    from labkit). Returns (parser, the file to check: the reader's, or the solution under
+    ``--solution``, the solution)."""
+    from labkit.cli import LabArgumentParser, parse_args
+
+    parser = LabArgumentParser(prog=prog, description=doc.splitlines()[0])
+    parser.add_argument(
+        "--solution", action="store_true", help="check the solution's lines in place of yours"
+    )
+    args = parse_args(parser)
+    here = (
+        Path(checker).resolve().parent if checker else Path(__file__).resolve().parents[1] / folder
+    )
+    solution = here / solution_file
+    return parser, (solution if args.solution else here / blanks_file), solution
+
+
+def finish(parser: Any, verdict: Any) -> None:
+    """Print a checker's verdict and exit with its code: 2 as one line through the parser's
+    ``error`` (``prog: error: ...``), 1 after the report, 0 (no exit) when all matches."""
+    if verdict.code == 2:
+        parser.error(verdict.report)  # one line, exit 2
+    print(verdict.report)
+    if verdict.code:
+        sys.exit(verdict.code)
+
+
 def _planted(solution: str | Path, name: str, edit: tuple[str, str]) -> FunctionType | None:
     """The solution's function with ``edit`` planted, or None if its text is not there once."""
     try:

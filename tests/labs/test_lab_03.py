@@ -1,5 +1,6 @@
 """Lab 03 Scheduler Reading: spacings, input scaling, prediction types, the mismatch trap."""
 
+import functools
 import json
 import re
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from infralens_docs.registry import ROOT
+from labs.exercise import Exercise, function_lines
 
 STARTER = "code/lab-03-scheduler-reading/scheduler_reading.py"
 
@@ -128,70 +130,15 @@ def test_bad_arguments(run_cli, argv):
 
 FOLDER = ROOT / "code/lab-03-scheduler-reading"
 CHECKER, BLANKS, SOLUTION = "check_spacing.py", "spacing_blanks.py", "spacing_solution.txt"
-
-
-def _mistakes():
-    from labkit.blanks import load_constant
-
-    return load_constant(FOLDER / SOLUTION, "MISTAKES")
-
-
-def function_lines(path, name):
-    """(first line, the lines) of top-level function ``name`` in ``path``."""
-    import ast
-
-    source = path.read_text(encoding="utf-8")
-    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
-    return node.lineno, source.splitlines()[node.lineno - 1 : node.end_lineno]
-
-
-def reader_file(fill=(), mistake=None):
-    """spacing_blanks.py with the blanks in ``fill`` written as the solution writes them
-    (``mistake``: a key of MISTAKES planted in its blank), the others left as they are."""
-    first, mine = function_lines(FOLDER / BLANKS, "set_timesteps")
-    _, theirs = function_lines(FOLDER / SOLUTION, "set_timesteps")
-    lines = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
-    number, old, new, _ = _mistakes()[mistake] if mistake else (None, "", "", "")
-    for k, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-        blank = re.search(r"blank\((\d)\)", a)
-        if blank and int(blank.group(1)) in fill:
-            if int(blank.group(1)) == number:
-                assert b.count(old) == 1, (old, b)
-                b = b.replace(old, new)
-            lines[first - 1 + k] = b
-    return "\n".join(lines) + "\n"
-
-
-def blank_line(number):
-    """The line of blank(number) in the shipped spacing_blanks.py."""
-    text = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
-    return next(i for i, line in enumerate(text, 1) if f"= blank({number})" in line)
+EXERCISE = Exercise(FOLDER, CHECKER, BLANKS, SOLUTION, "set_timesteps")
+_mistakes, reader_file, blank_line = EXERCISE.mistakes, EXERCISE.reader_file, EXERCISE.blank_line
 
 
 @pytest.fixture
 def check(tmp_path, monkeypatch, capsys):
-    """Run a copy of check_spacing.py beside a reader's file ``source`` (in this process):
+    """Run a copy of the checker beside a reader's file ``source`` (in this process):
     (exit code, stdout, stderr)."""
-    import runpy
-    import shutil
-    import sys
-
-    def run(source, *argv):
-        shutil.copy(FOLDER / CHECKER, tmp_path / CHECKER)
-        shutil.copy(FOLDER / SOLUTION, tmp_path / SOLUTION)
-        (tmp_path / BLANKS).write_text(source, encoding="utf-8")
-        monkeypatch.setattr(sys, "argv", [str(tmp_path / CHECKER), *argv])
-        monkeypatch.setattr(sys, "path", list(sys.path))
-        capsys.readouterr()
-        code = 0
-        try:
-            runpy.run_path(str(tmp_path / CHECKER), run_name="__main__")
-        except SystemExit as stop:
-            code = stop.code
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return run
+    return functools.partial(EXERCISE.run, tmp_path, monkeypatch, capsys)
 
 
 def test_solution_is_the_blanks_file_filled_in_line_for_line():

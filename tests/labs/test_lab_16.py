@@ -1,11 +1,14 @@
 """Lab 16 Attention Kernels and Offload: tiled and ring attention, offload schedules."""
 
+import functools
 import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from labs.exercise import Exercise, function_lines
 
 STARTER = "code/lab-16-attention-kernels-and-offload/attention_offload.py"
 
@@ -182,41 +185,21 @@ def test_say_it_out_loud_quotes_the_runs_peaks(lab):
 
 FOLDER = Path(__file__).resolve().parents[2] / "code/lab-16-attention-kernels-and-offload"
 CHECKER, BLANKS, SOLUTION = "check_softmax.py", "softmax_blanks.py", "softmax_solution.txt"
+EXERCISE = Exercise(FOLDER, CHECKER, BLANKS, SOLUTION, "tiled_attention")
+_mistakes, reader_file, blank_line = EXERCISE.mistakes, EXERCISE.reader_file, EXERCISE.blank_line
+runpy_checker = EXERCISE.run_in_place
+
+
+@pytest.fixture
+def check(tmp_path, monkeypatch, capsys):
+    """Run a copy of the checker beside a reader's file ``source`` (in this process):
+    (exit code, stdout, stderr)."""
+    return functools.partial(EXERCISE.run, tmp_path, monkeypatch, capsys)
+
+
 #: what each blank assigns
 VARIABLES = {1: "m_new", 2: "correction", 3: "p", 4: "l", 5: "acc", 6: "out"}
 PASSED = "all 6 blanks match the solution on 7 cases\n"
-
-
-def _mistakes():
-    from labkit.blanks import load_constant
-
-    return load_constant(FOLDER / SOLUTION, "MISTAKES")
-
-
-def function_lines(path, name):
-    """(first line, the lines) of top-level function ``name`` in ``path``."""
-    import ast
-
-    source = path.read_text(encoding="utf-8")
-    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
-    return node.lineno, source.splitlines()[node.lineno - 1 : node.end_lineno]
-
-
-def reader_file(fill=(), mistake=None):
-    """softmax_blanks.py with the blanks in ``fill`` written as the solution writes them
-    (``mistake``: a key of MISTAKES planted in its blank), the others left as they are."""
-    first, mine = function_lines(FOLDER / BLANKS, "tiled_attention")
-    _, theirs = function_lines(FOLDER / SOLUTION, "tiled_attention")
-    lines = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
-    number, old, new, _ = _mistakes()[mistake] if mistake else (None, "", "", "")
-    for k, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-        blank = re.search(r"blank\((\d)\)", a)
-        if blank and int(blank.group(1)) in fill:
-            if int(blank.group(1)) == number:
-                assert b.count(old) == 1, (old, b)
-                b = b.replace(old, new)
-            lines[first - 1 + k] = b
-    return "\n".join(lines) + "\n"
 
 
 def _fill(number, line):
@@ -225,49 +208,6 @@ def _fill(number, line):
     old = next(x for x in source.splitlines() if f"= blank({number})" in x)
     indent = old[: len(old) - len(old.lstrip())]
     return source.replace(old, "\n".join(indent + x for x in line.splitlines()))
-
-
-def blank_line(number):
-    """The line of blank(number) in the shipped softmax_blanks.py."""
-    text = (FOLDER / BLANKS).read_text(encoding="utf-8").splitlines()
-    return next(i for i, line in enumerate(text, 1) if f"= blank({number})" in line)
-
-
-@pytest.fixture
-def check(tmp_path, monkeypatch, capsys):
-    """Run a copy of check_softmax.py beside a reader's file ``source`` (in this process):
-    (exit code, stdout, stderr)."""
-    import runpy
-    import shutil
-    import sys
-
-    def run(source, *argv):
-        shutil.copy(FOLDER / CHECKER, tmp_path / CHECKER)
-        shutil.copy(FOLDER / SOLUTION, tmp_path / SOLUTION)
-        (tmp_path / BLANKS).write_text(source, encoding="utf-8")
-        monkeypatch.setattr(sys, "argv", [str(tmp_path / CHECKER), *argv])
-        monkeypatch.setattr(sys, "path", list(sys.path))
-        capsys.readouterr()
-        code = 0
-        try:
-            runpy.run_path(str(tmp_path / CHECKER), run_name="__main__")
-        except SystemExit as stop:
-            code = stop.code
-        out = capsys.readouterr()
-        return code, out.out, out.err
-
-    return run
-
-
-def runpy_checker(*argv):
-    import runpy
-    import sys
-
-    saved, sys.argv = sys.argv, [str(FOLDER / CHECKER), *argv]
-    try:
-        return runpy.run_path(str(FOLDER / CHECKER), run_name="__main__")
-    finally:
-        sys.argv = saved
 
 
 def test_solution_is_the_blanks_file_filled_in_line_for_line():
