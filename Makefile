@@ -105,7 +105,7 @@ verify-latest: ## The verify suite against the newest diffusers/transformers/pef
 	$(LATEST)/bin/python -m pip install --quiet -c $(LATEST)/torch.txt --upgrade diffusers transformers peft accelerate gguf torchao
 	$(LATEST)/bin/python -m infralens_docs.drift --output $(LATEST)/drift-report.md
 
-bench: $(STAMP) ## Prose words per page vs budget, cold/warm build time, starter wall times, lab page weight
+bench: $(STAMP) ## Prose words per page vs budget, cold/warm/one-starter build CPU time vs budget, starter wall times, lab page weight
 	$(BIN)/python bench/run.py
 
 lighthouse: $(STAMP) ## Lighthouse on every page: scores, KB at load, TBT, LCP (needs npm, nginx, chromium)

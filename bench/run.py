@@ -11,7 +11,10 @@ Prints:
 - lab 12's real diffusers trace, where the verify extra is installed.
 
 Budgets: each starter <= 0.5 s, warm rebuild <= 3 s, cold build <= 20 s, one starter's
-change rebuilt <= 10 s, lab 12's real trace <= 5 s including imports.
+change rebuilt <= 10 s (issue 32), lab 12's real trace <= 5 s including imports. The
+builds use a cache folder of their own (``INFRALENS_CACHE_DIR``), empty for the cold one,
+and are held to their budgets in CPU time (user + sys, the build's own processes
+included): on a machine shared with other work, wall time measures the other work too.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import shutil
+import resource
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
@@ -43,15 +47,38 @@ REAL_TRACE_BUDGET_S = 5.0
 ASSET_RE = re.compile(r"""<(?:script|link|img)\b[^>]*\b(?:src|href)=["']([^"'#?]+)""", re.I)
 
 
-def build(site_dir: Path) -> float:
-    # as the Makefile runs mkdocs
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", NBCONVERT_DISABLE_CONFIG_EXPORTERS="1")
+@dataclass
+class Timing:
+    """One build: wall seconds, and the CPU seconds (user + sys) of mkdocs and every
+    process it waited for (starters, notebook kernels and workers). On a shared machine
+    the CPU time is the measure; the wall time depends on what else runs."""
+
+    wall: float
+    cpu: float
+
+    def __str__(self) -> str:
+        return f"cpu {self.cpu:6.2f} s (wall {self.wall:6.2f} s)"
+
+
+def build(site_dir: Path, cache_dir: Path) -> Timing:
+    # as the Makefile runs mkdocs, with the bench's own caches (the cold build empties them)
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", NBCONVERT_DISABLE_CONFIG_EXPORTERS="1",
+               INFRALENS_CACHE_DIR=str(cache_dir))  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site_dir)],
         cwd=ROOT, env=env, check=True, capture_output=True,
     )  # fmt: skip
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Timing(wall, cpu)
+
+
+def median(timings: list[Timing]) -> Timing:
+    return Timing(statistics.median(t.wall for t in timings),
+                  statistics.median(t.cpu for t in timings))  # fmt: skip
 
 
 def starter_time(path: Path, repeats: int = 5) -> float:
@@ -137,34 +164,32 @@ def prose_words() -> bool:
 def main() -> int:
     ok = prose_words()
     with tempfile.TemporaryDirectory() as tmp:
-        site = Path(tmp) / "site"
-        caches = ["mkdocs-jupyter", "infralens-run", "later"]
-        for cache in [ROOT / ".cache" / name for name in caches]:
-            shutil.rmtree(cache, ignore_errors=True)
-        cold = build(site)
-        # a rebuild's time swings by ~20% on a shared 2-core machine: take the median of 3
-        warms = [build(site) for _ in range(3)]
-        warm = statistics.median(warms)
-        print(
-            f"build  cold {cold:6.2f} s   warm {warm:6.2f} s (median of "
-            f"{', '.join(f'{w:.2f}' for w in warms)})   "
-            f"(budgets: cold {COLD_BUILD_BUDGET_S} s, warm {WARM_BUILD_BUDGET_S} s)"
-        )
-        ok &= cold <= COLD_BUILD_BUDGET_S and warm <= WARM_BUILD_BUDGET_S
+        site, cache = Path(tmp) / "site", Path(tmp) / "cache"  # cold: no cache at all
+        print(f"\nbuilds at {len(load_labs())} labs: CPU time (user + sys, the measure) and wall")
+        cold = build(site, cache)
+        # a rebuild's time swings on a shared 2-core machine: take the median of 3
+        warm = median([build(site, cache) for _ in range(3)])
         source = CHANGED_STARTER.read_bytes()
         # a bench stopped by `kill` or a closed terminal must still put the starter back
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, lambda *_: sys.exit(1))
         try:
             CHANGED_STARTER.write_bytes(source + b"# bench: one starter changed\n")
-            one = build(site)
+            one = build(site, cache)
         finally:
             CHANGED_STARTER.write_bytes(source)
-        print(
-            f"build  after one starter changed ({CHANGED_STARTER.relative_to(ROOT)}) "
-            f"{one:6.2f} s   (budget {ONE_STARTER_BUDGET_S} s)"
-        )
-        ok &= one <= ONE_STARTER_BUDGET_S
+        for name, timing, budget in [
+            ("cold build", cold, COLD_BUILD_BUDGET_S),
+            ("warm build (median of 3)", warm, WARM_BUILD_BUDGET_S),
+            (
+                f"one starter changed ({CHANGED_STARTER.relative_to(ROOT)})",
+                one,
+                ONE_STARTER_BUDGET_S,
+            ),
+        ]:
+            flag = "ok" if timing.cpu <= budget else "OVER BUDGET"
+            print(f"  {name:72s} {timing}  budget {budget:4.1f} s  {flag}")
+            ok &= timing.cpu <= budget
 
         print("\nstarter wall time (median of 5, subprocess incl. interpreter start)")
         for lab in load_labs():

@@ -226,3 +226,107 @@ def test_a_failure_names_the_readers_frame_not_the_runners():
     assert "zygote" not in failure.tail and str(ROOT) not in failure.tail
     one_line = serving.describe(f"python3 {STARTER} --steps 0", "x: error: --steps: 0\n", 2)
     assert (one_line.where, one_line.message) == (STARTER, "x: error: --steps: 0")
+
+
+#: Each kind of input one Markdown page's render depends on, edited in a copy of the
+#: repository: (file, old text, new text, page, what the page's HTML shows after the edit).
+#: The edits change different pages, so none hides another's.
+RENDER_INPUTS = [
+    # page text
+    (
+        "docs/handbook/cfg.md",
+        "\n## ",
+        "\nEDITED-PAGE-TEXT\n\n## ",
+        "handbook/cfg/",
+        "EDITED-PAGE-TEXT",
+    ),
+    # a snippet section of a starter (a comment: the starter's output is unchanged)
+    (
+        "code/lab-01-forward-noise-process/forward_noise.py",
+        "(diffusers' default)",
+        "(diffusers' default) EDITED-SNIPPET",
+        "labs/lab-01-forward-noise-process/",
+        "EDITED-SNIPPET",
+    ),
+    # a starter's output
+    (
+        "code/lab-08-lora-injection-reading/lora_injection.py",
+        'print(f"ranks {args.rank}',
+        'print(f"EDITED-OUTPUT ranks {args.rank}',
+        "labs/lab-08-lora-injection-reading/",
+        "EDITED-OUTPUT ranks",
+    ),
+]
+
+
+def _build_copy(root: Path, site: Path) -> None:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(root / "tools"), str(root / "code")]),
+        NO_MKDOCS_2_WARNING="1",
+        INFRALENS_CACHE_DIR=str(root / ".cache"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+def _page(site: Path, path: str) -> str:
+    return (site / path / "index.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.build
+def test_a_warm_build_reuses_renders_and_sees_a_pages_own_inputs_change(built_site, tmp_path):
+    """The render cache (``serving.render_cached``, under ``.cache/renders/``) is keyed on
+    a page's own inputs: a warm build converts again only the pages whose text, snippet
+    file or starter output changed, and each edit shows in the built HTML."""
+    root = tmp_path / "repo"
+    _copy_repository(root)  # with the session build's caches
+    _build_copy(root, tmp_path / "site")  # warm: every render there (tools edited since included)
+    renders = root / ".cache" / "renders"
+    for file, old, new, _, _ in RENDER_INPUTS:
+        text = (root / file).read_text(encoding="utf-8")
+        assert old in text, f"{file} no longer has {old!r}: pick another edit"
+        (root / file).write_text(text.replace(old, new, 1), encoding="utf-8")
+    before = {p.name for p in renders.glob("*.pickle")}
+    _build_copy(root, tmp_path / "edited")
+    converted = {p.name for p in renders.glob("*.pickle")} - before
+    for file, _, _, page, shown in RENDER_INPUTS:
+        assert shown in _page(tmp_path / "edited", page), f"an edit to {file} is not on {page}"
+    assert 0 < len(converted) <= 6, f"{len(converted)} pages converted again"
+
+
+def test_the_render_key_covers_what_every_page_depends_on(tmp_path, monkeypatch):
+    """``serving.build_key``, part of every page's render key, changes with mkdocs.yml, each
+    file of includes/ (the glossary's hovers), each of the build's own modules, a converting
+    package's version and the site's list of files: an edit to any of them converts every
+    page again."""
+    root, tools = tmp_path / "root", tmp_path / "infralens_docs"
+    shutil.copytree(ROOT / "includes", root / "includes")
+    shutil.copytree(ROOT / "tools" / "infralens_docs", tools, ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    (root / "mkdocs.yml").write_bytes((ROOT / "mkdocs.yml").read_bytes())
+    monkeypatch.setattr(serving, "ROOT", root)
+    monkeypatch.setattr(serving, "__file__", str(tools / "serving.py"))
+    config = types.SimpleNamespace(config_file_path=str(root / "mkdocs.yml"))
+    files = [types.SimpleNamespace(src_uri="index.md", url="")]
+    base = serving.build_key(config, files)
+    assert serving.build_key(config, files) == base  # the same inputs, the same key
+
+    edits = [root / "mkdocs.yml", tools / "highlight_cache.py", tools / "hooks.py"]
+    edits += sorted((root / "includes").iterdir())
+    for path in edits:
+        text = path.read_bytes()
+        path.write_bytes(text + b"\n# edited\n")
+        assert serving.build_key(config, files) != base, f"an edit to {path.name} keeps the key"
+        path.write_bytes(text)
+    assert serving.build_key(config, files) == base
+
+    moved = [types.SimpleNamespace(src_uri="index.md", url="home/")]
+    assert serving.build_key(config, moved) != base, "a page's new URL keeps the key"
+    for name in serving.RENDER_PACKAGES:
+        real = serving._version
+        monkeypatch.setattr(serving, "_version", lambda n, real=real, name=name: "0" if n == name else real(n))  # fmt: skip
+        assert serving.build_key(config, files) != base, f"a new {name} keeps the key"
+        monkeypatch.setattr(serving, "_version", real)

@@ -14,7 +14,7 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   function each in ``infralens_docs.directives`` (``run``, ``lab-card``,
   ``labs-table``, ``labs-for``, ``sections-table``, ``verified-claims``,
   ``verified-summary``).
-- ``on_page_content``: TeX to MathML; strips the notebook pages' inline
+- ``on_page_content``: TeX to MathML (through ``later_cache``); strips the notebook pages' inline
   CSS and their MathJax / Mermaid CDN scripts (styles come from site.css) and
   turns their code cells into Material code blocks; splits long code blocks into runs
   of lines and marks the blocks well below the first screen, which the browser may
@@ -79,12 +79,13 @@ from infralens_docs.directives import (
     is_page,
     page_dir,
 )
-from infralens_docs.mathml import MathError, render_math
+from infralens_docs.mathml import MathError
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
 from infralens_docs.runner import (
     BLAS_ENV,
     CACHE_DIR,
     CACHE_ROOT,
+    begin_build,
     close_zygotes,
     finish_prefetch,
     labkit_digest,
@@ -124,6 +125,7 @@ def on_shutdown() -> None:
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
     global _labs
+    begin_build()  # the sources' digests are read once per build
     GENERATED_FILES.clear()
     serving.FAILED_PAGES.clear()
     if serving.site_dir_override():  # a served rebuild, beside the pages being served
@@ -347,17 +349,19 @@ def _runs_the_pages_need(files: Files) -> list[tuple[str, list[str], bool]]:
 
 @event_priority(-100)  # after mkdocs-jupyter has given the notebook pages their render
 def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
-    """A notebook page being rendered by a prebuild worker waits for it first, then
-    renders through mkdocs-jupyter (which finds the worker's entry in its cache)."""
+    """A Markdown page's render is reused while nothing it depends on changed
+    (``serving.render_cached``). A notebook page being rendered by a prebuild worker waits
+    for it first, then renders through mkdocs-jupyter (which finds the worker's entry in
+    its cache)."""
     render = page.render
-    if serving.SERVING and not page.file.src_uri.startswith("code/"):
-        # a Markdown page: under serve, its HTML is reused when nothing it depends on changed
+    if not page.file.src_uri.startswith("code/"):
+        # a Markdown page: its HTML is reused when nothing it depends on changed
 
-        def render_served(config: MkDocsConfig, files: Files) -> None:
+        def render_reused(config: MkDocsConfig, files: Files) -> None:
             key = serving.render_key(page, _build_key(config, files))
             serving.render_cached(page, config, files, render, key)
 
-        page.render = render_served  # type: ignore[method-assign]
+        page.render = render_reused  # type: ignore[method-assign]
         _edit_starter_not_docs(page, config)
         return page
 
@@ -658,6 +662,7 @@ def externalize_notebook_figures(html: str, page: Page) -> str:
 
 
 def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    search_terms.leave_out_starter(page)  # a starter's notebook page: not in search
     if page.file.src_uri.startswith("code/"):
         if page.file.src_uri.endswith(".py") and page.file.src_uri not in serving.FAILED_PAGES:
             html = clean_notebook_html(html, page.file.src_uri)
@@ -672,10 +677,9 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
     # text Chromium then does not draw (lab 03's legends lost "Karras", "sigma")
     html = SVG_RE.sub(lambda m: ABBR_TAG_RE.sub("", m.group(0)), html)
     try:
-        html = render_math(html)
+        return later_cache.mark_later(html)  # TeX to MathML, then marks (cached)
     except MathError as exc:
         raise PluginError(f"{page.file.src_uri}: {exc}") from exc
-    return later_cache.mark_later(html)
 
 
 SVG_RE = re.compile(r"<svg\b.*?</svg>", re.DOTALL)
@@ -762,7 +766,9 @@ def on_post_build(config: MkDocsConfig) -> None:
     close_zygotes()
     search_cache.evict_unused()
     later_cache.evict_unused()
-    highlight_cache.save(keep=serving.SERVING)  # (served pages may skip their highlighting)
+    # (a page whose render is reused highlights nothing: keep what it highlighted before)
+    highlight_cache.save(keep=serving.SERVING or serving.renders_reused())
+    serving.evict_unused()
     _BUILD_KEY.clear()
     site = Path(config.site_dir)
     # each teaching section first in search for its words

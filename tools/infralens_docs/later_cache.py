@@ -7,6 +7,10 @@ under cProfile), for pages that had not changed. Its output depends on its input
 hash of both; a build reads the entries its pages need, and :func:`evict_unused` removes
 those no build has used for a day when it ends (a day, not this build's alone: the
 offline build marks other HTML, and the two alternate in a test run).
+
+The page's TeX is converted to MathML (``mathml.render_math``) just before, for the same
+pages on every build: the entry holds both steps' output, keyed on both modules and
+latex2mathml's version too.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from infralens_docs import later
+from infralens_docs import later, mathml
 from infralens_docs.runner import CACHE_ROOT
 
 CACHE_DIR = CACHE_ROOT / "later"
@@ -26,11 +30,15 @@ _used: set[str] = set()
 
 @functools.cache
 def _version() -> bytes:
-    return Path(later.__file__).read_bytes()
+    from importlib.metadata import version
+
+    sources = b"\0".join(Path(m.__file__).read_bytes() for m in (later, mathml))
+    return sources + b"\0" + version("latex2mathml").encode()
 
 
 def mark_later(html: str) -> str:
-    """``later.mark_later(html)``, from the cache when this HTML was marked before."""
+    """``later.mark_later(mathml.render_math(html))``, from the cache when this HTML was
+    converted before (``mathml.MathError`` when its TeX cannot be converted)."""
     digest = hashlib.sha256(_version() + b"\0" + html.encode("utf-8")).hexdigest()
     _used.add(digest)
     entry = CACHE_DIR / f"{digest}.html"
@@ -40,7 +48,7 @@ def mark_later(html: str) -> str:
         return marked
     except OSError:
         pass
-    marked = later.mark_later(html)
+    marked = later.mark_later(mathml.render_math(html))
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(marked, encoding="utf-8")

@@ -41,11 +41,32 @@ class Run:
     returncode: int
 
 
+#: Within a build (``begin_build`` to ``close_zygotes``), labkit's digest, taken once.
+_BUILD_DIGEST: dict[str, str] = {}
+_IN_BUILD: list[bool] = []
+
+
+def begin_build() -> None:
+    """A build starts: labkit's digest is taken once, for all of its runs' keys (a source
+    edited during the build is the next build's). ``close_zygotes`` ends it."""
+    _BUILD_DIGEST.clear()
+    _IN_BUILD[:] = [True]
+
+
 def labkit_digest() -> str:
     """Hash of the shared package's sources: a change there can change every output.
 
-    Every cached run's key holds it (hundreds per build): the files are read again only
-    when one's size, modification time or inode changed (``_labkit_digest``)."""
+    Every cached run's key holds it (hundreds per build): within a build it is taken once
+    (``begin_build``); outside one, the files are read again only when one's size,
+    modification time or inode changed (``_labkit_digest``)."""
+    if _IN_BUILD:
+        if "labkit" not in _BUILD_DIGEST:
+            _BUILD_DIGEST["labkit"] = _labkit_digest_now()
+        return _BUILD_DIGEST["labkit"]
+    return _labkit_digest_now()
+
+
+def _labkit_digest_now() -> str:
     files = []
     for path in sorted((ROOT / "code" / "labkit").rglob("*")):
         if path.suffix not in {".py", ".json"} or not path.is_file():
@@ -102,9 +123,32 @@ def beside(source: Path) -> list[str]:
 def _key(command: str, source: Path, extra: str = "") -> str:
     """Everything that can change a starter's output, hashed: its own source, the files
     beside it that it may read (``beside``), labkit's."""
-    own = [source.read_text(encoding="utf-8"), *beside(source)]
-    parts = [command, "\0".join(own), labkit_digest(), sys.version]
-    return hashlib.sha256(json.dumps([*parts, version("numpy"), extra]).encode()).hexdigest()
+    parts = [command, _own_sources(source), labkit_digest(), sys.version]
+    return hashlib.sha256(json.dumps([*parts, _numpy_version(), extra]).encode()).hexdigest()
+
+
+def _own_sources(source: Path) -> str:
+    """The starter's text and ``beside``'s, joined; a build asks for it hundreds of times,
+    so it is read again only when a file in the starter's folder changed (its name, size,
+    modification time or inode)."""
+    stats = []
+    for path in sorted(source.parent.iterdir()):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        stats.append((path.name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    return _own_sources_read(source, tuple(stats))
+
+
+@functools.lru_cache(maxsize=256)
+def _own_sources_read(source: Path, stats: tuple) -> str:
+    return "\0".join([source.read_text(encoding="utf-8"), *beside(source)])
+
+
+@functools.cache
+def _numpy_version() -> str:
+    return version("numpy")
 
 
 def _source(starter: str | Path) -> tuple[Path, Path]:
@@ -205,6 +249,8 @@ def close_zygotes() -> None:
     while _ALL_ZYGOTES:
         _ALL_ZYGOTES.pop().close()
     _zygotes.__dict__.clear()
+    _IN_BUILD.clear()
+    _BUILD_DIGEST.clear()
 
 
 def run_starter(

@@ -12,6 +12,12 @@ are search keywords, given to the one section that teaches each term:
   topic's word that has no glossary entry (``offload`` on the memory page).
 
 :func:`tag_sections` runs after the search plugin has written ``search_index.json``.
+
+The starters' notebook pages (``code/``: starters, exercises, checkers, lab 17's solution) are
+left out of the index (:func:`leave_out_starter` sets Material's ``search: exclude`` page
+meta; these pages have no front matter). Each opens with a link to its lab guide, which is
+in the index. They were 27% of the index's bytes: without them the search worker has less
+to download and index before the first results, and no starter outranks its guide.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ from infralens_docs.registry import ROOT, read_front_matter
 
 DOCS = ROOT / "docs"
 GLOSSARY = DOCS / "glossary.md"
+
+
+def leave_out_starter(page) -> None:
+    """Leave a starter's notebook page (``code/...``) out of the search index."""
+    if page.file.src_uri.startswith("code/"):
+        page.meta["search"] = {**(page.meta.get("search") or {}), "exclude": True}
 
 
 class SearchTermError(ValueError):

@@ -23,8 +23,9 @@ Lab 17 asks the reader to edit a starter with the site served. Two things made t
   does.
 - **A save rebuilt everything.** The starters' runs and notebook pages were already cached
   on their sources (``runner``, ``notebooks``), so a save re-ran only the edited starter's
-  lab; but every Markdown page was converted again. Under ``serve`` a page's render is
-  reused while nothing it depends on changed (:func:`render_cached`).
+  lab; but every Markdown page was converted again. A page's render is now reused while
+  nothing it depends on changed (:func:`render_cached`), in this process under ``serve``
+  and from ``.cache/renders/`` in every build, ``mkdocs build`` included.
 """
 
 from __future__ import annotations
@@ -33,15 +34,20 @@ import copy
 import hashlib
 import html
 import logging
+import os
+import pickle
 import re
 import shutil
 import textwrap
+import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
 from infralens_docs.registry import ROOT
+from infralens_docs.runner import CACHE_ROOT
 
 log = logging.getLogger("mkdocs.hooks.infralens")
 
@@ -195,16 +201,23 @@ def report(where: str, failures: list[Failure]) -> None:
 
 # --------------------------------------------------------------------------- renders
 
-#: Under ``serve``: each Markdown page's last render, by page, with the key it was made for.
+#: This process's renders (``mkdocs serve`` rebuilds in one process), by page, with their key.
 _RENDERS: dict[str, tuple[str, dict]] = {}
+#: Every build's renders, kept from one build to the next: ``<key>.pickle`` (see render_cached).
+RENDER_CACHE = CACHE_ROOT / "renders"
+_used: set[str] = set()
+_reused: list[str] = []
 SNIPPET_RE = re.compile(r'--8<--\s*"([^"]+)"')
+#: What converts a page's Markdown besides mkdocs.yml's settings: these packages' code.
+RENDER_PACKAGES = ("mkdocs", "markdown", "pymdown-extensions", "pygments", "mkdocs-material")
 
 
 def render_key(page, build_key: str) -> str | None:
-    """What a Markdown page's HTML depends on: its Markdown (directives expanded), its
-    URL, the files its snippets include, and ``build_key`` (mkdocs.yml, the appended
-    glossary, every file's URL). None if a snippet's file cannot be read (the render
-    reports it)."""
+    """What a Markdown page's HTML depends on: its Markdown (directives expanded, so the
+    starters' outputs and figures are in it), its URL, the files its snippets include, and
+    ``build_key`` (mkdocs.yml, the appended glossary, every file's URL, the build's own
+    modules, the converting packages' versions). None if a snippet's file cannot be read
+    (the render reports it)."""
     h = hashlib.sha256(f"{build_key}\0{page.file.src_uri}\0{page.url}\0".encode())
     h.update(page.markdown.encode("utf-8"))
     for target in sorted(set(SNIPPET_RE.findall(page.markdown))):
@@ -219,48 +232,122 @@ def build_key(config, files) -> str:
     h = hashlib.sha256()
     if config.config_file_path:
         h.update(Path(config.config_file_path).read_bytes())
-    for path in ROOT.glob("includes/*"):
+    for path in sorted(ROOT.glob("includes/*")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
+    # the hooks' modules (a change to how a page is converted, highlight_cache say)
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for name in RENDER_PACKAGES:
+        h.update(f"\0{name}={_version(name)}".encode())
     for file in files:
         h.update(f"\0{file.src_uri}\0{file.url}".encode())
     return h.hexdigest()
 
 
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "-"
+
+
+class _Warnings(logging.Handler):
+    """Counts the warnings logged while a page renders (a render that warned is not kept:
+    reused, it would pass a strict build the same Markdown fails)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def _load(key: str) -> dict | None:
+    found = next((kept for k, kept in _RENDERS.values() if k == key), None)
+    if found is not None:
+        return found
+    entry = RENDER_CACHE / f"{key}.pickle"
+    try:
+        kept = pickle.loads(entry.read_bytes())
+        os.utime(entry)  # used: kept by evict_unused
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        return None
+    return kept
+
+
+def _store(key: str, kept: dict) -> None:
+    RENDER_CACHE.mkdir(parents=True, exist_ok=True)
+    entry = RENDER_CACHE / f"{key}.pickle"
+    tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(pickle.dumps(kept, protocol=pickle.HIGHEST_PROTOCOL))
+    tmp.replace(entry)  # whole or absent: two builds may share the cache
+
+
 def render_cached(page, config, files, render, key: str | None) -> None:
-    """``render(config, files)``, or its last result for the same key (``serve`` only:
-    a rebuild after a starter's edit converts only the Markdown that changed; what mkdocs
-    reads from a render, anchors for validation included, is restored)."""
+    """``render(config, files)``, or the render made before for the same key: a warm build,
+    or a rebuild under ``serve`` after a starter's edit, converts only the Markdown that
+    changed. What mkdocs reads from a render, the anchors for its validation included, is
+    restored. A render is kept in this process (``serve``) and under ``.cache/renders/``."""
     uri = page.file.src_uri
-    found = _RENDERS.get(uri)
-    if key is not None and found is not None and found[0] == key:
-        kept = found[1]
+    kept = _load(key) if key is not None else None
+    if kept is not None:
+        links = {}
+        for target, anchors in kept["links"].items() if kept["links"] is not None else ():
+            target_file = files.get_file_from_path(target)
+            if target_file is None:  # (the build key holds every file: not reached)
+                kept = None
+                break
+            links[target_file] = dict(anchors)
+    if kept is not None:
         page.content = kept["content"]
         page.toc = copy.deepcopy(kept["toc"])
         page._title_from_render = kept["title"]
         page.present_anchor_ids = set(kept["anchors"])
-        links = {}
-        for target, anchors in kept["links"].items():
-            target_file = files.get_file_from_path(target)
-            if target_file is None:  # (the build key holds every file: not reached)
-                render(config, files)
-                return
-            links[target_file] = dict(anchors)
         page.links_to_anchors = links if kept["links"] is not None else None
+        _RENDERS[uri] = (key, kept)
+        _used.add(key)
+        _reused.append(uri)
         return
-    render(config, files)
-    if key is None:
+    warnings = _Warnings()
+    logging.getLogger("mkdocs").addHandler(warnings)
+    try:
+        render(config, files)
+    finally:
+        logging.getLogger("mkdocs").removeHandler(warnings)
+    if key is None or warnings.count:
         return
     links = getattr(page, "links_to_anchors", None)
-    _RENDERS[uri] = (
-        key,
-        {
-            "content": page.content,
-            "toc": copy.deepcopy(page.toc),
-            "title": page._title_from_render,
-            "anchors": set(page.present_anchor_ids or ()),
-            "links": None if links is None else {f.src_uri: dict(a) for f, a in links.items()},
-        },
-    )
+    kept = {
+        "content": page.content,
+        "toc": copy.deepcopy(page.toc),
+        "title": page._title_from_render,
+        "anchors": set(page.present_anchor_ids or ()),
+        "links": None if links is None else {f.src_uri: dict(a) for f, a in links.items()},
+    }
+    _RENDERS[uri] = (key, kept)
+    _used.add(key)
+    _store(key, kept)
+
+
+def renders_reused() -> bool:
+    """Whether this build reused a render (its code blocks were not highlighted again)."""
+    return bool(_reused)
+
+
+def evict_unused(max_age_s: float = 86400) -> None:
+    """Remove the renders no build used for ``max_age_s`` (as ``later_cache`` does)."""
+    if _used and RENDER_CACHE.is_dir():
+        now = time.time()
+        for entry in RENDER_CACHE.glob("*.pickle"):
+            try:
+                old = now - entry.stat().st_mtime > max_age_s
+            except OSError:
+                continue
+            if entry.stem not in _used and old:
+                entry.unlink(missing_ok=True)
+    _used.clear()
+    _reused.clear()
 
 
 # --------------------------------------------------------------------------- server
