@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 
 import pytest
 import torch
@@ -31,6 +32,19 @@ from tiny import (
     tiny_text_encoder,
     tiny_tokenizer,
 )
+
+from infralens_docs.registry import ROOT
+
+
+def once_per_entry_sentences(page: str) -> list[str]:
+    """The sentences (or table cells) of a page that say the denoiser runs once per entry."""
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    found = []
+    for line in text.splitlines():
+        for part in re.split(r"(?<=[.!?])\s+|\s\|\s", line):
+            if re.search(r"once per (entry|`scheduler\.timesteps` entry)", part):
+                found.append(part)
+    return found
 
 
 def full_pipeline(tmp_path, **components):
@@ -95,7 +109,8 @@ def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_cal
     PNDM with SD 1.5's shipped config (``skip_prk_steps=True``, ``steps_offset=1``,
     ``set_alpha_to_one=False``): its ``set_timesteps(n)`` repeats one timestep when n > 1.
     The grid lengths are checked at every count below 1000; at 1000, ``steps_offset=1`` puts
-    t = 1000 first and both pipelines stop after one UNet call with an IndexError.
+    t = 1000 first and both pipelines stop after one UNet call with an IndexError, so each
+    sentence of the page that says "once per entry" carries "below 1000 steps".
     """
     ddim = DDIMScheduler(**SD_SCHEDULER)
     pndm = PNDMScheduler(**SD15_PNDM)
@@ -123,6 +138,8 @@ def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_cal
             pipe("a cat", num_inference_steps=1000, guidance_scale=7.5, height=HEIGHT,
                  width=WIDTH, output_type="latent")  # fmt: skip
         assert int(pipe.scheduler.timesteps[0]) == 1000 and len(unet.calls) == 1
+    sentences = once_per_entry_sentences("index.md")  # the table row and the bullet
+    assert len(sentences) == 2 and all("below 1000 steps" in s.lower() for s in sentences)
 
 
 def test_the_scheduler_makes_each_update_from_the_combined_prediction(tmp_path):

@@ -279,7 +279,7 @@ def test_image_encoder_is_optional_in_the_four_pipelines_not_in_every_sd_class(s
 
 
 def test_pndm_makes_51_calls_at_50_steps(record_calls):
-    """The loop updates `latents` once per scheduler timestep: with SD 1.5's `PNDMScheduler` config, `StableDiffusionPipeline` makes 51 UNet calls at 50 steps (3 at 2), one more than `num_inference_steps`, but 1 at 1 step.
+    """Below 1000 steps, the loop updates `latents` once per scheduler timestep: with SD 1.5's `PNDMScheduler` config, `StableDiffusionPipeline` makes 51 UNet calls at 50 steps (3 at 2), one more than `num_inference_steps`, but 1 at 1 step.
 
     The extra call is no open-ended rule: at 1000 steps the config's leading grid
     (`steps_offset=1`) starts at t = 1000, past the 1000 trained timesteps, so the first
@@ -298,6 +298,22 @@ def test_pndm_makes_51_calls_at_50_steps(record_calls):
     with pytest.raises(IndexError), torch.no_grad():
         pipe(num_inference_steps=1000, **run)
     assert len(calls) == 1 and int(pipe.scheduler.timesteps[0]) == 1000
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs" / "labs" / "lab-06-diffusers-pipeline-components.md").read_text(
+        encoding="utf-8"
+    )
+    counts = [
+        part
+        for part in re.split(r"(?<=[.!?])\s+", page)
+        if any(
+            phrase in part
+            for phrase in ("once per entry of `scheduler.timesteps`", "once per scheduler timestep")
+        )
+    ]
+    assert len(counts) == 2 and all("below 1000 steps" in c.lower() for c in counts), counts
 
 
 # ------------------------------------------------------------------ scheduler swapping

@@ -286,7 +286,7 @@ def test_controlnet_keep_sets_the_scale_of_every_call(lab, record_calls):
 
 
 def test_controlnet_runs_once_per_timestep_for_every_compatible_scheduler(lab, record_calls):
-    """`StableDiffusionControlNetPipeline` calls the ControlNet once per entry of `scheduler.timesteps`, with `controlnet_keep` built over `len(timesteps)`, for every scheduler in its `scheduler.compatibles`; at 20 steps and the window 0.2 to 0.8, DDIM makes 20 calls (20 timesteps with `leading`, `linspace` and `trailing` spacing), 12 with control (the starter's `steps with control: 12 of 20`, which counts no calls), and SD 1.5's shipped `PNDMScheduler` 21, 11 with control."""
+    """Below 1000 steps, `StableDiffusionControlNetPipeline` calls the ControlNet once per entry of `scheduler.timesteps`, with `controlnet_keep` built over `len(timesteps)`, for every scheduler in its `scheduler.compatibles`; at 20 steps and the window 0.2 to 0.8, DDIM makes 20 calls (20 timesteps with `leading`, `linspace` and `trailing` spacing), 12 with control (the starter's `steps with control: 12 of 20`, which counts no calls), and SD 1.5's shipped `PNDMScheduler` 21, 11 with control; at 1000 steps that `PNDMScheduler` puts t = 1000 first: one ControlNet call, then an `IndexError`."""
     from diffusers import DDIMScheduler, PNDMScheduler
     from tiny import SD15_PNDM, SD_SCHEDULER, tiny_unet
 
@@ -328,6 +328,25 @@ def test_controlnet_runs_once_per_timestep_for_every_compatible_scheduler(lab, r
         "steps with control: 12 of 20 (the pipeline still calls the ControlNet at a 0 step" in out
     )
     assert "calls with" not in out  # the starter states no call count: it depends on the scheduler
+    pipe.scheduler = PNDMScheduler(**SD15_PNDM)
+    recorder = record_calls(controlnet)
+    with pytest.raises(IndexError):
+        call(pipe, 1000)
+    recorder.remove()
+    assert len(recorder.calls) == 1 and int(pipe.scheduler.timesteps[0]) == 1000
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs" / "labs" / "lab-09-controlnet-conditioning-reading.md").read_text(
+        encoding="utf-8"
+    )
+    counts = [
+        part
+        for part in re.split(r"(?<=[.!?])\s+", page)
+        if any(phrase in part for phrase in ("once per entry of `timesteps`",))
+    ]
+    assert len(counts) == 1 and all("below 1000 steps" in c.lower() for c in counts), counts
 
 
 def test_multi_controlnet_union_skips_a_net_at_scale_zero():

@@ -350,7 +350,7 @@ def test_denoiser_calls_are_the_shipped_schedulers_timesteps(starter):
 
 
 def test_sd15_pndm_counts_hold_to_999_steps_and_step_raises_at_1000(starter, run_cli):
-    """SD 1.5's `PNDMScheduler(skip_prk_steps=True)` gives `steps + 1` timesteps from 2 to 999 steps, and `step` over them runs; at 1000 steps its `step` raises `IndexError`, so the starter's `--steps` stops at 999 (one-line error at 1000) and its `DENOISER_CALLS` matches the scheduler at 999."""
+    """SD 1.5's `PNDMScheduler(skip_prk_steps=True)` gives `steps + 1` timesteps from 2 to 999 steps, and `step` over them runs; at 1000 steps its `step` raises `IndexError`, so the starter's `--steps` stops at 999 (one-line error at 1000), its `DENOISER_CALLS` matches the scheduler at 999, and the page's "once per entry" carries "below 1000 steps"."""
     from diffusers import PNDMScheduler
 
     def run(n):
@@ -369,6 +369,19 @@ def test_sd15_pndm_counts_hold_to_999_steps_and_step_raises_at_1000(starter, run
         run(1000)
     refused = run_cli(LAB10, "--steps", "1000")
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs" / "labs" / "lab-10-memory-optimization-reading.md").read_text(
+        encoding="utf-8"
+    )
+    counts = [
+        part
+        for part in re.split(r"(?<=[.!?])\s+", page)
+        if any(phrase in part for phrase in ("once per entry of `scheduler.timesteps`",))
+    ]
+    assert len(counts) == 1 and all("below 1000 steps" in c.lower() for c in counts), counts
 
 
 def test_safety_checker_count_from_shapes(starter):

@@ -17,6 +17,7 @@ import functools
 import inspect
 import itertools
 import math
+import re
 import typing
 
 import numpy as np
@@ -64,6 +65,8 @@ from tiny import (
     tiny_vae,
 )
 
+from infralens_docs.registry import ROOT
+
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
 LATENT = (1, 4, HEIGHT // 2, WIDTH // 2)  # the tiny VAE downsamples by 2
 
@@ -76,6 +79,17 @@ def sd_scheduler(cls, **overrides):
 
 
 # ---------------------------------------------------------------- helpers (this page only)
+
+
+def once_per_entry_sentences(page: str) -> list[str]:
+    """The sentences (or table cells) of a page that say the denoiser runs once per entry."""
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    found = []
+    for line in text.splitlines():
+        for part in re.split(r"(?<=[.!?])\s+|\s\|\s", line):
+            if re.search(r"once per (entry|`scheduler\.timesteps` entry)", part):
+                found.append(part)
+    return found
 
 
 def run(pipe, guidance_scale=7.5, steps=3, latents=None, **kwargs):
@@ -659,18 +673,38 @@ def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
 
 
 def test_text_encoder_and_vae_run_outside_the_loop(text_pipe, record_calls, calls_of):
-    """Whatever the number of steps, the text encoder runs only before the loop (from a `prompt`, once for it and once more for the negative prompt with CFG on) and the VAE decodes once after it (except with `output_type="latent"`); the UNet runs once per step. With `prompt_embeds`, `negative_prompt_embeds` and `output_type="latent"` passed, neither runs.
+    """Below 1000 steps, the text encoder runs only before the loop (from a `prompt`, once for it and once more for the negative prompt with CFG on), the UNet once per entry of `scheduler.timesteps`, and the VAE decodes once after it (except with `output_type="latent"`). With `prompt_embeds`, `negative_prompt_embeds` and `output_type="latent"` passed, neither runs.
 
     "With CFG on", not "when guiding": a guidance-embedded UNet (``time_cond_proj_dim`` set) at
     ``guidance_scale=7.5`` has ``do_classifier_free_guidance`` false, one text-encoder pass and
-    ``B`` rows per UNet call.
+    ``B`` rows per UNet call. At 1000 steps SD's DDIM (``steps_offset=1``) puts t = 1000 first:
+    one UNet call, then an ``IndexError``, and no decode; so the page's sentence carries
+    "below 1000 steps".
     """
-    for steps in [2, 5]:
+    for steps in [2, 5, 1000]:
         encoder = record_calls(text_pipe.text_encoder).calls
         unet = record_calls(text_pipe.unet).calls
         decodes = calls_of(text_pipe.vae, "decode")
+        if steps == 1000:
+            with pytest.raises(IndexError):
+                run(text_pipe, prompt="a cat", steps=steps, output_type="np")
+            assert len(text_pipe.scheduler.timesteps) == 1000
+            assert (len(encoder), len(unet), len(decodes)) == (2, 1, 0)
+            continue
         run(text_pipe, prompt="a cat", steps=steps, output_type="np")
         assert (len(encoder), len(unet), len(decodes)) == (2, steps, 1)
+        assert len(unet) == len(text_pipe.scheduler.timesteps)
+    sentences = once_per_entry_sentences("handbook/loop.md")
+    assert len(sentences) == 2 and all("below 1000 steps" in s.lower() for s in sentences), (
+        sentences
+    )
+    # the scope opens the sentence, so it covers the decode too (none at 1000 steps)
+    assert all(
+        s.lower().startswith("below 1000 steps") or "`: below 1000 steps" in s for s in sentences
+    )
+    why = [line for line in (ROOT / "docs" / "handbook" / "loop.md").read_text(encoding="utf-8").splitlines()
+           if "`len(scheduler.timesteps)` denoiser calls" in line]  # fmt: skip
+    assert len(why) == 1 and "below 1000 steps" in why[0].lower(), why
     encoder = record_calls(text_pipe.text_encoder).calls
     decodes = calls_of(text_pipe.vae, "decode")
     run(text_pipe, steps=2)  # prompt_embeds, negative_prompt_embeds, output_type="latent"
@@ -1043,7 +1077,7 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
 
 
 def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
-    """The pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, with SD 1.5's settings and `n < 1000`, `n` times with DDPM, DDIM and Euler (at `n = 1000` DDPM and DDIM start at `t = 1000`, index `alphas_cumprod[1000]` and raise `IndexError` after one call), `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
+    """Below 1000 steps the pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, with SD 1.5's settings and `n < 1000`, `n` times with DDPM, DDIM and Euler (at `n = 1000` DDPM and DDIM start at `t = 1000`, index `alphas_cumprod[1000]` and raise `IndexError` after one call), `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
 
     The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` (LMS and
     DPMSolverSDE included: the verify extra installs scipy and torchsde), each with SD 1.5's

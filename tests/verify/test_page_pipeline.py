@@ -9,6 +9,7 @@ scheduler swapping, the must-match boundaries and the shapes.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -30,7 +31,20 @@ from tiny import (
     tiny_tokenizer,
 )
 
+from infralens_docs.registry import ROOT
+
 pytestmark = pytest.mark.usefixtures("quiet_diffusers")
+
+
+def once_per_entry_sentences(page: str) -> list[str]:
+    """The sentences (or table cells) of a page that say the denoiser runs once per entry."""
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    found = []
+    for line in text.splitlines():
+        for part in re.split(r"(?<=[.!?])\s+|\s\|\s", line):
+            if re.search(r"once per (entry|`scheduler\.timesteps` entry)", part):
+                found.append(part)
+    return found
 
 
 @pytest.fixture
@@ -319,7 +333,11 @@ def test_resolution_rules_differ_by_pipeline():
 
 
 def test_the_loop_calls_the_denoiser_once_per_scheduler_timestep(record_calls):
-    """The loop calls the denoiser once per entry of `scheduler.timesteps`, not always `num_inference_steps` times: `StableDiffusionPipeline` with SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) makes 3 UNet calls at 2 steps but 1 at 1 step, while an `EulerDiscreteScheduler` built by `from_config` on that config (`linspace` spacing) makes 3 at 3."""
+    """The loop runs the denoiser and `scheduler.step` over `scheduler.timesteps` (SD 1.5's PNDM: 51 entries at 50 steps), not always `num_inference_steps` times: `StableDiffusionPipeline` with SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) makes 3 UNet calls at 2 steps but 1 at 1 step, while an `EulerDiscreteScheduler` built by `from_config` on that config (`linspace` spacing) makes 3 at 3. Calls per entry are not fixed: at 1000 steps that `PNDMScheduler` puts `t = 1000` first, and the pipeline makes one UNet call, then raises an `IndexError`; `FluxPipeline` (guidance-embedded, FLUX.1-dev's shape) with `true_cfg_scale=2` and a negative prompt makes two transformer calls per step, each on `B` rows.
+
+    So the page's loop stage gives no per-entry count (it is at "default settings" further
+    down), and its Flux clause says `B` rows, not one call per step.
+    """
     from diffusers import EulerDiscreteScheduler, PNDMScheduler
 
     pndm = PNDMScheduler(**SD_BETAS, steps_offset=1, set_alpha_to_one=False, skip_prk_steps=True)
@@ -334,6 +352,29 @@ def test_the_loop_calls_the_denoiser_once_per_scheduler_timestep(record_calls):
             pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
         assert len(calls) == expected == len(pipe.scheduler.timesteps), (type(scheduler).__name__, steps)  # fmt: skip
+    pipe.scheduler = PNDMScheduler.from_config(pndm.config)
+    calls.clear()
+    with torch.no_grad(), pytest.raises(IndexError):
+        pipe(prompt_embeds=embeds(1), num_inference_steps=1000, guidance_scale=1.0,
+             height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    assert int(pipe.scheduler.timesteps[0]) == 1000 and len(pipe.scheduler.timesteps) == 1001
+    assert len(calls) == 1
+    pndm.set_timesteps(50)
+    assert len(pndm.timesteps) == 51
+    flux = tiny_flux_pipeline()
+    flux_calls = record_calls(flux.transformer).calls
+    (text, pooled), (negative, negative_pooled) = dit_embeds(1), dit_embeds(2)
+    with torch.no_grad():
+        flux(prompt_embeds=text, pooled_prompt_embeds=pooled, negative_prompt_embeds=negative,
+             negative_pooled_prompt_embeds=negative_pooled, true_cfg_scale=2.0, num_inference_steps=2,
+             height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+    assert len(flux.scheduler.timesteps) == 2 and len(flux_calls) == 4
+    assert all(k["hidden_states"].shape[0] == 1 for _, k in flux_calls)  # B rows per call
+    assert once_per_entry_sentences("handbook/pipeline.md") == []
+    page = (ROOT / "docs" / "handbook" / "pipeline.md").read_text(encoding="utf-8")
+    stage = [line for line in page.splitlines() if "**The loop updates latents**" in line]
+    assert len(stage) == 1 and "Flux.1-dev embeds" in stage[0], stage
+    assert "one call per step" not in stage[0], stage
 
 
 def test_from_pretrained_loads_mismatched_components_without_an_error(tmp_path):

@@ -110,11 +110,16 @@ def run_sd(pipe, steps: int, **kwargs):
 def test_timestep_table_matches_set_timesteps():
     """`DDIMScheduler` and `DDPMScheduler` built with each row's `timestep_spacing` and `steps_offset` return exactly that row's `timesteps` from `set_timesteps(10)`, as int64, and `EulerDiscreteScheduler` returns the same values as float32.
 
-    Reads the rows of the spacing table from the page.
+    Reads the rows of the spacing table from the page. A "First, last" cell that quotes numbers
+    quotes exactly the first and last timestep of its row (no bound beyond those 10 steps:
+    `leading` with offset 0 starts at 950 for 20 steps, 999 for 1000).
     """
     rows = table_rows(r"`(leading|trailing|linspace)`")
     assert len(rows) == 4, "the timestep_spacing table changed shape"
-    for spacing_cell, offset_cell, timesteps_cell, _ in rows:
+    assert re.fullmatch(r"[\d, ]+", rows[0][3]), "the leading/0 row's First, last cell changed"
+    for spacing_cell, offset_cell, timesteps_cell, ends_cell in rows:
+        if re.fullmatch(r"[\d, ]+", ends_cell):  # a cell of timesteps, not a remark
+            assert numbers(ends_cell) == [numbers(timesteps_cell)[i] for i in (0, -1)], ends_cell
         spacing, offset = spacing_cell.strip("`"), int(offset_cell)
         for cls in (DDIMScheduler, DDPMScheduler):
             scheduler = cls(timestep_spacing=spacing, steps_offset=offset)
@@ -244,7 +249,7 @@ def test_sd15_pndm_gives_51_timesteps_at_50_steps(sd_pipe):
     ids=["pndm", "heun", "dpmsolver", "euler"],
 )
 def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls, make, steps, calls):
-    """`StableDiffusionPipeline` calls the UNet once per entry of `scheduler.timesteps`: 51 calls at `num_inference_steps=50` with SD 1.5's `PNDMScheduler`, 19 at 10 with `HeunDiscreteScheduler`, 10 at 10 with `DPMSolverMultistepScheduler` and `EulerDiscreteScheduler`.
+    """Below 1000 steps, `StableDiffusionPipeline` calls the UNet once per entry of `scheduler.timesteps`: 51 calls at `num_inference_steps=50` with SD 1.5's `PNDMScheduler`, 19 at 10 with `HeunDiscreteScheduler`, 10 at 10 with `DPMSolverMultistepScheduler` and `EulerDiscreteScheduler`.
 
     Unguided (guidance_scale 1), so one UNet call per timestep.
     """
@@ -256,10 +261,13 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls, make, steps, call
 
 
 def test_text_to_image_calls_the_denoiser_once_per_entry(sd_pipe, record_calls):
-    """The grid sets latency, because text-to-image `StableDiffusionPipeline` calls the denoiser once per entry of `scheduler.timesteps`: with DDIM at SD's settings, 4 UNet calls for 4 entries.
+    """The grid sets latency, because text-to-image `StableDiffusionPipeline` calls the denoiser once per entry of `scheduler.timesteps` below 1000 steps: with DDIM at SD's settings, 4 UNet calls for 4 entries, and 999 for 999; at 1000, one call, then an `IndexError`.
 
     Not every pipeline: ``StableDiffusionImg2ImgPipeline`` at ``strength=0.5`` runs the same UNet
-    2 times for the same 4 entries (it slices ``scheduler.timesteps``).
+    2 times for the same 4 entries (it slices ``scheduler.timesteps``). Every sentence of the page
+    that says "once per entry" or counts UNet calls as ``len(scheduler.timesteps)`` carries
+    "below 1000 steps" (a stand-in UNet forward keeps the
+    999- and 1000-step runs cheap).
     """
     from diffusers import StableDiffusionImg2ImgPipeline
 
@@ -275,8 +283,27 @@ def test_text_to_image_calls_the_denoiser_once_per_entry(sd_pipe, record_calls):
         img2img(prompt_embeds=embeds(0), image=torch.rand(1, 3, HEIGHT, WIDTH), strength=0.5,
                 guidance_scale=1.0, num_inference_steps=4, output_type="latent")  # fmt: skip
         assert len(img2img.scheduler.timesteps) == 4 and len(recorder.calls) == 2
+        seen = []
+        sd_pipe.unet.forward = lambda sample, t, *a, **k: seen.append(float(t)) or (sample * 0,)
+        sd_pipe.scheduler = DDIMScheduler(**SD_SCHEDULER)
+        run_sd(sd_pipe, 999)
+        assert len(seen) == len(sd_pipe.scheduler.timesteps) == 999 and max(seen) == 999
+        seen.clear()
+        with pytest.raises(IndexError):
+            run_sd(sd_pipe, 1000)
+        assert seen == [1000.0] and len(sd_pipe.scheduler.timesteps) == 1000
     finally:
+        sd_pipe.unet.__dict__.pop("forward", None)
         sd_pipe.scheduler = original
+    sentences = [
+        part
+        for line in SCHEDULER_PAGE.splitlines()
+        for part in re.split(r"(?<=[.!?])\s+", line)
+        if "once per entry" in part or "calls as `len(scheduler.timesteps)`" in part
+    ]
+    assert len(sentences) == 3 and all("below 1000 steps" in s.lower() for s in sentences), (
+        sentences
+    )
 
 
 def test_sd_schedulers_at_1000_steps_call_once_then_raise(sd_pipe):
@@ -363,7 +390,11 @@ def test_heun_calls_twice_per_level_after_the_first(sd_pipe):
 
 @pytest.mark.parametrize("n", [5, 7, 10, 20, 25, 50])
 def test_spacing_formulas(n):
-    """For `T = 1000` the three spacings follow the page's formulas: `leading` is `T // n * (n - 1 - i) + steps_offset`, `trailing` is `round(T - i * T / n) - 1`, `linspace` is `round((n - 1 - i) * (T - 1) / (n - 1))`."""
+    """For `T = 1000` the three spacings follow the page's formulas in `DDPMScheduler` and `DDIMScheduler`: `leading` is `T // n * (n - 1 - i) + steps_offset`, `trailing` is `round(T - i * T / n) - 1`, `linspace` is `round((n - 1 - i) * (T - 1) / (n - 1))`; `EulerDiscreteScheduler`'s `linspace`, its default, does not round: its grid is fractional at 7 steps and at SD's 50.
+
+    At 7 steps Euler's second entry is 832.5 where the formula gives 832 (at 50, 978.61), so a
+    sentence giving these formulas for every class's grid fails on Euler's default.
+    """
     T, i = 1000, np.arange(n)
     expected = {
         "leading": (T // n) * (n - 1 - i) + 1,
@@ -371,13 +402,22 @@ def test_spacing_formulas(n):
         "linspace": np.round((n - 1 - i) * (T - 1) / (n - 1)),
     }
     for spacing, values in expected.items():
-        scheduler = DDIMScheduler(timestep_spacing=spacing, steps_offset=int(spacing == "leading"))
-        scheduler.set_timesteps(n)
-        assert scheduler.timesteps.tolist() == values.astype(int).tolist(), spacing
+        for cls in (DDPMScheduler, DDIMScheduler):
+            scheduler = cls(timestep_spacing=spacing, steps_offset=int(spacing == "leading"))
+            scheduler.set_timesteps(n)
+            assert scheduler.timesteps.tolist() == values.astype(int).tolist(), (cls, spacing)
+    euler = EulerDiscreteScheduler(**SD_BETAS)  # the default spacing
+    assert euler.config.timestep_spacing == "linspace"
+    euler.set_timesteps(n)
+    unrounded = (n - 1 - i) * (T - 1) / (n - 1)
+    np.testing.assert_allclose(euler.timesteps.numpy(), unrounded, rtol=1e-6)
+    if n in (7, 50):
+        assert euler.timesteps.tolist() != expected["linspace"].tolist()
+        assert euler.timesteps[1].item() == pytest.approx({7: 832.5, 50: 978.61}[n], abs=0.005)
 
 
 def test_float_rounding_quirks_in_spacing():
-    """The rounding is NumPy's, on floating-point values: `linspace` at 27 steps gives 499 where the formula's tie 499.5 rounds to 500, and `trailing` at 61 steps returns 62 timesteps, the last one -1."""
+    """The rounding is NumPy's, on floating-point values: `linspace` at 27 steps gives 499 where the formula's tie 499.5 rounds to 500, and `trailing` at 61 steps gives `DDIMScheduler` (and `DDPMScheduler` and `EulerDiscreteScheduler`) 62 timesteps, the last one -1, and SD 1.5's `PNDMScheduler` 63."""
     linspace = DDIMScheduler(timestep_spacing="linspace")
     linspace.set_timesteps(27)
     assert linspace.timesteps[13].item() == 499 and (27 - 1 - 13) * 999 / 26 == 499.5
@@ -385,6 +425,9 @@ def test_float_rounding_quirks_in_spacing():
         trailing = cls(timestep_spacing="trailing")
         trailing.set_timesteps(61)
         assert len(trailing.timesteps) == 62 and trailing.timesteps[-1].item() == -1, cls.__name__
+    pndm = PNDMScheduler(**{**SD15_PNDM, "timestep_spacing": "trailing"})
+    pndm.set_timesteps(61)
+    assert len(pndm.timesteps) == 63 and pndm.timesteps[-1].item() == -1
 
 
 def trailing_schedulers():
@@ -431,11 +474,12 @@ def trailing_loop(cls, steps):
 
 
 def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
-    """`trailing` at 61 steps returns 62 timesteps, the last one -1: the pipeline makes 62 UNet calls, and DDIM, DDPM and PNDM (also `DDIMParallelScheduler`, `DDPMParallelScheduler` and `CogVideoXDDIMScheduler`) read `alphas_cumprod[-1]`, the noisiest level, at that last step and divide by its square root (DDIM's `pred_original_sample` is `(x - sqrt(1 - alphas_cumprod[999]) * noise_pred) / sqrt(alphas_cumprod[999])`), so the final `latents` come out about 15 times the correct ones for SD's schedule when `noise_pred` is small next to them, without an error; Euler, Heun, DPM-Solver and UniPC make the extra calls too but read the smallest `sigma` there (that of `t = 0`), and their output is unaffected; 61, 103, 121 and 59 other step counts up to 1000 do this.
+    """`trailing` at 61 steps gives `DDIMScheduler` 62 timesteps, the last one -1 (SD 1.5's `PNDMScheduler` 63): DDIM, DDPM and PNDM (also `DDIMParallelScheduler`, `DDPMParallelScheduler` and `CogVideoXDDIMScheduler`) read `alphas_cumprod[-1]`, the noisiest level, at that last step and divide by its square root (DDIM's `pred_original_sample` is `(x - sqrt(1 - alphas_cumprod[999]) * noise_pred) / sqrt(alphas_cumprod[999])`), so the final `latents` come out about 15 times the correct ones for SD's schedule when `noise_pred` is small next to them, without an error; Euler, Heun, `DPMSolverMultistepScheduler` and UniPC make the extra calls too but read the smallest `sigma` there (that of `t = 0`), and their output is unaffected; 61, 103, 121 and 59 other step counts up to 1000 do this.
 
     `StableDiffusionPipeline` runs DDIM at 61 steps with a spy on `step`; the latents that
     enter the extra step at -1 are what a correct loop returns (the step from 15 already
-    lands on `final_alpha_cumprod`). Then every exported scheduler class that takes
+    lands on `final_alpha_cumprod`). It runs SD 1.5's `PNDMScheduler` at `trailing` 61 too:
+    63 UNet calls (999, 983, 983, …, 15, -1), so "62 UNet calls" holds for DDIM, not PNDM. Then every exported scheduler class that takes
     `trailing` runs a whole stand-in loop at 60 and at 61 steps: exactly the
     `alphas_cumprod`-indexed ones end an order of magnitude larger.
     """
@@ -465,6 +509,14 @@ def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
         sd_pipe.scheduler = original
     told = [int(args[1]) for args, _ in recorder.calls]
     assert len(told) == 62 and told[-2:] == [15, -1]
+    try:
+        sd_pipe.scheduler = PNDMScheduler(**{**SD15_PNDM, "timestep_spacing": "trailing"})
+        recorder.calls.clear()
+        run_sd(sd_pipe, 61, latents=start_latents())  # no error
+    finally:
+        sd_pipe.scheduler = original
+    pndm_told = [int(args[1]) for args, _ in recorder.calls]
+    assert len(pndm_told) == 63 and pndm_told[:3] == [999, 983, 983] and pndm_told[-1] == -1
     noise_pred, t, correct = steps[-1]
     assert t == -1 and torch.isfinite(final).all()
     abar = DDIMScheduler(**SD_BETAS).alphas_cumprod[-1]
@@ -947,7 +999,7 @@ def test_a_shared_instance_loses_its_grid_to_another_request(sd_pipe):
 
 
 def test_prediction_type_values_and_default():
-    """`DDPMScheduler`, `DDIMScheduler` and `EulerDiscreteScheduler` default to `prediction_type="epsilon"` and accept `"sample"` and `"v_prediction"`, each reading the same output differently; `FlowMatchEulerDiscreteScheduler` has no `prediction_type`."""
+    """`DDPMScheduler`, `DDIMScheduler` and `EulerDiscreteScheduler` default to `prediction_type="epsilon"` and accept `"sample"` and `"v_prediction"`, each reading the same output differently (Euler also `"original_sample"`, read as `"sample"`, which DDPM and DDIM reject in `step`); `FlowMatchEulerDiscreteScheduler` has no `prediction_type`."""
     sample, model_output = tensors(9)
     for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
         x0 = []
@@ -964,6 +1016,14 @@ def test_prediction_type_values_and_default():
         assert torch.equal(x0[0], x0[1]), cls.__name__  # the default reads `epsilon`
         assert not torch.allclose(x0[1], x0[2]) and not torch.allclose(x0[1], x0[3])
         assert torch.equal(x0[2], model_output), cls.__name__
+        alias = cls(prediction_type="original_sample", **SD_BETAS)
+        alias.set_timesteps(10)
+        if cls is EulerDiscreteScheduler:  # read as `sample`
+            out = alias.step(model_output, alias.timesteps[3], sample)
+            assert torch.equal(out.pred_original_sample, x0[2])
+        else:
+            with pytest.raises(ValueError, match="prediction_type"):
+                alias.step(model_output, alias.timesteps[3], sample, generator=torch.Generator())
     assert "prediction_type" not in FlowMatchEulerDiscreteScheduler().config
 
 
@@ -1114,26 +1174,51 @@ def test_ddim_step_formula_with_eta():
 
 
 def test_ddim_eta1_noise_matches_ddpm_variance():
-    """With `eta=1`, the noise `DDIMScheduler.step` adds has the standard deviation of `DDPMScheduler`'s default `fixed_small` posterior between the same two timesteps."""
+    """`eta=1` gives DDPM's posterior variance between the same two timesteps, except at a last step above t = 0 under `set_alpha_to_one=False` (SD 1.x's setting): the noise `DDIMScheduler.step` adds has the standard deviation of `DDPMScheduler`'s default `fixed_small` posterior at every step of a 10-step grid but such a last step, where DDIM targets `alphas_cumprod[0]` and adds noise while DDPM targets 1.0 and adds none.
+
+    Four grids: SD 1.x's (`leading`, `steps_offset=1`: last t = 1) and `trailing` (last t = 99)
+    under `set_alpha_to_one=False` differ at the last step; `trailing` under the default
+    `set_alpha_to_one=True`, and `leading` with `steps_offset=0` (last t = 0), do not.
+    """
     sample, model_output = tensors(23)
-    ddim = DDIMScheduler(clip_sample=False, **SD_BETAS)
-    ddpm = DDPMScheduler(clip_sample=False, **SD_BETAS)
-    for s in (ddim, ddpm):
-        s.set_timesteps(10)
-    t = int(ddim.timesteps[3])
     z0, z1 = (torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(k)) for k in (0, 1))
+    grids = [  # (config, does the last step differ?)
+        (SD_SCHEDULER, True),
+        (
+            dict(SD_BETAS, clip_sample=False, set_alpha_to_one=False, timestep_spacing="trailing"),
+            True,
+        ),
+        (dict(SD_BETAS, clip_sample=False, timestep_spacing="trailing"), False),
+        (dict(SD_BETAS, clip_sample=False, set_alpha_to_one=False), False),
+    ]
+    for config, last_differs in grids:
+        ddim = DDIMScheduler(**config)
+        ddpm = DDPMScheduler.from_config(config)  # DDPM ignores `set_alpha_to_one`
+        for s in (ddim, ddpm):
+            s.set_timesteps(10)
+        assert ddim.timesteps.tolist() == ddpm.timesteps.tolist()
 
-    def ddim_out(z):
-        return ddim.step(model_output, t, sample, eta=1.0, variance_noise=z).prev_sample
+        def ddim_out(t, z, ddim=ddim):
+            return ddim.step(model_output, t, sample, eta=1.0, variance_noise=z).prev_sample
 
-    def ddpm_out(seed):
-        g = torch.Generator().manual_seed(seed)
-        return ddpm.step(model_output, t, sample, generator=g).prev_sample
+        def ddpm_out(t, seed, ddpm=ddpm):
+            g = torch.Generator().manual_seed(seed)
+            return ddpm.step(model_output, t, sample, generator=g).prev_sample
 
-    sigma_ddim = ((ddim_out(z0) - ddim_out(z1)) / (z0 - z1)).median()
-    sigma_ddpm = ((ddpm_out(0) - ddpm_out(1)) / (z0 - z1)).median()
-    assert sigma_ddim.item() == pytest.approx(sigma_ddpm.item(), rel=1e-3)
-    assert sigma_ddim.item() > 0.05
+        stds = []
+        for t in ddim.timesteps.tolist():
+            sigma_ddim = ((ddim_out(t, z0) - ddim_out(t, z1)) / (z0 - z1)).median().item()
+            sigma_ddpm = ((ddpm_out(t, 0) - ddpm_out(t, 1)) / (z0 - z1)).median().item()
+            stds.append((t, sigma_ddim, sigma_ddpm))
+        for t, sigma_ddim, sigma_ddpm in stds[:-1]:
+            assert sigma_ddim == pytest.approx(sigma_ddpm, rel=1e-3), (config, t)
+            assert sigma_ddim > 0.02, (config, t)  # std 0.041 at t = 101 (to 1), more above
+        t, sigma_ddim, sigma_ddpm = stds[-1]
+        assert (t > 0 and not ddim.config.set_alpha_to_one) == last_differs, (config, t)
+        if last_differs:  # DDIM's target is alphas_cumprod[0]: std 0.021 at t = 1, 0.029 at 99
+            assert sigma_ddim > 0.01 and abs(sigma_ddpm) < 1e-6, (config, stds[-1])
+        else:
+            assert abs(sigma_ddim) < 1e-6 and abs(sigma_ddpm) < 1e-6, (config, stds[-1])
 
 
 def test_ddim_prev_timestep_is_a_fixed_stride():
