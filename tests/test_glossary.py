@@ -8,6 +8,7 @@ source, and each link to a section that really names its term.
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 from html.parser import HTMLParser
@@ -65,6 +66,26 @@ def test_every_term_links_a_handbook_section_that_exists():
     assert sorted(taught_in) == sorted(t.name for t in TERMS)
     for name, target in taught_in.items():
         assert glossary.section_title(DOCS, target), name
+
+
+def test_a_term_no_section_teaches_links_where_it_is_named_and_says_so():
+    """Without a build: Heun, KDPM2 and UniPC, which no section teaches (the scheduler page
+    only names them: Heun's call count, which schedulers rescale or keep state, which take
+    flow sigmas), are the glossary page's ``named_only`` terms, so their entries say "Named
+    in", every other entry "Taught in", and a ``named_only`` name that is no term fails. The
+    page's description says so too, and promises a section's statement of the behaviour
+    only where a section teaches the term."""
+    meta = read_front_matter(DOCS / "glossary.md")
+    named_only = meta.get("named_only") or []
+    assert {"Heun", "KDPM2", "UniPC"} <= set(named_only)
+    assert "names it" in meta["description"], "the description says every link teaches"
+    body = (DOCS / "glossary.md").read_text(encoding="utf-8").split("\n---\n", 1)[1]
+    assert "stated, with its tests, on the linked section" not in body
+    listed = glossary.glossary_markdown(TERMS, meta["taught_in"], DOCS, str, named_only)
+    said = dict(re.findall(r"\{ #([\w-]+) \}\n:   .*\n\n    (Named|Taught) in: \[", listed))
+    assert said == {t.anchor: "Named" if t.name in named_only else "Taught" for t in TERMS}
+    with pytest.raises(glossary.GlossaryError, match="named_only"):
+        glossary.glossary_markdown(TERMS, meta["taught_in"], DOCS, str, ["KDPM3"])
 
 
 # --------------------------------------------------------------------------- the built site
@@ -188,10 +209,7 @@ def test_every_prose_term_carries_its_hover_definition(built_site):
     names = sorted(definitions, key=len, reverse=True)
     pattern = re.compile(rf"\b(?:{'|'.join(re.escape(n) for n in names)})\b")
     bare, wrong, used = {}, {}, set()
-    for page in markdown_pages(built_site):
-        parser = Prose()
-        parser.feed(article(page))
-        rel = page.relative_to(built_site).as_posix()
+    for rel, parser in parsed_pages(built_site):
         found = sorted({m.group(0) for text in parser.texts for m in pattern.finditer(text)})
         if found:
             bare[rel] = found
@@ -203,6 +221,34 @@ def test_every_prose_term_carries_its_hover_definition(built_site):
     assert bare == {}, "terms in prose without their <abbr>"
     assert wrong == {}, "<abbr> titles that differ from the glossary page"
     assert sorted(set(definitions) - used) == [], "hover terms no page uses"
+
+
+@pytest.mark.build
+def test_the_glossary_page_says_where_the_hovers_are(built_site):
+    """The glossary page says its definitions appear as hovers on every page but the
+    starters' executed ones: those pages (mkdocs-jupyter renders their Markdown cells
+    without Python-Markdown's ``abbr``) write the terms in their prose and carry no
+    ``<abbr>``, while the pages Python-Markdown rendered carry them."""
+    notebooks = [
+        p for p in sorted(built_site.rglob("*.html"))
+        if 'class="jupyter-wrapper"' in p.read_text(encoding="utf-8")
+    ]  # fmt: skip
+    names = sorted((t.name for t in HOVER), key=len, reverse=True)
+    pattern = re.compile(rf"\b(?:{'|'.join(re.escape(n) for n in names)})\b")
+    with_terms = []
+    for page in notebooks:
+        text = page.read_text(encoding="utf-8")
+        assert "<abbr" not in text, f"{page}: a hover on an executed page"
+        cells = re.findall(r"jp-RenderedMarkdown[^>]*>(.*?)</div>", text, re.DOTALL)
+        prose = text_of(re.sub(r"<code>.*?</code>", " ", " ".join(cells), flags=re.DOTALL))
+        if pattern.search(prose):
+            with_terms.append(page)
+    assert with_terms, "no executed page writes a glossary term: the exception is moot"
+    assert any(parser.abbrs for _, parser in parsed_pages(built_site))
+    said = text_of(article(built_site / "glossary" / "index.html"))
+    assert "every page but the starters' executed ones" in said, (
+        "the page promises hovers everywhere"
+    )
 
 
 # --------------------------------------------------------------------------- the scheduler page
@@ -292,16 +338,26 @@ EULER_CONTEXTS = {
 }
 
 
+@functools.cache
+def parsed_pages(site: Path) -> tuple[tuple[str, Ordered], ...]:
+    """(path in the site, :class:`Ordered` parse of its article) for each page Python-Markdown
+    rendered: parsed once per built site for the tests that read every page's prose (the
+    built site does not change during a run; the parsers are only read)."""
+    parsed = []
+    for page in markdown_pages(site):
+        parser = Ordered()
+        parser.feed(article(page))
+        parsed.append((page.relative_to(site).as_posix(), parser))
+    return tuple(parsed)
+
+
 def hover_contexts(site: Path, term: str) -> list[tuple[str, str, str]]:
     """Every ``<abbr>`` of ``term`` on the pages Python-Markdown rendered (the glossary page
     aside), as (page, the prose around it with the term in place, its title)."""
     found = []
-    for page in markdown_pages(site):
-        rel = page.relative_to(site).as_posix()
+    for rel, parser in parsed_pages(site):
         if rel == "glossary/index.html":
             continue
-        parser = Ordered()
-        parser.feed(article(page))
         prose, start = "".join(text for text, _ in parser.events), 0
         for text, title in parser.events:
             if title is not None and text == term:

@@ -385,7 +385,8 @@ def glossary_list(ctx: Context, args: list[str]) -> str:
     try:
         terms = glossary.read_terms()
         taught_in = ctx.page.meta.get("taught_in") or {}
-        return glossary.glossary_markdown(terms, taught_in, ROOT / "docs", ctx.rel)
+        named_only = ctx.page.meta.get("named_only") or []
+        return glossary.glossary_markdown(terms, taught_in, ROOT / "docs", ctx.rel, named_only)
     except glossary.GlossaryError as exc:
         raise ctx.fail(f"glossary: {exc}") from exc
 

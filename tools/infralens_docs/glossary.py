@@ -5,7 +5,9 @@
   code, into ``<abbr title="definition">``: the hover definitions.
 - The ``glossary`` directive lists every term on ``docs/glossary.md``, alphabetically, with
   the same definition and a link to the handbook section that teaches it (the page's
-  ``taught_in`` front matter: term -> ``handbook/page.md#anchor``).
+  ``taught_in`` front matter: term -> ``handbook/page.md#anchor``). A term that no section
+  teaches, only names, is listed under ``named_only`` too: its link says "Named in", not
+  "Taught in".
 
 Each line of the file is ``*[TERM]: definition``: one plain-text sentence (it is an HTML
 ``title`` too, so no Markdown in it). A term in backticks, ``*[`alpha_bar`]: ...``, is a
@@ -110,9 +112,12 @@ def section_title(docs: Path, target: str) -> str:
     return f"{title} › {found[anchor]}"
 
 
-def glossary_markdown(terms: list[Term], taught_in: dict, docs: Path, rel) -> str:
+def glossary_markdown(
+    terms: list[Term], taught_in: dict, docs: Path, rel, named_only: list | tuple = ()
+) -> str:
     """The glossary as a definition list: each term with its id, its definition and the
-    link to the section that teaches it (``rel`` makes a docs-relative path a link)."""
+    link to the section that teaches it, or, for a term in ``named_only``, to the section
+    that names it (``rel`` makes a docs-relative path a link)."""
     names = {t.name for t in terms}
     missing = sorted(names - set(taught_in))
     unknown = sorted(set(taught_in) - names)
@@ -121,16 +126,22 @@ def glossary_markdown(terms: list[Term], taught_in: dict, docs: Path, rel) -> st
             f"taught_in must link every term of {ABBREVIATIONS.name} and no other: "
             f"missing {missing}, unknown {unknown}"
         )
+    named_only = {str(name) for name in named_only}
+    if named_only - names:
+        raise GlossaryError(
+            f"named_only lists no term of {ABBREVIATIONS.name}: {sorted(named_only - names)}"
+        )
     out = []
     for term in alphabetical(terms):
         target = str(taught_in[term.name])
         page, _, anchor = target.partition("#")
         shown = f"`{term.name}`" if term.is_code else f"**{term.name}**"
+        label = "Named in" if term.name in named_only else "Taught in"
         out += [
             f"{shown} {{ #{term.anchor} }}",
             f":   {term.definition}",
             "",
-            f"    Taught in: [{section_title(docs, target)}]({rel(page)}#{anchor})",
+            f"    {label}: [{section_title(docs, target)}]({rel(page)}#{anchor})",
             "",
         ]
     return "\n".join(out)

@@ -49,6 +49,7 @@ import shlex
 import shutil
 import struct
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -191,10 +192,12 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         os.environ.update(BLAS_ENV)  # the kernels inherit it: same digits as run_starter
         notebooks.configure()
         # mkdocs-jupyter keys its cache on the notebook file alone; the starters import
-        # labkit, and these files configure how notebooks run, so fold them into the
-        # cache location too.
+        # labkit, run on this Python and NumPy, and these files configure how notebooks
+        # run, so fold them into the cache location too (as runner's run keys do).
         sources = [Path(__file__), Path(notebooks.__file__)]
-        key = hashlib.sha256((labkit_digest() + "".join(p.read_text() for p in sources)).encode())
+        versions = f"{sys.version}\0numpy {version('numpy')}\0"
+        key = labkit_digest() + versions + "".join(p.read_text() for p in sources)
+        key = hashlib.sha256(key.encode())
         key = key.hexdigest()[:16]
         base = CACHE_ROOT / "mkdocs-jupyter"
         jupyter.config["cache_dir"] = str(base / key)
