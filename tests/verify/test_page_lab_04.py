@@ -15,6 +15,7 @@ import torch
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    SD15_PNDM,
     SD_BETAS,
     SD_SCHEDULER,
     WIDTH,
@@ -43,18 +44,36 @@ def run(pipe, guidance_scale: float, steps: int = 4, **kwargs):
     ).images
 
 
-def test_cfg_doubles_the_batch_uncond_first(sd_pipe, record_calls):
-    """With `guidance_scale=7.5` every UNet call gets a batch of `2B`: the same `latents` twice, with `negative_prompt_embeds` in the first half and `prompt_embeds` in the second, one call per step."""
+def test_cfg_doubles_the_batch_uncond_first(sd_pipe, distilled_pipe, record_calls):
+    """With `guidance_scale=7.5` and a UNet without `time_cond_proj_dim`, every UNet call gets a batch of `2B`: the same `latents` twice, with `negative_prompt_embeds` in the first half and `prompt_embeds` in the second, in as many calls as at `guidance_scale=1`, the scheduler's count (at 4 steps DDIM makes 4, SD 1.5's PNDM config 5); a guidance-distilled UNet (with it) gets batch `B`.
+
+    The pipelines run through ``__call__`` (PNDM sharing the tiny UNet and VAE); a pre-hook
+    records each call, which matches ``len(scheduler.timesteps)`` guided or not.
+    """
+    from diffusers import PNDMScheduler
+
+    distilled = record_calls(distilled_pipe.unet)
+    run(distilled_pipe, guidance_scale=7.5, steps=2)
+    assert [args[0].shape[0] for args, _ in distilled.calls] == [1, 1]  # B: no CFG at 7.5
+    assert sd_pipe.unet.config.time_cond_proj_dim is None
     unet = record_calls(sd_pipe.unet)
-    run(sd_pipe, guidance_scale=7.5, steps=4)
-    assert len(unet.calls) == 4
-    for args, kwargs in unet.calls:
-        sample, hidden = args[0], kwargs["encoder_hidden_states"]
-        assert sample.shape == (2, 4, 8, 8)  # (2B, 4, H/8, W/8) with the tiny VAE's /2
-        assert hidden.shape == (2, 77, EMBED_DIM)
-        torch.testing.assert_close(hidden[:1], embeds(2))  # negative (uncond) half first
-        torch.testing.assert_close(hidden[1:], embeds(1))
-        torch.testing.assert_close(sample[:1], sample[1:])
+    pndm = tiny_sd_pipeline(
+        scheduler=PNDMScheduler(**SD15_PNDM), unet=sd_pipe.unet, vae=sd_pipe.vae
+    )
+    for pipe, calls in ((sd_pipe, 4), (pndm, 5)):  # 4 steps: DDIM 4 calls, PNDM 5
+        unet.calls.clear()
+        run(pipe, guidance_scale=1.0, steps=4)
+        assert [args[0].shape[0] for args, _ in unet.calls] == [1] * calls
+        unet.calls.clear()
+        run(pipe, guidance_scale=7.5, steps=4)
+        assert len(unet.calls) == calls == len(pipe.scheduler.timesteps)
+        for args, kwargs in unet.calls:
+            sample, hidden = args[0], kwargs["encoder_hidden_states"]
+            assert sample.shape == (2, 4, 8, 8)  # (2B, 4, H/8, W/8) with the tiny VAE's /2
+            assert hidden.shape == (2, 77, EMBED_DIM)
+            torch.testing.assert_close(hidden[:1], embeds(2))  # negative (uncond) half first
+            torch.testing.assert_close(hidden[1:], embeds(1))
+            torch.testing.assert_close(sample[:1], sample[1:])
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 0.5, 0.0])
@@ -182,7 +201,7 @@ def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe, run_lab):
 
 
 def test_negative_prompt_embeds_replace_the_uncond_half_at_the_same_cost(sd_pipe, record_calls):
-    """A different `negative_prompt_embeds` changes only the first half of the UNet's `encoder_hidden_states` (and through it the result); the batch stays `2B`, one call per step."""
+    """A different `negative_prompt_embeds` changes only the first half of the UNet's `encoder_hidden_states` (and through it the result); the batch stays `2B`, in as many calls."""
     unet = record_calls(sd_pipe.unet)
     base = run(sd_pipe, guidance_scale=1.5, steps=3)
     other = sd_pipe(
@@ -229,7 +248,7 @@ def test_only_scale_model_input_sees_the_doubled_batch(monkeypatch):
 
 
 def test_a_negative_prompt_adds_a_pass_in_flux_only(sd_pipe, record_calls):
-    """A negative prompt adds no UNet call or row in `StableDiffusionPipeline` (the calls stay at `2B`, one per step), while in `FluxPipeline`, with `true_cfg_scale > 1`, it adds a second transformer call per step at batch `B`.
+    """A negative prompt adds no UNet call or row in `StableDiffusionPipeline` (the calls stay at `2B`, as many as without it), while in `FluxPipeline`, with `true_cfg_scale > 1`, it adds a second transformer call per step at batch `B`.
 
     SD runs with ``embeds(2)`` standing in for the encoded empty prompt, then ``embeds(3)``
     for a negative prompt; Flux without and with negative embeddings, at ``true_cfg_scale=4``.

@@ -78,10 +78,11 @@ def test_add_noise_is_the_forward_formula():
 
 
 def test_sd_latents_and_noise_pred_shapes(sd1_shaped_pipe):
-    """With a VAE of SD 1.x's four blocks, `StableDiffusionPipeline` denoises `latents` of shape `(B, 4, H/8, W/8)`, and SD 1.x's UNet returns `noise_pred` in the shape of its input, `(2B, 4, H/8, W/8)` under the default guidance.
+    """With a VAE of SD 1.x's four blocks, `StableDiffusionPipeline` denoises `latents` of shape `(B, 4, H/8, W/8)`, and SD 1.x's text-to-image UNet returns `noise_pred` in the shape of its input, `(2B, 4, H/8, W/8)` under the default guidance.
 
     The call leaves ``guidance_scale`` at the pipeline's default (7.5); a forward hook records
-    each UNet call's input and output shapes.
+    each UNet call's input and output shapes. Text-to-image only: SD 1.x's inpainting UNet takes
+    9 channels and returns 4 (test_glossary_noise_pred_is_shaped_like_the_input_in_sd1_text_to_image).
     """
     pipe = sd1_shaped_pipe
     assert pipe.vae_scale_factor == 8
@@ -156,7 +157,7 @@ def scheduler_classes_taking(parameter: str) -> list[type]:
 
 
 def test_from_config_keeps_prediction_type():
-    """A scheduler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` keeps the checkpoint's recorded `prediction_type` (and its betas), and so does `from_config` on every scheduler class of the installed diffusers whose `__init__` takes `prediction_type`; on SD's `scaled_linear` config `UnCLIPScheduler`, which takes only the cosine schedule, raises `ValueError` instead.
+    """A scheduler swapped in with `DDIMScheduler.from_config(config)`, `config` another scheduler's config, keeps its recorded `prediction_type` (and its betas), and so does `from_config` on every scheduler class of the installed diffusers whose `__init__` takes `prediction_type`; on SD's `scaled_linear` config `UnCLIPScheduler`, which takes only the cosine schedule, raises `ValueError` instead.
 
     The classes include those behind an optional package (scipy, torchsde). The
     first source configs use the cosine schedule, the one every such class accepts, on 100
@@ -431,7 +432,7 @@ def test_compute_snr():
 
 
 def test_flow_matching_velocity_step(record_calls, monkeypatch):
-    r"""`StableDiffusion3Pipeline`, typed with `FlowMatchEulerDiscreteScheduler` (which has no `prediction_type`), hands each transformer output to `step`, which moves `latents` along it as a velocity, `sample + (sigma_next - sigma) * model_output`; `scale_noise` builds $x_t = (1-t)\, x_0 + t\, \epsilon$ with $t$ = `sigmas`, and `step` with the velocity $\epsilon - x_0$ as `model_output` lands exactly on $x$ at the next sigma."""
+    r"""`StableDiffusion3Pipeline`, typed with `FlowMatchEulerDiscreteScheduler` (which has no `prediction_type`), at `guidance_scale=1` (no CFG) hands each transformer output to `step`, which moves `latents` along it as a velocity, `sample + (sigma_next - sigma) * model_output`; `scale_noise` builds $x_t = (1-t)\, x_0 + t\, \epsilon$ with $t$ = `sigmas`, and `step` with the velocity $\epsilon - x_0$ as `model_output` lands exactly on $x$ at the next sigma."""
     annotation = inspect.signature(StableDiffusion3Pipeline.__init__).parameters["scheduler"]
     assert annotation.annotation is FlowMatchEulerDiscreteScheduler
     pipe = tiny_sd3_pipeline(FlowMatchEulerDiscreteScheduler(shift=3.0))
@@ -451,6 +452,7 @@ def test_flow_matching_velocity_step(record_calls, monkeypatch):
          num_inference_steps=3, height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
     sigmas = pipe.scheduler.sigmas
     assert len(steps) == len(outputs) == 3
+    assert all(out.shape[0] == 1 for out in outputs)  # guidance_scale=1: no CFG, batch B
     for i, ((model_output, sample, prev), out) in enumerate(zip(steps, outputs, strict=True)):
         close(model_output, out, tol=0)
         close(prev, sample + (sigmas[i + 1] - sigmas[i]) * model_output, tol=1e-5)
