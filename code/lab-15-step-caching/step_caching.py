@@ -5,7 +5,7 @@ timestep, so its internal features change little from one step to the next. Step
 reuses them: FirstBlockCache runs the first block every step and skips the remaining
 blocks when that block's residual barely moved; TaylorSeer runs everything every few steps
 and extrapolates the features in between. The trap: the savings come from many small
-steps, so a 4-step model has almost nothing to reuse.
+steps, so the toy's 4-step run has almost nothing to reuse.
 
 Run it:  python3 code/lab-15-step-caching/step_caching.py --thresholds 0,0.05,0.1,0.2,0.4
 """
@@ -182,8 +182,8 @@ def transformer(latents, timestep, cache=None):
 # %% [markdown]
 # ## 4. TaylorSeer: compute on a schedule, extrapolate in between
 #
-# diffusers' `TaylorSeerCacheHook` (`hooks/taylorseer_cache.py`) wraps a module (by
-# default every attention module of the transformer blocks; here the remaining blocks)
+# diffusers' `TaylorSeerCacheHook` (`hooks/taylorseer_cache.py`) wraps modules chosen by
+# name (by default, on Flux, every attention module of the blocks; here the remaining blocks)
 # and counts its calls from step 0. It computes when `step < disable_cache_before_step`
 # or `(step - disable_cache_before_step - 1) % cache_interval == 0`. Each computed output
 # updates divided differences up to `max_order`, `f_{k+1} = (f_k - f_k_prev) / delta_step`;
@@ -307,7 +307,7 @@ table(
 )
 # --8<-- [start:real-taylorseer]
 # The toy's TaylorSeer predicts its whole remaining stack, so a predicted step costs nothing.
-# diffusers' default hooks only the attention modules; the real model's figures, counted on
+# On Flux diffusers' default hooks only the attention modules; the real model's figures, counted on
 # the meta device (labkit.model_sizes): FLOPs of one Flux.1-dev call at 1024 px, and bytes.
 flux = model_sizes.flux_1024px()
 attn_share = flux["taylorseer_hooked_flops"] / flux["flops"]

@@ -73,11 +73,11 @@ class Counter:
 
 
 def test_cache_configs_and_defaults():
-    """diffusers exports `FirstBlockCacheConfig` (default `threshold=0.05`), `TaylorSeerCacheConfig` (defaults `cache_interval=5`, `disable_cache_before_step=3`, `max_order=1`, `taylor_factors_dtype=torch.bfloat16`), `MagCacheConfig`, `FasterCacheConfig` and `PyramidAttentionBroadcastConfig`, and `CacheMixin` gives a model `enable_cache(config)`, `disable_cache()` and `cache_context(name)`."""
+    """diffusers exports `FirstBlockCacheConfig` (default `threshold=0.05`), `TaylorSeerCacheConfig` (defaults `cache_interval=5`, `disable_cache_before_step=3`, `max_order=1`, `taylor_factors_dtype=torch.bfloat16`), `MagCacheConfig`, `FasterCacheConfig`, `PyramidAttentionBroadcastConfig`, `SeaCacheConfig` and `TextKVCacheConfig`, and `CacheMixin` gives a model `enable_cache(config)`, `disable_cache()` and `cache_context(name)`."""
     import diffusers
     from diffusers.models.cache_utils import CacheMixin
 
-    for name in ["FirstBlockCacheConfig", "TaylorSeerCacheConfig", "MagCacheConfig", "FasterCacheConfig", "PyramidAttentionBroadcastConfig"]:  # fmt: skip
+    for name in ["FirstBlockCacheConfig", "TaylorSeerCacheConfig", "MagCacheConfig", "FasterCacheConfig", "PyramidAttentionBroadcastConfig", "SeaCacheConfig", "TextKVCacheConfig"]:  # fmt: skip
         assert hasattr(diffusers, name), name
     assert diffusers.FirstBlockCacheConfig().threshold == 0.05
     ts = diffusers.TaylorSeerCacheConfig()
@@ -87,11 +87,24 @@ def test_cache_configs_and_defaults():
         assert callable(getattr(CacheMixin, method))
 
 
+def exported_model_classes():
+    """Every `ModelMixin` subclass diffusers exports (pipelines skipped: they are not models)."""
+    import inspect
+
+    import diffusers
+
+    objects = (getattr(diffusers, n, None) for n in dir(diffusers) if not n.startswith("_") and "Pipeline" not in n)  # fmt: skip
+    return [c for c in objects if inspect.isclass(c) and issubclass(c, diffusers.ModelMixin)]
+
+
 def test_which_models_support_caching():
-    """`FluxTransformer2DModel` inherits `CacheMixin`; Stable Diffusion 1.5 / SDXL's `UNet2DConditionModel` and SD3's `SD3Transformer2DModel` do not, and have no `enable_cache` method."""
+    """Only models with `CacheMixin` have `enable_cache`, over every model class diffusers exports: `FluxTransformer2DModel` inherits `CacheMixin`; Stable Diffusion 1.5 / SDXL's `UNet2DConditionModel` and SD3's `SD3Transformer2DModel` do not, and have no `enable_cache` method."""
     from diffusers import FluxTransformer2DModel, SD3Transformer2DModel, UNet2DConditionModel
     from diffusers.models.cache_utils import CacheMixin
 
+    models = exported_model_classes()
+    assert len(models) > 100 and FluxTransformer2DModel in models
+    assert [c.__name__ for c in models if hasattr(c, "enable_cache") and not issubclass(c, CacheMixin)] == []  # fmt: skip
     assert issubclass(FluxTransformer2DModel, CacheMixin)
     for cls in (UNet2DConditionModel, SD3Transformer2DModel):
         assert not issubclass(cls, CacheMixin)
@@ -230,17 +243,22 @@ def test_numpy_rule_reproduces_diffusers_skip_decisions(starter):
 
 
 def test_taylorseer_hooks_attention_modules_by_default():
-    """`TaylorSeerCacheConfig()` hooks the attention modules of the transformer blocks (regexes `^transformer_blocks.*attn` and `^single_transformer_blocks.*attn`), not whole blocks: on the tiny Flux transformer `transformer_blocks.0.attn` and both `single_transformer_blocks.*.attn`."""
+    """In diffusers the hook wraps modules chosen by name: by default, on Flux, every attention module of the transformer blocks, and the norms and feed-forward layers around them still run. The default names must match whole, so on Wan, whose attention modules are `attn1` and `attn2`, it hooks nothing: `TaylorSeerCacheConfig()` on the tiny Flux transformer hooks exactly its attention modules (`transformer_blocks.0.attn` and both `single_transformer_blocks.*.attn`), and on a tiny `WanTransformer3DModel` none of its four (`blocks.*.attn1`, `blocks.*.attn2`), though `enable_cache` succeeds."""
     from diffusers import TaylorSeerCacheConfig
+    from diffusers.hooks._common import _ATTENTION_CLASSES
+    from tiny import tiny_wan_transformer
 
-    model = three_block_flux_transformer()
-    model.enable_cache(TaylorSeerCacheConfig())
-    hooked = {
-        name
-        for name, m in model.named_modules()
-        if hasattr(m, "_diffusers_hook") and "taylorseer_cache" in m._diffusers_hook.hooks
-    }
-    assert hooked == {"transformer_blocks.0.attn", "single_transformer_blocks.0.attn", "single_transformer_blocks.1.attn"}  # fmt: skip
+    def hooked_and_attention(model):
+        model.enable_cache(TaylorSeerCacheConfig())
+        modules = dict(model.named_modules())
+        hooked = {n for n, m in modules.items() if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.get_hook("taylorseer_cache")}  # fmt: skip
+        return hooked, {n for n, m in modules.items() if isinstance(m, _ATTENTION_CLASSES)}
+
+    hooked, attention = hooked_and_attention(three_block_flux_transformer())
+    assert hooked == attention == {"transformer_blocks.0.attn", "single_transformer_blocks.0.attn", "single_transformer_blocks.1.attn"}  # fmt: skip
+    hooked, attention = hooked_and_attention(tiny_wan_transformer())
+    assert attention == {f"blocks.{i}.attn{j}" for i in (0, 1) for j in (1, 2)}
+    assert hooked == set()
 
 
 def test_taylorseer_default_schedule():
