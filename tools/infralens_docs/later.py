@@ -27,7 +27,7 @@ CSS:
 
 So the bound is loose: the first marked block starts further down than 1,000 px (the
 browser tests hold it at 1.2 windows or more below the top on every page at 390 x 800 and
-1280 x 800, and 1.5 at 1280 x 720; they measure no other width). In a taller window a
+1280 x 800, and 1.5 at 1280 x 800 on a first visit; they measure no other width). In a taller window a
 marked block can be on the first screen, where it is drawn at its placeholder height if
 the first frame comes before Chromium has decided it is near the screen. A window
 resized across 480 px after load can see a block's margins change as the narrow marks
