@@ -136,7 +136,7 @@ record("prepare", "noise * init_noise_sigma", "latents", latents, "B, 4, h, w")
 
 # %%
 # --8<-- [start:loop]
-do_classifier_free_guidance = args.guidance_scale > 1.0  # diffusers' rule; else cond only
+do_classifier_free_guidance = args.guidance_scale > 1.0  # SD 1.5's rule; else cond only
 copies, rows = (2, "2B") if do_classifier_free_guidance else (1, "B")
 # cat([negative_prompt_embeds, prompt_embeds]), once before the loop: uncond rows first
 encoder_hidden_states = np.concatenate([negative_class_labels, class_labels][-copies:])

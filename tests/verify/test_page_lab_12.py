@@ -500,7 +500,7 @@ def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch)
 
 
 def test_latency_is_len_timesteps_unet_calls(record_calls):
-    """Latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ to 999, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call; at $n = 1000$ its `step` raises `IndexError` after the first UNet call.
+    """Below 1000 steps, latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ to 999, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call; at $n = 1000$ its `step` raises `IndexError` after the first UNet call.
 
     The tiny pipeline's own guided ``__call__`` at 1, 2 and ``N`` steps, UNet calls counted by a
     hook, and at 1000 steps with PNDM.
@@ -528,6 +528,20 @@ def test_latency_is_len_timesteps_unet_calls(record_calls):
     for steps in range(2, 1000):  # the timesteps' length between the steps run above
         pndm.set_timesteps(steps)
         assert len(pndm.timesteps) == steps + 1 and pndm.timesteps.max() < 1000, steps
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs" / "labs" / "lab-12-end-to-end-inference-trace.md").read_text(
+        encoding="utf-8"
+    )
+    counts = [  # every count of the loop's calls: mental model, interview hook, out loud
+        part
+        for part in re.split(r"(?<=[.!?])\s+", page)
+        if "UNet once per entry of" in part or "len(timesteps)" in part
+    ]
+    assert len(counts) == 3, counts
+    assert all("below 1000 steps" in part.lower() for part in counts), counts
 
 
 def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls):
@@ -591,6 +605,34 @@ def test_one_thread_cpu_time_counts_all_the_work():
         torch.set_num_threads(threads)
     assert seconds[1][0] > 0.9 * seconds[1][1]  # one thread: its clock is the process's
     assert seconds[2][0] < 0.75 * seconds[2][1], seconds  # two: it misses the other's work
+
+
+def test_the_starters_guidance_rule_is_sd15s(record_calls):
+    """The starter's rule, `guidance_scale > 1` doubles the batch, is `StableDiffusionPipeline`'s for an SD 1.5-style UNet: `2B` rows at 7.5, `B` at 1.0; with an LCM-distilled UNet (`time_cond_proj_dim` set) it runs `B` rows at 7.5 too.
+
+    The tiny pipeline's own ``__call__`` through ``real_trace``, UNet rows counted by a hook.
+    """
+    from tiny import tiny_unet
+
+    base = tiny_sd_pipeline()
+    lcm = sd_with(base, unet=tiny_unet(time_cond_proj_dim=8))
+    for pipe, scale, rows in [(base, GUIDANCE, 2 * B), (base, 1.0, B), (lcm, GUIDANCE, B)]:
+        calls = record_calls(pipe.unet).calls
+        real_trace(pipe, guidance_scale=scale)
+        assert [args[0].shape[0] for args, _ in calls] == [rows] * N, (scale, pipe.unet.config)
+
+
+def test_ddim_at_1000_steps_makes_one_call(record_calls):
+    """At 1000 steps SD 1.5's DDIM settings (`steps_offset=1`) put t = 1000 on the grid: the call makes one UNet call and raises `IndexError` in `scheduler.step`, so `len(timesteps)` calls hold below 1000 steps (inference_trace.md).
+
+    The tiny pipeline's own guided ``__call__`` with its DDIM (SD 1.5's values).
+    """
+    pipe = tiny_sd_pipeline()
+    calls = record_calls(pipe.unet).calls
+    with pytest.raises(IndexError) as raised:
+        real_trace(pipe, steps=1000)
+    assert len(pipe.scheduler.timesteps) == 1000 and int(pipe.scheduler.timesteps[0]) == 1000
+    assert len(calls) == 1 and raised.traceback[-1].path.name == "scheduling_ddim.py"
 
 
 # ---------------------------------------------------------------- the Flux trace

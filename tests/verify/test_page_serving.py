@@ -18,12 +18,17 @@ from diffusers import (
     DDPMScheduler,
     DEISMultistepScheduler,
     DPMSolverMultistepScheduler,
+    DPMSolverSDEScheduler,
+    DPMSolverSinglestepScheduler,
+    EDMEulerScheduler,
     EulerAncestralDiscreteScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     HeunDiscreteScheduler,
+    KDPM2AncestralDiscreteScheduler,
     KDPM2DiscreteScheduler,
     LCMScheduler,
+    LMSDiscreteScheduler,
     PNDMScheduler,
     StableDiffusionPipeline,
     UniPCMultistepScheduler,
@@ -403,27 +408,66 @@ def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_cal
         assert torch.is_tensor(t) and t.ndim == 0
 
 
+def test_len_timesteps_unet_calls_below_1000_steps(sd_pipe, record_calls):
+    """Below 1000 steps, the loop makes `len(timesteps)` UNet calls at `2B` rows with CFG, with each scheduler in `StableDiffusionPipeline`'s `compatibles` (DDIM 4 at 4 steps, Heun 7); at 1000 steps SD 1.5's DDIM settings (`steps_offset=1`) put t = 1000 on the grid, and the call raises `IndexError` after one UNet call.
+
+    The tiny pipeline's own guided ``__call__`` at 4 steps with every class in the pipeline's
+    ``scheduler.compatibles``, read from the installed library (PNDM with SD 1.5's shipped
+    settings), UNet calls counted by a hook; DDIM's ``set_timesteps`` at every step count
+    from 1 to 999 stays below t = 1000.
+    """
+    from tiny import SD15_PNDM
+
+    calls = record_calls(sd_pipe.unet).calls
+    counted = {}
+    for cls in sorted(sd_pipe.scheduler.compatibles, key=lambda c: c.__name__):
+        config = SD15_PNDM if cls is PNDMScheduler else SD_SCHEDULER
+        pipe = sd_with(sd_pipe, scheduler=cls.from_config(config))
+        calls.clear()
+        run(pipe, steps=4)
+        assert len(calls) == len(pipe.scheduler.timesteps), cls
+        assert all(args[0].shape[0] == 2 for args, _ in calls)
+        counted[cls] = len(calls)
+    assert counted[DDIMScheduler] == 4 and counted[HeunDiscreteScheduler] == 7
+    ddim = DDIMScheduler(**SD_SCHEDULER)
+    calls.clear()
+    with pytest.raises(IndexError):
+        run(sd_with(sd_pipe, scheduler=ddim), steps=1000)
+    assert len(calls) == 1 and len(ddim.timesteps) == 1000 and ddim.timesteps.max() == 1000
+    for steps in range(1, 1000):
+        ddim.set_timesteps(steps)
+        assert ddim.timesteps.max() < 1000, steps
+
+
 def test_batched_rows_equal_separate_calls(sd_pipe):
-    """Two requests batched in one call, with one `torch.Generator` per request passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators: same-bucket batching does not change the results (checked with DDIM and with DDPM, which draws fresh noise in every step)."""
-    for scheduler in [DDIMScheduler(**SD_SCHEDULER), DDPMScheduler(**SD_DDPM)]:
-        pipe = sd_with(sd_pipe, scheduler=scheduler)
-        prompts, negatives = embeds(5, batch=2), embeds(6, batch=2)
+    """Two requests batched in one call, with one `torch.Generator` per request passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators, with every scheduler in `StableDiffusionPipeline`'s `compatibles` but `DPMSolverSDEScheduler`, even DDPM, which draws fresh noise in every step. `DPMSolverSDEScheduler` ignores the generators for its step noise: with its default `noise_sampler_seed=None`, two solo calls with the same generator differ.
 
-        def gen(seed):
-            return torch.Generator().manual_seed(seed)
+    The tiny pipeline's own guided ``__call__``, 2 steps, each compatible class built
+    ``from_config`` with SD 1.5's values (PNDM with its shipped ``skip_prk_steps``), read from
+    the installed library, so a new class is checked too; the batch's second row against its
+    own call.
+    """
+    from tiny import SD15_PNDM
 
-        together = run(
-            pipe, prompt=prompts, negative=negatives, latents=None, generator=[gen(10), gen(11)]
-        )
-        for row, seed in enumerate([10, 11]):
-            alone = run(
-                pipe,
-                prompt=prompts[row : row + 1],
-                negative=negatives[row : row + 1],
-                latents=None,
-                generator=gen(seed),
-            )
-            torch.testing.assert_close(together[row : row + 1], alone, rtol=1e-3, atol=1e-4)
+    prompts, negatives = embeds(5, batch=2), embeds(6, batch=2)
+
+    def call(pipe, rows, seeds):
+        generator = [torch.Generator().manual_seed(s) for s in seeds]
+        return run(pipe, steps=2, prompt=prompts[rows], negative=negatives[rows], latents=None,
+                   generator=generator if len(seeds) > 1 else generator[0])  # fmt: skip
+
+    differ = []
+    for cls in sorted(sd_pipe.scheduler.compatibles, key=lambda c: c.__name__):
+        config = SD15_PNDM if cls is PNDMScheduler else SD_SCHEDULER
+        pipe = sd_with(sd_pipe, scheduler=cls.from_config(config))
+        together = call(pipe, slice(0, 2), [10, 11])[1:]
+        alone = call(pipe, slice(1, 2), [11])
+        if not torch.allclose(together, alone, rtol=1e-3, atol=1e-4):
+            differ.append(cls.__name__)
+            assert pipe.scheduler.config.noise_sampler_seed is None  # its default
+            assert not torch.allclose(call(pipe, slice(1, 2), [11]), alone, atol=1e-3)
+    assert DDPMScheduler in sd_pipe.scheduler.compatibles
+    assert differ == ["DPMSolverSDEScheduler"], differ
 
 
 # ---------------------------------------------------------------- cancellation
@@ -706,27 +750,42 @@ def test_ddim_instance_is_reusable_across_requests_with_the_same_step_count():
 # ---------------------------------------------------------------- streaming previews
 
 
+X0_FIELDS = {  # what step returns next to prev_sample, as the page's table says
+    DDIMScheduler: "pred_original_sample",
+    DDPMScheduler: "pred_original_sample",
+    EulerDiscreteScheduler: "pred_original_sample",
+    EulerAncestralDiscreteScheduler: "pred_original_sample",
+    HeunDiscreteScheduler: "pred_original_sample",
+    KDPM2DiscreteScheduler: "pred_original_sample",
+    KDPM2AncestralDiscreteScheduler: "pred_original_sample",
+    LMSDiscreteScheduler: "pred_original_sample",
+    DPMSolverSDEScheduler: "pred_original_sample",
+    EDMEulerScheduler: "pred_original_sample",
+    LCMScheduler: "denoised",
+    PNDMScheduler: None,
+    DPMSolverMultistepScheduler: None,
+    DPMSolverSinglestepScheduler: None,
+    UniPCMultistepScheduler: None,
+    DEISMultistepScheduler: None,
+    FlowMatchEulerDiscreteScheduler: None,
+}
+
+
+def test_the_x0_table_covers_every_compatible_scheduler(sd_pipe):
+    """The table of what `step` returns covers every scheduler in `StableDiffusionPipeline`'s `compatibles`, read from the installed library."""
+    missing = set(sd_pipe.scheduler.compatibles) - set(X0_FIELDS)
+    assert not missing, sorted(cls.__name__ for cls in missing)
+
+
 @pytest.mark.parametrize(
     "cls, field",
-    [
-        (DDIMScheduler, "pred_original_sample"),
-        (DDPMScheduler, "pred_original_sample"),
-        (EulerDiscreteScheduler, "pred_original_sample"),
-        (EulerAncestralDiscreteScheduler, "pred_original_sample"),
-        (HeunDiscreteScheduler, "pred_original_sample"),
-        (KDPM2DiscreteScheduler, "pred_original_sample"),
-        (LCMScheduler, "denoised"),
-        (PNDMScheduler, None),
-        (DPMSolverMultistepScheduler, None),
-        (UniPCMultistepScheduler, None),
-        (DEISMultistepScheduler, None),
-        (FlowMatchEulerDiscreteScheduler, None),
-    ],
+    list(X0_FIELDS.items()),
     ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
 )
 def test_which_step_outputs_carry_an_x0_prediction(cls, field):
-    """`step` returns an x0 prediction next to `prev_sample` (`pred_original_sample`, also as element 1 of the `return_dict=False` tuple) for `DDIMScheduler`, `DDPMScheduler`, `EulerDiscreteScheduler`, `EulerAncestralDiscreteScheduler`, `HeunDiscreteScheduler` and `KDPM2DiscreteScheduler`; `LCMScheduler` returns it as `denoised`; `PNDMScheduler`, `DPMSolverMultistepScheduler`, `UniPCMultistepScheduler`, `DEISMultistepScheduler` and `FlowMatchEulerDiscreteScheduler` return `prev_sample` alone."""
-    kwargs = {} if cls is FlowMatchEulerDiscreteScheduler else dict(SD_BETAS)
+    """`step` returns an x0 prediction next to `prev_sample` (`pred_original_sample`, also as element 1 of the `return_dict=False` tuple) for `DDIMScheduler`, `DDPMScheduler`, `EulerDiscreteScheduler`, `EulerAncestralDiscreteScheduler`, `HeunDiscreteScheduler`, `KDPM2DiscreteScheduler`, `KDPM2AncestralDiscreteScheduler`, `LMSDiscreteScheduler`, `DPMSolverSDEScheduler` and `EDMEulerScheduler`; `LCMScheduler` returns it as `denoised`; `PNDMScheduler`, `DPMSolverMultistepScheduler`, `DPMSolverSinglestepScheduler`, `UniPCMultistepScheduler`, `DEISMultistepScheduler` and `FlowMatchEulerDiscreteScheduler` return `prev_sample` alone."""
+    no_betas = (FlowMatchEulerDiscreteScheduler, EDMEulerScheduler)
+    kwargs = {} if cls in no_betas else dict(SD_BETAS)
     if cls is PNDMScheduler:
         kwargs["skip_prk_steps"] = True
     x, eps = rand(0), rand(1)
@@ -782,9 +841,10 @@ def test_callback_preview_from_a_wrapped_step(sd_pipe, record_calls, monkeypatch
     run(sd_pipe, steps=1, callback_on_step_end=lambda p, i, t, kw: got.append(set(kw)) or {},
         callback_on_step_end_tensor_inputs=names)  # fmt: skip
     assert got == [set(names)]
-    with pytest.raises(ValueError, match="noise_pred"):
-        run(sd_pipe, steps=1, callback_on_step_end=lambda p, i, t, kw: {},
-            callback_on_step_end_tensor_inputs=["noise_pred"])  # fmt: skip
+    for other in ["noise_pred", "noise_pred_text", "latent_model_input", "t", "timesteps"]:
+        with pytest.raises(ValueError, match=other):  # the loop's other tensors: refused
+            run(sd_pipe, steps=1, callback_on_step_end=lambda p, i, t, kw: {},
+                callback_on_step_end_tensor_inputs=[other])  # fmt: skip
 
 
 def test_dpmsolver_model_outputs_hold_the_x0_prediction(sd_pipe, monkeypatch):
