@@ -1,10 +1,7 @@
-"""Blanks for the reader to fill in, and what a checker needs to compare two versions.
+"""Blanks for the reader to fill in, and a checker that compares them with a solution.
 
-Lab 17 ships one function twice, differing only on the lines that call :func:`blank`: in
-the reader's file, where each such line is a placeholder, and in ``solution.py``, where it
-is filled in. A checker runs the reader's function and the solution's on the same inputs
-and compares, call by call, what each hands to the pipeline's parts. Six pieces make that
-work:
+Labs 03, 13, 16, 17, 19 and 20 leave blanks in a function of a file the reader edits, beside a
+checker script and the solution (``X_solution.txt``, no page of the site):
 
 - :func:`blank` raises :class:`UnfilledBlankError`, which knows its number and the line that called
   it, so an unfilled file says which blank is next instead of failing with a traceback;
@@ -13,24 +10,15 @@ work:
   checker can run the solution beside the reader's version, or a copy with a known mistake;
 - :func:`load_constant` reads one top-level constant (a literal: numbers, strings, tuples,
   dicts) from another file without running it, such as the solution's table of mistakes;
-- :class:`Spy` stands in for a part (``unet``, ``scheduler``, ``vae``) and records a copy of
-  the arguments of every call of the methods it is told to watch, by parameter name, and of
-  the caller's array variables and line at that moment; it passes attribute writes on to
-  the part and records them too;
 - :func:`error_site` finds, for an exception raised inside a function, the line of that
   function that raised it, the blank whose comment heads that line's paragraph
-  (:func:`blank_at`), and the function's variables there; :func:`innermost_line` finds the deepest line of the
-  reader's file, so an error raised in a helper of theirs names the helper's line too;
-- :func:`lines_run` records the lines a function runs (which line left its loop), passing
-  every event on to a tracer already set, such as a debugger's (``whole`` says whether one
-  set later, as pdb's ``breakpoint()`` can, cut the record short).
-
-Labs 03, 13, 16 and 20 leave blanks in one small function instead (lab 03's timestep
-spacing, lab 20's ``get_timesteps``), in a file the reader edits beside a checker script:
-:func:`check_function` runs the reader's function and the solution's on a list of cases
-(:func:`run_traced` records each one's variables), compares what each blank assigns, blank
-by blank, and names the first that differs, with the hint of the solution's typical mistake
-that gives the same value (:func:`how_it_differs` when none does).
+  (:func:`blank_at`), and the function's variables there; :func:`innermost_line` finds the
+  deepest line of the reader's file, so an error raised in a helper of theirs names it too;
+- :func:`check_function` runs the reader's function and the solution's on a list of cases
+  (:func:`run_traced` records each one's variables), compares what each blank assigns,
+  blank by blank and pass by pass, and names the first that differs, with the hint of the
+  solution's typical mistake that gives the same value (:func:`how_it_differs` when none
+  does); :func:`exercise` and :func:`finish` are a checker script's start and end.
 
 NumPy is the only dependency, as for the rest of labkit.
 """
@@ -42,16 +30,13 @@ import copy
 import inspect
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FunctionType
 from typing import Any, NoReturn
 
 import numpy as np
-
-_HERE = sys._getframe().f_code.co_filename  # this file, as its frames name it
 
 
 class UnfilledBlankError(Exception):
@@ -116,90 +101,6 @@ def load_constant(path: str | Path, name: str) -> Any:
     return ast.literal_eval(values[0])
 
 
-@dataclass
-class Call:
-    """One recorded call: the part's method (``"__call__"`` for the part itself; an
-    attribute written, ``"scheduler.sigmas ="``, with its ``value``), its arguments by
-    parameter name (arrays copied), the calling function's array variables and NumPy
-    scalars such as ``t`` at that moment (copied: which variable held what when the call
-    was made) and, once it
-    returned, its result and the warnings it raised (caught here, so that a checker can
-    report them in its own words)."""
-
-    method: str  # "scheduler.step", or "unet" for a call of the part itself
-    arguments: dict[str, Any]
-    caller_arrays: dict[str, Any] = field(default_factory=dict)  # arrays and NumPy scalars
-    line: int | None = None  # the caller's line that made the call
-    result: Any = None
-    warnings: list[str] = field(default_factory=list)
-
-
-class Spy:
-    """Stands in for the part ``name``: every call of a method named in ``methods``
-    (``"__call__"``: calling the part itself) is appended to ``calls`` as a :class:`Call`
-    named ``"scheduler.step"`` (or just ``"unet"`` for ``__call__``) before it runs, so a
-    call that raises is recorded too. Every other attribute passes through unchanged, for
-    reading, writing (``scheduler._step_index += 1`` changes the scheduler) and deleting."""
-
-    _OWN = frozenset({"_name", "_part", "_calls", "_methods"})  # the Spy's own fields
-
-    def __init__(self, name: str, part: Any, calls: list[Call], methods: Iterable[str]) -> None:
-        own = {"_name": name, "_part": part, "_calls": calls, "_methods": frozenset(methods)}
-        for attr, value in own.items():  # past __setattr__, which forwards to the part
-            object.__setattr__(self, attr, value)
-
-    def __getattr__(self, attr: str) -> Any:
-        value = getattr(self._part, attr)
-        if attr not in self._methods:
-            return value
-        return lambda *args, **kwargs: self._record(f"{self._name}.{attr}", value, args, kwargs)
-
-    def __setattr__(self, attr: str, value: Any) -> None:
-        if attr in self._OWN:
-            object.__setattr__(self, attr, value)
-            return
-        # a write meant for the part goes to the part, as without the Spy, and is recorded
-        # as a Call named "scheduler._step_index =" (a change of state, not a method call)
-        copied = np.array(value) if isinstance(value, np.ndarray) else value
-        self._calls.append(Call(f"{self._name}.{attr} =", {"value": copied}, *self._caller()))
-        setattr(self._part, attr, value)
-
-    def __delattr__(self, attr: str) -> None:
-        if attr in self._OWN:
-            object.__delattr__(self, attr)
-            return
-        self._calls.append(Call(f"del {self._name}.{attr}", {}, *self._caller()))
-        delattr(self._part, attr)
-
-    @staticmethod
-    def _caller() -> tuple[dict[str, Any], int | None]:
-        """The first frame outside this file: its arrays and NumPy scalars (copied), its line."""
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename == _HERE:
-            frame = frame.f_back  # out of this file: the line that called the part
-        if frame is None:
-            return {}, None
-        found = {k: v for k, v in frame.f_locals.items() if isinstance(v, np.ndarray | np.generic)}
-        copied = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in found.items()}
-        return copied, frame.f_lineno
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if "__call__" not in self._methods:
-            raise TypeError(f"{self._name} is not watched as a callable")
-        return self._record(self._name, self._part, args, kwargs)
-
-    def _record(self, name: str, method: Callable, args: tuple, kwargs: dict) -> Any:
-        bound = inspect.signature(method).bind(*args, **kwargs)  # a wrong call raises here
-        copied = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in bound.arguments.items()}  # fmt: skip
-        call = Call(name, copied, *self._caller())
-        self._calls.append(call)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            call.result = method(*args, **kwargs)
-        call.warnings = [str(w.message) for w in caught]
-        return call.result
-
-
 def error_site(error: BaseException, fn: FunctionType) -> tuple[int | None, int | None, dict]:
     """Where ``error`` left ``fn``: (the innermost line of ``fn`` in its traceback, the blank
     whose ``# BLANK n`` comment heads that line's paragraph (no empty line between them) or
@@ -239,33 +140,6 @@ def blank_at(fn: FunctionType, line: int | None) -> int | None:
     return number
 
 
-def loop_heads(fn: FunctionType, around: int | None = None) -> list[int]:
-    """The first lines of ``fn``'s ``for`` and ``while`` statements outside the blanks, in
-    order ([] when its source cannot be read); with ``around``, only the loops whose lines
-    hold line ``around``, outermost first (the last one is the loop that runs that line)."""
-    try:
-        lines, first = inspect.getsourcelines(fn)
-    except (OSError, TypeError):
-        return []
-    loops = [
-        node
-        for node in ast.walk(ast.parse("".join(lines)))
-        if isinstance(node, ast.For | ast.AsyncFor | ast.While)
-    ]
-    return sorted(
-        first + node.lineno - 1
-        for node in loops
-        if not blank_at(fn, first + node.lineno - 1)
-        and (around is None or node.lineno <= around - first + 1 <= node.end_lineno)
-    )
-
-
-def is_generator(value: Any) -> bool:
-    """Whether ``value`` is a generator: what a function with a ``yield`` returns, its lines
-    unrun."""
-    return inspect.isgenerator(value)
-
-
 def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | None:
     """(function name, line) of the deepest frame of ``error``'s traceback in ``filename``:
     where the reader's own code raised, even inside a helper they wrote. None if no frame
@@ -278,47 +152,8 @@ def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | Non
     return found
 
 
-class Lines(list):
-    """The lines :func:`lines_run` recorded; ``whole`` is False when another tracer took over
-    before the block ended (pdb's ``breakpoint()`` can): the list then stops short."""
-
-    whole = True
-
-
-@contextmanager
-def lines_run(fn: FunctionType) -> Iterator[Lines]:
-    """Within the block, the lines that calls of ``fn`` run go to the list it yields, in
-    order (each frame's last is where it returned). Every trace event still reaches a tracer
-    set before (a debugger's breakpoints in ``fn`` still stop), and the tracer's own frames
-    are in this file, not the reader's: an error or Ctrl-C names the reader's line only."""
-    executed = Lines()
-    previous = sys.gettrace()
-
-    def on_call(frame: Any, event: str, arg: Any) -> Any:
-        local = previous(frame, event, arg) if previous is not None else None
-        if frame.f_code is not fn.__code__:
-            return local
-
-        def on_line(frame: Any, event: str, arg: Any) -> Any:
-            nonlocal local
-            if event in ("line", "return"):
-                executed.append(frame.f_lineno)
-            if local is not None:
-                local = local(frame, event, arg)
-            return on_line
-
-        return on_line
-
-    sys.settrace(on_call)
-    try:
-        yield executed
-    finally:
-        executed.whole = sys.gettrace() is on_call  # not if a breakpoint() replaced it
-        sys.settrace(previous)
-
-
 # --------------------------------------------------------------------------- function blanks
-# Labs 03, 13, 16 and 20 leave blanks in one small function (lab 20's get_timesteps) that
+# Labs 03, 13, 16, 19 and 20 leave blanks in one small function (lab 20's get_timesteps) that
 # the reader edits in its own file; a checker script beside it runs that function and the
 # solution's on the same cases and compares the variables each blank assigns, blank by blank.
 
@@ -335,6 +170,9 @@ class Traced:
     #: (blank, its variables) each time the run left a blank's lines without an error, in
     #: order: a blank inside a loop (lab 16's key/value blocks) is compared pass by pass
     passes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: for each pass, how many of ``lines`` had run when it was recorded (the lines between two
+    #: passes are ``lines[marks[i]:marks[j]]``)
+    marks: list[int] = field(default_factory=list)
 
 
 def _snapshot(variables: dict[str, Any]) -> dict[str, Any]:
@@ -344,8 +182,8 @@ def _snapshot(variables: dict[str, Any]) -> dict[str, Any]:
 
 def run_traced(fn: FunctionType, *args: Any) -> Traced:
     """Call ``fn(*args)`` and record (:class:`Traced`) what it returned or raised, its local
-    variables at that moment and the lines it ran; a tracer set before still gets every
-    event (as in :func:`lines_run`)."""
+    variables at that moment and the lines it ran; a tracer set before (a debugger's) still
+    gets every event."""
     traced, previous = Traced(), sys.gettrace()
     try:
         source, first = inspect.getsourcelines(fn)
@@ -372,12 +210,14 @@ def run_traced(fn: FunctionType, *args: Any) -> Traced:
                 number = heads.get(frame.f_lineno)
                 if inside is not None and number != inside and not raised:
                     traced.passes.append((inside, _snapshot(frame.f_locals)))
+                    traced.marks.append(len(traced.lines) - 1)  # this line has not run yet
                 inside, raised = number, False
             elif event == "exception":
                 raised = True
             elif event == "return":  # also after an exception left the frame
                 if inside is not None and not raised:
                     traced.passes.append((inside, _snapshot(frame.f_locals)))
+                    traced.marks.append(len(traced.lines))
                 traced.variables = dict(frame.f_locals)
             if local is not None:
                 local = local(frame, event, arg)
@@ -388,7 +228,7 @@ def run_traced(fn: FunctionType, *args: Any) -> Traced:
     sys.settrace(on_call)
     try:
         traced.result = fn(*args)
-    except (Exception, KeyboardInterrupt, SystemExit) as error:  # the reader's error, Ctrl-C
+    except BaseException as error:  # the reader's error, Ctrl-C, even a raise GeneratorExit
         traced.error = error  # on a loop that does not end, or exit(): one line from the checker
     finally:
         sys.settrace(previous)
@@ -461,7 +301,7 @@ def show(value: Any) -> str:
         return f"{' '.join(text.split())} ({value.dtype}, {value.size} entries)"
     if isinstance(value, np.floating):  # a float32 entry: its digits, not float64's repr
         return f"{float(value):.7g}"
-    text = repr(value.item() if isinstance(value, np.generic) else value)
+    text = " ".join(repr(value.item() if isinstance(value, np.generic) else value).split())
     return text if len(text) <= 120 else f"{text[:100]} ... ({len(text)} characters)"
 
 
@@ -481,7 +321,9 @@ def close(a: Any, b: Any) -> Any:
         finite = np.abs(b[np.isfinite(b)])  # a 0-d b too: one entry or none
         bound = max(FLOAT_SCALE * float(finite.max()) if finite.size else 0.0, FLOAT_FLOOR)
         with np.errstate(invalid="ignore", over="ignore"):
-            near = np.abs(a.astype(np.float64) - b.astype(np.float64)) <= bound
+            # complex values are compared as complex: a cast to float64 would warn and drop them
+            wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
+            near = np.abs(a.astype(wide) - b.astype(wide)) <= bound
         return np.isclose(a, b, rtol=FLOAT_RTOL, atol=FLOAT_ATOL) & (near | (a == b))
     return a == b
 
@@ -496,6 +338,22 @@ def equal(a: Any, b: Any) -> bool:
     if isinstance(a, tuple):
         return len(a) == len(b) and all(map(equal, a, b))
     return bool(np.all(close(a, b))) if kind(a) == "a float" else bool(a == b)
+
+
+#: how_it_differs' advice for entries 1 off; check_function drops it when the blank's lines
+#: already round (round, .round, np.rint, np.around)
+ROUNDING_HINT = ": rounding (round before .astype; int() floors)"
+
+
+def _rounds(fn: FunctionType, number: int) -> bool:
+    """Whether a line of blank ``number`` in ``fn`` calls a rounding function (its code, not
+    the blank's comment)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return False
+    text = "".join(x.split("#")[0] for k, x in enumerate(lines) if blank_at(fn, first + k) == number)  # fmt: skip
+    return any(word in text for word in ("round(", "rint(", "around("))
 
 
 def how_it_differs(yours: Any, theirs: Any) -> str:
@@ -521,7 +379,7 @@ def how_it_differs(yours: Any, theirs: Any) -> str:
     if np.all(gap == gap.flat[0]):
         return f"every entry is {gap.flat[0]:+g} off: a missing or extra term (an offset, or an off-by-one)"  # fmt: skip
     if np.abs(gap).max() <= 1:
-        return f"{np.count_nonzero(gap)} of {gap.size} entries are 1 off: rounding (round before .astype; int() floors)"  # fmt: skip
+        return f"{np.count_nonzero(gap)} of {gap.size} entries are 1 off{ROUNDING_HINT}"
     nonzero = theirs != 0
     if nonzero.any() and np.all(yours[~nonzero] == 0):
         ratio = yours[nonzero] / theirs[nonzero]
@@ -532,7 +390,7 @@ def how_it_differs(yours: Any, theirs: Any) -> str:
 
 def exercise(doc: str, prog: str, folder: str, checker: str | None, blanks_file: str,
              solution_file: str) -> tuple[Any, Path, Path]:  # fmt: skip
-    """A checker script's start (labs 03, 13, 16, 20): its command line, ``--solution``
+    """A checker script's start (labs 03, 13, 16, 19, 20): its command line, ``--solution``
     included, read with labkit.cli's one-line errors, and the files beside it. ``checker`` is
     the script's ``__file__`` (None in a notebook: the folder is then code/``folder``, found
     from labkit). Returns (parser, the file to check: the reader's, or the solution under
@@ -549,6 +407,16 @@ def exercise(doc: str, prog: str, folder: str, checker: str | None, blanks_file:
     )
     solution = here / solution_file
     return parser, (solution if args.solution else here / blanks_file), solution
+
+
+def with_warnings(fn: Callable, *args: Any) -> tuple[Any, list[str]]:
+    """(``fn(*args)``, the messages of the warnings it raised, each once, in order): a checker
+    says them in its own words (lab 17: labkit's Euler warns when a planted mistake or yours
+    calls step before any scale_model_input)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    return result, list(dict.fromkeys(str(w.message) for w in caught))
 
 
 def finish(parser: Any, verdict: Any) -> None:
@@ -603,6 +471,85 @@ def _small_difference(a: Any, b: Any, scale: float = 1e-4) -> bool:
         return bool(np.all(np.abs(a - b) <= scale * finite.max()))
 
 
+def _rebinding_line(
+    fn: FunctionType, run: Traced, variable: str, number: int, k: int
+) -> int | None:
+    """The last line of ``fn`` that assigned ``variable`` before ``run`` entered blank
+    ``number``'s lines the (k + 1)-th time (None if no assignment of it ran before)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    assigns = set()
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == variable for t in targets for n in ast.walk(t)):  # fmt: skip
+                assigns.add(first + node.lineno - 1)
+    found, entered, inside = None, 0, False
+    for line in run.lines:
+        now = blank_at(fn, line) == number
+        if now and not inside:
+            entered += 1
+            if entered > k:
+                break
+        inside = now
+        if line in assigns:
+            found = line
+    return found
+
+
+def _changed_in_place(fn: FunctionType, mine: Traced, theirs: Traced, variable: str, p: int) -> int | None:  # fmt: skip
+    """The blank whose lines changed ``variable`` in place in ``mine`` by pass ``p``: it matched
+    the solution's at an earlier pass, then differed when that blank's lines ended, yours having
+    changed (not only the solution's: a given line of yours deleted), and no line of ``fn``
+    that assigns ``variable`` ran in between. None otherwise."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    assigns = set()
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == variable for t in targets for n in ast.walk(t)):  # fmt: skip
+                assigns.add(first + node.lineno - 1)
+    counts: dict[int, int] = {}
+    matched = None  # the last pass so far at which variable matched the solution's
+    for i, (number, values) in enumerate(mine.passes[: p + 1]):
+        k = counts[number] = counts.get(number, -1) + 1
+        ref = [v for n, v in theirs.passes if n == number]
+        if k >= len(ref) or variable not in values or variable not in ref[k]:
+            continue
+        if _alike(values[variable], ref[k][variable]):
+            matched = i
+        elif matched is not None:
+            if _alike(values[variable], mine.passes[matched][1][variable]):  # yours unchanged
+                return None
+            ran = mine.lines[mine.marks[matched] : mine.marks[i]]
+            return None if assigns & set(ran) else number
+        else:
+            return None
+    return None
+
+
+def _last_blank_line(fn: FunctionType, run: Traced, number: int, end: int) -> int | None:
+    """The last line of blank ``number`` that ``run`` ran before ``lines[end]``: the line
+    that changed a name in place, when the blank's lines end with it."""
+    found = [line for line in run.lines[:end] if blank_at(fn, line) == number]
+    return found[-1] if found else None
+
+
+def _blank_after(fn: FunctionType, run: Traced, line: int, end: int) -> int | None:
+    """The first blank whose lines ``run`` ran after its last run of ``line`` before
+    ``lines[end]``: where a name that ``line`` set (to the solution's value) changed in place."""
+    ran = run.lines[:end]
+    if line not in ran:
+        return None
+    last = len(ran) - 1 - ran[::-1].index(line)
+    return next((n for x in ran[last + 1 :] if (n := blank_at(fn, x))), None)
+
+
 def _pass_value(run: Traced, number: int, k: int, variable: str) -> Any:
     """The value of ``variable`` when ``run`` left blank ``number``'s lines the k-th time."""
     values = [v for n, v in run.passes if n == number]
@@ -635,6 +582,7 @@ def check_function(
     cases: list[tuple[str, tuple]],
     blanks: int,
     rounds: str = "pass",
+    contract: bool = False,
 ) -> Verdict:
     """Check function ``name`` of the reader's file ``path`` against the one of the same name
     in ``solution`` on ``cases`` ((label, args), in order): for each case, each blank whose
@@ -646,16 +594,22 @@ def check_function(
     variable of another kind than the solution's (a list for an array) is one line, code 2.
     Only the variables the solution's blanks assign are compared: a helper of the reader's
     (``step_ratio``) or a given name it rebinds (``T = float(T)``) is not, unless a later blank
-    or the return value then differs: then the line that rebinds it is named. The blanks still to fill are read from the text.
+    or the return value then differs: then the line that rebinds it is named, as is a line outside the blanks (after an empty line) that rebinds a number or array a differing blank reads, or the blank whose lines change it in place (out=). A yield in the function is one line, code 2. Entries 1 off get the advice to round only if the blank's lines do not round already. The blanks still to fill are read from the text.
     A blank is compared each time the run leaves its lines (:attr:`Traced.passes`): in a
     loop, its k-th pass against the solution's k-th, named "``rounds`` k of n" (lab 16:
-    "key/value block 2 of 4"); floats match to float32 rounding (:func:`close`)."""
+    "key/value block 2 of 4"); floats match to float32 rounding (:func:`close`). With
+    ``contract`` (lab 17, whose blanks hand arrays between parts), a blank's array of another
+    shape or dtype than the solution's (B rows where 2B go) is one line, code 2, too, and
+    none of :func:`how_it_differs`' hints is given (its integers are class labels and flags,
+    not timesteps' grids); the typical mistakes' hints still are."""
     path = Path(path)
     try:
         yours = load_function(path, name)
     except SyntaxError as error:
         text = error.msg.split(" (")[0]
         return Verdict(2, f"{path.name} line {error.lineno}: syntax error: {text}")
+    except UnicodeDecodeError as error:  # not UTF-8 text: name the file too
+        return Verdict(2, f"{path.name}: {type(error).__name__}: {error}")
     except ValueError as error:  # no function of that name, or two
         return Verdict(2, str(error))
     except Exception as error:  # an import of the file's that fails, say
@@ -665,6 +619,25 @@ def check_function(
     assigned = blank_assignments(yours)
     answers = {v for names in blank_assignments(reference).values() for v in names}
     where = lambda number, line: f"{path.name} line {line}" + (f" (blank {number})" if number else "")  # noqa: E731  # fmt: skip
+    given = inspect.signature(yours).parameters  # a name set by the given lines is not "given"
+    owner_of = lambda v: next((f"blank {m} assigns" for m, names in blank_assignments(reference).items() if v in names), f"{name}() is given" if v in given else "the given lines set")  # noqa: E731  # fmt: skip
+
+    def _in_place(
+        n: int, v: str, a: Any, b: Any, line: int | None, head: str, then: str
+    ) -> Verdict:
+        """Blank ``n``'s lines (``line``, the last of them that ran) changed ``v`` in place."""
+        return Verdict(1, "\n".join([
+            head,
+            f"  {where(n, line)}: {source_line(yours, line)}",
+            f"  yours:    {v} = {show(a)}",
+            f"  solution: {v} = {show(b)}",
+            f"hint: blank {n}'s lines change {v}, which {owner_of(v)}, in place, though none of them assigns it (out=, [...] = or a name that shares its array): the lines after them see yours, and {then} then differs; write a new array instead",
+        ]))  # fmt: skip
+
+    if inspect.isgeneratorfunction(yours):  # a yield in a blank: the call returns a generator
+        source, first = inspect.getsourcelines(yours)
+        at = min(first + n.lineno - 1 for n in ast.walk(ast.parse("".join(source))) if isinstance(n, ast.Yield | ast.YieldFrom))  # fmt: skip
+        return Verdict(2, f"{where(blank_at(yours, at), at)}: yield makes {name}() a generator, which runs none of its lines when called: {name}() must return its value")  # fmt: skip
     unfilled: dict[int, int] = {}
     matched: set[int] = set()  # the blanks whose lines ran and matched on some case
     cut: dict[int, int] = {}  # blank -> the fewest passes a run stopped by a blank() made
@@ -673,12 +646,13 @@ def check_function(
         """Blank ``number`` rebinds a name ``name`` is given, to another value than the
         solution's there, and ``then`` (a later blank's variable, the result) differs."""
         _, number, variable, line, a, b, at = found
+        said = f"{name}() is given {variable} and your blank rebinds it" if variable in given else f"the given lines set {variable} and your blank changes it"  # fmt: skip
         return Verdict(1, "\n".join([
             f"blank {number} differs from the solution ({at}):",
             f"  {where(number, line)}: {source_line(yours, line)}",
             f"  yours:    {variable} = {show(a)}",
             f"  solution: {variable} = {show(b)}",
-            f"hint: {name}() is given {variable} and your blank rebinds it: the lines after it see yours, and {then} then differs",
+            f"hint: {said}: the lines after it see yours, and {then} then differs",
         ]))  # fmt: skip
 
     for label, args in cases:
@@ -714,6 +688,8 @@ def check_function(
                 a, b = values[variable], ref[k][variable]
                 if kind(a) != kind(b):
                     return Verdict(2, f"{where(number, line)}: {variable} is {kind(a)}, {show(a)}; the solution's is {kind(b)}, {show(b)} ({at})")  # fmt: skip
+                if contract and kind(a) == "an array" and (a.shape, a.dtype) != (b.shape, b.dtype):  # lab 17: the parts' contract  # fmt: skip
+                    return Verdict(2, f"{where(number, line)}: {variable} is {a.dtype} of shape {a.shape}; the solution's is {b.dtype} of shape {b.shape} ({at})")  # fmt: skip
                 if equal(a, b):
                     matched.add(number)
                     if kind(a) in ("a float", "an array") and not np.array_equal(a, b):
@@ -721,13 +697,20 @@ def check_function(
                     continue
                 if earlier := [r for r in rebound if r[0] < p]:  # a given name rebound before
                     return _rebound(earlier[0], f"{variable} in blank {number}")
-                hint = how_it_differs(a, b)
-                matches = [  # the typical mistakes of this blank that give your value here
+                hint = how_it_differs(a, b) if not contract else ""  # lab 17: labels, not timesteps
+                if hint.endswith(ROUNDING_HINT) and _rounds(yours, number):  # yours rounds already
+                    hint = hint.removesuffix(ROUNDING_HINT)
+                # the typical mistakes of this blank that give your value here (each run on a
+                # copy of the case: lab 17's scheduler and generator change as they run)
+                matches = [
                     (planted, said)
                     for blank_number, old, new, said in mistakes.values()
                     if blank_number == number
                     and (planted := _planted(solution, name, (old, new))) is not None
-                    and equal(_pass_value(run_traced(planted, *args), number, k, variable), a)
+                    and equal(
+                        _pass_value(run_traced(planted, *copy.deepcopy(args)), number, k, variable),
+                        a,
+                    )
                 ]
                 # of those, the first that also returns what yours does on every other case
                 # (one case may not tell two apart: +1 from a missing "- 1" or an extra offset)
@@ -744,6 +727,31 @@ def check_function(
                 skipped = [n for n, _ in theirs.passes if n < number and n not in ran and n in off]
                 if skipped:  # line, outside it) and what it assigns ends the run off the solution's
                     hint = f"blank {skipped[0]}'s lines did not run as blank {skipped[0]}'s: a blank's lines run from its # BLANK comment to the first empty line, and a line of yours after an empty line is not checked as the blank's"  # fmt: skip
+                # a number or array this blank reads that a line outside the blanks rebound (after
+                # an empty line, say) to another value than the solution's there: name that line
+                numeric = ("an integer", "a float", "an array", "a bool")  # not the parts (objects)
+                drifted = [v for v in ref[k] if v in values and v not in assigned[number] and kind(ref[k][v]) in numeric and not _alike(values[v], ref[k][v])]  # fmt: skip
+                # ... or that a blank's lines changed in place (out=lse, x[...] =) without assigning it
+                in_place = next(((v, n) for v in drifted if (n := _changed_in_place(yours, mine, theirs, v, p)) is not None), None) if not skipped else None  # fmt: skip
+                head, then = f"blank {number} differs from the solution ({at}):", f"{variable} in blank {number}"  # fmt: skip
+                if in_place:
+                    v, n = in_place
+                    return _in_place(n, v, values[v], ref[k][v], _last_blank_line(yours, mine, n, mine.marks[p]), head, then)  # fmt: skip
+                line_of = {v: _rebinding_line(yours, mine, v, number, k) for v in drifted} if not skipped else {}  # fmt: skip
+                if drifted := [v for v in drifted if line_of.get(v) and not blank_at(yours, line_of[v])]:  # fmt: skip
+                    v, line = drifted[0], line_of[drifted[0]]
+                    # a given line as the solution has it sets v right: a blank that ran after it
+                    # changed v in place (out=scores, or s = scores; s -= peak), not this line
+                    kept = source_line(yours, line) in map(str.strip, inspect.getsourcelines(reference)[0])  # fmt: skip
+                    if kept and (n := _blank_after(yours, mine, line, mine.marks[p])):
+                        return _in_place(n, v, values[v], ref[k][v], _last_blank_line(yours, mine, n, mine.marks[p]), head, then)  # fmt: skip
+                    return Verdict(1, "\n".join([
+                        head,
+                        f"  {where(None, line)}: {source_line(yours, line)}",
+                        f"  yours:    {v} = {show(values[v])}",
+                        f"  solution: {v} = {show(ref[k][v])}",
+                        f"hint: this line, outside the blanks' lines, rebinds {v}, which {owner_of(v)}: the lines after it see yours, and {then} then differs",
+                    ]))  # fmt: skip
                 report = [
                     f"blank {number} differs from the solution ({at}):",
                     f"  {where(number, line)}: {source_line(yours, line)}",
@@ -772,13 +780,21 @@ def check_function(
         if not equal(mine.result, theirs.result) and rebound:
             return _rebound(rebound[0], "the value it returns")
         if not equal(mine.result, theirs.result):
+            head = f"your {name}() returns another value ({label}), the lines of its blanks matching:"  # fmt: skip
+            last = len(mine.passes) - 1  # a blank's variable a later blank changed in place (out=)
+            in_place = next(((v, n) for v in sorted(answers) if (n := _changed_in_place(yours, mine, theirs, v, last)) is not None), None) if mine.passes else None  # fmt: skip
+            if in_place:
+                v, n = in_place
+                return _in_place(n, v, mine.variables.get(v), theirs.variables.get(v), _last_blank_line(yours, mine, n, len(mine.lines)), head, "the value it returns")  # fmt: skip
             line = mine.lines[-1] if mine.lines else None
+            early = blank_at(yours, line) and source_line(yours, line).startswith("return")
+            hint = f"this return in blank {blank_at(yours, line)} ends {name}() there, before the lines after the blank run: a blank gives its variable to the lines after it" if early else "a blank's lines run from its # BLANK comment to the first empty line: a line of yours after an empty line is not checked as the blank's, nor is a given line you changed"  # fmt: skip
             return Verdict(1, "\n".join([
-                f"your {name}() returns another value ({label}), the lines of its blanks matching:",
+                head,
                 f"  {where(blank_at(yours, line), line)}: {source_line(yours, line)}",
                 f"  yours:    {show(mine.result)}",
                 f"  solution: {show(theirs.result)}",
-                "hint: a blank's lines run from its # BLANK comment to the first empty line: a line of yours after an empty line is not checked as the blank's, nor is a given line you changed",
+                f"hint: {hint}",
             ]))  # fmt: skip
     unfilled = {**blank_calls(yours), **unfilled}  # also those no run reached
     if unfilled:

@@ -1,4 +1,4 @@
-"""The harness the exercise tests of labs 03, 13, 16 and 20 share.
+"""The harness the exercise tests of labs 03, 13, 16, 19 and 20 share.
 
 Each of those labs ships a function with blanks (``X_blanks.py``, the file the reader
 edits), its solution (``X_solution.txt``) and a checker script (``check_X.py``) built on
@@ -44,13 +44,15 @@ class Exercise:
         _, theirs = function_lines(self.folder / self.solution, self.name)
         lines = (self.folder / self.blanks).read_text(encoding="utf-8").splitlines()
         number, old, new, _ = self.mistakes()[mistake] if mistake else (None, "", "", "")
+        planted = 0
         for k, (a, b) in enumerate(zip(mine, theirs, strict=True)):
             blank = re.search(r"blank\((\d)\)", a)
             if blank and int(blank.group(1)) in fill:
-                if int(blank.group(1)) == number:
+                if int(blank.group(1)) == number and old in b:  # a blank may span lines (lab 17)
                     assert b.count(old) == 1, (old, b)
-                    b = b.replace(old, new)
+                    b, planted = b.replace(old, new), planted + 1
                 lines[first - 1 + k] = b
+        assert planted == (number is not None and number in fill), (mistake, planted)
         return "\n".join(lines) + "\n"
 
     def blank_line(self, number: int) -> int:

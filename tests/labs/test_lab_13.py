@@ -404,7 +404,7 @@ def test_a_correct_dpm_answer_written_otherwise_passes(check, number):
 def test_each_typical_dpm_mistake_names_its_line_and_gets_its_hint(check, mistake):
     """Every typical mistake of the solution's table (h's order, the sign of e^-h - 1, the
     sigma ratio upside down, r0 upside down, D0 from the step before, D1's order, D1 without
-    its 0.5), written in the reader's file with the other blanks right: exit 1, the blank,
+    its 0.5, D1's sign, blank 2's slips repeated at blank 5), written in the reader's file with the other blanks right: exit 1, the blank,
     the reader's line and that mistake's hint."""
     number, _, _, hint = _mistakes()[mistake]
     code, out, err = check(reader_file(fill=(1, 2, 3, 4, 5), mistake=mistake))
@@ -428,6 +428,11 @@ SLIPS = {
     "D1 times r0": (4, "D0, D1 = m0, r0 * (m0 - m1)", "r0 divides: D1 = (m0 - m1) / r0"),
     "float32 x_t": (2, "x_t = ((sigma_t / sigma_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * m0).astype(np.float32)", "the dtype: yours is float32, the solution's float64\n"),
     "after an empty line": (3, "\n    r0 = h / h_0", "blank 3's lines did not run as blank 3's: a blank's lines run from its # BLANK comment to the first empty line"),
+    "D1's sign": (5, "x_t = (sigma_t / sigma_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * D0 + 0.5 * alpha_t * (np.exp(-h) - 1.0) * D1", "the sign of D1's term: it is subtracted, as D0's is"),
+    "D0's sign at blank 5": (5, "x_t = (sigma_t / sigma_s0) * sample - alpha_t * (1.0 - np.exp(-h)) * D0 - 0.5 * alpha_t * (np.exp(-h) - 1.0) * D1", "the sign of D0's term, as in blank 2"),
+    "the ratio upside down at blank 5": (5, "x_t = (sigma_s0 / sigma_t) * sample - alpha_t * (np.exp(-h) - 1.0) * (D0 + 0.5 * D1)", "the ratio is upside down, as in blank 2"),
+    "the sigmas array's ratio at blank 5": (5, "x_t = (s_t / s_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * (D0 + 0.5 * D1)", "the sigmas, as in blank 2: the sample is scaled by sigma_t / sigma_s0"),
+    "e^h at blank 5": (5, "x_t = (sigma_t / sigma_s0) * sample - alpha_t * (np.exp(h) - 1.0) * (D0 + 0.5 * D1)", "the exponent, as in blank 2: e^-h"),
     "flattened x_t": (5, "x_t = ((sigma_t / sigma_s0) * sample - alpha_t * (np.exp(-h) - 1.0) * (D0 + 0.5 * D1)).ravel()", "the shape: yours is (6,), the solution's (3, 2)"),
 }  # fmt: skip
 
@@ -437,8 +442,10 @@ def test_a_dpm_slip_gets_a_true_hint(check, slip):
     """Blank 2 with the sigmas array's s_t / s_s0 (the comment says the variance-preserving
     sigmas), e^+h, D1 multiplied by r0, a float32 x_t (no "after rounding": nothing rounds
     here), a wrong r0 written after an empty line (the checker then names blank 4's line: the
-    hint says blank 3's did not run as its own), a right x_t flattened to (6,) (the shape, not
-    "the length", which is the same): exit 1 and the true hint."""
+    hint says blank 3's did not run as its own), blank 5 with D1's term added, or with blank 2's
+    slips (D0's sign, the ratio upside down, the sigmas array's ratio, e^+h; written as the
+    solution's two terms or as one, (D0 + 0.5 D1)), a right x_t flattened to (6,) (the shape,
+    not "the length", which is the same): exit 1 and the true hint."""
     number, line, hint = SLIPS[slip]
     blank = {2: "x_t = blank(2)", 3: "r0 = blank(3)  # noqa: F841", 4: "D0, D1 = blank(4)  # noqa: RUF059", 5: "x_t = blank(5)"}[number]  # fmt: skip
     source = reader_file(fill={1, 2, 3, 4, 5} - {number})
@@ -446,6 +453,20 @@ def test_a_dpm_slip_gets_a_true_hint(check, slip):
     code, out, err = check(source.replace(blank, line))
     assert (code, err) == (1, ""), out + err
     assert hint in out and "after rounding" not in out, out
+
+
+def test_a_name_rebound_outside_the_blanks_is_named_at_its_line(check):
+    """h doubled on a line of the reader's after an empty line (no blank's line): blank 5's
+    x_t then differs, and the checker names the line that rebinds h, h's two values and
+    that blank 1 assigns it, not blank 5's line."""
+    after = "D0, D1 = m0, (1.0 / r0) * (m0 - m1)"
+    source = reader_file(fill=(1, 2, 3, 4, 5)).replace(after, after + "\n\n    h = 2 * h")
+    code, out, err = check(source)
+    line = blank_line(4) + 2
+    assert (code, err) == (1, "") and out.startswith("blank 5 differs"), out + err
+    assert f"  dpm_blanks.py line {line}: h = 2 * h\n" in out, out
+    assert re.search(r"yours:    h = (\d\.\d+)\n  solution: h = ", out), out
+    assert "rebinds h, which blank 1 assigns" in out and "x_t = " not in out, out
 
 
 def test_exit_0_with_blank_1_left_says_nothing_of_a_later_wrong_blank(check):

@@ -274,7 +274,7 @@ def test_a_correct_answer_in_other_words_passes(check, number, lines):
 def test_each_typical_mistake_names_its_line_and_gets_its_hint(check, mistake):
     """Every typical mistake of the solution's table (the max over the wrong axis or this
     block alone, the correction's sign, p under the old max, l or acc not rescaled, acc
-    divided by l per block, out not divided), written in the reader's file with the other
+    divided by l per block or its old terms divided by l, out not divided), written in the reader's file with the other
     blanks right: exit 1, the blank, the reader's line and that mistake's hint."""
     number, _, _, hint = _mistakes()[mistake]
     code, out, err = check(reader_file(fill=tuple(VARIABLES), mistake=mistake))
@@ -337,6 +337,17 @@ def test_the_divide_per_block_hint_holds_for_the_blocks_own_term_divided(check):
     hint = _mistakes()["acc-divided-per-block"][3]
     assert code == 1 and out.endswith(f"hint: {hint}\n"), out
     assert "earlier blocks' terms again" not in out, out
+
+
+def test_the_old_acc_divided_by_l_gets_the_unnormalised_hint(check):
+    """acc / l * correction + p @ v (the earlier blocks' sum divided by this block's l, then
+    rescaled): exit 1 at blank 5's line, with the hint that acc stays unnormalised in the
+    loop and is divided by l once, after the last block."""
+    code, out, err = check(_fill(5, "acc = acc / l * correction + p @ v"))
+    assert (code, err) == (1, "") and out.startswith("blank 5 differs from the solution"), out
+    assert f"softmax_blanks.py line {blank_line(5)} (blank 5): acc = acc / l * correction" in out
+    assert out.endswith(f"hint: {_mistakes()['acc-old-divided'][3]}\n"), out
+    assert "acc stays unnormalised inside the loop" in out, out
 
 
 def test_a_missing_rescale_is_caught_at_the_second_block(check):

@@ -1,9 +1,15 @@
 """Lab 19 Parallel Inference Across GPUs: Ulysses and ring on simulated ranks, and their traffic."""
 
+import functools
 import json
+import re
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+from labs.exercise import Exercise, function_lines
 
 STARTER = "code/lab-19-parallel-inference/parallel_attention.py"
 
@@ -155,3 +161,294 @@ def test_bad_arguments(run_cli, argv):
 def test_heads_must_divide_for_ulysses(run_cli):
     run = run_cli(STARTER, "--ranks", "5", "--tokens", "120", "--heads", "24")
     assert "Ulysses gives each rank heads/ranks whole heads" in run.stderr
+
+
+# --------------------------------------------------------------------------- your turn
+# ring_blanks.py is the reader's file; check_ring.py checks it against the solution
+# (ring_solution.txt, off the site's pages) with labkit.blanks.check_function, blank by
+# blank at every ring step. The tests run a copy of the checker beside a reader's file
+# written here: filled from the solution, with one of its typical MISTAKES planted, or with
+# odd input.
+
+FOLDER = Path(__file__).resolve().parents[2] / "code/lab-19-parallel-inference"
+CHECKER, BLANKS, SOLUTION = "check_ring.py", "ring_blanks.py", "ring_solution.txt"
+EXERCISE = Exercise(FOLDER, CHECKER, BLANKS, SOLUTION, "ring_attention")
+_mistakes, reader_file, blank_line = EXERCISE.mistakes, EXERCISE.reader_file, EXERCISE.blank_line
+PAGE = FOLDER.parents[1] / "docs/labs/lab-19-parallel-inference.md"
+
+
+@pytest.fixture
+def check(tmp_path, monkeypatch, capsys):
+    """Run a copy of the checker beside a reader's file ``source`` (in this process):
+    (exit code, stdout, stderr)."""
+    return functools.partial(EXERCISE.run, tmp_path, monkeypatch, capsys)
+
+
+#: what each blank assigns
+VARIABLES = {1: "peak", 2: "block_lse", 3: "lse_new", 4: "w_old", 5: "w_new", 6: "out"}
+PASSED = "all 6 blanks match the solution on 7 cases\n"
+
+
+def _fill(number, line):
+    """The solution's fill with blank ``number``'s line replaced by ``line`` (its indent kept)."""
+    source = reader_file(fill=tuple(k for k in VARIABLES if k != number))
+    old = next(x for x in source.splitlines() if f"= blank({number})" in x)
+    indent = old[: len(old) - len(old.lstrip())]
+    return source.replace(old, "\n".join(indent + x for x in line.splitlines()))
+
+
+def test_solution_is_the_blanks_file_filled_in_line_for_line():
+    """The solution's ring_attention is the reader's, except the six blank lines."""
+    _, mine = function_lines(FOLDER / BLANKS, "ring_attention")
+    _, theirs = function_lines(FOLDER / SOLUTION, "ring_attention")
+    differ = [a.split("#")[0].strip() for a, b in zip(mine, theirs, strict=True) if a != b]
+    assert differ == [f"{VARIABLES[k]} = blank({k})" for k in VARIABLES]
+
+
+def test_solution_is_the_starters_merge_and_full_attention(lab):
+    """The checker's solution returns what the starter's ring returns (its attention() on each
+    block, folded with its merge()), bit for bit, and full attention's out and lse to float64
+    rounding, on every case the checker tries: one block, two, four, unequal, wide scores,
+    one head."""
+    from labkit.blanks import load_function
+
+    solution = load_function(FOLDER / SOLUTION, "ring_attention")
+    cases = EXERCISE.run_in_place("--solution")["CASES"]
+    for label, (query, key_blocks, value_blocks) in cases:
+        out, lse = solution(query, key_blocks, value_blocks)
+        ring = [
+            lab["attention"](query, k, v) for k, v in zip(key_blocks, value_blocks, strict=True)
+        ]
+        ref, ref_lse = ring[0]
+        for block in ring[1:]:
+            ref, ref_lse = lab["merge"](ref, ref_lse, *block)
+        assert np.array_equal(out, ref) and np.array_equal(lse, ref_lse), label
+        full, full_lse = lab["attention"](query, np.concatenate(key_blocks), np.concatenate(value_blocks))  # fmt: skip
+        np.testing.assert_allclose(out, full, rtol=1e-12, atol=1e-12, err_msg=label)
+        np.testing.assert_allclose(lse, full_lse, rtol=1e-12, atol=1e-12, err_msg=label)
+    blocks = {tuple(len(k) for k in args[1]) for _, args in cases}
+    assert {(6,), (6, 6), (4, 4, 4, 4), (3, 1, 6)} <= blocks  # one, two, four, unequal
+    assert any(args[0].shape[0] == args[0].shape[1] for _, args in cases)  # Tq == heads
+    assert any(args[0].shape[1] == 1 for _, args in cases)  # one head
+
+
+def test_the_shipped_file_says_which_blanks_to_fill(check):
+    """All six, though the run stops at blank 1's placeholder; with blanks 1 to 3 written,
+    the other three, and that 1 to 3 match as far as the runs got (the first ring step)."""
+    code, out, err = check((FOLDER / BLANKS).read_text(encoding="utf-8"))
+    lines = ", ".join(f"blank({k}) at line {blank_line(k)}" for k in VARIABLES)
+    assert (code, err) == (0, "")
+    assert out == f"6 of 6 blanks not filled in yet in ring_blanks.py: {lines}\n"
+    code, out, _ = check(reader_file(fill=(1, 2, 3)))
+    lines = ", ".join(f"blank({k}) at line {blank_line(k)}" for k in (4, 5, 6))
+    assert (code, out) == (0, f"3 of 6 blanks not filled in yet in ring_blanks.py: {lines}; blanks 1, 2, 3 match the solution on every case they ran (as far as each run got: it stops at the first blank left, in ring step 1)\n")  # fmt: skip
+
+
+def test_a_correct_fill_passes_and_the_solution_flag_checks_the_solution(check):
+    assert check(reader_file(fill=tuple(VARIABLES))) == (0, PASSED, "")
+    assert check((FOLDER / BLANKS).read_text(), "--solution")[:2] == (0, PASSED)
+
+
+@pytest.mark.parametrize(
+    ("number", "lines"),
+    [
+        (
+            2,
+            "log_total = np.log(total)\nblock_lse = np.transpose(peak[..., 0] + log_total[..., 0])",
+        ),  # a helper
+        (
+            3,
+            "top = np.maximum(lse, block_lse)\nlse_new = top + np.log(np.exp(lse - top) + np.exp(block_lse - top))",
+        ),  # max + log(exp + exp)
+        (4, "w_old = np.exp(lse - lse_new)[:, :, np.newaxis]"),
+        (6, "out = w_old * out + w_new * block_out"),  # the other order of each product
+    ],
+)
+def test_a_correct_answer_in_other_words_passes(check, number, lines):
+    """A helper of the reader's (log_total, top), the max + log(exp + exp) form of logaddexp,
+    another way to add the axis, another order: each passes, blank by blank at every ring
+    step, to rounding."""
+    assert check(_fill(number, lines)) == (0, PASSED, "")
+
+
+@pytest.mark.parametrize("mistake", list(_mistakes()))
+def test_each_typical_mistake_names_its_line_and_gets_its_hint(check, mistake):
+    """Every typical mistake of the solution's table (the max over the wrong axis, lse as
+    (heads, tokens), lse squeezed, lse without its peak, lse_a + lse_b, the max alone, a weight exp(lse)
+    not divided by the new sum, a weight's sign, a weight without its last axis, outputs
+    added unweighted or averaged), written in the reader's file with the other blanks right:
+    exit 1, the blank, the reader's line and that mistake's hint."""
+    number, _, _, hint = _mistakes()[mistake]
+    code, out, err = check(reader_file(fill=tuple(VARIABLES), mistake=mistake))
+    assert code == 1 and err == "", out + err
+    assert out.startswith(f"blank {number} differs from the solution (query "), out
+    assert f"  ring_blanks.py line {blank_line(number)} (blank {number}): {VARIABLES[number]} = " in out  # fmt: skip
+    assert out.endswith(f"hint: {hint}\n"), out
+
+
+def test_a_wrong_early_blank_is_caught_while_later_ones_are_empty(check):
+    """The max over the wrong axis (blank 1) and a transposed lse (blank 2) differ at the first
+    step: each is caught with every later blank still a placeholder. Adding the lse's (blank
+    3) is caught at the first step too (-inf + x is -inf), with blanks 4 to 6 empty."""
+    for fill, mistake, number in [((1,), "peak-wrong-axis", 1), ((1, 2), "lse-heads-first", 2), ((1, 2, 3), "lse-added", 3)]:  # fmt: skip
+        code, out, _ = check(reader_file(fill=fill, mistake=mistake))
+        assert code == 1 and out.startswith(f"blank {number} differs from the solution"), out
+        assert out.endswith(f"hint: {_mistakes()[mistake][3]}\n"), out
+
+
+def test_a_squeezed_lse_is_caught_on_one_head(check):
+    """`(peak + np.log(total)).squeeze().T` is right while a rank attends two heads or more; with
+    one head it drops the head axis too, and the checker's one-head case names blank 2."""
+    code, out, _ = check(_fill(2, "block_lse = (peak + np.log(total)).squeeze().T"))
+    assert code == 1 and out.startswith("blank 2 differs from the solution (query (3, 1, 4), "), out
+    assert "  solution: block_lse = float64 array of shape (3, 1)" in out, out
+
+
+def test_a_blank_that_changes_lse_in_place_is_named(check):
+    """`np.logaddexp(lse, block_lse, out=lse)` gives lse_new the right value but overwrites lse,
+    which w_old reads next: the checker names that line of blank 3, not the given line that
+    first assigned lse, and says the given lines set lse (it is no argument of ring_attention)."""
+    code, out, _ = check(_fill(3, "lse_new = np.logaddexp(lse, block_lse, out=lse)"))
+    assert code == 1 and out.startswith("blank 4 differs from the solution"), out
+    assert f"  ring_blanks.py line {blank_line(3)} (blank 3): lse_new = np.logaddexp(lse, block_lse, out=lse)\n" in out  # fmt: skip
+    assert "hint: blank 3's lines change lse, which the given lines set, in place" in out, out
+
+
+@pytest.mark.parametrize(
+    "lines", ["np.subtract(scores, peak, out=scores)", "s = scores\ns -= peak"]
+)
+def test_blank_1_changing_scores_in_place_is_named_not_the_given_line(check, lines):
+    """A blank 1 that subtracts its peak from scores in place (out=scores, or through a second
+    name) makes blank 2's right line give another block_lse: the checker names blank 1's line
+    that writes scores, not the given line that computed scores as the solution does."""
+    fill = "peak = scores.max(axis=-1, keepdims=True)\n" + lines
+    code, out, _ = check(_fill(1, fill))
+    assert code == 1 and out.startswith("blank 2 differs from the solution"), out
+    line = blank_line(1) + fill.count("\n")
+    assert f"  ring_blanks.py line {line} (blank 1): {fill.splitlines()[-1]}\n" in out, out
+    assert "hint: blank 1's lines change scores, which the given lines set, in place" in out, out
+
+
+def test_a_later_blank_that_overwrites_lse_new_in_place_is_named(check):
+    """Blank 5 writing its exponent into lse_new (out=lse_new) gives w_new the right value, but
+    `lse = lse_new` then carries the overwritten array out: the checker names blank 5 and
+    lse_new, not the return line with the hint about empty lines."""
+    fill = "w_new = np.exp(np.subtract(block_lse, lse_new, out=lse_new))[..., None]"
+    code, out, _ = check(_fill(5, fill))
+    assert code == 1 and out.startswith("your ring_attention() returns another value"), out
+    assert f"  ring_blanks.py line {blank_line(5)} (blank 5): {fill}\n" in out, out
+    assert "hint: blank 5's lines change lse_new, which blank 3 assigns, in place" in out, out
+
+
+def test_a_return_in_a_blank_is_named_as_the_cause(check):
+    """A return in blank 4 ends ring_attention() after the first ring step: the checker names
+    that line and says the return ends the function there."""
+    code, out, _ = check(_fill(4, "w_old = np.exp(lse - lse_new)[..., None]\nreturn out, lse"))
+    assert code == 1 and out.startswith("your ring_attention() returns another value"), out
+    assert f"  ring_blanks.py line {blank_line(4) + 1} (blank 4): return out, lse\n" in out, out
+    assert out.endswith("hint: this return in blank 4 ends ring_attention() there, before the lines after the blank run: a blank gives its variable to the lines after it\n"), out  # fmt: skip
+
+
+def test_a_file_that_is_not_utf8_is_one_line_naming_it(check, monkeypatch):
+    """A reader's file that is not UTF-8 text (saved as Latin-1: its "·" is byte 0xb7): one
+    line, exit 2, naming ring_blanks.py."""
+    latin1 = lambda path, text, encoding=None: path.write_bytes(text.encode("latin-1"))  # noqa: E731
+    monkeypatch.setattr(Path, "write_text", latin1)
+    code, out, err = check(reader_file(fill=tuple(VARIABLES)))
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith("check_ring.py: error: ring_blanks.py: UnicodeDecodeError: "), err
+
+
+def test_an_unweighted_sum_is_caught_at_the_second_ring_step(check):
+    """At the first step out is 0, so out + block_out matches: the checker names step 2."""
+    code, out, _ = check(reader_file(fill=tuple(VARIABLES), mistake="out-unweighted"))
+    assert code == 1 and "K/V blocks of 6, 6 tokens, ring step 2 of 2):" in out, out
+    assert "  first difference: entry (0, 0, 0), " in out and " entries differ)" in out, out
+
+
+#: (the reader's line in blank 3, what the one-line error says about it)
+ODD = {
+    "syntax error": ("lse_new = np.logaddexp(lse, block_lse", "syntax error: '(' was never closed"),
+    "an exception": (
+        "lse_new = np.logaddexp(lse, lse_b)",
+        "NameError: name 'lse_b' is not defined",
+    ),
+    "a list": ("lse_new = np.logaddexp(lse, block_lse).tolist()", "lse_new is a list"),
+    "exit()": ("lse_new = exit()", "SystemExit: exit() ends the whole check"),
+    "Ctrl-C": (
+        "lse_new = np.logaddexp(lse, block_lse)\nraise KeyboardInterrupt",
+        "KeyboardInterrupt: interrupted (Ctrl-C) there",
+    ),
+    "yield": (
+        "lse_new = np.logaddexp(lse, block_lse)\nyield lse_new",
+        "yield makes ring_attention() a generator",
+    ),
+    "GeneratorExit": (
+        "lse_new = np.logaddexp(lse, block_lse)\nraise GeneratorExit",
+        "GeneratorExit",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD))
+def test_odd_input_is_one_line_exit_2_naming_the_readers_line(check, case):
+    """A syntax error, an exception in the reader's line, a blank of another type (a list
+    where an array goes), exit(), Ctrl-C on a loop that does not end, a yield, even a raised
+    GeneratorExit: one line on stderr, exit 2, naming the file and the line (and its blank,
+    once it runs)."""
+    line, said = ODD[case]
+    code, out, err = check(_fill(3, line))
+    assert code == 2 and out == "", out
+    at = blank_line(3) + (case in ("Ctrl-C", "yield", "GeneratorExit"))
+    where = f"check_ring.py: error: ring_blanks.py line {at}"
+    assert err.count("\n") == 1 and err.startswith(where), err
+    assert said in err and ("(blank 3)" in err) == (case != "syntax error"), err
+
+
+def test_a_complex_blank_gets_the_dtype_hint_and_nothing_on_stderr(check):
+    """A complex peak is named by its dtype, with no NumPy cast warning from the checker."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning the checker's comparison raises fails here
+        code, out, err = check(_fill(1, "peak = scores.max(axis=-1, keepdims=True) + 0j"))
+    assert (code, err) == (1, ""), out + err
+    assert out.endswith("hint: the dtype: yours is complex128, the solution's float64\n"), out
+
+
+def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
+    """ring_solution.txt is no page of the site (the build copies it as a plain file, as it
+    does the other labs' solutions): no HTML page, nav entry or search location names it;
+    the reader's file and the checker are pages (their notebooks), and the guide prints the
+    checker's command. (The guide shows the starter's attention and merge, the same lines,
+    before the exercise, folded as the answer: test_the_guide_folds_the_answer.)"""
+    docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
+    locations = {doc["location"].split("#")[0] for doc in docs}
+    assert not any("ring_solution" in location for location in locations)
+    assert not [p for p in built_site.rglob("*.html") if "ring_solution" in str(p)]
+    for page in ("ring_blanks", "check_ring"):
+        assert (built_site / "code/lab-19-parallel-inference" / page / "index.html").is_file(), page
+    guide = PAGE.read_text().split("\n---\n", 1)[1]  # the page below its front matter
+    assert "ring_solution" not in guide and "python3 code/lab-19-parallel-inference/check_ring.py" in guide  # fmt: skip
+    built = (built_site / "labs" / "lab-19-parallel-inference" / "index.html").read_text()
+    assert not re.findall(r'<a href="[^"]*ring_solution[^"]*"', built)
+    assert "ring_solution" not in (built_site / "sitemap.xml").read_text()
+
+
+def test_the_guide_folds_the_answer_above_the_exercise():
+    """The starter's attention and merge, the six blanks' lines, are on the guide above "Your
+    turn" only inside collapsed blocks titled as the answer, not as open code blocks; "Your
+    turn" closes "Run it" and shows no solution line."""
+    lines = PAGE.read_text().splitlines()
+    turn = next(i for i, line in enumerate(lines) if line.startswith("### Your turn"))
+    run_it = next(i for i, line in enumerate(lines) if line == "## Run it")
+    after = next(i for i, line in enumerate(lines) if i > run_it and line.startswith("## "))
+    assert run_it < turn < after
+    for section in ("parallel_attention.py:attention", "parallel_attention.py:ring"):
+        include = next(i for i, line in enumerate(lines) if section in line)
+        assert include < turn and lines[include].startswith("    "), section
+        opener = next(line for line in reversed(lines[:include]) if line and not line.startswith(" "))  # fmt: skip
+        assert opener.startswith("??? ") and "answer" in opener.lower(), opener
+    _, mine = function_lines(FOLDER / BLANKS, "ring_attention")
+    _, theirs = function_lines(FOLDER / SOLUTION, "ring_attention")
+    answers = [b.split("= ", 1)[1] for a, b in zip(mine, theirs, strict=True) if a != b]
+    assert len(answers) == 6
+    assert not [a for a in answers if a in "\n".join(lines[turn:after])]

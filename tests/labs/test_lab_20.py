@@ -245,6 +245,21 @@ def test_each_typical_mistake_names_its_line_and_gets_its_hint(check, mistake):
     assert out.endswith(f"hint: {hint}\n"), out
 
 
+def test_the_rounding_hint_is_not_given_to_a_line_that_rounds(check):
+    """Entries 1 off from a line that rounds already (timesteps scaled by 1.001, then
+    .round()) get no "round before .astype" advice, only the count of entries 1 off; the
+    same entries from a line that does not round keep the advice."""
+    right = "timesteps = scheduler.timesteps[t_start * scheduler.order :]"
+    source = reader_file(fill=(1, 2, 3))
+    rounds = "timesteps = (scheduler.timesteps[t_start * scheduler.order :] * 1.001).round().astype(scheduler.timesteps.dtype)"  # fmt: skip
+    code, out, _ = check(source.replace(right, rounds))
+    assert code == 1 and out.startswith("blank 3 differs from the solution"), out
+    assert out.endswith("hint: 1 of 6 entries are 1 off\n") and "round before" not in out, out
+    cuts = "timesteps = scheduler.timesteps[t_start * scheduler.order :] + (scheduler.timesteps[t_start * scheduler.order :] > 500)"  # fmt: skip
+    code, out, _ = check(source.replace(right, cuts))
+    assert code == 1 and out.endswith("1 off: rounding (round before .astype; int() floors)\n"), out
+
+
 def test_the_order_factor_is_caught_on_the_second_order_grid(check):
     code, out, _ = check(reader_file(fill=(1, 2, 3), mistake="no-order"))
     assert code == 1 and "(scheduler=second-order (order 2, 19 entries), num_inference_steps=10, strength=0.6)" in out, out  # fmt: skip

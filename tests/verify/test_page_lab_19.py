@@ -1,21 +1,24 @@
-"""Lab 19 (parallel inference) against diffusers' context parallelism, on two CPU processes.
+"""Lab 19 (parallel inference) against diffusers' context parallelism, on 2, 4 and 5 CPU processes.
 
 diffusers 0.42.1 splits a transformer's sequence across processes with
 ``ContextParallelConfig(ring_degree=..., ulysses_degree=...)`` passed to
 ``ModelMixin.enable_parallelism(config=...)``; the model's ``_cp_plan`` says which inputs
-are split and which output is gathered. One module-scoped fixture starts two processes of
-this file (``python test_page_lab_19.py RANK PORT OUT``, torchrun's environment variables
-set by hand) that join a ``gloo`` process group on the CPU and run every case on a tiny
-random-config ``FluxTransformer2DModel`` (``tiny.tiny_flux_transformer``: 1 double- and 1
-single-stream block, 2 heads of 16, 16 image and 8 text tokens), and one case on a tiny
-``WanTransformer3DModel``; each writes its results as JSON, and the tests read them. A
-second fixture starts four processes for what needs more than two ranks: a ring over 4
-(one block against all of the gathered K/V) and ring 2 x Ulysses 2 (diffusers' unified
-attention). A third starts five: token counts and head counts that 5 does not divide, and
-``ulysses_anything`` / ``ring_anything`` on unequal token shares, run once with gloo's
-``all_gather`` (which refuses unequal shards) and once with an NCCL-style one substituted
-(``_nccl_style_all_gather``). The reference is the same model without parallelism, in the
-same process.
+are split and which output is gathered. One module-scoped fixture launches five processes
+once (this one as rank 0, four of this file: ``python test_page_lab_19.py RANK OUT
+_all_main``, torchrun's environment variables set by hand), which form three ``gloo``
+process groups on the CPU in turn (``GROUPS``), each initialised, used and destroyed before
+the next, on its own port; a process outside a group waits until that group's results are
+written. The group of two processes (ranks 0 and 1) runs every case on a tiny random-config
+``FluxTransformer2DModel`` (``tiny.tiny_flux_transformer``: 1 double- and 1 single-stream
+block, 2 heads of 16, 16 image and 8 text tokens), and one case on a tiny
+``WanTransformer3DModel``; each rank writes its results as JSON, and the tests read them
+(fixture ``ranks``). The group of four (``mesh_ranks``) runs what needs more than two ranks:
+a ring over 4 (one block against all of the gathered K/V) and ring 2 x Ulysses 2 (diffusers'
+unified attention). The group of five (``five_ranks``): token counts and head counts that 5
+does not divide, and ``ulysses_anything`` / ``ring_anything`` on unequal token shares, run
+once with gloo's ``all_gather`` (which refuses unequal shards) and once with an NCCL-style
+one substituted (``_nccl_style_all_gather``). The reference is the same model without
+parallelism, in the same process.
 
 What the run found on this CPU-only machine: ``enable_parallelism`` refuses before it
 builds a device mesh, because ``_resolve_parallel_config`` picks the device as
@@ -327,6 +330,7 @@ def _rank_main(rank, out_path):
 
     res["warnings"] = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
     res["seconds"] = time.perf_counter() - start
+    res["world_size"] = dist.get_world_size()
     Path(f"{out_path}.{rank}").write_text(json.dumps(res))
     dist.destroy_process_group()
 
@@ -395,6 +399,7 @@ def _mesh_main(rank, out_path):
             res["unified_calls"] = len(unified)
             res["unified_events"] = events[:]
     res["seconds"] = time.perf_counter() - start
+    res["world_size"] = dist.get_world_size()
     Path(f"{out_path}.{rank}").write_text(json.dumps(res))
     dist.destroy_process_group()
 
@@ -490,13 +495,36 @@ def _five_main(rank, out_path):
                 res[name + "_uneven_gathers"] = uneven[:]
             dist.barrier()
     res["seconds"] = time.perf_counter() - start
+    res["world_size"] = dist.get_world_size()
     Path(f"{out_path}.{rank}").write_text(json.dumps(res))
     dist.destroy_process_group()
 
 
+#: the process groups one launch of FIVE processes forms in turn: (name, size, what its
+#: ranks run); each is a new default group (world_size = size) on its own MASTER_PORT_<NAME>
+GROUPS = [("two", WORLD, _rank_main), ("mesh", MESH, _mesh_main), ("five", FIVE, _five_main)]
+
+
+def _all_main(rank, out_path):
+    """One of the FIVE processes: each group of ``GROUPS`` that has this rank, in turn, with
+    its results in ``out_path.NAME.RANK``; a rank outside a group waits until that group's
+    ranks have written theirs (so that no rendezvous waits longer than it would alone)."""
+    import time
+
+    for name, size, main in GROUPS:
+        if rank < size:
+            os.environ.update(MASTER_PORT=os.environ[f"MASTER_PORT_{name.upper()}"], WORLD_SIZE=str(size))  # fmt: skip
+            main(rank, f"{out_path}.{name}")
+            continue
+        deadline = time.monotonic() + 2 * TIMEOUT.total_seconds()
+        while not all(Path(f"{out_path}.{name}.{r}").exists() for r in range(size)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank}: the group {name!r} wrote no results")
+            time.sleep(0.2)
+
+
 if __name__ == "__main__":
-    main = {str(WORLD): _rank_main, str(MESH): _mesh_main, str(FIVE): _five_main}[sys.argv[3]]
-    main(int(sys.argv[1]), sys.argv[2])
+    {"_all_main": _all_main, "_rank_main": _rank_main, "_mesh_main": _mesh_main, "_five_main": _five_main}[sys.argv[3]](int(sys.argv[1]), sys.argv[2])  # fmt: skip
     sys.exit(0)
 
 
@@ -514,12 +542,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_ranks(out, world, main):
-    """Every rank's results: ranks 1.. are processes of this file, rank 0 runs ``main`` here
-    (one import of diffusers fewer), on one gloo process group; torchrun's variables set by
-    hand."""
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
-    children = [subprocess.Popen([sys.executable, __file__, str(r), str(out), str(world)],
+def _run_ranks(out, world, main, **extra_env):
+    """Run ``main`` on ``world`` processes: ranks 1.. are processes of this file, rank 0 runs
+    ``main`` here (one import of diffusers fewer); torchrun's variables set by hand, plus
+    ``extra_env``. Each rank writes its own results; a failed rank's stderr fails the call."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world), **extra_env}  # fmt: skip
+    children = [subprocess.Popen([sys.executable, __file__, str(r), str(out), main.__name__],
                                  env=dict(os.environ, **env, RANK=str(r)), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for r in range(1, world)]  # fmt: skip
     old = {k: os.environ.get(k) for k in env}
@@ -540,25 +568,37 @@ def _run_ranks(out, world, main):
                 _, err = child.communicate()
             errors += [err[-3000:]] if child.returncode else []
     assert not errors, errors
-    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """Both ranks' results of ``_rank_main``."""
-    return _run_ranks(tmp_path_factory.mktemp("lab19") / "rank", WORLD, _rank_main)
+def launch(tmp_path_factory):
+    """Every group's results, by name, rank by rank: one launch of FIVE processes
+    (``_all_main``), which form the groups of ``GROUPS`` in turn."""
+    out = tmp_path_factory.mktemp("lab19") / "rank"
+    ports = {f"MASTER_PORT_{name.upper()}": str(_free_port()) for name, _, _ in GROUPS}
+    _run_ranks(out, FIVE, _all_main, **ports)
+    found = {name: [json.loads(Path(f"{out}.{name}.{r}").read_text()) for r in range(size)] for name, size, _ in GROUPS}  # fmt: skip
+    for name, size, _ in GROUPS:  # each group had its size: every rank saw that world size
+        assert [r["world_size"] for r in found[name]] == [size] * size, name
+    return found
 
 
 @pytest.fixture(scope="module")
-def mesh_ranks(tmp_path_factory):
-    """The four ranks' results of ``_mesh_main``."""
-    return _run_ranks(tmp_path_factory.mktemp("lab19mesh") / "rank", MESH, _mesh_main)
+def ranks(launch):
+    """Both ranks' results of ``_rank_main``, on a gloo group of two processes."""
+    return launch["two"]
 
 
 @pytest.fixture(scope="module")
-def five_ranks(tmp_path_factory):
-    """The five ranks' results of ``_five_main``."""
-    return _run_ranks(tmp_path_factory.mktemp("lab19five") / "rank", FIVE, _five_main)
+def mesh_ranks(launch):
+    """The four ranks' results of ``_mesh_main``, on a gloo group of four processes."""
+    return launch["mesh"]
+
+
+@pytest.fixture(scope="module")
+def five_ranks(launch):
+    """The five ranks' results of ``_five_main``, on a gloo group of five processes."""
+    return launch["five"]
 
 
 def test_enable_parallelism_needs_an_initialised_process_group():
