@@ -1,12 +1,12 @@
-"""Lab 17 on diffusers' own parts: the five blanks, filled, around a StableDiffusionPipeline.
+"""Lab 17 on diffusers' own parts: the six blanks, filled, around a StableDiffusionPipeline.
 
-The same loop as ``pipeline()`` in ``solution.py``, written against a real pipeline's
+The same loop as ``pipeline()`` in ``pipeline_solution.txt``, written against a real pipeline's
 ``unet``, ``scheduler`` and ``vae`` and its ``encode_prompt``, ``prepare_extra_step_kwargs``
 and ``image_processor``: the lines of ``StableDiffusionPipeline.__call__`` (diffusers
 0.42.1) that the blanks stand for, plus the three places where ``__call__`` differs from
 the toy's loop: no guidance at ``guidance_scale <= 1`` (one undoubled batch, the prompt's
-rows alone), ``generator`` and ``eta`` passed on to ``scheduler.step`` (the schedulers that
-draw noise in ``step`` need it), and everything made on ``pipe._execution_device``, as
+rows alone), ``generator`` and ``eta`` passed on to ``scheduler.step`` (Euler Ancestral and
+DDPM draw their step's noise from it), and everything made on ``pipe._execution_device``, as
 ``__call__`` does (with model offload it is the accelerator, not ``pipe.device``). Left out of
 ``__call__``, among others: callbacks, IP-Adapter, guidance rescale, the safety checker,
 ``num_images_per_prompt``, ``clip_skip``, ``cross_attention_kwargs``, passed ``latents`` or
@@ -40,11 +40,11 @@ def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator
     # __call__ guides only when guidance_scale > 1 (do_classifier_free_guidance); at 1 or
     # below it runs the prompt's rows alone, so guidance_scale=0 is not the unguided image
     guide = guidance_scale > 1
-    # (B, 77, D) each; the negative prompt is "" (encoded only when guiding)
+    # (B, 77, D) each; the negative prompt is ""
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
         prompts, device, num_images_per_prompt=1, do_classifier_free_guidance=guide
     )
-    # BLANK 1 · the doubled batch, negative rows first: (2B, 77, D)
+    # BLANK 1 · the doubled condition, negative rows first: (2B, 77, D)
     if guide:
         prompt_embeds = torch.cat([negative_prompt_embeds, prompt_embeds])
 
@@ -54,28 +54,27 @@ def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator
              height // pipe.vae_scale_factor, width // pipe.vae_scale_factor)  # fmt: skip
     latents = randn_tensor(shape, generator=generator, device=device, dtype=prompt_embeds.dtype)
     latents = latents * pipe.scheduler.init_noise_sigma
-    # eta and generator, passed to step when its signature has them (eta: DDIM's; generator:
-    # DDIM, DDPM, Euler and Euler Ancestral take one; Euler Ancestral draws noise from it
-    # every step, DDPM at every t > 0, DDIM only with eta > 0, Euler only with s_churn > 0)
+    # eta and generator, passed to step when its signature has them (Euler Ancestral and
+    # DDPM draw their step's noise from the generator)
     extra_step_kwargs = pipe.prepare_extra_step_kwargs(generator, eta)
 
     with torch.no_grad():
         for t in pipe.scheduler.timesteps:
-            # BLANK 1 (continued) · the latents, doubled: (2B, 4, H/f, W/f)
+            # BLANK 2 · the latents, doubled: (2B, 4, H/f, W/f)
             latent_model_input = torch.cat([latents] * 2) if guide else latents
-            # BLANK 2 · the scheduler's input scaling (Euler: / sqrt(sigma^2 + 1))
+            # BLANK 3 · the scheduler's input scaling
             latent_model_input = pipe.scheduler.scale_model_input(latent_model_input, t)
             noise_pred = pipe.unet(
                 latent_model_input, t, encoder_hidden_states=prompt_embeds, return_dict=False
             )[0]
-            # BLANK 3 · the chunk(2) guidance line: (2B, ...) -> (B, ...)
+            # BLANK 4 · the chunk(2) guidance line: (2B, ...) -> (B, ...)
             if guide:
                 noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
                 noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)  # fmt: skip
-            # BLANK 4 · one step x_t -> x_{t-1} of the B latents; [0] is prev_sample
+            # BLANK 5 · one step x_t -> x_{t-1} of the B latents; [0] is prev_sample
             out = pipe.scheduler.step(noise_pred, t, latents, **extra_step_kwargs, return_dict=False)  # fmt: skip
             latents = out[0]
-        # BLANK 5 · back to the VAE's scale, then decode: (B, 3, H, W) in about [-1, 1]
+        # BLANK 6 · back to the VAE's scale, then decode: (B, 3, H, W) in about [-1, 1]
         image = pipe.vae.decode(
             latents / pipe.vae.config.scaling_factor, return_dict=False, generator=generator
         )[0]

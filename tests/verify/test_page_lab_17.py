@@ -1,6 +1,6 @@
 """Lab 17 (rebuild the pipeline) against the real StableDiffusionPipeline.
 
-``code/lab-17-rebuild-the-pipeline/rebuild_diffusers.py`` is the lab's loop with its five
+``code/lab-17-rebuild-the-pipeline/rebuild_diffusers.py`` is the lab's loop with its six
 blanks filled, written against a pipeline's own parts (``encode_prompt``, ``unet``,
 ``scheduler``, ``vae``, ``prepare_extra_step_kwargs``, ``image_processor``). These tests run
 it on a tiny random StableDiffusionPipeline with a real CLIP tokenizer and text encoder
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -97,21 +98,78 @@ def test_guidance_scale_zero_is_the_prompt_alone_not_the_unconditional_image(pip
     assert np.abs(rebuilt(pipe, always_guided, guidance_scale=0.0) - at_zero).max() > 1e-3
 
 
-@pytest.mark.parametrize(
-    "edit",
-    [
-        ("[negative_prompt_embeds, prompt_embeds]", "[prompt_embeds, negative_prompt_embeds]"),
-        ("pipe.scheduler.scale_model_input(latent_model_input, t)", "latent_model_input"),
-        ("(noise_pred_text - noise_pred_uncond)", "(noise_pred_uncond - noise_pred_text)"),
-        ("latents = out[0]", "latents = out[1]"),
-        ("latents / pipe.vae.config.scaling_factor", "latents"),
-    ],
-    ids=["1 order", "2 scale_model_input", "3 guidance sign", "4 x0 carried", "5 scaling_factor"],
-)
-def test_each_blanks_classic_mistake_changes_the_real_pipelines_output(pipe, edit):
-    """Each of the five blanks matters on the real pipeline's parts with Euler: its classic mistake (swapped order, no scale_model_input, flipped guidance sign, pred_original_sample carried, no division by scaling_factor) changes the images."""
+#: blank -> its classic mistake, planted in a copy of rebuild_diffusers.py (old text, new text)
+CLASSIC = {
+    1: ("[negative_prompt_embeds, prompt_embeds]", "[prompt_embeds, negative_prompt_embeds]"),
+    2: ("torch.cat([latents] * 2) if guide", "latents.repeat_interleave(2, dim=0) if guide"),
+    3: ("pipe.scheduler.scale_model_input(latent_model_input, t)", "latent_model_input"),
+    4: ("(noise_pred_text - noise_pred_uncond)", "(noise_pred_uncond - noise_pred_text)"),
+    5: ("latents = out[0]", "latents = out[1]"),
+    6: ("latents / pipe.vae.config.scaling_factor", "latents"),
+}
+
+
+def test_every_blank_of_the_rebuilt_loop_has_its_classic_mistake_planted():
+    """The verify tests plant a classic mistake in each of the six blanks of rebuild_diffusers.py (the blanks counted from its # BLANK comments), one blank per copy."""
+    numbers = {int(n) for n in re.findall(r"# BLANK (\d+)", SOURCE.read_text(encoding="utf-8"))}
+    assert numbers == set(CLASSIC) == set(range(1, 7)), numbers
+
+
+@pytest.mark.parametrize("number", list(CLASSIC), ids=["1 order", "2 rows interleaved", "3 scale_model_input", "4 guidance sign", "5 x0 carried", "6 scaling_factor"])  # fmt: skip
+def test_each_blanks_classic_mistake_changes_the_real_pipelines_output(pipe, number):
+    """Each of the six blanks matters on the real pipeline's parts with Euler: each one's classic mistake (swapped order, the latents doubled row by row with repeat_interleave, no scale_model_input, flipped guidance sign, pred_original_sample carried, no division by scaling_factor) changes the images."""
     pipe = with_scheduler(pipe, "EulerDiscreteScheduler")
-    assert abs(rebuilt(pipe, edit) - real(pipe)).max() > 1e-3
+    assert abs(rebuilt(pipe, CLASSIC[number]) - real(pipe)).max() > 1e-3
+
+
+def test_a_unet_with_time_cond_proj_dim_is_not_guided():
+    """The loop guides when guidance_scale > 1 and the UNet has no time_cond_proj_dim, which LCM-distilled ones have: StableDiffusionPipeline.__call__ at guidance_scale 7.5 calls a tiny UNet with time_cond_proj_dim on B rows each step, not 2B (without it, on 2B: test_call_doubles_the_latents_then_scales_them_each_step)."""
+    from tiny import embeds, tiny_unet
+
+    lcm = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
+    rows = []
+    hook = lcm.unet.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    try:
+        lcm(
+            prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), guidance_scale=GUIDANCE,
+            num_inference_steps=2, output_type="np",
+        )  # fmt: skip
+    finally:
+        hook.remove()
+    assert rows == [1, 1], rows
+
+
+def test_sds_decoder_does_not_turn_a_missing_division_into_lower_contrast():
+    """SD 1.x's decoder is non-linear: with its factor 0.18215 (AutoencoderKL's default) a missing division hands it latents 1/0.18215 times too small, which it does not simply turn into lower contrast: on a tiny random AutoencoderKL, vae.decode(latents) is far from every affine image a * vae.decode(latents / scaling_factor) + b (the toy's affine decoder gives exactly one)."""
+    from tiny import tiny_vae
+
+    vae = tiny_vae()
+    assert vae.config.scaling_factor == 0.18215
+    latents = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))  # unit std
+    with torch.no_grad():
+        right = vae.decode(latents / vae.config.scaling_factor).sample.double().flatten()
+        wrong = vae.decode(latents).sample.double().flatten()
+    fit = torch.stack([right, torch.ones_like(right)], 1)  # the best a, b by least squares
+    residual = wrong - fit @ torch.linalg.lstsq(fit, wrong[:, None]).solution[:, 0]
+    assert residual.norm() > 0.5 * (wrong - wrong.mean()).norm()
+
+
+@pytest.mark.parametrize("scheduler, module", [("EulerAncestralDiscreteScheduler", "scheduling_euler_ancestral_discrete"), ("DDPMScheduler", "scheduling_ddpm")])  # fmt: skip
+def test_euler_ancestral_and_ddpm_draw_their_step_noise_from_the_generator(pipe, scheduler, module, monkeypatch):  # fmt: skip
+    """Euler Ancestral and DDPM, which add noise in step, draw it from that generator: through pipe(...), each of their steps calls randn_tensor with the generator passed to pipe(...)."""
+    import importlib
+
+    owner = importlib.import_module(f"diffusers.schedulers.{module}")
+    pipe, generators, draw = with_scheduler(pipe, scheduler), [], owner.randn_tensor
+
+    def spy(*args, **kwargs):
+        generators.append(kwargs.get("generator"))
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(owner, "randn_tensor", spy)
+    generator = torch.Generator().manual_seed(0)
+    pipe(PROMPTS, num_inference_steps=STEPS, guidance_scale=GUIDANCE, generator=generator, output_type="np")  # fmt: skip
+    assert len(generators) == STEPS and all(g is generator for g in generators), generators
 
 
 def test_ddims_scale_model_input_is_the_identity_so_leaving_it_out_changes_nothing(pipe):

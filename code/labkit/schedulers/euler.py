@@ -240,9 +240,16 @@ class EulerDiscreteScheduler:
         return sample
 
     def step(
-        self, model_output: np.ndarray, timestep: float, sample: np.ndarray
+        self,
+        model_output: np.ndarray,
+        timestep: float,
+        sample: np.ndarray,
+        generator: np.random.Generator | None = None,
     ) -> SchedulerOutput:
         """One Euler step from ``sigmas[step_index]`` to ``sigmas[step_index + 1]``.
+
+        ``generator`` is taken, as diffusers' step takes it, and not used: this step adds no
+        noise.
 
         ``sample`` is the *unscaled* latent (the one ``scale_model_input`` was given);
         ``model_output`` is the model's prediction on the scaled one; both share a shape.
