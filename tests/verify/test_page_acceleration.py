@@ -855,6 +855,24 @@ def test_what_each_cache_keeps(cache_runs):
     assert {t.dtype for t in pab} == {torch.float32}
 
 
+def test_taylorseer_default_hooks_flux_attention_and_nothing_on_wan():
+    """TaylorSeer reuses each attention output on Flux: the default name patterns match no module of Wan. `TaylorSeerCacheConfig()` hooks exactly the attention modules of the tiny Flux transformer and, though `enable_cache` succeeds, none of a tiny `WanTransformer3DModel` (its attention modules are `blocks.*.attn1` and `blocks.*.attn2`; the patterns must match whole names)."""
+    from diffusers import TaylorSeerCacheConfig
+    from diffusers.hooks._common import _ATTENTION_CLASSES
+
+    def hooked_and_attention(model):
+        model.enable_cache(TaylorSeerCacheConfig())
+        modules = dict(model.named_modules())
+        hooked = {n for n, m in modules.items() if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.get_hook("taylorseer_cache")}  # fmt: skip
+        return hooked, {n for n, m in modules.items() if isinstance(m, _ATTENTION_CLASSES)}
+
+    hooked, attention = hooked_and_attention(four_block_flux_transformer())
+    assert hooked == attention and len(attention) == 4
+    hooked, attention = hooked_and_attention(tiny_wan_transformer())
+    assert attention == {f"blocks.{i}.attn{j}" for i in (0, 1) for j in (1, 2)}
+    assert hooked == set()
+
+
 def test_first_block_cache_pays_a_host_sync_per_call_magcache_none(cache_runs):
     """FirstBlockCache decides from the activations: its head hook calls `.item()` on the relative change once per call after the first (9 in 10 steps; `first_block_cache.py`, `_should_compute_remaining_blocks`), a device-to-host sync on a GPU; MagCache, TaylorSeer and Pyramid Attention Broadcast call `.item()` never while they run: MagCache's decision reads only the calibrated `mag_ratios`, so it skips the same steps for any input; its calibration run (`calibrate=True`) skips nothing and calls `.item()` once per step after the first (`_perform_calibration_step`)."""
     assert cache_runs["fbc"].items == 9
@@ -866,7 +884,7 @@ def test_first_block_cache_pays_a_host_sync_per_call_magcache_none(cache_runs):
 
 
 def test_magcache_needs_calibrated_ratios():
-    """`MagCacheConfig()` without `mag_ratios` raises `ValueError` unless `calibrate=True`; diffusers ships one calibrated set, `FLUX_MAG_RATIOS` (28 values, for Flux's default 28 steps), and a config for another step count resamples it to `num_inference_steps` by nearest neighbour."""
+    """`MagCacheConfig()` without `mag_ratios` raises `ValueError` unless `calibrate=True`; diffusers ships a calibrated set, `FLUX_MAG_RATIOS` (28 values, for Flux's default 28 steps), and a config for another step count resamples it to `num_inference_steps` by nearest neighbour."""
     from diffusers import MagCacheConfig
     from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS, nearest_interp
 
@@ -879,7 +897,7 @@ def test_magcache_needs_calibrated_ratios():
 
 
 def test_seacache_needs_the_step_in_its_context_and_video_latents(monkeypatch):
-    """`SeaCacheConfig` extrapolates the block stack's residual from the last two (`residual_order=1` by default) and ships adapters for Wan text-to-video and Cosmos 3 only (`enable_cache` gives the root hook Wan's adapter on a tiny `WanTransformer3DModel` with 16 input and output channels, none with the image-to-video layout's 36 input channels or on Flux, and Cosmos 3's on a `Cosmos3OmniTransformer` built on the meta device); it also needs `step_index`, `sigma` and `num_inference_steps` in `cache_context`, which `WanPipeline` passes and `FluxPipeline` does not (the contexts each opens in a 2-step call of a tiny pipeline): on the tiny Flux transformer, inside `cache_context("cond")` as `FluxPipeline` enters it, and with a threshold that would skip almost every step, it runs every block on all 10 steps."""
+    """`SeaCacheConfig` extrapolates the block stack's residual from the last two (`residual_order=1` by default) and ships adapters for Wan text-to-video and Cosmos 3 (`enable_cache` gives the root hook Wan's adapter on a tiny `WanTransformer3DModel` with 16 input and output channels, none with the image-to-video layout's 36 input channels or on Flux, and Cosmos 3's on a `Cosmos3OmniTransformer` built on the meta device); it also needs `step_index`, `sigma` and `num_inference_steps` in `cache_context`, which `WanPipeline` passes and `FluxPipeline` does not (the contexts each opens in a 2-step call of a tiny pipeline): on the tiny Flux transformer, inside `cache_context("cond")` as `FluxPipeline` enters it, and with a threshold that would skip almost every step, it runs every block on all 10 steps."""
     from diffusers import SeaCacheConfig
     from diffusers.hooks import sea_cache
 
