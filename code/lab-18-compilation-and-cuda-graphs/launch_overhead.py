@@ -219,7 +219,7 @@ for side, r in rows.items():
           f"{r['eager'] * 1e3:8.2f} | {r['serialised'] * 1e3:13.2f} | {r['compiled'] * 1e3:11.2f} | "
           f"{r['graph'] * 1e3:15.2f} | {idle:8.1%}")  # fmt: skip
 pointwise_only = len(fused(flux_step(args.batch_size, side), qkv=False))
-print(f"fusing pointwise runs alone (torch.compile) leaves {pointwise_only} kernels; "
+print(f"fusing pointwise runs alone (the toy's torch.compile) leaves {pointwise_only} kernels; "
       f"fuse_qkv_projections() takes that to {rows[side]['kernels'][1]}")  # fmt: skip
 check = sum(k[2] for k in flux_step(1, 1024) if k[1] != "pointwise")
 print(f"check: matmul + attention FLOPs at 1024 px, batch 1 = {check / 1e12:.2f} T; the real "

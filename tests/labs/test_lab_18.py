@@ -127,7 +127,7 @@ def test_buckets_count_against_the_recompile_limit(lab):
 
 
 def test_pointwise_fusion_alone_is_what_torch_compile_does(lab, run_cli):
-    """torch.compile fuses pointwise runs (946 kernels of 1,422); 794 needs
+    """The toy's torch.compile fuses pointwise runs (946 kernels of 1,422); 794 needs
     fuse_qkv_projections() as well, which the default run prints."""
     eager = lab["flux_step"](1, 1024)
     alone, with_qkv = lab["fused"](eager, qkv=False), lab["fused"](eager)

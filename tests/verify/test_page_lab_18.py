@@ -420,23 +420,31 @@ def uncached_ops():
 
 
 def cached_op_counts(config):
-    """(frames, ops) that ``CompileCounter`` captures for one call of ``two_block_flux`` with
-    ``config`` enabled through ``enable_cache`` (None: no cache)."""
+    """(frames, ops, blocks) that ``CompileCounter`` captures for one call of ``two_block_flux``
+    with ``config`` enabled through ``enable_cache`` (None: no cache); ``blocks`` is, for each
+    transformer block, the share of its parameters that a captured graph takes as inputs."""
     import contextlib
 
     model = two_block_flux()
     if config is not None:
         model.enable_cache(config)
-    counter = CompileCounter()
-    compiled = torch.compile(model, backend=counter)
+    counter, captured = CompileCounter(), set()
+
+    def backend(gm, example_inputs):  # CompileCounter, noting which tensors each graph takes
+        captured.update(id(t) for t in example_inputs if isinstance(t, torch.Tensor))
+        return counter(gm, example_inputs)
+
+    compiled = torch.compile(model, backend=backend)
     context = model.cache_context("cond") if config is not None else contextlib.nullcontext()
     with torch.no_grad(), context:
         compiled(**flux_inputs(3))
-    return counter.frame_count, counter.op_count
+    blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
+    shares = [sum(id(p) in captured for p in b.parameters()) / len(list(b.parameters())) for b in blocks]  # fmt: skip
+    return counter.frame_count, counter.op_count, shares
 
 
 def test_first_block_cache_breaks_the_graph(monkeypatch, uncached_ops):
-    """With FirstBlockCache enabled the tiny Flux transformer no longer captures as one graph: the hook's `_should_compute_remaining_blocks`, which calls `.item()`, is wrapped in `torch.compiler.disable`, `torch._dynamo.explain` reports graph breaks there, and `torch.compile(..., fullgraph=True)` raises at that break instead of splitting the graph; the blocks themselves stay compiled (nearly all of the uncached model's ops are captured)."""
+    """With FirstBlockCache enabled the tiny Flux transformer no longer captures as one graph: the hook's `_should_compute_remaining_blocks`, which calls `.item()`, is wrapped in `torch.compiler.disable`, `torch._dynamo.explain` reports graph breaks there, and `torch.compile(..., fullgraph=True)` raises at that break instead of splitting the graph; the blocks themselves stay compiled (every block's parameters and nearly all of the uncached model's ops are captured)."""
     import sys
 
     from diffusers import FirstBlockCacheConfig
@@ -468,12 +476,13 @@ def test_first_block_cache_breaks_the_graph(monkeypatch, uncached_ops):
     with torch.no_grad(), model.cache_context("cond"), pytest.raises(Unsupported, match="disable"):
         torch.compile(model, backend=CompileCounter(), fullgraph=True)(**flux_inputs(3))
     torch._dynamo.reset()
-    frames, ops = cached_op_counts(FirstBlockCacheConfig(threshold=0.1))
+    frames, ops, blocks = cached_op_counts(FirstBlockCacheConfig(threshold=0.1))
     assert frames > 1 and ops >= 0.95 * uncached_ops
+    assert blocks == [1.0, 1.0]  # every block's parameters are inputs of a captured graph
 
 
 def test_mag_cache_runs_its_blocks_outside_the_graph(uncached_ops):
-    """MagCache's head and block hooks run their whole `new_forward` under `torch.compiler.disable`, and that function calls the block's own forward, so with MagCache enabled a compiled Flux transformer runs every transformer block eagerly: `torch._dynamo.explain` reports graph breaks, `CompileCounter` captures under a third of the uncached model's ops (the embedders and the output layers), and `fullgraph=True` raises."""
+    """MagCache's head and block hooks run their whole `new_forward` under `torch.compiler.disable`, and that function calls the block's own forward, so with MagCache enabled a compiled Flux transformer runs every transformer block eagerly: `torch._dynamo.explain` reports graph breaks, `CompileCounter` captures under a third of the uncached model's ops and no block's parameters, and `fullgraph=True` raises."""
     from diffusers import MagCacheConfig
     from diffusers.hooks.mag_cache import MagCacheBlockHook, MagCacheHeadHook
     from torch._dynamo.exc import Unsupported
@@ -490,8 +499,9 @@ def test_mag_cache_runs_its_blocks_outside_the_graph(uncached_ops):
     with torch.no_grad(), model.cache_context("cond"), pytest.raises(Unsupported, match="disable"):
         torch.compile(model, backend=CompileCounter(), fullgraph=True)(**flux_inputs(3))
     torch._dynamo.reset()
-    _, ops = cached_op_counts(MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
+    _, ops, blocks = cached_op_counts(MagCacheConfig(mag_ratios=[1.0] * 4, num_inference_steps=4))
     assert ops < uncached_ops / 3
+    assert blocks == [0.0, 0.0]  # no block's parameters reach any captured graph
 
 
 def test_fuse_qkv_projections_keeps_the_output():
