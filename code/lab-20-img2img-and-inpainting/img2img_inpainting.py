@@ -4,9 +4,9 @@ Image-to-image starts the ordinary denoising loop part-way: it noises the encode
 image to the first timestep it will run and skips the ones before it, so `strength`
 sets both how much of the image survives and how many denoiser calls run. Inpainting
 keeps a known region: a 4-channel UNet only pastes the (re-noised) known latents back
-after every step, a 9-channel inpainting UNet sees the mask and the known latents as
-input. The trap: pasting keeps the pixels but not their meaning; the generated region
-need not belong to the same picture as the kept one.
+after every step, a 9-channel inpainting UNet sees the mask and the masked image's
+latents as input. The trap: pasting keeps the pixels but not their meaning; the
+generated region need not belong to the same picture as the kept one.
 
 Run it:  python3 code/lab-20-img2img-and-inpainting/img2img_inpainting.py --strength 0.5
 """
@@ -322,7 +322,8 @@ if args.figures is not None:  # PNG encoding costs time: only when the figures a
         caption="img2img of one input (first column, through the toy VAE) at strength 0.2 (top) to "
         "1.0 (bottom), in this toy with the memorising exact denoiser.",
     )  # fmt: skip
-    masked_image = image_latents * (1 - mask)  # what the 9-channel UNet is given
+    # a stand-in for diffusers' masked_image_latents, which encodes the masked pixels
+    masked_image = image_latents * (1 - mask)
     to_px = lambda z: vae.decode(z / vae.config.scaling_factor)  # noqa: E731
     inpaint_rows = [np.concatenate([to_px(image_latents), to_px(masked_image), to_px(x[:4])]) for x in (blended, conditioned)]  # fmt: skip
     figures.save(
