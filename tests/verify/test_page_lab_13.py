@@ -18,6 +18,7 @@ import torch
 from diffusers import (
     DDIMScheduler,
     DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     LCMScheduler,
     TCDScheduler,
@@ -273,7 +274,7 @@ def test_starter_spacing_grids_are_diffusers(starter):
 
 
 def test_rescale_betas_zero_snr(starter):
-    """The starter's `rescale_zero_terminal_snr` gives the betas of diffusers' own `rescale_zero_terminal_snr` (in `scheduling_ddim.py`) to 1e-6, and its `DDIMZeroSNRScheduler` the `alphas_cumprod` of `DDIMScheduler(rescale_betas_zero_snr=True)`, which ends at exactly 0 on SD's `scaled_linear` betas (4.66e-03 without it); `DPMSolverMultistepScheduler(rescale_betas_zero_snr=True)` then sets it to `2**-24` so its first sigma stays finite."""
+    """The starter's `rescale_zero_terminal_snr` gives the betas of diffusers' own `rescale_zero_terminal_snr` (in `scheduling_ddim.py`) to 1e-6, and its `DDIMZeroSNRScheduler` the `alphas_cumprod` of `DDIMScheduler(rescale_betas_zero_snr=True)`, which ends at exactly 0 on SD's `scaled_linear` betas (4.66e-03 without it); `DPMSolverMultistepScheduler` and `EulerDiscreteScheduler` with `rescale_betas_zero_snr=True` then set it to `2**-24`, so the first sigma of their grid (t = 999) stays finite."""
     from diffusers.schedulers.scheduling_ddim import rescale_zero_terminal_snr
 
     plain = DDIMScheduler(**SD_BETAS)
@@ -284,8 +285,11 @@ def test_rescale_betas_zero_snr(starter):
     np.testing.assert_allclose(ours.alphas_cumprod, ddim.alphas_cumprod.double().numpy(), atol=1e-6)
     assert float(ddim.alphas_cumprod[-1]) == 0.0 and ours.alphas_cumprod[-1] == 0.0
     assert float(plain.alphas_cumprod[-1]) == pytest.approx(4.66e-03, abs=5e-6)
-    dpm = DPMSolverMultistepScheduler(**SD_BETAS, rescale_betas_zero_snr=True)
-    assert float(dpm.alphas_cumprod[-1]) == 2**-24
+    for cls in (DPMSolverMultistepScheduler, EulerDiscreteScheduler):
+        scheduler = cls(**SD_BETAS, rescale_betas_zero_snr=True, timestep_spacing="trailing")
+        assert float(scheduler.alphas_cumprod[-1]) == 2**-24, cls.__name__
+        scheduler.set_timesteps(4)
+        assert int(scheduler.timesteps[0]) == 999 and torch.isfinite(scheduler.sigmas[0]), cls.__name__  # fmt: skip
 
 
 def zero_snr_ddim(prediction_type):

@@ -229,7 +229,7 @@ def test_set_attention_backend_sets_processors_and_the_global_default(default_ba
 
 
 def test_unet_ignores_the_attention_backend(default_backend):
-    """The UNet and SD3 do not follow the setting: the UNet's `AttnProcessor2_0` and `SD3Transformer2DModel`'s `JointAttnProcessor2_0` call `F.scaled_dot_product_attention` directly and have no `_attention_backend`, so under `attention_backend("_native_math")` a tiny `UNet2DConditionModel` gives bit-identical output, while the tiny Flux transformer's output changes."""
+    """The UNet and SD3 do not follow the setting: the UNet's `AttnProcessor2_0` and `SD3Transformer2DModel`'s `JointAttnProcessor2_0` call `F.scaled_dot_product_attention` directly and have no `_attention_backend`, so under `attention_backend("_native_math")` a tiny `UNet2DConditionModel` and a tiny `SD3Transformer2DModel` give bit-identical output, while the tiny Flux transformer's output changes."""
     from diffusers import SD3Transformer2DModel
     from diffusers.models.attention_dispatch import attention_backend
     from diffusers.models.attention_processor import JointAttnProcessor2_0
@@ -241,13 +241,18 @@ def test_unet_ignores_the_attention_backend(default_backend):
     unet, flux = tiny_unet(), four_block_flux_transformer()
     latents, prompt_embeds = start_latents(1), embeds(0, 1)
     assert not any(hasattr(p, "_attention_backend") for p in unet.attn_processors.values())
+    g = torch.Generator().manual_seed(0)
+    sd3_inputs = dict(hidden_states=torch.randn(1, 4, 8, 8, generator=g), encoder_hidden_states=torch.randn(1, 5, 16, generator=g), pooled_projections=torch.randn(1, 16, generator=g), timestep=torch.tensor([10]))  # fmt: skip
     with torch.no_grad():
         before = unet(latents, 10, encoder_hidden_states=prompt_embeds).sample
+        sd3_before = sd3(**sd3_inputs).sample
         flux_before = run_four_block_flux(flux)
         with attention_backend("_native_math"):
             after = unet(latents, 10, encoder_hidden_states=prompt_embeds).sample
+            sd3_after = sd3(**sd3_inputs).sample
             flux_after = run_four_block_flux(flux)
     assert torch.equal(before, after)
+    assert torch.equal(sd3_before, sd3_after)
     assert not torch.equal(flux_before, flux_after)
 
 
@@ -578,7 +583,7 @@ def test_block_modules_splits_the_unet_mid_block(starter, monkeypatch, default_b
 
 
 def test_native_backend_is_plain_sdpa(monkeypatch, default_backend):
-    """The default `native` backend calls `torch.nn.functional.scaled_dot_product_attention` with every SDPA backend torch enables (in torch 2.13.0 every `SDPBackend` member but `ERROR`: flash, memory-efficient, math, cuDNN and the overrideable one for out-of-tree devices), so torch picks one itself; each `_native_*` backend enables only its own (seen inside the SDPA calls of a tiny Flux transformer, and of `dispatch_attention_fn` for the two GPU-only kernels, which then fail on the CPU)."""
+    """The default `native` backend calls `torch.nn.functional.scaled_dot_product_attention` with every SDPA backend torch enables (in torch 2.13.0 every `SDPBackend` member but `ERROR`: flash, memory-efficient, math, cuDNN and the overrideable one for out-of-tree devices), so torch picks one itself; each `_native_*` backend that goes through SDPA (`_native_math`, `_native_flash`, `_native_efficient`, `_native_cudnn`) enables only its own (seen inside the SDPA calls of a tiny Flux transformer, and of `dispatch_attention_fn` for the two GPU-only kernels, which then fail on the CPU); the installed library's other `_native_*` names (`_native_npu`, `_native_xla`) call their device's kernel, not SDPA."""
     from diffusers.models import attention_dispatch as ad
     from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
 
@@ -602,3 +607,20 @@ def test_native_backend_is_plain_sdpa(monkeypatch, default_backend):
         with ad.attention_backend(name), pytest.raises(RuntimeError, match="No viable backend"):
             ad.dispatch_attention_fn(q, q, q)
         assert seen == [{kernel}], name
+    # every _native_* name the installed enum has, through dispatch_attention_fn(backend=...):
+    # the device kernels not installed here (torch_npu, torch_xla) are stand-ins that record
+    device_calls = []
+    monkeypatch.setattr(ad, "npu_fusion_attention", lambda q, *a, **k: device_calls.append("npu") or (q,))  # fmt: skip
+    monkeypatch.setattr(ad, "xla_flash_attention", lambda q, k, v, causal: device_calls.append("xla") or q)  # fmt: skip
+    via_sdpa = set()
+    for backend in [b for b in ad.AttentionBackendName if b.value.startswith("_native_")]:
+        seen.clear(), device_calls.clear()
+        try:
+            ad.dispatch_attention_fn(q, q, q, backend=backend)
+        except RuntimeError as error:  # the two GPU-only SDPA kernels on this CPU
+            assert "No viable backend" in str(error), backend
+        assert len(seen) + len(device_calls) == 1, backend
+        if seen:
+            assert len(seen[0]) == 1, backend  # only its own kernel
+            via_sdpa.add(backend.value)
+    assert via_sdpa == {"_native_math", "_native_flash", "_native_efficient", "_native_cudnn"}
