@@ -1442,3 +1442,26 @@ def test_a_starters_cache_keys_fold_in_the_files_beside_it(tmp_path):
     solution.write_text("x = 3\n", encoding="utf-8")
     third = keys()
     assert third[0] != second[0] and third[1] != second[1]
+
+
+def test_the_notebook_pages_cache_folder_folds_in_python_numpy_and_the_converters(monkeypatch):
+    """The notebook pages are cached under a folder keyed on the Python version and the
+    versions of NumPy and of the packages that convert a starter into its page (jupytext,
+    nbconvert, mistune, Pygments, mkdocs-jupyter): an upgrade of any of them runs and
+    converts the notebooks again (``hooks.notebook_cache_key``, the folder ``on_config``
+    gives mkdocs-jupyter)."""
+    import sys
+
+    from infralens_docs import hooks, serving
+
+    base = hooks.notebook_cache_key()
+    assert hooks.notebook_cache_key() == base  # the same inputs, the same folder
+    converters = {"numpy", "jupytext", "nbconvert", "mistune", "pygments", "mkdocs-jupyter"}
+    assert converters <= set(hooks.NOTEBOOK_PACKAGES)
+    real = serving._version
+    for name in hooks.NOTEBOOK_PACKAGES:
+        monkeypatch.setattr(serving, "_version", lambda n, name=name: "0" if n == name else real(n))  # fmt: skip
+        assert hooks.notebook_cache_key() != base, f"a new {name} keeps the notebook pages"
+    monkeypatch.setattr(serving, "_version", real)
+    monkeypatch.setattr(sys, "version", sys.version + " (another build)")
+    assert hooks.notebook_cache_key() != base, "a new Python keeps the notebook pages"

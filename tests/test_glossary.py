@@ -251,6 +251,22 @@ def test_the_glossary_page_says_where_the_hovers_are(built_site):
     )
 
 
+@pytest.mark.build
+def test_the_built_glossary_says_named_in_for_the_terms_no_section_teaches(built_site):
+    """On the built glossary page, the entries of the ``named_only`` terms (Heun, KDPM2,
+    UniPC) link their section under "Named in" and every other entry under "Taught in":
+    the directive reads the page's own front matter."""
+    named_only = set(read_front_matter(DOCS / "glossary.md").get("named_only") or [])
+    page = (built_site / "glossary" / "index.html").read_text(encoding="utf-8")
+    said = {}
+    for term in TERMS:
+        entry = re.search(rf'<dt id="{re.escape(term.anchor)}".*?<dd>(.*?)</dd>', page, re.DOTALL)
+        assert entry, f"no entry for {term.name}"
+        label = re.search(r"\b(Named|Taught) in: ", text_of(entry.group(1)))
+        said[term.name] = label.group(1) if label else None
+    assert said == {t.name: "Named" if t.name in named_only else "Taught" for t in TERMS}
+
+
 # --------------------------------------------------------------------------- the scheduler page
 
 #: the section that teaches the samplers (issue 32: the page a reader called "the wall")

@@ -300,9 +300,9 @@ def test_a_warm_build_reuses_renders_and_sees_a_pages_own_inputs_change(built_si
 
 def test_the_render_key_covers_what_every_page_depends_on(tmp_path, monkeypatch):
     """``serving.build_key``, part of every page's render key, changes with mkdocs.yml, each
-    file of includes/ (the glossary's hovers), each of the build's own modules, a converting
-    package's version and the site's list of files: an edit to any of them converts every
-    page again."""
+    file of includes/ (the glossary's hovers), each of the build's own modules (every one
+    edited in turn), each converting package's version and the site's list of files (a URL
+    moved, a file added): an edit to any of them converts every page again."""
     root, tools = tmp_path / "root", tmp_path / "infralens_docs"
     shutil.copytree(ROOT / "includes", root / "includes")
     shutil.copytree(ROOT / "tools" / "infralens_docs", tools, ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
@@ -314,8 +314,9 @@ def test_the_render_key_covers_what_every_page_depends_on(tmp_path, monkeypatch)
     base = serving.build_key(config, files)
     assert serving.build_key(config, files) == base  # the same inputs, the same key
 
-    edits = [root / "mkdocs.yml", tools / "highlight_cache.py", tools / "hooks.py"]
-    edits += sorted((root / "includes").iterdir())
+    modules = sorted(tools.glob("*.py"))
+    assert len(modules) == len(list((ROOT / "tools" / "infralens_docs").glob("*.py"))) > 10
+    edits = [root / "mkdocs.yml", *modules, *sorted((root / "includes").iterdir())]
     for path in edits:
         text = path.read_bytes()
         path.write_bytes(text + b"\n# edited\n")
@@ -325,6 +326,8 @@ def test_the_render_key_covers_what_every_page_depends_on(tmp_path, monkeypatch)
 
     moved = [types.SimpleNamespace(src_uri="index.md", url="home/")]
     assert serving.build_key(config, moved) != base, "a page's new URL keeps the key"
+    added = [*files, types.SimpleNamespace(src_uri="new.md", url="new/")]
+    assert serving.build_key(config, added) != base, "a new file keeps the key"
     for name in serving.RENDER_PACKAGES:
         real = serving._version
         monkeypatch.setattr(serving, "_version", lambda n, real=real, name=name: "0" if n == name else real(n))  # fmt: skip

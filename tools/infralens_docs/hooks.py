@@ -49,7 +49,6 @@ import shlex
 import shutil
 import struct
 import sys
-from importlib.metadata import version
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -191,14 +190,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     if jupyter is not None:
         os.environ.update(BLAS_ENV)  # the kernels inherit it: same digits as run_starter
         notebooks.configure()
-        # mkdocs-jupyter keys its cache on the notebook file alone; the starters import
-        # labkit, run on this Python and NumPy, and these files configure how notebooks
-        # run, so fold them into the cache location too (as runner's run keys do).
-        sources = [Path(__file__), Path(notebooks.__file__)]
-        versions = f"{sys.version}\0numpy {version('numpy')}\0"
-        key = labkit_digest() + versions + "".join(p.read_text() for p in sources)
-        key = hashlib.sha256(key.encode())
-        key = key.hexdigest()[:16]
+        key = notebook_cache_key()
         base = CACHE_ROOT / "mkdocs-jupyter"
         jupyter.config["cache_dir"] = str(base / key)
         for stale in base.glob("*") if base.is_dir() else []:
@@ -207,6 +199,24 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
                     f.unlink()
                 stale.rmdir()
     return config
+
+
+#: What turns a starter into its notebook page besides the build's own code: NumPy (the
+#: starters' numbers) and the converters (jupytext, nbconvert with mistune and Pygments,
+#: mkdocs-jupyter).
+NOTEBOOK_PACKAGES = ("numpy", "jupytext", "nbconvert", "mistune", "pygments", "mkdocs-jupyter")
+
+
+def notebook_cache_key() -> str:
+    """The folder of mkdocs-jupyter's cache. mkdocs-jupyter keys its cache on the notebook
+    file and its options alone; the starters import labkit and run on this Python, the
+    packages of :data:`NOTEBOOK_PACKAGES` make the page, and these files configure how
+    notebooks run, so fold them into the cache location too (as runner's run keys do)."""
+    sources = [Path(__file__), Path(notebooks.__file__)]
+    versions = "".join(f"{name} {serving._version(name)}\0" for name in NOTEBOOK_PACKAGES)
+    key = labkit_digest() + f"{sys.version}\0" + versions
+    key += "".join(p.read_text() for p in sources)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- paths
