@@ -40,7 +40,7 @@ def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator
     # __call__ guides only when guidance_scale > 1 (do_classifier_free_guidance); at 1 or
     # below it runs the prompt's rows alone, so guidance_scale=0 is not the unguided image
     guide = guidance_scale > 1
-    # (B, 77, D) each; the negative prompt is ""
+    # (B, 77, D); the negative prompt is "", used only when guiding
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
         prompts, device, num_images_per_prompt=1, do_classifier_free_guidance=guide
     )

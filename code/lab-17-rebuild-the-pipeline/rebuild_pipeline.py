@@ -128,9 +128,9 @@ noise = np.random.default_rng(args.seed).standard_normal((B, 4, 4, 4))  # (B, 4,
 # ## 3. Your part: the pipeline
 #
 # The lines of `StableDiffusionPipeline.__call__` from the doubled condition to the
-# decoded image, as it runs when it guides (`guidance_scale > 1`), on these parts. Each
-# `blank(n)` is a line to write; the comment above it gives the shapes and a hint.
-# Check your lines with check_pipeline.py.
+# decoded image, as it runs when it guides (`guidance_scale > 1`, a UNet without
+# `time_cond_proj_dim`), on these parts. Each `blank(n)` is a line to write; the comment
+# above it gives the shapes and a hint. Check your lines with check_pipeline.py.
 
 
 # %%

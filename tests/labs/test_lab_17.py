@@ -307,6 +307,17 @@ def test_level_2_always_doubling_is_one_line_at_guidance_1(check):
     assert f"rebuild_pipeline.py line {blank_line(9) + 1} (blank 9): ValueError" in err and "(level 2: euler, 3 steps, B = 2, guidance_scale 1)" in err, err  # fmt: skip
 
 
+def test_the_guide_rule_hint_names_stable_diffusion_pipeline_not_all_of_diffusers(check):
+    """Level 2's blank 7 as `guidance_scale >= 1`: named at the guidance_scale 1 case, and the
+    hint states StableDiffusionPipeline's rule, not diffusers': LDMTextToImagePipeline guides
+    at any guidance_scale != 1 and ZImagePipeline at any > 0, 1 included (diffusers 0.42.1)."""
+    source = fill_line(7, "do_classifier_free_guidance = guidance_scale >= 1", fill=range(1, 10))
+    code, out, _ = check(source)
+    assert code == 1 and "blank 7 differs" in out and "guidance_scale 1)" in out, out
+    assert "hint: StableDiffusionPipeline guides only when guidance_scale > 1" in out, out
+    assert "diffusers guides" not in out, out
+
+
 def test_level_2_needs_the_generator_in_step(check):
     """DDPM adds noise in step: a loop that does not pass the generator draws other noise,
     and blank 9 is named at step 1."""
@@ -377,7 +388,7 @@ def test_a_warning_is_said_only_when_the_readers_own_run_gave_it(check):
 @pytest.mark.parametrize("scale", ["7.5", "1", "0"])
 def test_the_solution_reproduces_lab_12_with_its_scheduler_above_guidance_1(run_lab, scale):
     """With DDIM at --guidance-scale above 1, the solution's pipeline() gives exactly Lab 12's
-    images for the same flags; at 1 or below Lab 12 follows diffusers and stops guiding, the
+    images for the same flags; at 1 or below Lab 12 follows StableDiffusionPipeline and stops guiding, the
     toy loop does not, so they differ (at 1 only by rounding, at 0 visibly)."""
     flags = ["--scheduler", "ddim", "--prompt", "hbar", "--steps", "10", "--seed", "3"]
     ours = run_lab(READER, "--solution", *flags, "--guidance-scale", scale)["image"]
@@ -390,7 +401,7 @@ def test_the_solution_reproduces_lab_12_with_its_scheduler_above_guidance_1(run_
 
 
 def test_level_2_at_any_scale_is_lab_12s_loop_with_ddim(run_lab):
-    """Level 2's solution with DDIM follows diffusers' rule: at guidance_scale 1 and 0 it
+    """Level 2's solution with DDIM follows StableDiffusionPipeline's rule: at guidance_scale 1 and 0 it
     gives Lab 12's images (the prompt's rows alone), as Lab 12 does for the same noise."""
     from labkit.blanks import load_function
 

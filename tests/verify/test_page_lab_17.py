@@ -123,7 +123,7 @@ def test_each_blanks_classic_mistake_changes_the_real_pipelines_output(pipe, num
 
 
 def test_a_unet_with_time_cond_proj_dim_is_not_guided():
-    """The loop guides when guidance_scale > 1 and the UNet has no time_cond_proj_dim, which LCM-distilled ones have: StableDiffusionPipeline.__call__ at guidance_scale 7.5 calls a tiny UNet with time_cond_proj_dim on B rows each step, not 2B (without it, on 2B: test_call_doubles_the_latents_then_scales_them_each_step)."""
+    """The loop guides when guidance_scale > 1 and the UNet has no time_cond_proj_dim: StableDiffusionPipeline.__call__ at guidance_scale 7.5 calls a tiny UNet with time_cond_proj_dim on B rows each step, not 2B (without it, on 2B: test_call_doubles_the_latents_then_scales_them_each_step)."""
     from tiny import embeds, tiny_unet
 
     lcm = tiny_sd_pipeline(unet=tiny_unet(time_cond_proj_dim=8))
