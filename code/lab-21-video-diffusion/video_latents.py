@@ -235,14 +235,14 @@ DECODE = model_sizes.load()["wan_vae_decode_720p"]  # measured by tests/verify (
 peak = {k: v / 1e9 for k, v in DECODE["peak_bytes"].items()}
 print(f"measured: AutoencoderKLWan() decoding {DECODE['frames']} frames of 720p peaks at {peak['bf16']:.1f} GB of live tensors in bf16 "
       f"({DECODE['bf16_peak_float32_bytes'] / 1e9:.1f} GB of them float32), {peak['fp32']:.1f} GB in float32; "
-      f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB ({DECODE['frames']} frames; weights not counted)")  # fmt: skip
+      f"with vae.enable_tiling() {peak['bf16_tiled']:.2f} GB ({DECODE['frames']} frames, the decoder's repeated calls replayed; weights not counted)")  # fmt: skip
 print(f"untiled, 81 frames: measured {peak['bf16_81_frames']:.1f} GB in bf16 (the decoder's repeated calls replayed): "
       f"+{peak['bf16_81_frames'] - peak['bf16']:.2f} GB over {DECODE['frames']} frames, the decoded clip that _decode concatenates")  # fmt: skip
 TILE, STRIDE = 256 // S_DOWN, 192 // S_DOWN  # enable_tiling() defaults, in latent pixels
 lat_h, lat_w = 720 // S_DOWN, 1280 // S_DOWN
 tile_pixels = sum(min(TILE, lat_h - i) for i in range(0, lat_h, STRIDE)) * sum(min(TILE, lat_w - j) for j in range(0, lat_w, STRIDE)) * S_DOWN**2  # fmt: skip
 clip_bytes, tiles_bytes = 3 * 81 * 720 * 1280 * 2, 3 * 81 * tile_pixels * 2  # 81 frames, bf16
-print(f"tiled, 81 frames: measured {peak['bf16_tiled_81_frames']:.2f} GB. tiled_decode keeps every decoded tile until it blends them "
+print(f"tiled, 81 frames: measured {peak['bf16_tiled_81_frames']:.2f} GB (replayed). tiled_decode keeps every decoded tile until it blends them "
       f"(tiles overlap: {tile_pixels / (720 * 1280):.2f}x the frame's pixels, {tiles_bytes / 1e9:.2f} GB), then holds the blended rows, "
       f"their concatenation and the clamped clip ({clip_bytes / 1e9:.2f} GB each): {(tiles_bytes + 3 * clip_bytes) / 1e9:.2f} GB")  # fmt: skip
 (wan14b,) = [r for r in model_sizes.rows("Wan 2.1 T2V 14B") if r["component"] == "transformer"]

@@ -215,7 +215,8 @@ def test_enable_tiling_is_spatial(record_calls):
         "self", "tile_sample_min_height", "tile_sample_min_width", "tile_sample_stride_height", "tile_sample_stride_width"
     ]  # fmt: skip
     vae = tiny_wan_vae()
-    assert not any("frame" in name for name in vars(vae))  # no use_framewise_* switch
+    # its only switches are slicing (the batch) and tiling: no use_framewise_* or other use_* flag
+    assert {name for name in vars(vae) if name.startswith("use_")} == {"use_slicing", "use_tiling"}
     assert (vae.tile_sample_min_height, vae.tile_sample_min_width) == (256, 256)
     assert (vae.tile_sample_stride_height, vae.tile_sample_stride_width) == (192, 192)
     z = encode(vae, clip(9))
