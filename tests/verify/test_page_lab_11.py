@@ -138,7 +138,7 @@ def test_trailing_ddims_extra_step_reads_the_noise_level_of_t_999(run_lab):
 
 @pytest.mark.parametrize("steps", [3, 7])
 def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
-    """`StableDiffusionPipeline` with an Euler scheduler calls the UNet `len(scheduler.timesteps)` times, each with the current `t`; at 1000 steps SD's `DDIMScheduler` (`steps_offset=1`) puts t = 1000 first and makes one UNet call, then an `IndexError`, so the interview hook's `len(timesteps)` count says "below 1000 steps"."""
+    """`StableDiffusionPipeline` with an Euler scheduler calls the UNet `len(scheduler.timesteps)` times, each with the current `t`; at 1000 steps SD's `DDIMScheduler` (`steps_offset=1`) puts t = 1000 first and makes one UNet call, then an `IndexError`, so the interview hook's `len(timesteps)` count says "below 1000 steps"; after the loop it calls `vae.decode`, then `run_safety_checker` (SD 1.5's safety checker), once each."""
     pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
     unet = record_calls(pipe.unet)
     pipe(
@@ -159,6 +159,13 @@ def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
             pipe(prompt_embeds=embeds(1), num_inference_steps=1000, guidance_scale=1.0,
                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
         assert len(unet.calls) == 1 and int(pipe.scheduler.timesteps[0]) == 1000
+        stages, decode, check = [], pipe.vae.decode, pipe.run_safety_checker
+        pipe.vae.decode = lambda *a, **k: stages.append("decode") or decode(*a, **k)
+        pipe.run_safety_checker = lambda *a, **k: stages.append("safety") or check(*a, **k)
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
+                 height=HEIGHT, width=WIDTH, output_type="np")  # fmt: skip
+        assert stages == ["decode", "safety"], stages
         from infralens_docs.registry import ROOT
 
         page = (ROOT / "docs" / "labs" / "lab-11-scheduler-loop-reading.md").read_text(
@@ -166,6 +173,7 @@ def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
         )
         hook = [line for line in page.splitlines() if line.startswith("- **Interview hook.**")]
         assert len(hook) == 1 and "below 1000 steps" in hook[0], hook
+        assert "one decode, then SD 1.5's safety checker, after it" in hook[0], hook
 
 
 def test_denoiser_passes_are_one_or_more_per_timesteps_entry_run(record_calls):

@@ -1174,51 +1174,60 @@ def test_ddim_step_formula_with_eta():
 
 
 def test_ddim_eta1_noise_matches_ddpm_variance():
-    """`eta=1` gives DDPM's posterior variance between the same two timesteps, except at a last step above t = 0 under `set_alpha_to_one=False` (SD 1.x's setting): the noise `DDIMScheduler.step` adds has the standard deviation of `DDPMScheduler`'s default `fixed_small` posterior at every step of a 10-step grid but such a last step, where DDIM targets `alphas_cumprod[0]` and adds noise while DDPM targets 1.0 and adds none.
+    """`eta=1` gives DDPM's posterior variance between the same two levels `alphas_cumprod[t]`, `alphas_cumprod[t']`; where t' < 0, DDPM's level is 1.0 and DDIM's is `final_alpha_cumprod`: 1.0 under `set_alpha_to_one=True` (the default), `alphas_cumprod[0]` under SD 1.x's `set_alpha_to_one=False`.
 
-    Four grids: SD 1.x's (`leading`, `steps_offset=1`: last t = 1) and `trailing` (last t = 99)
-    under `set_alpha_to_one=False` differ at the last step; `trailing` under the default
-    `set_alpha_to_one=True`, and `leading` with `steps_offset=0` (last t = 0), do not.
+    At every step of five grids (SD 1.x's `leading` 10-step grid; `trailing` at 10 under both
+    `set_alpha_to_one` values; `leading` with `steps_offset=0`; `trailing` at 61 under
+    `set_alpha_to_one=False`), the noise `DDIMScheduler.step` adds has the standard deviation of
+    `DDPMScheduler`'s default `fixed_small` posterior exactly when the two step between the same
+    two levels. Not "the last step" only: at `trailing` 61 the step from t = 15 to t' = -1 is
+    second to last, and DDIM adds noise (std 0.028) where DDPM adds none.
     """
     sample, model_output = tensors(23)
     z0, z1 = (torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(k)) for k in (0, 1))
-    grids = [  # (config, does the last step differ?)
-        (SD_SCHEDULER, True),
-        (
-            dict(SD_BETAS, clip_sample=False, set_alpha_to_one=False, timestep_spacing="trailing"),
-            True,
-        ),
-        (dict(SD_BETAS, clip_sample=False, timestep_spacing="trailing"), False),
-        (dict(SD_BETAS, clip_sample=False, set_alpha_to_one=False), False),
+    no_clip = dict(SD_BETAS, clip_sample=False)
+    grids = [  # (config, num_inference_steps)
+        (SD_SCHEDULER, 10),
+        (dict(no_clip, set_alpha_to_one=False, timestep_spacing="trailing"), 10),
+        (dict(no_clip, timestep_spacing="trailing"), 10),
+        (dict(no_clip, set_alpha_to_one=False), 10),
+        (dict(no_clip, set_alpha_to_one=False, timestep_spacing="trailing"), 61),
     ]
-    for config, last_differs in grids:
+    parted = []  # steps between the same two timesteps (or both past t = 0) whose noise parts
+    for config, n in grids:
         ddim = DDIMScheduler(**config)
         ddpm = DDPMScheduler.from_config(config)  # DDPM ignores `set_alpha_to_one`
         for s in (ddim, ddpm):
-            s.set_timesteps(10)
+            s.set_timesteps(n)
         assert ddim.timesteps.tolist() == ddpm.timesteps.tolist()
-
-        def ddim_out(t, z, ddim=ddim):
-            return ddim.step(model_output, t, sample, eta=1.0, variance_noise=z).prev_sample
-
-        def ddpm_out(t, seed, ddpm=ddpm):
-            g = torch.Generator().manual_seed(seed)
-            return ddpm.step(model_output, t, sample, generator=g).prev_sample
-
-        stds = []
+        abar = ddim.alphas_cumprod
         for t in ddim.timesteps.tolist():
-            sigma_ddim = ((ddim_out(t, z0) - ddim_out(t, z1)) / (z0 - z1)).median().item()
-            sigma_ddpm = ((ddpm_out(t, 0) - ddpm_out(t, 1)) / (z0 - z1)).median().item()
-            stds.append((t, sigma_ddim, sigma_ddpm))
-        for t, sigma_ddim, sigma_ddpm in stds[:-1]:
-            assert sigma_ddim == pytest.approx(sigma_ddpm, rel=1e-3), (config, t)
-            assert sigma_ddim > 0.02, (config, t)  # std 0.041 at t = 101 (to 1), more above
-        t, sigma_ddim, sigma_ddpm = stds[-1]
-        assert (t > 0 and not ddim.config.set_alpha_to_one) == last_differs, (config, t)
-        if last_differs:  # DDIM's target is alphas_cumprod[0]: std 0.021 at t = 1, 0.029 at 99
-            assert sigma_ddim > 0.01 and abs(sigma_ddpm) < 1e-6, (config, stds[-1])
-        else:
-            assert abs(sigma_ddim) < 1e-6 and abs(sigma_ddpm) < 1e-6, (config, stds[-1])
+            t_ddim, t_ddpm = t - 1000 // n, int(ddpm.previous_timestep(t))
+            levels_ddim = (abar[t], abar[t_ddim] if t_ddim >= 0 else ddim.final_alpha_cumprod)
+            levels_ddpm = (abar[t], abar[t_ddpm] if t_ddpm >= 0 else torch.tensor(1.0))
+            z = ddim.step(model_output, t, sample, eta=1.0, variance_noise=z0).prev_sample
+            z_ = ddim.step(model_output, t, sample, eta=1.0, variance_noise=z1).prev_sample
+            g0, g1 = (torch.Generator().manual_seed(k) for k in (0, 1))
+            d0 = ddpm.step(model_output, t, sample, generator=g0).prev_sample
+            d1 = ddpm.step(model_output, t, sample, generator=g1).prev_sample
+            sigma_ddim = ((z - z_) / (z0 - z1)).median().item()
+            sigma_ddpm = ((d0 - d1) / (z0 - z1)).median().item()
+            if t_ddim != t_ddpm and min(t_ddim, t_ddpm) >= 0:
+                continue  # DDIM's fixed stride leaves the grid: not the same two timesteps
+            if all(torch.isclose(a, b) for a, b in zip(levels_ddim, levels_ddpm, strict=True)):
+                assert sigma_ddim == pytest.approx(sigma_ddpm, rel=1e-3, abs=1e-6), (config, n, t)
+            elif sigma_ddim != pytest.approx(
+                sigma_ddpm, abs=1e-6
+            ):  # t' < 0: 1.0 against alphas_cumprod[0]
+                assert t_ddim < 0 and not ddim.config.set_alpha_to_one, (config, n, t)
+                assert sigma_ddim > 0.01 and abs(sigma_ddpm) < 1e-6, (config, n, t)
+                parted.append((n, t, t == ddim.timesteps[-1].item()))
+    # SD 1.x's last step (t = 1), trailing 10's (t = 99), and at trailing 61 the step from 15, not the last
+    assert parted == [(10, 1, True), (10, 99, True), (61, 15, False), (61, -1, True)], parted
+    depth = next(
+        line for line in SCHEDULER_PAGE.splitlines() if "gives DDPM's posterior variance" in line
+    )
+    assert "between the same two levels" in depth and "a last step" not in depth, depth
 
 
 def test_ddim_prev_timestep_is_a_fixed_stride():
