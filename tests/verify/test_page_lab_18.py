@@ -505,15 +505,29 @@ def test_mag_cache_runs_its_blocks_outside_the_graph(uncached_ops):
 
 
 def test_fuse_qkv_projections_keeps_the_output():
-    """`fuse_qkv_projections()` on a tiny `FluxTransformer2DModel` gives every attention one `to_qkv` linear (and each double-stream block's text stream one `to_added_qkv`), and on a tiny `UNet2DConditionModel` each self-attention one `to_qkv` and each cross-attention one `to_kv`, with `FusedAttnProcessor2_0`; both outputs stay unchanged to within 1e-5."""
+    """`fuse_qkv_projections()` on a tiny `FluxTransformer2DModel` gives every attention one `to_qkv` linear (and each double-stream block's text stream one `to_added_qkv`), and on a tiny `UNet2DConditionModel` each self-attention one `to_qkv` and each cross-attention one `to_kv`, with `FusedAttnProcessor2_0`; the forward then calls the fused linear once where it called `to_q`, `to_k` and `to_v` (forward hooks count the calls), and both outputs stay unchanged to within 1e-5."""
+    from collections import Counter
+
     from diffusers.models.transformers.transformer_flux import FluxAttention
 
+    def projection_calls(model, run):
+        """Calls of each q/k/v projection (by its last name) during ``run()``."""
+        calls, names = Counter(), ("to_q", "to_k", "to_v", "to_qkv", "to_kv", "to_added_qkv", "add_q_proj", "add_k_proj", "add_v_proj")  # fmt: skip
+        leaves = [(name.rsplit(".", 1)[-1], m) for name, m in model.named_modules()]
+        hooks = [m.register_forward_hook(lambda *_, n=n: calls.update([n])) for n, m in leaves if n in names]  # fmt: skip
+        with torch.no_grad():
+            out = run()
+        for h in hooks:
+            h.remove()
+        return out, dict(calls)
+
     flux = two_block_flux()
-    with torch.no_grad():
-        want = flux(**flux_inputs(3))[0]
-        flux.fuse_qkv_projections()
-        got = flux(**flux_inputs(3))[0]
+    want, before = projection_calls(flux, lambda: flux(**flux_inputs(3))[0])
+    flux.fuse_qkv_projections()
+    got, after = projection_calls(flux, lambda: flux(**flux_inputs(3))[0])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert before == {"to_q": 2, "to_k": 2, "to_v": 2, "add_q_proj": 1, "add_k_proj": 1, "add_v_proj": 1}  # fmt: skip
+    assert after == {"to_qkv": 2, "to_added_qkv": 1}, after  # one matmul where there were three
     double = {id(b.attn) for b in flux.transformer_blocks}
     attns = [m for m in flux.modules() if isinstance(m, FluxAttention)]
     assert len(attns) == 2 and all(m.fused_projections and hasattr(m, "to_qkv") for m in attns)
@@ -523,12 +537,14 @@ def test_fuse_qkv_projections_keeps_the_output():
     unet = tiny_unet()
     g = torch.Generator().manual_seed(0)
     args = (torch.randn(1, 4, 8, 8, generator=g), torch.tensor(10), torch.randn(1, 77, EMBED_DIM, generator=g))  # fmt: skip
-    with torch.no_grad():
-        want = unet(*args).sample
-        unet.fuse_qkv_projections()
-        got = unet(*args).sample
+    want, before = projection_calls(unet, lambda: unet(*args).sample)
+    unet.fuse_qkv_projections()
+    got, after = projection_calls(unet, lambda: unet(*args).sample)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     attns = [m for m in unet.modules() if isinstance(m, Attention)]
+    n_self = sum(not m.is_cross_attention for m in attns)
+    assert before == {p: len(attns) for p in ("to_q", "to_k", "to_v")}
+    assert after == {"to_qkv": n_self, "to_q": len(attns) - n_self, "to_kv": len(attns) - n_self}, after  # fmt: skip
     assert attns and all(isinstance(m.processor, FusedAttnProcessor2_0) for m in attns)
     assert all(hasattr(m, "to_kv") if m.is_cross_attention else hasattr(m, "to_qkv") for m in attns)  # fmt: skip
     assert any(not m.is_cross_attention for m in attns) and any(m.is_cross_attention for m in attns)
