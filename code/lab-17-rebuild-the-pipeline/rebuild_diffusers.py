@@ -10,8 +10,7 @@ DDPM draw their step's noise from it), and everything made on ``pipe._execution_
 ``__call__`` does (with model offload it is the accelerator, not ``pipe.device``). Left out of
 ``__call__``, among others: callbacks, IP-Adapter, guidance rescale, the safety checker,
 ``num_images_per_prompt``, ``clip_skip``, ``cross_attention_kwargs``, passed ``latents`` or
-``prompt_embeds``, and ``timestep_cond`` (a UNet with ``time_cond_proj_dim``, such as an
-LCM-distilled one, is not handled).
+``prompt_embeds``, and ``timestep_cond`` (a UNet with ``time_cond_proj_dim`` is not handled).
 
 ``tests/verify/test_page_lab_17.py`` checks that it returns what ``pipe(...)`` returns with
 ``output_type="np"`` for the same prompt and generator, bit for bit, on a tiny random
@@ -38,7 +37,7 @@ def pipeline(pipe, prompt, num_inference_steps=50, guidance_scale=7.5, generator
     height = width = pipe.unet.config.sample_size * pipe.vae_scale_factor  # the defaults
     device = pipe._execution_device  # as __call__: the offload hooks' device, if any
     # __call__ guides only when guidance_scale > 1 (do_classifier_free_guidance); at 1 or
-    # below it runs the prompt's rows alone, so guidance_scale=0 is not the unguided image
+    # below it runs the prompt's rows alone, so guidance_scale=0 is not the unconditional image
     guide = guidance_scale > 1
     # (B, 77, D); the negative prompt is "", used only when guiding
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(

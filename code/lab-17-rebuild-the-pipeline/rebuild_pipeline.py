@@ -142,8 +142,8 @@ def pipeline(
     """Latents (B, 4, h, w) of noise and conditions (B, ...) -> images (B, 3, H, W)."""
     # BLANK 1 of 6 · the doubled condition rows and their order. One unet call serves both
     # halves of classifier-free guidance: 2B condition rows, here (2B,) labels, in SD 1.x
-    # (2B, 77, 768). The order is a convention blank 4 must follow; diffusers puts the
-    # negative prompt's rows first.
+    # (2B, 77, 768). The order is a convention blank 4 must follow; StableDiffusionPipeline
+    # puts the negative prompt's rows first.
     prompt_embeds = blank(1)
 
     scheduler.set_timesteps(num_inference_steps)  # scheduler.timesteps: (n,), high to low
@@ -240,7 +240,7 @@ SOLUTION = Path(globals().get("__file__", "pipeline_solution.txt")).resolve().wi
 if not SOLUTION.is_file() and (args.solution or args.figures):
     parser.error(f"pipeline_solution.txt is not beside this file ({SOLUTION.parent}): run the copy in the repository's code/lab-17-rebuild-the-pipeline/")  # fmt: skip
 #: where StableDiffusionPipeline stops guiding; printed with a run at those scales
-GUIDE_NOTE = "note: StableDiffusionPipeline does not guide at guidance_scale <= 1 (one batch, the prompt's rows alone); this loop always guides: at 1 that is the prompt's prediction on 2B rows, at 0 the unconditional one (level 2 runs diffusers' rule)"  # fmt: skip
+GUIDE_NOTE = "note: StableDiffusionPipeline does not guide at guidance_scale <= 1 (one batch, the prompt's rows alone); this loop always guides: at 1 that is the prompt's prediction on 2B rows, at 0 the unconditional one (level 2 runs StableDiffusionPipeline's rule)"  # fmt: skip
 
 
 def load_solution(mistake=None):

@@ -318,6 +318,18 @@ def test_the_guide_rule_hint_names_stable_diffusion_pipeline_not_all_of_diffuser
     assert "diffusers guides" not in out, out
 
 
+def test_the_order_hint_names_stable_diffusion_pipeline_not_all_of_diffusers(check):
+    """A swapped blank 1 gets the order hint, and it states StableDiffusionPipeline's order,
+    not one of all of diffusers (StableDiffusionInstructPix2PixPipeline puts the prompt's rows
+    first); the starter's blank-1 comment, shown on the page, says the same."""
+    code, out, _ = check(reader_file([1], "order-swapped"))
+    assert code == 1 and out.startswith("blank 1 differs"), out
+    assert "hint: the order: StableDiffusionPipeline puts the negative prompt's rows first" in out
+    comment = " ".join(text(BLANKS).split("# BLANK 1 of 6")[1].split("prompt_embeds =")[0].split())
+    assert "StableDiffusionPipeline # puts the negative prompt's rows first" in comment, comment
+    assert "diffusers puts" not in out + comment
+
+
 def test_level_2_needs_the_generator_in_step(check):
     """DDPM adds noise in step: a loop that does not pass the generator draws other noise,
     and blank 9 is named at step 1."""
@@ -436,11 +448,14 @@ def test_without_scale_model_input_the_exact_denoiser_still_snaps_to_training_im
 @pytest.mark.parametrize("scale, purity", [("0", "25.0%"), ("1", "100.0%")])
 def test_the_toy_loop_always_guides_and_says_so_at_guidance_scale_1_or_below(run_cli, scale, purity):  # fmt: skip
     """Level 1's loop has no guidance_scale <= 1 branch: at 0 it makes unconditional images
-    (a quarter of them discs), at 1 the prompt's; the run says where diffusers differs."""
+    (a quarter of them discs), at 1 the prompt's; the run says where StableDiffusionPipeline
+    differs, and names that pipeline's rule as level 2's, not one rule of all of diffusers."""
     run = run_cli(READER, "--solution", "--guidance-scale", scale)
     assert run.returncode == 0 and run.stderr == ""
     assert f"nearest training latent has the prompt's label: {purity} of 8" in run.stdout
     assert "StableDiffusionPipeline does not guide at guidance_scale <= 1" in run.stdout
+    assert "(level 2 runs StableDiffusionPipeline's rule)" in run.stdout
+    assert "diffusers' rule" not in run.stdout
     assert "does not guide" not in run_cli(READER, "--solution").stdout
 
 

@@ -156,7 +156,7 @@ def test_sds_decoder_does_not_turn_a_missing_division_into_lower_contrast():
 
 @pytest.mark.parametrize("scheduler, module", [("EulerAncestralDiscreteScheduler", "scheduling_euler_ancestral_discrete"), ("DDPMScheduler", "scheduling_ddpm")])  # fmt: skip
 def test_euler_ancestral_and_ddpm_draw_their_step_noise_from_the_generator(pipe, scheduler, module, monkeypatch):  # fmt: skip
-    """Euler Ancestral and DDPM, which add noise in step, draw it from that generator: through pipe(...), each of their steps calls randn_tensor with the generator passed to pipe(...)."""
+    """Euler Ancestral and DDPM, which add noise in step, draw it from that generator: through pipe(...) at 4 steps with SD 1.5's scheduler config, each of their steps calls randn_tensor with the generator passed to pipe(...)."""
     import importlib
 
     owner = importlib.import_module(f"diffusers.schedulers.{module}")
@@ -301,7 +301,7 @@ def test_the_rebuilt_loop_uses_the_execution_device_as_call_does(monkeypatch):
 
 
 def test_controlnet_guess_mode_reads_a_doubled_batch_negative_first():
-    """In guess mode StableDiffusionControlNetPipeline gives the ControlNet prompt_embeds.chunk(2)[1], the second half of the doubled batch, as the prompt's rows, and puts zero residuals first for the negative half: it relies on diffusers' order, negative rows first."""
+    """In guess mode StableDiffusionControlNetPipeline gives the ControlNet prompt_embeds.chunk(2)[1], the second half of the doubled batch, as the prompt's rows, and puts zero residuals first for the negative half: it relies on StableDiffusionPipeline's order, negative rows first."""
     from tiny import embeds, tiny_controlnet, tiny_controlnet_pipeline, tiny_unet
 
     unet = tiny_unet()
@@ -333,7 +333,7 @@ def test_controlnet_guess_mode_reads_a_doubled_batch_negative_first():
 
 
 def test_ip_adapter_reads_a_doubled_batch_negative_first(pipe):
-    """Code that splits the doubled batch reads its first half as the negative: StableDiffusionPipeline.prepare_ip_adapter_image_embeds chunks precomputed ip_adapter_image_embeds into (negative, positive) and returns the negative rows first."""
+    """StableDiffusionPipeline's code that splits the doubled batch reads its first half as the negative: its prepare_ip_adapter_image_embeds chunks precomputed ip_adapter_image_embeds into (negative, positive) and returns the negative rows first."""
     negative, positive = torch.zeros(1, 1, 8), torch.ones(1, 1, 8)
     out = pipe.prepare_ip_adapter_image_embeds(
         None, [torch.cat([negative, positive])], torch.device("cpu"), 2, True
