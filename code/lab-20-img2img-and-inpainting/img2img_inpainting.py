@@ -269,7 +269,7 @@ print(f"conditioned (9-channel):  {consistent_share(conditioned):.0%} consistent
 # output's aspect ratio: `VaeImageProcessor.get_crop_region`), inpaints that crop at the
 # full `height x width`, and pastes it back. A reference editor (FLUX.1 Kontext) instead
 # appends the reference image's packed latents, resized to about 1 MP, to the sequence: at
-# 1024 px `N` image tokens become `2N`, and the attention over them costs four times as much.
+# 1024 px `N` image tokens become about `2N`, and their attention costs about 4x as much.
 
 
 # %%

@@ -70,9 +70,11 @@ def run(pipe, **kwargs):
 
 @pytest.mark.parametrize("strength", [0.3, 0.6, 1.0])
 def test_img2img_runs_the_last_int_n_times_strength_timesteps(img2img, record_calls, monkeypatch, strength):  # fmt: skip
-    """`StableDiffusionImg2ImgPipeline` runs the last `int(num_inference_steps * strength)` timesteps of the grid (`get_timesteps`), one UNet call each, and noises the encoded image once, with `scheduler.add_noise(init_latents, noise, timesteps[:1])` at the first of them, where `init_latents` is `vae.encode(image)` times `scaling_factor`; at `strength=1.0` too."""
+    """With `DDIMScheduler` (as here), `StableDiffusionImg2ImgPipeline` runs the last `int(num_inference_steps * strength)` timesteps of the grid (`get_timesteps`), one UNet call each, and noises the encoded image once, with `scheduler.add_noise(init_latents, noise, timesteps[:1])` at the first of them, where `init_latents` is `vae.encode(image)` times `scaling_factor`; at `strength=1.0` too."""
     import diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img as module
+    from diffusers import DDIMScheduler
 
+    assert type(img2img.scheduler) is DDIMScheduler  # the count is DDIM's (PNDM: one more)
     image, _ = pil_image_and_mask()
     encoded = spy(monkeypatch, module, "retrieve_latents", returns=True)
     noised = spy(monkeypatch, img2img.scheduler, "add_noise")
@@ -155,9 +157,9 @@ def test_get_timesteps_sets_begin_index_only_on_schedulers_that_have_it(img2img,
     assert [args for args, _ in begins] == [(5,)]
 
 
-@pytest.mark.parametrize(("steps", "strength", "ddim_calls", "pndm_calls"), [(50, 0.5, 25, 26), (10, 0.35, 3, 4), (4, 0.1, 0, 1), (1, 1.0, 1, 1)])  # fmt: skip
+@pytest.mark.parametrize(("steps", "strength", "ddim_calls", "pndm_calls"), [(50, 0.5, 25, 26), (10, 1.0, 10, 11), (10, 0.35, 3, 4), (4, 0.1, 0, 1), (1, 1.0, 1, 1)])  # fmt: skip
 def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strength, ddim_calls, pndm_calls):  # fmt: skip
-    """`get_timesteps` slices `scheduler.timesteps[t_start * scheduler.order:]` with `t_start = num_inference_steps - int(num_inference_steps * strength)`. DDIM's grid has `num_inference_steps` entries, so it runs `int(num_inference_steps * strength)` UNet calls (0.5 of 50: 25, starting at t=481; 0.35 of 10: 3; 0.1 of 4: none). From 2 steps on, SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) repeats one timestep, so its grid has `num_inference_steps + 1` entries and the same slice runs one call more in `StableDiffusionImg2ImgPipeline` (0.5 of 50: 26, starting at t=501; 0.35 of 10: 4; 0.1 of 4: one call, at t=1, not an empty batch); at 1 step its grid has one entry, and strength 1.0 makes one call with either scheduler; `StableDiffusionInpaintPipeline` with PNDM still raises its `ValueError` at 0.1 of 4, since its check counts `num_inference_steps - t_start`, 0."""
+    """`get_timesteps` slices `scheduler.timesteps[t_start * scheduler.order:]` with `t_start = num_inference_steps - int(num_inference_steps * strength)`. DDIM's grid has `num_inference_steps` entries, so it runs `int(num_inference_steps * strength)` UNet calls (0.5 of 50: 25, starting at t=481; 0.35 of 10: 3; 0.1 of 4: none). From 2 steps on, SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) repeats its second timestep, so its grid has `num_inference_steps + 1` entries and the same slice keeps one entry more; `StableDiffusionImg2ImgPipeline` runs 26 calls at 0.5 of 50, starting at t=501, 4 at 0.35 of 10 (at 1.0 of 10, 11 calls, both from t=901), and at 0.1 of 4 one call, at t=1, not an empty batch; at 1 step its grid has one entry, and strength 1.0 makes one call with either scheduler; `StableDiffusionInpaintPipeline` with PNDM still raises its `ValueError` at 0.1 of 4, since its check counts `num_inference_steps - t_start`, 0."""
     from diffusers import DDIMScheduler, PNDMScheduler
     from tiny import SD15_PNDM
 
@@ -179,9 +181,13 @@ def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strengt
     pndm, pndm_batch = calls_and_first(pndm_pipe)
     assert (len(ddim), len(pndm)) == (ddim_calls, pndm_calls)
     pndm_pipe.scheduler.set_timesteps(steps)
-    assert len(pndm_pipe.scheduler.timesteps) == steps + (steps >= 2)  # no repeat at 1 step
-    if steps == 50:
+    grid = pndm_pipe.scheduler.timesteps
+    assert len(grid) == steps + (steps >= 2)  # no repeat at 1 step
+    assert steps < 2 or grid[1] == grid[2]  # the repeat: its second timestep
+    if (steps, strength) == (50, 0.5):
         assert (ddim[0], pndm[0]) == (481, 501)
+    if (steps, strength) == (10, 1.0):
+        assert ddim[0] == pndm[0] == 901  # no earlier start when nothing is skipped
     if steps == 4:
         assert (ddim_batch, pndm_batch, pndm) == (0, 1, [1])
         base = tiny_sd_variant("StableDiffusionInpaintPipeline")
@@ -191,6 +197,36 @@ def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strengt
         with pytest.raises(ValueError, match="After adjusting"), torch.no_grad():
             inpaint(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=steps, image=image,
                     mask_image=mask_image, strength=strength, output_type="latent")  # fmt: skip
+
+
+@pytest.mark.parametrize("steps", [2, 50, 1000])
+def test_pndm_slice_keeps_one_entry_more_from_2_steps_on(img2img, monkeypatch, steps):
+    """From 2 steps on, the slice `get_timesteps` hands `StableDiffusionImg2ImgPipeline.__call__` keeps one entry more with SD 1.5's shipped `PNDMScheduler` than with `DDIMScheduler` (2, 50 and 1000 steps; strength 1.0, 0.999 and 0.5)."""
+    from diffusers import DDIMScheduler, PNDMScheduler
+    from tiny import SD15_PNDM, SD_SCHEDULER
+
+    class StopError(Exception):
+        pass
+
+    def slice_length(scheduler, strength):
+        pipe = type(img2img)(**{**img2img.components, "scheduler": scheduler})
+        pipe.set_progress_bar_config(disable=True)
+        kept, original = [], pipe.get_timesteps
+
+        def stop(*args, **kwargs):
+            kept.append(len(original(*args, **kwargs)[0]))
+            raise StopError  # the slice is known: no UNet call needed
+
+        monkeypatch.setattr(pipe, "get_timesteps", stop)
+        with pytest.raises(StopError), torch.no_grad():
+            pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=steps,
+                 strength=strength, image=pil_image_and_mask()[0], output_type="latent")  # fmt: skip
+        return kept[0]
+
+    for strength in (1.0, 0.999, 0.5):
+        ddim = slice_length(DDIMScheduler(**SD_SCHEDULER), strength)
+        assert ddim == int(steps * strength)
+        assert slice_length(PNDMScheduler(**SD15_PNDM), strength) == ddim + 1, strength
 
 
 def test_strength_one_still_carries_the_image(img2img, record_calls, monkeypatch):
@@ -311,7 +347,7 @@ def test_padding_mask_crop(inpaint4, record_calls):
 
 
 def test_kontext_appends_reference_tokens(record_calls, monkeypatch):
-    """`FluxKontextPipeline` packs the reference image's latents like the noisy ones and concatenates them along the sequence axis (`torch.cat([latents, image_latents], dim=1)`), so the transformer sees 2N image tokens for N generated (with `img_ids` rows whose first coordinate is 1), and keeps only the first N of its output (`noise_pred[:, : latents.size(1)]`); it does not noise the reference: `scheduler.scale_noise` is never called, and the reference tokens are, at every step, the reference's posterior mean (`latent_dist.mode()`, recomputed here from the pixels the VAE encoder got) shifted, scaled and packed, `_pack_latents((mode - shift_factor) * scaling_factor)`."""
+    """`FluxKontextPipeline` packs the reference image's latents like the noisy ones and concatenates them along the sequence axis (`torch.cat([latents, image_latents], dim=1)`), so with a reference the output's size (as here, `_auto_resize=False`) the transformer sees 2N image tokens for N generated (with `img_ids` rows whose first coordinate is 1), and keeps only the first N of its output (`noise_pred[:, : latents.size(1)]`); it does not noise the reference: `scheduler.scale_noise` is never called, and the reference tokens are, at every step, the reference's posterior mean (`latent_dist.mode()`, recomputed here from the pixels the VAE encoder got) shifted, scaled and packed, `_pack_latents((mode - shift_factor) * scaling_factor)`."""
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
 
@@ -358,7 +394,7 @@ def test_kontext_appends_reference_tokens(record_calls, monkeypatch):
 
 
 def test_kontext_resizes_the_reference_to_a_preferred_resolution(record_calls, monkeypatch):
-    """By default (`_auto_resize=True`) `FluxKontextPipeline` resizes the reference image to the entry of `PREFERRED_KONTEXT_RESOLUTIONS` nearest its aspect ratio, whatever the output size: every entry is about 1 MP (1024 x 1024 among them), so the reference adds about 4,096 tokens; N tokens become 2N only when the output is about 1 MP too."""
+    """By default (`_auto_resize=True`) `FluxKontextPipeline` resizes the reference image to the entry of `PREFERRED_KONTEXT_RESOLUTIONS` nearest its aspect ratio, whatever the output size: every entry is about 1 MP (1024 x 1024 among them), so the reference adds about 4,096 tokens; N tokens become about 2N only when the output is about 1 MP too."""
     import diffusers.pipelines.flux.pipeline_flux_kontext as module
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
