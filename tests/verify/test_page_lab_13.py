@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import inspect
 
+import diffusers
 import numpy as np
 import pytest
 import torch
 from diffusers import (
     DDIMScheduler,
     DPMSolverMultistepScheduler,
-    EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     LCMScheduler,
     TCDScheduler,
@@ -274,7 +274,7 @@ def test_starter_spacing_grids_are_diffusers(starter):
 
 
 def test_rescale_betas_zero_snr(starter):
-    """The starter's `rescale_zero_terminal_snr` gives the betas of diffusers' own `rescale_zero_terminal_snr` (in `scheduling_ddim.py`) to 1e-6, and its `DDIMZeroSNRScheduler` the `alphas_cumprod` of `DDIMScheduler(rescale_betas_zero_snr=True)`, which ends at exactly 0 on SD's `scaled_linear` betas (4.66e-03 without it); `DPMSolverMultistepScheduler` and `EulerDiscreteScheduler` with `rescale_betas_zero_snr=True` then set it to `2**-24`, so the first sigma of their grid (t = 999) stays finite."""
+    """The starter's `rescale_zero_terminal_snr` gives the betas of diffusers' own `rescale_zero_terminal_snr` (in `scheduling_ddim.py`) to 1e-6, and its `DDIMZeroSNRScheduler` the `alphas_cumprod` of `DDIMScheduler(rescale_betas_zero_snr=True)`, which ends at exactly 0 on SD's `scaled_linear` betas (4.66e-03 without it); of the schedulers diffusers exports that take `rescale_betas_zero_snr=True`, exactly `DPMSolverMultistepScheduler`, `UniPCMultistepScheduler`, `EulerDiscreteScheduler` and `EulerAncestralDiscreteScheduler` then set it to `2**-24`, so the first sigma of their grid (t = 999) stays finite; the others keep 0."""
     from diffusers.schedulers.scheduling_ddim import rescale_zero_terminal_snr
 
     plain = DDIMScheduler(**SD_BETAS)
@@ -285,11 +285,21 @@ def test_rescale_betas_zero_snr(starter):
     np.testing.assert_allclose(ours.alphas_cumprod, ddim.alphas_cumprod.double().numpy(), atol=1e-6)
     assert float(ddim.alphas_cumprod[-1]) == 0.0 and ours.alphas_cumprod[-1] == 0.0
     assert float(plain.alphas_cumprod[-1]) == pytest.approx(4.66e-03, abs=5e-6)
-    for cls in (DPMSolverMultistepScheduler, EulerDiscreteScheduler):
+    # every scheduler class diffusers exports that takes the flag, so a new one joins the set
+    clamped, zero = set(), set()
+    for name in [n for n in dir(diffusers) if n.endswith("Scheduler")]:
+        cls = getattr(diffusers, name)
+        if "rescale_betas_zero_snr" not in inspect.signature(cls.__init__).parameters:
+            continue
         scheduler = cls(**SD_BETAS, rescale_betas_zero_snr=True, timestep_spacing="trailing")
-        assert float(scheduler.alphas_cumprod[-1]) == 2**-24, cls.__name__
-        scheduler.set_timesteps(4)
-        assert int(scheduler.timesteps[0]) == 999 and torch.isfinite(scheduler.sigmas[0]), cls.__name__  # fmt: skip
+        last = float(scheduler.alphas_cumprod[-1])
+        assert last in (0.0, 2**-24), name
+        (zero if last == 0.0 else clamped).add(name)
+        if last:
+            scheduler.set_timesteps(4)
+            assert int(scheduler.timesteps[0]) == 999 and torch.isfinite(scheduler.sigmas[0]), name  # fmt: skip
+    assert clamped == {"DPMSolverMultistepScheduler", "UniPCMultistepScheduler", "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler"}  # fmt: skip
+    assert "DDIMScheduler" in zero
 
 
 def zero_snr_ddim(prediction_type):

@@ -166,16 +166,23 @@ def test_cpu_backends_agree_on_a_tiny_flux_transformer(default_backend):
 
 
 def test_cpu_refuses_the_gpu_kernels(default_backend):
-    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `flash_hub`, `sage` and `xformers` are refused on entry because their package (`flash-attn`, `kernels`, `sageattention`, `xformers`) is not installed: none of them is run here."""
+    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `sage`, `xformers` and every `*_hub` backend are refused on entry because their package (`flash-attn`, `sageattention`, `xformers`, `kernels`) is not installed: none of them is run here. Each `*_hub` backend has a Hub kernel registered to download."""
     from diffusers.models.attention_dispatch import attention_backend, dispatch_attention_fn
 
     q = torch.randn(1, 8, 2, 16)  # (B, N, heads, head_dim), as dispatch_attention_fn takes it
     for name in ["_native_efficient", "_native_cudnn"]:
         with attention_backend(name), pytest.raises(RuntimeError, match="No viable backend"):
             dispatch_attention_fn(q, q, q)
-    for name, package in [("flash", "flash-attn"), ("flash_hub", "kernels"), ("sage", "sageattention"), ("xformers", "xformers")]:  # fmt: skip
+    from diffusers.models.attention_dispatch import _HUB_KERNELS_REGISTRY, AttentionBackendName
+
+    hub = [
+        b.value for b in AttentionBackendName if b.value.endswith("_hub")
+    ]  # as installed: a new one joins
+    assert "flash_hub" in hub
+    for name, package in [("flash", "flash-attn"), ("sage", "sageattention"), ("xformers", "xformers")] + [(h, "`kernels`") for h in hub]:  # fmt: skip
         with pytest.raises(RuntimeError, match=package), attention_backend(name):
             pass
+    assert all(AttentionBackendName(h) in _HUB_KERNELS_REGISTRY for h in hub)
 
 
 def test_backend_table_matches_the_registry(starter, default_backend):
@@ -612,6 +619,7 @@ def test_native_backend_is_plain_sdpa(monkeypatch, default_backend):
     device_calls = []
     monkeypatch.setattr(ad, "npu_fusion_attention", lambda q, *a, **k: device_calls.append("npu") or (q,))  # fmt: skip
     monkeypatch.setattr(ad, "xla_flash_attention", lambda q, k, v, causal: device_calls.append("xla") or q)  # fmt: skip
+    own = {"_native_math": {SDPBackend.MATH}, "_native_flash": {SDPBackend.FLASH_ATTENTION}, "_native_efficient": {SDPBackend.EFFICIENT_ATTENTION}, "_native_cudnn": {SDPBackend.CUDNN_ATTENTION}, "_native_npu": "npu", "_native_xla": "xla"}  # fmt: skip
     via_sdpa = set()
     for backend in [b for b in ad.AttentionBackendName if b.value.startswith("_native_")]:
         seen.clear(), device_calls.clear()
@@ -619,8 +627,9 @@ def test_native_backend_is_plain_sdpa(monkeypatch, default_backend):
             ad.dispatch_attention_fn(q, q, q, backend=backend)
         except RuntimeError as error:  # the two GPU-only SDPA kernels on this CPU
             assert "No viable backend" in str(error), backend
-        assert len(seen) + len(device_calls) == 1, backend
+        assert seen + device_calls == [own[backend.value]], (
+            backend
+        )  # a new name has no entry: fails
         if seen:
-            assert len(seen[0]) == 1, backend  # only its own kernel
             via_sdpa.add(backend.value)
     assert via_sdpa == {"_native_math", "_native_flash", "_native_efficient", "_native_cudnn"}
