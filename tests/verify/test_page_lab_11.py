@@ -138,7 +138,7 @@ def test_trailing_ddims_extra_step_reads_the_noise_level_of_t_999(run_lab):
 
 @pytest.mark.parametrize("steps", [3, 7])
 def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
-    """`StableDiffusionPipeline` with an Euler scheduler calls the UNet `len(scheduler.timesteps)` times, each with the current `t`; at 1000 steps SD's `DDIMScheduler` (`steps_offset=1`) puts t = 1000 first and makes one UNet call, then an `IndexError`, so the interview hook's `len(timesteps)` count says "below 1000 steps"; after the loop it calls `vae.decode`, then `run_safety_checker` (SD 1.5's safety checker), once each."""
+    """`StableDiffusionPipeline` with an Euler scheduler calls the UNet `len(scheduler.timesteps)` times, each with the current `t`; at 1000 steps SD's `DDIMScheduler` (`steps_offset=1`) puts t = 1000 first and makes one UNet call, then an `IndexError`, so the interview hook's `len(timesteps)` count says "below 1000 steps"; after the loop it runs `vae.decode`, then SD 1.5's safety checker, once each (a tiny `StableDiffusionSafetyChecker`, one forward for a batch of 2)."""
     pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
     unet = record_calls(pipe.unet)
     pipe(
@@ -159,13 +159,33 @@ def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
             pipe(prompt_embeds=embeds(1), num_inference_steps=1000, guidance_scale=1.0,
                  height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
         assert len(unet.calls) == 1 and int(pipe.scheduler.timesteps[0]) == 1000
-        stages, decode, check = [], pipe.vae.decode, pipe.run_safety_checker
+        from diffusers.pipelines.stable_diffusion.safety_checker import (
+            StableDiffusionSafetyChecker,
+        )
+        from transformers import CLIPConfig, CLIPImageProcessor
+
+        small = dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+        )
+        config = CLIPConfig(
+            text_config=dict(small, vocab_size=100),
+            vision_config=dict(small, image_size=32, patch_size=8),
+            projection_dim=8,
+        )
+        checker = StableDiffusionSafetyChecker(config).eval()  # the class SD 1.5 ships
+        size = dict(shortest_edge=32)
+        pipe = tiny_sd_pipeline(
+            scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER),
+            safety_checker=checker,
+            feature_extractor=CLIPImageProcessor(size=size, crop_size=dict(height=32, width=32)),
+        )
+        stages, decode = [], pipe.vae.decode
         pipe.vae.decode = lambda *a, **k: stages.append("decode") or decode(*a, **k)
-        pipe.run_safety_checker = lambda *a, **k: stages.append("safety") or check(*a, **k)
+        checker.register_forward_hook(lambda *a: stages.append("safety checker"))
         with torch.no_grad():
-            pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
+            pipe(prompt_embeds=embeds(1, batch=2), num_inference_steps=steps, guidance_scale=1.0,
                  height=HEIGHT, width=WIDTH, output_type="np")  # fmt: skip
-        assert stages == ["decode", "safety"], stages
+        assert stages == ["decode", "safety checker"], stages
         from infralens_docs.registry import ROOT
 
         page = (ROOT / "docs" / "labs" / "lab-11-scheduler-loop-reading.md").read_text(

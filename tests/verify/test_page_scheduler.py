@@ -1174,14 +1174,17 @@ def test_ddim_step_formula_with_eta():
 
 
 def test_ddim_eta1_noise_matches_ddpm_variance():
-    """`eta=1` gives DDPM's posterior variance between the same two levels `alphas_cumprod[t]`, `alphas_cumprod[t']`; where t' < 0, DDPM's level is 1.0 and DDIM's is `final_alpha_cumprod`: 1.0 under `set_alpha_to_one=True` (the default), `alphas_cumprod[0]` under SD 1.x's `set_alpha_to_one=False`.
+    """`eta=1` gives DDPM's posterior variance between the same two levels `alphas_cumprod[t]`, `alphas_cumprod[t']`.
 
-    At every step of five grids (SD 1.x's `leading` 10-step grid; `trailing` at 10 under both
+    At every step of six grids (SD 1.x's `leading` 10-step grid; `trailing` at 10 under both
     `set_alpha_to_one` values; `leading` with `steps_offset=0`; `trailing` at 61 under
-    `set_alpha_to_one=False`), the noise `DDIMScheduler.step` adds has the standard deviation of
-    `DDPMScheduler`'s default `fixed_small` posterior exactly when the two step between the same
-    two levels. Not "the last step" only: at `trailing` 61 the step from t = 15 to t' = -1 is
-    second to last, and DDIM adds noise (std 0.028) where DDPM adds none.
+    `set_alpha_to_one=False`; `trailing` at 7 under the default), the noise `DDIMScheduler.step`
+    adds has the standard deviation of `DDPMScheduler`'s default `fixed_small` posterior wherever
+    the two step between the same two levels. Where they do not, the page names no rule: DDIM's
+    target is `t - 1000 // n`, DDPM's the grid's next entry. At `trailing` 7 under the default
+    `set_alpha_to_one=True` DDIM's last step (from 142) targets `alphas_cumprod[0]` (142 - 142 = 0),
+    not `final_alpha_cumprod` (1.0): it adds noise (std 0.029) where DDPM adds none, and at
+    `eta=0` its `prev_sample` is not `pred_original_sample`.
     """
     sample, model_output = tensors(23)
     z0, z1 = (torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(k)) for k in (0, 1))
@@ -1192,8 +1195,9 @@ def test_ddim_eta1_noise_matches_ddpm_variance():
         (dict(no_clip, timestep_spacing="trailing"), 10),
         (dict(no_clip, set_alpha_to_one=False), 10),
         (dict(no_clip, set_alpha_to_one=False, timestep_spacing="trailing"), 61),
+        (dict(no_clip, timestep_spacing="trailing"), 7),
     ]
-    parted = []  # steps between the same two timesteps (or both past t = 0) whose noise parts
+    parted = []  # (n, t, DDIM's target timestep, last step?) where the noise parts
     for config, n in grids:
         ddim = DDIMScheduler(**config)
         ddpm = DDPMScheduler.from_config(config)  # DDPM ignores `set_alpha_to_one`
@@ -1212,22 +1216,32 @@ def test_ddim_eta1_noise_matches_ddpm_variance():
             d1 = ddpm.step(model_output, t, sample, generator=g1).prev_sample
             sigma_ddim = ((z - z_) / (z0 - z1)).median().item()
             sigma_ddpm = ((d0 - d1) / (z0 - z1)).median().item()
-            if t_ddim != t_ddpm and min(t_ddim, t_ddpm) >= 0:
-                continue  # DDIM's fixed stride leaves the grid: not the same two timesteps
             if all(torch.isclose(a, b) for a, b in zip(levels_ddim, levels_ddpm, strict=True)):
                 assert sigma_ddim == pytest.approx(sigma_ddpm, rel=1e-3, abs=1e-6), (config, n, t)
-            elif sigma_ddim != pytest.approx(
-                sigma_ddpm, abs=1e-6
-            ):  # t' < 0: 1.0 against alphas_cumprod[0]
-                assert t_ddim < 0 and not ddim.config.set_alpha_to_one, (config, n, t)
+            elif min(t_ddim, t_ddpm) < 0 and sigma_ddim != pytest.approx(sigma_ddpm, abs=1e-6):
                 assert sigma_ddim > 0.01 and abs(sigma_ddpm) < 1e-6, (config, n, t)
-                parted.append((n, t, t == ddim.timesteps[-1].item()))
-    # SD 1.x's last step (t = 1), trailing 10's (t = 99), and at trailing 61 the step from 15, not the last
-    assert parted == [(10, 1, True), (10, 99, True), (61, 15, False), (61, -1, True)], parted
+                parted.append((n, t, t_ddim, t == ddim.timesteps[-1].item()))
+    # SD 1.x's last step (t = 1), trailing 10's (t = 99), trailing 61's step from 15 (not the
+    # last) and from -1, and trailing 7's last step, where DDIM targets alphas_cumprod[0] under
+    # the default set_alpha_to_one=True: not final_alpha_cumprod
+    assert parted == [
+        (10, 1, -99, True),
+        (10, 99, -1, True),
+        (61, 15, -1, False),
+        (61, -1, -17, True),
+        (7, 142, 0, True),
+    ], parted
+    ddim = DDIMScheduler(**no_clip, timestep_spacing="trailing")
+    ddim.set_timesteps(7)
+    assert ddim.final_alpha_cumprod.item() == 1.0
+    out = ddim.step(model_output, 142, sample)  # eta = 0, the last step
+    assert not torch.allclose(out.prev_sample, out.pred_original_sample)
     depth = next(
         line for line in SCHEDULER_PAGE.splitlines() if "gives DDPM's posterior variance" in line
     )
-    assert "between the same two levels" in depth and "a last step" not in depth, depth
+    sentence = depth[depth.index("$\\eta = 1$ gives") :].split(". ")[0]
+    assert sentence.endswith("$\\bar\\alpha_t$, $\\bar\\alpha_{t'}$"), sentence
+    assert "final_alpha_cumprod" not in depth and "the last step" not in SCHEDULER_PAGE, depth
 
 
 def test_ddim_prev_timestep_is_a_fixed_stride():
@@ -1264,23 +1278,6 @@ def test_ddim_trailing_matches_only_when_n_divides_t():
     leading = DDIMScheduler(timestep_spacing="leading")
     leading.set_timesteps(7)
     assert leading.timesteps.tolist() == list(range(852, -1, -142))
-
-
-def test_ddim_final_alpha_cumprod():
-    """At the last step `DDIMScheduler` uses `final_alpha_cumprod` for `abar_prev`: 1.0 under `set_alpha_to_one=True` (the default), so `prev_sample` is `pred_original_sample`, and `alphas_cumprod[0]` under `set_alpha_to_one=False`, SD 1.x's setting."""
-    sample, model_output = tensors(14)
-    for to_one in (True, False):
-        chosen = {} if to_one else {"set_alpha_to_one": False}  # True: the default, not passed
-        scheduler = DDIMScheduler(**chosen, clip_sample=False, **SD_BETAS)
-        scheduler.set_timesteps(10)
-        t = int(scheduler.timesteps[-1])
-        expected = 1.0 if to_one else scheduler.alphas_cumprod[0].item()
-        assert scheduler.final_alpha_cumprod.item() == pytest.approx(expected)
-        out = scheduler.step(model_output, t, sample)
-        torch.testing.assert_close(
-            out.prev_sample, ddim_reference(scheduler, model_output, sample, t, -1)
-        )
-        assert torch.allclose(out.prev_sample, out.pred_original_sample) == to_one
 
 
 def test_ddim_eta0_agrees_with_euler():
