@@ -158,7 +158,7 @@ def test_get_timesteps_sets_begin_index_only_on_schedulers_that_have_it(img2img,
 
 
 @pytest.mark.parametrize(("steps", "strength", "ddim_calls", "pndm_calls"), [(50, 0.5, 25, 26), (10, 1.0, 10, 11), (10, 0.35, 3, 4), (4, 0.1, 0, 1), (1, 1.0, 1, 1)])  # fmt: skip
-def test_pndm_runs_one_call_more_than_ddim(img2img, record_calls, steps, strength, ddim_calls, pndm_calls):  # fmt: skip
+def test_ddim_and_pndm_img2img_call_counts(img2img, record_calls, steps, strength, ddim_calls, pndm_calls):  # fmt: skip
     """`get_timesteps` slices `scheduler.timesteps[t_start * scheduler.order:]` with `t_start = num_inference_steps - int(num_inference_steps * strength)`. DDIM's grid has `num_inference_steps` entries, so it runs `int(num_inference_steps * strength)` UNet calls (0.5 of 50: 25, starting at t=481; 0.35 of 10: 3; 0.1 of 4: none). From 2 steps on, SD 1.5's shipped `PNDMScheduler` (`skip_prk_steps=True`) repeats its second timestep, so its grid has `num_inference_steps + 1` entries and the same slice keeps one entry more; `StableDiffusionImg2ImgPipeline` runs 26 calls at 0.5 of 50, starting at t=501, 4 at 0.35 of 10 (at 1.0 of 10, 11 calls, both from t=901), and at 0.1 of 4 one call, at t=1, not an empty batch; at 1 step its grid has one entry, and strength 1.0 makes one call with either scheduler; `StableDiffusionInpaintPipeline` with PNDM still raises its `ValueError` at 0.1 of 4, since its check counts `num_inference_steps - t_start`, 0."""
     from diffusers import DDIMScheduler, PNDMScheduler
     from tiny import SD15_PNDM
