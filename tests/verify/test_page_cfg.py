@@ -150,11 +150,13 @@ def test_scheduler_step_gets_the_guided_combination(sd_pipe, record_calls, outpu
 
 
 def test_cfg_doubles_the_batch_uncond_first(sd_pipe, record_calls):
-    """With CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), each step makes one UNet call on `torch.cat([latents] * 2)` of batch `2B`, where `B = batch_size * num_images_per_prompt`, with `encoder_hidden_states = torch.cat([negative_prompt_embeds, prompt_embeds])`: the unconditional rows come first, in the same image order as the conditional ones.
+    """In `StableDiffusionPipeline`, with CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), each step makes one UNet call on `torch.cat([latents] * 2)` of batch `2B`, where `B = batch_size * num_images_per_prompt`, with `encoder_hidden_states = torch.cat([negative_prompt_embeds, prompt_embeds])`: the unconditional rows come first, in the same image order as the conditional ones.
 
     Moved from tests/verify/test_pipeline_loop.py and extended to B = 2 (one prompt,
     ``num_images_per_prompt=2``).
     """
+    # the sentence names the pipeline it runs (InstructPix2Pix orders [prompt, negative, negative])
+    assert type(sd_pipe).__name__ in test_cfg_doubles_the_batch_uncond_first.__doc__.split(":")[0]
     assert sd_pipe.unet.config.time_cond_proj_dim is None  # else 7.5 gives batch B (below)
     calls = record_calls(sd_pipe.unet).calls
     run(sd_pipe, guidance_scale=7.5, steps=4, latents=start_latents(2), num_images_per_prompt=2)

@@ -48,7 +48,8 @@ def pipe():
 
 
 def sd_scheduler(name):
-    """diffusers' scheduler ``name`` with SD 1.5's scheduler config."""
+    """diffusers' scheduler ``name`` with SD 1.5's betas and steps_offset, on DDIMScheduler's config
+    (so timestep_spacing "leading"; SD 1.5's shipped file has none)."""
     import diffusers
 
     return getattr(diffusers, name).from_config(diffusers.DDIMScheduler(**SD_SCHEDULER).config)
@@ -156,7 +157,7 @@ def test_sds_decoder_does_not_turn_a_missing_division_into_lower_contrast():
 
 @pytest.mark.parametrize("scheduler, module", [("EulerAncestralDiscreteScheduler", "scheduling_euler_ancestral_discrete"), ("DDPMScheduler", "scheduling_ddpm")])  # fmt: skip
 def test_euler_ancestral_and_ddpm_draw_their_step_noise_from_the_generator(pipe, scheduler, module, monkeypatch):  # fmt: skip
-    """Euler Ancestral and DDPM, which add noise in step, draw it from that generator: through pipe(...) at 4 steps with SD 1.5's scheduler config, each of their steps calls randn_tensor with the generator passed to pipe(...)."""
+    """Euler Ancestral and DDPM, which add noise in step, draw it from that generator: through pipe(...) at 4 steps with SD 1.5's betas and steps_offset (leading spacing), each of their steps calls randn_tensor with the generator passed to pipe(...)."""
     import importlib
 
     owner = importlib.import_module(f"diffusers.schedulers.{module}")
@@ -343,7 +344,7 @@ def test_ip_adapter_reads_a_doubled_batch_negative_first(pipe):
 
 @pytest.mark.parametrize("name", list(STEP_FIELDS))
 def test_what_step_returns(name):
-    """scheduler.step returns prev_sample first ([0], as the pipeline reads it) and, with DDIM and Euler, pred_original_sample too; DPMSolverMultistepScheduler and UniPCMultistepScheduler return prev_sample alone."""
+    """The step of DDIM, Euler, DPMSolverMultistepScheduler and UniPCMultistepScheduler returns prev_sample first ([0], as the pipeline reads it); DDIM's and Euler's return pred_original_sample too, the other two prev_sample alone."""
     scheduler = sd_scheduler(name)
     scheduler.set_timesteps(STEPS)
     generator = torch.Generator().manual_seed(0)
