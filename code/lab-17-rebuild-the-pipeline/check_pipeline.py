@@ -16,9 +16,6 @@ Check it:  python3 code/lab-17-rebuild-the-pipeline/check_pipeline.py
 The solution's lines in place of yours:  add --solution
 """
 
-import contextlib
-import copy
-import io
 import sys
 from pathlib import Path
 
@@ -36,6 +33,7 @@ from labkit.blanks import (
     exercise,
     finish,
     load_function,
+    warnings_of_runs,
     with_warnings,
 )
 
@@ -109,14 +107,7 @@ def warnings_of_yours(level_2):
     """The warnings a part gave in your own runs of the level that differs, each once (not
     those of the planted mistakes the check also runs for its hints)."""
     yours = load_function(CHECKED, "pipeline_any_scale" if level_2 else "pipeline")
-    said = []
-    for _, case in CASES_2 if level_2 else CASES:
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):  # your prints were shown once
-                said += with_warnings(yours, *copy.deepcopy(case))[1]
-        except Exception:  # a blank still to fill: the runs stop there, as the check's did
-            break
-    return list(dict.fromkeys(said))
+    return warnings_of_runs(yours, [case for _, case in (CASES_2 if level_2 else CASES)])
 
 
 with np.errstate(all="ignore"):  # a wrong line's inf or nan is shown in the report instead

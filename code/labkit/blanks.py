@@ -26,8 +26,10 @@ NumPy is the only dependency, as for the rest of labkit.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import inspect
+import io
 import sys
 import warnings
 from collections.abc import Callable
@@ -417,6 +419,21 @@ def with_warnings(fn: Callable, *args: Any) -> tuple[Any, list[str]]:
         warnings.simplefilter("always")
         result = fn(*args)
     return result, list(dict.fromkeys(str(w.message) for w in caught))
+
+
+def warnings_of_runs(fn: Callable, cases: list[tuple]) -> list[str]:
+    """The warnings ``fn`` raised on each case's arguments (deep copies: a scheduler or a
+    generator changes as it runs), each once, in order, its prints silenced (they were shown
+    once); the runs stop at the first exception, as a check's do (lab 17: the warnings of
+    the reader's own runs, not of the planted mistakes the check also runs)."""
+    said: list[str] = []
+    for args in cases:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                said += with_warnings(fn, *copy.deepcopy(args))[1]
+        except Exception:  # a blank still to fill: the runs stop there
+            break
+    return list(dict.fromkeys(said))
 
 
 def finish(parser: Any, verdict: Any) -> None:
