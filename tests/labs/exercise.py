@@ -55,6 +55,14 @@ class Exercise:
         assert planted == (number is not None and number in fill), (mistake, planted)
         return "\n".join(lines) + "\n"
 
+    def fill_but(self, number: int, line: str, blanks) -> str:
+        """The solution's fill of ``blanks`` but blank ``number``, whose line (one assignment
+        ``name = blank(number)``) becomes ``line``, one or more lines, its indent kept."""
+        source = self.reader_file(fill=tuple(k for k in blanks if k != number))
+        old = next(x for x in source.splitlines() if f"= blank({number})" in x)
+        indent = old[: len(old) - len(old.lstrip())]
+        return source.replace(old, "\n".join(indent + x for x in line.splitlines()))
+
     def blank_line(self, number: int) -> int:
         """The line of blank(number) in the shipped blanks file."""
         text = (self.folder / self.blanks).read_text(encoding="utf-8").splitlines()

@@ -204,10 +204,7 @@ PASSED = "all 6 blanks match the solution on 7 cases\n"
 
 def _fill(number, line):
     """The solution's fill with blank ``number``'s line replaced by ``line`` (its indent kept)."""
-    source = reader_file(fill=tuple(k for k in VARIABLES if k != number))
-    old = next(x for x in source.splitlines() if f"= blank({number})" in x)
-    indent = old[: len(old) - len(old.lstrip())]
-    return source.replace(old, "\n".join(indent + x for x in line.splitlines()))
+    return EXERCISE.fill_but(number, line, VARIABLES)
 
 
 def test_solution_is_the_blanks_file_filled_in_line_for_line():

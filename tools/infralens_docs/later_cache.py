@@ -18,10 +18,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import time
 from pathlib import Path
 
-from infralens_docs import later, mathml
+from infralens_docs import later, mathml, runner
 from infralens_docs.runner import CACHE_ROOT
 
 CACHE_DIR = CACHE_ROOT / "later"
@@ -57,14 +56,5 @@ def mark_later(html: str) -> str:
 
 
 def evict_unused(max_age_s: float = 86400) -> None:
-    """Remove the entries unused for ``max_age_s`` (the folder does not grow forever)."""
-    if _used and CACHE_DIR.is_dir():
-        now = time.time()
-        for entry in CACHE_DIR.glob("*.html"):
-            try:
-                old = now - entry.stat().st_mtime > max_age_s
-            except OSError:
-                continue
-            if entry.stem not in _used and old:
-                entry.unlink(missing_ok=True)
-    _used.clear()
+    """Remove the entries unused for ``max_age_s`` (``runner.evict_unused``)."""
+    runner.evict_unused(CACHE_DIR, "*.html", _used, max_age_s)

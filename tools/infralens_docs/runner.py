@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -31,6 +32,23 @@ from infralens_docs.registry import ROOT
 #: (the reproducibility test builds once more with empty caches).
 CACHE_ROOT = Path(os.environ.get("INFRALENS_CACHE_DIR") or ROOT / ".cache")
 CACHE_DIR = CACHE_ROOT / "infralens-run"
+
+
+def evict_unused(folder: Path, pattern: str, used: set[str], max_age_s: float = 86400) -> None:
+    """Remove the entries of ``folder`` matching ``pattern`` whose stem no build used this
+    time (``used``, then cleared) and none touched for ``max_age_s``: a cache folder does
+    not grow forever, and entries another build still uses survive (later_cache, the render
+    cache)."""
+    if used and folder.is_dir():
+        now = time.time()
+        for entry in folder.glob(pattern):
+            try:
+                old = now - entry.stat().st_mtime > max_age_s
+            except OSError:
+                continue
+            if entry.stem not in used and old:
+                entry.unlink(missing_ok=True)
+    used.clear()
 
 
 @dataclass(frozen=True)

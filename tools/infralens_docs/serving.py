@@ -39,13 +39,13 @@ import pickle
 import re
 import shutil
 import textwrap
-import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
+from infralens_docs import runner
 from infralens_docs.registry import ROOT
 from infralens_docs.runner import CACHE_ROOT
 
@@ -336,17 +336,8 @@ def renders_reused() -> bool:
 
 
 def evict_unused(max_age_s: float = 86400) -> None:
-    """Remove the renders no build used for ``max_age_s`` (as ``later_cache`` does)."""
-    if _used and RENDER_CACHE.is_dir():
-        now = time.time()
-        for entry in RENDER_CACHE.glob("*.pickle"):
-            try:
-                old = now - entry.stat().st_mtime > max_age_s
-            except OSError:
-                continue
-            if entry.stem not in _used and old:
-                entry.unlink(missing_ok=True)
-    _used.clear()
+    """Remove the renders no build used for ``max_age_s`` (``runner.evict_unused``)."""
+    runner.evict_unused(RENDER_CACHE, "*.pickle", _used, max_age_s)
     _reused.clear()
 
 
