@@ -35,7 +35,9 @@ except ModuleNotFoundError as missing:  # a copy away from code/: one line, not 
 from labkit import ExactDenoiser, alphas_cumprod, canonical_betas, figures
 from labkit.blanks import (
     UnfilledBlankError,
+    blank_at,
     error_site,
+    handed_on,
     load_constant,
     load_function,
     with_warnings,
@@ -225,8 +227,9 @@ def pipeline_any_scale(
 # ## 5. Run it
 #
 # A blank still to fill stops the run with its number; an exception in your lines, with
-# the line that raised and its blank (a syntax error is Python's own message: the file
-# cannot catch it; check_pipeline.py gives it in one line). Filled in, the images come
+# the line that raised and its blank, and first, when it raised on a non-array an earlier
+# line made (step's whole output kept), that line (a syntax error is Python's own message:
+# the file cannot catch it; check_pipeline.py gives it in one line). Filled in, the images come
 # out, and the exact denoiser gives a check any reader can run: it memorises its training
 # set, so each image, encoded back, should sit on a training latent of the prompted class
 # (Lab 12).
@@ -249,10 +252,14 @@ def load_solution(mistake=None):
     return load_function(SOLUTION, "pipeline", edit)
 
 
+def inputs():
+    """pipeline()'s arguments: the parts and inputs, with a fresh scheduler."""
+    return unet, make_scheduler(args.scheduler), vae, class_labels, negative_class_labels, noise, n, args.guidance_scale  # fmt: skip
+
+
 def run(fn):
     """Images from ``fn`` on the parts and inputs, with a fresh scheduler."""
-    return fn(unet, make_scheduler(args.scheduler), vae, class_labels, negative_class_labels,
-              noise, num_inference_steps=n, guidance_scale=args.guidance_scale)  # fmt: skip
+    return fn(*inputs())
 
 
 name = type(make_scheduler(args.scheduler)).__name__
@@ -270,6 +277,12 @@ except (Exception, KeyboardInterrupt, SystemExit) as error:  # your line failed:
     text = " ".join(str(error).split())
     if isinstance(error, KeyboardInterrupt | SystemExit):  # no message of their own
         text = "interrupted (Ctrl-C) there" if isinstance(error, KeyboardInterrupt) else "exit() ends the run: pipeline() must return its value"  # fmt: skip
+    # a line that raised on a value an earlier line handed on (a SchedulerOutput kept from
+    # step where an array goes): name the line that made it first
+    if isinstance(error, Exception) and (found := handed_on(error, yours, *inputs())):
+        v, at, value = found
+        cause = f"line {at}" + (f" (blank {blank_at(yours, at)})" if blank_at(yours, at) else "")
+        parser.error(f"your pipeline()'s {cause} makes {v} a {type(value).__name__}, not an array, and {where} then raised {type(error).__name__}: {text}; check_pipeline.py names the blank that differs")  # fmt: skip
     parser.error(f"your pipeline() raised {type(error).__name__} at {where}: {text}; check_pipeline.py names the blank that differs")  # fmt: skip
 decoded = (B, *data.images.shape[1:])
 if not unfilled and not (isinstance(image, np.ndarray) and image.shape == decoded):

@@ -14,6 +14,8 @@ checker script and the solution (``X_solution.txt``, no page of the site):
   function that raised it, the blank whose comment heads that line's paragraph
   (:func:`blank_at`), and the function's variables there; :func:`innermost_line` finds the
   deepest line of the reader's file, so an error raised in a helper of theirs names it too;
+  :func:`handed_on` finds, for an error raised on a value of another type than the blanks
+  hand on (lab 17: a SchedulerOutput where an array goes), the line that assigned it;
 - :func:`check_function` runs the reader's function and the solution's on a list of cases
   (:func:`run_traced` records each one's variables), compares what each blank assigns,
   blank by blank and pass by pass, and names the first that differs, with the hint of the
@@ -152,6 +154,55 @@ def innermost_line(error: BaseException, filename: str) -> tuple[str, int] | Non
             found = tb.tb_frame.f_code.co_name, tb.tb_lineno
         tb = tb.tb_next
     return found
+
+
+def handed_on(
+    error: BaseException, fn: FunctionType, *args: Any, wanted: type = np.ndarray
+) -> tuple[str, int, Any] | None:
+    """For ``error``, raised by ``fn(*args)``: (variable, line, its value) when the statement
+    of ``fn`` that raised reads a variable that a blank's lines assign and that holds no
+    ``wanted`` (lab 17: a SchedulerOutput where every blank hands on an array), ``line`` being
+    the line of ``fn`` that last assigned it before the error, which may sit in an earlier
+    blank than the one that raised: the line that made the mistake. Found by calling
+    ``fn(*args)`` again under :func:`run_traced` (give it fresh arguments: a scheduler changes
+    as it runs). None when no such variable is read, or the second call raises otherwise."""
+    at, _, variables = error_site(error, fn)
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    if at is None:
+        return None
+    tree = ast.parse("".join(lines))
+    span = lambda n: (first + n.lineno - 1, first + n.end_lineno - 1)  # noqa: E731
+    covering = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and span(n)[0] <= at <= span(n)[1]]  # fmt: skip
+    if not covering:
+        return None
+    statement = min(covering, key=lambda n: span(n)[1] - span(n)[0])
+    # a compound statement (for, if, with) raised in its header: only the header reads
+    roots = [getattr(statement, f) for f in ("iter", "test", "items") if hasattr(statement, f)] if hasattr(statement, "body") else [statement]  # fmt: skip
+    read = [n.id for r in roots for m in (r if isinstance(r, list) else [r]) for n in ast.walk(m) if isinstance(n, ast.Name)]  # fmt: skip
+    blanks_assign = {v for names in blank_assignments(fn).values() for v in names}
+    odd = [v for v in dict.fromkeys(read) if v in blanks_assign and v in variables and not isinstance(variables[v], wanted)]  # fmt: skip
+    if not odd:
+        return None
+    run = run_traced(fn, *args)
+    if type(run.error) is not type(error):
+        return None
+    end = len(run.lines)  # the lines before the raising statement's last run
+    while end and span(statement)[0] <= run.lines[end - 1] <= span(statement)[1]:
+        end -= 1
+    for variable in odd:
+        assigns = {}  # each line of a statement that assigns variable -> the statement's first line
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(n, ast.Name) and n.id == variable for t in targets for n in ast.walk(t)):  # fmt: skip
+                    assigns |= dict.fromkeys(range(span(node)[0], span(node)[1] + 1), span(node)[0])  # fmt: skip
+        ran = [assigns[x] for x in run.lines[:end] if x in assigns]
+        if ran:
+            return variable, ran[-1], variables[variable]
+    return None
 
 
 # --------------------------------------------------------------------------- function blanks
@@ -342,9 +393,15 @@ def equal(a: Any, b: Any) -> bool:
     return bool(np.all(close(a, b))) if kind(a) == "a float" else bool(a == b)
 
 
-#: how_it_differs' advice for entries 1 off; check_function drops it when the blank's lines
-#: already round (round, .round, np.rint, np.around)
-ROUNDING_HINT = ": rounding (round before .astype; int() floors)"
+#: how_it_differs' advice for integer entries 1 off, by the way they are off: all of yours
+#: below the solution's, all above, or both ways; check_function drops it when the blank's
+#: lines already round (round, .round, np.rint, np.around)
+ROUNDING_HINTS = {
+    "below": ": yours rounds down where the solution rounds (int() and .astype cut toward 0: np.round first, then cast)",
+    "above": ": yours rounds up where the solution does not (np.ceil or + 0.5, where it has int(), .astype or np.round)",
+    "both": ": rounding (round before .astype; int() floors)",
+}  # fmt: skip
+ROUNDING_HINT = ROUNDING_HINTS["both"]
 
 
 def _rounds(fn: FunctionType, number: int) -> bool:
@@ -359,18 +416,46 @@ def _rounds(fn: FunctionType, number: int) -> bool:
 
 
 def how_it_differs(yours: Any, theirs: Any) -> str:
-    """A hint at how two values of the same kind differ: a dtype, a length, the order, a
-    constant offset (its sign), a constant ratio, or entries off by one (rounding)."""
+    """A hint at how two values of the same kind differ: a dtype (the values the same, or
+    once rounded, or once cut toward 0), a length (one entry more or fewer, at which end),
+    the order, a constant offset (its sign), a constant ratio, or entries off by one
+    (rounding: yours below the solution's, above, or both ways)."""
     if not isinstance(theirs, np.ndarray):
         gap = yours - theirs
         return f"yours is {'+' if gap > 0 else ''}{show(gap)} off" if kind(gap) == "an integer" else ""  # fmt: skip
     if yours.dtype != theirs.dtype:
-        cast = " (cast with .astype, after rounding)" if theirs.dtype.kind in "iu" else ""
-        return f"the dtype: yours is {yours.dtype}, the solution's {theirs.dtype}{cast}"
+        said = f"the dtype: yours is {yours.dtype}, the solution's {theirs.dtype}"
+        if theirs.dtype.kind not in "iu":
+            return said
+        cast = f".astype(np.{theirs.dtype})"  # which: int32 for int64, a float left unrounded
+        if yours.shape == theirs.shape and yours.dtype.kind in "iuf":
+            with np.errstate(invalid="ignore"):
+                rounded = yours.dtype.kind == "f" and np.array_equal(np.round(yours), theirs)
+                cut = yours.dtype.kind == "f" and np.array_equal(np.trunc(yours), theirs)
+                if np.array_equal(yours, theirs) and yours.dtype.kind in "iu":
+                    return f"{said}, the values the same: cast with {cast}"
+                if rounded and cut:  # whole numbers here: a case with fractions tells which
+                    return f"{said}, the values the same here: {cast} casts them, cutting toward 0 (round first where the solution rounds)"  # fmt: skip
+                if rounded:
+                    return f"{said}, the values the solution's once rounded: np.round, then {cast}"  # fmt: skip
+                if cut:
+                    return f"{said}, the values the solution's once cut toward 0: {cast} alone, without rounding"  # fmt: skip
+        return f"{said} (cast with .astype, after rounding)"
     if yours.shape != theirs.shape and max(yours.ndim, theirs.ndim) > 1:
         return f"the shape: yours is {yours.shape}, the solution's {theirs.shape}"
     if yours.shape != theirs.shape:
-        return f"the length: yours has {yours.size} entries, the solution's {theirs.size}"
+        said = f"the length: yours has {yours.size} entries, the solution's {theirs.size}"
+        if yours.size == theirs.size + 1:  # which end: a slice or a range off by one
+            if np.array_equal(yours[1:], theirs):
+                return f"{said}: one more, at the start (a slice or range off by one)"
+            if np.array_equal(yours[:-1], theirs):
+                return f"{said}: one more, at the end (a slice or range off by one)"
+        if yours.size + 1 == theirs.size:
+            if np.array_equal(yours, theirs[1:]):
+                return f"{said}: the solution's first entry missing (a slice or range off by one)"  # fmt: skip
+            if np.array_equal(yours, theirs[:-1]):
+                return f"{said}: the solution's last entry missing (a slice or range off by one)"  # fmt: skip
+        return said
     if yours.dtype.kind != "i":  # the hints below are for integer grids (timesteps)
         return ""
     if np.array_equal(yours[::-1], theirs):
@@ -380,8 +465,13 @@ def how_it_differs(yours: Any, theirs: Any) -> str:
         return ""
     if np.all(gap == gap.flat[0]):
         return f"every entry is {gap.flat[0]:+g} off: a missing or extra term (an offset, or an off-by-one)"  # fmt: skip
-    if np.abs(gap).max() <= 1:
-        return f"{np.count_nonzero(gap)} of {gap.size} entries are 1 off{ROUNDING_HINT}"
+    if np.abs(gap).max() <= 1:  # which way: below, above, or both
+        count = f"{np.count_nonzero(gap)} of {gap.size} entries are 1"
+        if np.all(gap <= 0):
+            return f"{count} below the solution's{ROUNDING_HINTS['below']}"
+        if np.all(gap >= 0):
+            return f"{count} above the solution's{ROUNDING_HINTS['above']}"
+        return f"{count} off{ROUNDING_HINT}"
     nonzero = theirs != 0
     if nonzero.any() and np.all(yours[~nonzero] == 0):
         ratio = yours[nonzero] / theirs[nonzero]
@@ -611,7 +701,7 @@ def check_function(
     variable of another kind than the solution's (a list for an array) is one line, code 2.
     Only the variables the solution's blanks assign are compared: a helper of the reader's
     (``step_ratio``) or a given name it rebinds (``T = float(T)``) is not, unless a later blank
-    or the return value then differs: then the line that rebinds it is named, as is a line outside the blanks (after an empty line) that rebinds a number or array a differing blank reads, or the blank whose lines change it in place (out=). A yield in the function is one line, code 2. Entries 1 off get the advice to round only if the blank's lines do not round already. The blanks still to fill are read from the text.
+    or the return value then differs: then the line that rebinds it is named, as is a line outside the blanks (after an empty line) that rebinds a number or array a differing blank reads, or the blank whose lines change it in place (out=). A blank's line that assigns another blank's variable (lab 19: w_old in blank 5) is named with whose variable it is. A yield in the function is one line, code 2. Entries 1 off get the advice to round (which way they are off) only if the blank's lines do not round already. The blanks still to fill are read from the text.
     A blank is compared each time the run leaves its lines (:attr:`Traced.passes`): in a
     loop, its k-th pass against the solution's k-th, named "``rounds`` k of n" (lab 16:
     "key/value block 2 of 4"); floats match to float32 rounding (:func:`close`). With
@@ -638,6 +728,17 @@ def check_function(
     where = lambda number, line: f"{path.name} line {line}" + (f" (blank {number})" if number else "")  # noqa: E731  # fmt: skip
     given = inspect.signature(yours).parameters  # a name set by the given lines is not "given"
     owner_of = lambda v: next((f"blank {m} assigns" for m, names in blank_assignments(reference).items() if v in names), f"{name}() is given" if v in given else "the given lines set")  # noqa: E731  # fmt: skip
+
+    def elsewhere(number: int, variable: str) -> str:
+        """The hint for blank ``number``'s lines assigning ``variable``, which only other
+        blanks of the solution's assign (w_old in lab 19's blank 5): "" for its own."""
+        theirs = blank_assignments(reference)
+        owners = [m for m, names in theirs.items() if variable in names]
+        if not owners or number in owners:
+            return ""
+        whose = f"blank {owners[0]}'s" if len(owners) == 1 else f"blanks {' and '.join(map(str, owners))}'"  # fmt: skip
+        own = ", ".join(theirs.get(number, {})) or "none"
+        return f"blank {number}'s lines assign {variable}, {whose} variable (blank {number}'s is {own}): the lines after them read yours, not {whose}"  # fmt: skip
 
     def _in_place(
         n: int, v: str, a: Any, b: Any, line: int | None, head: str, then: str
@@ -703,10 +804,12 @@ def check_function(
                     continue  # a helper of yours (step_ratio = T // n) or a given name you
                     # rebind (T = float(T)): named only if a later blank or the result differs
                 a, b = values[variable], ref[k][variable]
+                other = elsewhere(number, variable)  # another blank's variable, written here
+                foreign = f": {other}" if other else ""
                 if kind(a) != kind(b):
-                    return Verdict(2, f"{where(number, line)}: {variable} is {kind(a)}, {show(a)}; the solution's is {kind(b)}, {show(b)} ({at})")  # fmt: skip
+                    return Verdict(2, f"{where(number, line)}: {variable} is {kind(a)}, {show(a)}; the solution's is {kind(b)}, {show(b)} ({at}){foreign}")  # fmt: skip
                 if contract and kind(a) == "an array" and (a.shape, a.dtype) != (b.shape, b.dtype):  # lab 17: the parts' contract  # fmt: skip
-                    return Verdict(2, f"{where(number, line)}: {variable} is {a.dtype} of shape {a.shape}; the solution's is {b.dtype} of shape {b.shape} ({at})")  # fmt: skip
+                    return Verdict(2, f"{where(number, line)}: {variable} is {a.dtype} of shape {a.shape}; the solution's is {b.dtype} of shape {b.shape} ({at}){foreign}")  # fmt: skip
                 if equal(a, b):
                     matched.add(number)
                     if kind(a) in ("a float", "an array") and not np.array_equal(a, b):
@@ -715,8 +818,8 @@ def check_function(
                 if earlier := [r for r in rebound if r[0] < p]:  # a given name rebound before
                     return _rebound(earlier[0], f"{variable} in blank {number}")
                 hint = how_it_differs(a, b) if not contract else ""  # lab 17: labels, not timesteps
-                if hint.endswith(ROUNDING_HINT) and _rounds(yours, number):  # yours rounds already
-                    hint = hint.removesuffix(ROUNDING_HINT)
+                if any(hint.endswith(said) for said in ROUNDING_HINTS.values()) and _rounds(yours, number):  # fmt: skip
+                    hint = next(hint.removesuffix(said) for said in ROUNDING_HINTS.values() if hint.endswith(said))  # yours rounds already  # fmt: skip
                 # the typical mistakes of this blank that give your value here (each run on a
                 # copy of the case: lab 17's scheduler and generator change as they run)
                 matches = [
@@ -733,6 +836,8 @@ def check_function(
                 # (one case may not tell two apart: +1 from a missing "- 1" or an extra offset)
                 alike = [said for planted, said in matches if _same_results(planted, yours, cases)]  # fmt: skip
                 hint = (alike or [said for _, said in matches] or [hint])[0]
+                if foreign and not matches:  # another blank's variable, written in this blank
+                    hint = foreign.removeprefix(": ")
                 # a small error an earlier blank let through, grown here: only for a small
                 # difference (within 1e-4 of the largest entry), and blanks before this one
                 before = sorted(n for n in rounded if n < number)

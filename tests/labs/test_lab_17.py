@@ -490,6 +490,30 @@ def test_the_plain_run_says_which_blank_is_next_and_an_error_is_one_line(run_cli
     assert run.stderr.count("\n") == 1 and f"AttributeError at line {blank_line(3)} (blank 3)" in run.stderr, run.stderr  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "steps, raised",
+    [
+        ([], "line {b2} (blank 2) then raised ValueError"),
+        (["--steps", "1"], "line {b6} (blank 6) then raised TypeError"),
+    ],
+    ids=["20 steps", "1 step"],
+)
+def test_the_plain_run_names_the_blank_that_kept_the_whole_step_output(tmp_path, steps, raised):
+    """Blank 5 without .prev_sample keeps step's SchedulerOutput as latents; the next line
+    that reads latents raises (blank 2's np.concatenate at the next step, blank 6's division
+    at 1 step). The plain run names blank 5's line first, as check_pipeline.py does, then
+    the line that raised: one line, exit 2, no traceback."""
+    path = tmp_path / BLANKS
+    kept = "latents = scheduler.step(noise_pred, t, latents)"
+    path.write_text(fill_line(5, kept, fill=range(1, 7)))
+    run = subprocess.run([sys.executable, str(path), *steps], env=dict(starter_env(), PYTHONPATH=str(ROOT / "code")), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, run.stdout + run.stderr  # fmt: skip
+    assert "Traceback" not in run.stderr
+    said = f"your pipeline()'s line {blank_line(5)} (blank 5) makes latents a SchedulerOutput, not an array, and "  # fmt: skip
+    assert said in run.stderr, run.stderr
+    assert raised.format(b2=blank_line(2), b6=blank_line(6)) in run.stderr, run.stderr
+
+
 def test_the_plain_run_gives_a_syntax_error_as_pythons_own_message(tmp_path, check):
     """The page: an exception in the reader's lines is one line, a syntax error Python's own
     message (the file cannot catch its own); check_pipeline.py gives it in one line."""

@@ -337,6 +337,25 @@ def test_a_later_blank_that_overwrites_lse_new_in_place_is_named(check):
     assert "hint: blank 5's lines change lse_new, which blank 3 assigns, in place" in out, out
 
 
+@pytest.mark.parametrize(
+    ("number", "lines", "variable", "owner"),
+    [
+        (5, "w_old = np.exp(block_lse - lse_new)[..., None]", "w_old", 4),  # w_new meant
+        (5, "w_new = np.exp(block_lse - lse_new)[..., None]\nlse_new = lse", "lse_new", 3),
+        (4, "block_lse = block_lse + 1\nw_old = np.exp(lse - lse_new)[..., None]", "block_lse", 2),
+    ],
+)
+def test_a_blank_that_assigns_another_blanks_variable_gets_a_hint(check, number, lines, variable, owner):  # fmt: skip
+    """A blank's line that assigns another blank's variable (w_old written in blank 5, where
+    blank 5 gives w_new; lse_new or block_lse rebound after their own blank): the checker
+    names that line and says whose variable it is, and which is this blank's."""
+    code, out, _ = check(_fill(number, lines))
+    assert code == 1 and out.startswith(f"blank {number} differs from the solution"), out
+    at = blank_line(number) + next(i for i, x in enumerate(lines.splitlines()) if x.startswith(f"{variable} ="))  # fmt: skip
+    assert f"  ring_blanks.py line {at} (blank {number}): {variable} = " in out, out
+    assert out.endswith(f"hint: blank {number}'s lines assign {variable}, blank {owner}'s variable (blank {number}'s is {VARIABLES[number]}): the lines after them read yours, not blank {owner}'s\n"), out  # fmt: skip
+
+
 def test_a_return_in_a_blank_is_named_as_the_cause(check):
     """A return in blank 4 ends ring_attention() after the first ring step: the checker names
     that line and says the return ends the function there."""

@@ -247,17 +247,18 @@ def test_each_typical_mistake_names_its_line_and_gets_its_hint(check, mistake):
 
 def test_the_rounding_hint_is_not_given_to_a_line_that_rounds(check):
     """Entries 1 off from a line that rounds already (timesteps scaled by 1.001, then
-    .round()) get no "round before .astype" advice, only the count of entries 1 off; the
-    same entries from a line that does not round keep the advice."""
+    .round()) get no advice to round, only the count of entries 1 off and which way (above
+    the solution's); the same entries from a line that does not round keep the advice,
+    which says which rounding: up, where the solution does not."""
     right = "timesteps = scheduler.timesteps[t_start * scheduler.order :]"
     source = reader_file(fill=(1, 2, 3))
     rounds = "timesteps = (scheduler.timesteps[t_start * scheduler.order :] * 1.001).round().astype(scheduler.timesteps.dtype)"  # fmt: skip
     code, out, _ = check(source.replace(right, rounds))
     assert code == 1 and out.startswith("blank 3 differs from the solution"), out
-    assert out.endswith("hint: 1 of 6 entries are 1 off\n") and "round before" not in out, out
+    assert out.endswith("hint: 1 of 6 entries are 1 above the solution's\n"), out
     cuts = "timesteps = scheduler.timesteps[t_start * scheduler.order :] + (scheduler.timesteps[t_start * scheduler.order :] > 500)"  # fmt: skip
     code, out, _ = check(source.replace(right, cuts))
-    assert code == 1 and out.endswith("1 off: rounding (round before .astype; int() floors)\n"), out
+    assert code == 1 and out.endswith("hint: 1 of 6 entries are 1 above the solution's: yours rounds up where the solution does not (np.ceil or + 0.5, where it has int(), .astype or np.round)\n"), out  # fmt: skip
 
 
 def test_the_order_factor_is_caught_on_the_second_order_grid(check):
@@ -359,3 +360,71 @@ def test_a_blank_that_writes_the_scheduler_is_checked_against_the_real_solution(
     )
     code, out, err = check(source)
     assert (code, out, err) == (0, "all 3 blanks match the solution on 22 cases\n", ""), out
+
+
+# --------------------------------------------------------------------------- rounding advice
+# labkit.blanks' advice when the reader's value is off by a rounding says which one (int32 for
+# int64, a float left unrounded or cut, entries rounded down or up, a slice one entry long or
+# short): in how_it_differs itself, and in the checkers of labs 03 and 20, which give it.
+
+GRID = np.array([901, 801, 701, 601, 501, 401, 301, 201, 101, 1], dtype=np.int64)
+
+#: (yours, the solution's, the hint)
+# fmt: off
+ROUNDINGS = {
+    "int32 for int64": (GRID.astype(np.int32), GRID, "the dtype: yours is int32, the solution's int64, the values the same: cast with .astype(np.int64)"),
+    "a float, rounded": (GRID - 0.3, GRID, "the dtype: yours is float64, the solution's int64, the values the solution's once rounded: np.round, then .astype(np.int64)"),
+    "a float, cut": (GRID + 0.7, GRID, "the dtype: yours is float64, the solution's int64, the values the solution's once cut toward 0: .astype(np.int64) alone, without rounding"),
+    "a float, whole": (GRID * 1.0, GRID, "the dtype: yours is float64, the solution's int64, the values the same here: .astype(np.int64) casts them, cutting toward 0 (round first where the solution rounds)"),
+    "rounded down": (GRID - (GRID > 500), GRID, "5 of 10 entries are 1 below the solution's: yours rounds down where the solution rounds (int() and .astype cut toward 0: np.round first, then cast)"),
+    "rounded up": (GRID + (GRID > 500), GRID, "5 of 10 entries are 1 above the solution's: yours rounds up where the solution does not (np.ceil or + 0.5, where it has int(), .astype or np.round)"),
+    "both ways": (GRID + (GRID > 500) - (GRID < 300), GRID, "8 of 10 entries are 1 off: rounding (round before .astype; int() floors)"),
+    "one more, first": (np.r_[1001, GRID], GRID, "the length: yours has 11 entries, the solution's 10: one more, at the start (a slice or range off by one)"),
+    "one more, last": (np.r_[GRID, 0], GRID, "the length: yours has 11 entries, the solution's 10: one more, at the end (a slice or range off by one)"),
+    "one fewer, first": (GRID[1:], GRID, "the length: yours has 9 entries, the solution's 10: the solution's first entry missing (a slice or range off by one)"),
+    "one fewer, last": (GRID[:-1], GRID, "the length: yours has 9 entries, the solution's 10: the solution's last entry missing (a slice or range off by one)"),
+    "another length": (GRID[2:], GRID, "the length: yours has 8 entries, the solution's 10"),
+}
+# fmt: on
+
+
+@pytest.mark.parametrize("case", list(ROUNDINGS))
+def test_how_it_differs_says_which_rounding(case):
+    """Each rounding gets advice that names it: the dtype with what the values are (the same,
+    the solution's once rounded, once cut toward 0), entries 1 below or 1 above the
+    solution's (rounded down where it rounds, or up where it does not), a length one entry
+    long or short at the end where it differs."""
+    from labkit.blanks import how_it_differs
+
+    yours, theirs, hint = ROUNDINGS[case]
+    assert how_it_differs(yours, theirs) == hint
+
+
+LAB_03 = Exercise(FOLDER.parent / "lab-03-scheduler-reading", "check_spacing.py", "spacing_blanks.py", "spacing_solution.txt", "set_timesteps")  # fmt: skip
+LAB_20 = EXERCISE
+SLICE = "timesteps = scheduler.timesteps[t_start * scheduler.order :]"
+
+#: (exercise, blank, the reader's line, how the checker's hint ends)
+# fmt: off
+CHECKERS = {
+    "lab 03, int32": (LAB_03, 1, "timesteps = (np.arange(0, n)[::-1] * (T // n) + steps_offset).astype(np.int32)", "the values the same: cast with .astype(np.int64)"),
+    "lab 03, ceil": (LAB_03, 3, "timesteps = np.ceil(np.linspace(0, T - 1, n))[::-1].astype(np.int64)", "2 of 7 entries are 1 above the solution's: yours rounds up where the solution does not (np.ceil or + 0.5, where it has int(), .astype or np.round)"),
+    "lab 03, a range one long": (LAB_03, 1, "timesteps = (np.arange(0, n + 1) * (T // n)).round()[::-1].astype(np.int64) + steps_offset", "one more, at the start (a slice or range off by one)"),
+    "lab 20, int32": (LAB_20, 3, SLICE.replace(":]", ':].astype("int32")'), "the values the same: cast with .astype(np.int64)"),
+    "lab 20, a slice one early": (LAB_20, 3, SLICE.replace("order :]", "order - 1 :]"), "the length: yours has 7 entries, the solution's 6: one more, at the start (a slice or range off by one)"),
+    "lab 20, a slice one late": (LAB_20, 3, SLICE.replace("order :]", "order + 1 :]"), "the length: yours has 5 entries, the solution's 6: the solution's first entry missing (a slice or range off by one)"),
+    "lab 20, cut down": (LAB_20, 3, SLICE.replace(":]", ":] - (scheduler.timesteps[t_start * scheduler.order :] > 500)"), "1 of 6 entries are 1 below the solution's: yours rounds down where the solution rounds (int() and .astype cut toward 0: np.round first, then cast)"),
+}
+# fmt: on
+
+
+@pytest.mark.parametrize("case", list(CHECKERS))
+def test_the_checkers_of_labs_03_and_20_give_that_advice(tmp_path, monkeypatch, capsys, case):
+    """Labs 03 and 20 check with labkit.blanks: a blank off by a rounding no typical mistake
+    of theirs gives is named with its line and that advice, exit 1."""
+    exercise, number, line, hint = CHECKERS[case]
+    source = exercise.fill_but(number, line, (1, 2, 3))
+    code, out, err = exercise.run(tmp_path, monkeypatch, capsys, source)
+    assert (code, err) == (1, ""), out + err
+    assert out.startswith(f"blank {number} differs from the solution"), out
+    assert f" (blank {number}): {line}\n" in out and out.endswith(f"{hint}\n"), out
