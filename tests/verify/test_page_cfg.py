@@ -103,6 +103,11 @@ def run(pipe, guidance_scale, steps=3, latents=None, **kwargs):
     ).images
 
 
+def claim(test):
+    """The sentence the page shows for ``test``: its docstring's first paragraph."""
+    return inspect.cleandoc(test.__doc__).split("\n\n")[0]
+
+
 @pytest.fixture
 def step_inputs(monkeypatch):
     """``spy(scheduler) -> list``: the (model_output, sample) of every ``scheduler.step``."""
@@ -150,13 +155,13 @@ def test_scheduler_step_gets_the_guided_combination(sd_pipe, record_calls, outpu
 
 
 def test_cfg_doubles_the_batch_uncond_first(sd_pipe, record_calls):
-    """In `StableDiffusionPipeline`, with CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), each step makes one UNet call on `torch.cat([latents] * 2)` of batch `2B`, where `B = batch_size * num_images_per_prompt`, with `encoder_hidden_states = torch.cat([negative_prompt_embeds, prompt_embeds])`: the unconditional rows come first, in the same image order as the conditional ones.
+    """In `StableDiffusionPipeline`, with CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), each step makes one UNet call on the doubled `latents` of batch `2B`, where `B = batch_size * num_images_per_prompt`, with `encoder_hidden_states = torch.cat([negative_prompt_embeds, prompt_embeds])`: the unconditional rows come first, in the same image order as the conditional ones.
 
     Moved from tests/verify/test_pipeline_loop.py and extended to B = 2 (one prompt,
     ``num_images_per_prompt=2``).
     """
     # the sentence names the pipeline it runs (InstructPix2Pix orders [prompt, negative, negative])
-    assert type(sd_pipe).__name__ in test_cfg_doubles_the_batch_uncond_first.__doc__.split(":")[0]
+    assert type(sd_pipe).__name__ in claim(test_cfg_doubles_the_batch_uncond_first)
     assert sd_pipe.unet.config.time_cond_proj_dim is None  # else 7.5 gives batch B (below)
     calls = record_calls(sd_pipe.unet).calls
     run(sd_pipe, guidance_scale=7.5, steps=4, latents=start_latents(2), num_images_per_prompt=2)
@@ -172,12 +177,13 @@ def test_cfg_doubles_the_batch_uncond_first(sd_pipe, record_calls):
 
 
 def test_scale_model_input_sees_the_doubled_latents(record_calls, monkeypatch):
-    """`scheduler.scale_model_input` is applied to the already doubled `latent_model_input` of batch `2B`, and its output is what the UNet receives.
+    """In `StableDiffusionPipeline`, `scheduler.scale_model_input` is applied to the already doubled `latent_model_input` of batch `2B`, and its output is what the UNet receives.
 
     Run with `EulerDiscreteScheduler`, whose ``scale_model_input`` divides by
     ``sqrt(sigma**2 + 1)`` (DDIM's is the identity and would not show the order).
     """
     pipe = tiny_sd_pipeline(scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))
+    assert type(pipe).__name__ in claim(test_scale_model_input_sees_the_doubled_latents)
     seen = []
     original = pipe.scheduler.scale_model_input
 
@@ -249,7 +255,7 @@ def test_only_scale_model_input_sees_the_doubled_batch(sd_pipe, monkeypatch):
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 0.5, 0.0])
 def test_guidance_scale_at_most_one_skips_the_uncond_branch(sd_pipe, record_calls, guidance_scale):
-    """With `guidance_scale` 1 or below, every UNet call gets a batch of `B` and the prompt embeddings alone: the unconditional branch is skipped and `negative_prompt_embeds` never reach the UNet.
+    """In `StableDiffusionPipeline`, with `guidance_scale` 1 or below, every UNet call gets a batch of `B` and the prompt embeddings alone: the unconditional branch is skipped and `negative_prompt_embeds` never reach the UNet.
 
     Moved from tests/verify/test_pipeline_loop.py; 0.5 added.
     """
@@ -261,7 +267,7 @@ def test_guidance_scale_at_most_one_skips_the_uncond_branch(sd_pipe, record_call
 
 
 def test_scales_below_one_equal_one(sd_pipe):
-    """For a UNet without `time_cond_proj_dim`, `guidance_scale=0.5` and `guidance_scale=0.0` give exactly the latents of `guidance_scale=1`: a scale below 1 is not an interpolation towards the unconditional prediction."""
+    """In `StableDiffusionPipeline`, for a UNet without `time_cond_proj_dim`, `guidance_scale=0.5` and `guidance_scale=0.0` give exactly the latents of `guidance_scale=1`: a scale below 1 is not an interpolation towards the unconditional prediction."""
     at_one = run(sd_pipe, guidance_scale=1.0)
     for scale in (0.5, 0.0):
         torch.testing.assert_close(run(sd_pipe, guidance_scale=scale), at_one, rtol=0, atol=0)
@@ -275,7 +281,7 @@ def distilled_pipe():
 
 
 def test_guidance_distilled_unet_tells_scales_below_one_apart(distilled_pipe, record_calls):
-    """With a guidance-distilled UNet, `guidance_scale` 0.5, 0 and 1 give three different results: each still runs one pass at batch `B`, and the scale reaches the UNet as `timestep_cond`.
+    """In `StableDiffusionPipeline`, with a guidance-distilled UNet, `guidance_scale` 0.5, 0 and 1 give three different results: each still runs one pass at batch `B`, and the scale reaches the UNet as `timestep_cond`.
 
     Run through ``StableDiffusionPipeline.__call__``; a plain UNet gives one result for all
     three (``test_scales_below_one_equal_one``).
@@ -290,7 +296,7 @@ def test_guidance_distilled_unet_tells_scales_below_one_apart(distilled_pipe, re
 
 
 def test_do_classifier_free_guidance_condition(sd_pipe, distilled_pipe):
-    """`do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
+    """`StableDiffusionPipeline.do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
     distilled = distilled_pipe
     for scale in (0.0, 0.5, 1.0, 1.0001, 7.5):
         sd_pipe._guidance_scale = distilled._guidance_scale = scale
@@ -299,7 +305,7 @@ def test_do_classifier_free_guidance_condition(sd_pipe, distilled_pipe):
 
 
 def test_guidance_distilled_unet_gets_one_pass_and_timestep_cond(distilled_pipe, record_calls):
-    """A UNet with `time_cond_proj_dim` set gets one pass per step at batch `B` even at `guidance_scale=7.5`, with `timestep_cond = get_guidance_scale_embedding(guidance_scale - 1, embedding_dim=time_cond_proj_dim)`, a sinusoidal embedding of `1000 * (guidance_scale - 1)`."""
+    """In `StableDiffusionPipeline`, a UNet with `time_cond_proj_dim` set gets one pass per step at batch `B` even at `guidance_scale=7.5`, with `timestep_cond = get_guidance_scale_embedding(guidance_scale - 1, embedding_dim=time_cond_proj_dim)`, a sinusoidal embedding of `1000 * (guidance_scale - 1)`."""
     pipe = distilled_pipe
     calls = record_calls(pipe.unet).calls
     run(pipe, guidance_scale=7.5, steps=3)
@@ -317,7 +323,7 @@ def test_guidance_distilled_unet_gets_one_pass_and_timestep_cond(distilled_pipe,
 
 
 def test_dynamic_cfg_callback_switches_guidance_off(sd_pipe, record_calls):
-    """`do_classifier_free_guidance` is read at every step: a `callback_on_step_end` that sets `pipe._guidance_scale = 0.0` and returns `prompt_embeds.chunk(2)[-1]` makes every later UNet call run on batch `B` with the prompt embeddings alone.
+    """In `StableDiffusionPipeline`, `do_classifier_free_guidance` is read at every step: a `callback_on_step_end` that sets `pipe._guidance_scale = 0.0` and returns `prompt_embeds.chunk(2)[-1]` makes every later UNet call run on batch `B` with the prompt embeddings alone.
 
     The pattern of diffusers' "dynamic classifier-free guidance" callback example.
     """
@@ -345,7 +351,7 @@ def test_dynamic_cfg_callback_switches_guidance_off(sd_pipe, record_calls):
 
 
 def test_null_condition_is_the_encoded_empty_string(text_pipe, record_calls):
-    """With `negative_prompt=None`, `encode_prompt` runs the text encoder on `[""] * batch_size`, padded to 77 tokens like the prompt: the unconditional embedding is the CLIP encoding of the empty string, not a tensor of zeros."""
+    """With `negative_prompt=None`, `StableDiffusionPipeline.encode_prompt` runs the text encoder on `[""] * batch_size`, padded to 77 tokens like the prompt: the unconditional embedding is the CLIP encoding of the empty string, not a tensor of zeros."""
     calls = record_calls(text_pipe.text_encoder).calls
     prompt_embeds, negative_prompt_embeds = text_pipe.encode_prompt(
         ["a cat", "a dog"], "cpu", 1, True, negative_prompt=None
@@ -362,8 +368,9 @@ def test_null_condition_is_the_encoded_empty_string(text_pipe, record_calls):
 
 
 def test_encode_prompt_shapes_and_dtype():
-    """With `do_classifier_free_guidance=True`, `encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` of shape `(batch_size * num_images_per_prompt, 77, D)` each, in `text_encoder.dtype`."""
+    """With `do_classifier_free_guidance=True`, `StableDiffusionPipeline.encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` of shape `(batch_size * num_images_per_prompt, 77, D)` each, in `text_encoder.dtype`."""
     pipe = tiny_sd_pipeline(text_encoder=cfg_text_encoder().double(), tokenizer=tiny_tokenizer())
+    assert type(pipe).__name__ in claim(test_encode_prompt_shapes_and_dtype)
     prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
         ["a cat", "a dog"], "cpu", 3, True, negative_prompt=["x", "y"]
     )
@@ -375,7 +382,7 @@ def test_encode_prompt_shapes_and_dtype():
 
 
 def test_text_encoder_runs_twice_per_generation_with_cfg(text_pipe, record_calls):
-    """A full call runs the text encoder twice with CFG (prompt, then negative prompt) and once without: text encoding is per generation, not per step, and with `guidance_scale <= 1` the negative prompt is not encoded."""
+    """In `StableDiffusionPipeline`, a full call runs the text encoder twice with CFG (prompt, then negative prompt) and once without: text encoding is per generation, not per step, and with `guidance_scale <= 1` the negative prompt is not encoded."""
     calls = record_calls(text_pipe.text_encoder).calls
     run(text_pipe, guidance_scale=7.5, steps=3, prompt="a cat", negative_prompt="dog")
     assert len(calls) == 2
@@ -402,7 +409,7 @@ def test_a_negative_prompt_costs_nothing_extra(text_pipe, record_calls):
 
 
 def test_negative_prompt_type_and_length_must_match(text_pipe):
-    """`negative_prompt` must have the type of `prompt` (`TypeError` otherwise) and, as a list, its length (`ValueError` otherwise)."""
+    """In `StableDiffusionPipeline`, `negative_prompt` must have the type of `prompt` (`TypeError` otherwise) and, as a list, its length (`ValueError` otherwise)."""
     with pytest.raises(TypeError, match="same type"):
         text_pipe.encode_prompt(["a cat", "a dog"], "cpu", 1, True, negative_prompt="bad")
     with pytest.raises(TypeError, match="same type"):
@@ -413,7 +420,7 @@ def test_negative_prompt_type_and_length_must_match(text_pipe):
 
 
 def test_negative_prompt_is_not_checked_without_guidance(text_pipe):
-    """With `guidance_scale <= 1`, a `negative_prompt` of the wrong type or length raises nothing: it is never encoded."""
+    """In `StableDiffusionPipeline`, with `guidance_scale <= 1`, a `negative_prompt` of the wrong type or length raises nothing: it is never encoded."""
     two = dict(steps=1, prompt=["a cat", "a dog"], latents=start_latents(2))
     run(text_pipe, guidance_scale=1.0, negative_prompt="x", **two)
     run(text_pipe, guidance_scale=1.0, negative_prompt=["x"], **two)
@@ -423,7 +430,7 @@ def test_negative_prompt_is_not_checked_without_guidance(text_pipe):
 
 @pytest.mark.parametrize("guidance_scale", [7.5, 1.0])
 def test_negative_prompt_embeds_shape_must_match(sd_pipe, text_pipe, guidance_scale):
-    """`check_inputs` compares `negative_prompt_embeds` with `prompt_embeds` (`ValueError` on a different shape), whatever the `guidance_scale`, but only when both are passed: beside a text `prompt` it compares nothing, so with guidance off a wrong shape raises nothing.
+    """In `StableDiffusionPipeline`, `check_inputs` compares `negative_prompt_embeds` with `prompt_embeds` (`ValueError` on a different shape), whatever the `guidance_scale`, but only when both are passed: beside a text `prompt` it compares nothing, so with guidance off a wrong shape raises nothing.
 
     With a text prompt and guidance on, the mismatch surfaces later, in ``torch.cat``.
     """
@@ -504,7 +511,7 @@ def test_rescale_noise_cfg_formula(guidance_rescale):
 def test_pipeline_rescales_only_with_cfg_and_positive_guidance_rescale(
     sd_pipe, outputs_of, step_inputs, monkeypatch
 ):
-    """The pipeline applies `rescale_noise_cfg(noise_pred, noise_pred_text, guidance_rescale=guidance_rescale)` right after the combination, and only when CFG is on and `guidance_rescale > 0.0`."""
+    """`StableDiffusionPipeline` applies `rescale_noise_cfg(noise_pred, noise_pred_text, guidance_rescale=guidance_rescale)` right after the combination, and only when CFG is on and `guidance_rescale > 0.0`."""
     calls = []
     original = sd_module.rescale_noise_cfg
 
@@ -529,6 +536,7 @@ def test_pipeline_rescales_only_with_cfg_and_positive_guidance_rescale(
 def test_sdxl_pipeline_applies_guidance_rescale(step_inputs, outputs_of):
     """`StableDiffusionXLPipeline` applies the same `rescale_noise_cfg` after its combination when CFG is on and `guidance_rescale > 0.0`."""
     pipe = tiny_sdxl_pipeline()
+    assert type(pipe).__name__ in claim(test_sdxl_pipeline_applies_guidance_rescale)
     pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3))
     outs, steps = outputs_of(pipe.unet), step_inputs(pipe.scheduler)
     pipe(prompt_embeds=PROMPT, pooled_prompt_embeds=pooled, guidance_scale=5.0,
@@ -613,6 +621,7 @@ def test_sdxl_batches_2b_with_zeros_as_the_default_negative(record_calls):
     differ from the positive one, so their order shows.
     """
     pipe = tiny_sdxl_pipeline()  # the constructor's default
+    assert type(pipe).__name__ in claim(test_sdxl_batches_2b_with_zeros_as_the_default_negative)
     assert pipe.config.force_zeros_for_empty_prompt is True
     assert pipe.unet.config.time_cond_proj_dim is None  # else one pass at B (next test)
     for scale, on in [(1.0, False), (1.0001, True)]:
@@ -648,6 +657,7 @@ def test_sdxl_guidance_distilled_unet_gets_one_pass(record_calls):
     """`StableDiffusionXLPipeline` has the same threshold as SD: with a UNet that sets `time_cond_proj_dim`, `guidance_scale=5.0` gives one pass per step at batch `B` and the scale as `timestep_cond`."""
     unet = tiny_text_time_unet(time_cond_proj_dim=8)
     pipe = tiny_sdxl_pipeline(unet=unet)
+    assert type(pipe).__name__ in claim(test_sdxl_guidance_distilled_unet_gets_one_pass)
     pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(3))
     calls = record_calls(pipe.unet).calls
     pipe(prompt_embeds=PROMPT, pooled_prompt_embeds=pooled, guidance_scale=5.0,
@@ -677,6 +687,7 @@ def test_sd3_encodes_the_empty_string_as_the_default_negative(sd3_pipe, record_c
         tokenizer_3=None,
     )
     pipe.set_progress_bar_config(disable=True)
+    assert type(pipe).__name__ in claim(test_sd3_encodes_the_empty_string_as_the_default_negative)
     calls = record_calls(pipe.transformer).calls
     pipe(prompt="a cat", guidance_scale=4.0, num_inference_steps=1, height=HEIGHT, width=WIDTH,
          max_sequence_length=8, output_type="latent")  # fmt: skip
@@ -722,7 +733,7 @@ def test_sdxl_and_sd3_skip_the_uncond_branch_up_to_one(
 
 
 def test_sd3_skip_guidance_layers_adds_a_third_call(sd3_pipe, record_calls):
-    """SD3's skip-layer guidance is opt-in: with `skip_guidance_layers` set and CFG on, the steps whose index lies strictly between `skip_layer_guidance_start` and `skip_layer_guidance_stop` times `num_inference_steps` add a third transformer call, at batch `B` on the prompt alone with those layers skipped; without it every step is one call at `2B`.
+    """In `StableDiffusion3Pipeline`, skip-layer guidance is opt-in: with `skip_guidance_layers` set and CFG on, the steps whose index lies strictly between `skip_layer_guidance_start` and `skip_layer_guidance_stop` times `num_inference_steps` add a third transformer call, at batch `B` on the prompt alone with those layers skipped; without it every step is one call at `2B`.
 
     Ten steps with the defaults 0.01 and 0.2: only step 1 is inside the window. At
     ``guidance_scale=1`` (CFG off) the same ``skip_guidance_layers`` adds nothing.
@@ -804,8 +815,9 @@ def test_flux_dev_takes_the_scale_as_an_input_in_one_call(flux_pipe, record_call
 
 
 def test_flux_schnell_ignores_guidance_scale(record_calls):
-    """With `guidance_embeds=False` (FLUX.1-schnell) the transformer gets `guidance=None`, and `guidance_scale` changes nothing."""
+    """In `FluxPipeline`, with `guidance_embeds=False` (FLUX.1-schnell), the transformer gets `guidance=None`, and `guidance_scale` changes nothing."""
     pipe = tiny_flux_pipeline(guidance_embeds=False)
+    assert type(pipe).__name__ in claim(test_flux_schnell_ignores_guidance_scale)
     calls = record_calls(pipe.transformer).calls
     low, high = run_flux(pipe, guidance_scale=1.0), run_flux(pipe, guidance_scale=7.0)
     assert all(kwargs["guidance"] is None for _, kwargs in calls)
@@ -813,7 +825,7 @@ def test_flux_schnell_ignores_guidance_scale(record_calls):
 
 
 def test_flux_true_cfg_adds_a_second_call(flux_pipe, record_calls, outputs_of, step_inputs):
-    """`true_cfg_scale > 1` with a negative prompt adds a second, separate transformer call per step at batch `B` on the negative embeddings, and `scheduler.step` gets `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`; without a negative prompt `true_cfg_scale` silently changes nothing (no error, warning or log record).
+    """In `FluxPipeline`, `true_cfg_scale > 1` with a negative prompt adds a second, separate transformer call per step at batch `B` on the negative embeddings, and `scheduler.step` gets `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`; without a negative prompt `true_cfg_scale` silently changes nothing (no error, warning or log record).
 
     A handler on ``pipeline_flux``'s logger records every log record of the second run.
     """
@@ -877,7 +889,7 @@ def test_controlnet_prepare_image_doubles_the_control_image(controlnet_pipe):
 
 
 def test_controlnet_gets_the_doubled_batch(controlnet_pipe, record_calls):
-    """With CFG on, the ControlNet runs once per step on the doubled control image and on the same doubled `latents` and `[negative_prompt_embeds, prompt_embeds]` as the UNet; with `guess_mode=True` it runs on batch `B` with `prompt_embeds` alone, and the UNet gets zeros as the unconditional half of its residuals."""
+    """In `StableDiffusionControlNetPipeline`, with CFG on, the ControlNet runs once per step on the doubled control image and on the same doubled `latents` and `[negative_prompt_embeds, prompt_embeds]` as the UNet; with `guess_mode=True` it runs on batch `B` with `prompt_embeds` alone, and the UNet gets zeros as the unconditional half of its residuals."""
     calls = record_calls(controlnet_pipe.controlnet).calls
     unet_calls = record_calls(controlnet_pipe.unet).calls
     run_controlnet(controlnet_pipe)
@@ -916,7 +928,7 @@ def pixels(seed=0):
 
 
 def test_ip_adapter_uncond_image_embeds_are_zeros(ip_pipe):
-    """For a plain IP-Adapter (`output_hidden_states` off), `encode_image` returns `torch.zeros_like(image_embeds)` as the unconditional image embeddings."""
+    """For a plain IP-Adapter (`output_hidden_states` off), `StableDiffusionPipeline.encode_image` returns `torch.zeros_like(image_embeds)` as the unconditional image embeddings."""
     image_embeds, uncond = ip_pipe.encode_image(pixels(), "cpu", 2)
     assert image_embeds.shape == uncond.shape == (2, 16)
     torch.testing.assert_close(uncond, torch.zeros_like(image_embeds), rtol=0, atol=0)
@@ -924,7 +936,7 @@ def test_ip_adapter_uncond_image_embeds_are_zeros(ip_pipe):
 
 
 def test_ip_adapter_plus_uncond_encodes_a_zero_pixel_tensor(ip_pipe):
-    """For IP-Adapter Plus (`output_hidden_states=True`), the unconditional input is the image encoder's penultimate hidden states for `torch.zeros_like(image)`, an all-zero tensor of CLIP-normalised pixels: an encoded image, not zeros."""
+    """For IP-Adapter Plus (`output_hidden_states=True`), `StableDiffusionPipeline.encode_image` returns as the unconditional input the image encoder's penultimate hidden states for `torch.zeros_like(image)`, an all-zero tensor of CLIP-normalised pixels: an encoded image, not zeros."""
     hidden, uncond = ip_pipe.encode_image(pixels(), "cpu", 1, output_hidden_states=True)
     with torch.no_grad():
         zero_image = ip_pipe.image_encoder(torch.zeros(1, 3, 32, 32), output_hidden_states=True)
@@ -935,7 +947,7 @@ def test_ip_adapter_plus_uncond_encodes_a_zero_pixel_tensor(ip_pipe):
 
 
 def test_clip_zero_pixels_are_the_mean_colour():
-    """The `CLIPImageProcessor` that `load_ip_adapter` creates when a pipeline has none normalises with the CLIP mean and std, so an all-zero pixel tensor is an image filled with the CLIP mean colour (a mid grey), not a black image.
+    """The `CLIPImageProcessor` that `StableDiffusionPipeline.load_ip_adapter` creates when the pipeline has none normalises with the CLIP mean and std, so an all-zero pixel tensor is an image filled with the CLIP mean colour (a mid grey), not a black image.
 
     ``load_ip_adapter`` runs on a fresh tiny pipeline with an image encoder and no
     ``feature_extractor``, given a plain IP-Adapter state dict; the processor it registers
@@ -943,6 +955,7 @@ def test_clip_zero_pixels_are_the_mean_colour():
     """
     pipe = tiny_sd_pipeline(unet=tiny_unet(), image_encoder=tiny_image_encoder(
         hidden_size=32, intermediate_size=37, num_attention_heads=4))  # fmt: skip
+    assert type(pipe).__name__ in claim(test_clip_zero_pixels_are_the_mean_colour)
     assert pipe.feature_extractor is None
     pipe.load_ip_adapter(random_ip_adapter(pipe.unet), subfolder="", weight_name="unused")
     processor = pipe.feature_extractor
@@ -957,7 +970,7 @@ def test_clip_zero_pixels_are_the_mean_colour():
 
 
 def test_ip_adapter_negative_image_embeds_come_first(ip_pipe, monkeypatch):
-    """`prepare_ip_adapter_image_embeds` puts the unconditional image embeddings in front of the positive ones when CFG is on (batch `2B`) and leaves them out when it is off; embeddings you pass yourself as `ip_adapter_image_embeds` are read as `[negative, positive]` halves.
+    """`StableDiffusionPipeline.prepare_ip_adapter_image_embeds` puts the unconditional image embeddings in front of the positive ones when CFG is on (batch `2B`) and leaves them out when it is off; embeddings you pass yourself as `ip_adapter_image_embeds` are read as `[negative, positive]` halves.
 
     The UNet gets two IP-Adapter projection layers, a plain ``ImageProjection`` and an
     ``IPAdapterPlusImageProjection``, as ``load_ip_adapter`` would install them.
@@ -1030,3 +1043,27 @@ def test_guidance_rescale_depends_on_the_parameterisation():
     """`rescale_noise_cfg` is the exception: rescaling the guided `epsilon` and the guided `v_prediction` gives different `prev_sample`, because a ratio of standard deviations is not preserved by the change of target."""
     prev = guided_pair(7.5, rescale=0.7)
     assert (prev["v_prediction"] - prev["epsilon"]).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------- the list itself
+
+PIPELINE_FIXTURES = {"sd_pipe", "text_pipe", "distilled_pipe", "ip_pipe", "sdxl_pipe", "sd3_pipe",
+                     "flux_pipe", "controlnet_pipe"}  # fmt: skip
+
+
+def test_each_sentence_names_the_pipeline_it_runs(request):
+    """Each sentence in this list whose test runs a pipeline names that pipeline's class: what one pipeline's `__call__` does is not said of diffusers in general.
+
+    Every test of this module that takes a pipeline fixture (read from the test's own
+    signature) is checked against the fixture's class; the tests that build their
+    pipeline inline assert the same inside.
+    """
+    checked = []
+    for name, test in globals().items():
+        if not name.startswith("test_") or not callable(test):
+            continue
+        for fixture in PIPELINE_FIXTURES & set(inspect.signature(test).parameters):
+            cls = type(request.getfixturevalue(fixture)).__name__
+            checked.append((name, cls, cls in claim(test)))
+    missing = sorted({f"{name}: {cls}" for name, cls, ok in checked if not ok})
+    assert len(checked) > 20 and not missing, "\n".join(missing)
