@@ -510,7 +510,7 @@ def test_ddim_eta_zero_is_deterministic(sd_pipe, monkeypatch):
 
 
 def test_ddim_eta_one_is_ddpm():
-    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on a `leading` grid (both step to the same previous timestep) with the same `generator`, at every step but the last under `set_alpha_to_one=False` (SD 1.x's shipped config), where DDIM stops at `alphas_cumprod[0]` with noise and DDPM at alpha-bar 1 without.
+    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on SD 1.x's betas and a 10-step `leading` grid (both step to the same previous timestep) with the same `generator`, at every step but the last under `set_alpha_to_one=False` (SD 1.x's shipped config), where DDIM stops at `alphas_cumprod[0]` with noise and DDPM at alpha-bar 1 without.
 
     Every timestep of a 10-step grid, on diffusers' defaults and on SD 1.5's settings.
     """

@@ -114,7 +114,7 @@ def test_ddpm_adds_no_noise_at_t_zero():
 
 
 def test_ddim_eta1_differs_from_ddpm_at_the_final_step():
-    """With `eta=1` and `clip_sample=False` DDIM's step has the same distribution as DDPM's, except at the final step under SD 1.x's `set_alpha_to_one=False`: DDIM then targets `alphas_cumprod[0]` and still adds noise, while DDPM lands on clean data.
+    """With `eta=1` and `clip_sample=False`, on SD 1.x's schedule and a 10-step `leading` grid, DDIM's step has the same distribution as DDPM's, except at the final step under SD 1.x's `set_alpha_to_one=False`: DDIM then targets `alphas_cumprod[0]` and still adds noise, while DDPM lands on clean data.
 
     Both schedulers on SD 1.x's settings at 10 steps: one generator seed gives both steps the
     same fresh noise, so at 501 their whole `prev_sample` agrees; the spread between two
