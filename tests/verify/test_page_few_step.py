@@ -16,7 +16,6 @@ import pytest
 import torch
 from diffusers import (
     DDIMScheduler,
-    DDPMScheduler,
     DPMSolverMultistepScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
@@ -109,25 +108,35 @@ def test_from_config_keeps_a_saved_timestep_spacing(tmp_path):
         assert grid(config, timestep_spacing="trailing") == ("trailing", [999, 749, 499, 249])
 
 
-@pytest.mark.parametrize(
-    "cls, last",
-    [
-        (DDIMScheduler, 0.0),
-        (DDPMScheduler, 0.0),
-        (LCMScheduler, 0.0),
-        (TCDScheduler, 0.0),
-        (EulerDiscreteScheduler, 2**-24),
-        (DPMSolverMultistepScheduler, 2**-24),
-    ],
-    ids=lambda x: getattr(x, "__name__", str(x)),
-)
-def test_rescale_betas_zero_snr(cls, last):
-    """`rescale_betas_zero_snr=True` is accepted by `DDIMScheduler`, `DDPMScheduler`, `EulerDiscreteScheduler`, `DPMSolverMultistepScheduler`, `LCMScheduler` and `TCDScheduler`; it makes SD's `alphas_cumprod[-1]` (4.66e-03 without it) 0, and the Euler and DPM-Solver++ schedulers then set it to `2**-24`."""
-    plain = cls(**SD_BETAS)
-    assert float(plain.alphas_cumprod[-1]) == pytest.approx(4.66e-03, abs=5e-6)
-    rescaled = cls(**SD_BETAS, rescale_betas_zero_snr=True)
-    assert float(rescaled.alphas_cumprod[-1]) == pytest.approx(last, abs=1e-9)
-    assert float(rescaled.alphas_cumprod[0]) == pytest.approx(float(plain.alphas_cumprod[0]), rel=1e-5)  # fmt: skip
+NAMED_ZERO_SNR = {"DDIMScheduler", "DDPMScheduler", "EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "LCMScheduler", "TCDScheduler"}  # fmt: skip
+
+
+def test_rescale_betas_zero_snr():
+    """`rescale_betas_zero_snr=True` is accepted by `DDIMScheduler`, `DDPMScheduler`, `EulerDiscreteScheduler`, `DPMSolverMultistepScheduler`, `LCMScheduler` and `TCDScheduler`, among others; it makes SD's `alphas_cumprod[-1]` (4.66e-03 without it) 0, and of the schedulers diffusers exports that take it, the four that keep `sigmas` (`EulerDiscreteScheduler`, `EulerAncestralDiscreteScheduler`, `DPMSolverMultistepScheduler`, `UniPCMultistepScheduler`) then set it to `2**-24`, so their first sigma (t = 999 on the trailing grid) stays finite; the others keep 0."""
+    import inspect
+
+    import diffusers
+
+    taking, clamped = set(), set()
+    for name in [n for n in dir(diffusers) if n.endswith("Scheduler")]:  # a new class joins the set
+        cls = getattr(diffusers, name)
+        if "rescale_betas_zero_snr" not in inspect.signature(cls.__init__).parameters:
+            continue
+        taking.add(name)
+        plain = cls(**SD_BETAS)
+        if name in NAMED_ZERO_SNR:  # (CogVideoX's schedulers also shift the SNR by default)
+            assert float(plain.alphas_cumprod[-1]) == pytest.approx(4.66e-03, abs=5e-6), name
+        rescaled = cls(**SD_BETAS, rescale_betas_zero_snr=True, timestep_spacing="trailing")
+        last = float(rescaled.alphas_cumprod[-1])
+        assert float(rescaled.alphas_cumprod[0]) == pytest.approx(float(plain.alphas_cumprod[0]), rel=1e-5), name  # fmt: skip
+        assert last in (0.0, 2**-24), name
+        assert (last == 2**-24) == hasattr(rescaled, "sigmas"), name
+        if last:
+            clamped.add(name)
+            rescaled.set_timesteps(4)
+            assert int(rescaled.timesteps[0]) == 999 and torch.isfinite(rescaled.sigmas[0]), name  # fmt: skip
+    assert NAMED_ZERO_SNR < taking
+    assert clamped == {"EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler"}  # fmt: skip
 
 
 def sdxl_pipeline(**unet_overrides):
@@ -256,7 +265,7 @@ def test_guidance_scale_at_most_one_is_the_conditional_prediction(name, record_c
 
 
 def test_lora_leaves_guidance_as_cfg(record_calls):
-    """A LoRA loaded with `load_lora_weights` (the way LCM-LoRA is loaded) leaves the UNet config's `time_cond_proj_dim` unset, so `guidance_scale` above 1 is still classifier-free guidance: every UNet call on a doubled batch, `timestep_cond` `None`."""
+    """A LoRA loaded with `load_lora_weights` (the way LCM-LoRA is loaded) leaves the UNet config's `time_cond_proj_dim` unset, so in `StableDiffusionPipeline` `guidance_scale` above 1 is still classifier-free guidance: every UNet call on a doubled batch, `timestep_cond` `None`."""
     from tiny import tiny_sd_pipeline, tiny_unet
 
     g = torch.Generator().manual_seed(0)
@@ -275,15 +284,54 @@ def test_lora_leaves_guidance_as_cfg(record_calls):
 
 
 def test_dpm_solver_orders():
-    """`DPMSolverMultistepScheduler`'s update order at 4 steps is 1, 2, 2, 1 with the default `final_sigmas_type="zero"`, and at 2 steps 1, 1 (DDIM); into sigma 0 the last step is first order whatever the step count and `lower_order_final` (checked at 15 steps and with `lower_order_final=False`); with `final_sigmas_type="sigma_min"` the last step is first order under the default `lower_order_final=True` below 15 steps and second order from 15, and with `lower_order_final=False` it is second order unless `euler_at_final=True`."""
+    """`DPMSolverMultistepScheduler`'s update order at 4 steps is 1, 2, 2, 1 with the default `final_sigmas_type="zero"`, and at 2 steps 1, 1: DDIM with `set_alpha_to_one=True` on the same grid (the same samples to 1e-5 on the trailing grid, given the same `noise_pred`); into sigma 0 the last step is first order whatever the step count and `lower_order_final` (checked at 15 steps and with `lower_order_final=False`); with `final_sigmas_type="sigma_min"` the last step is first order under the default `lower_order_final=True` below 15 steps and second order from 15, and with `lower_order_final=False` it is second order unless `euler_at_final=True`."""
     assert orders_used(4) == [1, 2, 2, 1]
     assert orders_used(2) == [1, 1]
+    dpm = DPMSolverMultistepScheduler(**SD_BETAS, timestep_spacing="trailing")
+    ddim = DDIMScheduler(**SD_BETAS, timestep_spacing="trailing", set_alpha_to_one=True, clip_sample=False)  # fmt: skip
+    dpm.set_timesteps(2)
+    ddim.set_timesteps(2)
+    assert dpm.timesteps.tolist() == ddim.timesteps.tolist() == [999, 499]
+    x_dpm = x_ddim = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    for t in ddim.timesteps:
+        noise_pred = torch.tanh(x_ddim) + 0.3  # any function of x_t: the same output for both
+        x_dpm = dpm.step(torch.tanh(x_dpm) + 0.3, t, x_dpm).prev_sample
+        x_ddim = ddim.step(noise_pred, t, x_ddim).prev_sample
+    torch.testing.assert_close(x_dpm, x_ddim, atol=1e-5, rtol=1e-5)
     assert orders_used(14, final_sigmas_type="sigma_min")[-1] == 1
     assert orders_used(15, final_sigmas_type="sigma_min")[-1] == 2
     assert orders_used(15)[-1] == 1  # into sigma 0: first order at any step count
     assert orders_used(15, lower_order_final=False)[-1] == 1  # ... and without lower_order_final
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False)[-1] == 2
     assert orders_used(4, final_sigmas_type="sigma_min", lower_order_final=False, euler_at_final=True)[-1] == 1  # fmt: skip
+
+
+def counted(fn, log):
+    """``fn`` that appends 1 to ``log`` at each call."""
+    return lambda *args, **kwargs: log.append(1) or fn(*args, **kwargs)
+
+
+def test_each_rule_one_call_per_step(record_calls, monkeypatch):
+    """Each rule makes one call per step: `StableDiffusionPipeline.__call__` at 4 steps with guidance on, its `DDIMScheduler` swapped by `from_config` for `EulerDiscreteScheduler`, `DPMSolverMultistepScheduler`, `LCMScheduler` or `TCDScheduler` (or kept), calls its UNet 4 times on the doubled batch, one call per `scheduler.step`; DPM-Solver++ 2M's two second-order updates among them reuse the previous step's `x0_hat` instead of an extra call."""
+    pipe = tiny_sd_pipeline()
+    base = pipe.scheduler.config
+    rules = (DDIMScheduler, EulerDiscreteScheduler, DPMSolverMultistepScheduler, LCMScheduler, TCDScheduler)  # fmt: skip
+    for cls in rules:
+        pipe.scheduler = scheduler = cls.from_config(base)
+        steps, second = [], []
+        monkeypatch.setattr(scheduler, "step", counted(scheduler.step, steps))
+        if cls is DPMSolverMultistepScheduler:
+            update = "multistep_dpm_solver_second_order_update"
+            monkeypatch.setattr(scheduler, update, counted(getattr(scheduler, update), second))
+        recorder = record_calls(pipe.unet)
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2), latents=start_latents(),
+                 num_inference_steps=4, guidance_scale=7.5, height=HEIGHT, width=HEIGHT, output_type="latent")  # fmt: skip
+        recorder.remove()
+        assert len(recorder.calls) == len(steps) == 4, cls.__name__
+        assert all(args[0].shape[0] == 2 for args, _ in recorder.calls), cls.__name__
+        assert len(second) == (2 if cls is DPMSolverMultistepScheduler else 0), cls.__name__
+        monkeypatch.undo()
 
 
 def test_euler_is_ddim_in_other_coordinates():
@@ -307,13 +355,16 @@ def test_euler_is_ddim_in_other_coordinates():
 
 
 def test_lcm_step():
-    """`LCMScheduler` at 4 steps visits 999, 759, 499, 259 of its 50-entry distillation grid; `c_skip` is below 1e-5 at each, so `denoised` is the model's x0 prediction; every step but the last re-noises with fresh noise (two generators give two `prev_sample` from one `denoised`), and the last returns `denoised`."""
+    """`LCMScheduler` at 4 steps visits 999, 759, 499, 259 of its 50-entry distillation grid; `c_skip` is below 1e-5 at every timestep LCM visits at 1 to 50 steps, so `denoised` is the model's x0 prediction; every step but the last re-noises with fresh noise (two generators give two `prev_sample` from one `denoised`), and the last returns `denoised`."""
+    scheduler = LCMScheduler(**SD_BETAS)
+    for n in range(1, scheduler.config.original_inference_steps + 1):
+        scheduler.set_timesteps(n)
+        assert all(scheduler.get_scalings_for_boundary_condition_discrete(int(t))[0] < 1e-5 for t in scheduler.timesteps), n  # fmt: skip
     outs = []
     for seed in (0, 1):
         scheduler = LCMScheduler(**SD_BETAS)
         scheduler.set_timesteps(4)
         assert scheduler.timesteps.tolist() == [999, 759, 499, 259]
-        assert all(scheduler.get_scalings_for_boundary_condition_discrete(int(t))[0] < 1e-5 for t in scheduler.timesteps)  # fmt: skip
         sample = torch.ones(4, 2)
         out = scheduler.step(torch.zeros(4, 2), scheduler.timesteps[0], sample, generator=torch.Generator().manual_seed(seed))  # fmt: skip
         outs.append(out)
@@ -433,7 +484,7 @@ def test_guidance_scale_without_guidance_embeds(record_calls):
 
 
 def test_flux_dev_is_guidance_distilled(record_calls):
-    """Flux.1-dev's transformer config has `guidance_embeds=True` (BFL's `guidance_embed=True`), which gives `FluxTransformer2DModel` a guidance embedder (`CombinedTimestepGuidanceTextProjEmbeddings`), and `FluxPipeline` defaults to `guidance_scale=3.5` and `true_cfg_scale=1.0`."""
+    """Flux.1-dev's transformer config has `guidance_embeds=True` (BFL's `guidance_embed=True`), which gives `FluxTransformer2DModel` a guidance embedder (`CombinedTimestepGuidanceTextProjEmbeddings`), and `FluxPipeline` defaults to `num_inference_steps=28`, `guidance_scale=3.5` and a `true_cfg_scale` of at most 1: with a negative prompt given, 28 transformer calls, one per step, each with the embedded guidance 3.5."""
     from diffusers import FluxPipeline, FluxTransformer2DModel
     from model_configs import FLUX_DEV_ORIGINAL, FLUX_DEV_TRANSFORMER
 
@@ -443,16 +494,16 @@ def test_flux_dev_is_guidance_distilled(record_calls):
         schnell = FluxTransformer2DModel(**{**FLUX_DEV_TRANSFORMER, "guidance_embeds": False})
     assert type(dev.time_text_embed).__name__ == "CombinedTimestepGuidanceTextProjEmbeddings"
     assert type(schnell.time_text_embed).__name__ == "CombinedTimestepTextProjEmbeddings"
-    # the defaults, observed: with a negative prompt given, one call per step (true_cfg_scale
-    # at most 1) and the embedded guidance is 3.5
+    # the defaults, observed: 28 steps; with a negative prompt given, one call per step
+    # (true_cfg_scale at most 1) and the embedded guidance is 3.5
     pipe = tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS)
     g = torch.Generator().manual_seed(0)
     text, pooled = torch.randn(1, 8, 32, generator=g), torch.randn(1, 32, generator=g)
     embeds = dict(prompt_embeds=text, pooled_prompt_embeds=pooled, negative_prompt_embeds=text, negative_pooled_prompt_embeds=pooled)  # fmt: skip
     recorder = record_calls(pipe.transformer)
     with torch.no_grad():
-        pipe(**embeds, height=HEIGHT, width=HEIGHT, num_inference_steps=2, output_type="latent")  # fmt: skip
-    assert isinstance(pipe, FluxPipeline) and len(recorder.calls) == 2
+        pipe(**embeds, height=HEIGHT, width=HEIGHT, output_type="latent")  # fmt: skip
+    assert isinstance(pipe, FluxPipeline) and len(recorder.calls) == 28
     assert all(float(kw["guidance"][0]) == 3.5 for _, kw in recorder.calls)
 
 
@@ -613,17 +664,13 @@ def test_sana_sprint_guidance_is_embedded(record_calls):
 
 def test_unet_time_cond_proj_consumes_timestep_cond():
     """A `UNet2DConditionModel` built with `time_cond_proj_dim` adds a linear projection of `timestep_cond` to its timestep embedding (`time_embedding.cond_proj`, called once per forward with the `(B, time_cond_proj_dim)` tensor), so a different guidance embedding changes `noise_pred`; without `time_cond_proj_dim` there is no `cond_proj`."""
-    from diffusers.pipelines.latent_consistency_models.pipeline_latent_consistency_text2img import (
-        LatentConsistencyModelPipeline,
-    )
-
     unet = tiny_unet(time_cond_proj_dim=8)
     seen = []
     unet.time_embedding.cond_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
     sample, prompt_embeds = start_latents(), embeds(0)
-    w_embedding = LatentConsistencyModelPipeline.get_guidance_scale_embedding(
-        None, torch.tensor([7.5]), embedding_dim=8
-    )
+    w_embedding = torch.randn(
+        1, 8, generator=torch.Generator().manual_seed(4)
+    )  # any (B, 8) embedding
     with torch.no_grad():
         a = unet(sample, 999, prompt_embeds, timestep_cond=w_embedding).sample
         b = unet(sample, 999, prompt_embeds, timestep_cond=2 * w_embedding).sample
