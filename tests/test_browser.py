@@ -935,13 +935,20 @@ def test_every_rule_judges_every_page_at_each_width():
 FIRST_VISIT = "try { localStorage.clear(); } catch (error) {}"
 
 
-def open_page(page, url: str, scheme: str, wait_until: str = "load") -> None:
+def start_opening(page, url: str, scheme: str):
     """Open ``url`` as a first visit (``FIRST_VISIT``) of a reader whose system prefers
     ``scheme``: the page takes its palette from the preference at load, as
-    bundle_on_interaction.js does before any interaction."""
+    bundle_on_interaction.js does before any interaction. This half navigates until the
+    server has answered, so that several pages load (and their network falls idle) at once;
+    ``finish_opening`` waits for the rest."""
     page.emulate_media(color_scheme=scheme)
-    response = page.goto(url, wait_until=wait_until)
+    response = page.goto(url, wait_until="commit")
     assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
+
+
+def finish_opening(page, scheme: str, wait_until: str = "load") -> None:
+    """``start_opening``'s second half: wait for ``wait_until``, then check the palette."""
+    page.wait_for_load_state(wait_until)
     want = "slate" if scheme == "dark" else "default"
     assert page.evaluate("() => document.body.getAttribute('data-md-color-scheme')") == want
 
@@ -1127,19 +1134,21 @@ def test_axe_finds_no_violation_on_any_page(server, browser, axe_source, axe_pag
         for step in range(max(len(plans[path]) for path, _ in batch)):
             # start axe on every page of the batch, then collect: the pages run at once
             running = [(path, tab) for path, tab in batch if step < len(plans[path])]
+            opening = {}
+            for path, (page, _, responses) in running:  # (re)open the pages: they load at once
+                state = plans[path][step][0]
+                if step == 0 or (AXE_EVERYWHERE and state.endswith("at load")):
+                    responses.clear()
+                    scheme = "dark" if state == "dark at load" else "light"
+                    start_opening(page, server + path, scheme)
+                    opening[path] = scheme
             for path, (page, _, responses) in running:
                 state, options = plans[path][step]
-                fresh = step == 0 or (AXE_EVERYWHERE and state.endswith("at load"))
-                if fresh:  # (re)open the page
+                fresh = path in opening
+                if fresh:
                     dark = state == "dark at load"
                     first_visit = first_visits and step == 0
-                    responses.clear()
-                    open_page(
-                        page,
-                        server + path,
-                        "dark" if dark else "light",
-                        "networkidle" if first_visit else "load",
-                    )
+                    finish_opening(page, opening[path], "networkidle" if first_visit else "load")
                     if first_visit:
                         problems, has_later = first_visit_problems(page, path, responses)
                         found.update(problems)
