@@ -102,7 +102,7 @@ def test_lab_page_shows_code_and_real_output(built_site, lab):
 @pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.id)
 def test_runnable_starters_render_as_executed_notebooks(built_site, lab):
     for starter in lab.starters:
-        if not starter.runnable:
+        if not (starter.runnable and starter.notebook):  # page: false is a file, no page
             continue
         out = built_site / starter.path.with_suffix("") / "index.html"
         text = out.read_text(encoding="utf-8")
@@ -255,7 +255,7 @@ def test_generated_output_is_ignored_by_git():
 
 @pytest.mark.parametrize(
     "starter",
-    [s.path for lab in LABS for s in lab.starters if s.runnable],
+    [s.path for lab in LABS for s in lab.starters if s.runnable and s.notebook],
     ids=lambda p: p.name,
 )
 def test_notebook_page_prints_what_the_script_prints(built_site, starter):
@@ -786,7 +786,7 @@ def test_starter_pages_link_back_and_offer_downloads(built_site, lab):
     import json
 
     for starter in lab.starters:
-        if starter.path.suffix not in {".py", ".md"}:  # a solution kept as .txt is no page
+        if not starter.page:  # a solution kept as .txt, an exercise's checker or blanks file
             continue
         out = built_site / starter.path.with_suffix("") / "index.html"
         text = out.read_text(encoding="utf-8")
@@ -805,6 +805,46 @@ def test_starter_pages_link_back_and_offer_downloads(built_site, lab):
             notebook = out.parent / f"{starter.path.stem}.ipynb"
             cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
             assert any(c["cell_type"] == "code" for c in cells)
+
+
+EXERCISE_FILES = [(lab, s) for lab in LABS for s in lab.starters if s.path.suffix == ".py" and not s.page]  # fmt: skip
+
+
+def site_hrefs(html: str, page_url: str, where: str = "") -> set[str]:
+    """The site paths the links of ``html`` (those with ``where`` in their attributes) lead
+    to, resolved against ``page_url``; a folder ends in "/"."""
+    found = set()
+    for attrs in re.findall(r"<a\b([^>]*)>", html):
+        href = re.search(r'href="([^"#]*)', attrs)
+        if href and where in attrs and href.group(1) and not href.group(1).startswith("http"):
+            url = posixpath.normpath(posixpath.join(page_url, href.group(1)))
+            found.add(url + "/" if href.group(1).endswith("/") else url)
+    return found
+
+
+@pytest.mark.parametrize("lab,starter", EXERCISE_FILES, ids=lambda x: getattr(x, "name", ""))
+def test_an_exercise_file_is_a_file_not_a_page(built_site, lab, starter):
+    """A starter with ``page: false`` (an exercise's checker or blanks file) has no notebook
+    page and no nav entry, yet the .py itself is served, and the guide links the blanks
+    file there; the lab's other notebook starters keep their pages and nav entries."""
+    url = "/" + lab.page.with_suffix("").as_posix() + "/"
+    guide = (built_site / url.strip("/") / "index.html").read_text(encoding="utf-8")
+    page = "/" + starter.path.with_suffix("").as_posix() + "/"
+    assert not (built_site / page.strip("/")).exists(), f"{page} was built"
+    served = built_site / starter.path
+    assert served.is_file(), f"{starter.path} is not served"
+    assert served.read_bytes() == (ROOT / starter.path).read_bytes()
+    nav = site_hrefs(guide, url, "md-nav__link")
+    assert not {page, "/" + starter.path.as_posix()} & nav, f"{starter.path} has a nav entry"
+    notebooks = [s for s in lab.starters if s.notebook]
+    assert notebooks, f"{lab.id} has no notebook page left"
+    for other in notebooks:
+        other_page = "/" + other.path.with_suffix("").as_posix() + "/"
+        assert other_page in nav, f"{other.path} lost its nav entry"
+        assert (built_site / other_page.strip("/") / "index.html").is_file(), f"{other_page}?"
+    if not starter.runnable:  # the blanks file: the guide links the file the reader edits
+        article = guide.split("<article", 1)[1].split("</article>", 1)[0]
+        assert "/" + starter.path.as_posix() in site_hrefs(article, url), "no link to the file"
 
 
 def test_home_page_title_names_the_site_once(built_site):
@@ -1343,7 +1383,7 @@ def runnable_starter_pages() -> list[tuple[str, Path]]:
         (s.path.with_suffix("").as_posix(), ROOT / s.path)
         for lab in LABS
         for s in lab.starters
-        if s.path.suffix == ".py" and s.runnable
+        if s.notebook and s.runnable
     ]
 
 

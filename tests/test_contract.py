@@ -59,6 +59,60 @@ def test_registry_rejects_starters_that_would_share_a_page(tmp_path):
         load_labs(tmp_path)
 
 
+def test_registry_reads_which_starters_are_pages(tmp_path):
+    """A .py or .md starter is a page unless it says ``page: false`` (then the site serves
+    the file alone); a file of another kind is never one, and a Markdown starter always is."""
+    (tmp_path / "docs" / "labs").mkdir(parents=True)
+    page = tmp_path / "docs" / "labs" / "lab-01-x.md"
+
+    def load(entries: str):
+        page.write_text(
+            '---\ntitle: "Lab 01: X"\nlab:\n  number: 1\n  slug: x\n  title: X\n'
+            f"  question: Q?\n  starters:\n{entries}  sections: []\n---\n"
+        )
+        return load_labs(tmp_path)[0].starters
+
+    starters = load(
+        "    - file: x.py\n      runnable: true\n    - file: notes.md\n"
+        "    - file: check_x.py\n      runnable: true\n      page: false\n"
+        "    - file: x_solution.txt\n"
+    )
+    assert [(s.path.name, s.page, s.notebook) for s in starters] == [
+        ("x.py", True, True), ("notes.md", True, False),
+        ("check_x.py", False, False), ("x_solution.txt", False, False),
+    ]  # fmt: skip
+    for entries, message in [
+        ("    - file: x.txt\n      page: true\n", "cannot be a page"),
+        ("    - file: x.py\n      page: no page\n", "true or false"),
+        ("    - file: notes.md\n      page: false\n", "Markdown starter is a page"),
+    ]:
+        with pytest.raises(RegistryError, match=message):
+            load(entries)
+
+
+CHECKER_RE = re.compile(r"^from labkit\.blanks import \(?[^)]*?\bcheck_function\b", re.M)
+BLANKS_RE = re.compile(r"^from labkit\.blanks import blank$", re.M)
+
+
+def test_exercise_files_and_only_they_are_files_not_pages():
+    """The starters that are no page (``page: false``) are exactly the exercises' checkers
+    (a starter calling labkit's ``check_function``) and blanks files (a starter that is not
+    run, importing ``blank``), as their roles in the sources show."""
+    exercises, no_page = set(), set()
+    for lab in LABS:
+        for starter in lab.starters:
+            if starter.path.suffix != ".py":
+                continue
+            source = (ROOT / starter.path).read_text(encoding="utf-8")
+            checker = CHECKER_RE.search(source) is not None
+            if checker or (not starter.runnable and BLANKS_RE.search(source)):
+                exercises.add(starter.path.name)
+            if not starter.page:
+                no_page.add(starter.path.name)
+    assert len(exercises) >= 10, exercises
+    assert no_page == exercises
+
+
 def test_registry_rejects_a_page_titled_other_than_the_labs_name(tmp_path):
     """The page's title is the lab's one name ("Lab 01: X"), as the nav, the footer and
     the home page's map show it."""

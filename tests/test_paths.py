@@ -37,7 +37,7 @@ def starter_urls() -> dict[str, str]:
         "/" + s.path.with_suffix("").as_posix() + "/": url_of(lab.page.as_posix())
         for lab in load_labs()
         for s in lab.starters
-        if s.path.suffix in {".py", ".md"}
+        if s.page
     }
 
 

@@ -111,7 +111,7 @@ def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
     locations = {doc["location"].split("#")[0] for doc in docs}
     assert not any("solution" in location for location in locations), locations
     pages = built_site / "code/lab-17-rebuild-the-pipeline"
-    assert (pages / "check_pipeline/index.html").is_file() and not list(
+    assert (pages / "rebuild_pipeline/index.html").is_file() and not list(
         pages.glob("*solution*/index.html")
     )
     page = (ROOT / "docs/labs/lab-17-rebuild-the-pipeline.md").read_text(encoding="utf-8")

@@ -3,10 +3,12 @@
 Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
 
 - ``on_config``: appends one nav entry per lab (lab page + its starter pages)
-  under "Labs", from the registry; keys mkdocs-jupyter's cache on the labkit
+  under "Labs", from the registry; gives mkdocs-jupyter the registry's notebook pages
+  as its ``include`` (a starter with ``page: false``, an exercise's checker or blanks
+  file, stays a plain file); keys mkdocs-jupyter's cache on the labkit
   sources, so an edit to the shared package re-executes the notebooks.
 - ``on_files``: adds the starter files under ``code/`` (outside ``docs/``) so
-  mkdocs-jupyter renders them as executed notebook pages, and starts the work the
+  mkdocs-jupyter renders the notebook pages among them, and starts the work the
   pages will need on other cores: the starter runs (``runner.prefetch``) and the
   notebook pages (``notebooks.prebuild``).
 - ``on_pre_page``: a notebook page waits for its prebuild worker before rendering.
@@ -76,7 +78,6 @@ from infralens_docs.directives import (
     GENERATED_FILES,
     Context,
     first_screen,
-    is_page,
     page_dir,
 )
 from infralens_docs.mathml import MathError
@@ -177,7 +178,7 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         entries += [
             {f"Lab {lab.number:02d} · {s.path.name}": s.path.as_posix()}
             for s in lab.starters
-            if is_page(s.path)
+            if s.page
         ]
         labs_section["Labs"].append({lab.name: entries})
 
@@ -190,6 +191,10 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     if jupyter is not None:
         os.environ.update(BLAS_ENV)  # the kernels inherit it: same digits as run_starter
         notebooks.configure()
+        # the registry decides which starters are notebook pages (mkdocs.yml leaves it empty)
+        jupyter.config["include"] = [
+            str(ROOT / s.path) for lab in _labs for s in lab.starters if s.notebook
+        ]
         key = notebook_cache_key()
         base = CACHE_ROOT / "mkdocs-jupyter"
         jupyter.config["cache_dir"] = str(base / key)
@@ -328,7 +333,12 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
             )
     jobs = _runs_the_pages_need(files)
     # each notebook page looks up its figures' alt texts in the default run's figures
-    jobs += [(s.path.as_posix(), [], True) for lab in _labs for s in lab.starters if s.runnable]
+    jobs += [
+        (s.path.as_posix(), [], True)
+        for lab in _labs
+        for s in lab.starters
+        if s.runnable and s.notebook
+    ]
     prefetch(jobs)
     jupyter = config.plugins.get("mkdocs-jupyter")
     if jupyter is not None:

@@ -86,8 +86,9 @@ def configure() -> None:
       sources afresh. The tests compare every notebook page with a fresh run of its script.
 
     - A page's cache key folds in the files beside its starter that a run may read
-      (``runner.beside``): mkdocs-jupyter keys on the notebook file alone, so an edit to an
-      exercise's blanks file left its checker's page as it was (``_key_on_the_files_beside``).
+      (``runner.beside``): mkdocs-jupyter keys on the notebook file alone, so an edit to a
+      file beside a starter that its run reads left its page as it was
+      (``_key_on_the_files_beside``).
 
     Each process that renders notebooks (the build, and each prebuild worker) calls it.
     """

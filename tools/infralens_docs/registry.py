@@ -16,8 +16,13 @@ Each lab page ``docs/labs/lab-NN-slug.md`` opens with YAML front matter::
       sections: [objective, forward-reverse]
     ---
 
-The site nav, the generated labs index and the contract tests all call
-:func:`load_labs`; nothing else lists the labs.
+Each ``.py`` and ``.md`` starter is a page of the site (a ``.py`` an executed notebook
+page) unless its entry says ``page: false``: an exercise's checker and blanks file, whose
+code and output the guide already shows, are files served at their own path, with no page,
+nav entry or search entry. Any other file (a ``*_solution.txt``) is never a page.
+
+The site nav, the generated labs index, mkdocs-jupyter's list of notebooks and the
+contract tests all call :func:`load_labs`; nothing else lists the labs.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_RE = re.compile(r"^lab-(\d{2})-([a-z0-9]+(?:-[a-z0-9]+)*)\.md$")
 FRONT_MATTER_RE = re.compile(r"\A---\n(.*?)\n---\n", re.DOTALL)
+#: The starters that can be pages: jupytext ``.py`` notebooks and Markdown notes.
+PAGE_SUFFIXES = {".py", ".md"}
 
 
 class RegistryError(ValueError):
@@ -45,6 +52,13 @@ class Starter:
 
     path: Path
     runnable: bool
+    #: rendered as a page of the site (``page: false``: served as a file only)
+    page: bool
+
+    @property
+    def notebook(self) -> bool:
+        """Rendered by mkdocs-jupyter as an executed notebook page."""
+        return self.page and self.path.suffix == ".py"
 
 
 @dataclass(frozen=True)
@@ -119,10 +133,18 @@ def _parse_lab(path: Path, root: Path) -> Lab:
     for entry in meta["starters"]:
         if not isinstance(entry, dict) or "file" not in entry:
             raise RegistryError(f"{path}: each starter needs a 'file'")
-        starters.append(Starter(folder / entry["file"], bool(entry.get("runnable", False))))
+        file = folder / entry["file"]
+        page = entry.get("page", file.suffix in PAGE_SUFFIXES)
+        if not isinstance(page, bool):
+            raise RegistryError(f"{path}: {entry['file']}: 'page' is true or false")
+        if page and file.suffix not in PAGE_SUFFIXES:
+            raise RegistryError(f"{path}: {entry['file']} cannot be a page (.py or .md only)")
+        if not page and file.suffix == ".md":
+            raise RegistryError(f"{path}: {entry['file']}: a Markdown starter is a page")
+        starters.append(Starter(file, bool(entry.get("runnable", False)), page))
     if not starters:
         raise RegistryError(f"{path}: a lab needs at least one starter")
-    # Each starter becomes a page at code/<lab>/<stem>/, so two starters sharing a stem
+    # Each starter page is at code/<lab>/<stem>/, so two starters sharing a stem
     # (notes.md beside notes.py) would collide on one URL.
     stems = [starter.path.stem for starter in starters]
     if len(set(stems)) != len(stems):
