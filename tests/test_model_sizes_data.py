@@ -141,7 +141,31 @@ def test_the_size_table_is_shown_on_one_page_only():
         for line in page.read_text(encoding="utf-8").splitlines()
         if line.lstrip().startswith("<!-- infralens:model-sizes")
     ]
+    atlas = [(p, line) for p, line in directives if "--atlas" in line]  # the atlas: models.md
+    assert atlas == [("handbook/models.md", "<!-- infralens:model-sizes --atlas -->"), ("handbook/models.md", "    <!-- infralens:model-sizes --atlas-sources -->")]  # fmt: skip
+    directives = [d for d in directives if d not in atlas]
     unfolded = [(page, line) for page, line in directives if not line[0].isspace()]
     whole = [page for page, line in directives if line.strip() == "<!-- infralens:model-sizes -->"]
     assert unfolded == [("handbook/memory.md", "<!-- infralens:model-sizes -->")]
     assert whole == ["handbook/memory.md"]
+
+
+def test_atlas_table_renders_every_family(data):
+    """The model-sizes directive's ``--atlas`` renders one row per atlas family, with its
+    pipeline kind, parameters and tokens, and ``--atlas-sources`` one source line per family."""
+    table = model_sizes.render(["--atlas"])
+    body = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert len(body) == len(data["atlas"]) >= 16
+    for line, row in zip(body, data["atlas"], strict=True):
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        assert cells[0] == row["family"] and f"`{row['pipeline']}`" in cells[1]
+        assert ("modular only" in cells[1]) == (row["kind"] == "modular only")
+        assert model_sizes.format_params(row["denoiser_params"]) in cells[4]
+        assert (row["tokens"] is None) == ("UNet" in cells[7])
+        if row["tokens"] is not None:
+            assert cells[7].startswith(f"{row['tokens']:,} at ")
+    sources = model_sizes.render(["--atlas-sources"]).splitlines()
+    assert [s.split(":", 1)[0] for s in sources] == ["- " + r["family"] for r in data["atlas"]]
+    for line, row in zip(sources, data["atlas"], strict=True):
+        assert row["denoiser_source"] in line and row["vae_source"] in line
+    assert model_sizes.render([]) == model_sizes.markdown_table(None, totals=True)

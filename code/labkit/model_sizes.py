@@ -156,3 +156,112 @@ def flux_1024px() -> dict[str, Any]:
     FLOPs inside the modules ``TaylorSeerCacheConfig()`` hooks by default, and the bytes of
     the Taylor factors it stores (order 0 and 1, bf16)."""
     return load()["flux_1024px"]
+
+
+def atlas() -> list[dict[str, Any]]:
+    """The model atlas (docs/handbook/models.md): one record per family, counted and observed
+    on the meta device by ``tests/verify/sizes.py`` ``atlas_record``."""
+    return load()["atlas"]
+
+
+def _blocks_cell(blocks: dict[str, int]) -> str:
+    if "down_blocks" in blocks:
+        return f"{blocks['down_blocks']} down + {blocks['up_blocks']} up blocks"
+    return " + ".join(f"{n} `{k}`" for k, n in blocks.items())
+
+
+def _tokens_cell(row: dict[str, Any]) -> str:
+    if row["tokens"] is None:
+        return "— (UNet)"
+    h, w = row["size"]
+    at = f"{row['frames']} × {h} × {w}" if row["frames"] else f"{h} × {w}"
+    return f"{row['tokens']:,} at {at}"
+
+
+def _encoders_cell(row: dict[str, Any]) -> str:
+    counted = row.get("text_encoder_params") or {}
+    cells = []
+    for name, cls in row["text_encoders"].items():
+        cells.append(f"`{cls}` ({format_params(counted[name])})" if name in counted else f"`{cls}`")
+    text = ", ".join(cells)
+    if row.get("text_encoder_named"):
+        text += f": {row['text_encoder_named']}"
+    return text
+
+
+def _scheduler_cell(row: dict[str, Any]) -> str:
+    if row.get("shipped_scheduler"):
+        cls, _, settings = row["shipped_scheduler"].partition(", ")
+        return f"`{cls}` ({settings})"
+    if row["scheduler"] == "FlowMatchEulerDiscreteScheduler":
+        return f"`{row['scheduler']}`; shift: hub only"
+    return f"`{row['scheduler']}`"
+
+
+def _guidance_cell(row: dict[str, Any]) -> str:
+    g = dict(row["guidance"])
+    parts = []
+    if "guider" in g:
+        parts.append(f"guider `{g.pop('guider')}`")
+    embeds = g.pop("guidance_embeds", None)
+    distilled = g.pop("is_distilled", None)
+    parts += [f"`{k}={v}`" for k, v in g.items()]
+    if embeds:
+        parts.append("embedded (`guidance_embeds`)")
+    if distilled is not None:
+        parts.append("`is_distilled` flag")
+    return ", ".join(parts)
+
+
+def atlas_table(sources: bool = False) -> str:
+    """The atlas as a Markdown table; ``sources=True``: the list of each row's sources instead."""
+    data = load()
+    rows = data["atlas"]
+    if sources:
+        lines = []
+        for r in rows:
+            published = ""
+            if r["published"]:
+                diff = r["denoiser_params"] / r["published_params"] - 1
+                published = f" Published: {r['published']} ({r['published_source']}); counted {'+' if diff >= 0 else '−'}{abs(diff) * 100:.2f} %."  # fmt: skip
+            named = (
+                f" Text encoder: {r['text_encoder_named']} ({r['text_encoder_source']})."
+                if r.get("text_encoder_named")
+                else ""
+            )
+            shipped = (
+                f" Scheduler shipped: {r['shipped_scheduler']} ({r['shipped_scheduler_source']})."
+                if r.get("shipped_scheduler")
+                else ""
+            )
+            lines.append(f"- {r['family']}: denoiser {r['denoiser_source']}; VAE {r['vae_source']}.{published}{named}{shipped}")  # fmt: skip
+        return "\n".join(lines) + "\n"
+    v = data["versions"]
+    lines = [
+        f"Built on the meta device with diffusers {v['diffusers']}, transformers {v['transformers']}, torch {v['torch']}.",
+        "",
+        "| Family | Pipeline | Text encoder | Denoiser | Parameters | Blocks | Latents | Tokens | Guidance | Scheduler |",
+        "|---|---|---|---|---:|---|---|---:|---|---|",
+    ]
+    for r in rows:
+        kind = {"classic": "classic", "classic + modular": "classic, modular", "modular only": "**modular only**"}[r["kind"]]  # fmt: skip
+        encoders = _encoders_cell(r)
+        params = format_params(r["denoiser_params"])
+        if r["denoisers"] > 1:
+            params = f"{r['denoisers']} × {params}"
+        latents = f"{r['latent_channels']} ch, {r['spatial_compression']}× space"
+        if r["temporal_compression"]:
+            latents += f", {r['temporal_compression']}× time"
+        cells = [r["family"], f"`{r['pipeline']}` ({kind})", encoders, f"`{r['denoiser']}`", params, _blocks_cell(r["blocks"]), latents, _tokens_cell(r), _guidance_cell(r), _scheduler_cell(r)]  # fmt: skip
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render(args: list[str]) -> str:
+    """What the ``model-sizes`` directive shows: ``--atlas`` (``--atlas-sources``) the atlas
+    table (its sources), else the size table of the named pipelines (all if none), with totals."""
+    if args == ["--atlas"]:
+        return atlas_table()
+    if args == ["--atlas-sources"]:
+        return atlas_table(sources=True)
+    return markdown_table(args or None, totals=True)

@@ -812,9 +812,16 @@ def build(component: Component):
         return cls(**component.config)
 
 
+_COUNTED: dict[tuple[str, str, str, str], int] = {}
+
+
 def count_params(component: Component) -> int:
-    """Parameters of the real class (each tensor once, tied ones once); buffers excluded."""
-    return sum(p.numel() for p in build(component).parameters())
+    """Parameters of the real class (each tensor once, tied ones once); buffers excluded.
+    Counted once per process for each (pipeline, component, class, config)."""
+    key = (component.pipeline, component.component, component.cls, json.dumps(component.config, sort_keys=True))  # fmt: skip
+    if key not in _COUNTED:
+        _COUNTED[key] = sum(p.numel() for p in build(component).parameters())
+    return _COUNTED[key]
 
 
 def installed_versions() -> dict[str, str]:
@@ -867,3 +874,465 @@ def record() -> dict:
         "components": rows,
     }
     return json.loads(json.dumps(data))  # as the file will hold it (tuples become lists)
+
+
+# --- The model atlas (docs/handbook/models.md) ---------------------------------------------
+# One row per family: its denoiser and VAE built on the meta device, as above, from a public
+# repository's config where one states it, else from the installed class's defaults (said so
+# in the row's ``source``: the hub's config.json files are not reachable from these tests).
+
+FLUX2_REPO = "black-forest-labs/flux2@ab7cca68018a"
+ZIMAGE_REPO = "Tongyi-MAI/Z-Image@c7ec13578cc2"
+_DIFFUSERS_SCRIPTS = f"{DIFFUSERS} scripts"
+CLASS_DEFAULTS = "class defaults of the installed diffusers (no public config reachable)"
+
+#: huggingface/diffusers scripts/convert_flux2_to_diffusers.py get_flux2_transformer_config
+_FLUX2_COMMON = {
+    "patch_size": 1,
+    "in_channels": 128,
+    "attention_head_dim": 128,
+    "timestep_guidance_channels": 256,
+    "mlp_ratio": 3.0,
+    "axes_dims_rope": [32, 32, 32, 32],
+    "rope_theta": 2000,
+    "eps": 1e-6,
+}
+FLUX2_DEV_TRANSFORMER = {
+    **_FLUX2_COMMON,
+    "num_layers": 8,
+    "num_single_layers": 48,
+    "num_attention_heads": 48,
+    "joint_attention_dim": 15360,
+}
+FLUX2_KLEIN_4B_TRANSFORMER = {
+    **_FLUX2_COMMON,
+    "num_layers": 5,
+    "num_single_layers": 20,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 7680,
+    "guidance_embeds": False,
+}
+FLUX2_KLEIN_9B_TRANSFORMER = {
+    **_FLUX2_COMMON,
+    "num_layers": 8,
+    "num_single_layers": 24,
+    "num_attention_heads": 32,
+    "joint_attention_dim": 12288,
+    "guidance_embeds": False,
+}
+
+#: Tongyi-MAI/Z-Image src/config/model.py DEFAULT_TRANSFORMER_* and ROPE_* (the values its
+#: src/utils/loader.py builds ZImageTransformer2DModel with when config.json omits a key)
+ZIMAGE_TRANSFORMER = {
+    "all_patch_size": [2],
+    "all_f_patch_size": [1],
+    "in_channels": 16,
+    "dim": 3840,
+    "n_layers": 30,
+    "n_refiner_layers": 2,
+    "n_heads": 30,
+    "n_kv_heads": 30,
+    "norm_eps": 1e-5,
+    "qk_norm": True,
+    "cap_feat_dim": 2560,
+    "rope_theta": 256.0,
+    "t_scale": 1000.0,
+    "axes_dims": [32, 48, 48],
+    "axes_lens": [1536, 512, 512],
+}
+
+#: huggingface/diffusers scripts/convert_hunyuan_video1_5_to_diffusers.py TRANSFORMER_CONFIGS
+#: ["720p_t2v"]; every other argument is the class default
+HUNYUAN_VIDEO_15_720P_T2V = {"target_size": 960, "task_type": "t2v"}
+
+#: huggingface/diffusers scripts/convert_ltx2_to_diffusers.py get_ltx2_transformer_config("2.0")
+LTX2_TRANSFORMER = {
+    "in_channels": 128,
+    "out_channels": 128,
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "num_attention_heads": 32,
+    "attention_head_dim": 128,
+    "cross_attention_dim": 4096,
+    "vae_scale_factors": [8, 32, 32],
+    "pos_embed_max_pos": 20,
+    "base_height": 2048,
+    "base_width": 2048,
+    "gated_attn": False,
+    "cross_attn_mod": False,
+    "audio_in_channels": 128,
+    "audio_out_channels": 128,
+    "audio_patch_size": 1,
+    "audio_patch_size_t": 1,
+    "audio_num_attention_heads": 32,
+    "audio_attention_head_dim": 64,
+    "audio_cross_attention_dim": 2048,
+    "audio_scale_factor": 4,
+    "audio_pos_embed_max_pos": 20,
+    "audio_sampling_rate": 16000,
+    "audio_hop_length": 160,
+    "audio_gated_attn": False,
+    "audio_cross_attn_mod": False,
+    "num_layers": 48,
+    "activation_fn": "gelu-approximate",
+    "qk_norm": "rms_norm_across_heads",
+    "norm_elementwise_affine": False,
+    "norm_eps": 1e-6,
+    "caption_channels": 3840,
+    "attention_bias": True,
+    "attention_out_bias": True,
+    "rope_theta": 10000.0,
+    "rope_double_precision": True,
+    "causal_offset": 1,
+    "timestep_scale_multiplier": 1000,
+    "cross_attn_timestep_scale_multiplier": 1000,
+    "rope_type": "split",
+    "use_prompt_embeddings": True,
+    "perturbed_attn": False,
+}
+#: the same script's get_ltx2_video_vae_config("2.0") (timestep_conditioning False): the keys
+#: that differ from AutoencoderKLLTX2Video's defaults; the rest equal them
+LTX2_VIDEO_VAE = {
+    "decoder_causal": False,
+    "spatial_compression_ratio": 32,
+    "temporal_compression_ratio": 8,
+}
+
+#: huggingface/diffusers scripts/convert_wan_to_diffusers.py "Wan2.2-TI2V-5B" and
+#: vae22_diffusers_config (its latents_mean / latents_std, 48 numbers each that no layer holds
+#: as a parameter, left at the class's defaults)
+WAN22_TI2V_5B_TRANSFORMER = {
+    **_WAN_COMMON,
+    "in_channels": 48,
+    "out_channels": 48,
+    "num_attention_heads": 24,
+    "ffn_dim": 14336,
+    "num_layers": 30,
+}
+WAN22_VAE = {
+    "base_dim": 160,
+    "z_dim": 48,
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "decoder_base_dim": 256,
+    "scale_factor_temporal": 4,
+    "scale_factor_spatial": 16,
+    "patch_size": 2,
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    folder: str  # diffusers/pipelines/<folder> (classic) or diffusers/modular_pipelines/<folder>
+    pipeline: str  # the classic pipeline class, or the modular pipeline class when modular only
+    denoiser: Component
+    vae: Component
+    denoisers: int = 1  # Wan 2.2 A14B: `transformer` and `transformer_2`, one config
+    frames: int | None = None  # video: frames counted (the pipeline's default `num_frames`)
+    size: tuple[int, int] = (1024, 1024)  # (height, width) the tokens are counted at
+    published: Published | None = None  # the denoiser's published total
+    pack: int = 1  # the pipeline packs pack x pack latent positions into one token's channels
+    #: the size table's pipeline whose text encoders this family loads (their counts are shown)
+    encoders_of: str | None = None
+    #: the text encoder checkpoint(s) a public source names, and that source
+    encoder_named: tuple[str, str] | None = None
+    #: the scheduler a public source ships with the checkpoint (class and shift), and that source
+    shift: tuple[str, str] | None = None
+
+
+def _c(family, component, cls, config, source, library="diffusers"):
+    return Component(family, component, cls, library, config, source)
+
+
+def _existing(pipeline: str, component: str) -> Component:
+    (c,) = [c for c in COMPONENTS if (c.pipeline, c.component) == (pipeline, component)]
+    return c
+
+
+_FLUX2_SCRIPT = f"{_DIFFUSERS_SCRIPTS}/convert_flux2_to_diffusers.py"
+_FLUX2_VAE = _c(
+    "FLUX.2",
+    "vae",
+    "AutoencoderKLFlux2",
+    {},
+    f"{_FLUX2_SCRIPT} main() builds AutoencoderKLFlux2() with its defaults",
+)
+_WAN22_SCRIPT = f"{_DIFFUSERS_SCRIPTS}/convert_wan_to_diffusers.py"
+
+ATLAS: list[Family] = [
+    Family(
+        "SD 1.5",
+        "stable_diffusion",
+        "StableDiffusionPipeline",
+        _existing("SD 1.5", "unet"),
+        _existing("SD 1.5", "vae"),
+        size=(512, 512),
+        encoders_of="SD 1.5",
+    ),
+    Family(
+        "SDXL",
+        "stable_diffusion_xl",
+        "StableDiffusionXLPipeline",
+        _existing("SDXL", "unet"),
+        _existing("SDXL", "vae"),
+        encoders_of="SDXL",
+    ),
+    Family(
+        "SD3.5 Large",
+        "stable_diffusion_3",
+        "StableDiffusion3Pipeline",
+        _existing("SD3.5 Large", "transformer"),
+        _existing("SD3 Medium", "vae"),
+        encoders_of="SD3 Medium",
+    ),
+    Family(
+        "FLUX.1-dev",
+        "flux",
+        "FluxPipeline",
+        _existing("Flux.1-dev", "transformer"),
+        _existing("Flux.1-dev", "vae"),
+        pack=2,
+        encoders_of="Flux.1-dev",
+    ),
+    Family(
+        "FLUX.2 dev",
+        "flux2",
+        "Flux2Pipeline",
+        _c(
+            "FLUX.2 dev",
+            "transformer",
+            "Flux2Transformer2DModel",
+            FLUX2_DEV_TRANSFORMER,
+            f"{_FLUX2_SCRIPT} get_flux2_transformer_config('flux2-dev')",
+        ),
+        _FLUX2_VAE,
+        pack=2,
+        encoder_named=(
+            "mistralai/Mistral-Small-3.2-24B-Instruct-2506",
+            f"{_FLUX2_SCRIPT} main(): text_encoder_id",
+        ),
+        published=Published(
+            "32B",
+            32_000_000_000,
+            "FLUX.2 model card",
+            f'{FLUX2_REPO} model_cards/FLUX.2-dev.md: "a 32 billion parameter rectified flow transformer"',
+            ("transformer",),
+        ),
+    ),
+    Family(
+        "FLUX.2 klein 4B",
+        "flux2",
+        "Flux2KleinPipeline",
+        _c(
+            "FLUX.2 klein 4B",
+            "transformer",
+            "Flux2Transformer2DModel",
+            FLUX2_KLEIN_4B_TRANSFORMER,
+            f"{_FLUX2_SCRIPT} get_flux2_transformer_config('klein-4b')",
+        ),
+        _FLUX2_VAE,
+        pack=2,
+    ),
+    Family(
+        "FLUX.2 klein 9B",
+        "flux2",
+        "Flux2KleinPipeline",
+        _c(
+            "FLUX.2 klein 9B",
+            "transformer",
+            "Flux2Transformer2DModel",
+            FLUX2_KLEIN_9B_TRANSFORMER,
+            f"{_FLUX2_SCRIPT} get_flux2_transformer_config('klein-9b')",
+        ),
+        _FLUX2_VAE,
+        pack=2,
+    ),
+    Family(
+        "FLUX.3",
+        "flux3",
+        "Flux3ModularPipeline",
+        _c("FLUX.3", "transformer", "Flux3Transformer2DModel", {}, CLASS_DEFAULTS),
+        _c(
+            "FLUX.3",
+            "vae",
+            "AutoencoderKLFlux2",
+            {},
+            f"{CLASS_DEFAULTS}; the class its blocks' ComponentSpec names",
+        ),
+        pack=2,
+    ),
+    Family(
+        "Z-Image",
+        "z_image",
+        "ZImagePipeline",
+        _c(
+            "Z-Image",
+            "transformer",
+            "ZImageTransformer2DModel",
+            ZIMAGE_TRANSFORMER,
+            f"{ZIMAGE_REPO} src/config/model.py DEFAULT_TRANSFORMER_* and ROPE_*, as src/utils/loader.py builds it",
+        ),
+        _c(
+            "Z-Image",
+            "vae",
+            "AutoencoderKL",
+            FLUX_VAE,
+            f"Flux.1-dev's config, assumed: {ZIMAGE_REPO} src/zimage/autoencoder.py is 'Modified from' black-forest-labs/flux's autoencoder and its transformer takes 16 channels; the hub's vae/config.json is not reachable",
+        ),
+        published=Published(
+            "6B",
+            6_000_000_000,
+            "Z-Image README",
+            f'{ZIMAGE_REPO} README.md: "Z-Image is a powerful and highly efficient image generation model with **6B** parameters"',
+            ("transformer",),
+        ),
+        shift=(
+            "FlowMatchEulerDiscreteScheduler, shift=3.0",
+            f"{ZIMAGE_REPO} src/config/model.py DEFAULT_SCHEDULER_SHIFT, which src/utils/loader.py uses when scheduler_config.json names none (the hub's is not reachable)",
+        ),
+    ),
+    Family(
+        "Qwen-Image",
+        "qwenimage",
+        "QwenImagePipeline",
+        _existing("Qwen-Image", "transformer"),
+        _c("Qwen-Image", "vae", "AutoencoderKLQwenImage", {}, CLASS_DEFAULTS),
+    ),
+    Family(
+        "Qwen-Image 2.1",
+        "qwenimage21",
+        "QwenImage21Pipeline",
+        _c("Qwen-Image 2.1", "transformer", "QwenImage21Transformer2DModel", {}, CLASS_DEFAULTS),
+        _c("Qwen-Image 2.1", "vae", "AutoencoderKLQwenImage21", {}, CLASS_DEFAULTS),
+    ),
+    Family(
+        "HunyuanVideo 1.5 720p",
+        "hunyuan_video1_5",
+        "HunyuanVideo15Pipeline",
+        _c(
+            "HunyuanVideo 1.5 720p",
+            "transformer",
+            "HunyuanVideo15Transformer3DModel",
+            HUNYUAN_VIDEO_15_720P_T2V,
+            f"{_DIFFUSERS_SCRIPTS}/convert_hunyuan_video1_5_to_diffusers.py TRANSFORMER_CONFIGS['720p_t2v'] (the rest class defaults)",
+        ),
+        _c(
+            "HunyuanVideo 1.5 720p",
+            "vae",
+            "AutoencoderKLHunyuanVideo15",
+            {},
+            f"{_DIFFUSERS_SCRIPTS}/convert_hunyuan_video1_5_to_diffusers.py convert_vae() builds AutoencoderKLHunyuanVideo15() with its defaults",
+        ),
+        frames=121,
+        size=(720, 1280),
+        encoder_named=(
+            "Qwen/Qwen2.5-VL-7B-Instruct, ByT5 Glyph-SDXL-v2",
+            f"{_DIFFUSERS_SCRIPTS}/convert_hunyuan_video1_5_to_diffusers.py load_mllm() and --byt5_path",
+        ),
+        shift=(
+            "FlowMatchEulerDiscreteScheduler, shift=9.0",
+            f"{_DIFFUSERS_SCRIPTS}/convert_hunyuan_video1_5_to_diffusers.py SCHEDULER_CONFIGS['720p_t2v']",
+        ),
+    ),
+    Family(
+        "LTX-2",
+        "ltx2",
+        "LTX2Pipeline",
+        _c(
+            "LTX-2",
+            "transformer",
+            "LTX2VideoTransformer3DModel",
+            LTX2_TRANSFORMER,
+            f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py get_ltx2_transformer_config('2.0')",
+        ),
+        _c(
+            "LTX-2",
+            "vae",
+            "AutoencoderKLLTX2Video",
+            LTX2_VIDEO_VAE,
+            f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py get_ltx2_video_vae_config('2.0')",
+        ),
+        frames=121,
+        size=(704, 1280),
+        encoder_named=(
+            "google/gemma-3-12b-it-qat-q4_0-unquantized",
+            f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py get_args(): the text encoder's default",
+        ),
+        shift=(
+            "FlowMatchEulerDiscreteScheduler, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, shift_terminal=0.1",
+            f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py main(): the scheduler of a checkpoint that is not distilled",
+        ),
+    ),
+    Family(
+        "Wan 2.1 T2V 14B",
+        "wan",
+        "WanPipeline",
+        _existing("Wan 2.1 T2V 14B", "transformer"),
+        _existing("Wan 2.1 T2V 14B", "vae"),
+        frames=81,
+        size=(720, 1280),
+        encoder_named=(
+            "google/umt5-xxl",
+            f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
+        ),
+        shift=(
+            "UniPCMultistepScheduler, flow_shift=3.0",
+            f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
+        ),
+    ),
+    Family(
+        "Wan 2.2 T2V A14B",
+        "wan",
+        "WanPipeline",
+        _c(
+            "Wan 2.2 T2V A14B",
+            "transformer",
+            "WanTransformer3DModel",
+            WAN_T2V_14B_TRANSFORMER,
+            f"{_WAN22_SCRIPT} 'Wan2.2-T2V-A14B' (the same config for transformer and transformer_2)",
+        ),
+        _existing("Wan 2.1 T2V 14B", "vae"),
+        denoisers=2,
+        frames=81,
+        size=(720, 1280),
+        encoder_named=(
+            "google/umt5-xxl",
+            f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
+        ),
+        shift=(
+            "UniPCMultistepScheduler, flow_shift=3.0",
+            f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
+        ),
+    ),
+    Family(
+        "Wan 2.2 TI2V 5B",
+        "wan",
+        "WanPipeline",
+        _c(
+            "Wan 2.2 TI2V 5B",
+            "transformer",
+            "WanTransformer3DModel",
+            WAN22_TI2V_5B_TRANSFORMER,
+            f"{_WAN22_SCRIPT} 'Wan2.2-TI2V-5B'",
+        ),
+        _c(
+            "Wan 2.2 TI2V 5B",
+            "vae",
+            "AutoencoderKLWan",
+            WAN22_VAE,
+            f"{_WAN22_SCRIPT} vae22_diffusers_config",
+        ),
+        frames=81,
+        size=(704, 1280),
+        encoder_named=(
+            "google/umt5-xxl",
+            f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
+        ),
+        shift=(
+            "UniPCMultistepScheduler, flow_shift=5.0",
+            f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
+        ),
+    ),
+]

@@ -12,7 +12,7 @@ import functools
 import json
 from pathlib import Path
 
-from model_configs import COMPONENTS, build
+from model_configs import COMPONENTS, build, count_params
 
 #: tests/conftest.py's ``once_per_run`` bound to the session (the verify conftest sets it):
 #: made once per test run, shared by pytest-xdist's workers. None outside pytest.
@@ -334,3 +334,170 @@ def sd15_flops() -> dict[str, int]:
             text=flops(lambda: text_encoder(torch.zeros(1, 77, dtype=torch.long))),
             safety=flops(lambda: safety.vision_model(torch.randn(1, 3, 224, 224))),
         )
+
+
+def _blocks(config: dict) -> dict[str, int]:
+    """The denoiser's block counts as its config names them (``num_layers``, ``n_layers``...);
+    a UNet's: its down and up blocks and its transformer layers per down block."""
+    if "down_block_types" in config:
+        return {"down_blocks": len(config["down_block_types"]), "up_blocks": len(config["up_block_types"])}  # fmt: skip
+    return {k: v for k, v in config.items() if k.endswith("layers") and isinstance(v, int)}
+
+
+def _patch(config: dict) -> tuple[int, int, int]:
+    """(time, height, width) latent positions per token, from the denoiser's own config."""
+    p = config.get("patch_size", (config.get("all_patch_size") or [1])[0])
+    if isinstance(p, (list, tuple)):
+        return tuple(p)
+    return (config.get("patch_size_t") or 1, p, p)
+
+
+def _text_encoders(family) -> dict[str, str]:
+    """The text encoder classes the pipeline's ``__init__`` annotates (classic), or its default
+    blocks' ``expected_components`` (modular only)."""
+    import inspect
+    import typing
+
+    import diffusers
+
+    cls = getattr(diffusers, family.pipeline)
+    if family.folder_kind == "modular only":
+        blocks = getattr(diffusers, cls.default_blocks_name)()
+        specs = {s.name: s.type_hint for s in blocks.expected_components}
+    else:
+        specs = {k: p.annotation for k, p in inspect.signature(cls.__init__).parameters.items()}
+    out = {}
+    for name, hint in specs.items():
+        if name.startswith("text_encoder"):
+            args = typing.get_args(hint) or (hint,)
+            out[name] = " | ".join(a.__name__ for a in args if a is not type(None))
+    return out
+
+
+def _kind(folder: str) -> str:
+    import importlib.util
+
+    classic = importlib.util.find_spec(f"diffusers.pipelines.{folder}") is not None
+    modular = importlib.util.find_spec(f"diffusers.modular_pipelines.{folder}") is not None
+    return {(True, False): "classic", (True, True): "classic + modular", (False, True): "modular only"}[classic, modular]  # fmt: skip
+
+
+def _guidance(family, kind: str, config: dict) -> dict:
+    """The guidance settings the pipeline takes: its ``__call__`` guidance arguments with their
+    defaults, its ``guider`` component and ``is_distilled`` flag where ``__init__`` has one (modular
+    only: the guider its default blocks declare, with the scale they give it), and the denoiser
+    config's ``guidance_embeds`` where it has the key."""
+    import inspect
+
+    import diffusers
+
+    cls = getattr(diffusers, family.pipeline)
+    out = {}
+    if kind == "modular only":
+        for spec in getattr(diffusers, cls.default_blocks_name)().expected_components:
+            if spec.name == "guider":
+                out["guider"] = spec.type_hint.__name__
+                out.update({k: v for k, v in (spec.config or {}).items() if k == "guidance_scale"})
+    else:
+        call = inspect.signature(cls.__call__).parameters
+        out.update({k: call[k].default for k in ("guidance_scale", "guidance_scale_2", "true_cfg_scale") if k in call})  # fmt: skip
+        init = inspect.signature(cls.__init__).parameters
+        if "guider" in init:
+            out["guider"] = init["guider"].annotation.__name__
+        if "is_distilled" in init:
+            out["is_distilled"] = init["is_distilled"].default
+    if "guidance_embeds" in config:
+        out["guidance_embeds"] = config["guidance_embeds"]
+    return out
+
+
+@once_per_run
+def atlas_record() -> list[dict]:
+    """One record per ``model_configs.ATLAS`` family, from the installed library on the meta
+    device: the pipeline's kind (its folder under ``diffusers/pipelines`` and/or
+    ``diffusers/modular_pipelines``), its text encoder and scheduler classes, the denoiser's
+    parameters and blocks, the VAE's latent channels and compression observed by encoding a
+    meta tensor of the counted size, and the tokens the denoiser sees at that size."""
+    import dataclasses
+    import inspect
+
+    import diffusers
+    import torch
+    from model_configs import ATLAS
+
+    out, encoded = [], {}
+    for fam in ATLAS:
+        kind = _kind(fam.folder)
+        fam_k = dataclasses.replace(fam)
+        object.__setattr__(fam_k, "folder_kind", kind)
+        cls = getattr(diffusers, fam.pipeline)
+        denoiser = build(fam.denoiser)
+        config = dict(denoiser.config)
+        vae = build(fam.vae)
+        h, w = fam.size
+        # the compression is observed on a small input (9 frames, 64 x 64 px: cheap on meta),
+        # once per VAE config (several families share one)
+        video_vae = fam.frames or "z_dim" in vae.config  # Wan-style VAEs take (B, C, F, H, W)
+        rgb = vae.config.get("in_channels", 3) if vae.config.get("patch_size", 1) is None else 3
+        probe = (1, rgb, 9 if fam.frames else 1, 64, 64) if video_vae else (1, 3, 64, 64)
+        key = (fam.vae.cls, json.dumps(fam.vae.config, sort_keys=True), probe)
+        if key not in encoded:
+            with torch.no_grad():  # the VAE is on meta already: no device context (it costs)
+                encoded[key] = tuple(vae.encode(torch.empty(probe, device="meta")).latent_dist.mode().shape)  # fmt: skip
+        small = encoded[key]
+        spatial = 64 // small[-1]
+        temporal = 8 // (small[2] - 1) if fam.frames else None
+        frames = (fam.frames - 1) // temporal + 1 if fam.frames else 1
+        lat = (1, small[1], *([frames] if len(small) == 5 else []), h // spatial, w // spatial)
+        pt, ph, pw = _patch(config)
+        ph, pw = ph * fam.pack, pw * fam.pack
+        tokens = None
+        if "down_block_types" not in config:
+            tokens = (frames // pt) * (lat[-2] // ph) * (lat[-1] // pw)
+        if kind == "modular only":
+            scheduler = "FlowMatchEulerDiscreteScheduler" if any(s.name == "scheduler" and s.type_hint is diffusers.FlowMatchEulerDiscreteScheduler for s in getattr(diffusers, cls.default_blocks_name)().expected_components) else None  # fmt: skip
+        else:
+            ann = inspect.signature(cls.__init__).parameters["scheduler"].annotation
+            scheduler = getattr(ann, "__name__", str(ann))
+        params = sum(p.numel() for p in denoiser.parameters())
+        out.append(
+            {
+                "family": fam.name,
+                "pipeline": fam.pipeline,
+                "kind": kind,
+                "folder": fam.folder,
+                "text_encoders": _text_encoders(fam_k),
+                "text_encoder_params": {
+                    c.component: count_params(c)
+                    for c in COMPONENTS
+                    if c.pipeline == fam.encoders_of and c.component.startswith("text_encoder")
+                },
+                "text_encoder_named": fam.encoder_named[0] if fam.encoder_named else None,
+                "text_encoder_source": fam.encoder_named[1] if fam.encoder_named else None,
+                "guidance": _guidance(fam, kind, config),
+                "shipped_scheduler": fam.shift[0] if fam.shift else None,
+                "shipped_scheduler_source": fam.shift[1] if fam.shift else None,
+                "scheduler": scheduler,
+                "denoiser": fam.denoiser.cls,
+                "denoisers": fam.denoisers,
+                "denoiser_params": params,
+                "denoiser_source": fam.denoiser.source,
+                "blocks": _blocks(config),
+                "vae": fam.vae.cls,
+                "vae_source": fam.vae.source,
+                "latent_channels": lat[1],
+                "spatial_compression": spatial,
+                "temporal_compression": temporal,
+                "size": list(fam.size),
+                "frames": fam.frames,
+                "latent_shape": list(lat),
+                "patch": [pt, ph, pw],
+                "pack": fam.pack,
+                "tokens": tokens,
+                "published": fam.published.figure if fam.published else None,
+                "published_params": fam.published.params if fam.published else None,
+                "published_cite": fam.published.cite if fam.published else None,
+                "published_source": fam.published.source if fam.published else None,
+            }
+        )
+    return out

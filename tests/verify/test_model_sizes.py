@@ -46,7 +46,13 @@ from model_configs import (
     installed_versions,
     record,
 )
-from sizes import _pattern, flux_1024_record, layerwise_casting_record, wan_vae_decode_record
+from sizes import (
+    _pattern,
+    atlas_record,
+    flux_1024_record,
+    layerwise_casting_record,
+    wan_vae_decode_record,
+)
 
 from labkit import model_sizes
 
@@ -62,6 +68,7 @@ def fresh() -> dict:
     counted["layerwise_casting"] = layerwise_casting_record()
     counted["flux_1024px"] = flux_1024_record()
     counted["wan_vae_decode_720p"] = wan_vae_decode_record()
+    counted["atlas"] = atlas_record()  # docs/handbook/models.md
     if os.environ.get("INFRALENS_REFRESH_VERSIONS") == "1":
         RECORD.write_text(
             json.dumps(counted, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

@@ -13,7 +13,7 @@ A directive stands alone on its line and is replaced by Markdown at build time:
 | ``verified-summary`` | every page's verify module, with its number of checks |
 | ``figure PATH NAME [FLAGS]`` | figure NAME that the starter saves when run with ``--figures DIR`` |
 | ``diagram NAME`` | diagram NAME of ``diagrams.yml``, drawn at build time (no starter draws it) |
-| ``model-sizes [PIPELINE ...]`` | the real-model size table (``labkit.model_sizes``), all rows or some pipelines |
+| ``model-sizes [PIPELINE ... \| --atlas \| --atlas-sources]`` | the real-model size table (``labkit.model_sizes``), all rows or some pipelines; or the model atlas (its sources) |
 | ``paths`` | the reading paths (``docs/paths.yml``): the core path by evening, then the tracks, with reading times |
 | ``glossary`` | every term of ``includes/abbreviations.md`` (the hover definitions), with the section that teaches it |
 | ``taught-by PAGE[#ANCHOR]`` | which path teaches an interview question (``docs/paths.yml``: the core path's evening, or the track), linking the page |
@@ -332,7 +332,7 @@ def model_sizes(ctx: Context, args: list[str]) -> str:
     from labkit import model_sizes as sizes
 
     try:
-        table = sizes.markdown_table(args or None, totals=True)
+        table = sizes.render(args)
     except (OSError, KeyError, ValueError) as exc:
         raise ctx.fail(f"model-sizes: {exc}") from exc
     # Wrapped so the build tests can read the numbers the table shows: prose may quote

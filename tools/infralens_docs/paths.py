@@ -195,7 +195,7 @@ def directive_lines(name: str, args: list[str]) -> tuple[int, int]:
     if name == "model-sizes":
         from labkit import model_sizes
 
-        table = model_sizes.markdown_table(args or None, totals=True)
+        table = model_sizes.render(args)
         return 0, len(_WORD_RE.findall(table))
     from infralens_docs.runner import run_starter
 
