@@ -1,0 +1,300 @@
+"""Lab 22 (guidance beyond CFG) against diffusers' own guiders and a modular SDXL pipeline.
+
+Each NumPy function of the starter is fed the same tensors as the guider it is named after,
+which runs its own path: ``set_state`` (the step), ``prepare_inputs`` (one batch per
+prediction), then ``__call__`` on those batches with their ``noise_pred`` set, as a modular
+denoise step does. The call counts come from SDXL's modular core denoise step built from
+tiny random components (``tiny.py``), a forward pre-hook on the UNet counting calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+import torch
+from tiny import HEIGHT, POOLED_DIM, SD_SCHEDULER, WIDTH, embeds, tiny_text_time_unet, tiny_vae
+
+LAB22 = "code/lab-22-guidance-beyond-cfg/guiders.py"
+PAGE = "docs/labs/lab-22-guidance-beyond-cfg.md"
+
+
+@pytest.fixture(scope="module")
+def starter():
+    """The starter's globals after a short run (its functions are what the tests use)."""
+    import runpy
+    import sys
+
+    from infralens_docs.registry import ROOT
+
+    argv = ["guiders.py", "--guidance-scales", "2", "--num-samples", "100", "--steps", "2"]
+    old, sys.argv = sys.argv, argv
+    try:
+        return runpy.run_path(str(ROOT / LAB22), run_name="__main__")
+    finally:
+        sys.argv = old
+
+
+def predictions(seed=0, shape=(3, 4, 8, 8)):
+    """pred_cond, pred_uncond, pred_cond_skip: float32, correlated like real branches."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(shape, generator=g)
+    return tuple(base + 0.3 * torch.randn(shape, generator=g) for _ in range(3))
+
+
+def guide(guider, preds, step=2, steps=10):
+    """One step of the guider's own path: set_state, prepare_inputs, __call__."""
+    guider.set_state(step=step, num_inference_steps=steps, timestep=torch.tensor(500))
+    fields = {"prompt_embeds": (torch.zeros(1), torch.ones(1))}
+    batches = guider.prepare_inputs(fields)
+    by_name = dict(zip(["pred_cond", "pred_uncond", "pred_cond_skip"], preds))  # noqa: B905 (fewer preds: two-prediction guiders)
+    for batch in batches:
+        name = getattr(batch, guider._identifier_key)
+        batch.noise_pred = by_name["pred_cond_skip" if name == "pred_cond_seg" else name]
+    return guider(batches).pred.double().numpy(), len(batches)
+
+
+def np_(t):
+    return t.double().numpy()
+
+
+def test_each_rule_equals_its_guider(starter):
+    """Each function of the starter equals the diffusers guider it is named after, fed the same tensors: `ClassifierFreeGuidance` (with `guidance_rescale` and `use_original_formulation`), `AdaptiveProjectedGuidance` (`eta`, the norm threshold, momentum over steps), `ClassifierFreeZeroStarGuidance` (the zeroed first step and the projected scale), `TangentialClassifierFreeGuidance`, and `PerturbedAttentionGuidance`, `SkipLayerGuidance` and `SmoothedEnergyGuidance`, whose combine line is one; each of them with `use_original_formulation=True` too."""
+    from diffusers.guiders import (
+        AdaptiveProjectedGuidance,
+        ClassifierFreeGuidance,
+        ClassifierFreeZeroStarGuidance,
+        PerturbedAttentionGuidance,
+        SkipLayerGuidance,
+        SmoothedEnergyGuidance,
+        TangentialClassifierFreeGuidance,
+    )
+
+    c, u, s = preds = predictions()
+    C, U, S = np_(c), np_(u), np_(s)
+    close = dict(rtol=1e-4, atol=1e-4)
+    for kw in [dict(guidance_scale=5.0), dict(guidance_scale=5.0, guidance_rescale=0.7), dict(guidance_scale=5.0, use_original_formulation=True)]:  # fmt: skip
+        pred, _ = guide(ClassifierFreeGuidance(**kw), preds[:2])
+        np.testing.assert_allclose(pred, starter["ClassifierFreeGuidance"](C, U, **kw), **close)
+
+    # a threshold of 3.0 binds: these pushes have norms near 7 (checked against no threshold)
+    apg = AdaptiveProjectedGuidance(guidance_scale=5.0, eta=0.3, adaptive_projected_guidance_momentum=-0.5, adaptive_projected_guidance_rescale=3.0)  # fmt: skip
+    uncapped = AdaptiveProjectedGuidance(guidance_scale=5.0, eta=0.3, adaptive_projected_guidance_momentum=-0.5, adaptive_projected_guidance_rescale=0.0)  # fmt: skip
+    buffer = {"momentum": -0.5, "running_average": 0.0}
+    for step in range(3):  # the momentum buffer carries over steps; it is reset at step 0
+        c_k, u_k, _ = step_preds = predictions(seed=step)
+        pred, _ = guide(apg, step_preds[:2], step=step)
+        assert not np.allclose(pred, guide(uncapped, step_preds[:2], step=step)[0], **close)
+        want = starter["AdaptiveProjectedGuidance"](np_(c_k), np_(u_k), 5.0, eta=0.3, norm_threshold=3.0, momentum_buffer=buffer)  # fmt: skip
+        np.testing.assert_allclose(pred, want, **close)
+    # at its defaults (eta=1.0, no momentum) and a push below the threshold, APG is CFG
+    pred, _ = guide(AdaptiveProjectedGuidance(), preds[:2])
+    np.testing.assert_allclose(pred, starter["ClassifierFreeGuidance"](C, U), **close)
+    pred, _ = guide(AdaptiveProjectedGuidance(guidance_scale=5.0, eta=0.0), preds[:2])
+    np.testing.assert_allclose(pred, starter["AdaptiveProjectedGuidance"](C, U, 5.0, eta=0.0), **close)  # fmt: skip
+    assert not np.allclose(pred, starter["ClassifierFreeGuidance"](C, U, 5.0), **close)
+
+    for step in (0, 2):
+        pred, _ = guide(ClassifierFreeZeroStarGuidance(guidance_scale=5.0), preds[:2], step=step)
+        want = starter["ClassifierFreeZeroStarGuidance"](C, U, step, 5.0)
+        np.testing.assert_allclose(pred, want, **close)
+
+    pred, _ = guide(TangentialClassifierFreeGuidance(guidance_scale=5.0), preds[:2])
+    np.testing.assert_allclose(pred, starter["TangentialClassifierFreeGuidance"](C, U, 5.0), **close)  # fmt: skip
+
+    from diffusers.guiders.smoothed_energy_guidance import SmoothedEnergyGuidanceConfig
+    from diffusers.hooks import LayerSkipConfig
+
+    family = [
+        PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_layers=[0]),
+        SkipLayerGuidance(guidance_scale=5.0, skip_layer_guidance_layers=[0]),
+        SmoothedEnergyGuidance(
+            guidance_scale=5.0,
+            seg_guidance_config=SmoothedEnergyGuidanceConfig(indices=[0], fqn="auto"),
+        ),
+    ]
+    assert isinstance(family[1].skip_layer_config[0], LayerSkipConfig)
+    # use_original_formulation=True: every class in the page's table starts from pred_cond
+    original = dict(guidance_scale=5.0, use_original_formulation=True)
+    twins = [
+        (AdaptiveProjectedGuidance(eta=0.0, **original), starter["AdaptiveProjectedGuidance"](C, U, eta=0.0, **original), 2),
+        (ClassifierFreeZeroStarGuidance(**original), starter["ClassifierFreeZeroStarGuidance"](C, U, 2, **original), 2),
+        (TangentialClassifierFreeGuidance(**original), starter["TangentialClassifierFreeGuidance"](C, U, **original), 2),
+        (PerturbedAttentionGuidance(perturbed_guidance_layers=[0], **original), starter["PerturbedAttentionGuidance"](C, U, S, **original), 3),
+    ]  # fmt: skip
+    for guider, want, n in twins:
+        step = 1 if n == 3 else 2
+        pred, _ = guide(guider, preds[:n], step=step)
+        np.testing.assert_allclose(pred, want, **close)
+        assert not np.allclose(pred, starter["ClassifierFreeGuidance"](C, U, 5.0), **close)
+    for guider in family:  # step 1 of 10 is inside each one's window
+        pred, n = guide(guider, preds, step=1)
+        assert n == 3, type(guider).__name__
+        np.testing.assert_allclose(pred, starter["PerturbedAttentionGuidance"](C, U, S, 5.0), **close)  # fmt: skip
+
+
+def test_zero_star_zeroes_the_first_step_at_any_scale(starter):
+    """`ClassifierFreeZeroStarGuidance` returns zeros for the first `zero_init_steps` steps (default 1) even at `guidance_scale=1`, where `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `TangentialClassifierFreeGuidance` return `pred_cond` alone, from one prediction; with `use_original_formulation=True` the "off" point of these four is scale 0 instead of 1."""
+    from diffusers.guiders import (
+        AdaptiveProjectedGuidance,
+        ClassifierFreeGuidance,
+        ClassifierFreeZeroStarGuidance,
+        TangentialClassifierFreeGuidance,
+    )
+
+    c, u, _ = predictions()
+    assert ClassifierFreeZeroStarGuidance().zero_init_steps == 1
+    pred, n = guide(ClassifierFreeZeroStarGuidance(guidance_scale=1.0), (c,), step=0)
+    assert n == 1 and not pred.any()
+    for cls in (ClassifierFreeGuidance, AdaptiveProjectedGuidance, TangentialClassifierFreeGuidance, ClassifierFreeZeroStarGuidance):  # fmt: skip
+        pred, n = guide(cls(guidance_scale=1.0), (c,), step=1)
+        assert n == 1 and np.array_equal(pred, np_(c)), cls.__name__
+        assert guide(cls(guidance_scale=1.0, use_original_formulation=True), (c, u), step=1)[1] == 2
+        pred, n = guide(cls(guidance_scale=0.0, use_original_formulation=True), (c,), step=1)
+        assert n == 1 and np.array_equal(pred, np_(c)), cls.__name__
+
+
+def test_defaults_the_page_states():
+    """The defaults the page states, read from each class's config (`PerturbedAttentionGuidance` needs its layers): `guidance_scale=7.5` for `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance`, `ClassifierFreeZeroStarGuidance`, `TangentialClassifierFreeGuidance` and `PerturbedAttentionGuidance`; `AdaptiveProjectedGuidance`: `eta=1.0`, `adaptive_projected_guidance_rescale=15.0`, `adaptive_projected_guidance_momentum=None`; `PerturbedAttentionGuidance`: `perturbed_guidance_scale=2.8`, window 0.01 to 0.2."""
+    from diffusers.guiders import (
+        AdaptiveProjectedGuidance,
+        ClassifierFreeGuidance,
+        ClassifierFreeZeroStarGuidance,
+        PerturbedAttentionGuidance,
+        TangentialClassifierFreeGuidance,
+    )
+
+    for cls in (AdaptiveProjectedGuidance, ClassifierFreeGuidance, ClassifierFreeZeroStarGuidance, TangentialClassifierFreeGuidance):  # fmt: skip
+        assert cls().config.guidance_scale == 7.5 and cls().config.guidance_rescale == 0.0
+    apg = AdaptiveProjectedGuidance().config
+    assert (apg.eta, apg.adaptive_projected_guidance_rescale, apg.adaptive_projected_guidance_momentum) == (1.0, 15.0, None)  # fmt: skip
+    pag = PerturbedAttentionGuidance(perturbed_guidance_layers=[0]).config
+    assert pag.guidance_scale == 7.5 and pag.perturbed_guidance_scale == 2.8
+    assert (pag.perturbed_guidance_start, pag.perturbed_guidance_stop) == (0.01, 0.2)
+
+
+def test_original_formulation_is_the_scale_one_higher_except_for_apg(starter):
+    """With `use_original_formulation=True`, `ClassifierFreeGuidance`, `ClassifierFreeZeroStarGuidance`, `TangentialClassifierFreeGuidance` and `PerturbedAttentionGuidance` at `guidance_scale` s return their default line at s + 1; `AdaptiveProjectedGuidance` does so only with `eta=1.0` and its norm threshold not binding (with `eta=0`, or a threshold that binds, it is a different line)."""
+    from diffusers.guiders import (
+        AdaptiveProjectedGuidance,
+        ClassifierFreeGuidance,
+        ClassifierFreeZeroStarGuidance,
+        PerturbedAttentionGuidance,
+        TangentialClassifierFreeGuidance,
+    )
+
+    preds = predictions()
+    same = {}
+    for cls, kw, n in [
+        (ClassifierFreeGuidance, {}, 2), (ClassifierFreeZeroStarGuidance, {}, 2),
+        (TangentialClassifierFreeGuidance, {}, 2), (PerturbedAttentionGuidance, {"perturbed_guidance_layers": [0]}, 3),
+        (AdaptiveProjectedGuidance, {}, 2),  # eta=1.0; threshold 15.0 above these pushes' norms near 7
+        (AdaptiveProjectedGuidance, {"eta": 0.0}, 2), (AdaptiveProjectedGuidance, {"adaptive_projected_guidance_rescale": 3.0}, 2),
+    ]:  # fmt: skip
+        original = guide(
+            cls(guidance_scale=5.0, use_original_formulation=True, **kw), preds[:n], step=1
+        )[0]
+        higher = guide(cls(guidance_scale=6.0, **kw), preds[:n], step=1)[0]
+        same[cls.__name__, str(kw)] = np.allclose(original, higher, rtol=1e-4, atol=1e-4)
+    assert [name for (name, _), ok in same.items() if ok] == ["ClassifierFreeGuidance", "ClassifierFreeZeroStarGuidance", "TangentialClassifierFreeGuidance", "PerturbedAttentionGuidance", "AdaptiveProjectedGuidance"]  # fmt: skip
+    assert not same["AdaptiveProjectedGuidance", "{'eta': 0.0}"]
+
+
+def test_the_starters_perturbed_rule_has_the_window_of_the_guiders_it_names(starter):
+    """The starter's `PAG/SLG` rule has the default window of `PerturbedAttentionGuidance` and `SkipLayerGuidance`: at 30 steps each asks for a third prediction on steps 1 to 5, where the starter's `perturbed_window` is open; `SmoothedEnergyGuidance`, whose combine line is theirs, defaults to the window 0.0 to 1.0: a third prediction on steps 1 to 29 of 30."""
+    from diffusers.guiders import (
+        PerturbedAttentionGuidance,
+        SkipLayerGuidance,
+        SmoothedEnergyGuidance,
+    )
+    from diffusers.guiders.smoothed_energy_guidance import SmoothedEnergyGuidanceConfig
+
+    guiders = {
+        "PAG": PerturbedAttentionGuidance(perturbed_guidance_layers=[0]),
+        "SLG": SkipLayerGuidance(skip_layer_guidance_layers=[0]),
+        "SEG": SmoothedEnergyGuidance(
+            seg_guidance_config=SmoothedEnergyGuidanceConfig(indices=[0], fqn="auto")
+        ),
+    }
+
+    def third_steps(guider, n=30):
+        return [i for i in range(n) if guide(guider, predictions(), step=i, steps=n)[1] == 3]
+
+    label = next(rule for rule in starter["RULES"] if rule.startswith("PAG"))
+    window = [i for i in range(30) if starter["perturbed_window"](i, 30)]
+    assert window == [1, 2, 3, 4, 5]
+    for name in label.split("/"):
+        assert third_steps(guiders[name]) == window, name
+    assert third_steps(guiders["SEG"]) == list(range(1, 30))
+    guiders["SEG"].set_state(step=1, num_inference_steps=30, timestep=torch.tensor(500))
+    batches = guiders["SEG"].prepare_inputs({"prompt_embeds": (torch.zeros(1), torch.ones(1))})
+    assert getattr(batches[2], guiders["SEG"]._identifier_key) == "pred_cond_seg"
+
+
+def test_the_page_lists_every_guider_diffusers_ships():
+    """The page's table of guiders is every `BaseGuidance` subclass `diffusers.guiders` exports, each with the length of its `_input_predictions`."""
+    import diffusers.guiders as guiders
+    from diffusers.guiders import BaseGuidance
+
+    from infralens_docs.registry import ROOT
+
+    shipped = {
+        name: len(obj._input_predictions)
+        for name, obj in vars(guiders).items()
+        if inspect.isclass(obj) and issubclass(obj, BaseGuidance) and obj is not BaseGuidance
+    }
+    text = (ROOT / PAGE).read_text(encoding="utf-8")
+    table = text.split("| class | predictions |")[1].split("\n\n")[0]
+    listed = {m[0]: int(m[1]) for m in re.findall(r"\| `(\w+)` \| (\d+) \|", table)}
+    assert listed == shipped
+
+
+@pytest.fixture(scope="module")
+def modular_sdxl():
+    """SDXL's modular core denoise step (input, before_denoise, controlnet_input, denoise)
+    around a tiny random text-time UNet and VAE, SD's Euler config; the UNet's calls counted."""
+    from diffusers import EulerDiscreteScheduler
+    from diffusers.modular_pipelines.stable_diffusion_xl.modular_blocks_stable_diffusion_xl import (
+        StableDiffusionXLCoreDenoiseStep,
+    )
+
+    pipe = StableDiffusionXLCoreDenoiseStep().init_pipeline()
+    unet = tiny_text_time_unet()
+    pipe.update_components(vae=tiny_vae(), unet=unet, scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    calls = []
+    unet.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs.get("encoder_hidden_states")), with_kwargs=True)  # fmt: skip
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(2))
+
+    def run(guider, steps=10):
+        pipe.update_components(guider=guider)
+        calls.clear()
+        pipe(
+            prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2),
+            pooled_prompt_embeds=pooled, negative_pooled_prompt_embeds=torch.zeros_like(pooled),
+            num_inference_steps=steps, height=HEIGHT, width=WIDTH,
+            generator=torch.Generator().manual_seed(0), output="latents",
+        )  # fmt: skip
+        return list(calls)
+
+    return unet, run
+
+
+def test_modular_sdxl_calls_the_unet_once_per_prediction(modular_sdxl):
+    """SDXL's modular denoise step calls the UNet once per prediction the guider asks for, batch `B` each: with `ClassifierFreeGuidance` two calls per step; with `PerturbedAttentionGuidance` a third inside its window, which at its defaults (0.01 to 0.2) is step 1 alone of 10 steps, and never step 0, even with the window at 0 to 1."""
+    from diffusers.guiders import ClassifierFreeGuidance, PerturbedAttentionGuidance
+    from diffusers.hooks import LayerSkipConfig
+
+    unet, run = modular_sdxl
+    cfg = run(ClassifierFreeGuidance(guidance_scale=5.0))
+    assert len(cfg) == 2 * 10 and all(e.shape[0] == 1 for e in cfg)
+    fqn = next(n for n, _ in unet.named_modules() if n.endswith("transformer_blocks"))
+    layer = dict(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True)
+    pag = run(PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=LayerSkipConfig(**layer)))  # fmt: skip
+    assert len(pag) == 2 * 10 + 1
+    full = run(PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=LayerSkipConfig(**layer), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0))  # fmt: skip
+    assert len(full) == 2 + 3 * 9  # step 0: two calls; steps 1 to 9: three
+    # the third call of a step is the conditional branch again (prompt_embeds, not the negative)
+    assert torch.equal(full[2 + 2], full[2]) and not torch.equal(full[2 + 1], full[2])
