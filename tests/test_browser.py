@@ -726,6 +726,10 @@ SEARCH_FIRST = {
     "enable_model_cpu_offload": "/handbook/memory/",
     "torch.compile": "/handbook/compilation/",
     "trailing": "/handbook/scheduler/",
+    "apg": "/labs/lab-22-guidance-beyond-cfg/",  # lower case: results carry ?h= lower-cased
+    "perturbed attention guidance": "/labs/lab-22-guidance-beyond-cfg/",  # a "-" splits words in ?h=
+    "modular pipeline": "/labs/lab-23-modular-diffusers/",
+    "flux.3": "/handbook/models/",
 }
 #: the first result's address, once the results shown are the query ``q``'s (their links to
 #: a matching section carry ``?h=q``)
