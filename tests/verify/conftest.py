@@ -12,6 +12,9 @@ parts they run on are built in ``tiny.py`` (no weights, no hub).
 from __future__ import annotations
 
 import functools
+import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +208,125 @@ def guidance_rescale_calls(monkeypatch):
         return calls, steps
 
     return run
+
+
+# ---------------------------------------------------------------- each sentence names its pipelines
+#
+# Issue 31: a tested sentence said what one pipeline's ``__call__`` does as if it were diffusers'
+# (or "CFG's") in general, while another installed pipeline does otherwise. So the sentence the
+# page shows for a test (its docstring's first paragraph, read by ``infralens_docs.claims``, which
+# renders the list) must name every pipeline class whose ``__call__`` or other public method
+# (``encode_prompt``, ``prepare_latents``, ...) ran for the test: in the test itself or in a fixture
+# it uses (a module-scoped fixture that runs a pipeline once counts for every test reading it).
+# A run is "for the test" however it is reached: there is no list of exempt tests or helpers.
+#
+# The hook is on the classes, not on a list of them: every public function (and ``__call__``)
+# that a subclass of ``DiffusionPipeline`` defines in its own ``__dict__`` is wrapped, for the
+# classes already imported (found through ``__subclasses__``) and for every one defined later
+# (diffusers imports its pipelines lazily) through ``DiffusionPipeline.__init_subclass__``.
+# ``DiffusionPipeline``'s own methods (``to``, ``enable_model_cpu_offload``, ...) and the loader
+# mixins' (``load_lora_weights``) are the same code for every pipeline and are not recorded.
+# The wrapper only records: behaviour is the original's, and so is the signature
+# (``functools.wraps`` sets ``__wrapped__``, which ``inspect.signature`` follows).
+
+from diffusers import DiffusionPipeline  # noqa: E402
+
+from infralens_docs.claims import read_claims  # noqa: E402
+
+#: one set of (class name, method) per running test call or fixture setup
+_RECORDING: list[set[tuple[str, str]]] = []
+
+
+def _shown_name(pipe, owner) -> str:
+    """The diffusers class a reader would name: a test's own subclass names its diffusers parent;
+    a method called unbound on a stand-in object (``Cls.get_timesteps(stand_in, ...)``) names
+    the class whose code ran."""
+    if not isinstance(pipe, owner):
+        return owner.__name__
+    return next(c for c in type(pipe).__mro__ if c.__module__.startswith("diffusers.")).__name__
+
+
+def _recorded(method, owner):
+    @functools.wraps(method)
+    def recorded(self, *args, **kwargs):
+        if _RECORDING:
+            entry = (_shown_name(self, owner), method.__name__)
+            for seen in _RECORDING:
+                seen.add(entry)
+        return method(self, *args, **kwargs)
+
+    recorded._infralens_recorded = True
+    return recorded
+
+
+def _record_calls(cls) -> None:
+    for name, value in list(vars(cls).items()):
+        if (name == "__call__" or not name.startswith("_")) and inspect.isfunction(value):
+            if not getattr(value, "_infralens_recorded", False):
+                setattr(cls, name, _recorded(value, cls))
+
+
+def _record_tree(cls) -> None:
+    for sub in cls.__subclasses__():
+        _record_calls(sub)
+        _record_tree(sub)
+
+
+def _init_subclass(cls, **kwargs):
+    super(DiffusionPipeline, cls).__init_subclass__(**kwargs)
+    _record_calls(cls)
+
+
+assert "__init_subclass__" not in vars(DiffusionPipeline), "diffusers now defines one: chain it"
+DiffusionPipeline.__init_subclass__ = classmethod(_init_subclass)
+_record_tree(DiffusionPipeline)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    seen: set[tuple[str, str]] = set()
+    _RECORDING.append(seen)
+    try:
+        return (yield)
+    finally:
+        _RECORDING.remove(seen)
+        fixturedef.infralens_pipelines_run = seen
+
+
+_SENTENCES: dict[Path, dict[str, str]] = {}
+
+
+def _names(sentence: str, name: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", sentence) is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    seen: set[tuple[str, str]] = set()
+    _RECORDING.append(seen)
+    try:
+        result = yield
+    finally:
+        _RECORDING.remove(seen)
+    path = Path(item.path)
+    if not path.name.startswith("test_page_"):
+        return result  # no page shows these tests' sentences
+    for name in item.fixturenames:
+        fixturedefs = item._fixtureinfo.name2fixturedefs.get(name)
+        if fixturedefs:
+            seen |= getattr(fixturedefs[-1], "infralens_pipelines_run", set())
+    if not seen:
+        return result
+    if path not in _SENTENCES:
+        _SENTENCES[path] = {c.test: c.text for c in read_claims(path)}
+    sentence = _SENTENCES[path][item.originalname]
+    missing = sorted({(cls, method) for cls, method in seen if not _names(sentence, cls)})
+    if missing:
+        ran = ", ".join(f"`{cls}.{method}`" for cls, method in missing)
+        pytest.fail(
+            f"this test runs {ran}, and its sentence on the page does not name the class: what"
+            f" one pipeline does is not said of diffusers in general (issue 31).\n"
+            f"Sentence: {sentence}",
+            pytrace=False,
+        )
+    return result

@@ -207,7 +207,7 @@ def test_a_fresh_lora_adapter_leaves_the_output_unchanged():
 
 
 def test_unfused_lora_runs_four_more_ops_per_layer_and_fused_none():
-    """Unfused, every adapted layer runs `lora_A` and then `lora_B` on every UNet call, on top of its full-size `base_layer`: four more ops per layer in the UNet's forward (two thin matmuls, the multiply by `scaling`, the add); after `fuse_lora` neither runs, and the UNet's forward dispatches exactly the base model's ops."""
+    """Unfused, every adapted layer runs `lora_A` and then `lora_B` on every UNet call of `StableDiffusionPipeline`, on top of its full-size `base_layer`: four more ops per layer in the UNet's forward (two thin matmuls, the multiply by `scaling`, the add); after `fuse_lora` neither runs, and the UNet's forward dispatches exactly the base model's ops."""
     pipe = lora_pipe("style")
     adapted = [m for m in pipe.unet.modules() if isinstance(m, LoraLinear)]
     counts = {"A": 0, "B": 0}
@@ -485,7 +485,7 @@ def test_controlnet_outputs_are_zero_initialised():
 
 
 def test_conditioning_scale_multiplies_every_residual():
-    """Outside guess mode, `ControlNetModel` multiplies each of its residuals by `conditioning_scale`, which the pipeline passes from `controlnet_conditioning_scale`; under `guess_mode` it weights them by `conditioning_scale` times a factor rising geometrically from a tenth at the first skip connection to 1 at the mid block, unless its config sets `global_pool_conditions`. A `controlnet_conditioning_scale` of 0 still runs the ControlNet at every step."""
+    """Outside guess mode, `ControlNetModel` multiplies each of its residuals by `conditioning_scale`, which `StableDiffusionControlNetPipeline` passes from `controlnet_conditioning_scale`; under `guess_mode` it weights them by `conditioning_scale` times a factor rising geometrically from a tenth at the first skip connection to 1 at the mid block, unless its config sets `global_pool_conditions`. A `controlnet_conditioning_scale` of 0 still runs the ControlNet at every step."""
     unet = tiny_unet()
     controlnet = tiny_controlnet(unet, trained=True)
 
@@ -570,7 +570,7 @@ def test_guess_mode_runs_the_controlnet_on_the_conditional_half():
 
 
 def test_multicontrolnet_sums_the_residuals_of_every_controlnet():
-    """A list of ControlNets is wrapped in `MultiControlNetModel`, which on every step runs each ControlNet on its own control image and `controlnet_conditioning_scale` entry and adds their residuals element-wise, so the UNet still gets one `down_block_additional_residuals` list, one tensor per skip connection, and one `mid_block_additional_residual`."""
+    """In `StableDiffusionControlNetPipeline`, a list of ControlNets is wrapped in `MultiControlNetModel`, which on every step runs each ControlNet on its own control image and `controlnet_conditioning_scale` entry and adds their residuals element-wise, so the UNet still gets one `down_block_additional_residuals` list, one tensor per skip connection, and one `mid_block_additional_residual`."""
     unet = tiny_unet()
     first = tiny_controlnet(unet, seed=1, trained=True)
     second = tiny_controlnet(unet, seed=2, trained=True)
@@ -687,7 +687,7 @@ def test_ip_adapter_processor_adds_a_second_attention_over_image_tokens():
 
 
 def test_ip_adapter_scale_zero_skips_only_the_image_attention():
-    """`set_ip_adapter_scale(0)` makes every IP-Adapter processor skip the image attention, so `to_k_ip` and `to_v_ip` do not run and the pipeline returns the latents of a pipeline without the adapter; but the `image_encoder` still runs once per call, `unet.encoder_hid_proj` in every UNet call, and a call without `ip_adapter_image` or `ip_adapter_image_embeds` fails (`TypeError`), from any pipeline sharing that UNet, until `unload_ip_adapter()`."""
+    """`set_ip_adapter_scale(0)` makes every IP-Adapter processor skip the image attention, so `to_k_ip` and `to_v_ip` do not run and `StableDiffusionPipeline` returns the latents of a pipeline without the adapter; but the `image_encoder` still runs once per call, `unet.encoder_hid_proj` in every UNet call, and a call without `ip_adapter_image` or `ip_adapter_image_embeds` fails (`TypeError`), from any pipeline sharing that UNet, until `unload_ip_adapter()`."""
     from diffusers import StableDiffusionPipeline
 
     base = run(tiny_sd_pipeline(), steps=3)
@@ -814,7 +814,7 @@ def test_set_ip_adapter_scale_block_names_follow_the_unet_layout():
 
 
 def test_image_encoder_runs_once_per_call():
-    """With `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; the image projection `unet.encoder_hid_proj` and each layer's `to_k_ip` and `to_v_ip` run again in every UNet call."""
+    """In `StableDiffusionPipeline`, with `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; the image projection `unet.encoder_hid_proj` and each layer's `to_k_ip` and `to_v_ip` run again in every UNet call."""
     pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
     pipe.load_ip_adapter(
         random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
@@ -870,7 +870,7 @@ def plus_ip_adapter(unet, embed_dim=16, hidden_dims=64, seed=0):
 
 
 def test_ip_adapter_plus_encodes_the_image_and_a_zeros_image():
-    """A Plus IP-Adapter (its projection an `IPAdapterPlusImageProjection`, loaded by `load_ip_adapter`) runs the `image_encoder` twice per pipeline call, on the image and on a zeros image for the unconditional embedding, with CFG and without it."""
+    """In `StableDiffusionPipeline`, a Plus IP-Adapter (its projection an `IPAdapterPlusImageProjection`, loaded by `load_ip_adapter`) runs the `image_encoder` twice per pipeline call, on the image and on a zeros image for the unconditional embedding, with CFG and without it."""
     pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
     pipe.load_ip_adapter(
         plus_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
@@ -909,7 +909,7 @@ def full_face_ip_adapter(unet, hidden=16, seed=0):
 
 
 def test_image_encoder_runs_per_ip_adapter_and_twice_for_hidden_state_ones():
-    """The `image_encoder` runs once per loaded IP-Adapter in each pipeline call (two plain adapters: two encoder calls), and twice for every adapter that reads the encoder's hidden states, not only the Plus ones: the Full-face adapter (`IPAdapterFullImageProjection`) also encodes the image and a zeros image."""
+    """In `StableDiffusionPipeline`, the `image_encoder` runs once per loaded IP-Adapter in each pipeline call (two plain adapters: two encoder calls), and twice for every adapter that reads the encoder's hidden states, not only the Plus ones: the Full-face adapter (`IPAdapterFullImageProjection`) also encodes the image and a zeros image."""
     reference = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     two = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
     two.load_ip_adapter([random_ip_adapter(two.unet), random_ip_adapter(two.unet, seed=1)],
@@ -1153,7 +1153,7 @@ def test_hotswap_copies_same_or_smaller_ranks_in_place():
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():
-    """The active adapters and LoRA weights from `set_adapters`, the per-call `scale` (while the forward runs) and the IP-Adapter `scale` live on the UNet's own modules, so two pipelines that share one UNet (as `from_pipe` builds them) share them too: switching the LoRA, `set_adapters` or `set_ip_adapter_scale` on one changes the other's output, and one pipeline object per request does not isolate requests."""
+    """In `StableDiffusionPipeline`, the active adapters and LoRA weights from `set_adapters`, the per-call `scale` (while the forward runs) and the IP-Adapter `scale` live on the UNet's own modules, so two pipelines that share one UNet (as `from_pipe` builds them) share them too: switching the LoRA, `set_adapters` or `set_ip_adapter_scale` on one changes the other's output, and one pipeline object per request does not isolate requests."""
     from diffusers import StableDiffusionPipeline
 
     pipe = lora_pipe("style", "subject")

@@ -417,7 +417,7 @@ def test_the_inference_diagram_draws_the_pipelines_order(euler_pipe, monkeypatch
 
 
 def test_final_latents_decode_to_pixels(sd1_shaped_pipe):
-    """With a VAE of SD 1.x's four blocks, `latents` are `(B, 4, H/8, W/8)` and the image is `vae.decode(latents / vae.config.scaling_factor)`, of shape `(B, 3, H, W)`, mapped from `[-1, 1]` to `[0, 1]` for `output_type="pt"`."""
+    """In `StableDiffusionPipeline`, with a VAE of SD 1.x's four blocks, `latents` are `(B, 4, H/8, W/8)` and the image is `vae.decode(latents / vae.config.scaling_factor)`, of shape `(B, 3, H, W)`, mapped from `[-1, 1]` to `[0, 1]` for `output_type="pt"`."""
     pipe = sd1_shaped_pipe
     kwargs = dict(
         prompt_embeds=embeds(0),

@@ -99,7 +99,7 @@ def test_default_strengths(monkeypatch):
 
 
 def test_sd_floors_the_steps_run_and_flux_rounds_them_up():
-    """SD's `get_timesteps` with DDIM runs `int(num_inference_steps * strength)` steps (strength 0.35 of 10: 3), Flux's skips `int(num_inference_steps - num_inference_steps * strength)` and so runs 4."""
+    """`StableDiffusionImg2ImgPipeline.get_timesteps` with DDIM runs `int(num_inference_steps * strength)` steps (strength 0.35 of 10: 3), `FluxImg2ImgPipeline.get_timesteps` skips `int(num_inference_steps - num_inference_steps * strength)` and so runs 4."""
     from diffusers import (
         DDIMScheduler,
         FlowMatchEulerDiscreteScheduler,

@@ -54,7 +54,7 @@ def full_pipeline(tmp_path, **components):
 
 
 def test_prompt_is_encoded_once_to_77_token_embeddings(tmp_path, record_calls):
-    """The prompt is tokenized to 77 tokens and encoded before the loop, once per call (and the negative prompt once more under CFG): `prompt_embeds` is `(B, 77, D)` with `D` the text encoder's width (768 for SD 1.x's CLIP ViT-L)."""
+    """In `StableDiffusionPipeline`, the prompt is tokenized to 77 tokens and encoded before the loop, once per call (and the negative prompt once more under CFG): `prompt_embeds` is `(B, 77, D)` with `D` the text encoder's width (768 for SD 1.x's CLIP ViT-L)."""
     pipe = full_pipeline(tmp_path)
     order = []
     pipe.text_encoder.register_forward_pre_hook(lambda m, a: order.append(("text", a[0].shape)))
@@ -72,7 +72,7 @@ def test_prompt_is_encoded_once_to_77_token_embeddings(tmp_path, record_calls):
 
 
 def test_latents_are_drawn_at_the_vae_scale_and_scaled_by_init_noise_sigma(tmp_path, monkeypatch):
-    """`latents` are `(B, unet.config.in_channels, H / f, W / f)` with `f = 2 ** (len(vae.config.block_out_channels) - 1)` (8 for SD's four-block VAE), multiplied by `scheduler.init_noise_sigma`.
+    """In `StableDiffusionPipeline`, `latents` are `(B, unet.config.in_channels, H / f, W / f)` with `f = 2 ** (len(vae.config.block_out_channels) - 1)` (8 for SD's four-block VAE), multiplied by `scheduler.init_noise_sigma`.
 
     Run with ``EulerDiscreteScheduler`` from SD 1.5's config, whose ``init_noise_sigma`` is
     ``sigma_max`` (about 14.6), so the scaling shows; DDIM's is 1.0.
@@ -93,7 +93,7 @@ def test_latents_are_drawn_at_the_vae_scale_and_scaled_by_init_noise_sigma(tmp_p
 
 
 def test_sd1_shaped_vae_gives_latents_at_one_eighth(sd1_shaped_pipe):
-    """With a VAE of SD 1.x's four blocks, `vae_scale_factor` is 8: `latents` are `(B, 4, H/8, W/8)` and the decoded image is `(B, 3, H, W)`."""
+    """In `StableDiffusionPipeline`, with a VAE of SD 1.x's four blocks, `vae_scale_factor` is 8: `latents` are `(B, 4, H/8, W/8)` and the decoded image is `(B, 3, H, W)`."""
     pipe = sd1_shaped_pipe
     assert pipe.vae_scale_factor == 8
     kwargs = dict(prompt_embeds=torch.zeros(2, 77, EMBED_DIM), height=32, width=32,
@@ -104,7 +104,7 @@ def test_sd1_shaped_vae_gives_latents_at_one_eighth(sd1_shaped_pipe):
 
 
 def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_calls, monkeypatch):
-    """With CFG and SD 1.5's scheduler settings below 1000 steps, the UNet runs once per entry of `scheduler.timesteps` on `2B` rows: `num_inference_steps` times with DDIM and, from two steps up, one more with the `PNDMScheduler` SD 1.x checkpoints ship (one call at one step), whose grid repeats one timestep; `noise_pred` has the shape of `latents`.
+    """In `StableDiffusionPipeline`, with CFG and SD 1.5's scheduler settings below 1000 steps, the UNet runs once per entry of `scheduler.timesteps` on `2B` rows: `num_inference_steps` times with DDIM and, from two steps up, one more with the `PNDMScheduler` SD 1.x checkpoints ship (one call at one step), whose grid repeats one timestep; `noise_pred` has the shape of `latents`.
 
     PNDM with SD 1.5's shipped config (``skip_prk_steps=True``, ``steps_offset=1``,
     ``set_alpha_to_one=False``): its ``set_timesteps(n)`` repeats one timestep when n > 1.
@@ -143,7 +143,7 @@ def test_the_unet_runs_once_per_timestep_on_twice_the_batch(tmp_path, record_cal
 
 
 def test_the_scheduler_makes_each_update_from_the_combined_prediction(tmp_path):
-    """Under CFG, `scheduler.step` gets `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` from the two halves of one UNet output (the unconditional half first), and its `prev_sample` is the next step's `latents` and the loop's output: the pipeline changes `latents` only through `scheduler.step`; the same UNet output read under `prediction_type="v_prediction"` gives different `latents`."""
+    """Under CFG, `scheduler.step` gets `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` from the two halves of one UNet output (the unconditional half first), and its `prev_sample` is the next step's `latents` and the loop's output: `StableDiffusionPipeline` changes `latents` only through `scheduler.step`; the same UNet output read under `prediction_type="v_prediction"` gives different `latents`."""
     pipe = full_pipeline(tmp_path)
     outputs, steps = [], []
     pipe.unet.register_forward_hook(
@@ -211,7 +211,7 @@ def test_encoding_multiplies_by_scaling_factor(record_calls, monkeypatch):
 
 
 def test_decode_divides_by_scaling_factor_once_after_the_loop(tmp_path, record_calls, monkeypatch):
-    """After the loop `vae.decode(latents / vae.config.scaling_factor)` is called once, to `(B, 3, H, W)` (not at all with `output_type="latent"`); `AutoencoderKL`'s default `scaling_factor` is 0.18215."""
+    """In `StableDiffusionPipeline`, after the loop `vae.decode(latents / vae.config.scaling_factor)` is called once, to `(B, 3, H, W)` (not at all with `output_type="latent"`); `AutoencoderKL`'s default `scaling_factor` is 0.18215."""
     pipe = full_pipeline(tmp_path)
     assert pipe.vae.config.scaling_factor == 0.18215  # tiny_vae passes none: the default
     decode_calls, decode = [], pipe.vae.decode

@@ -355,7 +355,7 @@ def test_timesteps_and_sigmas_of_the_three_mirrored_classes():
 
 
 def test_notes_sd15_pndm_makes_51_calls_at_50_steps(sd_pipe, record_calls):
-    """scheduler_notes.md: SD 1.5's PNDM (`order == 1`) makes 51 calls at 50 steps.
+    """scheduler_notes.md: SD 1.5's PNDM (`order == 1`) makes 51 calls at 50 steps in `StableDiffusionPipeline`.
 
     `StableDiffusionPipeline.__call__` with SD 1.5's `PNDMScheduler` settings, unguided (one
     UNet call per timestep); a UNet pre-hook counts the calls. The notes state no range: at
@@ -383,7 +383,7 @@ def test_notes_sd15_pndm_makes_51_calls_at_50_steps(sd_pipe, record_calls):
 
 
 def test_notes_one_unet_call_per_step_for_ddpm_ddim_and_euler_only(sd_pipe, record_calls):
-    """scheduler_notes.md: in SD's text-to-image loop, one UNet call per step for DDPM, DDIM and Euler.
+    """scheduler_notes.md: in SD's text-to-image loop (`StableDiffusionPipeline`), one UNet call per step for DDPM, DDIM and Euler.
 
     `StableDiffusionPipeline.__call__` at SD's settings, unguided, 3 steps: 3 UNet calls each.
     Flow-matching Euler is not on that list: the same call with `FlowMatchEulerDiscreteScheduler`

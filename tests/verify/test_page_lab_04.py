@@ -45,7 +45,7 @@ def run(pipe, guidance_scale: float, steps: int = 4, **kwargs):
 
 
 def test_cfg_doubles_the_batch_uncond_first(sd_pipe, distilled_pipe, record_calls):
-    """With `guidance_scale=7.5` and a UNet without `time_cond_proj_dim`, every UNet call gets a batch of `2B`: the same `latents` twice, with `negative_prompt_embeds` in the first half and `prompt_embeds` in the second, in as many calls as at `guidance_scale=1`, the scheduler's count (at 4 steps DDIM makes 4, SD 1.5's PNDM config 5); a guidance-distilled UNet (with it) gets batch `B`.
+    """In `StableDiffusionPipeline`, with `guidance_scale=7.5` and a UNet without `time_cond_proj_dim`, every UNet call gets a batch of `2B`: the same `latents` twice, with `negative_prompt_embeds` in the first half and `prompt_embeds` in the second, in as many calls as at `guidance_scale=1`, the scheduler's count (at 4 steps DDIM makes 4, SD 1.5's PNDM config 5); a guidance-distilled UNet (with it) gets batch `B`.
 
     The pipelines run through ``__call__`` (PNDM sharing the tiny UNet and VAE); a pre-hook
     records each call, which matches ``len(scheduler.timesteps)`` guided or not.
@@ -80,7 +80,7 @@ def test_cfg_doubles_the_batch_uncond_first(sd_pipe, distilled_pipe, record_call
 def test_guidance_scale_at_most_one_runs_the_cond_branch_alone(
     sd_pipe, record_calls, guidance_scale
 ):
-    """With `guidance_scale` 1, 0.5 or 0, every UNet call gets a batch of `B` and `prompt_embeds` alone: the unconditional branch is skipped, not interpolated toward."""
+    """In `StableDiffusionPipeline`, with `guidance_scale` 1, 0.5 or 0, every UNet call gets a batch of `B` and `prompt_embeds` alone: the unconditional branch is skipped, not interpolated toward."""
     unet = record_calls(sd_pipe.unet)
     run(sd_pipe, guidance_scale=guidance_scale, steps=3)
     assert [args[0].shape[0] for args, _ in unet.calls] == [1, 1, 1]
@@ -89,7 +89,7 @@ def test_guidance_scale_at_most_one_runs_the_cond_branch_alone(
 
 
 def test_scales_at_most_one_give_identical_latents(sd_pipe):
-    """With a UNet that takes no guidance embedding, `guidance_scale` 0, 0.5 and 1 give bit-identical `latents`: all three are the conditional model."""
+    """In `StableDiffusionPipeline`, with a UNet that takes no guidance embedding, `guidance_scale` 0, 0.5 and 1 give bit-identical `latents`: all three are the conditional model."""
     assert sd_pipe.unet.config.time_cond_proj_dim is None
     results = [run(sd_pipe, guidance_scale=s, steps=3) for s in (0.0, 0.5, 1.0)]
     assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
@@ -162,7 +162,7 @@ def test_default_ddim_config_warns_and_is_rewritten(sd_pipe, run_lab):
 
 
 def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe, run_lab):
-    """The lab's guidance lines (`np.concatenate([latents] * 2)`, one call, `np.split`, the extrapolation) in a NumPy loop with labkit's DDIM reproduce the pipeline's final `latents` from the same UNet and starting noise.
+    """The lab's guidance lines (`np.concatenate([latents] * 2)`, one call, `np.split`, the extrapolation) in a NumPy loop with labkit's DDIM reproduce `StableDiffusionPipeline`'s final `latents` from the same UNet and starting noise.
 
     The starter runs, then its own ``sample`` and ``guided_noise_pred`` are called with its own
     DDIM scheduler (SD 1.5's config, like the pipeline's) and two stand-ins put in its
@@ -201,7 +201,7 @@ def test_the_labs_guided_step_reproduces_the_pipeline(sd_pipe, run_lab):
 
 
 def test_negative_prompt_embeds_replace_the_uncond_half_at_the_same_cost(sd_pipe, record_calls):
-    """A different `negative_prompt_embeds` changes only the first half of the UNet's `encoder_hidden_states` (and through it the result); the batch stays `2B`, in as many calls."""
+    """In `StableDiffusionPipeline`, a different `negative_prompt_embeds` changes only the first half of the UNet's `encoder_hidden_states` (and through it the result); the batch stays `2B`, in as many calls."""
     unet = record_calls(sd_pipe.unet)
     base = run(sd_pipe, guidance_scale=1.5, steps=3)
     other = sd_pipe(

@@ -394,7 +394,7 @@ def test_multi_controlnet_union_skips_a_net_at_scale_zero():
 
 
 def test_guidance_window_checks(record_calls):
-    """`check_inputs` rejects a `control_guidance_start` that is not smaller than `control_guidance_end`, a start below 0 and an end above 1, with a `ValueError`; a NaN start or end passes (every comparison with NaN is false), which the starter rejects. A negative `controlnet_conditioning_scale` such as -0.5 runs, the ControlNet called with it."""
+    """`StableDiffusionControlNetPipeline.check_inputs` rejects a `control_guidance_start` that is not smaller than `control_guidance_end`, a start below 0 and an end above 1, with a `ValueError`; a NaN start or end passes (every comparison with NaN is false), which the starter rejects. A negative `controlnet_conditioning_scale` such as -0.5 runs, the ControlNet called with it."""
     from tiny import tiny_unet
 
     unet = tiny_unet()
@@ -411,7 +411,7 @@ def test_guidance_window_checks(record_calls):
 
 
 def test_guess_mode_runs_the_controlnet_on_the_conditional_half(record_calls):
-    """With `guess_mode=True` and CFG the pipeline runs the ControlNet on the conditional half only (batch B, the positive `prompt_embeds`, the control image `(B, 3, H, W)` in pixels, not doubled) and gives the UNet zeros for the unconditional half of every residual; without `guess_mode` the ControlNet sees the whole `2B` batch."""
+    """With `guess_mode=True` and CFG, `StableDiffusionControlNetPipeline` runs the ControlNet on the conditional half only (batch B, the positive `prompt_embeds`, the control image `(B, 3, H, W)` in pixels, not doubled) and gives the UNet zeros for the unconditional half of every residual; without `guess_mode` the ControlNet sees the whole `2B` batch."""
     from tiny import HEIGHT, WIDTH, embeds, tiny_unet
 
     unet = tiny_unet()

@@ -53,7 +53,7 @@ def call(pipe):
 
 
 def test_default_processor_is_sdpa(monkeypatch):
-    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `pipe(...)` call makes one such call per attention layer per UNet call, and one for the VAE decoder's attention."""
+    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `StableDiffusionPipeline` call makes one such call per attention layer per UNet call, and one for the VAE decoder's attention."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
     pipe = tiny_sd_pipeline()
@@ -71,7 +71,7 @@ def test_default_processor_is_sdpa(monkeypatch):
 
 
 def test_attention_slicing_installs_sliced_processor_and_keeps_output():
-    """`pipe.enable_attention_slicing()` ("auto") installs `SlicedAttnProcessor` with `slice_size = heads // 2` on every UNet attention layer, and changes the tiny pipeline's images by at most 1e-5 (measured about 1e-6, float32 rounding)."""
+    """`pipe.enable_attention_slicing()` ("auto") installs `SlicedAttnProcessor` with `slice_size = heads // 2` on every UNet attention layer, and changes the tiny `StableDiffusionPipeline`'s images by at most 1e-5 (measured about 1e-6, float32 rounding)."""
     from diffusers.models.attention_processor import AttnProcessor2_0, SlicedAttnProcessor
 
     pipe = tiny_sd_pipeline()
@@ -187,7 +187,7 @@ def test_offload_methods_and_sequence():
 
 
 def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, built_pipelines):
-    """The starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings, the peak resident set and the set resident during each forward that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
+    """In `FluxPipeline`, `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, the starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings, the peak resident set and the set resident during each forward that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
     from diffusers import PNDMScheduler
 
     variants = {"SD3 Medium, no T5": starter["sd3_no_t5"]}
@@ -280,7 +280,7 @@ def test_sequential_bytes_leave_out_the_vae_encoder(starter):
 
 
 def test_sequential_offload_streams_what_each_forward_runs(starter, monkeypatch, built_pipelines):
-    """Under the real `enable_sequential_cpu_offload`, one `pipe("a cat")` call loads, over the hooks of each component's submodules, that component's whole weight bytes once per forward in the starter's `call_order`, except the VAE's `encoder` and `quant_conv`, which never load: the rule behind the starter's sequential column, on every family's tiny pipeline. SDXL's float16 VAE, upcast by the pipeline, loads 4 bytes per weight."""
+    """In `FluxPipeline`, `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, under the real `enable_sequential_cpu_offload`, one `pipe("a cat")` call loads, over the hooks of each component's submodules, that component's whole weight bytes once per forward in the starter's `call_order`, except the VAE's `encoder` and `quant_conv`, which never load: the rule behind the starter's sequential column, on every family's tiny pipeline. SDXL's float16 VAE, upcast by the pipeline, loads 4 bytes per weight."""
     from contextlib import nullcontext
 
     import accelerate.hooks

@@ -174,7 +174,7 @@ def test_real_trace_has_the_toys_structure(toy):
 
 
 def test_passing_embeds_skips_the_text_encoder(tmp_path, record_calls):
-    """With `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` never calls the text encoder: the trace starts at the embeddings, and a pipeline built with `text_encoder=None` runs."""
+    """In `StableDiffusionPipeline`, with `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` never calls the text encoder: the trace starts at the embeddings, and a pipeline built with `text_encoder=None` runs."""
     from tiny import tiny_text_encoder, tiny_tokenizer
 
     pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
@@ -186,7 +186,7 @@ def test_passing_embeds_skips_the_text_encoder(tmp_path, record_calls):
 
 
 def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_calls):
-    """With `prompt_embeds` alone and `guidance_scale > 1`, the text encoder still runs once, on the empty negative prompt `""` padded to the length of `prompt_embeds`: 77 tokens for CLIP-encoded embeddings, and longer embeddings make the text encoder raise `ValueError`.
+    """In `StableDiffusionPipeline`, with `prompt_embeds` alone and `guidance_scale > 1`, the text encoder still runs once, on the empty negative prompt `""` padded to the length of `prompt_embeds`: 77 tokens for CLIP-encoded embeddings, and longer embeddings make the text encoder raise `ValueError`.
 
     ``encode_prompt`` tokenizes ``""`` with ``max_length = prompt_embeds.shape[1]``: the
     pipeline's own ``__call__`` at 77 and at 20 tokens, then at 78, one past CLIP's 77
@@ -219,7 +219,7 @@ def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_c
 
 
 def test_prepare_latents_multiplies_by_init_noise_sigma():
-    """`prepare_latents` multiplies the starting noise by `scheduler.init_noise_sigma`: 1 for DDIM, so the noise passes unchanged, and far above 1 for `EulerDiscreteScheduler`, whose latents live on the sigma scale."""
+    """`StableDiffusionPipeline.prepare_latents` multiplies the starting noise by `scheduler.init_noise_sigma`: 1 for DDIM, so the noise passes unchanged, and far above 1 for `EulerDiscreteScheduler`, whose latents live on the sigma scale."""
     from diffusers import EulerDiscreteScheduler
     from tiny import SD_BETAS
 
@@ -246,7 +246,7 @@ def value(rows, boundary, step=None):
 
 
 def test_decoder_gets_the_last_latents_over_scaling_factor():
-    """The VAE decoder receives the loop's last `latents` divided by `vae.config.scaling_factor`, once, after the loop."""
+    """In `StableDiffusionPipeline`, the VAE decoder receives the loop's last `latents` divided by `vae.config.scaling_factor`, once, after the loop."""
     pipe = tiny_sd_pipeline()
     rows, _ = real_trace(pipe)
     last = value(rows, "scheduler.step(...).prev_sample", step=N)
@@ -260,7 +260,7 @@ def test_decoder_gets_the_last_latents_over_scaling_factor():
 
 
 def test_np_output_is_the_decoded_image_in_unit_range_channels_last():
-    """`output_type="np"` returns float32 `(B, H, W, 3)` in [0, 1]: the decoder output `(B, 3, H, W)` mapped by `x / 2 + 0.5`, clamped, channels moved last."""
+    """In `StableDiffusionPipeline`, `output_type="np"` returns float32 `(B, H, W, 3)` in [0, 1]: the decoder output `(B, 3, H, W)` mapped by `x / 2 + 0.5`, clamped, channels moved last."""
     rows, images = real_trace(tiny_sd_pipeline())
     assert images.dtype == np.float32 and images.shape == (B, SIZE, SIZE, 3)
     assert images.min() >= 0.0 and images.max() <= 1.0
@@ -271,7 +271,7 @@ def test_np_output_is_the_decoded_image_in_unit_range_channels_last():
 
 
 def test_call_not_encode_prompt_concatenates_the_condition():
-    """`__call__` concatenates the two `encode_prompt` outputs before the loop (inference_trace.md): `encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` with `B` rows each, and every UNet call gets the same tensor, `cat([negative_prompt_embeds, prompt_embeds])`, `2B` rows, unconditional first.
+    """`StableDiffusionPipeline.__call__` concatenates the two `encode_prompt` outputs before the loop (inference_trace.md): `encode_prompt` returns `prompt_embeds` and `negative_prompt_embeds` with `B` rows each, and every UNet call gets the same tensor, `cat([negative_prompt_embeds, prompt_embeds])`, `2B` rows, unconditional first.
 
     Recorded on the tiny pipeline's own guided ``__call__`` by ``real_trace``'s wrapper on
     ``encode_prompt`` and its pre-hook on the UNet; one more pre-hook keeps each call's
@@ -296,7 +296,7 @@ def test_call_not_encode_prompt_concatenates_the_condition():
 
 
 def test_text_encoder_runs_before_the_loop_twice_when_guiding(tmp_path):
-    """The text encoder runs only before the loop, twice with guidance: prompt, then negative prompt; once without guidance.
+    """In `StableDiffusionPipeline`, the text encoder runs only before the loop, twice with guidance: prompt, then negative prompt; once without guidance.
 
     The tiny pipeline's own ``__call__`` with a tiny CLIP text encoder and tokenizer, prompts
     ``["a", "b"]`` (no embeddings passed), 3 steps: pre-hooks on the text encoder and the UNet
@@ -336,7 +336,7 @@ def test_text_encoder_runs_before_the_loop_twice_when_guiding(tmp_path):
 
 
 def test_numpy_to_pil_rounds_to_uint8():
-    """`VaeImageProcessor.numpy_to_pil` makes 8-bit pixels as `(image * 255).round()`, the lab's last boundary."""
+    """In `StableDiffusionPipeline`, `VaeImageProcessor.numpy_to_pil` makes 8-bit pixels as `(image * 255).round()`, the lab's last boundary."""
     pipe = tiny_sd_pipeline()
     _, images = real_trace(pipe)
     pixels = np.stack([np.asarray(p) for p in pipe.image_processor.numpy_to_pil(images)])
@@ -345,7 +345,7 @@ def test_numpy_to_pil_rounds_to_uint8():
 
 
 def test_the_loop_takes_the_most_time_then_decode():
-    """In the tiny real pipeline at 3 guided steps (`B = 2`) the denoising loop takes more CPU time than decode, and decode more than prepare, the order of the lab's cost model (one torch thread, after a warm-up call, best of 5 calls per stage; `prompt_embeds` and `negative_prompt_embeds` are passed, so prepare runs no text encoder)."""
+    """In the tiny real `StableDiffusionPipeline` at 3 guided steps (`B = 2`) the denoising loop takes more CPU time than decode, and decode more than prepare, the order of the lab's cost model (one torch thread, after a warm-up call, best of 5 calls per stage; `prompt_embeds` and `negative_prompt_embeds` are passed, so prepare runs no text encoder)."""
     # Why CPU time and not wall time: on a loaded machine a stage that lasts about a
     # millisecond (prepare) can be descheduled for a whole time slice and look ten times
     # slower. This thread's CPU time does not count that wait, one torch thread keeps
@@ -370,7 +370,7 @@ def test_the_loop_takes_the_most_time_then_decode():
 
 
 def test_passed_prompt_embeds_are_cast_and_repeated_not_encoded(tmp_path, record_calls):
-    """With `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` does not run the text encoder: it only casts them to `text_encoder.dtype`, or to `unet.dtype` in a pipeline without a text encoder, and repeats them `num_images_per_prompt` times (inference_trace.md); with `prompt_embeds` alone and guidance on, the text encoder still runs once, on the empty negative prompt."""
+    """In `StableDiffusionPipeline`, with `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` does not run the text encoder: it only casts them to `text_encoder.dtype`, or to `unet.dtype` in a pipeline without a text encoder, and repeats them `num_images_per_prompt` times (inference_trace.md); with `prompt_embeds` alone and guidance on, the text encoder still runs once, on the empty negative prompt."""
     from tiny import tiny_text_encoder, tiny_tokenizer
 
     encoder = tiny_text_encoder().to(torch.bfloat16)
@@ -393,7 +393,7 @@ def test_passed_prompt_embeds_are_cast_and_repeated_not_encoded(tmp_path, record
 
 
 def test_sd15_prompt_embeds_are_b_77_768(tmp_path):
-    """With SD 1.5's text encoder, `encode_prompt` turns the prompts and the empty negative prompts into `prompt_embeds` and `negative_prompt_embeds` of `(B, 77, 768)` each, the width SD 1.5's UNet takes as `cross_attention_dim`.
+    """In `StableDiffusionPipeline`, with SD 1.5's text encoder, `encode_prompt` turns the prompts and the empty negative prompts into `prompt_embeds` and `negative_prompt_embeds` of `(B, 77, 768)` each, the width SD 1.5's UNet takes as `cross_attention_dim`.
 
     The pipeline's own ``encode_prompt``, guided, two prompts, with SD 1.5's CLIP ViT-L text
     encoder built on the meta device from its published config (``model_configs.py``).
@@ -435,7 +435,7 @@ def sd15_flops():
 
 
 def test_sd15_decode_against_the_loop_in_flops(sd15_flops, record_calls):
-    """SD 1.5 shows the same: at 512 × 512 its decode takes the FLOPs of about three UNet passes, 44% of the UNet and VAE FLOPs of a 4-step unguided DDIM call; at 20 guided steps the loop is 93% of SD 1.5's UNet and VAE FLOPs, with DDIM or with SD 1.5's shipped `PNDMScheduler`.
+    """SD 1.5 (`StableDiffusionPipeline`) shows the same: at 512 × 512 its decode takes the FLOPs of about three UNet passes, 44% of the UNet and VAE FLOPs of a 4-step unguided DDIM call; at 20 guided steps the loop is 93% of SD 1.5's UNet and VAE FLOPs, with DDIM or with SD 1.5's shipped `PNDMScheduler`.
 
     The UNet rows are counted on the tiny pipeline's own ``__call__``: 4 unguided DDIM steps
     make 4 one-row calls, while the shipped PNDM makes 5 there (decode 39%, so the 44% needs
@@ -475,7 +475,7 @@ def test_sd15_decode_against_the_loop_in_flops(sd15_flops, record_calls):
 
 
 def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch):
-    """`scheduler.step` and the VAE only ever see `B`; `scheduler.scale_model_input` gets the `2B` rows of `cat([latents] * 2)` (inference_trace.md).
+    """In `StableDiffusionPipeline`, `scheduler.step` and the VAE only ever see `B`; `scheduler.scale_model_input` gets the `2B` rows of `cat([latents] * 2)` (inference_trace.md).
 
     Spies on the three methods of the tiny pipeline's own ``__call__``, guided, ``B = 2``,
     with ``EulerDiscreteScheduler``, whose ``scale_model_input`` is not the identity.
@@ -500,7 +500,7 @@ def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch)
 
 
 def test_latency_is_len_timesteps_unet_calls(record_calls):
-    """Below 1000 steps, latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ to 999, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call; at $n = 1000$ its `step` raises `IndexError` after the first UNet call.
+    """In `StableDiffusionPipeline`, below 1000 steps, latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ to 999, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call; at $n = 1000$ its `step` raises `IndexError` after the first UNet call.
 
     The tiny pipeline's own guided ``__call__`` at 1, 2 and ``N`` steps, UNet calls counted by a
     hook, and at 1000 steps with PNDM.
@@ -545,7 +545,7 @@ def test_latency_is_len_timesteps_unet_calls(record_calls):
 
 
 def test_more_calls_than_steps_come_from_order_2_not_solver_order_2(record_calls):
-    """With a scheduler whose `order` is 2 (Heun) there are more calls than steps from 2 steps on, while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
+    """In `StableDiffusionPipeline`, with a scheduler whose `order` is 2 (Heun) there are more calls than steps from 2 steps on, while a `solver_order=2` solver such as DPM-Solver++ 2M makes one per step (inference_trace.md).
 
     The tiny pipeline's own ``__call__``, guided, ``B = 1``, at 1, 2 and ``N`` steps, UNet calls
     counted by a hook. The order-2 set is every class in ``StableDiffusionPipeline``'s
@@ -623,7 +623,7 @@ def test_the_starters_guidance_rule_is_sd15s(record_calls):
 
 
 def test_ddim_at_1000_steps_makes_one_call(record_calls):
-    """At 1000 steps SD 1.5's DDIM settings (`steps_offset=1`) put t = 1000 on the grid: the call makes one UNet call and raises `IndexError` in `scheduler.step`, so `len(timesteps)` calls hold below 1000 steps (inference_trace.md).
+    """In `StableDiffusionPipeline`, at 1000 steps SD 1.5's DDIM settings (`steps_offset=1`) put t = 1000 on the grid: the call makes one UNet call and raises `IndexError` in `scheduler.step`, so `len(timesteps)` calls hold below 1000 steps (inference_trace.md).
 
     The tiny pipeline's own guided ``__call__`` with its DDIM (SD 1.5's values).
     """

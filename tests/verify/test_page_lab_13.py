@@ -416,7 +416,7 @@ def test_guidance_is_an_input_one_call_per_step(flux_pipe, record_calls):
 
 
 def test_true_cfg_doubles_the_calls(flux_pipe, record_calls, monkeypatch):
-    """`true_cfg_scale > 1` with `negative_prompt_embeds` and `negative_pooled_prompt_embeds` makes two transformer calls per step (conditional, then negative), both still with `guidance` passed, and hands `scheduler.step` `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`; `true_cfg_scale > 1` without a negative prompt stays at one call per step."""
+    """In `FluxPipeline`, `true_cfg_scale > 1` with `negative_prompt_embeds` and `negative_pooled_prompt_embeds` makes two transformer calls per step (conditional, then negative), both still with `guidance` passed, and hands `scheduler.step` `neg_noise_pred + true_cfg_scale * (noise_pred - neg_noise_pred)`; `true_cfg_scale > 1` without a negative prompt stays at one call per step."""
     g = torch.Generator().manual_seed(2)
     negative = dict(
         negative_prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),

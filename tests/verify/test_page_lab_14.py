@@ -107,7 +107,7 @@ def test_sdxl_force_upcast_decodes_in_float32(record_calls):
 
 
 def test_sdxl_without_force_upcast_gives_nan(record_calls):
-    """With `vae.config.force_upcast=False` the same float16 SDXL pipeline decodes in float16, and every pixel of the tiny overflowing VAE's output is NaN."""
+    """With `vae.config.force_upcast=False` the same float16 `StableDiffusionXLPipeline` decodes in float16, and every pixel of the tiny overflowing VAE's output is NaN."""
     quiet()
     pipe = euler_sdxl_pipeline(overflowing_vae(force_upcast=False)).to(torch.float16)
     decoder = record_calls(pipe.vae.decoder)
@@ -117,7 +117,7 @@ def test_sdxl_without_force_upcast_gives_nan(record_calls):
 
 
 def test_vae_to_float32_alone_fails_inside_the_sdxl_call(monkeypatch):
-    """`pipe.vae.to(torch.float32)` on an otherwise float16 SDXL pipeline is not enough inside `__call__`: the pipeline casts the latents only when it upcasts itself (and casts the VAE to the latents' dtype only when Apple MPS is available, which undoes the fix: NaN images), so float16 latents meet float32 weights and the decode raises a dtype `RuntimeError`. With `output_type="latent"` and a float32 decode by hand, the image is finite."""
+    """`pipe.vae.to(torch.float32)` on an otherwise float16 `StableDiffusionXLPipeline` is not enough inside `__call__`: the pipeline casts the latents only when it upcasts itself (and casts the VAE to the latents' dtype only when Apple MPS is available, which undoes the fix: NaN images), so float16 latents meet float32 weights and the decode raises a dtype `RuntimeError`. With `output_type="latent"` and a float32 decode by hand, the image is finite."""
     quiet()
     pipe = euler_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.float16)
     pipe.vae.to(torch.float32)
@@ -135,7 +135,7 @@ def test_vae_to_float32_alone_fails_inside_the_sdxl_call(monkeypatch):
 
 
 def test_bfloat16_pipeline_needs_no_upcast(record_calls):
-    """A whole SDXL pipeline in bfloat16 never upcasts (`needs_upcasting` tests for float16 only): the decoder runs in bfloat16 and the overflowing tiny VAE's images are finite."""
+    """A whole `StableDiffusionXLPipeline` in bfloat16 never upcasts (`needs_upcasting` tests for float16 only): the decoder runs in bfloat16 and the overflowing tiny VAE's images are finite."""
     quiet()
     pipe = euler_sdxl_pipeline(overflowing_vae(force_upcast=True)).to(torch.bfloat16)
     decoder = record_calls(pipe.vae.decoder)
@@ -170,7 +170,7 @@ def test_nan_images_come_out_black():
 
 
 def test_force_upcast_default_and_the_fp16_fix(record_calls):
-    """`AutoencoderKL`'s `force_upcast` defaults to `True`; a VAE whose decoder activations stay below 65504, which is what an fp16-fixed VAE such as `madebyollin/sdxl-vae-fp16-fix` is fine-tuned for, can set it to `False`: a float16 SDXL pipeline then decodes in float16, with no upcast and finite images (the tiny VAE without the overflowing scale)."""
+    """`AutoencoderKL`'s `force_upcast` defaults to `True`; a VAE whose decoder activations stay below 65504, which is what an fp16-fixed VAE such as `madebyollin/sdxl-vae-fp16-fix` is fine-tuned for, can set it to `False`: a float16 `StableDiffusionXLPipeline` then decodes in float16, with no upcast and finite images (the tiny VAE without the overflowing scale)."""
     import warnings
 
     quiet()

@@ -118,7 +118,7 @@ def test_every_blank_of_the_rebuilt_loop_has_its_classic_mistake_planted():
 
 @pytest.mark.parametrize("number", list(CLASSIC), ids=["1 order", "2 rows interleaved", "3 scale_model_input", "4 guidance sign", "5 x0 carried", "6 scaling_factor"])  # fmt: skip
 def test_each_blanks_classic_mistake_changes_the_real_pipelines_output(pipe, number):
-    """Each of the six blanks matters on the real pipeline's parts with Euler: each one's classic mistake (swapped order, the latents doubled row by row with repeat_interleave, no scale_model_input, flipped guidance sign, pred_original_sample carried, no division by scaling_factor) changes the images."""
+    """Each of the six blanks matters on the real StableDiffusionPipeline's parts with Euler: each one's classic mistake (swapped order, the latents doubled row by row with repeat_interleave, no scale_model_input, flipped guidance sign, pred_original_sample carried, no division by scaling_factor) changes the images."""
     pipe = with_scheduler(pipe, "EulerDiscreteScheduler")
     assert abs(rebuilt(pipe, CLASSIC[number]) - real(pipe)).max() > 1e-3
 
@@ -157,7 +157,7 @@ def test_sds_decoder_does_not_turn_a_missing_division_into_lower_contrast():
 
 @pytest.mark.parametrize("scheduler, module", [("EulerAncestralDiscreteScheduler", "scheduling_euler_ancestral_discrete"), ("DDPMScheduler", "scheduling_ddpm")])  # fmt: skip
 def test_euler_ancestral_and_ddpm_draw_their_step_noise_from_the_generator(pipe, scheduler, module, monkeypatch):  # fmt: skip
-    """Euler Ancestral and DDPM, which add noise in step, draw it from that generator: through pipe(...) at 4 steps with SD 1.5's betas and steps_offset (leading spacing), each of their steps calls randn_tensor with the generator passed to pipe(...)."""
+    """Euler Ancestral and DDPM, which add noise in step, draw it from that generator: through StableDiffusionPipeline's pipe(...) at 4 steps with SD 1.5's betas and steps_offset (leading spacing), each of their steps calls randn_tensor with the generator passed to pipe(...)."""
     import importlib
 
     owner = importlib.import_module(f"diffusers.schedulers.{module}")
@@ -252,7 +252,7 @@ def test_sd3_scales_nothing_and_decodes_with_shift_factor(monkeypatch):
 
 
 def test_euler_step_warns_when_scale_model_input_was_skipped(pipe):
-    """diffusers' EulerDiscreteScheduler.step logs a warning ("The `scale_model_input` function should be called before `step` to ensure correct denoising") only on a scheduler that has never scaled an input: pipe.scheduler after one pipe(...) call logs none when a later loop skips scale_model_input, because set_timesteps does not reset the flag."""
+    """diffusers' EulerDiscreteScheduler.step logs a warning ("The `scale_model_input` function should be called before `step` to ensure correct denoising") only on a scheduler that has never scaled an input: pipe.scheduler after one StableDiffusionPipeline call logs none when a later loop skips scale_model_input, because set_timesteps does not reset the flag."""
     skipped = ("pipe.scheduler.scale_model_input(latent_model_input, t)", "latent_model_input")
     warning = "The `scale_model_input` function should be called before `step` to ensure correct denoising."  # fmt: skip
     pipe = with_scheduler(pipe, "EulerDiscreteScheduler")  # fresh: never scaled an input
@@ -269,7 +269,7 @@ def test_euler_step_warns_when_scale_model_input_was_skipped(pipe):
 
 
 def test_the_rebuilt_loop_uses_the_execution_device_as_call_does(monkeypatch):
-    """Like __call__, the rebuilt loop makes the prompt embeddings, the timesteps and the noise on pipe._execution_device, which model offload sets to the accelerator while pipe.device stays the CPU: with enable_model_cpu_offload(device="cpu") (execution device cpu:0), both hand encode_prompt, set_timesteps and randn_tensor the same device, and return the same images."""
+    """Like StableDiffusionPipeline.__call__, the rebuilt loop makes the prompt embeddings, the timesteps and the noise on pipe._execution_device, which model offload sets to the accelerator while pipe.device stays the CPU: with enable_model_cpu_offload(device="cpu") (execution device cpu:0), both hand encode_prompt, set_timesteps and randn_tensor the same device, and return the same images."""
     import diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion as sd_module
     import diffusers.utils.torch_utils as torch_utils
 

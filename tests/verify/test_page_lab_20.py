@@ -289,7 +289,7 @@ def test_inpaint_4_channel_blends_after_every_step(inpaint4, record_calls, monke
 
 
 def test_inpaint_9_channel_unet_gets_latents_mask_and_masked_image(inpaint9, record_calls, monkeypatch):  # fmt: skip
-    """With a 9-channel UNet (`in_channels=9`), every UNet call gets `torch.cat([latents, mask, masked_image_latents], dim=1)`: 4 + 1 + 4 channels, the mask resized to latent size by `prepare_mask_latents` (`interpolate` to `height // vae_scale_factor`) and no blending afterwards."""
+    """In `StableDiffusionInpaintPipeline`, with a 9-channel UNet (`in_channels=9`), every UNet call gets `torch.cat([latents, mask, masked_image_latents], dim=1)`: 4 + 1 + 4 channels, the mask resized to latent size by `prepare_mask_latents` (`interpolate` to `height // vae_scale_factor`) and no blending afterwards."""
     image, mask_image = pil_image_and_mask()
     steps = spy(monkeypatch, inpaint9.scheduler, "step", returns=True)
     noised = spy(monkeypatch, inpaint9.scheduler, "add_noise")
@@ -322,7 +322,7 @@ def test_inpaint_raises_unless_4_or_9_channels(channels):
 
 
 def test_padding_mask_crop(inpaint4, record_calls):
-    """`padding_mask_crop=pad` crops the mask's bounding box grown by `pad` px (`VaeImageProcessor.get_crop_region`: a 200 px hole in a 2048 px image with pad 32 gives a 264 px square crop, which it grows to the output's aspect ratio, 528 x 264 px for a 1024 x 512 output), inpaints the crop at the call's `height x width` and pastes it back over the original: the output has the original's size and its pixels outside the mask; it needs PIL `image` and `mask_image` and `output_type="pil"`, else `ValueError`."""
+    """In `StableDiffusionInpaintPipeline`, `padding_mask_crop=pad` crops the mask's bounding box grown by `pad` px (`VaeImageProcessor.get_crop_region`: a 200 px hole in a 2048 px image with pad 32 gives a 264 px square crop, which it grows to the output's aspect ratio, 528 x 264 px for a 1024 x 512 output), inpaints the crop at the call's `height x width` and pastes it back over the original: the output has the original's size and its pixels outside the mask; it needs PIL `image` and `mask_image` and `output_type="pil"`, else `ValueError`."""
     from diffusers.image_processor import VaeImageProcessor
 
     _, big = pil_image_and_mask(2048, hole=(924, 924, 1124, 1124))

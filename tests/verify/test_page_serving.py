@@ -77,7 +77,7 @@ def rand(seed, shape=LATENT):
 
 
 def test_stages_split_at_prompt_embeds_and_latents(sd_pipe, record_calls, calls_of):
-    """The pipeline splits into three stages at its own arguments: given `prompt_embeds` and `negative_prompt_embeds` it never calls the text encoder, with `output_type="latent"` it never calls `vae.decode` and returns the final `latents` `(B, 4, h, w)`, and decoding those separately with `vae.decode(latents / scaling_factor)` and `image_processor.postprocess` gives the image of a full call."""
+    """`StableDiffusionPipeline` splits into three stages at its own arguments: given `prompt_embeds` and `negative_prompt_embeds` it never calls the text encoder, with `output_type="latent"` it never calls `vae.decode` and returns the final `latents` `(B, 4, h, w)`, and decoding those separately with `vae.decode(latents / scaling_factor)` and `image_processor.postprocess` gives the image of a full call."""
     pipe = sd_with(sd_pipe, text_encoder=tiny_text_encoder())
     encoder = record_calls(pipe.text_encoder).calls
     decodes = calls_of(pipe.vae, "decode")
@@ -138,7 +138,7 @@ def test_text_encoding_and_decode_are_one_batched_call_per_request(sd_pipe, reco
 
 
 def test_split_decode_skips_the_safety_checker(sd_pipe):
-    """Decoding `output_type="latent"` output separately gives a full call's image only without a safety checker: with one (SD 1.5 ships one), a full call runs `run_safety_checker` and returns a flagged image black, while `vae.decode` and `postprocess` alone return it; the decode stage matches the full call when it runs `pipe.run_safety_checker` and passes its flags to `postprocess` as `do_denormalize`."""
+    """In `StableDiffusionPipeline`, decoding `output_type="latent"` output separately gives a full call's image only without a safety checker: with one (SD 1.5 ships one), a full call runs `run_safety_checker` and returns a flagged image black, while `vae.decode` and `postprocess` alone return it; the decode stage matches the full call when it runs `pipe.run_safety_checker` and passes its flags to `postprocess` as `do_denormalize`."""
     checker, processor = flagging_safety_checker()
     pipe = StableDiffusionPipeline(
         **{**sd_pipe.components, "safety_checker": checker, "feature_extractor": processor}
@@ -160,7 +160,7 @@ def test_split_decode_skips_the_safety_checker(sd_pipe):
 
 
 def test_the_safety_checker_is_resident_where_the_decode_runs_it(sd_pipe, record_calls):
-    """Residency: the safety checker SD 1.5 ships is needed where the decode runs it, not in the loop stage: a call with `output_type="latent"` never runs the checker, while a full call and a decode stage that matches it (`pipe.run_safety_checker`) run it once each.
+    """Residency in `StableDiffusionPipeline`: the safety checker SD 1.5 ships is needed where the decode runs it, not in the loop stage: a call with `output_type="latent"` never runs the checker, while a full call and a decode stage that matches it (`pipe.run_safety_checker`) run it once each.
 
     The tiny pipeline's own ``__call__`` with a tiny ``StableDiffusionSafetyChecker``; a
     forward hook counts the checker's calls.
@@ -218,7 +218,7 @@ def test_a_second_request_on_shared_state_changes_the_first(sd_pipe, record_call
 
 
 def test_adapter_settings_live_on_the_shared_denoiser(sd_pipe):
-    """A pipeline object per request does not separate adapter settings, because they live on the modules of the shared UNet: a call with `cross_attention_kwargs={"scale": 0.5}` rescales the UNet's LoRA layers themselves for its duration, and `set_adapters` or `set_ip_adapter_scale` on one pipeline changes the `latents` a twin built from the same components returns."""
+    """In `StableDiffusionPipeline`, a pipeline object per request does not separate adapter settings, because they live on the modules of the shared UNet: a call with `cross_attention_kwargs={"scale": 0.5}` rescales the UNet's LoRA layers themselves for its duration, and `set_adapters` or `set_ip_adapter_scale` on one pipeline changes the `latents` a twin built from the same components returns."""
     from peft import LoraConfig
 
     fresh_unet = type(sd_pipe.unet).from_config(sd_pipe.unet.config)
@@ -296,7 +296,7 @@ def test_an_lcm_unet_takes_the_guidance_scale_as_an_embedding(sd_pipe, record_ca
 
 
 def test_a_shared_call_takes_one_set_of_call_settings_for_every_row(sd_pipe):
-    """Text encoding can share a batch only among prompts encoded with the same call settings, and a step's UNet call only among requests with the same adapter settings: a UNet call's LoRA scale (`cross_attention_kwargs={"scale": s}`) applies to every row, so a row batched with a request at 0.5 gets the 0.5 output, not the output of its own call at 1.0; and likewise `encode_prompt`'s `lora_scale` applies to every prompt it encodes.
+    """In `StableDiffusionPipeline`, text encoding can share a batch only among prompts encoded with the same call settings, and a step's UNet call only among requests with the same adapter settings: a UNet call's LoRA scale (`cross_attention_kwargs={"scale": s}`) applies to every row, so a row batched with a request at 0.5 gets the 0.5 output, not the output of its own call at 1.0; and likewise `encode_prompt`'s `lora_scale` applies to every prompt it encodes.
 
     The tiny UNet with a random LoRA on ``to_q``, called as a step-level loop calls it, on two
     rows at different timesteps; the tiny CLIP text encoder with a random LoRA on ``q_proj``
@@ -397,7 +397,7 @@ def test_a_unet_rows_cost_grows_faster_than_the_latent_area(sd15_flops):
 
 
 def test_one_call_has_one_timesteps_list_for_the_whole_batch(sd_pipe, record_calls, calls_of):
-    """A pipeline call runs `set_timesteps` once and passes every UNet call one 0-d `t` for all `2B` rows, so all requests in a batch share `num_inference_steps`, the timesteps and `guidance_scale`."""
+    """A `StableDiffusionPipeline` call runs `set_timesteps` once and passes every UNet call one 0-d `t` for all `2B` rows, so all requests in a batch share `num_inference_steps`, the timesteps and `guidance_scale`."""
     sets = calls_of(sd_pipe.scheduler, "set_timesteps")
     calls = record_calls(sd_pipe.unet).calls
     three = embeds(3, batch=3)
@@ -485,7 +485,7 @@ def serving_diagram() -> dict[str, list[list]]:
 
 
 def test_the_text_stage_hands_the_loop_both_embeddings(sd_pipe):
-    """The serving diagram's text stage passes on `prompt_embeds` and `negative_prompt_embeds`, and a loop stage built without tokenizer and text encoder runs a guided call on them; given `prompt_embeds` alone, `encode_prompt` encodes the empty negative prompt itself, and there it fails (`AttributeError`)."""
+    """In `StableDiffusionPipeline`, the serving diagram's text stage passes on `prompt_embeds` and `negative_prompt_embeds`, and a loop stage built without tokenizer and text encoder runs a guided call on them; given `prompt_embeds` alone, `encode_prompt` encodes the empty negative prompt itself, and there it fails (`AttributeError`)."""
     assert sd_pipe.text_encoder is None and sd_pipe.tokenizer is None
     handed = {"prompt_embeds": PROMPT, "negative_prompt_embeds": NEGATIVE}
     lines = " ".join(line for row in serving_diagram()["text queue"] for line in row[2])
@@ -497,7 +497,7 @@ def test_the_text_stage_hands_the_loop_both_embeddings(sd_pipe):
 
 
 def test_interrupt_still_decodes_the_last_latents(sd_pipe, record_calls, calls_of):
-    """A cancelled request is not free: after `pipe._interrupt = True` the loop stops calling the UNet, but unless `output_type="latent"` the pipeline still runs `vae.decode` once, on the `latents` of the last step that ran, then `run_safety_checker` and `postprocess`, and returns a full-size image."""
+    """A cancelled request is not free: after `pipe._interrupt = True` the loop stops calling the UNet, but unless `output_type="latent"` `StableDiffusionPipeline` still runs `vae.decode` once, on the `latents` of the last step that ran, then `run_safety_checker` and `postprocess`, and returns a full-size image."""
     calls = record_calls(sd_pipe.unet).calls
     decodes = calls_of(sd_pipe.vae, "decode")
     checks = calls_of(sd_pipe, "run_safety_checker")
@@ -517,7 +517,7 @@ def test_interrupt_still_decodes_the_last_latents(sd_pipe, record_calls, calls_o
 
 
 def test_interrupt_is_read_only_between_steps(sd_pipe, calls_of):
-    """`pipe.interrupt` is read only at the top of each iteration: a flag set while a UNet call runs lets that step finish, with its `scheduler.step` and its callback, and stops the loop before the next UNet call."""
+    """In `StableDiffusionPipeline`, `pipe.interrupt` is read only at the top of each iteration: a flag set while a UNet call runs lets that step finish, with its `scheduler.step` and its callback, and stops the loop before the next UNet call."""
     steps = calls_of(sd_pipe.scheduler, "step")
     seen = []
 
@@ -574,7 +574,7 @@ def test_unet_accepts_a_per_sample_timestep_tensor(sd_pipe):
 
 
 def test_step_level_batching_across_requests(sd_pipe):
-    """A step-level loop that keeps one `EulerDiscreteScheduler` per request and makes one UNet call per tick on the concatenated `(2B, 4, h, w)` rows of requests with different `num_inference_steps`, start times and `guidance_scale`, with a `(2B,)` timestep tensor, gives each request the same `latents`, up to float32 rounding, as its own pipeline call."""
+    """In `StableDiffusionPipeline`, a step-level loop that keeps one `EulerDiscreteScheduler` per request and makes one UNet call per tick on the concatenated `(2B, 4, h, w)` rows of requests with different `num_inference_steps`, start times and `guidance_scale`, with a `(2B,)` timestep tensor, gives each request the same `latents`, up to float32 rounding, as its own pipeline call."""
     pipe = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_EULER))
     requests = [  # (num_inference_steps, guidance_scale, start tick, prompt seed)
         dict(steps=3, scale=7.5, start=0, prompt=embeds(20), negative=embeds(21)),
@@ -848,7 +848,7 @@ def test_callback_preview_from_a_wrapped_step(sd_pipe, record_calls, monkeypatch
 
 
 def test_dpmsolver_model_outputs_hold_the_x0_prediction(sd_pipe, monkeypatch):
-    """With its default `algorithm_type="dpmsolver++"`, `DPMSolverMultistepScheduler` stores the x0 prediction of the latest `step` in `scheduler.model_outputs[-1]`, so a callback can read a preview from `pipe.scheduler` without wrapping `step`.
+    """In `StableDiffusionPipeline`, with its default `algorithm_type="dpmsolver++"`, `DPMSolverMultistepScheduler` stores the x0 prediction of the latest `step` in `scheduler.model_outputs[-1]`, so a callback can read a preview from `pipe.scheduler` without wrapping `step`.
 
     The tiny pipeline's own ``__call__``, guided, 4 steps: a ``callback_on_step_end`` reads
     ``pipe.scheduler.model_outputs[-1]`` after each step, and it equals

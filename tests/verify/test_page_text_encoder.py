@@ -206,7 +206,7 @@ def test_encode_prompt_pads_to_77_and_returns_the_last_hidden_state(sd_text_pipe
 
 
 def test_long_prompt_is_truncated_with_a_warning(sd_text_pipe):
-    """A prompt longer than 77 tokens keeps its start token, its first 75 tokens and an end token; `encode_prompt` logs a warning that lists the removed text, and the removed words change nothing."""
+    """In `StableDiffusionPipeline`, a prompt longer than 77 tokens keeps its start token, its first 75 tokens and an end token; `encode_prompt` logs a warning that lists the removed text, and the removed words change nothing."""
     pipe = sd_text_pipe
     kept = " ".join(LONG_PROMPT.split()[:75])
     with diffusers_warnings() as messages:
@@ -222,7 +222,7 @@ def test_long_prompt_is_truncated_with_a_warning(sd_text_pipe):
 
 
 def test_clip_is_causal_and_padding_carries_the_prompt(sd_text_pipe, record_calls):
-    """CLIP's text encoder is causal and `encode_prompt` passes it no attention mask: a token's vector does not depend on the words after it, and the padding positions after the end token (`CLIPTokenizer` pads with `<|endoftext|>` by default) differ from prompt to prompt."""
+    """In `StableDiffusionPipeline`, CLIP's text encoder is causal and `encode_prompt` passes it no attention mask: a token's vector does not depend on the words after it, and the padding positions after the end token (`CLIPTokenizer` pads with `<|endoftext|>` by default) differ from prompt to prompt."""
     pipe = sd_text_pipe
     assert pipe.tokenizer.pad_token == pipe.tokenizer.eos_token == "<|endoftext|>"
     calls = record_calls(pipe.text_encoder).calls
@@ -273,7 +273,7 @@ def test_clip_skip_takes_an_earlier_layer_through_the_final_layer_norm(
 
 
 def test_clip_skip_fails_with_a_flattened_clip_text_model(sd_text_pipe, sdxl_pipe, sd3_pipe):
-    """With the installed transformers, `CLIPTextModel` has no `text_model` submodule, so `StableDiffusionPipeline.encode_prompt` raises `AttributeError` for any `clip_skip` (diffusers issue [#14124](https://github.com/huggingface/diffusers/issues/14124)); `clip_skip=None` and SDXL's and SD3's `clip_skip` are unaffected."""
+    """With the installed transformers, `CLIPTextModel` has no `text_model` submodule, so `StableDiffusionPipeline.encode_prompt` raises `AttributeError` for any `clip_skip` (diffusers issue [#14124](https://github.com/huggingface/diffusers/issues/14124)); `clip_skip=None` and the `clip_skip` of `StableDiffusionXLPipeline` and `StableDiffusion3Pipeline` are unaffected."""
     pipe = sd_text_pipe
     assert not hasattr(pipe.text_encoder, "text_model")
     with pytest.raises(AttributeError, match="text_model"):
@@ -340,7 +340,7 @@ def test_sdxl_concatenates_penultimate_states_on_the_channel_axis(sdxl_pipe):
 
 
 def test_sdxl_pooled_embeds_come_from_text_encoder_2(sdxl_pipe):
-    """SDXL's `pooled_prompt_embeds` is the projected end-token vector `text_embeds` of `text_encoder_2` alone, `(B, projection_dim)`: `(B, 1280)` in SDXL."""
+    """`StableDiffusionXLPipeline`'s `pooled_prompt_embeds` is the projected end-token vector `text_embeds` of `text_encoder_2` alone, `(B, projection_dim)`: `(B, 1280)` in SDXL."""
     pipe = sdxl_pipe
     _, _, pooled, _ = pipe.encode_prompt(
         ["ab cd", "ef"], device="cpu", do_classifier_free_guidance=False
@@ -397,7 +397,7 @@ def test_sdxl_add_time_ids_are_six_numbers(sdxl_pipe):
 
 
 def test_sdxl_pipeline_passes_pooled_text_and_time_ids(sdxl_pipe, record_calls):
-    """With CFG on, the SDXL pipeline gives the UNet `added_cond_kwargs={"text_embeds": ..., "time_ids": ...}` at batch `2B`, negative rows first, with `original_size` and `target_size` defaulting to `(height, width)` and `crops_coords_top_left` to `(0, 0)`."""
+    """With CFG on, `StableDiffusionXLPipeline` gives the UNet `added_cond_kwargs={"text_embeds": ..., "time_ids": ...}` at batch `2B`, negative rows first, with `original_size` and `target_size` defaulting to `(height, width)` and `crops_coords_top_left` to `(0, 0)`."""
     pipe = sdxl_pipe
     calls = record_calls(pipe.unet).calls
     _, _, pooled, negative_pooled = pipe.encode_prompt("ab cd", device="cpu")
@@ -468,7 +468,7 @@ def test_sd3_joins_clip_and_t5_tokens(sd3_pipe):
 
 
 def test_sd3_pooled_is_clip_l_then_clip_g(sd3_pipe):
-    """SD3's `pooled_prompt_embeds` is CLIP-L's projected end-token vector followed by CLIP-G's: `(B, 768 + 1280)` = `(B, 2048)` in SD3; T5 contributes no pooled vector."""
+    """`StableDiffusion3Pipeline`'s `pooled_prompt_embeds` is CLIP-L's projected end-token vector followed by CLIP-G's: `(B, 768 + 1280)` = `(B, 2048)` in SD3; T5 contributes no pooled vector."""
     pipe = sd3_pipe
     _, _, pooled, _ = pipe.encode_prompt(
         "ab cd", None, None, device="cpu", do_classifier_free_guidance=False
@@ -540,7 +540,7 @@ def test_sd3_t5_runs_without_an_attention_mask(sd3_pipe, record_calls):
 def test_no_attention_mask_reaches_encoders_or_denoiser(
     sd_text_pipe, sdxl_pipe, sd3_pipe, record_calls
 ):
-    """In SD 1.x, SDXL and SD3 no attention mask reaches the encoders (CLIP or T5) or the denoiser: in each pipeline's `__call__` with CFG, every text encoder gets the input ids alone and every denoiser call carries no mask.
+    """In `StableDiffusionPipeline`, `StableDiffusionXLPipeline` and `StableDiffusion3Pipeline` (SD 1.x, SDXL and SD3) no attention mask reaches the encoders (CLIP or T5) or the denoiser: in each pipeline's `__call__` with CFG, every text encoder gets the input ids alone and every denoiser call carries no mask.
 
     A pre-hook on every text encoder and on the UNet or transformer records each call's
     arguments; one step each.
@@ -587,7 +587,7 @@ def test_sd3_without_t5_uses_zeros(tokenizers, record_calls):
 
 
 def test_sd3_negative_prompt_is_the_encoded_empty_string(sd3_pipe):
-    """SD3 has no `force_zeros_for_empty_prompt`: a missing negative prompt is `""`, encoded through all three encoders with `clip_skip=None`, so `negative_prompt_embeds` is not zeros."""
+    """`StableDiffusion3Pipeline` has no `force_zeros_for_empty_prompt`: a missing negative prompt is `""`, encoded through all three encoders with `clip_skip=None`, so `negative_prompt_embeds` is not zeros."""
     pipe = sd3_pipe
     assert "force_zeros_for_empty_prompt" not in pipe.config
     empty = pipe.encode_prompt(
@@ -653,7 +653,7 @@ def test_unet_cross_attention_takes_any_number_of_text_tokens():
 
 
 def test_sd3_pipeline_feeds_the_joined_sequence_to_the_transformer(sd3_pipe, record_calls):
-    """With CFG on, the SD3 transformer receives `encoder_hidden_states` of shape `(2B, 77 + max_sequence_length, joint_attention_dim)` and `pooled_projections` of shape `(2B, 2048)` (here the stand-in widths) at every step, negative rows first."""
+    """With CFG on, `StableDiffusion3Pipeline`'s transformer receives `encoder_hidden_states` of shape `(2B, 77 + max_sequence_length, joint_attention_dim)` and `pooled_projections` of shape `(2B, 2048)` (here the stand-in widths) at every step, negative rows first."""
     pipe = sd3_pipe
     calls = record_calls(pipe.transformer).calls
     embeds = pipe.encode_prompt("ab cd", None, None, device="cpu", max_sequence_length=12)
@@ -724,7 +724,7 @@ def test_each_encoder_runs_twice_per_guided_call(sd_text_pipe, sdxl_pipe, sd3_pi
 
 
 def test_passing_prompt_embeds_skips_the_text_encoder(sd_text_pipe, record_calls):
-    """Passing `prompt_embeds` and `negative_prompt_embeds` skips the tokenizer and the text encoder entirely, so embeddings computed once can be reused and the encoder need not be loaded at all."""
+    """In `StableDiffusionPipeline`, passing `prompt_embeds` and `negative_prompt_embeds` skips the tokenizer and the text encoder entirely, so embeddings computed once can be reused and the encoder need not be loaded at all."""
     pipe = sd_text_pipe
     prompt_embeds, negative = pipe.encode_prompt("ab", "cpu", 1, True)
     text_calls = record_calls(pipe.text_encoder).calls
@@ -788,7 +788,7 @@ def test_sdxl_and_sd3_run_from_embeddings_without_text_encoders(tokenizers, reco
 
 
 def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkeypatch):
-    """With `enable_model_cpu_offload`, each component's accelerate hook is chained to the previous component of `model_cpu_offload_seq`, whose offload it triggers before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
+    """In `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, with `enable_model_cpu_offload`, each component's accelerate hook is chained to the previous component of `model_cpu_offload_seq`, whose offload it triggers before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
 
     Real hooks with the CPU standing in for the GPU (``device="cpu"``). On the CPU,
     ``CpuOffload.pre_forward`` skips every move (the previous module is already on the CPU,
@@ -850,7 +850,7 @@ def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkey
 def test_model_offload_keeps_the_text_encoder_while_an_idle_image_encoder_sits_in_the_chain(
     tokenizers, monkeypatch
 ):
-    """Model offload keeps an encoder resident until its chain's next component runs or the call ends: with an `image_encoder` loaded and no IP-Adapter image in the call, the denoiser's hook offloads the idle `image_encoder`, and the last text encoder stays on the device beside the denoiser for the whole loop, until the call ends.
+    """In `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, model offload keeps an encoder resident until its chain's next component runs or the call ends: with an `image_encoder` loaded and no IP-Adapter image in the call, the denoiser's hook offloads the idle `image_encoder`, and the last text encoder stays on the device beside the denoiser for the whole loop, until the call ends.
 
     ``StableDiffusionPipeline.__call__`` runs under the real ``enable_model_cpu_offload``
     (``tiny.hooked_forwards``: each forward and the previous component its hook offloads),

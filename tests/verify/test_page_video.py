@@ -257,7 +257,7 @@ def test_latents_are_denormalised_per_channel_before_decode(pipe, calls_of):
 
 
 def test_wan_example_sets_flow_shift_by_resolution(calls_of):
-    """diffusers' Wan example rebuilds the checkpoint's scheduler (by diffusers' Wan docs, `UniPCMultistepScheduler` with flow sigmas and `flow_shift=3.0`) by `from_config(pipe.scheduler.config, flow_shift=5.0)` for 720p ("5.0 for 720P, 3.0 for 480P"); through `pipe(...)`, every step is then at an equal or higher noise level than at 3.0."""
+    """diffusers' Wan example rebuilds the checkpoint's scheduler (by diffusers' Wan docs, `UniPCMultistepScheduler` with flow sigmas and `flow_shift=3.0`) by `from_config(pipe.scheduler.config, flow_shift=5.0)` for 720p ("5.0 for 720P, 3.0 for 480P"); through `WanPipeline.__call__`, every step is then at an equal or higher noise level than at 3.0."""
     from diffusers import UniPCMultistepScheduler, WanPipeline
     from diffusers.pipelines.wan import pipeline_wan
 
