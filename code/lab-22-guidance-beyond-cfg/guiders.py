@@ -45,7 +45,7 @@ from labkit.schedulers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 # steps it, as in lab 04; with `flow` it predicts the velocity `noise - x0`, stepped by
 # flow-matching Euler. `weak_unet` is the perturbed
 # branch's stand-in: the exact denoiser of the same classes blurred to std 1.0 (PAG, SLG and
-# SEG weaken the real network's attention instead; the toy has no attention to weaken).
+# SEG weaken the real network instead).
 
 # %%
 # --8<-- [start:setup]
@@ -91,8 +91,9 @@ noise = np.random.default_rng(args.seed).standard_normal((args.num_samples, 2)) 
 # Each takes `pred_cond` and `pred_uncond`, `(N, ...)`, and returns the guided prediction,
 # with the class's default arguments. Norms, dot products and stds run per row over every
 # axis but the batch axis, as the guiders do (`norm_dim=None`). `use_original_formulation`
-# starts from `pred_cond` instead of `pred_uncond`: for CFG, CFG-Zero*, tangential CFG and PAG
-# that is the default line with the scale one higher; for APG only at eta=1, threshold unbound.
+# starts from `pred_cond` instead of `pred_uncond`: for CFG, CFG-Zero* and tangential CFG that
+# is the default line with the scale one higher; not for APG with eta=0, a binding threshold or
+# momentum, nor for PAG at scale 0 inside its window.
 
 
 # %%
@@ -186,7 +187,7 @@ def sample(rule, guidance_scale):
     latents, calls, n = noise * scheduler.init_noise_sigma, 0, len(scheduler.timesteps)
     for i, t in enumerate(scheduler.timesteps):
         x = scheduler.scale_model_input(latents, t)
-        cfg_on = guidance_scale != 1.0  # each guider's _is_cfg_enabled: scale 1 is pred_cond
+        cfg_on = guidance_scale != 1.0  # each guider's scale check: no pred_uncond at scale 1
         skip_on = rule == "PAG/SLG" and perturbed_window(i, n)
         pred_cond = unet(x, t, class_labels=target_class)
         pred_uncond = unet(x, t, class_labels=UNCOND) if cfg_on else None
