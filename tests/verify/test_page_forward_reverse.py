@@ -510,12 +510,17 @@ def test_ddim_eta_zero_is_deterministic(sd_pipe, monkeypatch):
 
 
 def test_ddim_eta_one_is_ddpm():
-    """`DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on SD 1.x's betas and a 10-step `leading` grid (both step to the same previous timestep) with the same `generator`, at every step but the last under `set_alpha_to_one=False` (SD 1.x's shipped config), where DDIM stops at `alphas_cumprod[0]` with noise and DDPM at alpha-bar 1 without.
+    """With `clip_sample=False`, `DDIMScheduler.step(..., eta=1.0)` gives the same `prev_sample` as `DDPMScheduler.step` (`variance_type="fixed_small"`) on SD 1.x's betas and a 10-step `leading` grid (both step to the same previous timestep) with the same `generator`, at every step but the last under `set_alpha_to_one=False` (SD 1.x's shipped config), where DDIM stops at `alphas_cumprod[0]` and DDPM at alpha-bar 1.
 
-    Every timestep of a 10-step grid, on diffusers' defaults and on SD 1.5's settings.
+    Every timestep of a 10-step grid, on diffusers' defaults, on SD 1.5's settings and on
+    `set_alpha_to_one=False` with the default `steps_offset=0`, where DDIM's last step (t = 0)
+    adds no noise: `final_alpha_cumprod` is `alphas_cumprod[0]`, its own level (round 11 cut
+    "with noise"). At the classes' default `clip_sample=True` they part at every step but the
+    last: DDIM clamps `pred_original_sample` but keeps the unclipped noise estimate, DDPM's mean
+    uses the clamped one (round 11 added `clip_sample=False` to the sentence).
     """
     x_t, eps = randn(0), randn(1)
-    for config in [{}, dict(steps_offset=1, set_alpha_to_one=False)]:
+    for config in [{}, dict(steps_offset=1, set_alpha_to_one=False), dict(set_alpha_to_one=False)]:
         ddim = DDIMScheduler(clip_sample=False, **SD_BETAS, **config)
         ddpm = DDPMScheduler(
             clip_sample=False, steps_offset=config.get("steps_offset", 0), **SD_BETAS
@@ -530,9 +535,25 @@ def test_ddim_eta_one_is_ddpm():
             a = ddim.step(eps, t, x_t, eta=1.0, generator=g).prev_sample
             b = ddpm.step(eps, t, x_t, generator=torch.Generator().manual_seed(t))
             if t == last and not ddim.config.set_alpha_to_one:
-                assert (a - b.prev_sample).abs().max() > 1e-2  # DDIM: alphas_cumprod[0], noised
+                assert (a - b.prev_sample).abs().max() > 1e-2  # DDIM: alphas_cumprod[0]
                 close(b.prev_sample, b.pred_original_sample, tol=1e-5)  # DDPM: x0_hat itself
+                other = ddim.step(eps, t, x_t, eta=1.0, generator=torch.Generator().manual_seed(99))
+                noised = (a - other.prev_sample).abs().max().item()
+                assert (noised > 1e-3) == (t == 1), (t, noised)  # t = 0: no noise, t = 1: noise
                 continue
             close(a, b.prev_sample, tol=1e-5)
             if t != last:
                 assert (a - ddim.step(eps, t, x_t, eta=0.0).prev_sample).abs().max() > 1e-2
+    ddim = DDIMScheduler(**SD_BETAS)  # clip_sample=True, the classes' default
+    ddpm = DDPMScheduler(**SD_BETAS)
+    for s in (ddim, ddpm):
+        s.set_timesteps(10)
+    parted = []
+    for t in ddim.timesteps.tolist()[:-1]:
+        a = ddim.step(eps, t, x_t, eta=1.0, generator=torch.Generator().manual_seed(t))
+        b = ddpm.step(eps, t, x_t, generator=torch.Generator().manual_seed(t))
+        parted.append((a.prev_sample - b.prev_sample).abs().max().item() > 1e-2)
+    assert all(parted), parted
+    page = (Path(__file__).resolve().parents[2] / "docs/handbook/forward-reverse.md").read_text()
+    sentence = page[page.index("Setting $\\eta = 1$ restores") :].split("\n")[0]
+    assert "`clip_sample=False`" in sentence and "with noise" not in sentence, sentence

@@ -5,6 +5,8 @@ The starter runs in-process and its own `latent` and `noise_pred` go to diffuser
 give the lab's numbers to float32 tolerance.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -114,8 +116,10 @@ def test_ddpm_adds_no_noise_at_t_zero():
 
 
 def test_ddim_eta1_differs_from_ddpm_at_the_final_step():
-    """With `eta=1` and `clip_sample=False`, on SD 1.x's schedule and a 10-step `leading` grid, DDIM's step has the same distribution as DDPM's, except at the final step under SD 1.x's `set_alpha_to_one=False`: DDIM then targets `alphas_cumprod[0]` and still adds noise, while DDPM lands on clean data.
+    """With `eta=1` and `clip_sample=False`, on SD 1.x's schedule and a 10-step `leading` grid, DDIM's step has the same distribution as DDPM's, except at the final step under SD 1.x's `set_alpha_to_one=False`: DDIM then targets `alphas_cumprod[0]`, while DDPM lands on clean data.
 
+    (Round 11 cut "and still adds noise": with the class default `steps_offset=0` the final step
+    is t = 0, where `alphas_cumprod[0]` is DDIM's own level and it adds none.)
     Both schedulers on SD 1.x's settings at 10 steps: one generator seed gives both steps the
     same fresh noise, so at 501 their whole `prev_sample` agrees; the spread between two
     seeds' `prev_sample` at the last timestep (1). With the classes' default
@@ -145,6 +149,19 @@ def test_ddim_eta1_differs_from_ddpm_at_the_final_step():
     assert spread["ddim", 501] == pytest.approx(spread["ddpm", 501], rel=1e-6)  # same noise std
     assert spread["ddpm", 1] < 1e-8 and spread["ddim_one", 1] < 1e-8  # clean data
     assert spread["ddim", 1] > 1e-3  # alphas_cumprod[0] < 1: noise at the last step
+    offset0 = DDIMScheduler(**{**SD_SCHEDULER, "steps_offset": 0})  # set_alpha_to_one=False
+    offset0.set_timesteps(10)
+    assert offset0.timesteps[-1].item() == 0
+    a, b = (
+        offset0.step(
+            eps, 0, sample, eta=1.0, generator=torch.Generator().manual_seed(s)
+        ).prev_sample
+        for s in (1, 2)
+    )
+    assert torch.equal(a, b)  # no noise at this final step: DDIM returns its input
+    page = Path(__file__).resolve().parents[2] / "docs/labs/lab-02-denoising-step.md"
+    line = next(x for x in page.read_text().splitlines() if "same distribution as DDPM" in x)
+    assert "still adds noise" not in line, line
 
     e = torch.randn(4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
 

@@ -202,35 +202,20 @@ def test_ddim_and_ddpm_sd_grid_at_50_steps(sd_pipe, record_calls):
         sd_pipe.scheduler = original
 
 
-def test_sd15_pndm_gives_51_timesteps_at_50_steps(sd_pipe):
+def test_sd15_pndm_gives_51_timesteps_at_50_steps():
     """SD 1.5's shipped `PNDMScheduler` config (`skip_prk_steps=True`, `steps_offset=1`, `set_alpha_to_one=False`) has `order = 1`, yet `set_timesteps(50)` returns 51 timesteps, 981, 961, 961, 941, …, 21, 1, with 961 repeated.
 
     The pages quote this count at 50 steps only, not "n + 1 from n = 2": at 1000 steps the
-    grid has 1001 entries and ``StableDiffusionPipeline.__call__`` makes one UNet call, then
-    raises an ``IndexError`` (a stand-in UNet forward keeps the run cheap).
+    grid has 1001 entries (the pipeline run at 1000 steps is
+    ``test_sd_schedulers_at_1000_steps_call_once_then_raise``).
     """
     scheduler = PNDMScheduler(**SD15_PNDM)
     assert scheduler.order == 1 and scheduler.config.timestep_spacing == "leading"
     scheduler.set_timesteps(50)
     assert scheduler.timesteps.tolist() == [981, 961, *range(961, 0, -20)]
     assert len(scheduler.timesteps) == 51
-
-    seen = []
-
-    def stand_in_unet(sample, t, *args, **kwargs):
-        seen.append(float(t))
-        return (torch.zeros_like(sample),)
-
-    original = sd_pipe.scheduler
-    sd_pipe.unet.forward = stand_in_unet
-    try:
-        sd_pipe.scheduler = PNDMScheduler(**SD15_PNDM)
-        with pytest.raises(IndexError):
-            run_sd(sd_pipe, 1000)
-        assert len(seen) == 1 and len(sd_pipe.scheduler.timesteps) == 1001
-    finally:
-        del sd_pipe.unet.forward
-        sd_pipe.scheduler = original
+    scheduler.set_timesteps(1000)
+    assert len(scheduler.timesteps) == 1001
     notes = (ROOT / "code" / "lab-03-scheduler-reading" / "scheduler_notes.md").read_text(
         encoding="utf-8"
     )
@@ -261,7 +246,7 @@ def test_unet_calls_equal_len_timesteps(sd_pipe, record_calls, make, steps, call
 
 
 def test_text_to_image_calls_the_denoiser_once_per_entry(sd_pipe, record_calls):
-    """The grid sets latency, because text-to-image `StableDiffusionPipeline` calls the denoiser once per entry of `scheduler.timesteps` below 1000 steps: with DDIM at SD's settings, 4 UNet calls for 4 entries, and 999 for 999; at 1000, one call, then an `IndexError`.
+    """The grid sets latency, because text-to-image `StableDiffusionPipeline` calls the denoiser once per entry of `scheduler.timesteps` below 1000 steps: with DDIM at SD's settings, 4 UNet calls for 4 entries, and 999 for 999; at 1000, one call, then an `IndexError`. `StableDiffusionImg2ImgPipeline` at `strength=0.5` makes 2 UNet calls for the same 4 entries.
 
     Not every pipeline: ``StableDiffusionImg2ImgPipeline`` at ``strength=0.5`` runs the same UNet
     2 times for the same 4 entries (it slices ``scheduler.timesteps``). Every sentence of the page
@@ -474,7 +459,7 @@ def trailing_loop(cls, steps):
 
 
 def test_trailing_extra_timestep_wrecks_ddim_and_ddpm(sd_pipe, record_calls):
-    """`trailing` at 61 steps gives `DDIMScheduler` 62 timesteps, the last one -1 (SD 1.5's `PNDMScheduler` 63): DDIM, DDPM and PNDM (also `DDIMParallelScheduler`, `DDPMParallelScheduler` and `CogVideoXDDIMScheduler`) read `alphas_cumprod[-1]`, the noisiest level, at that last step and divide by its square root (DDIM's `pred_original_sample` is `(x - sqrt(1 - alphas_cumprod[999]) * noise_pred) / sqrt(alphas_cumprod[999])`), so the final `latents` come out about 15 times the correct ones for SD's schedule when `noise_pred` is small next to them, without an error; Euler, Heun, `DPMSolverMultistepScheduler` and UniPC make the extra calls too but read the smallest `sigma` there (that of `t = 0`), and their output is unaffected; 61, 103, 121 and 59 other step counts up to 1000 do this.
+    """`trailing` at 61 steps gives `DDIMScheduler` 62 timesteps, the last one -1 (SD 1.5's `PNDMScheduler` 63): DDIM, DDPM and PNDM (also `DDIMParallelScheduler`, `DDPMParallelScheduler` and `CogVideoXDDIMScheduler`) read `alphas_cumprod[-1]`, the noisiest level, at that last step and divide by its square root (DDIM's `pred_original_sample` is `(x - sqrt(1 - alphas_cumprod[999]) * noise_pred) / sqrt(alphas_cumprod[999])`), so the final `latents` of `StableDiffusionPipeline` come out about 15 times the correct ones for SD's schedule when `noise_pred` is small next to them, without an error; Euler, Heun, `DPMSolverMultistepScheduler` and UniPC make the extra calls too but read the smallest `sigma` there (that of `t = 0`), and their output is unaffected; 61, 103, 121 and 59 other step counts up to 1000 do this.
 
     `StableDiffusionPipeline` runs DDIM at 61 steps with a spy on `step`; the latents that
     enter the extra step at -1 are what a correct loop returns (the step from 15 already
@@ -669,7 +654,7 @@ def test_pipeline_guards_scale_model_input_but_not_init_noise_sigma(sd_pipe):
 
 
 def test_only_init_checks_the_scheduler_config(sd_pipe, record_calls):
-    """Only `__init__` rewrites an outdated config: a `DDIMScheduler()` with the defaults `steps_offset=0` and `clip_sample=True` assigned later with `pipe.scheduler = ...` raises no warning, and `__call__` runs it as configured (first UNet call at `t = 900`, not 901)."""
+    """Only `StableDiffusionPipeline.__init__` rewrites an outdated config: a `DDIMScheduler()` with the defaults `steps_offset=0` and `clip_sample=True` assigned later with `pipe.scheduler = ...` raises no warning, and `__call__` runs it as configured (first UNet call at `t = 900`, not 901)."""
     original = sd_pipe.scheduler
     try:
         sd_pipe.scheduler = DDIMScheduler(
@@ -871,7 +856,7 @@ def test_euler_and_flow_keep_a_step_index():
 
 
 def test_an_extra_step_call_corrupts_the_trajectory(sd_pipe):
-    """Euler keeps a `step_index`, PNDM a `counter` and past outputs, advanced by each `step`: an extra `step` call corrupts the trajectory.
+    """Euler keeps a `step_index`, PNDM a `counter` and past outputs, advanced by each `step`: an extra `step` call corrupts the trajectory (in `StableDiffusionPipeline` at 5 steps, one extra call after the first step makes Euler raise an `IndexError`, and one after the third makes SD 1.5's PNDM return other `latents`).
 
     Not silently for Euler: through ``StableDiffusionPipeline.__call__`` at 5 steps, one
     extra ``scheduler.step`` call in ``callback_on_step_end`` (a preview, say) makes
@@ -1070,8 +1055,18 @@ def test_wrong_prediction_type_raises_no_error():
     assert t == 999 and not torch.isfinite(zero_snr.step(v, t, x_t).prev_sample).all()
 
 
-def test_a_mismatch_is_finite_except_at_zero_terminal_snr(sd_pipe):
-    """In `step` a mismatch raises nothing, returning wrong `latents`, finite except in DDPM and DDIM at zero terminal SNR when the grid reaches `t = 999` and `epsilon` is read unclipped: `StableDiffusionPipeline` with `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error on SD's schedule with finite, different `latents` either way; with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends non-finite in DDIM and DDPM (finite again with `clip_sample=True`) and `v_prediction` finite, while DDIM's `leading` grid (which starts at 801 for 5 steps) and `EulerDiscreteScheduler` (whose last `alphas_cumprod` is `2**-24`, not 0) stay finite."""
+def test_a_mismatch_raises_nothing(sd_pipe):
+    """In `step` a mismatch raises nothing, returning wrong `latents`: through `StableDiffusionPipeline.__call__`, `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error, with different `latents`, on SD's schedule and on a zero-terminal-SNR `trailing` one.
+
+    The page states no rule for when those `latents` are finite. At 5 steps, eta = 0: finite on
+    SD's schedule; with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends
+    non-finite in DDIM and DDPM (finite with `clip_sample=True`), `v_prediction` finite, DDIM's
+    `leading` grid (from 801) and `EulerDiscreteScheduler` (last `alphas_cumprod` `2**-24`) finite.
+    But with `pipe(..., eta=1.0)` at 6 `trailing` zero-SNR steps every reading ends non-finite,
+    `sample` and clipped `epsilon` too: DDIM's step from t = 999 takes the square root of
+    `1 - abar_prev - std_dev_t**2`, 0 in exact arithmetic, below 0 after rounding (round 11 cut
+    the page's "finite except ... `epsilon` read unclipped").
+    """
     original, finals = sd_pipe.scheduler, {}
     zero_snr = dict(rescale_betas_zero_snr=True, timestep_spacing="trailing")
     ddpm = dict(SD_BETAS, steps_offset=1, clip_sample=False)
@@ -1107,6 +1102,29 @@ def test_a_mismatch_is_finite_except_at_zero_terminal_snr(sd_pipe):
         "zero-SNR Euler epsilon": True,
     }
     assert not torch.allclose(finals["epsilon"], finals["v_prediction"])
+    assert not torch.equal(finals["zero-SNR epsilon"], finals["zero-SNR v_prediction"])
+    eta1 = {}
+    try:
+        for name, config in [
+            ("sample", {**SD_SCHEDULER, **zero_snr, "prediction_type": "sample"}),
+            ("epsilon, clipped", {**SD_SCHEDULER, **zero_snr, "clip_sample": True}),
+        ]:
+            sd_pipe.scheduler = DDIMScheduler(**config)
+            latents = run_sd(
+                sd_pipe,
+                6,
+                eta=1.0,
+                latents=start_latents(),
+                generator=torch.Generator().manual_seed(0),
+            )  # no error
+            eta1[name] = bool(torch.isfinite(latents).all())
+    finally:
+        sd_pipe.scheduler = original
+    assert eta1 == {"sample": False, "epsilon, clipped": False}
+    sentence = next(
+        line for line in SCHEDULER_PAGE.splitlines() if "a mismatch raises nothing" in line
+    )
+    assert "finite" not in sentence, sentence  # no finiteness rule: eta = 1 breaks any such list
 
 
 # --- clip_sample -------------------------------------------------------------------------
@@ -1155,7 +1173,7 @@ def ddim_reference(scheduler, model_output, sample, t, prev_t, eta=0.0, noise=No
 
 
 def test_ddim_step_formula_with_eta(sd_pipe):
-    """`DDIMScheduler.step` returns `sqrt(abar_prev) * x0_hat + sqrt(1 - abar_prev - sigma_t**2) * eps_hat + sigma_t * z` with `sigma_t = eta * sqrt((1 - abar_prev) / (1 - abar_t)) * sqrt(1 - abar_t / abar_prev)`; `eta` is an argument of `step`, default 0.0, which is deterministic. At `eta=1` and `abar_t = 0` (zero terminal SNR) the argument of `sqrt(1 - abar_prev - sigma_t**2)` is 0 and can round below it: `prev_sample` is then NaN.
+    """`DDIMScheduler.step` returns `sqrt(abar_prev) * x0_hat + sqrt(1 - abar_prev - sigma_t**2) * eps_hat + sigma_t * z` with `sigma_t = eta * sqrt((1 - abar_prev) / (1 - abar_t)) * sqrt(1 - abar_t / abar_prev)`; `eta` is an argument of `step`, default 0.0, which is deterministic. At `eta=1` and `abar_t = 0` (zero terminal SNR) the argument of `sqrt(1 - abar_prev - sigma_t**2)` is 0 and can round below it: `prev_sample` is then NaN, and `StableDiffusionPipeline.__call__(..., eta=1.0)` at 50 `trailing` steps on that schedule (`v_prediction`) ends with non-finite `latents`.
 
     The page no longer says `eta=1` "gives DDPM's posterior variance": through
     `StableDiffusionPipeline.__call__(..., eta=1.0)` on Lin et al.'s setting
