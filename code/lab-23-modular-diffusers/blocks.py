@@ -1,8 +1,8 @@
 """Lab 23: what is a modular pipeline, and how does it run the same call as Lab 12's pipeline?
 
 A classic pipeline is one ``__call__`` that runs every stage in order. A modular pipeline
-(``diffusers.modular_pipelines``) cuts that call into blocks: each block declares the
-state keys it reads (``InputParam``) and writes (``OutputParam``), a sequential block runs
+(``diffusers.modular_pipelines``) cuts that call into blocks: each block declares its
+inputs (``InputParam``) and outputs (``OutputParam``), a sequential block runs
 its sub-blocks in order, a loop block (SDXL's) runs its sub-blocks once per timestep, an
 auto block picks at most one sub-block from the inputs present, and one ``PipelineState``
 dict carries every key between them. This starter rebuilds Lab 12's toy pipeline that way,
@@ -41,9 +41,9 @@ from labkit.vae import PatchPCAAutoencoder
 # ## 1. The contract: declared inputs and outputs, one state between blocks
 #
 # As in `modular_pipeline.py`: a block lists its `inputs` (`InputParam`: name, required,
-# default) and `intermediate_outputs` (`OutputParam`); `get_block_state` copies those
-# inputs out of the `PipelineState` (a missing required one is an error), the block
-# works on that copy, and `set_block_state` writes its outputs back. The toy's base
+# default) and `intermediate_outputs` (`OutputParam`); `get_block_state` gathers those
+# inputs from the `PipelineState` (a missing required one is an error), the block
+# works on them, and `set_block_state` writes its outputs back. The toy's base
 # class does that around `run`; a diffusers leaf block calls the two itself.
 
 
@@ -117,9 +117,9 @@ class ModularPipelineBlocks:
 # %% [markdown]
 # ## 2. The three ways to compose blocks
 #
-# `SequentialPipelineBlocks` runs its `sub_blocks` in order; a `LoopSequentialPipelineBlocks`
-# subclass writes its own loop (SDXL's `StableDiffusionXLDenoiseLoopWrapper` runs its
-# sub-blocks once per timestep, on one shared block state); `AutoPipelineBlocks` runs the
+# `SequentialPipelineBlocks` runs its `sub_blocks` in order; diffusers leaves a loop block's
+# loop to its subclass (SDXL's `StableDiffusionXLDenoiseLoopWrapper` runs its sub-blocks
+# once per timestep, on one shared block state; the toy's base class loops the same way); `AutoPipelineBlocks` runs the
 # first sub-block whose trigger input is present, else the default (trigger `None`), else
 # none. A composite's inputs are what its sub-blocks read that no earlier one wrote.
 
@@ -260,7 +260,7 @@ class DecodeStep(ModularPipelineBlocks):
 # %%
 # --8<-- [start:loop]
 # one batch at guidance_scale <= 1, as in Lab 12's classic call; diffusers'
-# ClassifierFreeGuidance makes one only at 1 (at 0.5 it still makes two)
+# ClassifierFreeGuidance, its other settings at their defaults, makes one at 1, two at 0.5
 class ClassifierFreeGuidance:
     def __init__(self, guidance_scale=7.5):
         self.guidance_scale = guidance_scale

@@ -135,7 +135,7 @@ def cfg_run(saved):
 
 
 def test_text_to_image_block_order(cfg_run):
-    """With the prompt embeddings passed in, SDXL's blocks run in this order: `input`, `set_timesteps`, `prepare_latents`, `prepare_add_cond`, then the denoise loop, whose `before_denoiser`, `denoiser` and `after_denoiser` run once per step, then `decode`."""
+    """With the prompt embeddings passed in, SDXL's blocks run in this order: `input`, `set_timesteps`, `prepare_latents`, `prepare_add_cond`, then the denoise loop, whose `before_denoiser`, `denoiser` and `after_denoiser` run once per Euler step, then `decode`."""
     _, calls, _, _ = cfg_run
     names = [name for name, *_ in calls]
     loop_ends = [k for k, name in enumerate(names) if name == "StableDiffusionXLDenoiseStep"]
@@ -175,8 +175,14 @@ def test_state_keys_written_at_each_boundary(cfg_run):
 
 
 def test_unet_runs_once_per_guider_batch(saved, cfg_run, monkeypatch):
-    """With `ClassifierFreeGuidance`, SDXL's `denoiser` block calls the UNet twice per step, once per guider batch of `B` rows; the classic `StableDiffusionXLPipeline` calls it once per step on the doubled batch of `2B`."""
+    """With `ClassifierFreeGuidance` at its default 7.5, Euler and a UNet without `time_cond_proj_dim`, SDXL's `denoiser` block calls the UNet twice per step, once per guider batch of `B` rows; the classic `StableDiffusionXLPipeline` calls it once per step on the doubled batch of `2B`."""
+    from diffusers import EulerDiscreteScheduler
+
     _, _, batches, _ = cfg_run
+    folder, _ = saved
+    pipe = modular(folder)
+    assert pipe.unet.config.time_cond_proj_dim is None
+    assert isinstance(pipe.scheduler, EulerDiscreteScheduler) and pipe.guider.guidance_scale == 7.5
     assert batches == [B] * (2 * N)
     _, classic = saved
     classic_batches, handle = unet_batches(classic.unet, monkeypatch)
@@ -187,14 +193,17 @@ def test_unet_runs_once_per_guider_batch(saved, cfg_run, monkeypatch):
     assert classic_batches == [2 * B] * N
 
 
-@pytest.mark.parametrize("scale, per_step", [(1.0, 1), (0.5, 2)])
-def test_cfg_batches_at_scale_one_and_below(saved, monkeypatch, scale, per_step):
-    """A guider's `prepare_inputs` decides how many batches the denoiser block runs: `ClassifierFreeGuidance` at `guidance_scale` 1 makes one, so SDXL's `denoiser` block calls the UNet once per step; at 0.5 it still makes two, where the classic `StableDiffusionXLPipeline` runs one batch at both."""
+@pytest.mark.parametrize(
+    "scale, per_step, original", [(1.0, 1, False), (0.5, 2, False), (1.0, 2, True)]
+)
+def test_cfg_batches_at_scale_one_and_below(saved, monkeypatch, scale, per_step, original):
+    """With its other settings at their defaults, `ClassifierFreeGuidance` at `guidance_scale` 1 makes one batch, so SDXL's `denoiser` block calls the UNet once per step; at 0.5 it still makes two, where the classic `StableDiffusionXLPipeline` runs one batch at both; with `use_original_formulation=True` it makes two at 1."""
     from diffusers import ClassifierFreeGuidance
 
     folder, classic = saved
     pipe = modular(folder)
-    pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=scale))
+    guider = ClassifierFreeGuidance(guidance_scale=scale, use_original_formulation=original)
+    pipe.update_components(guider=guider)
     batches, handle = unet_batches(pipe.unet, monkeypatch)
     try:
         pipe(**inputs(), output="images")
@@ -236,11 +245,13 @@ def test_flux3_ships_only_as_modular_pipelines():
 
 
 def test_modular_output_equals_classic(saved):
-    """Built from the same tiny components, with the same seed and the same `guidance_scale` above 1 (tested at 1.5 and 5), the modular SDXL pipeline's images equal `StableDiffusionXLPipeline`'s up to float rounding, not bit for bit: the two batch the UNet differently. Left at their defaults they differ: the classic call's `guidance_scale` is 5, the guider's 7.5."""
-    from diffusers import ClassifierFreeGuidance
+    """Built from the same tiny components with Euler, with the same seed and the same `guidance_scale` above 1 (tested at 1.5 and 5), the modular SDXL pipeline's images equal `StableDiffusionXLPipeline`'s up to float rounding, not bit for bit: the two batch the UNet differently. With Heun they differ beyond rounding. Left at their defaults they differ: the classic call's `guidance_scale` is 5, the guider's 7.5."""
+    from diffusers import ClassifierFreeGuidance, EulerDiscreteScheduler, HeunDiscreteScheduler
 
     folder, classic = saved
     pipe = modular(folder)
+    assert isinstance(pipe.scheduler, EulerDiscreteScheduler)
+    assert isinstance(classic.scheduler, EulerDiscreteScheduler)
     default = pipe(**inputs(), output="images")  # the guider as init_pipeline built it
     classic_default = classic(**inputs()).images
     np.testing.assert_array_equal(classic_default, classic(**inputs(), guidance_scale=5.0).images)
@@ -268,6 +279,18 @@ def test_modular_output_equals_classic(saved):
     assert not torch.equal(both[:1], one)
     other = classic(**inputs(), guidance_scale=1.0).images  # the check can fail
     assert np.abs(other - reference).max() > 1e-3
+    # a second-order scheduler: not equal up to rounding at the same guidance_scale
+    heun = HeunDiscreteScheduler.from_config(classic.scheduler.config)
+    classic_heun = type(classic)(**{**classic.components, "scheduler": heun})
+    classic_heun.set_progress_bar_config(disable=True)
+    pipe.update_components(
+        guider=ClassifierFreeGuidance(guidance_scale=GUIDANCE),
+        scheduler=HeunDiscreteScheduler.from_config(classic.scheduler.config),
+    )
+    heun_images = pipe(**inputs(), output="images")
+    assert (
+        np.abs(heun_images - classic_heun(**inputs(), guidance_scale=GUIDANCE).images).max() > 1e-4
+    )
 
 
 def test_guidance_scale_belongs_to_the_guider(saved):
