@@ -1060,7 +1060,8 @@ def test_sdxl_modular_guider_holds_the_scale_and_combines_once_per_step(tmp_path
 
     Built from the tiny SDXL parts (``tiny_modular_sdxl``, which also builds a
     `StableDiffusionXLPipeline` to save them): `guidance_scale` is no input of its blocks, and
-    a spy on the guider's `__call__` counts one call per step of one modular call."""
+    a spy on the guider's `__call__` counts one call per step of one modular call, and setting
+    the guider's `guidance_scale` changes the images."""
     from diffusers import ClassifierFreeGuidance
 
     pipe, _ = tiny_modular_sdxl(tmp_path / "tiny-sdxl")
@@ -1075,5 +1076,11 @@ def test_sdxl_modular_guider_holds_the_scale_and_combines_once_per_step(tmp_path
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ClassifierFreeGuidance, "__call__", spy)
-        pipe(**sdxl_modular_inputs(steps=3), output="images")
+        images = pipe(**sdxl_modular_inputs(steps=3), output="images")
     assert calls == [pipe.guider] * 3
+    pipe.guider.guidance_scale, default = 2.0, pipe.guider.guidance_scale  # the scale it holds
+    try:
+        rescaled = pipe(**sdxl_modular_inputs(steps=3), output="images")
+    finally:
+        pipe.guider.guidance_scale = default
+    assert abs(rescaled - images).max() > 1e-3

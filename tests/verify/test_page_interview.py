@@ -26,6 +26,8 @@ from diffusers import (
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    MODULAR_B,
+    MODULAR_STEPS,
     SD15_PNDM,
     SD_BETAS,
     SD_SCHEDULER,
@@ -33,18 +35,23 @@ from tiny import (
     count_transfers,
     embeds,
     four_block_flux_transformer,
+    guider_swapped,
+    leaf_block_calls,
     logged_messages,
     run_four_block_flux,
     sd_with,
+    sdxl_modular_inputs,
     start_latents,
     tiny_controlnet,
     tiny_controlnet_pipeline,
     tiny_flux_pipeline,
+    tiny_modular_sdxl,
     tiny_text_encoder,
     tiny_tokenizer,
     tiny_unet,
     tiny_vae,
     traffic,
+    unet_batches_of,
 )
 
 PROMPT, NEGATIVE = embeds(1), embeds(2)  # (1, 77, EMBED_DIM) stand-in prompt_embeds
@@ -74,7 +81,7 @@ def text_pipe(sd_pipe):
 
 
 def test_guidance_doubles_the_rows_of_every_unet_call(sd_pipe, record_calls, calls_of):
-    """With `guidance_scale` above 1 and a UNet without `time_cond_proj_dim`, every UNet call gets `2B` rows: the latents concatenated with themselves and `[negative_prompt_embeds, prompt_embeds]` as `encoder_hidden_states`, while `scheduler.step` gets the `B` rows of the guided prediction. A guidance-embedding UNet (`time_cond_proj_dim` set) runs no classifier-free guidance: at `guidance_scale` 7.5 every call gets `B` rows."""
+    """In `StableDiffusionPipeline`, with `guidance_scale` above 1 and a UNet without `time_cond_proj_dim`, every UNet call gets `2B` rows: the latents concatenated with themselves and `[negative_prompt_embeds, prompt_embeds]` as `encoder_hidden_states`, while `scheduler.step` gets the `B` rows of the guided prediction. A guidance-embedding UNet (`time_cond_proj_dim` set) runs no classifier-free guidance: at `guidance_scale` 7.5 every call gets `B` rows."""
     embedding = sd_with(sd_pipe, unet=tiny_unet(time_cond_proj_dim=8))
     embedded = record_calls(embedding.unet).calls
     generate(embedding, steps=2, guidance_scale=7.5, batch=2)
@@ -95,7 +102,7 @@ def test_guidance_doubles_the_rows_of_every_unet_call(sd_pipe, record_calls, cal
 
 
 def test_no_guidance_halves_the_rows(sd_pipe, record_calls):
-    """At `guidance_scale` 1 the UNet gets only the `B` conditional rows, half the rows of a guided call, with the same number of calls."""
+    """In `StableDiffusionPipeline`, at `guidance_scale` 1 the UNet gets only the `B` conditional rows, half the rows of a guided call, with the same number of calls."""
     unet = record_calls(sd_pipe.unet).calls
     generate(sd_pipe, steps=3, guidance_scale=1.0, batch=2)
     assert len(unet) == 3
@@ -104,7 +111,7 @@ def test_no_guidance_halves_the_rows(sd_pipe, record_calls):
 
 
 def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
-    """Below 1000 steps, a generation makes one UNet call per entry of `scheduler.timesteps`: 25 and 50 with `DDIMScheduler` at 25 and 50 steps, 51 with SD 1.5's `PNDMScheduler` config at 50 steps, and 49 with `HeunDiscreteScheduler` at 25; at 1000 steps SD's `DDIMScheduler` (`steps_offset=1`) puts t = 1000 first: one UNet call, then an `IndexError`.
+    """In `StableDiffusionPipeline`, below 1000 steps, a generation makes one UNet call per entry of `scheduler.timesteps`: 25 and 50 with `DDIMScheduler` at 25 and 50 steps, 51 with SD 1.5's `PNDMScheduler` config at 50 steps, and 49 with `HeunDiscreteScheduler` at 25; at 1000 steps SD's `DDIMScheduler` (`steps_offset=1`) puts t = 1000 first: one UNet call, then an `IndexError`.
 
     So the answers that count UNet calls as `len(scheduler.timesteps)` or once per entry say
     "below 1000 steps".
@@ -139,7 +146,7 @@ def test_unet_calls_are_the_length_of_the_timesteps(sd_pipe, record_calls):
 
 
 def test_the_exceptions_are_pndm_and_the_order_2_schedulers(sd_pipe, record_calls):
-    """The exceptions: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them, 49 at 25; DPM-Solver++ 2M (`solver_order=2`) has `order == 1` and makes 25.
+    """The exceptions, in `StableDiffusionPipeline`: SD 1.5's shipped `PNDMScheduler` config makes 51 calls at 50 steps, and every scheduler with `order == 2` it runs (a flow-matching one in `StableDiffusion3Pipeline`), `HeunDiscreteScheduler` among them, 49 at 25; DPM-Solver++ 2M (`solver_order=2`) has `order == 1` and makes 25.
 
     Every class in the pipeline's ``scheduler.compatibles`` (LMS and DPMSolverSDE included:
     the verify extra installs scipy and torchsde) runs the pipeline at 4 steps with SD 1.5's
@@ -247,7 +254,7 @@ def test_real_sd15_flop_shares_of_loop_and_decode(text_pipe, record_calls, calls
 
 
 def test_images_per_prompt_multiply_unet_rows_not_encoder_rows(text_pipe, record_calls):
-    """With `num_images_per_prompt=k`, the text encoder runs on `batch_size` rows and, with CFG on, every UNet call on `2 * batch_size * k` rows."""
+    """In `StableDiffusionPipeline`, with `num_images_per_prompt=k`, the text encoder runs on `batch_size` rows and, with CFG on, every UNet call on `2 * batch_size * k` rows."""
     encoder = record_calls(text_pipe.text_encoder).calls
     unet = record_calls(text_pipe.unet).calls
     generate(text_pipe, prompt=["a cat", "a dog"], batch=2, num_images_per_prompt=3, steps=2)
@@ -257,7 +264,7 @@ def test_images_per_prompt_multiply_unet_rows_not_encoder_rows(text_pipe, record
 
 
 def test_one_call_shares_one_grid_and_one_scale(sd_pipe, record_calls, calls_of):
-    """A pipeline call runs `set_timesteps` once and gives every UNet call one 0-d `t` for all its rows, so the requests batched into one call share `num_inference_steps`, the timesteps and `guidance_scale`."""
+    """A `StableDiffusionPipeline` call runs `set_timesteps` once and gives every UNet call one 0-d `t` for all its rows, so the requests batched into one call share `num_inference_steps`, the timesteps and `guidance_scale`."""
     pipe = sd_with(sd_pipe)
     grids = calls_of(pipe.scheduler, "set_timesteps")
     unet = record_calls(pipe.unet).calls
@@ -268,7 +275,7 @@ def test_one_call_shares_one_grid_and_one_scale(sd_pipe, record_calls, calls_of)
 
 
 def test_guidance_doubles_the_loop_rows_not_the_decode_rows(sd_pipe, record_calls, calls_of):
-    """Classifier-free guidance doubles the loop's rows but not the decode's: with `guidance_scale` 7.5 and `B` = 2, every UNet call gets 4 rows and the one `vae.decode` call 2."""
+    """In `StableDiffusionPipeline`, classifier-free guidance doubles the loop's rows but not the decode's: with `guidance_scale` 7.5 and `B` = 2, every UNet call gets 4 rows and the one `vae.decode` call 2."""
     pipe = sd_with(sd_pipe)
     assert pipe.unet.config.time_cond_proj_dim is None  # a guidance-embedding UNet gets `B`
     unet = record_calls(pipe.unet).calls
@@ -279,7 +286,7 @@ def test_guidance_doubles_the_loop_rows_not_the_decode_rows(sd_pipe, record_call
 
 
 def test_callback_turns_guidance_off_for_the_last_steps(sd_pipe, record_calls):
-    """A `callback_on_step_end` that sets `pipe._guidance_scale = 0.0` and returns the conditional half of `prompt_embeds` makes every later UNet call run on `B` rows instead of `2B`."""
+    """In `StableDiffusionPipeline`, a `callback_on_step_end` that sets `pipe._guidance_scale = 0.0` and returns the conditional half of `prompt_embeds` makes every later UNet call run on `B` rows instead of `2B`."""
     unet = record_calls(sd_pipe.unet).calls
 
     def guidance_off_after_two(pipe, i, t, callback_kwargs):
@@ -298,7 +305,7 @@ def test_callback_turns_guidance_off_for_the_last_steps(sd_pipe, record_calls):
 
 
 def test_callback_runs_after_every_step_and_can_cancel(sd_pipe, record_calls, calls_of):
-    """`callback_on_step_end` is called once per entry of `scheduler.timesteps`, after `scheduler.step`, with the step index `i` and the timestep `t` (`HeunDiscreteScheduler` at 3 steps: 5 calls); setting `pipe._interrupt = True` there stops the UNet calls for the rest of that generation."""
+    """In `StableDiffusionPipeline`, `callback_on_step_end` is called once per entry of `scheduler.timesteps`, after `scheduler.step`, with the step index `i` and the timestep `t` (`HeunDiscreteScheduler` at 3 steps: 5 calls); setting `pipe._interrupt = True` there stops the UNet calls for the rest of that generation."""
     pipe = sd_with(sd_pipe)
     unet = record_calls(pipe.unet).calls
     steps = calls_of(pipe.scheduler, "step")
@@ -341,7 +348,7 @@ def test_prompt_embeds_let_the_pipeline_run_without_a_text_encoder(sd_pipe):
 
 
 def test_latent_output_skips_the_decoder(sd_pipe, calls_of):
-    """With `output_type="latent"` the pipeline never calls `vae.decode` and returns the final `latents` of shape `(B, 4, h, w)`."""
+    """With `output_type="latent"`, `StableDiffusionPipeline` never calls `vae.decode` and returns the final `latents` of shape `(B, 4, h, w)`."""
     decodes = calls_of(sd_pipe.vae, "decode")
     out = generate(sd_pipe, steps=2, batch=2)
     assert decodes == [] and out.shape == (2, 4, HEIGHT // 2, WIDTH // 2)
@@ -364,7 +371,7 @@ def test_vae_slicing_decodes_one_image_at_a_time(sd_pipe, calls_of):
 
 
 def test_a_call_leaves_its_guidance_scale_on_the_pipeline(sd_pipe):
-    """A call stores its `guidance_scale` on the pipeline object as `pipe._guidance_scale`, so two calls running at once on one pipeline object would share it."""
+    """A `StableDiffusionPipeline` call stores its `guidance_scale` on the pipeline object as `pipe._guidance_scale`, so two calls running at once on one pipeline object would share it."""
     pipe = sd_with(sd_pipe)
     generate(pipe, steps=1, guidance_scale=7.5)
     assert pipe._guidance_scale == 7.5 and pipe.do_classifier_free_guidance
@@ -389,7 +396,7 @@ def test_euler_scheduler_keeps_per_generation_state():
 
 
 def test_fixed_seed_reproduces_a_generation(sd_pipe):
-    """With `DDIMScheduler` (`eta=0`) and a `torch.Generator` of fixed seed, two calls return identical latents and another seed returns different ones, so a rollout can compare outputs seed by seed."""
+    """In `StableDiffusionPipeline`, with `DDIMScheduler` (`eta=0`) and a `torch.Generator` of fixed seed, two calls return identical latents and another seed returns different ones, so a rollout can compare outputs seed by seed."""
 
     def seeded(seed):
         return generate(sd_pipe, steps=3, generator=torch.Generator().manual_seed(seed))
@@ -399,7 +406,7 @@ def test_fixed_seed_reproduces_a_generation(sd_pipe):
 
 
 def test_size_mismatches_raise_the_vae_one_only_at_decode(sd_pipe, record_calls):
-    """Size mismatches raise, a VAE's only at decode, after the whole loop: `prompt_embeds` narrower than the UNet's `cross_attention_dim` raise in the first UNet call, and a VAE with 8 latent channels against the UNet's 4 lets every UNet call run and raises in `vae.decode`; with `output_type="latent"` that pipeline returns without an error."""
+    """In `StableDiffusionPipeline`, size mismatches raise, a VAE's only at decode, after the whole loop: `prompt_embeds` narrower than the UNet's `cross_attention_dim` raise in the first UNet call, and a VAE with 8 latent channels against the UNet's 4 lets every UNet call run and raises in `vae.decode`; with `output_type="latent"` that pipeline returns without an error."""
     unet = record_calls(sd_pipe.unet).calls
     narrow = torch.randn(1, 77, EMBED_DIM // 2)
     with pytest.raises(RuntimeError):
@@ -414,7 +421,7 @@ def test_size_mismatches_raise_the_vae_one_only_at_decode(sd_pipe, record_calls)
 
 
 def test_wrong_prediction_type_runs_without_error(sd_pipe):
-    """A `DDIMScheduler` with `epsilon` and `v_prediction` swapped raises nothing: the call returns finite latents that differ from those of the matching configuration."""
+    """In `StableDiffusionPipeline`, a `DDIMScheduler` with `epsilon` and `v_prediction` swapped raises nothing: the call returns finite latents that differ from those of the matching configuration."""
     matched = generate(sd_with(sd_pipe, scheduler=DDIMScheduler(**SD_SCHEDULER)))
     wrong = generate(
         sd_with(sd_pipe, scheduler=DDIMScheduler(prediction_type="v_prediction", **SD_SCHEDULER))
@@ -457,7 +464,7 @@ def test_add_noise_is_the_closed_form_forward_process():
 
 
 def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
-    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so `DDIMScheduler` reads an `epsilon` output as `v_prediction`, or the reverse, without an error: the pipeline runs one UNet under `epsilon`, `v_prediction` and `sample` to different finite latents.
+    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so `DDIMScheduler` reads an `epsilon` output as `v_prediction`, or the reverse, without an error: `StableDiffusionPipeline` runs one UNet under `epsilon`, `v_prediction` and `sample` to different finite latents.
 
     Not every scheduler is silent: SD 1.x's `PNDMScheduler` raises in `step` on `sample`.
     """
@@ -479,7 +486,7 @@ def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
 
 
 def test_euler_and_ddim_scale_the_state_differently():
-    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` with `linspace` or `trailing` starts at `sigmas.max()` (with SDXL's `leading` config, `(sigmas.max() ** 2 + 1) ** 0.5`) and divides the UNet input by `sqrt(sigma ** 2 + 1)`.
+    """`DDIMScheduler` has `init_noise_sigma` 1.0 and a `scale_model_input` that returns the sample unchanged; `EulerDiscreteScheduler` with `linspace` or `trailing` starts at `sigmas.max()` (with SDXL's `leading` config, in `StableDiffusionXLPipeline`, `(sigmas.max() ** 2 + 1) ** 0.5`) and divides the UNet input by `sqrt(sigma ** 2 + 1)`.
 
     The leading factor is 8.45 at 10 steps, and more at `StableDiffusionXLPipeline`'s default 50,
     whose grid starts at 981: the 50-step case runs `StableDiffusionXLPipeline.__call__` without `num_inference_steps` and
@@ -533,7 +540,7 @@ def test_euler_and_ddim_scale_the_state_differently():
 
 
 def test_decode_divides_by_the_vae_scaling_factor(sd_pipe, calls_of):
-    """The pipeline hands `vae.decode` the final latents divided by `vae.config.scaling_factor`, whose `AutoencoderKL` default is 0.18215."""
+    """`StableDiffusionPipeline` hands `vae.decode` the final latents divided by `vae.config.scaling_factor`, whose `AutoencoderKL` default is 0.18215."""
     final = generate(sd_pipe, steps=2)
     decodes = calls_of(sd_pipe.vae, "decode")
     generate(sd_pipe, steps=2, output_type="np")
@@ -542,7 +549,7 @@ def test_decode_divides_by_the_vae_scaling_factor(sd_pipe, calls_of):
 
 
 def test_lora_is_not_a_line_of_the_loop(sd_pipe, record_calls):
-    """A LoRA loaded into the UNet adds no step and no call to the loop: a pipeline call makes as many UNet calls on as many rows with the adapter as without, and the adapter's low-rank layers run inside each of them; `cross_attention_kwargs={"scale": s}` rescales those layers for the call."""
+    """In `StableDiffusionPipeline`, a LoRA loaded into the UNet adds no step and no call to the loop: a pipeline call makes as many UNet calls on as many rows with the adapter as without, and the adapter's low-rank layers run inside each of them; `cross_attention_kwargs={"scale": s}` rescales those layers for the call."""
     from peft import LoraConfig
 
     plain = record_calls(sd_pipe.unet).calls
@@ -558,7 +565,7 @@ def test_lora_is_not_a_line_of_the_loop(sd_pipe, record_calls):
 
 
 def test_a_lora_adds_matmuls_inside_the_calls_it_adapts(sd_pipe, record_calls):
-    """A LoRA adds small extra matmuls inside the calls it adapts: loaded by `load_lora_weights` from a file with UNet and text-encoder keys, its UNet layers run in each UNet call (3 at 3 steps) and its text-encoder layers in the text encoder's calls (2 with CFG on a prompt: the prompt and the negative prompt)."""
+    """In `StableDiffusionPipeline`, a LoRA adds small extra matmuls inside the calls it adapts: loaded by `load_lora_weights` from a file with UNet and text-encoder keys, its UNet layers run in each UNet call (3 at 3 steps) and its text-encoder layers in the text encoder's calls (2 with CFG on a prompt: the prompt and the negative prompt)."""
     unet = UNet2DConditionModel.from_config(sd_pipe.unet.config)
     pipe = sd_with(sd_pipe, unet=unet, text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer())
     to_q = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
@@ -993,7 +1000,7 @@ def test_img2img_runs_the_last_strength_share_of_the_grid_from_the_noised_image(
 
 
 def test_img2img_calls_at_strength_0_6_of_50_steps_ddim_and_pndm(record_calls):
-    """Strength 0.6 at 50 steps runs 30 UNet calls with DDIM and 31 with SD 1.5's shipped `PNDMScheduler` config, whose 50-step grid repeats one timestep (51 entries): `get_timesteps` skips the same first 20 entries of either, so DDIM starts at t=581 and PNDM at 601."""
+    """In `StableDiffusionImg2ImgPipeline`, strength 0.6 at 50 steps runs 30 UNet calls with DDIM and 31 with SD 1.5's shipped `PNDMScheduler` config, whose 50-step grid repeats one timestep (51 entries): `get_timesteps` skips the same first 20 entries of either, so DDIM starts at t=581 and PNDM at 601."""
     from diffusers import PNDMScheduler
     from tiny import SD15_PNDM, pil_image_and_mask, tiny_sd_variant
 
@@ -1099,3 +1106,197 @@ def test_wan_weights_and_measured_decode_peak_as_quoted():
     assert (f"{peak['bf16_tiled'] / 1e9:.2f}", f"{peak['bf16_tiled_81_frames'] / 1e9:.2f}") == ("0.73", "2.09")  # fmt: skip
     (row,) = [r for r in model_sizes.rows("Wan 2.1 T2V 14B") if r["component"] == "transformer"]
     assert f"{row['bytes']['bf16'] / 1e9:.1f}" == "28.6"
+
+
+# ---------------------------------------------------------------- modular pipelines and guiders
+
+
+@pytest.fixture(scope="module")
+def modular_sdxl(tmp_path_factory):
+    """(modular, classic): SDXL's modular pipeline over the tiny SDXL parts, built once."""
+    return tiny_modular_sdxl(tmp_path_factory.mktemp("tiny-sdxl"))
+
+
+def test_sdxl_modular_pipeline_is_blocks_over_one_state(modular_sdxl, monkeypatch):
+    """A modular pipeline is a pipeline's call cut into blocks that read and write one `PipelineState`. In SDXL's (`StableDiffusionXLAutoBlocks`), every block declares its inputs (`InputParam`) and `intermediate_outputs` (`OutputParam`), a `SequentialPipelineBlocks` runs its sub-blocks in order, the denoise loop, a `LoopSequentialPipelineBlocks`, runs its three sub-blocks once per timestep, and an `AutoPipelineBlocks` picks a branch from the inputs present (`image_latents` without `mask`: img2img; neither: text-to-image)."""
+    from diffusers import StableDiffusionXLAutoBlocks
+    from diffusers.modular_pipelines import (
+        AutoPipelineBlocks,
+        InputParam,
+        LoopSequentialPipelineBlocks,
+        OutputParam,
+        PipelineState,
+        SequentialPipelineBlocks,
+    )
+
+    pipe, _ = modular_sdxl
+    assert isinstance(pipe.blocks, StableDiffusionXLAutoBlocks)
+    assert isinstance(pipe.blocks, SequentialPipelineBlocks)
+
+    def tree(block):
+        for sub in block.sub_blocks.values():
+            yield sub
+            yield from tree(sub)
+
+    blocks = [pipe.blocks, *tree(pipe.blocks)]
+    for block in blocks:
+        assert all(isinstance(p, InputParam) for p in block.inputs), type(block).__name__
+        assert all(isinstance(p, OutputParam) for p in block.intermediate_outputs), type(block).__name__  # fmt: skip
+    before = pipe.blocks.sub_blocks["denoise"].sub_blocks["before_denoise"]
+    loop = pipe.blocks.sub_blocks["denoise"].sub_blocks["denoise"].sub_blocks["denoise"]
+    assert isinstance(before, AutoPipelineBlocks) and isinstance(loop, LoopSequentialPipelineBlocks)
+    picked, original = [], type(before).select_block
+
+    class PickedError(Exception):
+        pass
+
+    def select(self, **kwargs):
+        picked.append(original(self, **kwargs) or self.default_block_name)
+        if kwargs.get("image_latents") is not None:
+            raise PickedError  # the img2img branch is chosen: the rest of that call is not the claim
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(type(before), "select_block", select)
+    names, state = leaf_block_calls(pipe, **sdxl_modular_inputs())
+    assert isinstance(state, PipelineState)
+    per_step = [type(b).__name__ for b in loop.sub_blocks.values()]
+    assert len(per_step) == 3
+    top = ["StableDiffusionXLInputStep", "StableDiffusionXLSetTimestepsStep",
+           "StableDiffusionXLPrepareLatentsStep", "StableDiffusionXLPrepareAdditionalConditioningStep"]  # fmt: skip
+    assert names == top + per_step * MODULAR_STEPS + ["StableDiffusionXLDecodeStep"]
+    with pytest.raises(PickedError):
+        pipe(**sdxl_modular_inputs(), image_latents=torch.zeros(MODULAR_B, 4, HEIGHT // 2, WIDTH // 2))  # fmt: skip
+    assert picked == ["text2img", "img2img"]
+
+
+def test_swapping_the_sdxl_modular_guider_changes_no_block(modular_sdxl, monkeypatch):
+    """Guidance is a component: SDXL's `denoiser` block asks the guider for batches, calls the UNet once per batch and lets the guider combine them, so `update_components(guider=...)` changes the guidance and no block."""
+    import numpy as np
+    from diffusers import AdaptiveProjectedGuidance, ClassifierFreeGuidance
+
+    pipe, _ = modular_sdxl
+    with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):
+        names, before = leaf_block_calls(pipe, **sdxl_modular_inputs(), output="images")
+    events = []
+    prepare, combine = AdaptiveProjectedGuidance.prepare_inputs, AdaptiveProjectedGuidance.__call__
+    monkeypatch.setattr(AdaptiveProjectedGuidance, "prepare_inputs", lambda self, data: events.append("prepare") or prepare(self, data))  # fmt: skip
+    monkeypatch.setattr(AdaptiveProjectedGuidance, "__call__", lambda self, data: events.append(("combine", len(data))) or combine(self, data))  # fmt: skip
+    handle = pipe.unet.register_forward_pre_hook(lambda m, a: events.append("unet"))
+    try:
+        with guider_swapped(pipe, AdaptiveProjectedGuidance(guidance_scale=5.0, eta=0.0)):
+            names_after, after = leaf_block_calls(pipe, **sdxl_modular_inputs(), output="images")
+    finally:
+        handle.remove()
+    assert names_after == names
+    assert events == ["prepare", "unet", "unet", ("combine", 2)] * MODULAR_STEPS
+    assert np.abs(after - before).max() > 1e-4
+
+
+def test_sdxl_modular_cfg_costs_two_unet_calls_of_b_rows(modular_sdxl):
+    """The cost moves too: with `ClassifierFreeGuidance` and a UNet without `time_cond_proj_dim`, two UNet calls of `B` rows per step where `StableDiffusionXLPipeline` makes one of `2B`."""
+    from diffusers import ClassifierFreeGuidance
+
+    pipe, classic = modular_sdxl
+    assert pipe.unet.config.time_cond_proj_dim is None  # with it, the loop disables the guider
+    with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):
+        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
+    assert batches == [MODULAR_B] * (2 * MODULAR_STEPS)
+    classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=5.0)
+    assert classic_batches == [2 * MODULAR_B] * MODULAR_STEPS
+
+
+def test_sdxl_modular_and_stable_diffusion_xl_pipeline_agree_up_to_rounding(modular_sdxl):
+    """On tiny random SDXL components with Euler, at the same `guidance_scale` above 1, the modular pipeline and `StableDiffusionXLPipeline` agree up to float rounding."""
+    import numpy as np
+
+    pipe, classic = modular_sdxl
+    assert pipe.guider.guidance_scale == 7.5  # its default guider: CFG at 7.5
+    euler = "EulerDiscreteScheduler"
+    assert type(pipe.scheduler).__name__ == type(classic.scheduler).__name__ == euler
+    images = pipe(**sdxl_modular_inputs(), output="images")
+    reference = classic(**sdxl_modular_inputs(), guidance_scale=7.5).images
+    np.testing.assert_allclose(images, reference, atol=1e-5, rtol=0)
+
+
+def test_sdxl_modular_unet_calls_per_guider_at_10_steps(modular_sdxl, monkeypatch):
+    """In SDXL's modular pipeline the combine line is a component, a guider from `diffusers.guiders`: each step its `prepare_inputs` returns one batch per prediction it needs, the denoise step runs the UNet once per batch ($B$ rows each, not one batch of $2B$), and the guider combines the outputs into `noise_pred`. At 10 steps, with a UNet without `time_cond_proj_dim`: `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `ClassifierFreeZeroStarGuidance` 20 UNet calls; `PerturbedAttentionGuidance` and `SkipLayerGuidance`, at their default window (0.01 to 0.2), 21; `SmoothedEnergyGuidance`, at its default window (0 to 1), 29."""
+    from diffusers.guiders import (
+        AdaptiveProjectedGuidance,
+        ClassifierFreeGuidance,
+        ClassifierFreeZeroStarGuidance,
+        PerturbedAttentionGuidance,
+        SkipLayerGuidance,
+        SmoothedEnergyGuidance,
+    )
+    from diffusers.guiders.smoothed_energy_guidance import SmoothedEnergyGuidanceConfig
+    from diffusers.hooks import LayerSkipConfig
+
+    pipe, _ = modular_sdxl
+    assert pipe.unet.config.time_cond_proj_dim is None  # with it, the loop disables the guider
+    fqn = next(n for n, _ in pipe.unet.named_modules() if n.endswith("transformer_blocks"))
+    layer = dict(indices=[0], fqn=fqn)
+    pag = LayerSkipConfig(**layer, skip_attention=False, skip_attention_scores=True)
+    guiders = [
+        (ClassifierFreeGuidance(guidance_scale=5.0), 20),
+        (AdaptiveProjectedGuidance(guidance_scale=5.0), 20),
+        (ClassifierFreeZeroStarGuidance(guidance_scale=5.0), 20),
+        (PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=pag), 21),
+        (SkipLayerGuidance(guidance_scale=5.0, skip_layer_config=LayerSkipConfig(**layer)), 21),
+    ]
+    seg = SmoothedEnergyGuidanceConfig(**layer)
+    guiders.append((SmoothedEnergyGuidance(guidance_scale=5.0, seg_guidance_config=seg), 29))
+    prepared, combined = [], []
+
+    def spied(cls):
+        prepare, combine = cls.prepare_inputs, cls.__call__
+        yield "prepare_inputs", lambda self, data: prepared.append(len(out := prepare(self, data))) or out  # fmt: skip
+        yield "__call__", lambda self, data: combined.append(len(data)) or combine(self, data)
+
+    for guider, calls in guiders:
+        cls = type(guider)
+        prepared.clear()
+        combined.clear()
+        with monkeypatch.context() as m, guider_swapped(pipe, guider):
+            for name, spy in spied(cls):
+                m.setattr(cls, name, spy)
+            batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=10), output="latents")
+        assert len(batches) == calls and set(batches) == {MODULAR_B}, cls.__name__
+        assert sum(prepared) == calls and combined == prepared, cls.__name__
+
+
+def test_apg_default_is_cfg_below_its_threshold_and_cfg_zero_star_projects():
+    """`AdaptiveProjectedGuidance` scales the part of the push parallel to the conditional prediction by `eta` (default 1.0, which leaves it CFG until its norm threshold binds); `ClassifierFreeZeroStarGuidance` replaces the unconditional prediction by the conditional one's projection onto it and zeroes the first step (`zero_init_steps=1`)."""
+    from diffusers.guiders import (
+        AdaptiveProjectedGuidance,
+        ClassifierFreeGuidance,
+        ClassifierFreeZeroStarGuidance,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    cond, uncond = torch.randn(2, 1, 4, 4, 4, generator=g)
+
+    def combine(guider, c, u, step=1):
+        guider.set_state(step=step, num_inference_steps=10, timestep=torch.tensor(500))
+        return guider.forward(c, u).pred
+
+    apg = AdaptiveProjectedGuidance()
+    assert apg.config.eta == 1.0
+    torch.testing.assert_close(combine(apg, cond, uncond), combine(ClassifierFreeGuidance(), cond, uncond))  # fmt: skip
+    far = uncond + 40 * (cond - uncond) / (cond - uncond).norm()  # push norm 40 > threshold 15
+    assert not torch.allclose(combine(AdaptiveProjectedGuidance(), far, uncond), combine(ClassifierFreeGuidance(), far, uncond))  # fmt: skip
+    c = cond.flatten()
+    along = 0.5 * cond  # a push parallel to the conditional prediction
+    across = uncond - (uncond.flatten() @ c / (c @ c)) * cond  # one orthogonal to it
+    across = across / across.norm()  # norm 1, under the threshold
+    for eta in (0.0, 0.5):
+        scaled = AdaptiveProjectedGuidance(guidance_scale=5.0, eta=eta)
+        cfg = ClassifierFreeGuidance(guidance_scale=5.0)
+        torch.testing.assert_close(combine(scaled, cond, cond - along), cond - along + 5.0 * eta * along)  # fmt: skip
+        torch.testing.assert_close(combine(scaled, cond, cond - across), combine(cfg, cond, cond - across))  # fmt: skip
+    zero_star = ClassifierFreeZeroStarGuidance(guidance_scale=5.0)
+    assert zero_star.zero_init_steps == 1
+    assert torch.count_nonzero(combine(zero_star, cond, uncond, step=0)) == 0
+    u = uncond.flatten()
+    projected = (c @ u / (u @ u)) * uncond
+    expected = projected + 5.0 * (cond - projected)
+    torch.testing.assert_close(combine(zero_star, cond, uncond, step=1), expected)

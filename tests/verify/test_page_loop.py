@@ -45,24 +45,31 @@ from diffusers.utils.torch_utils import randn_tensor
 from tiny import (
     EMBED_DIM,
     HEIGHT,
+    MODULAR_B,
+    MODULAR_STEPS,
     SD15_PNDM,
     SD_SCHEDULER,
     WIDTH,
     embeds,
     flux_prompt_embeds,
     guided,
+    guider_swapped,
     random_ip_adapter,
     sd_with,
+    sdxl_modular_inputs,
     start_latents,
     tiny_clip_with_projection,
     tiny_controlnet,
     tiny_controlnet_pipeline,
     tiny_flux_pipeline,
+    tiny_modular_sdxl,
     tiny_sd3_pipeline,
     tiny_text_encoder,
+    tiny_text_time_unet,
     tiny_tokenizer,
     tiny_unet,
     tiny_vae,
+    unet_batches_of,
 )
 
 from infralens_docs.registry import ROOT
@@ -199,7 +206,7 @@ def text_pipe(sd_pipe):
 
 
 def test_default_size_is_unet_sample_size_times_vae_scale_factor(sd_pipe):
-    """If `height` or `width` is missing, both become `unet.config.sample_size * vae_scale_factor`, where `vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)`: 8 for SD's four-block VAE; a lone `height` is dropped."""
+    """In `StableDiffusionPipeline`, if `height` or `width` is missing, both become `unet.config.sample_size * vae_scale_factor`, where `vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)`: 8 for SD's four-block VAE; a lone `height` is dropped."""
     assert sd_pipe.vae_scale_factor == 2  # the tiny VAE has two blocks
     torch.manual_seed(0)
     four_blocks = AutoencoderKL(
@@ -237,7 +244,7 @@ def test_default_size_is_unet_sample_size_times_vae_scale_factor(sd_pipe):
     ids=["height", "width", "both-prompts", "no-prompt", "both-negatives", "shapes", "callback"],
 )
 def test_check_inputs_rejects_bad_calls_before_any_model_runs(sd_pipe, record_calls, bad):
-    """`check_inputs` raises `ValueError` before any model runs when `height` or `width` is not divisible by 8, when both or neither of `prompt` and `prompt_embeds` are given, when both `negative_prompt` and `negative_prompt_embeds` are given, when `prompt_embeds` and `negative_prompt_embeds` differ in shape, or when `callback_on_step_end_tensor_inputs` names a tensor outside `_callback_tensor_inputs`, which is `["latents", "prompt_embeds", "negative_prompt_embeds"]`."""
+    """`StableDiffusionPipeline.check_inputs` raises `ValueError` before any model runs when `height` or `width` is not divisible by 8, when both or neither of `prompt` and `prompt_embeds` are given, when both `negative_prompt` and `negative_prompt_embeds` are given, when `prompt_embeds` and `negative_prompt_embeds` differ in shape, or when `callback_on_step_end_tensor_inputs` names a tensor outside `_callback_tensor_inputs`, which is `["latents", "prompt_embeds", "negative_prompt_embeds"]`."""
     assert StableDiffusionPipeline._callback_tensor_inputs == [
         "latents",
         "prompt_embeds",
@@ -254,7 +261,7 @@ def test_check_inputs_rejects_bad_calls_before_any_model_runs(sd_pipe, record_ca
 
 
 def test_batch_size_from_prompt_or_prompt_embeds(text_pipe, record_calls):
-    """`batch_size` is 1 for a string `prompt`, `len(prompt)` for a list and `prompt_embeds.shape[0]` otherwise, and the `latents` get batch `B = batch_size * num_images_per_prompt`."""
+    """In `StableDiffusionPipeline`, `batch_size` is 1 for a string `prompt`, `len(prompt)` for a list and `prompt_embeds.shape[0]` otherwise, and the `latents` get batch `B = batch_size * num_images_per_prompt`."""
     calls = record_calls(text_pipe.unet).calls
 
     def batch(**kwargs):
@@ -276,7 +283,7 @@ def test_batch_size_from_prompt_or_prompt_embeds(text_pipe, record_calls):
 
 
 def test_encode_prompt_pads_to_77_and_puts_the_negative_first(text_pipe, record_calls):
-    """`encode_prompt` pads or truncates every prompt to `tokenizer.model_max_length` (77) tokens, int64 `input_ids` of shape `(batch_size, 77)`, and casts the text encoder's last hidden state to `text_encoder.dtype`; with CFG the negative prompt, or `""`, goes through the same text encoder, and the UNet gets `torch.cat([negative_prompt_embeds, prompt_embeds])`, each repeated `num_images_per_prompt` times: `(2B, 77, D)`."""
+    """`StableDiffusionPipeline.encode_prompt` pads or truncates every prompt to `tokenizer.model_max_length` (77) tokens, int64 `input_ids` of shape `(batch_size, 77)`, and casts the text encoder's last hidden state to `text_encoder.dtype`; with CFG the negative prompt, or `""`, goes through the same text encoder, and the UNet gets `torch.cat([negative_prompt_embeds, prompt_embeds])`, each repeated `num_images_per_prompt` times: `(2B, 77, D)`."""
     encoder_calls = record_calls(text_pipe.text_encoder).calls
     unet_calls = record_calls(text_pipe.unet).calls
     long_prompt = " ".join("abcdefghij") * 12  # 120 letter tokens: truncated to 77
@@ -300,7 +307,7 @@ def test_encode_prompt_pads_to_77_and_puts_the_negative_first(text_pipe, record_
 
 
 def test_custom_timesteps_and_sigmas(sd_pipe, record_calls, bars):
-    """`retrieve_timesteps` passes custom `timesteps=` or `sigmas=` to `set_timesteps` only if its signature accepts them, raising `ValueError` otherwise, and then sets `num_inference_steps = len(timesteps)`, which becomes the progress bar's `total`.
+    """In `StableDiffusionPipeline`, `retrieve_timesteps` passes custom `timesteps=` or `sigmas=` to `set_timesteps` only if its signature accepts them, raising `ValueError` otherwise, and then sets `num_inference_steps = len(timesteps)`, which becomes the progress bar's `total`.
 
     The bar need not reach it: with an order-2 scheduler it advances on every second call, so
     ``HeunDiscreteScheduler`` with ``timesteps=[999, 500, 1]`` makes 5 UNet calls under a bar of
@@ -330,7 +337,7 @@ def test_custom_timesteps_and_sigmas(sd_pipe, record_calls, bars):
 
 
 def test_timesteps_shape_and_dtype_per_scheduler(sd_pipe, record_calls):
-    """With SD 1.5's settings, after `set_timesteps(n)`, `scheduler.timesteps` has shape `(n,)`, int64 for `DDPMScheduler` and `DDIMScheduler` and float32 for `EulerDiscreteScheduler`, and the pipeline passes each entry `t` to the UNet as a 0-d tensor."""
+    """With SD 1.5's settings, after `set_timesteps(n)`, `scheduler.timesteps` has shape `(n,)`, int64 for `DDPMScheduler` and `DDIMScheduler` and float32 for `EulerDiscreteScheduler`, and `StableDiffusionPipeline` passes each entry `t` to the UNet as a 0-d tensor."""
     calls = record_calls(sd_pipe.unet).calls
     for scheduler, dtype in [
         (sd_scheduler(DDPMScheduler), torch.int64),
@@ -348,7 +355,7 @@ def test_timesteps_shape_and_dtype_per_scheduler(sd_pipe, record_calls):
 
 
 def test_prepare_latents_draws_and_scales_by_init_noise_sigma(sd_pipe, record_calls, monkeypatch):
-    """`prepare_latents` draws `randn_tensor((B, unet.config.in_channels, h, w), generator=generator, dtype=prompt_embeds.dtype)`, or takes the `latents` passed in, and multiplies either by `scheduler.init_noise_sigma`: 1.0 for DDPM and DDIM, and for Euler `sigmas.max()` with its default `linspace` spacing or `sqrt(sigmas.max() ** 2 + 1)` with `leading`."""
+    """`StableDiffusionPipeline.prepare_latents` draws `randn_tensor((B, unet.config.in_channels, h, w), generator=generator, dtype=prompt_embeds.dtype)`, or takes the `latents` passed in, and multiplies either by `scheduler.init_noise_sigma`: 1.0 for DDPM and DDIM, and for Euler `sigmas.max()` with its default `linspace` spacing or `sqrt(sigmas.max() ** 2 + 1)` with `leading`."""
     calls = record_calls(sd_pipe.unet).calls
     sd_pipe(
         prompt_embeds=PROMPT,
@@ -379,7 +386,7 @@ def test_prepare_latents_draws_and_scales_by_init_noise_sigma(sd_pipe, record_ca
 
 
 def test_extra_step_kwargs_follow_the_step_signature(sd_pipe, step_calls):
-    """`eta` and `generator` reach `scheduler.step` only if its signature has them: `DDIMScheduler.step` gets both, `EulerDiscreteScheduler.step` only `generator`, and `PNDMScheduler.step` neither."""
+    """In `StableDiffusionPipeline`, `eta` and `generator` reach `scheduler.step` only if its signature has them: `DDIMScheduler.step` gets both, `EulerDiscreteScheduler.step` only `generator`, and `PNDMScheduler.step` neither."""
     expected = {DDIMScheduler: {"eta", "generator"}, EulerDiscreteScheduler: {"generator"}}
     for scheduler in [
         sd_scheduler(DDIMScheduler),
@@ -396,7 +403,7 @@ def test_extra_step_kwargs_follow_the_step_signature(sd_pipe, step_calls):
 
 
 def test_guidance_distilled_unet_gets_timestep_cond_and_one_pass(sd_pipe, record_calls):
-    """A UNet with `time_cond_proj_dim` set gets `timestep_cond`, the sinusoidal embedding of `1000 * (guidance_scale - 1)`, and a single pass at batch `B` even at `guidance_scale` 7.5: `do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
+    """In `StableDiffusionPipeline`, a UNet with `time_cond_proj_dim` set gets `timestep_cond`, the sinusoidal embedding of `1000 * (guidance_scale - 1)`, and a single pass at batch `B` even at `guidance_scale` 7.5: `do_classifier_free_guidance` is `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`."""
     pipe = sd_with(sd_pipe, unet=tiny_unet(time_cond_proj_dim=16))
     calls = record_calls(pipe.unet).calls
     run(pipe, guidance_scale=7.5, steps=2)
@@ -415,7 +422,7 @@ def test_guidance_distilled_unet_gets_timestep_cond_and_one_pass(sd_pipe, record
 
 
 def test_one_unet_call_per_step_with_the_loop_arguments(sd_pipe, record_calls, step_calls):
-    """Each iteration makes one UNet call, with `torch.cat([latents] * 2)` `(2B, 4, h, w)`, `t`, `encoder_hidden_states=prompt_embeds` `(2B, 77, D)`, `timestep_cond`, `cross_attention_kwargs`, `added_cond_kwargs` and `return_dict=False`, and `scheduler.step` turns the guided prediction into the next `latents` `(B, 4, h, w)`."""
+    """In `StableDiffusionPipeline`, each iteration makes one UNet call, with `torch.cat([latents] * 2)` `(2B, 4, h, w)`, `t`, `encoder_hidden_states=prompt_embeds` `(2B, 77, D)`, `timestep_cond`, `cross_attention_kwargs`, `added_cond_kwargs` and `return_dict=False`, and `scheduler.step` turns the guided prediction into the next `latents` `(B, 4, h, w)`."""
     calls = record_calls(sd_pipe.unet).calls
     steps = step_calls(sd_pipe.scheduler)
     run(sd_pipe, steps=3, cross_attention_kwargs={"foo": 1})
@@ -441,7 +448,7 @@ def test_one_unet_call_per_step_with_the_loop_arguments(sd_pipe, record_calls, s
 
 
 def test_unet_expands_the_0d_timestep_to_the_batch(sd_pipe, record_calls):
-    """The UNet gets `t` as a 0-d tensor and expands it to the batch itself (`timesteps.expand(sample.shape[0])` in `get_time_embed`): its time projection sees `2B` copies of `t`."""
+    """In `StableDiffusionPipeline`, the UNet gets `t` as a 0-d tensor and expands it to the batch itself (`timesteps.expand(sample.shape[0])` in `get_time_embed`): its time projection sees `2B` copies of `t`."""
     unet_calls = record_calls(sd_pipe.unet).calls
     proj_calls = record_calls(sd_pipe.unet.time_proj).calls
     run(sd_pipe, steps=2)
@@ -460,7 +467,7 @@ class NoScaleModelInput(DDIMScheduler):
 
 
 def test_scale_model_input_is_guarded_and_per_class(sd_pipe, record_calls):
-    """`scale_model_input` is called only if the scheduler has it (`hasattr`), so a scheduler without it runs the same loop; it is the identity for DDPM and DDIM, and for Euler it divides by `sqrt(sigma ** 2 + 1)`."""
+    """In `StableDiffusionPipeline`, `scale_model_input` is called only if the scheduler has it (`hasattr`), so a scheduler without it runs the same loop; it is the identity for DDPM and DDIM, and for Euler it divides by `sqrt(sigma ** 2 + 1)`."""
     expected = run(sd_pipe, steps=3)
     assert not hasattr(NoScaleModelInput(), "scale_model_input")
     without = sd_with(sd_pipe, scheduler=NoScaleModelInput(**SD_SCHEDULER))
@@ -478,7 +485,7 @@ def test_scale_model_input_is_guarded_and_per_class(sd_pipe, record_calls):
 
 
 def test_guidance_line_between_unet_and_step(sd_pipe, outputs_of, step_calls, calls_of):
-    """With CFG, `scheduler.step` gets `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` from the two `chunk(2)` halves of the UNet output, passed through `rescale_noise_cfg(noise_pred, noise_pred_text, guidance_rescale=...)` only when `guidance_rescale > 0`."""
+    """In `StableDiffusionPipeline`, with CFG, `scheduler.step` gets `noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)` from the two `chunk(2)` halves of the UNet output, passed through `rescale_noise_cfg(noise_pred, noise_pred_text, guidance_rescale=...)` only when `guidance_rescale > 0`."""
     outs = outputs_of(sd_pipe.unet)
     steps = step_calls(sd_pipe.scheduler)
     rescales = calls_of(sd_module, "rescale_noise_cfg")
@@ -497,7 +504,7 @@ def test_guidance_line_between_unet_and_step(sd_pipe, outputs_of, step_calls, ca
 
 @pytest.mark.parametrize("scheduler_cls", [DDIMScheduler, EulerDiscreteScheduler])
 def test_the_loop_written_out_reproduces_the_pipeline(sd_pipe, scheduler_cls):
-    """Written out from the lines on this page (`randn_tensor` times `init_noise_sigma`, `torch.cat([latents] * 2)`, `scale_model_input`, one UNet call, `chunk(2)` and the guidance line, `scheduler.step(...)[0]`, then `vae.decode(latents / scaling_factor)`), the loop reproduces the pipeline's output, with `DDIMScheduler` and with `EulerDiscreteScheduler`."""
+    """Written out from the lines on this page (`randn_tensor` times `init_noise_sigma`, `torch.cat([latents] * 2)`, `scale_model_input`, one UNet call, `chunk(2)` and the guidance line, `scheduler.step(...)[0]`, then `vae.decode(latents / scaling_factor)`), the loop reproduces `StableDiffusionPipeline`'s output, with `DDIMScheduler` and with `EulerDiscreteScheduler`."""
     pipe = sd_with(sd_pipe, scheduler=sd_scheduler(scheduler_cls))
     guidance_scale, steps = 6.0, 4
     expected = pipe(
@@ -557,7 +564,7 @@ def test_euler_step_computes_in_float32_and_casts_back(make):
 def test_callback_on_step_end_runs_after_step_and_replaces_tensors(
     sd_pipe, record_calls, step_calls
 ):
-    """`callback_on_step_end(self, i, t, callback_kwargs)` runs after `scheduler.step` with the tensors named in `callback_on_step_end_tensor_inputs` (default `["latents"]`), and `latents` or `prompt_embeds` it returns replace the loop's own from the next step on."""
+    """In `StableDiffusionPipeline`, `callback_on_step_end(self, i, t, callback_kwargs)` runs after `scheduler.step` with the tensors named in `callback_on_step_end_tensor_inputs` (default `["latents"]`), and `latents` or `prompt_embeds` it returns replace the loop's own from the next step on."""
     assert inspect.signature(StableDiffusionPipeline.__call__).parameters[
         "callback_on_step_end_tensor_inputs"
     ].default == ["latents"]
@@ -587,7 +594,7 @@ def test_callback_on_step_end_runs_after_step_and_replaces_tensors(
 
 
 def test_callback_sees_the_concatenated_prompt_embeds(sd_pipe, record_calls):
-    """With CFG the callback's `prompt_embeds` is the concatenated `(2B, 77, D)` tensor the UNet gets, and a returned `negative_prompt_embeds` is accepted but never read again: the concatenation happened before the loop."""
+    """In `StableDiffusionPipeline`, with CFG the callback's `prompt_embeds` is the concatenated `(2B, 77, D)` tensor the UNet gets, and a returned `negative_prompt_embeds` is accepted but never read again: the concatenation happened before the loop."""
     seen = []
     calls = record_calls(sd_pipe.unet).calls
 
@@ -604,7 +611,7 @@ def test_callback_sees_the_concatenated_prompt_embeds(sd_pipe, record_calls):
 
 
 def test_interrupt_skips_the_remaining_steps(sd_pipe, record_calls):
-    """Setting `pipe._interrupt = True` (read through the `interrupt` property) makes every remaining iteration `continue`: no further UNet calls, and the pipeline returns the `latents` of the last step that ran."""
+    """Setting `pipe._interrupt = True` (read through the `interrupt` property) makes every remaining iteration `continue`: no further UNet calls, and `StableDiffusionPipeline` returns the `latents` of the last step that ran."""
     calls = record_calls(sd_pipe.unet).calls
     kept = {}
 
@@ -623,7 +630,7 @@ def test_interrupt_skips_the_remaining_steps(sd_pipe, record_calls):
 
 
 def test_progress_bar_counts_num_inference_steps(sd_pipe, record_calls, bars):
-    """The progress bar has `total=num_inference_steps` and advances when `i` is the last index or `(i + 1) > num_warmup_steps and (i + 1) % scheduler.order == 0`, with `num_warmup_steps = len(timesteps) - num_inference_steps * scheduler.order`, so it shows `n` whether the UNet ran `n` times (DDIM), `n + 1` (SD 1.5's PNDM) or `2n - 1` (Heun)."""
+    """In `StableDiffusionPipeline`, the progress bar has `total=num_inference_steps` and advances when `i` is the last index or `(i + 1) > num_warmup_steps and (i + 1) % scheduler.order == 0`, with `num_warmup_steps = len(timesteps) - num_inference_steps * scheduler.order`, so it shows `n` whether the UNet ran `n` times (DDIM), `n + 1` (SD 1.5's PNDM) or `2n - 1` (Heun)."""
     calls = record_calls(sd_pipe.unet).calls
     n = 4
     for scheduler, unet_calls in [
@@ -643,7 +650,7 @@ def test_progress_bar_counts_num_inference_steps(sd_pipe, record_calls, bars):
 
 
 def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
-    """Unless `output_type="latent"`, the final `latents` are decoded once, as `vae.decode(latents / vae.config.scaling_factor, return_dict=False, generator=generator)`, `run_safety_checker` gets the decoded image, and `postprocess` maps it to `(x / 2 + 0.5).clamp(0, 1)`: float32 NumPy `(B, H, W, 3)` for `"np"`, and those values times 255, rounded to uint8, as PIL images for `"pil"`, the default."""
+    """In `StableDiffusionPipeline`, unless `output_type="latent"`, the final `latents` are decoded once, as `vae.decode(latents / vae.config.scaling_factor, return_dict=False, generator=generator)`, `run_safety_checker` gets the decoded image, and `postprocess` maps it to `(x / 2 + 0.5).clamp(0, 1)`: float32 NumPy `(B, H, W, 3)` for `"np"`, and those values times 255, rounded to uint8, as PIL images for `"pil"`, the default."""
     assert tiny_vae().config.scaling_factor == 0.18215  # the AutoencoderKL default, SD 1.x's
     final = run(sd_pipe, steps=2)
     decodes = calls_of(sd_pipe.vae, "decode")
@@ -673,7 +680,7 @@ def test_decode_and_postprocess(sd_pipe, calls_of, outputs_of):
 
 
 def test_text_encoder_and_vae_run_outside_the_loop(text_pipe, record_calls, calls_of):
-    """Below 1000 steps, the text encoder runs only before the loop (from a `prompt`, once for it and once more for the negative prompt with CFG on), the UNet once per entry of `scheduler.timesteps`, and the VAE decodes once after it (except with `output_type="latent"`). With `prompt_embeds`, `negative_prompt_embeds` and `output_type="latent"` passed, neither runs.
+    """In `StableDiffusionPipeline`, below 1000 steps, the text encoder runs only before the loop (from a `prompt`, once for it and once more for the negative prompt with CFG on), the UNet once per entry of `scheduler.timesteps`, and the VAE decodes once after it (except with `output_type="latent"`). With `prompt_embeds`, `negative_prompt_embeds` and `output_type="latent"` passed, neither runs.
 
     "With CFG on", not "when guiding": a guidance-embedded UNet (``time_cond_proj_dim`` set) at
     ``guidance_scale=7.5`` has ``do_classifier_free_guidance`` false, one text-encoder pass and
@@ -737,7 +744,7 @@ def controlnet_pipe():
 def test_controlnet_residuals_go_into_the_unet_every_step(
     controlnet_pipe, record_calls, outputs_of
 ):
-    """Each step makes one ControlNet call, `self.controlnet(control_model_input, t, encoder_hidden_states=..., controlnet_cond=image, conditioning_scale=cond_scale, guess_mode=guess_mode, return_dict=False)`, on the same doubled `latents`, `t` and embeddings as the UNet, and its `down_block_res_samples` and `mid_block_res_sample` go unchanged into that step's UNet call as `down_block_additional_residuals` and `mid_block_additional_residual`."""
+    """In `StableDiffusionControlNetPipeline`, each step makes one ControlNet call, `self.controlnet(control_model_input, t, encoder_hidden_states=..., controlnet_cond=image, conditioning_scale=cond_scale, guess_mode=guess_mode, return_dict=False)`, on the same doubled `latents`, `t` and embeddings as the UNet, and its `down_block_res_samples` and `mid_block_res_sample` go unchanged into that step's UNet call as `down_block_additional_residuals` and `mid_block_additional_residual`."""
     pipe = controlnet_pipe
     cn_calls, cn_outs = record_calls(pipe.controlnet).calls, outputs_of(pipe.controlnet)
     unet_calls = record_calls(pipe.unet).calls
@@ -770,7 +777,7 @@ def test_controlnet_residuals_go_into_the_unet_every_step(
 
 
 def test_controlnet_control_image_is_resized_and_doubled(controlnet_pipe, record_calls):
-    """`prepare_image` resizes the control image to `(B, 3, H, W)` and, with CFG, doubles it to `2B` with `torch.cat([image] * 2)`."""
+    """`StableDiffusionControlNetPipeline.prepare_image` resizes the control image to `(B, 3, H, W)` and, with CFG, doubles it to `2B` with `torch.cat([image] * 2)`."""
     calls = record_calls(controlnet_pipe.controlnet).calls
     run(controlnet_pipe, steps=1, image=CONTROL_IMAGE)  # a 32 x 32 image for a 16 x 16 output
     cond = calls[0][1]["controlnet_cond"]
@@ -837,7 +844,7 @@ def test_one_controlnet_pass_per_unet_call(controlnet_pipe, record_calls):
 
 
 def test_control_guidance_window_scales_but_still_calls(controlnet_pipe, record_calls):
-    """`control_guidance_start` and `control_guidance_end` set `controlnet_keep[i]` to 1 or 0 per step, which multiplies `cond_scale`; on steps where it is 0 the ControlNet is still called, with `conditioning_scale=0.0`, and its residuals are zeros."""
+    """In `StableDiffusionControlNetPipeline`, `control_guidance_start` and `control_guidance_end` set `controlnet_keep[i]` to 1 or 0 per step, which multiplies `cond_scale`; on steps where it is 0 the ControlNet is still called, with `conditioning_scale=0.0`, and its residuals are zeros."""
     cn_calls = record_calls(controlnet_pipe.controlnet).calls
     unet_calls = record_calls(controlnet_pipe.unet).calls
     run(
@@ -858,7 +865,7 @@ def test_control_guidance_window_scales_but_still_calls(controlnet_pipe, record_
 
 
 def test_guess_mode_runs_the_controlnet_on_the_conditional_half(controlnet_pipe, record_calls):
-    """In `guess_mode` with CFG, the ControlNet runs on the conditional half only (the `latents` at batch `B`, the positive `prompt_embeds` and an undoubled control image), and zeros are concatenated in front of each residual for the unconditional half."""
+    """In `StableDiffusionControlNetPipeline`, in `guess_mode` with CFG, the ControlNet runs on the conditional half only (the `latents` at batch `B`, the positive `prompt_embeds` and an undoubled control image), and zeros are concatenated in front of each residual for the unconditional half."""
     cn_calls = record_calls(controlnet_pipe.controlnet).calls
     unet_calls = record_calls(controlnet_pipe.unet).calls
     run(controlnet_pipe, steps=2, image=CONTROL_IMAGE, guess_mode=True)
@@ -891,7 +898,7 @@ IMAGE_EMBEDS = torch.randn(2, 1, 16, generator=torch.Generator().manual_seed(4))
 
 
 def test_ip_adapter_embeds_enter_as_added_cond_kwargs(ip_pipe, record_calls, calls_of):
-    """With an IP-Adapter loaded, `prepare_ip_adapter_image_embeds` runs once per call, before the loop, and every UNet call gets the result as `added_cond_kwargs={"image_embeds": image_embeds}`; with CFG, passed `ip_adapter_image_embeds` are read as `[negative, positive]` halves and kept in that order at batch `2B`."""
+    """In `StableDiffusionPipeline`, with an IP-Adapter loaded, `prepare_ip_adapter_image_embeds` runs once per call, before the loop, and every UNet call gets the result as `added_cond_kwargs={"image_embeds": image_embeds}`; with CFG, passed `ip_adapter_image_embeds` are read as `[negative, positive]` halves and kept in that order at batch `2B`."""
     assert ip_pipe.unet.config.encoder_hid_dim_type == "ip_image_proj"
     prepares = calls_of(ip_pipe, "prepare_ip_adapter_image_embeds")
     calls = record_calls(ip_pipe.unet).calls
@@ -1014,7 +1021,7 @@ def test_unet_forward_pops_and_applies_the_lora_scale():
 def test_pipeline_passes_the_lora_scale_to_encode_prompt_and_the_unet(
     text_pipe, record_calls, monkeypatch
 ):
-    """The pipeline passes `cross_attention_kwargs["scale"]` to `encode_prompt` as `lora_scale`, for the text encoder's LoRA layers, and the whole `cross_attention_kwargs`, `scale` included, to every UNet call.
+    """`StableDiffusionPipeline` passes `cross_attention_kwargs["scale"]` to `encode_prompt` as `lora_scale`, for the text encoder's LoRA layers, and the whole `cross_attention_kwargs`, `scale` included, to every UNet call.
 
     The spy records ``encode_prompt``'s arguments and calls it without ``lora_scale``: without
     the PEFT backend, ``adjust_lora_scale_text_encoder`` expects a ``text_model`` attribute
@@ -1077,7 +1084,7 @@ def test_sd15_pndm_has_order_1_and_51_timesteps_at_50_steps():
 
 
 def test_unet_calls_equal_len_timesteps(sd_pipe, sd3_pipe, record_calls, bars):
-    """Below 1000 steps the pipeline calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, with SD 1.5's settings and `n < 1000`, `n` times with DDPM, DDIM and Euler (at `n = 1000` DDPM and DDIM start at `t = 1000`, index `alphas_cumprod[1000]` and raise `IndexError` after one call), `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` the pipeline runs, `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
+    """Below 1000 steps `StableDiffusionPipeline` calls the UNet once per entry of `scheduler.timesteps`: for `num_inference_steps=n`, with SD 1.5's settings and `n < 1000`, `n` times with DDPM, DDIM and Euler (at `n = 1000` DDPM and DDIM start at `t = 1000`, index `alphas_cumprod[1000]` and raise `IndexError` after one call), `n + 1` times from `n = 2` with SD 1.5's `PNDMScheduler` (`order == 1`; once at `n = 1`), and `2n - 1` times with every scheduler with `order == 2` it runs (a flow-matching one in `StableDiffusion3Pipeline`), `HeunDiscreteScheduler` among them; the progress bar shows `n` in every case. DPM-Solver++ 2M (`solver_order=2`) keeps `order == 1`: `n` calls with SD 1.5's settings.
 
     The set is every class in ``StableDiffusionPipeline``'s ``scheduler.compatibles`` (LMS and
     DPMSolverSDE included: the verify extra installs scipy and torchsde), each with SD 1.5's
@@ -1271,7 +1278,7 @@ def test_grid_options_move_the_steps_not_their_number(sd_pipe):
 
 
 def test_swapping_the_scheduler_and_fresh_noise(sd_pipe, step_calls):
-    """From the same starting `latents`, swapping `DDIMScheduler` for `EulerDiscreteScheduler` changes the result, and `DDPMScheduler` draws fresh noise from `generator` in its steps, so its result changes with the generator's seed while DDIM's (with `eta=0`) does not. `DPMSolverSDEScheduler` takes no `generator`: its noise is seeded by its config's `noise_sampler_seed`, random when unset, so a seeded `generator` does not make its output repeat.
+    """In `StableDiffusionPipeline`, from the same starting `latents`, swapping `DDIMScheduler` for `EulerDiscreteScheduler` changes the result, and `DDPMScheduler` draws fresh noise from `generator` in its steps, so its result changes with the generator's seed while DDIM's (with `eta=0`) does not. `DPMSolverSDEScheduler` takes no `generator`: its noise is seeded by its config's `noise_sampler_seed`, random when unset, so a seeded `generator` does not make its output repeat.
 
     With ``noise_sampler_seed=0`` its result is the same for generator seeds 0 and 1; unset, two
     calls with the same generator seed differ. So "stochastic schedulers draw from ``generator``"
@@ -1302,7 +1309,7 @@ def test_swapping_the_scheduler_and_fresh_noise(sd_pipe, step_calls):
 
 
 def test_a_mismatched_scheduler_runs_silently_or_fails_on_init_noise_sigma(sd_pipe, sd3_pipe):
-    """`DDIMScheduler` with `epsilon` and `v_prediction` swapped, or DDIM in SD3's pipeline, silently produce wrong latents; SD3's `FlowMatchEulerDiscreteScheduler` in `StableDiffusionPipeline` fails on `init_noise_sigma`.
+    """`DDIMScheduler` with `epsilon` and `v_prediction` swapped, or DDIM in `StableDiffusion3Pipeline`, silently produce wrong latents; SD3's `FlowMatchEulerDiscreteScheduler` in `StableDiffusionPipeline` fails on `init_noise_sigma`.
 
     "Silently": the pipeline returns finite latents, different from the matched scheduler's.
     The failure is the class's, not flow matching's: ``UniPCMultistepScheduler`` configured for
@@ -1424,7 +1431,7 @@ def test_sd3_timestep_is_1000_sigma_expanded_to_the_batch(
 
 
 def test_sd3_transformer_patchifies_the_latents(sd3_pipe, outputs_of):
-    """`SD3Transformer2DModel` turns `(B, C, h, w)` latents into `(h / patch_size) * (w / patch_size)` tokens."""
+    """In `StableDiffusion3Pipeline`, `SD3Transformer2DModel` turns `(B, C, h, w)` latents into `(h / patch_size) * (w / patch_size)` tokens."""
     tokens = outputs_of(sd3_pipe.transformer.pos_embed)
     run_sd3(sd3_pipe, steps=1)
     patch = sd3_pipe.transformer.config.patch_size
@@ -1557,3 +1564,137 @@ def test_flux_packs_the_noise_and_does_not_scale_it(record_calls):
     timesteps = torch.cat([kwargs["timestep"] for _, kwargs in calls])
     torch.testing.assert_close(timesteps, pipe.scheduler.sigmas[:-1])
     assert all(kwargs["hidden_states"].shape[0] == 1 for _, kwargs in calls)
+
+
+# ---------------------------------------------------------------- the loop as blocks (SDXL's modular pipeline)
+
+LOOP_BLOCKS = {"before_denoiser": "StableDiffusionXLLoopBeforeDenoiser",
+               "denoiser": "StableDiffusionXLLoopDenoiser",
+               "after_denoiser": "StableDiffusionXLLoopAfterDenoiser"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def modular_sdxl(tmp_path_factory):
+    """(modular, classic): SDXL's modular pipeline over the tiny SDXL parts, built once."""
+    return tiny_modular_sdxl(tmp_path_factory.mktemp("tiny-sdxl"))
+
+
+def test_sdxl_denoise_step_runs_three_sub_blocks_per_timestep(modular_sdxl, monkeypatch):
+    """In SDXL's modular text-to-image call the loop is one block, `StableDiffusionXLDenoiseStep`, which runs three sub-blocks per timestep on one shared block state: `before_denoiser` (`scale_model_input`), `denoiser` (the UNet and the guider) and `after_denoiser` (`scheduler.step`)."""
+    from diffusers.modular_pipelines.stable_diffusion_xl import denoise
+
+    pipe, _ = modular_sdxl
+    loop = pipe.blocks.sub_blocks["denoise"].sub_blocks["denoise"].sub_blocks["denoise"]
+    assert type(loop) is denoise.StableDiffusionXLDenoiseStep
+    assert {k: type(v).__name__ for k, v in loop.sub_blocks.items()} == LOOP_BLOCKS
+    runs, active, inside = [], [], []
+    for name in LOOP_BLOCKS.values():
+        cls = getattr(denoise, name)
+
+        def spy(self, components, block_state, i, t, _original=cls.__call__):
+            runs.append((type(self).__name__, id(block_state), i))
+            active.append(type(self).__name__)
+            try:
+                return _original(self, components, block_state, i=i, t=t)
+            finally:
+                active.pop()
+
+        monkeypatch.setattr(cls, "__call__", spy)
+
+    def inside_of(label, method):
+        def wrapped(*args, **kwargs):
+            inside.append((label, active[-1] if active else None))
+            return method(*args, **kwargs)
+
+        return wrapped
+
+    scheduler, guider = type(pipe.scheduler), type(pipe.guider)
+    monkeypatch.setattr(scheduler, "scale_model_input", inside_of("scale_model_input", scheduler.scale_model_input))  # fmt: skip
+    monkeypatch.setattr(scheduler, "step", inside_of("step", scheduler.step))
+    monkeypatch.setattr(guider, "prepare_inputs", inside_of("guider", guider.prepare_inputs))
+    handle = pipe.unet.register_forward_pre_hook(lambda m, a: inside.append(("unet", active[-1] if active else None)))  # fmt: skip
+    try:
+        pipe(**sdxl_modular_inputs(), output="images")
+    finally:
+        handle.remove()
+    assert [(n, i) for n, _, i in runs] == [(n, i) for i in range(MODULAR_STEPS) for n in LOOP_BLOCKS.values()]  # fmt: skip
+    assert len({s for _, s, _ in runs}) == 1  # one block state throughout
+    where = {label: {block for seen, block in inside if seen == label} for label, _ in inside}
+    assert where == {"scale_model_input": {"StableDiffusionXLLoopBeforeDenoiser"},
+                     "unet": {"StableDiffusionXLLoopDenoiser"},
+                     "guider": {"StableDiffusionXLLoopDenoiser"},
+                     "step": {"StableDiffusionXLLoopAfterDenoiser"}}  # fmt: skip
+    assert sum(label == "step" for label, _ in inside) == MODULAR_STEPS
+
+
+def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
+    modular_sdxl, monkeypatch, tmp_path
+):
+    """The guider's `prepare_inputs` makes one batch per prediction, and the `denoiser` block calls the UNet once per batch: with `ClassifierFreeGuidance` above `guidance_scale=1` and a UNet without `time_cond_proj_dim`, two calls of `B` rows per step (one at 1), where `StableDiffusionXLPipeline` makes one call of `2B` rows.
+
+    With a UNet that sets ``time_cond_proj_dim`` (the guidance-distilled shape), the modular
+    loop disables the guider: at 5.0 both pipelines make one call of ``B`` rows per step.
+    """
+    from diffusers import ClassifierFreeGuidance
+
+    pipe, classic = modular_sdxl
+    assert pipe.unet.config.time_cond_proj_dim is None
+    prepared = []
+    original = ClassifierFreeGuidance.prepare_inputs
+    monkeypatch.setattr(ClassifierFreeGuidance, "prepare_inputs", lambda self, data: prepared.append(len(out := original(self, data))) or out)  # fmt: skip
+    for scale, per_step in ((5.0, 2), (1.0, 1)):
+        prepared.clear()
+        with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=scale)):
+            batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
+        assert prepared == [per_step] * MODULAR_STEPS, scale
+        assert batches == [MODULAR_B] * (per_step * MODULAR_STEPS), scale
+    classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=5.0)
+    assert classic_batches == [2 * MODULAR_B] * MODULAR_STEPS
+    distilled_unet = tiny_text_time_unet(time_cond_proj_dim=8)
+    distilled, distilled_classic = tiny_modular_sdxl(tmp_path / "distilled", unet=distilled_unet)
+    with guider_swapped(distilled, ClassifierFreeGuidance(guidance_scale=5.0)):
+        batches, _ = unet_batches_of(distilled, **sdxl_modular_inputs(), output="images")
+    classic_batches, _ = unet_batches_of(distilled_classic, **sdxl_modular_inputs(), guidance_scale=5.0)  # fmt: skip
+    assert batches == classic_batches == [MODULAR_B] * MODULAR_STEPS
+
+
+def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl):
+    """At the same `guidance_scale` above 1 the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ.
+
+    SDXL's modular pipeline with ``ClassifierFreeGuidance(guidance_scale=5.0)`` against
+    ``StableDiffusionXLPipeline`` at 5.0: at every step, the guider's two batches (conditional
+    first) are the classic call's two halves (unconditional first) in ``latents``,
+    ``encoder_hidden_states``, ``text_embeds`` and ``time_ids``. Then both at their defaults.
+    """
+    from diffusers import ClassifierFreeGuidance
+
+    pipe, classic = modular_sdxl
+    rows = {"modular": [], "classic": []}
+
+    def record(key, unet):
+        def hook(module, args, kwargs):
+            added = kwargs["added_cond_kwargs"]
+            parts = [args[0], kwargs["encoder_hidden_states"], added["text_embeds"], added["time_ids"]]  # fmt: skip
+            rows[key].append(torch.cat([part.flatten(1) for part in parts], 1))
+
+        return unet.register_forward_pre_hook(hook, with_kwargs=True)
+
+    handles = [record("modular", pipe.unet), record("classic", classic.unet)]
+    try:
+        with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):
+            images = pipe(**sdxl_modular_inputs(), output="images")
+        reference = classic(**sdxl_modular_inputs(), guidance_scale=5.0).images
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(rows["modular"]) == 2 * len(rows["classic"]) == 2 * MODULAR_STEPS
+    for step, classic_rows in enumerate(rows["classic"]):
+        cond, uncond = rows["modular"][2 * step : 2 * step + 2]
+        exact = step == 0  # the same inputs; later steps carry the rounding of the first
+        tol = 0 if exact else 1e-4
+        torch.testing.assert_close(torch.cat([uncond, cond]), classic_rows, rtol=tol, atol=tol)
+    np.testing.assert_allclose(images, reference, atol=1e-5, rtol=0)
+    assert pipe.guider.guidance_scale == 7.5  # the guider's default
+    modular_default = pipe(**sdxl_modular_inputs(), output="images")
+    classic_default = classic(**sdxl_modular_inputs()).images
+    assert np.abs(modular_default - classic_default).max() > 1e-3

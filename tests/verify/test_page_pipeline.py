@@ -21,8 +21,12 @@ from tiny import (
     WIDTH,
     dit_embeds,
     embeds,
+    guider_swapped,
+    leaf_block_calls,
+    sdxl_modular_inputs,
     start_latents,
     tiny_flux_pipeline,
+    tiny_modular_sdxl,
     tiny_sd3_pipeline_16ch,
     tiny_sd_pipeline,
     tiny_sdxl_pipeline,
@@ -100,7 +104,7 @@ def test_components_build_a_second_pipeline_sharing_the_modules(pipe):
 
 
 def test_to_dtype_casts_every_module_and_the_pipeline_runs(pipe):
-    """`pipe.to(torch.float64)` casts every `torch.nn.Module` component (UNet, VAE, text encoder); `pipe.dtype` follows, and `__call__` runs with `latents` in that dtype."""
+    """In `StableDiffusionPipeline`, `pipe.to(torch.float64)` casts every `torch.nn.Module` component (UNet, VAE, text encoder); `pipe.dtype` follows, and `__call__` runs with `latents` in that dtype."""
     pipe.to(torch.float64)
     for module in (pipe.unet, pipe.vae, pipe.text_encoder):
         assert next(module.parameters()).dtype == torch.float64
@@ -216,7 +220,7 @@ def test_text_to_image_calls_the_denoiser_once_per_timestep_at_default_settings(
 
 
 def test_two_calls_with_the_same_inputs_give_the_same_result(pipe):
-    """Two calls with the same `latents` and `prompt_embeds` give identical results."""
+    """In `StableDiffusionPipeline`, two calls with the same `latents` and `prompt_embeds` give identical results."""
     kwargs = dict(prompt_embeds=embeds(1), num_inference_steps=3, guidance_scale=3.0,
                   height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
     first = pipe(latents=start_latents(), **kwargs).images
@@ -225,7 +229,7 @@ def test_two_calls_with_the_same_inputs_give_the_same_result(pipe):
 
 
 def test_a_wrong_scaling_factor_decodes_without_an_error(pipe):
-    """A VAE whose `scaling_factor` differs from the one the denoiser was trained with decodes without an error: `vae.decode` receives `latents` at a different scale and returns a different image."""
+    """In `StableDiffusionPipeline`, a VAE whose `scaling_factor` differs from the one the denoiser was trained with decodes without an error: `vae.decode` receives `latents` at a different scale and returns a different image."""
     kwargs = dict(prompt_embeds=embeds(1), num_inference_steps=2, guidance_scale=1.0,
                   height=HEIGHT, width=WIDTH, output_type="np")  # fmt: skip
     right = pipe(latents=start_latents(), **kwargs).images
@@ -543,3 +547,78 @@ def test_flow_match_from_config_keeps_every_init_key_it_shares():
     with pytest.raises(ValueError, match="mu"):
         flow.set_timesteps(4)
     flow.set_timesteps(4, mu=0.5)
+
+
+# ---------------------------------------------------------------- modular pipelines
+
+
+@pytest.fixture(scope="module")
+def modular_sdxl(tmp_path_factory):
+    """(modular, classic): SDXL's modular pipeline over the tiny SDXL parts, built once."""
+    return tiny_modular_sdxl(tmp_path_factory.mktemp("tiny-sdxl"))
+
+
+def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkeypatch):
+    """A modular pipeline (`diffusers.modular_pipelines`) runs the same stages as blocks over one `PipelineState`; in SDXL's, each block writes only state keys it declares as inputs or outputs."""
+    from diffusers.modular_pipelines import ModularPipelineBlocks, PipelineState
+
+    pipe, _ = modular_sdxl
+    seen, original = [], ModularPipelineBlocks.set_block_state
+
+    def spy(self, state, block_state):
+        before = dict(state.values)
+        original(self, state, block_state)
+        changed = {k for k, v in state.values.items() if k not in before or before[k] is not v}
+        seen.append((type(self).__name__, changed, set(self.intermediate_output_names) | set(self.input_names)))  # fmt: skip
+
+    monkeypatch.setattr(ModularPipelineBlocks, "set_block_state", spy)
+    state = pipe(**sdxl_modular_inputs())
+    assert isinstance(state, PipelineState)
+    assert {"timesteps", "latents", "images"} <= set(state.values)
+    assert len(seen) >= 6 and all(changed for _, changed, _ in seen)
+    for name, changed, declared in seen:
+        assert changed <= declared, (name, changed - declared)
+
+
+def test_flux3_ships_only_as_a_modular_pipeline():
+    """In diffusers 0.42.1 FLUX.3 ships only this way: `Flux3ModularPipeline` and `Flux3DistilledModularPipeline`, no classic `Flux3Pipeline`."""
+    import importlib.util
+
+    import diffusers
+
+    exported = {name for names in diffusers._import_structure.values() for name in names}
+    flux3 = sorted(n for n in exported if n.startswith("Flux3") and n.endswith("Pipeline"))
+    assert flux3 == ["Flux3DistilledModularPipeline", "Flux3ModularPipeline"], flux3
+    assert not hasattr(diffusers, "Flux3Pipeline")
+    assert importlib.util.find_spec("diffusers.pipelines.flux3") is None
+    assert importlib.util.find_spec("diffusers.modular_pipelines.flux3") is not None
+
+
+def test_sdxl_modular_guidance_is_the_guider_component(modular_sdxl):
+    """In SDXL's modular pipeline, guidance is a component: its blocks take no `guidance_scale` (passed one, the call warns and ignores it); the `guider` (`ClassifierFreeGuidance`, at 7.5 unless set) holds it, and `update_components(guider=...)` replaces it, with APG (`AdaptiveProjectedGuidance`) or PAG (`PerturbedAttentionGuidance`), say, while the same blocks run."""
+    import numpy as np
+    from diffusers import ClassifierFreeGuidance
+    from diffusers.guiders import AdaptiveProjectedGuidance, PerturbedAttentionGuidance
+    from diffusers.hooks import LayerSkipConfig
+
+    pipe, _ = modular_sdxl
+    assert "guidance_scale" not in pipe.blocks.input_names
+    assert type(pipe.guider) is ClassifierFreeGuidance and pipe.guider.guidance_scale == 7.5
+    names, before = leaf_block_calls(pipe, **sdxl_modular_inputs(), output="images")
+    with pytest.warns(UserWarning, match="guidance_scale"):
+        ignored = pipe(**sdxl_modular_inputs(), guidance_scale=1.0, output="images")
+    np.testing.assert_array_equal(ignored, before)
+    unet, vae, scheduler = pipe.unet, pipe.vae, pipe.scheduler
+    fqn = next(n for n, _ in pipe.unet.named_modules() if n.endswith("transformer_blocks"))
+    layer = LayerSkipConfig(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True)
+    for guider in (
+        ClassifierFreeGuidance(guidance_scale=1.5),
+        AdaptiveProjectedGuidance(guidance_scale=7.5, eta=0.0),
+        PerturbedAttentionGuidance(perturbed_guidance_config=layer, perturbed_guidance_stop=1.0),
+    ):
+        with guider_swapped(pipe, guider):
+            assert pipe.guider is guider
+            assert (pipe.unet, pipe.vae, pipe.scheduler) == (unet, vae, scheduler)
+            names_after, after = leaf_block_calls(pipe, **sdxl_modular_inputs(), output="images")
+        assert names_after == names and len(names) > 4, type(guider).__name__
+        assert np.abs(after - before).max() > 1e-3, type(guider).__name__

@@ -1416,3 +1416,98 @@ def real_vae_tiling() -> dict[str, tuple[int, int, list[int]]]:
                 assert image.shape == (1, 3, 8 * side, 8 * side)
         seen[name] = (config["latent_channels"], 8 * side, calls)
     return seen
+
+
+# ---------------------------------------------------------------- SDXL's modular pipeline
+# The handbook's modular-pipeline claims (pipeline, loop, interview pages): the tiny SDXL parts
+# saved as a classic pipeline and loaded into SDXL's own modular blocks, as a reader would from a
+# hub folder. Lab 23's module builds its own the same way.
+
+#: batch and steps of the modular-pipeline claims
+MODULAR_B, MODULAR_STEPS = 1, 3
+
+
+def sdxl_modular_blocks():
+    """``StableDiffusionXLAutoBlocks`` less the blocks that need text encoders or an image
+    (``sub_blocks.pop``, as diffusers' own modular tests do): pass the prompt embeddings."""
+    from diffusers import StableDiffusionXLAutoBlocks
+
+    blocks = StableDiffusionXLAutoBlocks()
+    for name in ("text_encoder", "ip_adapter", "vae_encoder"):
+        blocks.sub_blocks.pop(name)
+    return blocks
+
+
+def tiny_modular_sdxl(folder, unet=None):
+    """(modular, classic): ``tiny_sdxl_pipeline(unet=unet)`` saved into ``folder`` by the classic
+    ``save_pretrained``, and SDXL's modular pipeline built on that folder (``init_pipeline``,
+    ``load_components``), so both hold the same weights. Build it once per module."""
+    classic = tiny_sdxl_pipeline(unet=unet)
+    classic.save_pretrained(folder)
+    modular = sdxl_modular_blocks().init_pipeline(str(folder))
+    modular.load_components()
+    modular.set_progress_bar_config(disable=True)
+    return modular, classic
+
+
+def sdxl_modular_inputs(seed=0, steps=MODULAR_STEPS):
+    """Inputs both SDXL pipelines take: embeddings (zeros as the negative ones), size, steps,
+    ``output_type="np"`` and a seeded generator."""
+    import torch
+
+    pooled = torch.randn(MODULAR_B, POOLED_DIM, generator=torch.Generator().manual_seed(2))
+    prompt_embeds = embeds(1, batch=MODULAR_B)
+    return dict(
+        prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
+        negative_prompt_embeds=torch.zeros_like(prompt_embeds),
+        negative_pooled_prompt_embeds=torch.zeros_like(pooled),
+        num_inference_steps=steps, height=HEIGHT, width=WIDTH, output_type="np",
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def guider_swapped(pipe, guider):
+    """``pipe.update_components(guider=guider)`` for the block, the old guider restored after."""
+    old = pipe.guider
+    pipe.update_components(guider=guider)
+    try:
+        yield pipe
+    finally:
+        pipe.update_components(guider=old)
+
+
+def unet_batches_of(pipe, **kwargs):
+    """(the batch of every UNet call of one ``pipe(**kwargs)``, in order; its output)."""
+    batches = []
+    handle = pipe.unet.register_forward_pre_hook(lambda m, a: batches.append(a[0].shape[0]))
+    try:
+        out = pipe(**kwargs)
+    finally:
+        handle.remove()
+    return batches, out
+
+
+def _block_tree(block):
+    for sub in getattr(block, "sub_blocks", {}).values():
+        yield sub
+        yield from _block_tree(sub)
+
+
+def leaf_block_calls(pipe, **kwargs):
+    """(class names of the leaf blocks one modular ``pipe(**kwargs)`` runs, in order, found by
+    walking ``pipe.blocks`` and spying each leaf class's ``__call__``; the call's output)."""
+    names = []
+    with pytest.MonkeyPatch.context() as patch:
+        for block in {type(b): b for b in _block_tree(pipe.blocks)}.values():
+            if getattr(block, "sub_blocks", None):
+                continue
+            original = type(block).__call__
+
+            def spy(self, *args, _original=original, **kw):
+                names.append(type(self).__name__)
+                return _original(self, *args, **kw)
+
+            patch.setattr(type(block), "__call__", spy)
+        out = pipe(**kwargs)
+    return names, out
