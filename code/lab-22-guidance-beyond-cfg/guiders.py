@@ -91,9 +91,7 @@ noise = np.random.default_rng(args.seed).standard_normal((args.num_samples, 2)) 
 # Each takes `pred_cond` and `pred_uncond`, `(N, ...)`, and returns the guided prediction,
 # with the class's default arguments. Norms, dot products and stds run per row over every
 # axis but the batch axis, as the guiders do (`norm_dim=None`). `use_original_formulation`
-# starts from `pred_cond` instead of `pred_uncond`: for CFG, CFG-Zero* and tangential CFG that
-# is the default line with the scale one higher; not for APG with eta=0, a binding threshold or
-# momentum, nor for PAG at scale 0 inside its window.
+# starts from `pred_cond` instead of `pred_uncond`.
 
 
 # %%
@@ -171,8 +169,8 @@ def PerturbedAttentionGuidance(pred_cond, pred_uncond, pred_cond_skip, guidance_
 # (`pred_cond`, `pred_uncond`, `pred_cond_skip`), not one doubled batch. PAG's and SLG's
 # perturbed branch runs only inside its window: from `perturbed_guidance_start` to
 # `perturbed_guidance_stop` of the steps (defaults 0.01 and 0.2), with the first bound
-# exclusive, as diffusers' guider checks it (`start < step < stop`); at 30 steps that is
-# steps 1 to 5.
+# exclusive, as diffusers' guider checks it (`int(start * n) < step < int(stop * n)`); at 30
+# steps that is steps 1 to 5.
 
 
 # %%
