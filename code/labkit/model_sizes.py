@@ -199,7 +199,14 @@ def _scheduler_cell(row: dict[str, Any]) -> str:
 
 
 def _guidance_cell(row: dict[str, Any]) -> str:
-    g = dict(row["guidance"])
+    text = _guidance_text(row["guidance"])
+    for name, g in (row.get("variants") or {}).items():  # FLUX.3's step-distilled pipeline
+        text += f"; `{name}`: {_guidance_text(g) or 'no guider'}"
+    return text
+
+
+def _guidance_text(guidance: dict[str, Any]) -> str:
+    g = dict(guidance)
     parts = []
     if "guider" in g:
         parts.append(f"guider `{g.pop('guider')}`")
@@ -252,7 +259,8 @@ def atlas_table(sources: bool = False) -> str:
         latents = f"{r['latent_channels']} ch, {r['spatial_compression']}× space"
         if r["temporal_compression"]:
             latents += f", {r['temporal_compression']}× time"
-        cells = [r["family"], f"`{r['pipeline']}` ({kind})", encoders, f"`{r['denoiser']}`", params, _blocks_cell(r["blocks"]), latents, _tokens_cell(r), _guidance_cell(r), _scheduler_cell(r)]  # fmt: skip
+        pipelines = ", ".join(f"`{p}`" for p in (r["pipeline"], *(r.get("variants") or {})))
+        cells = [r["family"], f"{pipelines} ({kind})", encoders, f"`{r['denoiser']}`", params, _blocks_cell(r["blocks"]), latents, _tokens_cell(r), _guidance_cell(r), _scheduler_cell(r)]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -1040,6 +1040,8 @@ class Family:
     encoder_named: tuple[str, str] | None = None
     #: the scheduler a public source ships with the checkpoint (class and shift), and that source
     shift: tuple[str, str] | None = None
+    #: the family's other pipelines of the same folder (FLUX.3's step-distilled one)
+    variants: tuple[str, ...] = ()
 
 
 def _c(family, component, cls, config, source, library="diffusers"):
@@ -1162,6 +1164,7 @@ ATLAS: list[Family] = [
             f"{CLASS_DEFAULTS}; the class its blocks' ComponentSpec names",
         ),
         pack=2,
+        variants=("Flux3DistilledModularPipeline",),
     ),
     Family(
         "Z-Image",
@@ -1172,7 +1175,9 @@ ATLAS: list[Family] = [
             "transformer",
             "ZImageTransformer2DModel",
             ZIMAGE_TRANSFORMER,
-            f"{ZIMAGE_REPO} src/config/model.py DEFAULT_TRANSFORMER_* and ROPE_*, as src/utils/loader.py builds it",
+            f"{ZIMAGE_REPO} src/config/model.py DEFAULT_TRANSFORMER_* and ROPE_*, as src/utils/loader.py builds it; "
+            "the checkpoint that repository releases is Z-Image-Turbo, 'A distilled version of Z-Image' (README.md: 8 NFEs, "
+            "`guidance_scale=0.0`; src/config/inference.py DEFAULT_GUIDANCE_SCALE = 0.0), not the pipeline's default 5.0",
         ),
         _c(
             "Z-Image",

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
-from model_configs import COMPONENTS, build, count_params
+from model_configs import COMPONENTS, PUBLISHED, build, count_params
 
 #: tests/conftest.py's ``once_per_run`` bound to the session (the verify conftest sets it):
 #: made once per test run, shared by pytest-xdist's workers. None outside pytest.
@@ -382,16 +383,22 @@ def _kind(folder: str) -> str:
     return {(True, False): "classic", (True, True): "classic + modular", (False, True): "modular only"}[classic, modular]  # fmt: skip
 
 
-def _guidance(family, kind: str, config: dict) -> dict:
-    """The guidance settings the pipeline takes: its ``__call__`` guidance arguments with their
-    defaults, its ``guider`` component and ``is_distilled`` flag where ``__init__`` has one (modular
-    only: the guider its default blocks declare, with the scale they give it), and the denoiser
-    config's ``guidance_embeds`` where it has the key."""
+#: the ``__call__`` arguments the atlas shows as guidance settings: the scale of CFG
+#: (``guidance_scale``, Wan 2.2's ``guidance_scale_2``, FLUX.1's and Qwen-Image's ``true_cfg_scale``)
+#: and of LTX-2's spatio-temporal and modality guidance, with their ``audio_`` twins
+GUIDANCE_ARGS = re.compile(r"^(audio_)?(guidance|true_cfg|stg|modality)_scale(_2)?$")
+
+
+def _guidance(pipeline: str, kind: str, config: dict) -> dict:
+    """The guidance settings the pipeline takes: its ``__call__`` arguments that ``GUIDANCE_ARGS``
+    names, with their defaults, its ``guider`` component and ``is_distilled`` flag where ``__init__``
+    has one (modular only: the guider its default blocks declare, with the scale they give it), and
+    the denoiser config's ``guidance_embeds`` where it has the key."""
     import inspect
 
     import diffusers
 
-    cls = getattr(diffusers, family.pipeline)
+    cls = getattr(diffusers, pipeline)
     out = {}
     if kind == "modular only":
         for spec in getattr(diffusers, cls.default_blocks_name)().expected_components:
@@ -400,7 +407,7 @@ def _guidance(family, kind: str, config: dict) -> dict:
                 out.update({k: v for k, v in (spec.config or {}).items() if k == "guidance_scale"})
     else:
         call = inspect.signature(cls.__call__).parameters
-        out.update({k: call[k].default for k in ("guidance_scale", "guidance_scale_2", "true_cfg_scale") if k in call})  # fmt: skip
+        out.update({k: p.default for k, p in call.items() if GUIDANCE_ARGS.match(k)})
         init = inspect.signature(cls.__init__).parameters
         if "guider" in init:
             out["guider"] = init["guider"].annotation.__name__
@@ -409,6 +416,18 @@ def _guidance(family, kind: str, config: dict) -> dict:
     if "guidance_embeds" in config:
         out["guidance_embeds"] = config["guidance_embeds"]
     return out
+
+
+def _blocks_scheduler(pipeline: str) -> tuple[str | None, dict]:
+    """A modular pipeline's scheduler as its default blocks declare it: the class and the config
+    the blocks create it with (``default_creation_method="from_config"``)."""
+    import diffusers
+
+    cls = getattr(diffusers, pipeline)
+    for spec in getattr(diffusers, cls.default_blocks_name)().expected_components:
+        if spec.name == "scheduler":
+            return spec.type_hint.__name__, dict(spec.config or {})
+    return None, {}
 
 
 @once_per_run
@@ -425,7 +444,7 @@ def atlas_record() -> list[dict]:
     import torch
     from model_configs import ATLAS
 
-    out, encoded = [], {}
+    out, encoded, vaes = [], {}, {}
     for fam in ATLAS:
         kind = _kind(fam.folder)
         fam_k = dataclasses.replace(fam)
@@ -433,7 +452,10 @@ def atlas_record() -> list[dict]:
         cls = getattr(diffusers, fam.pipeline)
         denoiser = build(fam.denoiser)
         config = dict(denoiser.config)
-        vae = build(fam.vae)
+        vae_key = (fam.vae.cls, json.dumps(fam.vae.config, sort_keys=True))
+        if vae_key not in vaes:  # several families share one VAE config: build it once
+            vaes[vae_key] = build(fam.vae)
+        vae = vaes[vae_key]
         h, w = fam.size
         # the compression is observed on a small input (9 frames, 64 x 64 px: cheap on meta),
         # once per VAE config (several families share one)
@@ -454,12 +476,21 @@ def atlas_record() -> list[dict]:
         tokens = None
         if "down_block_types" not in config:
             tokens = (frames // pt) * (lat[-2] // ph) * (lat[-1] // pw)
+        shift = fam.shift
         if kind == "modular only":
-            scheduler = "FlowMatchEulerDiscreteScheduler" if any(s.name == "scheduler" and s.type_hint is diffusers.FlowMatchEulerDiscreteScheduler for s in getattr(diffusers, cls.default_blocks_name)().expected_components) else None  # fmt: skip
+            scheduler, created = _blocks_scheduler(fam.pipeline)
+            if created:  # the blocks create it themselves: its settings are the installed library's
+                settings = ", ".join(f"{k}={v}" for k, v in created.items())
+                shift = (f"{scheduler}, {settings}", f"diffusers {diffusers.__version__}: the default blocks of {', '.join((fam.pipeline, *fam.variants))} create it from this config (from_config)")  # fmt: skip
+                assert all(_blocks_scheduler(v) == (scheduler, created) for v in fam.variants)
         else:
             ann = inspect.signature(cls.__init__).parameters["scheduler"].annotation
             scheduler = getattr(ann, "__name__", str(ann))
         params = sum(p.numel() for p in denoiser.parameters())
+        # the denoiser's published size: the family's own, else the size table's for that component
+        published = fam.published or PUBLISHED.get((fam.denoiser.pipeline, fam.denoiser.component))
+        if published is not None and published.covers != (fam.denoiser.component,):
+            published = None
         out.append(
             {
                 "family": fam.name,
@@ -474,9 +505,10 @@ def atlas_record() -> list[dict]:
                 },
                 "text_encoder_named": fam.encoder_named[0] if fam.encoder_named else None,
                 "text_encoder_source": fam.encoder_named[1] if fam.encoder_named else None,
-                "guidance": _guidance(fam, kind, config),
-                "shipped_scheduler": fam.shift[0] if fam.shift else None,
-                "shipped_scheduler_source": fam.shift[1] if fam.shift else None,
+                "guidance": _guidance(fam.pipeline, kind, config),
+                "variants": {v: _guidance(v, kind, config) for v in fam.variants},
+                "shipped_scheduler": shift[0] if shift else None,
+                "shipped_scheduler_source": shift[1] if shift else None,
                 "scheduler": scheduler,
                 "denoiser": fam.denoiser.cls,
                 "denoisers": fam.denoisers,
@@ -494,10 +526,10 @@ def atlas_record() -> list[dict]:
                 "patch": [pt, ph, pw],
                 "pack": fam.pack,
                 "tokens": tokens,
-                "published": fam.published.figure if fam.published else None,
-                "published_params": fam.published.params if fam.published else None,
-                "published_cite": fam.published.cite if fam.published else None,
-                "published_source": fam.published.source if fam.published else None,
+                "published": published.figure if published else None,
+                "published_params": published.params if published else None,
+                "published_cite": published.cite if published else None,
+                "published_source": published.source if published else None,
             }
         )
     return out

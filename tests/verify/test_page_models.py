@@ -16,8 +16,103 @@ def atlas() -> dict[str, dict]:
     return {row["family"]: row for row in model_sizes.atlas()}
 
 
+class _StopCallError(Exception):
+    pass
+
+
+def _call_until_prepare_latents(pipe, **kwargs) -> dict:
+    """Run the pipeline's own ``__call__`` until it calls ``prepare_latents``; return that call's
+    arguments (the call stops there: no denoiser, no VAE run)."""
+    import inspect
+
+    seen = {}
+
+    def prepare_latents(*args, **kw):
+        seen.update(inspect.signature(type(pipe).prepare_latents).bind(pipe, *args, **kw).arguments)
+        raise _StopCallError
+
+    object.__setattr__(pipe, "prepare_latents", prepare_latents)
+    try:
+        pipe(**kwargs)
+    except _StopCallError:
+        pass
+    return seen
+
+
+def _video_pipelines() -> dict:
+    """LTX2Pipeline, WanPipeline and HunyuanVideo15Pipeline with no weights: stand-ins for the
+    parts ``__call__`` reads before ``prepare_latents`` (a transformer's config, LTX-2's connectors)."""
+    import types
+
+    import torch
+    from diffusers import (
+        AutoencoderKLHunyuanVideo15,
+        ClassifierFreeGuidance,
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanVideo15Pipeline,
+        LTX2Pipeline,
+        WanPipeline,
+    )
+
+    def stand_in(**config):
+        return types.SimpleNamespace(config=types.SimpleNamespace(**config), dtype=torch.float32)
+
+    e, m = torch.zeros(1, 4, 8), torch.ones(1, 4)
+    ltx2 = LTX2Pipeline(scheduler=None, vae=None, audio_vae=None, text_encoder=None, tokenizer=None, connectors=None, transformer=None, vocoder=None)  # fmt: skip
+    object.__setattr__(ltx2, "connectors", lambda p, mask, padding_side=None: (p, p, mask))
+    object.__setattr__(ltx2, "transformer", stand_in(in_channels=128))
+    wan = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler())  # fmt: skip
+    object.__setattr__(wan, "transformer", stand_in(in_channels=16, patch_size=(1, 2, 2)))
+    with torch.device("meta"):  # its __init__ reads the VAE's config
+        hy_vae = AutoencoderKLHunyuanVideo15()
+    hy = HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, transformer=None, vae=hy_vae, scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder_2=None, tokenizer_2=None, guider=ClassifierFreeGuidance())  # fmt: skip
+    object.__setattr__(hy, "transformer", stand_in(in_channels=65))
+    both = dict(prompt_embeds=e, negative_prompt_embeds=e)
+    return {
+        "LTX2Pipeline": (
+            ltx2,
+            dict(**both, prompt_attention_mask=m, negative_prompt_attention_mask=m),
+        ),
+        "WanPipeline": (wan, both),
+        "HunyuanVideo15Pipeline": (
+            hy,
+            dict(
+                **both,
+                prompt_embeds_mask=m,
+                prompt_embeds_2=e,
+                prompt_embeds_mask_2=m,
+                negative_prompt_embeds_mask=m,
+                negative_prompt_embeds_2=e,
+                negative_prompt_embeds_mask_2=m,
+            ),
+        ),
+    }
+
+
+def test_guidance_arguments_and_defaults(atlas):
+    """Guidance: `__call__`'s `guidance_scale`, `true_cfg_scale`, `stg_scale` and `modality_scale` arguments (and their `_2` and `audio_` forms) with their defaults; the defaults `LTX2Pipeline.__call__` sets when none is passed turn on its classifier-free, spatio-temporal and modality guidance."""
+    import inspect
+    import re
+
+    import diffusers
+
+    name = re.compile(r"^(audio_)?(guidance|true_cfg|stg|modality)_scale(_2)?$")
+    for r in atlas.values():
+        if r["kind"] == "modular only":
+            continue
+        call = inspect.signature(getattr(diffusers, r["pipeline"]).__call__).parameters
+        shown = {k: v for k, v in r["guidance"].items() if k not in ("guider", "is_distilled", "guidance_embeds")}  # fmt: skip
+        assert shown == {k: p.default for k, p in call.items() if name.match(k)}, r["family"]
+    # LTX-2's, as its __call__ sets them when none is passed: CFG, STG and modality guidance
+    ltx2, kwargs = _video_pipelines()["LTX2Pipeline"]
+    _call_until_prepare_latents(ltx2, **kwargs)
+    observed = {k: getattr(ltx2, k) for k in ("guidance_scale", "stg_scale", "modality_scale", "audio_guidance_scale", "audio_stg_scale", "audio_modality_scale")}  # fmt: skip
+    assert {k: atlas["LTX-2"]["guidance"][k] for k in observed} == observed
+    assert ltx2.do_classifier_free_guidance and ltx2.do_spatio_temporal_guidance and ltx2.do_modality_isolation_guidance  # fmt: skip
+
+
 def test_flux3_is_the_only_modular_only_family(atlas):
-    """FLUX.3 is the one family here with a modular pipeline only (`Flux3ModularPipeline`; there is no `pipelines/flux3`)."""
+    """FLUX.3 is the one family here with a modular pipeline only: `Flux3ModularPipeline` and `Flux3DistilledModularPipeline`, whose blocks have no `guider`; there is no `pipelines/flux3`."""
     import diffusers
 
     def has(package: str) -> bool:
@@ -31,12 +126,36 @@ def test_flux3_is_the_only_modular_only_family(atlas):
         assert row["kind"] == {(True, False): "classic", (True, True): "classic + modular", (False, True): "modular only"}[classic, modular]  # fmt: skip
         assert hasattr(diffusers, row["pipeline"])
     assert [f for f, r in atlas.items() if r["kind"] == "modular only"] == ["FLUX.3"]
-    assert atlas["FLUX.3"]["pipeline"] == "Flux3ModularPipeline"
-    assert issubclass(diffusers.Flux3ModularPipeline, diffusers.ModularPipeline)
+    flux3 = atlas["FLUX.3"]
+    # every modular pipeline diffusers exports from modular_pipelines/flux3 is on the row
+    import diffusers.modular_pipelines.flux3 as flux3_module
+
+    exported = set()
+    for n in dir(flux3_module):
+        obj = getattr(flux3_module, n)
+        if isinstance(obj, type) and issubclass(obj, diffusers.ModularPipeline):
+            assert getattr(diffusers, n) is obj  # exported by diffusers itself
+            exported.add(n)
+    assert exported == {flux3["pipeline"], *flux3["variants"]} == {"Flux3ModularPipeline", "Flux3DistilledModularPipeline"}  # fmt: skip
+    for name in exported:  # the guider each one's default blocks declare, as the row shows it
+        cls = getattr(diffusers, name)
+        specs = {c.name: c for c in getattr(diffusers, cls.default_blocks_name)().expected_components}  # fmt: skip
+        shown = flux3["guidance"] if name == flux3["pipeline"] else flux3["variants"][name]
+        assert ("guider" in specs) == ("guider" in shown), name
+    assert "guider" not in flux3["variants"]["Flux3DistilledModularPipeline"]
+
+
+def test_sixteen_checkpoints():
+    """This table answers them for sixteen models diffusers 0.42.1 runs."""
+    import diffusers
+
+    rows = model_sizes.atlas()
+    assert len(rows) == 16 and diffusers.__version__ == "0.42.1"
+    assert all(hasattr(diffusers, r["pipeline"]) for r in rows)
 
 
 def test_image_dits_see_4096_tokens_at_1024(atlas):
-    """Every image DiT here sees 4,096 tokens at 1024 × 1024."""
+    """Counted so, every image DiT here has 4,096 image tokens at 1024 × 1024."""
     images = [r for r in atlas.values() if not r["frames"] and r["tokens"] is not None]
     assert len(images) >= 9
     for r in images:
@@ -60,8 +179,30 @@ def test_schedulers_the_pipelines_annotate(atlas):
     assert {atlas[f]["scheduler"] for f in families[2:]} == {"FlowMatchEulerDiscreteScheduler"}
 
 
+def test_flux3_blocks_create_their_scheduler(atlas):
+    """The table shows the settings FLUX.3's blocks create its scheduler with, in both its pipelines."""
+    import diffusers
+
+    flux3 = atlas["FLUX.3"]
+    cls, _, settings = flux3["shipped_scheduler"].partition(", ")
+    assert cls == flux3["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+    expected = {k: float(v) for k, v in (kv.split("=") for kv in settings.split(", "))}
+    assert expected == {"shift": 6.93}
+    for name in (flux3["pipeline"], *flux3["variants"]):
+        pipeline_cls = getattr(diffusers, name)
+        pipe = getattr(diffusers, pipeline_cls.default_blocks_name)().init_pipeline()
+        assert type(pipe) is pipeline_cls
+        pipe.load_components(names=["scheduler"])  # created from the blocks' config, no hub
+        assert type(pipe.scheduler).__name__ == cls
+        assert {k: pipe.scheduler.config[k] for k in expected} == expected, name
+
+
 def test_latent_channels_and_compression(atlas):
-    """Latent channels went from 4 in SD 1.5 to 16, 32, 48, 64, and 128 in LTX-2's video VAE, and spatial compression from 8× to 16× and 32×."""
+    """Latent channels went from 4 in SD 1.5 to 16, 32, 48, 64 (Qwen-Image 2.1, class defaults), and 128 in LTX-2's video VAE, and spatial compression from 8× to 16× and 32×."""
+    from model_configs import CLASS_DEFAULTS
+
+    (sixty_four,) = [r for r in atlas.values() if r["latent_channels"] == 64]
+    assert sixty_four["family"] == "Qwen-Image 2.1" and CLASS_DEFAULTS in sixty_four["vae_source"]
     assert atlas["SD 1.5"]["latent_channels"] == 4
     assert sorted({r["latent_channels"] for r in atlas.values()}) == [4, 16, 32, 48, 64, 128]
     assert max(atlas.values(), key=lambda r: r["latent_channels"])["family"] == "LTX-2"
@@ -82,56 +223,122 @@ def test_video_token_range(atlas):
 
 
 def test_bigger_number_is_not_bigger_model(atlas):
-    """FLUX.3's denoiser, built from the class defaults, counts fewer parameters than FLUX.2 dev's, and Qwen-Image 2.1's fewer than Qwen-Image's."""
-    assert "class defaults" in atlas["FLUX.3"]["denoiser_source"]
-    assert atlas["FLUX.3"]["denoiser_params"] < atlas["FLUX.2 dev"]["denoiser_params"]
-    assert atlas["Qwen-Image 2.1"]["denoiser_params"] < atlas["Qwen-Image"]["denoiser_params"]
+    """FLUX.2 klein 4B's denoiser counts about a third of FLUX.1-dev's parameters, both built from public configs."""
+    from model_configs import CLASS_DEFAULTS
+
+    klein, flux1 = atlas["FLUX.2 klein 4B"], atlas["FLUX.1-dev"]
+    assert 0.30 < klein["denoiser_params"] / flux1["denoiser_params"] < 0.37
+    for r in (klein, flux1):
+        assert CLASS_DEFAULTS not in r["denoiser_source"] and "@" in r["denoiser_source"]
 
 
 def test_published_totals_agree(atlas):
-    """Where a family publishes its denoiser's size (FLUX.2 dev, Z-Image), the count agrees with it within the size table's tolerance."""
+    """Where the atlas has a published size for a family's denoiser (the size table's figure for the same component, FLUX.2 dev's model card, Z-Image's README), the count agrees with it within the size table's tolerance."""
+    from model_configs import ATLAS, PUBLISHED
+
     rtol = model_sizes.load()["published_rtol"]
     published = {f: r for f, r in atlas.items() if r["published"]}
-    assert set(published) == {"FLUX.2 dev", "Z-Image"}
+    assert set(published) == {"SD 1.5", "SDXL", "SD3.5 Large", "FLUX.1-dev", "FLUX.2 dev", "Z-Image", "Qwen-Image", "Wan 2.1 T2V 14B"}  # fmt: skip
+    for fam in ATLAS:  # every size-table figure for a denoiser the atlas reuses is carried over
+        p = PUBLISHED.get((fam.denoiser.pipeline, fam.denoiser.component))
+        if p is not None and p.covers == (fam.denoiser.component,):
+            assert atlas[fam.name]["published_params"] == p.params, fam.name
     for r in published.values():
         assert r["denoiser_params"] == pytest.approx(r["published_params"], rel=rtol)
 
 
 def test_wan22_a14b_runs_two_denoisers_of_one_config():
-    """Wan 2.2 A14B runs two denoisers of one config, `transformer` and `transformer_2`."""
-    import inspect
-
-    import diffusers
-
-    params = inspect.signature(diffusers.WanPipeline.__init__).parameters
-    assert {"transformer", "transformer_2", "boundary_ratio"} <= set(params)
+    """Wan 2.2 A14B runs two denoisers of one config, `transformer` and `transformer_2`: `WanPipeline` with the conversion script's `boundary_ratio` (0.875) calls the first at high noise, the second after."""
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from model_configs import ATLAS
 
     (a14b,) = [f for f in ATLAS if f.name == "Wan 2.2 T2V A14B"]
     assert a14b.denoisers == 2 and "transformer_2" in a14b.denoiser.source
+    torch.manual_seed(0)
+    tiny = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=16, num_layers=1, rope_max_seq_len=32)  # fmt: skip
+    transformer, transformer_2 = WanTransformer3DModel(**tiny), WanTransformer3DModel(**tiny)
+    # the conversion script's Wan2.2-T2V-A14B pipeline: boundary_ratio=0.875
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=FlowMatchEulerDiscreteScheduler(), transformer=transformer, transformer_2=transformer_2, boundary_ratio=0.875)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda module, args, i=i: seen.append(i)) for i, m in enumerate((transformer, transformer_2))]  # fmt: skip
+    try:
+        pipe(prompt_embeds=torch.randn(1, 4, 16), negative_prompt_embeds=torch.randn(1, 4, 16), height=16, width=16, num_frames=5, num_inference_steps=4, output_type="latent")  # fmt: skip
+    finally:
+        for h in hooks:
+            h.remove()
+    assert (
+        seen == [0, 0] + [1] * 6
+    )  # high-noise steps on `transformer`, the rest on `transformer_2`
 
 
 def test_embedded_guidance_is_a_denoiser_input():
-    """A denoiser config with `guidance_embeds=True` is marked embedded: the denoiser takes the scale as an input (`guidance`) and has layers to embed it."""
-    import inspect
-
-    from model_configs import ATLAS, build
+    """A denoiser config with `guidance_embeds=True` is marked embedded: the denoiser takes the scale as an input (`guidance`) and has layers to embed it; `Flux2Pipeline` passes `guidance_scale` to it as `guidance` every step."""
+    import torch
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2Pipeline,
+        Flux2Transformer2DModel,
+        FluxTransformer2DModel,
+    )
+    from model_configs import ATLAS
 
     rows = {r["family"]: r for r in model_sizes.atlas()}
     # the flag as the built denoiser's config holds it (class default included), per family
     embedded = [f for f in ATLAS if rows[f.name]["guidance"].get("guidance_embeds") is True]
     assert {f.name for f in embedded} == {"FLUX.1-dev", "FLUX.2 dev"}
-    for f in embedded:
-        model = build(f.denoiser)
-        assert "guidance" in inspect.signature(model.forward).parameters
-        assert any("guidance" in name for name, _ in model.named_modules())
+    assert {f.denoiser.cls for f in embedded} == {"FluxTransformer2DModel", "Flux2Transformer2DModel"}  # fmt: skip
     for f in ATLAS:  # and no other: a denoiser that embeds guidance says so in its config
         if f not in embedded and f.denoiser.library == "diffusers":
-            assert f.denoiser.config.get("guidance_embeds", False) is False
+            assert rows[f.name]["guidance"].get("guidance_embeds", False) is False
+    # the flag adds the embedding layers (tiny configs of the two classes, on the meta device)
+    tiny = {
+        FluxTransformer2DModel: dict(
+            patch_size=1,
+            in_channels=16,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=(4, 6, 6),
+        ),
+        Flux2Transformer2DModel: dict(
+            patch_size=1,
+            in_channels=16,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            timestep_guidance_channels=32,
+            axes_dims_rope=(4, 4, 4, 4),
+        ),
+    }
+    for cls, config in tiny.items():
+        with torch.device("meta"):
+            off, on = ({n for n, _ in cls(**config, guidance_embeds=g).named_parameters()} for g in (False, True))  # fmt: skip
+        assert off < on and all("guidance_embedder" in n for n in on - off), cls.__name__
+    # and FLUX.2 dev's pipeline passes the scale to the denoiser as `guidance`, every step
+    torch.manual_seed(0)
+    transformer = Flux2Transformer2DModel(**tiny[Flux2Transformer2DModel], guidance_embeds=True)
+    vae = AutoencoderKLFlux2(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4, norm_num_groups=4)  # fmt: skip
+    pipe = Flux2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None, transformer=transformer)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    seen = []
+    hook = transformer.register_forward_pre_hook(lambda m, a, k: seen.append(k.get("guidance")), with_kwargs=True)  # fmt: skip
+    try:
+        pipe(prompt_embeds=torch.randn(1, 8, 32), height=32, width=32, num_inference_steps=2, guidance_scale=2.5, output_type="latent")  # fmt: skip
+    finally:
+        hook.remove()
+    assert len(seen) == 2 and all(g.tolist() == [2.5] for g in seen)
 
 
 def test_flux2_klein_is_distilled_runs_no_cfg():
-    """FLUX.2 klein's pipeline has an `is_distilled` flag; with it set, the pipeline runs no classifier-free guidance."""
+    """FLUX.2 klein's pipeline, `Flux2KleinPipeline`, has an `is_distilled` flag; with it set, the pipeline runs no classifier-free guidance."""
     import torch
     from diffusers import (
         AutoencoderKLFlux2,
@@ -159,7 +366,7 @@ def test_flux2_klein_is_distilled_runs_no_cfg():
 
 
 def test_text_encoders_counted_or_named(atlas):
-    """Text encoder: the classes the pipeline's `__init__` annotates (FLUX.3: its default blocks' `expected_components`), counted where the size table counts them, else the checkpoint a public conversion script loads."""
+    """Text encoder: the classes the pipeline's `__init__` annotates (FLUX.3: its default blocks' `expected_components`), counted where the size table counts them, else named where a public conversion script loads one."""
     sizes = {(r["pipeline"], r["component"]): r for r in model_sizes.rows()}
     from model_configs import ATLAS
 
@@ -190,29 +397,31 @@ def test_wan_ships_unipc(atlas):
         shift = float(r["shipped_scheduler"].rsplit("=", 1)[1])
         s = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=shift)  # fmt: skip
         assert s.config.flow_shift == shift and s.config.use_flow_sigmas
-    assert {f for f, r in atlas.items() if r["shipped_scheduler"]} == {"Wan 2.1 T2V 14B", "Wan 2.2 T2V A14B", "Wan 2.2 TI2V 5B", "HunyuanVideo 1.5 720p", "LTX-2", "Z-Image"}  # fmt: skip
+    assert {f for f, r in atlas.items() if r["shipped_scheduler"]} == {"Wan 2.1 T2V 14B", "Wan 2.2 T2V A14B", "Wan 2.2 TI2V 5B", "HunyuanVideo 1.5 720p", "LTX-2", "Z-Image", "FLUX.3"}  # fmt: skip
 
 
 def test_video_rows_count_the_default_frames(atlas):
-    """Video rows count the frames the pipeline makes by default (LTX-2: 121, for a checkpoint without a `duration_head`) at 1280 wide, 704 high where 720 rows do not make whole tokens."""
-    import inspect
-
-    import diffusers
-
+    """Video rows count the frames the pipeline makes by default (LTX-2: 121, for a checkpoint without a `duration_head`) at 1280 wide, 704 high where 720 rows do not make whole tokens: the `num_frames` that `LTX2Pipeline`, `WanPipeline` and `HunyuanVideo15Pipeline` pass to `prepare_latents` when none is given."""
     video = {f: r for f, r in atlas.items() if r["frames"]}
     assert set(video) == {"HunyuanVideo 1.5 720p", "LTX-2", "Wan 2.1 T2V 14B", "Wan 2.2 T2V A14B", "Wan 2.2 TI2V 5B"}  # fmt: skip
+    pipelines = _video_pipelines()
+    assert {r["pipeline"] for r in video.values()} == set(pipelines)
+    made = {}  # the num_frames each pipeline's __call__ passes to prepare_latents when none is given
+    for name, (pipe, kwargs) in pipelines.items():
+        made[name] = _call_until_prepare_latents(pipe, **kwargs)["num_frames"]
+    assert made["LTX2Pipeline"] == 121 and pipelines["LTX2Pipeline"][0].duration_head is None
     for r in video.values():
-        call = inspect.signature(getattr(diffusers, r["pipeline"]).__call__).parameters
-        default = call["num_frames"].default
-        if r["family"] == "LTX-2":
-            assert default is None
-            source = inspect.getsource(diffusers.LTX2Pipeline.__call__)
-            assert (
-                'num_frames is None and getattr(self, "duration_head", None) is not None' in source
-            )
-            assert "num_frames = 121" in source
-            default = 121
-        assert r["frames"] == default
+        assert r["frames"] == made[r["pipeline"]], r["family"]
         h, w = r["size"]
         stride = r["spatial_compression"] * r["patch"][1]
         assert w == 1280 and h == (720 if 720 % stride == 0 else 704) and h % stride == 0
+
+
+def test_zimage_sources_release_turbo(atlas):
+    """Z-Image's denoiser config and shift come from Tongyi-MAI's repository, which releases Z-Image-Turbo and runs it with `guidance_scale` 0, not the pipeline's default."""
+    z = atlas["Z-Image"]
+    assert "Tongyi-MAI/Z-Image@" in z["denoiser_source"] and "Tongyi-MAI/Z-Image@" in z["shipped_scheduler_source"]  # fmt: skip
+    assert (
+        "Z-Image-Turbo" in z["denoiser_source"] and "`guidance_scale=0.0`" in z["denoiser_source"]
+    )
+    assert z["guidance"]["guidance_scale"] != 0.0  # the table's cell: ZImagePipeline's default
