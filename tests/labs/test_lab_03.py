@@ -221,7 +221,7 @@ def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
     and no page's searchable text holds its three filled-in lines as it spells them (the
     guide's collapsed depth note, in the search index, shows labkit's DDIM spacing, the same
     computations with labkit's names, and says so); the reader's file and the checker are
-    pages (their notebooks), and the guide prints the checker's command."""
+    served as files (``page: false``), not pages, and the guide prints the checker's command."""
     import html
 
     _, mine = function_lines(FOLDER / BLANKS, "set_timesteps")
@@ -230,9 +230,9 @@ def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
     docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
     locations = {doc["location"].split("#")[0] for doc in docs}
     assert not any("spacing_solution" in location for location in locations)
-    # (the starters' notebook pages are pages, left out of search: each links to its guide)
+    # (an exercise's blanks file and checker: served as .py files, with no notebook page)
     for page in ("spacing_blanks", "check_spacing"):
-        assert (built_site / "code/lab-03-scheduler-reading" / page / "index.html").is_file(), page
+        assert (built_site / "code/lab-03-scheduler-reading" / f"{page}.py").is_file(), page
     text = html.unescape(" ".join(doc["text"] + doc["title"] for doc in docs))
     assert len(filled) == 3 and not [line for line in filled if line in " ".join(text.split())]
     guide = (built_site / "labs" / "lab-03-scheduler-reading" / "index.html").read_text()

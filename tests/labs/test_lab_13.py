@@ -533,15 +533,15 @@ def test_odd_dpm_input_is_one_line_exit_2_naming_the_readers_line(check, case):
 
 def test_the_dpm_solution_is_no_page_nav_entry_or_search_result(built_site):
     """dpm_solution.txt is no page of the site: no nav entry or search location names it;
-    the reader's file and the checker are pages (their notebooks), and the guide prints the
+    the reader's file and the checker are served as files (``page: false``), not pages, and the guide prints the
     checker's command. (The guide shows the starter's step, the same lines, before the
     exercise, folded as the answer: test_the_guide_folds_the_dpm_answer_above_the_exercise.)"""
     docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
     locations = {doc["location"].split("#")[0] for doc in docs}
     assert not any("dpm_solution" in location for location in locations)
-    # (the starters' notebook pages are pages, left out of search: each links to its guide)
+    # (an exercise's blanks file and checker: served as .py files, with no notebook page)
     for page in ("dpm_blanks", "check_dpm"):
-        assert (built_site / "code/lab-13-few-step-sampling" / page / "index.html").is_file(), page
+        assert (built_site / "code/lab-13-few-step-sampling" / f"{page}.py").is_file(), page
     page = (FOLDER.parents[1] / "docs/labs/lab-13-few-step-sampling.md").read_text()
     guide = page.split("\n---\n", 1)[1]  # the page below its front matter (the registry)
     assert "dpm_solution" not in guide and "python3 code/lab-13-few-step-sampling/check_dpm.py" in guide  # fmt: skip

@@ -433,7 +433,7 @@ def test_a_complex_blank_gets_the_dtype_hint_and_nothing_on_stderr(check):
 def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
     """ring_solution.txt is no page of the site (the build copies it as a plain file, as it
     does the other labs' solutions): no HTML page, nav entry or search location names it;
-    the reader's file and the checker are pages (their notebooks), and the guide prints the
+    the reader's file and the checker are served as files (``page: false``), not pages, and the guide prints the
     checker's command. (The guide shows the starter's attention and merge, the same lines,
     before the exercise, folded as the answer: test_the_guide_folds_the_answer.)"""
     docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
@@ -441,7 +441,7 @@ def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
     assert not any("ring_solution" in location for location in locations)
     assert not [p for p in built_site.rglob("*.html") if "ring_solution" in str(p)]
     for page in ("ring_blanks", "check_ring"):
-        assert (built_site / "code/lab-19-parallel-inference" / page / "index.html").is_file(), page
+        assert (built_site / "code/lab-19-parallel-inference" / f"{page}.py").is_file(), page
     guide = PAGE.read_text().split("\n---\n", 1)[1]  # the page below its front matter
     assert "ring_solution" not in guide and "python3 code/lab-19-parallel-inference/check_ring.py" in guide  # fmt: skip
     built = (built_site / "labs" / "lab-19-parallel-inference" / "index.html").read_text()

@@ -302,17 +302,15 @@ def test_odd_input_is_one_line_exit_2_naming_the_readers_line(check, case):
 
 def test_the_solution_is_no_page_nav_entry_or_search_result(built_site):
     """strength_solution.txt is no page of the site: no nav entry or search location names
-    it; the reader's file and the checker are pages (their notebooks), and the guide prints
+    it; the reader's file and the checker are served as files (``page: false``), not pages, and the guide prints
     the checker's command. (The guide shows the starter's get_timesteps, the same lines,
     before the exercise, folded as the answer: test_the_guide_folds_the_answer.)"""
     docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
     locations = {doc["location"].split("#")[0] for doc in docs}
     assert not any("strength_solution" in location for location in locations)
-    # (the starters' notebook pages are pages, left out of search: each links to its guide)
+    # (an exercise's blanks file and checker: served as .py files, with no notebook page)
     for page in ("strength_blanks", "check_strength"):
-        assert (
-            built_site / "code/lab-20-img2img-and-inpainting" / page / "index.html"
-        ).is_file(), page
+        assert (built_site / "code/lab-20-img2img-and-inpainting" / f"{page}.py").is_file(), page
     page = (FOLDER.parents[1] / "docs/labs/lab-20-img2img-and-inpainting.md").read_text()
     guide = page.split("\n---\n", 1)[1]  # the page below its front matter (the registry)
     assert "strength_solution" not in guide and "python3 code/lab-20-img2img-and-inpainting/check_strength.py" in guide  # fmt: skip
