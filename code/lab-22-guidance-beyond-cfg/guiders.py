@@ -44,8 +44,8 @@ from labkit.schedulers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 # `--prediction-type epsilon` (default) it predicts the noise on SD 1.5's schedule and DDIM
 # steps it, as in lab 04; with `flow` it predicts the velocity `noise - x0`, stepped by
 # flow-matching Euler. `weak_unet` is the perturbed
-# branch's stand-in: the exact denoiser of the same classes blurred to std 1.0 (PAG, SLG and
-# SEG weaken the real network instead).
+# branch's stand-in: the exact denoiser of the same classes blurred to std 1.0 (PAG and SLG
+# weaken the real network instead).
 
 # %%
 # --8<-- [start:setup]
@@ -90,8 +90,8 @@ noise = np.random.default_rng(args.seed).standard_normal((args.num_samples, 2)) 
 #
 # Each takes `pred_cond` and `pred_uncond`, `(N, ...)`, and returns the guided prediction,
 # with the class's default arguments. Norms, dot products and stds run per row over every
-# axis but the batch axis, as the guiders do (`norm_dim=None`). `use_original_formulation`
-# starts from `pred_cond` instead of `pred_uncond`.
+# axis but the batch axis, as the guiders do (APG: `adaptive_projected_guidance_norm_dim=None`).
+# `use_original_formulation` starts from `pred_cond` instead of `pred_uncond`.
 
 
 # %%

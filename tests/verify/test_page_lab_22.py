@@ -138,7 +138,7 @@ def test_each_rule_equals_its_guider(starter):
 
 
 def test_zero_star_zeroes_the_first_step_at_any_scale(starter):
-    """`ClassifierFreeZeroStarGuidance` returns zeros for the first `zero_init_steps` steps (default 1; with 2, steps 0 and 1) even at `guidance_scale=1`, where `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `TangentialClassifierFreeGuidance` return `pred_cond` alone, from one prediction; with `use_original_formulation=True` the "off" point of these four is scale 0 instead of 1."""
+    """`ClassifierFreeZeroStarGuidance`, at its default `guidance_rescale=0.0`, returns zeros for the first `zero_init_steps` steps (default 1; with 2, steps 0 and 1) even at `guidance_scale=1`, where `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `TangentialClassifierFreeGuidance` return `pred_cond` alone, from one prediction; with `use_original_formulation=True` the "off" point of these four is scale 0 instead of 1."""
     from diffusers.guiders import (
         AdaptiveProjectedGuidance,
         ClassifierFreeGuidance,
@@ -152,6 +152,8 @@ def test_zero_star_zeroes_the_first_step_at_any_scale(starter):
     assert n == 1 and not pred.any()
     two = ClassifierFreeZeroStarGuidance(guidance_scale=5.0, zero_init_steps=2)
     assert [guide(two, (c, u), step=i)[0].any() for i in range(3)] == [False, False, True]
+    # with a rescale, the zeros go through rescale_noise_cfg (std 0) and come out NaN
+    assert np.isnan(guide(ClassifierFreeZeroStarGuidance(guidance_scale=5.0, guidance_rescale=0.7), (c, u), step=0)[0]).all()  # fmt: skip
     for cls in (ClassifierFreeGuidance, AdaptiveProjectedGuidance, TangentialClassifierFreeGuidance, ClassifierFreeZeroStarGuidance):  # fmt: skip
         pred, n = guide(cls(guidance_scale=1.0), (c,), step=1)
         assert n == 1 and np.array_equal(pred, np_(c)), cls.__name__
@@ -231,7 +233,8 @@ def test_the_page_lists_every_guider_diffusers_ships():
 @pytest.fixture(scope="module")
 def modular_sdxl():
     """SDXL's modular core denoise step (input, before_denoise, controlnet_input, denoise)
-    around a tiny random text-time UNet and VAE, SD's Euler config; the UNet's calls counted."""
+    around a tiny random text-time UNet and VAE, SD's Euler config unless another scheduler
+    class is given; the UNet's calls counted, their outputs kept."""
     from diffusers import EulerDiscreteScheduler
     from diffusers.modular_pipelines.stable_diffusion_xl.modular_blocks_stable_diffusion_xl import (
         StableDiffusionXLCoreDenoiseStep,
@@ -241,14 +244,16 @@ def modular_sdxl():
     unet, lcm_unet = tiny_text_time_unet(), tiny_text_time_unet(time_cond_proj_dim=32)
     pipe.update_components(vae=tiny_vae(), unet=unet, scheduler=EulerDiscreteScheduler.from_config(SD_SCHEDULER))  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
-    calls = []
+    calls, outputs = [], []
     for model in (unet, lcm_unet):
         model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs.get("encoder_hidden_states")), with_kwargs=True)  # fmt: skip
+        model.register_forward_hook(lambda module, args, output: outputs.append(output[0]))
     pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(2))
 
-    def run(guider, steps=10, lcm=False):
-        pipe.update_components(guider=guider, unet=lcm_unet if lcm else unet)
+    def run(guider, steps=10, lcm=False, scheduler=EulerDiscreteScheduler):
+        pipe.update_components(guider=guider, unet=lcm_unet if lcm else unet, scheduler=scheduler.from_config(SD_SCHEDULER))  # fmt: skip
         calls.clear()
+        outputs.clear()
         pipe(
             prompt_embeds=embeds(1), negative_prompt_embeds=embeds(2),
             pooled_prompt_embeds=pooled, negative_pooled_prompt_embeds=torch.zeros_like(pooled),
@@ -257,15 +262,16 @@ def modular_sdxl():
         )  # fmt: skip
         return list(calls)
 
-    return unet, run
+    return unet, run, outputs
 
 
 def test_modular_sdxl_calls_the_unet_once_per_prediction(modular_sdxl):
-    """SDXL's modular denoise step calls the UNet once per prediction the guider asks for, batch `B` each: with a UNet without `time_cond_proj_dim`, `ClassifierFreeGuidance` two calls per step and `PerturbedAttentionGuidance` a third inside its window, which at its defaults (0.01 to 0.2) is step 1 alone of 10 steps, and never step 0, even with the window at 0 to 1. With `time_cond_proj_dim` set, as in full LCM checkpoints, the step turns the guider off: one call per step with either guider."""
+    """SDXL's modular denoise step calls the UNet once per prediction the guider asks for, batch `B` each. With SDXL's `EulerDiscreteScheduler` and a UNet without `time_cond_proj_dim`: `ClassifierFreeGuidance` two calls per step; `PerturbedAttentionGuidance` a third inside its window, at its defaults (0.01 to 0.2) step 1 alone of 10 steps, with the window at 0 to 1 steps 1 to 9. With the second-order `HeunDiscreteScheduler` the counts differ: 29 `ClassifierFreeGuidance` calls at 10 steps, not 20. With `time_cond_proj_dim` set, the step turns the guider off: 10 calls at 10 steps with either guider."""
+    from diffusers import HeunDiscreteScheduler
     from diffusers.guiders import ClassifierFreeGuidance, PerturbedAttentionGuidance
     from diffusers.hooks import LayerSkipConfig
 
-    unet, run = modular_sdxl
+    unet, run, _ = modular_sdxl
     cfg = run(ClassifierFreeGuidance(guidance_scale=5.0))
     assert len(cfg) == 2 * 10 and all(e.shape[0] == 1 for e in cfg)
     fqn = next(n for n, _ in unet.named_modules() if n.endswith("transformer_blocks"))
@@ -276,7 +282,42 @@ def test_modular_sdxl_calls_the_unet_once_per_prediction(modular_sdxl):
     assert len(full) == 2 + 3 * 9  # step 0: two calls; steps 1 to 9: three
     # the third call of a step is the conditional branch again (prompt_embeds, not the negative)
     assert torch.equal(full[2 + 2], full[2]) and not torch.equal(full[2 + 1], full[2])
+    # PAG accepts a negative start, and then step 0 gets a third call too (so no "never step 0")
+    negative = run(PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=LayerSkipConfig(**layer), perturbed_guidance_start=-0.5, perturbed_guidance_stop=1.0))  # fmt: skip
+    assert len(negative) == 3 * 10
+    # a second-order scheduler: 2n - 1 loop steps, and CFG's own range (int(stop * n)) ends at n
+    assert HeunDiscreteScheduler.order == 2
+    assert len(run(ClassifierFreeGuidance(guidance_scale=5.0), scheduler=HeunDiscreteScheduler)) == 2 * 10 + 9  # fmt: skip
     # a UNet with time_cond_proj_dim: the denoise step calls guider.disable(), one call per step
     assert len(run(ClassifierFreeGuidance(guidance_scale=5.0), lcm=True)) == 10
     full_lcm = run(PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=LayerSkipConfig(**layer), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0), lcm=True)  # fmt: skip
     assert len(full_lcm) == 10
+
+
+def test_pag_and_slg_weaken_the_real_network_seg_does_not(modular_sdxl, monkeypatch):
+    """`PerturbedAttentionGuidance` and `SkipLayerGuidance` weaken the real network: in SDXL's modular denoise step their third UNet call of a step takes the conditional inputs of the first and returns another prediction. `SmoothedEnergyGuidance`'s third call there, in diffusers 0.42.1, returns the conditional prediction unchanged: its blur hook never runs."""
+    from diffusers.guiders import (
+        PerturbedAttentionGuidance,
+        SkipLayerGuidance,
+        SmoothedEnergyGuidance,
+    )
+    from diffusers.guiders.smoothed_energy_guidance import SmoothedEnergyGuidanceConfig
+    from diffusers.hooks import LayerSkipConfig
+    from diffusers.hooks.smoothed_energy_guidance_utils import SmoothedEnergyGuidanceHook
+
+    blurred = []
+    post_forward = SmoothedEnergyGuidanceHook.post_forward
+    monkeypatch.setattr(SmoothedEnergyGuidanceHook, "post_forward", lambda self, module, output: blurred.append(1) or post_forward(self, module, output))  # fmt: skip
+    unet, run, outputs = modular_sdxl
+    fqn = next(n for n, _ in unet.named_modules() if n.endswith("transformer_blocks"))
+    family = [
+        PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=LayerSkipConfig(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0),
+        SkipLayerGuidance(guidance_scale=5.0, skip_layer_config=LayerSkipConfig(indices=[0], fqn=fqn), skip_layer_guidance_start=0.0, skip_layer_guidance_stop=1.0),
+        SmoothedEnergyGuidance(guidance_scale=5.0, seg_guidance_config=SmoothedEnergyGuidanceConfig(indices=[0], fqn=fqn)),
+    ]  # fmt: skip
+    for guider in family:  # two steps: step 0 two calls, step 1 three
+        calls = run(guider, steps=2)
+        assert len(calls) == 5 and torch.equal(calls[4], calls[2]), type(guider).__name__
+        weakened = not torch.equal(outputs[4], outputs[2])
+        assert weakened is not isinstance(guider, SmoothedEnergyGuidance), type(guider).__name__
+    assert blurred == []
