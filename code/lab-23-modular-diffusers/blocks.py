@@ -259,8 +259,9 @@ class DecodeStep(ModularPipelineBlocks):
 
 # %%
 # --8<-- [start:loop]
-# one batch at guidance_scale <= 1, as in Lab 12's classic call; diffusers'
-# ClassifierFreeGuidance, its other settings at their defaults, makes one at 1, two at 0.5
+# one batch at guidance_scale <= 1, Lab 12's classic rule, not diffusers' guider's: in SDXL's
+# modular call with Euler and a UNet without time_cond_proj_dim, ClassifierFreeGuidance (its
+# other settings at their defaults) makes one batch at 1, two at 0.5
 class ClassifierFreeGuidance:
     def __init__(self, guidance_scale=7.5):
         self.guidance_scale = guidance_scale

@@ -147,7 +147,7 @@ def test_text_to_image_block_order(cfg_run):
 
 
 def test_state_keys_written_at_each_boundary(cfg_run):
-    """Each block of SDXL's text-to-image call writes into the state only keys it declares (`set_block_state`, `modular_pipeline.py:619`): its `intermediate_outputs`, and the inputs whose value it replaced (SDXL's `prepare_add_cond` writes back `original_size` and `target_size`, which the call left at `None`). `set_timesteps` writes `timesteps`, `prepare_latents` writes `latents`, the loop writes `latents` back, `decode` writes `images`."""
+    """With the prompt embeddings passed in, each block of SDXL's text-to-image call writes into the state only keys it declares (`set_block_state`, `modular_pipeline.py:619`): its `intermediate_outputs`, and the inputs whose value it replaced (SDXL's `prepare_add_cond` writes back `original_size` and `target_size`, which the call left at `None`). `set_timesteps` writes `timesteps`, `prepare_latents` writes `latents`, the loop writes `latents` back, `decode` writes `images`."""
     images, calls, _, _ = cfg_run
     blocks = {type(b).__name__: b for b in walk(sdxl_blocks())}
     wrote = {}
@@ -197,11 +197,13 @@ def test_unet_runs_once_per_guider_batch(saved, cfg_run, monkeypatch):
     "scale, per_step, original", [(1.0, 1, False), (0.5, 2, False), (1.0, 2, True)]
 )
 def test_cfg_batches_at_scale_one_and_below(saved, monkeypatch, scale, per_step, original):
-    """With its other settings at their defaults, `ClassifierFreeGuidance` at `guidance_scale` 1 makes one batch, so SDXL's `denoiser` block calls the UNet once per step; at 0.5 it still makes two, where the classic `StableDiffusionXLPipeline` runs one batch at both; with `use_original_formulation=True` it makes two at 1."""
-    from diffusers import ClassifierFreeGuidance
+    """With Euler, a UNet without `time_cond_proj_dim` and its other settings at their defaults, `ClassifierFreeGuidance` at `guidance_scale` 1 makes one batch, so SDXL's `denoiser` block calls the UNet once per step; at 0.5 it still makes two, where the classic `StableDiffusionXLPipeline` runs one batch at both; with `use_original_formulation=True` it makes two at 1."""
+    from diffusers import ClassifierFreeGuidance, EulerDiscreteScheduler
 
     folder, classic = saved
     pipe = modular(folder)
+    assert isinstance(pipe.scheduler, EulerDiscreteScheduler)
+    assert pipe.unet.config.time_cond_proj_dim is None
     guider = ClassifierFreeGuidance(guidance_scale=scale, use_original_formulation=original)
     pipe.update_components(guider=guider)
     batches, handle = unet_batches(pipe.unet, monkeypatch)
@@ -306,15 +308,16 @@ def test_guidance_scale_belongs_to_the_guider(saved):
 
 
 def test_swapping_the_guider_changes_only_the_guider(saved, cfg_run, monkeypatch):
-    """`update_components(guider=...)` swaps the guider and nothing else: the same blocks run in the same order, the new guider is called once per step, and the images change."""
-    from diffusers import AdaptiveProjectedGuidance
+    """With Euler, `update_components(guider=AdaptiveProjectedGuidance(...))` in place of `ClassifierFreeGuidance` swaps the guider and no other component: the same blocks run in the same order, APG is called once per step, and the images change."""
+    from diffusers import AdaptiveProjectedGuidance, EulerDiscreteScheduler
 
     folder, _ = saved
     cfg_images, cfg_calls, _, _ = cfg_run
     pipe = modular(folder)
-    unet, vae, scheduler = pipe.unet, pipe.vae, pipe.scheduler
+    assert isinstance(pipe.scheduler, EulerDiscreteScheduler)
+    others = {n: getattr(pipe, n) for n in pipe.component_names if n != "guider"}
     pipe.update_components(guider=AdaptiveProjectedGuidance(guidance_scale=GUIDANCE))
-    assert (pipe.unet, pipe.vae, pipe.scheduler) == (unet, vae, scheduler)
+    assert all(getattr(pipe, n) is c for n, c in others.items()), others
     seen = []
     original = AdaptiveProjectedGuidance.__call__
     monkeypatch.setattr(
@@ -353,7 +356,7 @@ def test_auto_blocks_pick_a_branch_from_the_inputs(cfg_run):
 
 
 def test_components_load_lazily(saved):
-    """`init_pipeline(folder)` registers every component the blocks expect but builds only those created from a config (for SDXL's blocks: the guider and the image processors); `load_components(["unet"])` loads the UNet alone, `load_components()` the rest the folder holds (`controlnet`, not in it, stays `None`), and a `ComponentsManager` passed in holds each component loaded."""
+    """`init_pipeline(folder)` registers every component the blocks expect but builds only those created from a config (for these blocks: the guider and two image processors); `load_components(["unet"])` loads the UNet alone, `load_components()` the rest the folder holds (`controlnet`, not in it, stays `None`), and a `ComponentsManager` passed in holds each component loaded."""
     from pathlib import Path
 
     from diffusers import ComponentsManager
