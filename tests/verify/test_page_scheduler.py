@@ -375,7 +375,7 @@ def test_heun_calls_twice_per_level_after_the_first(sd_pipe):
 
 @pytest.mark.parametrize("n", [5, 7, 10, 20, 25, 50])
 def test_spacing_formulas(n):
-    """For `T = 1000` the three spacings follow the page's formulas in `DDPMScheduler` and `DDIMScheduler`: `leading` is `T // n * (n - 1 - i) + steps_offset`, `trailing` is `round(T - i * T / n) - 1`, `linspace` is `round((n - 1 - i) * (T - 1) / (n - 1))`; `EulerDiscreteScheduler`'s `linspace`, its default, does not round: its grid is fractional at 7 steps and at SD's 50.
+    """For `T = 1000` at 5, 7, 10, 20, 25 and 50 steps the three spacings follow the page's formulas in `DDPMScheduler` and `DDIMScheduler`: `leading` is `T // n * (n - 1 - i) + steps_offset`, `trailing` is `round(T - i * T / n) - 1`, `linspace` is `round((n - 1 - i) * (T - 1) / (n - 1))`; `EulerDiscreteScheduler`'s `linspace`, its default, does not round: its grid is fractional at 7 steps and at SD's 50.
 
     At 7 steps Euler's second entry is 832.5 where the formula gives 832 (at 50, 978.61), so a
     sentence giving these formulas for every class's grid fails on Euler's default.
@@ -402,10 +402,34 @@ def test_spacing_formulas(n):
 
 
 def test_float_rounding_quirks_in_spacing():
-    """The rounding is NumPy's, on floating-point values: `linspace` at 27 steps gives 499 where the formula's tie 499.5 rounds to 500, and `trailing` at 61 steps gives `DDIMScheduler` (and `DDPMScheduler` and `EulerDiscreteScheduler`) 62 timesteps, the last one -1, and SD 1.5's `PNDMScheduler` 63."""
+    """The rounding is NumPy's, on floating-point values: `linspace` at 27 steps gives 499 where the formula's tie 499.5 rounds to 500, and `trailing` at 61 steps gives `DDIMScheduler` (and `DDPMScheduler` and `EulerDiscreteScheduler`) 62 timesteps, the last one -1, and SD 1.5's `PNDMScheduler` 63.
+
+    Not "a few step counts": from 2 to 1000 steps the `trailing` formula misses at 111 counts
+    (48 gives 936 where it says 937) and `linspace` at 92 (31 gives 499 where it says 500), in
+    DDIM and DDPM alike, so the page says "some".
+    """
     linspace = DDIMScheduler(timestep_spacing="linspace")
     linspace.set_timesteps(27)
     assert linspace.timesteps[13].item() == 499 and (27 - 1 - 13) * 999 / 26 == 499.5
+    missed = {"trailing": [], "linspace": []}
+    for n in range(2, 1001):
+        i = np.arange(n)
+        formula = {
+            "trailing": np.round(1000 - i * 1000 / n) - 1,
+            "linspace": np.round((n - 1 - i) * 999 / (n - 1)),
+        }
+        for spacing, values in formula.items():
+            scheduler = DDIMScheduler(timestep_spacing=spacing)
+            scheduler.set_timesteps(n)
+            if scheduler.timesteps.tolist() != values.astype(int).tolist():
+                missed[spacing].append(n)
+    assert {k: len(v) for k, v in missed.items()} == {"trailing": 111, "linspace": 92}
+    assert missed["trailing"][:2] == [48, 61] and missed["linspace"][:2] == [27, 31]
+    for cls in (DDIMScheduler, DDPMScheduler):
+        trailing = cls(timestep_spacing="trailing")
+        trailing.set_timesteps(48)
+        assert trailing.timesteps[3].item() == 936 and np.round(1000 - 3 * 1000 / 48) - 1 == 937
+    assert "at a few step counts" not in SCHEDULER_PAGE and "at some step counts" in SCHEDULER_PAGE
     for cls in (DDIMScheduler, DDPMScheduler, EulerDiscreteScheduler):
         trailing = cls(timestep_spacing="trailing")
         trailing.set_timesteps(61)
@@ -590,7 +614,11 @@ def test_pipeline_rewrites_steps_offset_and_clip_sample(sd_pipe):
 
 
 def test_pipeline_loop_runs_the_contract(sd_pipe, record_calls):
-    """`StableDiffusionPipeline` starts from `randn_tensor(...) * scheduler.init_noise_sigma`, passes each `t` of `scheduler.timesteps` to the UNet as a 0-d tensor with `scale_model_input(latents, t)`, and sets `latents` to `step(noise_pred, t, latents)[0]`, calling the UNet and `step` with `return_dict=False`; element `[0]` is the same tensor as `.prev_sample`; all have shape `(B, 4, H/8, W/8)` (here `(1, 4, 8, 8)`)."""
+    """`StableDiffusionPipeline` starts from `randn_tensor(...) * scheduler.init_noise_sigma`, passes each `t` of `scheduler.timesteps` to the UNet as a 0-d tensor with `scale_model_input(latents, t)`, and sets `latents` to `step(noise_pred, t, latents)[0]`, calling the UNet and `step` with `return_dict=False`; element `[0]` is the same tensor as `.prev_sample`; all have shape `(B, 4, H/8, W/8)` with a VAE of SD 1.x's four blocks (`(1, 4, 4, 4)` at 32 px), `(B, 4, H/2, W/2)` with the two-block tiny one.
+
+    The tiny pipeline runs the whole contract; the pipeline with SD 1.x's four-block VAE
+    (``vae_scale_factor`` 8) checks the shapes the UNet and ``step`` see.
+    """
     sd_pipe.scheduler = EulerDiscreteScheduler(**SD_BETAS)
     scheduler = sd_pipe.scheduler
     steps = []
@@ -627,6 +655,31 @@ def test_pipeline_loop_runs_the_contract(sd_pipe, record_calls):
             assert tuple(tensor.shape) == LATENT_SHAPE
         latents = out.prev_sample
     torch.testing.assert_close(final, latents)
+    assert sd_pipe.vae_scale_factor == 2 and LATENT_SHAPE == (1, 4, HEIGHT // 2, WIDTH // 2)
+
+
+def test_pipeline_loop_shapes_with_sd1_vae(sd1_shaped_pipe, record_calls):
+    """With a VAE of SD 1.x's four blocks, `StableDiffusionPipeline` hands the UNet and `step` `latents` of shape `(B, 4, H/8, W/8)`: `(1, 4, 4, 4)` at 32 px, and `noise_pred` and `prev_sample` have that shape too."""
+    pipe = sd1_shaped_pipe
+    assert pipe.vae_scale_factor == 8
+    shapes, original_step = [], pipe.scheduler.step
+
+    def step(model_output, t, sample, *args, **kwargs):
+        out = original_step(model_output, t, sample, *args, **kwargs)
+        shapes.append((tuple(model_output.shape), tuple(sample.shape), tuple(out[0].shape)))
+        return out
+
+    pipe.scheduler.step = step
+    recorder = record_calls(pipe.unet)
+    try:
+        final = pipe(prompt_embeds=embeds(0), guidance_scale=1.0, num_inference_steps=2,
+                     height=32, width=32, output_type="latent").images  # fmt: skip
+    finally:
+        del pipe.scheduler.step
+    expected = (1, 4, 32 // 8, 32 // 8)
+    assert tuple(final.shape) == expected and len(shapes) == len(recorder.calls) == 2
+    assert all(tuple(args[0].shape) == expected for args, _ in recorder.calls)
+    assert all(s == (expected,) * 3 for s in shapes), shapes
 
 
 class DDIMWithoutScaleModelInput(DDIMScheduler):
@@ -654,7 +707,7 @@ def test_pipeline_guards_scale_model_input_but_not_init_noise_sigma(sd_pipe):
 
 
 def test_only_init_checks_the_scheduler_config(sd_pipe, record_calls):
-    """Only `StableDiffusionPipeline.__init__` rewrites an outdated config: a `DDIMScheduler()` with the defaults `steps_offset=0` and `clip_sample=True` assigned later with `pipe.scheduler = ...` raises no warning, and `__call__` runs it as configured (first UNet call at `t = 900`, not 901)."""
+    """In `StableDiffusionPipeline` only `__init__` rewrites an outdated config: a `DDIMScheduler()` with the defaults `steps_offset=0` and `clip_sample=True` assigned later with `pipe.scheduler = ...` raises no warning, and `__call__` runs it as configured (first UNet call at `t = 900`, not 901)."""
     original = sd_pipe.scheduler
     try:
         sd_pipe.scheduler = DDIMScheduler(
@@ -1056,7 +1109,7 @@ def test_wrong_prediction_type_raises_no_error():
 
 
 def test_a_mismatch_raises_nothing(sd_pipe):
-    """In `step` a mismatch raises nothing, returning wrong `latents`: through `StableDiffusionPipeline.__call__`, `DDIMScheduler` read as `epsilon` or `v_prediction` finishes without an error, with different `latents`, on SD's schedule and on a zero-terminal-SNR `trailing` one.
+    """In `step` a mismatch raises nothing, returning wrong `latents`: through `StableDiffusionPipeline.__call__`, `DDIMScheduler`, `DDPMScheduler` and `EulerDiscreteScheduler` read as `epsilon` or `v_prediction` finish without an error, with different `latents`, on SD's schedule, and DDIM also on a zero-terminal-SNR `trailing` one.
 
     The page states no rule for when those `latents` are finite. At 5 steps, eta = 0: finite on
     SD's schedule; with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends
@@ -1074,6 +1127,11 @@ def test_a_mismatch_raises_nothing(sd_pipe):
         for name, cls, config in [
             ("epsilon", DDIMScheduler, SD_SCHEDULER),
             ("v_prediction", DDIMScheduler, {**SD_SCHEDULER, "prediction_type": "v_prediction"}),
+            ("DDPM epsilon", DDPMScheduler, ddpm),
+            ("DDPM v_prediction", DDPMScheduler, {**ddpm, "prediction_type": "v_prediction"}),
+            ("Euler epsilon", EulerDiscreteScheduler, SD_SCHEDULER_EULER),
+            ("Euler v_prediction", EulerDiscreteScheduler,
+             {**SD_SCHEDULER_EULER, "prediction_type": "v_prediction"}),
             ("zero-SNR epsilon", DDIMScheduler, {**SD_SCHEDULER, **zero_snr}),
             ("zero-SNR v_prediction", DDIMScheduler,
              {**SD_SCHEDULER, **zero_snr, "prediction_type": "v_prediction"}),
@@ -1094,6 +1152,10 @@ def test_a_mismatch_raises_nothing(sd_pipe):
     assert finite == {
         "epsilon": True,
         "v_prediction": True,
+        "DDPM epsilon": True,
+        "DDPM v_prediction": True,
+        "Euler epsilon": True,
+        "Euler v_prediction": True,
         "zero-SNR epsilon": False,
         "zero-SNR v_prediction": True,
         "zero-SNR epsilon, clipped": True,
@@ -1101,7 +1163,8 @@ def test_a_mismatch_raises_nothing(sd_pipe):
         "zero-SNR leading epsilon": True,
         "zero-SNR Euler epsilon": True,
     }
-    assert not torch.allclose(finals["epsilon"], finals["v_prediction"])
+    for prefix in ("", "DDPM ", "Euler "):
+        assert not torch.allclose(finals[f"{prefix}epsilon"], finals[f"{prefix}v_prediction"])
     assert not torch.equal(finals["zero-SNR epsilon"], finals["zero-SNR v_prediction"])
     eta1 = {}
     try:
