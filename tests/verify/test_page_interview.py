@@ -39,6 +39,7 @@ from tiny import (
     leaf_block_calls,
     logged_messages,
     run_four_block_flux,
+    schedulers_swapped,
     sd_with,
     sdxl_modular_inputs,
     start_latents,
@@ -1193,16 +1194,29 @@ def test_swapping_the_sdxl_modular_guider_changes_no_block(modular_sdxl, monkeyp
 
 
 def test_sdxl_modular_cfg_costs_two_unet_calls_of_b_rows(modular_sdxl):
-    """The cost moves too: with `ClassifierFreeGuidance` and a UNet without `time_cond_proj_dim`, two UNet calls of `B` rows per step where `StableDiffusionXLPipeline` makes one of `2B`."""
+    """The cost moves too: with `ClassifierFreeGuidance` above `guidance_scale=1`, `EulerDiscreteScheduler` and a UNet without `time_cond_proj_dim`, two UNet calls of `B` rows per step where `StableDiffusionXLPipeline` makes one of `2B`.
+
+    Each condition matters: at 1.0 both make one call of ``B`` rows per step; with
+    ``HeunDiscreteScheduler`` the guider's window counts loop entries against ``n``, so the
+    last ``n - 1`` of the ``2n - 1`` entries get one call of ``B`` rows (8 at 3 steps, not 10).
+    """
     from diffusers import ClassifierFreeGuidance
 
     pipe, classic = modular_sdxl
+    assert type(pipe.scheduler) is type(classic.scheduler) is EulerDiscreteScheduler
     assert pipe.unet.config.time_cond_proj_dim is None  # with it, the loop disables the guider
     with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):
         batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
     assert batches == [MODULAR_B] * (2 * MODULAR_STEPS)
     classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=5.0)
     assert classic_batches == [2 * MODULAR_B] * MODULAR_STEPS
+    with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=1.0)):
+        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
+    classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=1.0)
+    assert batches == classic_batches == [MODULAR_B] * MODULAR_STEPS
+    with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
+        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
+    assert batches == [MODULAR_B] * (2 * MODULAR_STEPS + MODULAR_STEPS - 1)
 
 
 def test_sdxl_modular_and_stable_diffusion_xl_pipeline_agree_up_to_rounding(modular_sdxl):
@@ -1219,7 +1233,7 @@ def test_sdxl_modular_and_stable_diffusion_xl_pipeline_agree_up_to_rounding(modu
 
 
 def test_sdxl_modular_unet_calls_per_guider_at_10_steps(modular_sdxl, monkeypatch):
-    """In SDXL's modular pipeline the combine line is a component, a guider from `diffusers.guiders`: each step its `prepare_inputs` returns one batch per prediction it needs, the denoise step runs the UNet once per batch ($B$ rows each, not one batch of $2B$), and the guider combines the outputs into `noise_pred`. At 10 steps, with a UNet without `time_cond_proj_dim`: `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `ClassifierFreeZeroStarGuidance` 20 UNet calls; `PerturbedAttentionGuidance` and `SkipLayerGuidance`, at their default window (0.01 to 0.2), 21; `SmoothedEnergyGuidance`, at its default window (0 to 1), 29."""
+    """In SDXL's modular pipeline the combine line is a component, a guider from `diffusers.guiders`: each step its `prepare_inputs` returns one batch per prediction it needs, the denoise step runs the UNet once per batch ($B$ rows each, not one batch of $2B$), and the guider combines the outputs into `noise_pred`. At 10 steps, with `EulerDiscreteScheduler`, a UNet without `time_cond_proj_dim` and `guidance_scale=5.0`: `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `ClassifierFreeZeroStarGuidance` 20 UNet calls; `PerturbedAttentionGuidance` and `SkipLayerGuidance`, at their default window (0.01 to 0.2), 21; `SmoothedEnergyGuidance`, at its default window (0 to 1), 29."""
     from diffusers.guiders import (
         AdaptiveProjectedGuidance,
         ClassifierFreeGuidance,
@@ -1231,7 +1245,8 @@ def test_sdxl_modular_unet_calls_per_guider_at_10_steps(modular_sdxl, monkeypatc
     from diffusers.guiders.smoothed_energy_guidance import SmoothedEnergyGuidanceConfig
     from diffusers.hooks import LayerSkipConfig
 
-    pipe, _ = modular_sdxl
+    pipe, classic = modular_sdxl
+    assert type(pipe.scheduler) is EulerDiscreteScheduler
     assert pipe.unet.config.time_cond_proj_dim is None  # with it, the loop disables the guider
     fqn = next(n for n, _ in pipe.unet.named_modules() if n.endswith("transformer_blocks"))
     layer = dict(indices=[0], fqn=fqn)
@@ -1262,6 +1277,14 @@ def test_sdxl_modular_unet_calls_per_guider_at_10_steps(modular_sdxl, monkeypatc
             batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=10), output="latents")
         assert len(batches) == calls and set(batches) == {MODULAR_B}, cls.__name__
         assert sum(prepared) == calls and combined == prepared, cls.__name__
+    # the conditions, at 3 steps: at guidance_scale 1 CFG asks for one prediction; with Heun
+    # (5 entries) its window counts entries against 3, so 2 * 3 + 2 calls, not 2 per entry
+    with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=1.0)):
+        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=3), output="latents")
+    assert len(batches) == 3
+    with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
+        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=3), output="latents")
+    assert len(batches) == 2 * 3 + 2
 
 
 def test_apg_default_is_cfg_below_its_threshold_and_cfg_zero_star_projects():

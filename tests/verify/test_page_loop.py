@@ -55,6 +55,7 @@ from tiny import (
     guided,
     guider_swapped,
     random_ip_adapter,
+    schedulers_swapped,
     sd_with,
     sdxl_modular_inputs,
     start_latents,
@@ -1630,14 +1631,18 @@ def test_sdxl_denoise_step_runs_three_sub_blocks_per_timestep(modular_sdxl, monk
 def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
     modular_sdxl, monkeypatch, tmp_path
 ):
-    """The guider's `prepare_inputs` makes one batch per prediction, and the `denoiser` block calls the UNet once per batch: with `ClassifierFreeGuidance` above `guidance_scale=1` and a UNet without `time_cond_proj_dim`, two calls of `B` rows per step (one at 1), where `StableDiffusionXLPipeline` makes one call of `2B` rows.
+    """The guider's `prepare_inputs` makes one batch per prediction, and the `denoiser` block calls the UNet once per batch: with `EulerDiscreteScheduler`, `ClassifierFreeGuidance` above `guidance_scale=1` and a UNet without `time_cond_proj_dim`, two calls of `B` rows per step, where `StableDiffusionXLPipeline` makes one call of `2B` rows.
 
     With a UNet that sets ``time_cond_proj_dim`` (the guidance-distilled shape), the modular
     loop disables the guider: at 5.0 both pipelines make one call of ``B`` rows per step.
+    Euler is a condition: with ``HeunDiscreteScheduler`` (order 2, ``2n - 1`` timesteps) the
+    guider's window counts loop entries against ``n``, so the last ``n - 1`` entries get one
+    call of ``B`` rows (8 calls at 3 steps, not 10), while the classic call makes 5 of ``2B``.
     """
     from diffusers import ClassifierFreeGuidance
 
     pipe, classic = modular_sdxl
+    assert type(pipe.scheduler) is type(classic.scheduler) is EulerDiscreteScheduler
     assert pipe.unet.config.time_cond_proj_dim is None
     prepared = []
     original = ClassifierFreeGuidance.prepare_inputs
@@ -1650,6 +1655,12 @@ def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
         assert batches == [MODULAR_B] * (per_step * MODULAR_STEPS), scale
     classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=5.0)
     assert classic_batches == [2 * MODULAR_B] * MODULAR_STEPS
+    with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
+        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
+        classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=5.0)  # fmt: skip
+    entries = 2 * MODULAR_STEPS - 1  # Heun's len(scheduler.timesteps)
+    assert classic_batches == [2 * MODULAR_B] * entries
+    assert batches == [MODULAR_B] * (2 * MODULAR_STEPS + (entries - MODULAR_STEPS))
     distilled_unet = tiny_text_time_unet(time_cond_proj_dim=8)
     distilled, distilled_classic = tiny_modular_sdxl(tmp_path / "distilled", unet=distilled_unet)
     with guider_swapped(distilled, ClassifierFreeGuidance(guidance_scale=5.0)):
@@ -1659,16 +1670,19 @@ def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
 
 
 def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl):
-    """At the same `guidance_scale` above 1 the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ.
+    """With Euler, at the same `guidance_scale` above 1 the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ.
 
     SDXL's modular pipeline with ``ClassifierFreeGuidance(guidance_scale=5.0)`` against
-    ``StableDiffusionXLPipeline`` at 5.0: at every step, the guider's two batches (conditional
-    first) are the classic call's two halves (unconditional first) in ``latents``,
-    ``encoder_hidden_states``, ``text_embeds`` and ``time_ids``. Then both at their defaults.
+    ``StableDiffusionXLPipeline`` at 5.0, both with ``EulerDiscreteScheduler``: at every step,
+    the guider's two batches (conditional first) are the classic call's two halves
+    (unconditional first) in ``latents``, ``encoder_hidden_states``, ``text_embeds`` and
+    ``time_ids``. Then both at their defaults. Euler is a condition: with
+    ``HeunDiscreteScheduler`` at 5.0 the outputs differ by more than rounding (about 3e-4).
     """
     from diffusers import ClassifierFreeGuidance
 
     pipe, classic = modular_sdxl
+    assert type(pipe.scheduler) is type(classic.scheduler) is EulerDiscreteScheduler
     rows = {"modular": [], "classic": []}
 
     def record(key, unet):
@@ -1698,3 +1712,7 @@ def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl
     modular_default = pipe(**sdxl_modular_inputs(), output="images")
     classic_default = classic(**sdxl_modular_inputs()).images
     assert np.abs(modular_default - classic_default).max() > 1e-3
+    with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
+        heun = pipe(**sdxl_modular_inputs(), output="images")
+        heun_reference = classic(**sdxl_modular_inputs(), guidance_scale=5.0).images
+    assert np.abs(heun - heun_reference).max() > 1e-4

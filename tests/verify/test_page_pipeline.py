@@ -559,7 +559,12 @@ def modular_sdxl(tmp_path_factory):
 
 
 def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkeypatch):
-    """A modular pipeline (`diffusers.modular_pipelines`) runs the same stages as blocks over one `PipelineState`; in SDXL's, each block writes only state keys it declares as inputs or outputs."""
+    """A modular pipeline (`diffusers.modular_pipelines`) runs the same stages as blocks over one `PipelineState`; in SDXL's text-to-image call, each block writes only state keys it declares as inputs or outputs.
+
+    The call takes prompt embeddings (``sdxl_modular_blocks`` drops the text-encoder,
+    IP-Adapter and VAE-encoder blocks); its branch is text-to-image (the loop block is
+    ``StableDiffusionXLDenoiseStep``). Other branches (ControlNet, inpainting) are not run.
+    """
     from diffusers.modular_pipelines import ModularPipelineBlocks, PipelineState
 
     pipe, _ = modular_sdxl
@@ -576,6 +581,7 @@ def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkey
     assert isinstance(state, PipelineState)
     assert {"timesteps", "latents", "images"} <= set(state.values)
     assert len(seen) >= 6 and all(changed for _, changed, _ in seen)
+    assert "StableDiffusionXLDenoiseStep" in {name for name, _, _ in seen}  # text-to-image
     for name, changed, declared in seen:
         assert changed <= declared, (name, changed - declared)
 

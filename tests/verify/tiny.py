@@ -1477,6 +1477,20 @@ def guider_swapped(pipe, guider):
         pipe.update_components(guider=old)
 
 
+@contextlib.contextmanager
+def schedulers_swapped(modular, classic, cls):
+    """Both SDXL pipelines' schedulers replaced by ``cls.from_config`` of their own configs
+    (``update_components`` for the modular one), the old ones restored after."""
+    old_modular, old_classic = modular.scheduler, classic.scheduler
+    modular.update_components(scheduler=cls.from_config(old_modular.config))
+    classic.scheduler = cls.from_config(old_classic.config)
+    try:
+        yield modular, classic
+    finally:
+        modular.update_components(scheduler=old_modular)
+        classic.scheduler = old_classic
+
+
 def unet_batches_of(pipe, **kwargs):
     """(the batch of every UNet call of one ``pipe(**kwargs)``, in order; its output)."""
     batches = []
