@@ -193,8 +193,6 @@ def _scheduler_cell(row: dict[str, Any]) -> str:
     if row.get("shipped_scheduler"):
         cls, _, settings = row["shipped_scheduler"].partition(", ")
         return f"`{cls}` ({settings})"
-    if row["scheduler"] == "FlowMatchEulerDiscreteScheduler":
-        return f"`{row['scheduler']}`; shift: hub only"
     return f"`{row['scheduler']}`"
 
 
@@ -212,7 +210,8 @@ def _guidance_text(guidance: dict[str, Any]) -> str:
         parts.append(f"guider `{g.pop('guider')}`")
     embeds = g.pop("guidance_embeds", None)
     distilled = g.pop("is_distilled", None)
-    parts += [f"`{k}={v}`" for k, v in g.items()]
+    # true CFG runs only when a negative prompt is passed (QwenImagePipeline: `do_true_cfg`)
+    parts += [f"`{k}={v}`" + (" (only with a negative prompt)" if k == "true_cfg_scale" and (v or 0) > 1 else "") for k, v in g.items()]  # fmt: skip
     if embeds:
         parts.append("embedded (`guidance_embeds`)")
     if distilled is not None:

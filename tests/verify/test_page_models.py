@@ -155,7 +155,12 @@ def test_sixteen_checkpoints():
 
 
 def test_image_dits_see_4096_tokens_at_1024(atlas):
-    """Counted so, every image DiT here has 4,096 image tokens at 1024 × 1024."""
+    """Counted so, every image DiT here has 4,096 image tokens at 1024 × 1024: at 1024 px the own `prepare_latents` of `StableDiffusion3Pipeline`, `FluxPipeline`, `Flux2Pipeline`, `Flux2KleinPipeline`, `ZImagePipeline`, `QwenImagePipeline` and `QwenImage21Pipeline` makes 4,096 packed tokens, or a latent grid that the denoiser's patch cuts into 4,096 (FLUX.3's modular blocks: counted only)."""
+    import inspect
+
+    import diffusers
+    import torch
+
     images = [r for r in atlas.values() if not r["frames"] and r["tokens"] is not None]
     assert len(images) >= 9
     for r in images:
@@ -163,10 +168,31 @@ def test_image_dits_see_4096_tokens_at_1024(atlas):
         # the token count is the latent grid over the patch (and the pipeline's 2 x 2 packing)
         _, ph, pw = r["patch"]
         assert (r["latent_shape"][-2] // ph) * (r["latent_shape"][-1] // pw) == 4096
+    # the latents each classic pipeline's own prepare_latents makes at 1024 px, on meta (no
+    # __init__: its VAE scale factor is the compression the atlas observed by encoding)
+    given = dict(images=None, batch_size=1, height=1024, width=1024, dtype=torch.float32, device=torch.device("meta"), generator=None)  # fmt: skip
+    modular = [r["family"] for r in images if r["kind"] == "modular only"]
+    assert modular == ["FLUX.3"]  # its blocks: counted by the arithmetic above only
+    for r in images:
+        if r["kind"] == "modular only":
+            continue
+        cls = getattr(diffusers, r["pipeline"])
+        pipe = cls.__new__(cls)
+        object.__setattr__(pipe, "vae_scale_factor", r["spatial_compression"])
+        args = dict(given, num_channels_latents=r["latent_channels"], num_latents_channels=r["latent_channels"])  # fmt: skip
+        names = [n for n in inspect.signature(cls.prepare_latents).parameters if n not in ("self", "latents")]  # fmt: skip
+        out = pipe.prepare_latents(**{n: args[n] for n in names})
+        latents = out[0] if isinstance(out, tuple) else out
+        if latents.dim() == 3:  # packed: (batch, tokens, channels)
+            tokens = latents.shape[1]
+        else:  # (batch, channels, h, w): the denoiser's patch cuts it
+            _, ph, pw = r["patch"]
+            tokens = (latents.shape[-2] // ph) * (latents.shape[-1] // pw)
+        assert tokens == 4096, r["family"]
 
 
 def test_schedulers_the_pipelines_annotate(atlas):
-    """Every family after SDXL annotates `FlowMatchEulerDiscreteScheduler`; SD 1.5 and SDXL accept any of `KarrasDiffusionSchedulers`."""
+    """Every family after SDXL annotates `FlowMatchEulerDiscreteScheduler`, and SD 1.5 and SDXL annotate `KarrasDiffusionSchedulers`."""
     import inspect
 
     import diffusers
@@ -180,8 +206,19 @@ def test_schedulers_the_pipelines_annotate(atlas):
 
 
 def test_flux3_blocks_create_their_scheduler(atlas):
-    """The table shows the settings FLUX.3's blocks create its scheduler with, in both its pipelines."""
+    """The table shows the settings FLUX.3's blocks create its scheduler with, in both its pipelines, and the scheduler a public script ships with a checkpoint; other rows name the class only."""
     import diffusers
+
+    # the Scheduler cell of each row, as the page renders it (the last column)
+    table = model_sizes.atlas_table().splitlines()
+    cells = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[-1] for line in table if line.startswith("| ") and not line.startswith("| Family")}  # fmt: skip
+    assert set(cells) == set(atlas)
+    for family, r in atlas.items():
+        if r["shipped_scheduler"]:
+            cls, _, settings = r["shipped_scheduler"].partition(", ")
+            assert cells[family] == f"`{cls}` ({settings})", family
+        else:  # no settings, no claim where they live
+            assert cells[family] == f"`{r['scheduler']}`", family
 
     flux3 = atlas["FLUX.3"]
     cls, _, settings = flux3["shipped_scheduler"].partition(", ")
@@ -335,6 +372,42 @@ def test_embedded_guidance_is_a_denoiser_input():
     finally:
         hook.remove()
     assert len(seen) == 2 and all(g.tolist() == [2.5] for g in seen)
+
+
+def test_qwen_image_true_cfg_needs_a_negative_prompt(atlas):
+    """Qwen-Image's default `true_cfg_scale` runs classifier-free guidance only when a negative prompt is passed: a tiny `QwenImagePipeline` called at its default runs the transformer once a step without one, twice with one, and the table's cell says so."""
+    import torch
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+
+    # the one row whose default true_cfg_scale is above 1 (and so would guide)
+    above = [f for f, r in atlas.items() if (r["guidance"].get("true_cfg_scale") or 0) > 1]
+    assert above == ["Qwen-Image"] and atlas["Qwen-Image"]["pipeline"] == "QwenImagePipeline"
+    (line,) = [line for line in model_sizes.atlas_table().splitlines() if line.startswith("| Qwen-Image |")]  # fmt: skip
+    assert f"`true_cfg_scale={atlas['Qwen-Image']['guidance']['true_cfg_scale']}` (only with a negative prompt)" in line  # fmt: skip
+    torch.manual_seed(0)
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=16, num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4)).eval()  # fmt: skip
+    vae = AutoencoderKLQwenImage(base_dim=2, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True], latents_mean=[0.0] * 16, latents_std=[1.0] * 16).eval()  # fmt: skip
+    pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None, tokenizer=None, transformer=transformer)  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    seen = []
+    hook = transformer.register_forward_pre_hook(lambda module, args: seen.append(1))
+    e, mask = torch.randn(1, 4, 16), torch.ones(1, 4, dtype=torch.long)
+    calls = {}
+    try:
+        for negative in (False, True):
+            seen.clear()
+            kwargs = dict(negative_prompt_embeds=e, negative_prompt_embeds_mask=mask) if negative else {}  # fmt: skip
+            with torch.no_grad():  # true_cfg_scale not passed: __call__'s default
+                pipe(prompt_embeds=e, prompt_embeds_mask=mask, height=32, width=32, num_inference_steps=2, output_type="latent", **kwargs)  # fmt: skip
+            calls[negative] = len(seen)
+    finally:
+        hook.remove()
+    assert calls == {False: 2, True: 4}  # 2 steps: one call each without, two with
 
 
 def test_flux2_klein_is_distilled_runs_no_cfg():
