@@ -1171,7 +1171,7 @@ def test_sdxl_modular_pipeline_is_blocks_over_one_state(modular_sdxl, monkeypatc
 
 
 def test_swapping_the_sdxl_modular_guider_changes_no_block(modular_sdxl, monkeypatch):
-    """Guidance is a component: SDXL's `denoiser` block asks the guider for batches, calls the UNet once per batch and lets the guider combine them, so `update_components(guider=...)` changes the guidance and no block."""
+    """In SDXL's modular pipeline guidance is a component: its `denoiser` block asks the guider for batches, calls the UNet once per batch and lets the guider combine them, so `update_components(guider=...)` changes the guidance and no block."""
     import numpy as np
     from diffusers import AdaptiveProjectedGuidance, ClassifierFreeGuidance
 
@@ -1194,9 +1194,11 @@ def test_swapping_the_sdxl_modular_guider_changes_no_block(modular_sdxl, monkeyp
 
 
 def test_sdxl_modular_cfg_costs_two_unet_calls_of_b_rows(modular_sdxl):
-    """The cost moves too: with `ClassifierFreeGuidance` above `guidance_scale=1`, `EulerDiscreteScheduler` and a UNet without `time_cond_proj_dim`, two UNet calls of `B` rows per step where `StableDiffusionXLPipeline` makes one of `2B`.
+    """The cost moves too: with `ClassifierFreeGuidance` at `guidance_scale=5.0`, `EulerDiscreteScheduler` and a UNet without `time_cond_proj_dim`, two UNet calls of `B` rows per step where `StableDiffusionXLPipeline` makes one of `2B`.
 
-    Each condition matters: at 1.0 both make one call of ``B`` rows per step; with
+    Each condition matters: at 1.0 both make one call of ``B`` rows per step; at ``1 + 1e-10``
+    (above 1) the guider, ``not isclose(scale, 1.0)``, asks for one, the classic call one of
+    ``2B``; with
     ``HeunDiscreteScheduler`` the guider's window counts loop entries against ``n``, so the
     last ``n - 1`` of the ``2n - 1`` entries get one call of ``B`` rows (8 at 3 steps, not 10).
     """
@@ -1214,6 +1216,12 @@ def test_sdxl_modular_cfg_costs_two_unet_calls_of_b_rows(modular_sdxl):
         batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
     classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=1.0)
     assert batches == classic_batches == [MODULAR_B] * MODULAR_STEPS
+    edge = 1.0 + 1e-10  # above 1, yet within isclose's tolerance of 1
+    with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=edge)):
+        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
+    classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=edge)
+    assert batches == [MODULAR_B] * MODULAR_STEPS
+    assert classic_batches == [2 * MODULAR_B] * MODULAR_STEPS
     with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
         batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
     assert batches == [MODULAR_B] * (2 * MODULAR_STEPS + MODULAR_STEPS - 1)
@@ -1233,16 +1241,17 @@ def test_sdxl_modular_and_stable_diffusion_xl_pipeline_agree_up_to_rounding(modu
 
 
 def test_sdxl_modular_unet_calls_per_guider_at_10_steps(modular_sdxl, monkeypatch):
-    """In SDXL's modular pipeline the combine line is a component, a guider from `diffusers.guiders`: each step its `prepare_inputs` returns one batch per prediction it needs, the denoise step runs the UNet once per batch ($B$ rows each, not one batch of $2B$), and the guider combines the outputs into `noise_pred`. At 10 steps, with `EulerDiscreteScheduler`, a UNet without `time_cond_proj_dim` and `guidance_scale=5.0`: `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `ClassifierFreeZeroStarGuidance` 20 UNet calls; `PerturbedAttentionGuidance` and `SkipLayerGuidance`, at their default window (0.01 to 0.2), 21; `SmoothedEnergyGuidance`, at its default window (0 to 1), 29."""
+    """In SDXL's modular pipeline the combine line is a component, a guider from `diffusers.guiders`: each step its `prepare_inputs` returns one batch per prediction it needs, the denoise step runs the UNet once per batch ($B$ rows each, not one batch of $2B$), and the guider combines the outputs into `noise_pred`. At 10 steps, with `EulerDiscreteScheduler`, a UNet without `time_cond_proj_dim` and `guidance_scale=5.0`: `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `ClassifierFreeZeroStarGuidance` 20 UNet calls; `PerturbedAttentionGuidance` and `SkipLayerGuidance`, at their default window (0.01 to 0.2), 21.
+
+    ``SmoothedEnergyGuidance`` is left out: in 0.42.1 its blur hook never runs (Lab 22's
+    verify module shows it)."""
     from diffusers.guiders import (
         AdaptiveProjectedGuidance,
         ClassifierFreeGuidance,
         ClassifierFreeZeroStarGuidance,
         PerturbedAttentionGuidance,
         SkipLayerGuidance,
-        SmoothedEnergyGuidance,
     )
-    from diffusers.guiders.smoothed_energy_guidance import SmoothedEnergyGuidanceConfig
     from diffusers.hooks import LayerSkipConfig
 
     pipe, classic = modular_sdxl
@@ -1258,8 +1267,6 @@ def test_sdxl_modular_unet_calls_per_guider_at_10_steps(modular_sdxl, monkeypatc
         (PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=pag), 21),
         (SkipLayerGuidance(guidance_scale=5.0, skip_layer_config=LayerSkipConfig(**layer)), 21),
     ]
-    seg = SmoothedEnergyGuidanceConfig(**layer)
-    guiders.append((SmoothedEnergyGuidance(guidance_scale=5.0, seg_guidance_config=seg), 29))
     prepared, combined = [], []
 
     def spied(cls):
@@ -1277,11 +1284,12 @@ def test_sdxl_modular_unet_calls_per_guider_at_10_steps(modular_sdxl, monkeypatc
             batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=10), output="latents")
         assert len(batches) == calls and set(batches) == {MODULAR_B}, cls.__name__
         assert sum(prepared) == calls and combined == prepared, cls.__name__
-    # the conditions, at 3 steps: at guidance_scale 1 CFG asks for one prediction; with Heun
-    # (5 entries) its window counts entries against 3, so 2 * 3 + 2 calls, not 2 per entry
-    with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=1.0)):
-        batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=3), output="latents")
-    assert len(batches) == 3
+    # the conditions, at 3 steps: at guidance_scale 1, and at 1 + 1e-10, CFG asks for one
+    # prediction; with Heun (5 entries) its window counts entries against 3, so 2 * 3 + 2 calls
+    for scale in (1.0, 1.0 + 1e-10):
+        with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=scale)):
+            batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=3), output="latents")
+        assert len(batches) == 3, scale
     with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
         batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(steps=3), output="latents")
     assert len(batches) == 2 * 3 + 2

@@ -1631,7 +1631,11 @@ def test_sdxl_denoise_step_runs_three_sub_blocks_per_timestep(modular_sdxl, monk
 def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
     modular_sdxl, monkeypatch, tmp_path
 ):
-    """The guider's `prepare_inputs` makes one batch per prediction, and the `denoiser` block calls the UNet once per batch: with `EulerDiscreteScheduler`, `ClassifierFreeGuidance` above `guidance_scale=1` and a UNet without `time_cond_proj_dim`, two calls of `B` rows per step, where `StableDiffusionXLPipeline` makes one call of `2B` rows.
+    """The guider's `prepare_inputs` makes one batch per prediction, and the `denoiser` block calls the UNet once per batch: with `EulerDiscreteScheduler`, `ClassifierFreeGuidance` at `guidance_scale=5.0` and a UNet without `time_cond_proj_dim`, two calls of `B` rows per step, where `StableDiffusionXLPipeline` makes one call of `2B` rows.
+
+    The scale is a condition, not "above 1": at ``1 + 1e-10`` the guider (``not isclose(scale,
+    1.0)``) asks for one batch, one call of ``B`` rows, while the classic call (``> 1``) makes
+    one of ``2B``.
 
     With a UNet that sets ``time_cond_proj_dim`` (the guidance-distilled shape), the modular
     loop disables the guider: at 5.0 both pipelines make one call of ``B`` rows per step.
@@ -1647,14 +1651,15 @@ def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
     prepared = []
     original = ClassifierFreeGuidance.prepare_inputs
     monkeypatch.setattr(ClassifierFreeGuidance, "prepare_inputs", lambda self, data: prepared.append(len(out := original(self, data))) or out)  # fmt: skip
-    for scale, per_step in ((5.0, 2), (1.0, 1)):
+    for scale, per_step in ((5.0, 2), (1.0, 1), (1.0 + 1e-10, 1)):
         prepared.clear()
         with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=scale)):
             batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
         assert prepared == [per_step] * MODULAR_STEPS, scale
         assert batches == [MODULAR_B] * (per_step * MODULAR_STEPS), scale
-    classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=5.0)
-    assert classic_batches == [2 * MODULAR_B] * MODULAR_STEPS
+    for scale in (5.0, 1.0 + 1e-10):
+        classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=scale)  # fmt: skip
+        assert classic_batches == [2 * MODULAR_B] * MODULAR_STEPS, scale
     with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
         batches, _ = unet_batches_of(pipe, **sdxl_modular_inputs(), output="images")
         classic_batches, _ = unet_batches_of(classic, **sdxl_modular_inputs(), guidance_scale=5.0)  # fmt: skip
@@ -1670,7 +1675,7 @@ def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
 
 
 def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl):
-    """With Euler, at the same `guidance_scale` above 1 the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ.
+    """With Euler, both at `guidance_scale=5.0`, the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ.
 
     SDXL's modular pipeline with ``ClassifierFreeGuidance(guidance_scale=5.0)`` against
     ``StableDiffusionXLPipeline`` at 5.0, both with ``EulerDiscreteScheduler``: at every step,
@@ -1711,6 +1716,7 @@ def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl
     assert pipe.guider.guidance_scale == 7.5  # the guider's default
     modular_default = pipe(**sdxl_modular_inputs(), output="images")
     classic_default = classic(**sdxl_modular_inputs()).images
+    assert classic.guidance_scale == 5.0  # the pipeline's default, as its __call__ ran it
     assert np.abs(modular_default - classic_default).max() > 1e-3
     with schedulers_swapped(pipe, classic, HeunDiscreteScheduler), guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):  # fmt: skip
         heun = pipe(**sdxl_modular_inputs(), output="images")
