@@ -5,7 +5,7 @@ diffusers' guiders (``diffusers.guiders``) each combine a step's predictions int
 the part of that push parallel to ``pred_cond``; CFG-Zero* replaces ``pred_uncond`` by the
 projection of ``pred_cond`` onto it and zeroes the first steps; tangential CFG keeps only the part
 of ``pred_uncond`` along the pair's main direction; PAG, SLG and SEG add a third
-prediction, the weakened denoiser's. The state is ``latents`` (N, 2); the trap: a rule that
+prediction. The state is ``latents`` (N, 2); the trap: a rule that
 changes the combine line can change the cost too, one denoiser call per prediction per step.
 
 Run it:  python3 code/lab-22-guidance-beyond-cfg/guiders.py --guidance-scales 3,7.5
@@ -44,8 +44,8 @@ from labkit.schedulers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 # `--prediction-type epsilon` (default) it predicts the noise on SD 1.5's schedule and DDIM
 # steps it, as in lab 04; with `flow` it predicts the velocity `noise - x0`, stepped by
 # flow-matching Euler. `weak_unet` is the perturbed
-# branch's stand-in: the exact denoiser of the same classes blurred to std 1.0 (PAG and SLG
-# weaken the real network instead).
+# branch's stand-in: the exact denoiser of the same classes blurred to std 1.0 (above scale
+# 1, PAG and SLG weaken the real network instead).
 
 # %%
 # --8<-- [start:setup]
@@ -189,11 +189,12 @@ def sample(rule, guidance_scale):
         skip_on = rule == "PAG/SLG" and perturbed_window(i, n)
         pred_cond = unet(x, t, class_labels=target_class)
         pred_uncond = unet(x, t, class_labels=UNCOND) if cfg_on else None
-        pred_cond_skip = weak_unet(x, t, class_labels=target_class) if skip_on else None
+        # at scale 1, diffusers builds this batch from the negative prompt and perturbs nothing
+        pred_cond_skip = (weak_unet(x, t, class_labels=target_class) if cfg_on else unet(x, t, class_labels=UNCOND)) if skip_on else None  # fmt: skip
         calls += 1 + cfg_on + skip_on  # one call per prediction
         if rule == "CFG-Zero*" and i < 1:  # zero_init_steps=1, applied at any scale
             noise_pred = ClassifierFreeZeroStarGuidance(pred_cond, pred_uncond, i, guidance_scale)  # fmt: skip
-        elif skip_on:  # with scale 1, diffusers drops the uncond term: pred_cond_skip is the base
+        elif skip_on:  # at scale 1 the guider's forward starts from pred_cond_skip
             noise_pred = PerturbedAttentionGuidance(pred_cond, pred_uncond if cfg_on else pred_cond_skip, pred_cond_skip, guidance_scale if cfg_on else 0.0)  # fmt: skip
         elif not cfg_on:
             noise_pred = pred_cond

@@ -112,3 +112,28 @@ def test_bad_input_is_one_line(run_cli, argv):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_pag_at_scale_1_takes_the_unconditional_branch_unweakened(run_lab):
+    """At `guidance_scale=1` the starter's `PAG/SLG` rule runs its extra call in the window on the
+    unconditional branch of the full denoiser, as diffusers' guider batches it (the negative prompt,
+    no hook); above scale 1 that call is the weakened denoiser's on class 1."""
+    g = run_lab(STARTER, "--guidance-scales", "2", "--num-samples", "100", "--steps", "10")
+    module = g["sample"].__globals__
+    unet, weak, seen = module["unet"], module["weak_unet"], []
+
+    def spy(name, model):
+        return lambda x, t, class_labels: seen.append((name, class_labels)) or model(x, t, class_labels=class_labels)  # fmt: skip
+
+    module["unet"], module["weak_unet"] = spy("unet", unet), spy("weak", weak)
+    try:
+        g["sample"]("PAG/SLG", 1.0)  # 10 steps: the window is step 1 alone
+        at_one, seen[:] = list(seen), []
+        g["sample"]("PAG/SLG", 4.0)
+        above = list(seen)
+    finally:
+        module["unet"], module["weak_unet"] = unet, weak
+    assert ("weak", module["target_class"]) not in at_one
+    # step 1's extra call is on the negative prompt (class_labels=UNCOND), full denoiser
+    assert at_one.count(("unet", module["UNCOND"])) == 1
+    assert ("weak", module["target_class"]) in above

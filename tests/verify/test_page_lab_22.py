@@ -138,7 +138,7 @@ def test_each_rule_equals_its_guider(starter):
 
 
 def test_zero_star_zeroes_the_first_step_at_any_scale(starter):
-    """`ClassifierFreeZeroStarGuidance`, at its default `guidance_rescale=0.0`, returns zeros for the first `zero_init_steps` steps (default 1; with 2, steps 0 and 1) even at `guidance_scale=1`, where `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `TangentialClassifierFreeGuidance` return `pred_cond` alone, from one prediction; with `use_original_formulation=True` the "off" point of these four is scale 0 instead of 1."""
+    """`ClassifierFreeZeroStarGuidance`, at its default `guidance_rescale=0.0` and while enabled (after `disable()` it returns `pred_cond`, step 0 included), returns zeros for the first `zero_init_steps` steps (default 1; with 2, steps 0 and 1) even at `guidance_scale=1`, where `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance` and `TangentialClassifierFreeGuidance` return `pred_cond` alone, from one prediction; with `use_original_formulation=True` the "off" point of these four is scale 0 instead of 1."""
     from diffusers.guiders import (
         AdaptiveProjectedGuidance,
         ClassifierFreeGuidance,
@@ -150,6 +150,10 @@ def test_zero_star_zeroes_the_first_step_at_any_scale(starter):
     assert ClassifierFreeZeroStarGuidance().zero_init_steps == 1
     pred, n = guide(ClassifierFreeZeroStarGuidance(guidance_scale=1.0), (c,), step=0)
     assert n == 1 and not pred.any()
+    off = ClassifierFreeZeroStarGuidance(guidance_scale=5.0)
+    off.disable()
+    pred, n = guide(off, (c,), step=0)
+    assert n == 1 and np.array_equal(pred, np_(c))
     two = ClassifierFreeZeroStarGuidance(guidance_scale=5.0, zero_init_steps=2)
     assert [guide(two, (c, u), step=i)[0].any() for i in range(3)] == [False, False, True]
     # with a rescale, the zeros go through rescale_noise_cfg (std 0) and come out NaN
@@ -295,7 +299,9 @@ def test_modular_sdxl_calls_the_unet_once_per_prediction(modular_sdxl):
 
 
 def test_pag_and_slg_weaken_the_real_network_seg_does_not(modular_sdxl, monkeypatch):
-    """`PerturbedAttentionGuidance` and `SkipLayerGuidance` weaken the real network: in SDXL's modular denoise step their third UNet call of a step takes the conditional inputs of the first and returns another prediction. `SmoothedEnergyGuidance`'s third call there, in diffusers 0.42.1, returns the conditional prediction unchanged: its blur hook never runs."""
+    """Above scale 1, `PerturbedAttentionGuidance` and `SkipLayerGuidance` weaken the real network: in SDXL's modular denoise step their third UNet call of a step takes the conditional inputs of the first and returns another prediction. At `guidance_scale=1` their extra call in the window takes the negative prompt's inputs and no layer-skip hook is applied: nothing is weakened. `SmoothedEnergyGuidance`'s third call there, in diffusers 0.42.1, returns the conditional prediction unchanged: its blur hook never runs."""
+    import diffusers.guiders.perturbed_attention_guidance as pag_module
+    import diffusers.guiders.skip_layer_guidance as slg_module
     from diffusers.guiders import (
         PerturbedAttentionGuidance,
         SkipLayerGuidance,
@@ -308,6 +314,10 @@ def test_pag_and_slg_weaken_the_real_network_seg_does_not(modular_sdxl, monkeypa
     blurred = []
     post_forward = SmoothedEnergyGuidanceHook.post_forward
     monkeypatch.setattr(SmoothedEnergyGuidanceHook, "post_forward", lambda self, module, output: blurred.append(1) or post_forward(self, module, output))  # fmt: skip
+    hooked = []
+    for module in (pag_module, slg_module):
+        apply = module._apply_layer_skip_hook
+        monkeypatch.setattr(module, "_apply_layer_skip_hook", lambda *a, _apply=apply, **k: hooked.append(1) or _apply(*a, **k))  # fmt: skip
     unet, run, outputs = modular_sdxl
     fqn = next(n for n, _ in unet.named_modules() if n.endswith("transformer_blocks"))
     family = [
@@ -320,4 +330,16 @@ def test_pag_and_slg_weaken_the_real_network_seg_does_not(modular_sdxl, monkeypa
         assert len(calls) == 5 and torch.equal(calls[4], calls[2]), type(guider).__name__
         weakened = not torch.equal(outputs[4], outputs[2])
         assert weakened is not isinstance(guider, SmoothedEnergyGuidance), type(guider).__name__
-    assert blurred == []
+    assert blurred == [] and len(hooked) == 2  # PAG's and SLG's step-1 third calls
+    # guidance_scale=1: step 1 (in the window) has two calls, the second on the negative prompt, unhooked
+    for guider in (
+        PerturbedAttentionGuidance(guidance_scale=1.0, perturbed_guidance_config=LayerSkipConfig(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0),
+        SkipLayerGuidance(guidance_scale=1.0, skip_layer_config=LayerSkipConfig(indices=[0], fqn=fqn), skip_layer_guidance_start=0.0, skip_layer_guidance_stop=1.0),
+    ):  # fmt: skip
+        calls = run(guider, steps=2)
+        assert (
+            len(calls) == 3
+            and torch.equal(calls[2], embeds(2))
+            and torch.equal(calls[1], embeds(1))
+        )
+    assert len(hooked) == 2
