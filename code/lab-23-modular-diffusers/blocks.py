@@ -44,7 +44,7 @@ from labkit.vae import PatchPCAAutoencoder
 # default) and `intermediate_outputs` (`OutputParam`); `get_block_state` gathers those
 # inputs from the `PipelineState` (a missing required one is an error), the block
 # works on them, and `set_block_state` writes its outputs back. The toy's base
-# class does that around `run`; a diffusers leaf block calls the two itself.
+# class does that around `run`.
 
 
 # %%

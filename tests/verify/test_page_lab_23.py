@@ -329,7 +329,7 @@ def test_swapping_the_guider_changes_only_the_guider(saved, cfg_run, monkeypatch
     assert np.abs(images - cfg_images).max() > 1e-3
 
 
-def test_auto_blocks_pick_a_branch_from_the_inputs(cfg_run):
+def test_auto_blocks_pick_a_branch_from_the_inputs(saved, cfg_run, monkeypatch):
     """An `AutoPipelineBlocks` runs the first sub-block whose trigger input is present, else its default, or nothing when it has none: in the text-to-image call SDXL's auto blocks with a default run it (`StableDiffusionXLPrepareLatentsStep` in the text-to-image branch, `StableDiffusionXLDenoiseStep`, `StableDiffusionXLDecodeStep`), the ControlNet-input one, with no default, runs no block, and `get_execution_blocks(image_latents=...)` resolves the same tree to the image-to-image ones."""
     from diffusers.modular_pipelines import ConditionalPipelineBlocks
 
@@ -353,6 +353,27 @@ def test_auto_blocks_pick_a_branch_from_the_inputs(cfg_run):
     # the first present trigger wins: `mask` comes before `image_latents`
     both = sdxl_blocks().get_execution_blocks(prompt_embeds=True, mask=True, image_latents=True)
     assert "StableDiffusionXLInpaintPrepareLatentsStep" in [type(b).__name__ for b in both.sub_blocks.values()]  # fmt: skip
+    # and in a call: the branch `before_denoise` runs, stopped as it starts
+    from diffusers.modular_pipelines.stable_diffusion_xl import (
+        modular_blocks_stable_diffusion_xl as m,
+    )
+
+    class PickedError(Exception):
+        pass
+
+    def stop(self, *args, **kwargs):
+        raise PickedError(type(self).__name__)
+
+    for branch in (
+        "StableDiffusionXLInpaintBeforeDenoiseStep",
+        "StableDiffusionXLImg2ImgBeforeDenoiseStep",
+    ):
+        monkeypatch.setattr(getattr(m, branch), "__call__", stop)
+    pipe = modular(saved[0])
+    image_latents = torch.zeros(B, 4, HEIGHT // 2, WIDTH // 2)
+    for extra, picked in (({"mask": torch.ones(B, 1, HEIGHT, WIDTH)}, "Inpaint"), ({}, "Img2Img")):
+        with pytest.raises(PickedError, match=f"StableDiffusionXL{picked}BeforeDenoiseStep"):
+            pipe(**inputs(), image_latents=image_latents, **extra, output="images")
 
 
 def test_components_load_lazily(saved):
