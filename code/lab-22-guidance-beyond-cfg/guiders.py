@@ -44,8 +44,7 @@ from labkit.schedulers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 # `--prediction-type epsilon` (default) it predicts the noise on SD 1.5's schedule and DDIM
 # steps it, as in lab 04; with `flow` it predicts the velocity `noise - x0`, stepped by
 # flow-matching Euler. `weak_unet` is the perturbed
-# branch's stand-in: the exact denoiser of the same classes blurred to std 1.0 (above scale
-# 1, PAG and SLG weaken the real network instead).
+# branch's stand-in: the exact denoiser of the same classes blurred to std 1.0.
 
 # %%
 # --8<-- [start:setup]
@@ -189,7 +188,7 @@ def sample(rule, guidance_scale):
         skip_on = rule == "PAG/SLG" and perturbed_window(i, n)
         pred_cond = unet(x, t, class_labels=target_class)
         pred_uncond = unet(x, t, class_labels=UNCOND) if cfg_on else None
-        # at scale 1, diffusers builds this batch from the negative prompt and perturbs nothing
+        # at scale 1 the guider's prepare_inputs fills this batch from the negative prompt
         pred_cond_skip = (weak_unet(x, t, class_labels=target_class) if cfg_on else unet(x, t, class_labels=UNCOND)) if skip_on else None  # fmt: skip
         calls += 1 + cfg_on + skip_on  # one call per prediction
         if rule == "CFG-Zero*" and i < 1:  # zero_init_steps=1, applied at any scale

@@ -298,8 +298,11 @@ def test_modular_sdxl_calls_the_unet_once_per_prediction(modular_sdxl):
     assert len(full_lcm) == 10
 
 
-def test_pag_and_slg_weaken_the_real_network_seg_does_not(modular_sdxl, monkeypatch):
-    """Above scale 1, `PerturbedAttentionGuidance` and `SkipLayerGuidance` weaken the real network: in SDXL's modular denoise step their third UNet call of a step takes the conditional inputs of the first and returns another prediction. At `guidance_scale=1` their extra call in the window takes the negative prompt's inputs and no layer-skip hook is applied: nothing is weakened. `SmoothedEnergyGuidance`'s third call there, in diffusers 0.42.1, returns the conditional prediction unchanged: its blur hook never runs."""
+def test_seg_third_call_is_the_conditional_prediction(modular_sdxl, monkeypatch):
+    """In SDXL's modular pipeline on diffusers 0.42.1, `SmoothedEnergyGuidance`'s blur hook never runs, so its third UNet call of a step returns the conditional prediction unchanged."""
+    # PAG and SLG run alongside as the spies' control (their layer-skip hook is applied and
+    # changes the third output). The page makes no claim about them: whether they weaken the
+    # UNet depends on the scale, use_original_formulation, perturbed_guidance_scale and fqn.
     import diffusers.guiders.perturbed_attention_guidance as pag_module
     import diffusers.guiders.skip_layer_guidance as slg_module
     from diffusers.guiders import (
@@ -331,7 +334,8 @@ def test_pag_and_slg_weaken_the_real_network_seg_does_not(modular_sdxl, monkeypa
         weakened = not torch.equal(outputs[4], outputs[2])
         assert weakened is not isinstance(guider, SmoothedEnergyGuidance), type(guider).__name__
     assert blurred == [] and len(hooked) == 2  # PAG's and SLG's step-1 third calls
-    # guidance_scale=1: step 1 (in the window) has two calls, the second on the negative prompt, unhooked
+    # guidance_scale=1 (the starter's scale-1 row): in the window the second, last call takes
+    # the negative prompt's inputs
     for guider in (
         PerturbedAttentionGuidance(guidance_scale=1.0, perturbed_guidance_config=LayerSkipConfig(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0),
         SkipLayerGuidance(guidance_scale=1.0, skip_layer_config=LayerSkipConfig(indices=[0], fqn=fqn), skip_layer_guidance_start=0.0, skip_layer_guidance_stop=1.0),
@@ -343,3 +347,7 @@ def test_pag_and_slg_weaken_the_real_network_seg_does_not(modular_sdxl, monkeypa
             and torch.equal(calls[1], embeds(1))
         )
     assert len(hooked) == 2
+    # ...but "at scale 1 nothing is weakened" is not a rule: with use_original_formulation=True
+    # scale 1 keeps CFG on, and the third call is hooked again
+    calls = run(PerturbedAttentionGuidance(guidance_scale=1.0, use_original_formulation=True, perturbed_guidance_config=LayerSkipConfig(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0), steps=2)  # fmt: skip
+    assert len(calls) == 5 and len(hooked) == 3
