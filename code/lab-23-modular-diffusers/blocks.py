@@ -1,13 +1,13 @@
 """Lab 23: what is a modular pipeline, and how does it run the same call as Lab 12's pipeline?
 
 A classic pipeline is one ``__call__`` that runs every stage in order. A modular pipeline
-(``diffusers.modular_pipelines``) cuts that call into blocks: each block declares its
+(``diffusers.modular_pipelines``) builds its call from blocks: each block declares its
 inputs (``InputParam``) and outputs (``OutputParam``), a sequential block runs
 its sub-blocks in order, a loop block (SDXL's) runs its sub-blocks once per timestep, an
 auto block picks at most one sub-block from the inputs present, and one ``PipelineState``
-dict carries every key between them. This starter rebuilds Lab 12's toy pipeline that way,
+carries every key between them. This starter rebuilds Lab 12's toy pipeline that way,
 prints the state keys at each block boundary, swaps the guider, and checks the result
-against the monolithic call. The trap: the blocks do not change the math; they change who owns a step.
+against the monolithic call. The trap: the toy's blocks do not change the math; they change who owns a step.
 
 Run it:  python3 code/lab-23-modular-diffusers/blocks.py --prompt disc
 """
@@ -253,7 +253,7 @@ class DecodeStep(ModularPipelineBlocks):
 # As in SDXL's `StableDiffusionXLLoopDenoiser`: the guider's `prepare_inputs` turns
 # `(cond, uncond)` pairs into one batch per prediction, the denoiser runs once per batch
 # (Lab 12 ran it once on the doubled batch), and calling the guider on the batches
-# combines their `noise_pred`. Swapping the guider changes how many batches there are
+# combines their `noise_pred`. Swapping the guider can change how many batches there are
 # and how they combine; no block changes.
 
 

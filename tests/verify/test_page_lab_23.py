@@ -289,10 +289,21 @@ def test_modular_output_equals_classic(saved):
         guider=ClassifierFreeGuidance(guidance_scale=GUIDANCE),
         scheduler=HeunDiscreteScheduler.from_config(classic.scheduler.config),
     )
-    heun_images = pipe(**inputs(), output="images")
-    assert (
-        np.abs(heun_images - classic_heun(**inputs(), guidance_scale=GUIDANCE).images).max() > 1e-4
-    )
+    modular_batches, handle = unet_batches(pipe.unet, None)
+    try:
+        heun_images = pipe(**inputs(), output="images")
+    finally:
+        handle.remove()
+    classic_batches, handle = unet_batches(classic_heun.unet, None)
+    try:
+        classic_heun_images = classic_heun(**inputs(), guidance_scale=GUIDANCE).images
+    finally:
+        handle.remove()
+    assert np.abs(heun_images - classic_heun_images).max() > 1e-4
+    # not the classic call cut into blocks: the classic one guides all 2N - 1 UNet calls, the
+    # guider, told step i of N (denoise.py:227), guides only the first N (two batches each)
+    assert classic_batches == [2 * B] * (2 * N - 1)
+    assert modular_batches == [B] * (2 * N + N - 1)
 
 
 def test_guidance_scale_belongs_to_the_guider(saved):
