@@ -1613,6 +1613,7 @@ def test_sdxl_denoise_step_runs_three_sub_blocks_per_timestep(modular_sdxl, monk
     monkeypatch.setattr(scheduler, "scale_model_input", inside_of("scale_model_input", scheduler.scale_model_input))  # fmt: skip
     monkeypatch.setattr(scheduler, "step", inside_of("step", scheduler.step))
     monkeypatch.setattr(guider, "prepare_inputs", inside_of("guider", guider.prepare_inputs))
+    monkeypatch.setattr(guider, "__call__", inside_of("combine", guider.__call__))
     handle = pipe.unet.register_forward_pre_hook(lambda m, a: inside.append(("unet", active[-1] if active else None)))  # fmt: skip
     try:
         pipe(**sdxl_modular_inputs(), output="images")
@@ -1624,8 +1625,10 @@ def test_sdxl_denoise_step_runs_three_sub_blocks_per_timestep(modular_sdxl, monk
     assert where == {"scale_model_input": {"StableDiffusionXLLoopBeforeDenoiser"},
                      "unet": {"StableDiffusionXLLoopDenoiser"},
                      "guider": {"StableDiffusionXLLoopDenoiser"},
+                     "combine": {"StableDiffusionXLLoopDenoiser"},
                      "step": {"StableDiffusionXLLoopAfterDenoiser"}}  # fmt: skip
     assert sum(label == "step" for label, _ in inside) == MODULAR_STEPS
+    assert sum(label == "combine" for label, _ in inside) == MODULAR_STEPS
 
 
 def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
