@@ -112,7 +112,7 @@ def test_guidance_arguments_and_defaults(atlas):
 
 
 def test_flux3_is_the_only_modular_only_family(atlas):
-    """FLUX.3 is the one family here with a modular pipeline only: `Flux3ModularPipeline` and `Flux3DistilledModularPipeline`, whose blocks have no `guider`; there is no `pipelines/flux3`."""
+    """FLUX.3 is the one family here with a modular pipeline only: `Flux3ModularPipeline` and `Flux3DistilledModularPipeline` (the distilled one's blocks have no `guider`); there is no `pipelines/flux3`."""
     import diffusers
 
     def has(package: str) -> bool:
