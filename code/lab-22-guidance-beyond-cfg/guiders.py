@@ -184,16 +184,16 @@ def sample(rule, guidance_scale):
     latents, calls, n = noise * scheduler.init_noise_sigma, 0, len(scheduler.timesteps)
     for i, t in enumerate(scheduler.timesteps):
         x = scheduler.scale_model_input(latents, t)
-        cfg_on = guidance_scale != 1.0  # each guider's scale check: no pred_uncond at scale 1
+        cfg_on = guidance_scale != 1.0  # use_original_formulation=False: no pred_uncond at scale 1
         skip_on = rule == "PAG/SLG" and perturbed_window(i, n)
         pred_cond = unet(x, t, class_labels=target_class)
         pred_uncond = unet(x, t, class_labels=UNCOND) if cfg_on else None
-        # at scale 1 the guider's prepare_inputs fills this batch from the negative prompt
+        # scale 1, use_original_formulation=False: the guider batches the negative prompt here
         pred_cond_skip = (weak_unet(x, t, class_labels=target_class) if cfg_on else unet(x, t, class_labels=UNCOND)) if skip_on else None  # fmt: skip
         calls += 1 + cfg_on + skip_on  # one call per prediction
         if rule == "CFG-Zero*" and i < 1:  # zero_init_steps=1, applied at any scale
             noise_pred = ClassifierFreeZeroStarGuidance(pred_cond, pred_uncond, i, guidance_scale)  # fmt: skip
-        elif skip_on:  # at scale 1 the guider's forward starts from pred_cond_skip
+        elif skip_on:
             noise_pred = PerturbedAttentionGuidance(pred_cond, pred_uncond if cfg_on else pred_cond_skip, pred_cond_skip, guidance_scale if cfg_on else 0.0)  # fmt: skip
         elif not cfg_on:
             noise_pred = pred_cond

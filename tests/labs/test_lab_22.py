@@ -117,7 +117,8 @@ def test_bad_input_is_one_line(run_cli, argv):
 def test_pag_at_scale_1_takes_the_unconditional_branch(run_lab):
     """At `guidance_scale=1` the starter's `PAG/SLG` rule runs its extra call in the window on the
     unconditional branch (`UNCOND`) of the full denoiser, the inputs diffusers' guider batches
-    there; above scale 1 that call is `weak_unet`'s on class 1."""
+    there with `use_original_formulation=False`; above scale 1 that call is `weak_unet`'s on
+    class 1."""
     g = run_lab(STARTER, "--guidance-scales", "2", "--num-samples", "100", "--steps", "10")
     module = g["sample"].__globals__
     unet, weak, seen = module["unet"], module["weak_unet"], []

@@ -272,7 +272,11 @@ def modular_sdxl():
 def test_modular_sdxl_calls_the_unet_once_per_prediction(modular_sdxl):
     """SDXL's modular denoise step calls the UNet once per prediction the guider asks for, batch `B` each. With SDXL's `EulerDiscreteScheduler` and a UNet without `time_cond_proj_dim`: `ClassifierFreeGuidance` two calls per step; `PerturbedAttentionGuidance` a third inside its window, at its defaults (0.01 to 0.2) step 1 alone of 10 steps, with the window at 0 to 1 steps 1 to 9. With the second-order `HeunDiscreteScheduler` the counts differ: 29 `ClassifierFreeGuidance` calls at 10 steps, not 20. With `time_cond_proj_dim` set, the step turns the guider off: 10 calls at 10 steps with either guider."""
     from diffusers import HeunDiscreteScheduler
-    from diffusers.guiders import ClassifierFreeGuidance, PerturbedAttentionGuidance
+    from diffusers.guiders import (
+        ClassifierFreeGuidance,
+        PerturbedAttentionGuidance,
+        SkipLayerGuidance,
+    )
     from diffusers.hooks import LayerSkipConfig
 
     unet, run, _ = modular_sdxl
@@ -282,6 +286,8 @@ def test_modular_sdxl_calls_the_unet_once_per_prediction(modular_sdxl):
     layer = dict(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True)
     pag = run(PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=LayerSkipConfig(**layer)))  # fmt: skip
     assert len(pag) == 2 * 10 + 1 and all(e.shape[0] == 1 for e in pag)
+    # SkipLayerGuidance at its default window (0.01 to 0.2): the same 21
+    assert len(run(SkipLayerGuidance(guidance_scale=5.0, skip_layer_config=LayerSkipConfig(indices=[0], fqn=fqn)))) == 21  # fmt: skip
     full = run(PerturbedAttentionGuidance(guidance_scale=5.0, perturbed_guidance_config=LayerSkipConfig(**layer), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0))  # fmt: skip
     assert len(full) == 2 + 3 * 9  # step 0: two calls; steps 1 to 9: three
     # the third call of a step is the conditional branch again (prompt_embeds, not the negative)
@@ -346,8 +352,10 @@ def test_seg_third_call_is_the_conditional_prediction(modular_sdxl, monkeypatch)
             and torch.equal(calls[2], embeds(2))
             and torch.equal(calls[1], embeds(1))
         )
+        names = [getattr(b, guider._identifier_key) for b in guider.prepare_inputs({"prompt_embeds": (embeds(1), embeds(2))})]  # fmt: skip
+        assert names == ["pred_cond", "pred_cond_skip"]  # no pred_uncond at scale 1
     assert len(hooked) == 2
     # ...but "at scale 1 nothing is weakened" is not a rule: with use_original_formulation=True
     # scale 1 keeps CFG on, and the third call is hooked again
     calls = run(PerturbedAttentionGuidance(guidance_scale=1.0, use_original_formulation=True, perturbed_guidance_config=LayerSkipConfig(indices=[0], fqn=fqn, skip_attention=False, skip_attention_scores=True), perturbed_guidance_start=0.0, perturbed_guidance_stop=1.0), steps=2)  # fmt: skip
-    assert len(calls) == 5 and len(hooked) == 3
+    assert len(calls) == 5 and len(hooked) == 3 and torch.equal(calls[4], embeds(1))
