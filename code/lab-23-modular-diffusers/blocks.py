@@ -1,4 +1,4 @@
-"""Lab 23: what is a modular pipeline, and how does it run the same call as Lab 12's pipeline?
+"""Lab 23: what is a modular pipeline, and how do its blocks rebuild Lab 12's call?
 
 A classic pipeline is one ``__call__`` that runs every stage in order. A modular pipeline
 (``diffusers.modular_pipelines``) builds its call from blocks: each block declares its
