@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny import HEIGHT, POOLED_DIM, WIDTH, embeds, tiny_sdxl_pipeline
+from tiny import HEIGHT, WIDTH, sdxl_modular_blocks, sdxl_modular_inputs, tiny_sdxl_pipeline
 
 B, N, GUIDANCE = 1, 3, 5.0
 #: the SDXL blocks a text-to-image call runs, in order, the loop's three per step
@@ -25,16 +25,6 @@ TOP = ["StableDiffusionXLInputStep", "StableDiffusionXLSetTimestepsStep",
 LOOP = ["StableDiffusionXLLoopBeforeDenoiser", "StableDiffusionXLLoopDenoiser",
         "StableDiffusionXLLoopAfterDenoiser"]  # fmt: skip
 ORDER = TOP + ["StableDiffusionXLDenoiseStep"] + LOOP * N + ["StableDiffusionXLDecodeStep"]
-
-
-def sdxl_blocks():
-    """``StableDiffusionXLAutoBlocks`` less the blocks that need encoders or an image."""
-    from diffusers import StableDiffusionXLAutoBlocks
-
-    blocks = StableDiffusionXLAutoBlocks()
-    for name in ("text_encoder", "ip_adapter", "vae_encoder"):
-        blocks.sub_blocks.pop(name)
-    return blocks
 
 
 @pytest.fixture(scope="module")
@@ -48,22 +38,10 @@ def saved(tmp_path_factory):
 
 def modular(folder, manager=None):
     """A modular SDXL pipeline over ``folder``, every component loaded."""
-    pipe = sdxl_blocks().init_pipeline(folder, components_manager=manager)
+    pipe = sdxl_modular_blocks().init_pipeline(folder, components_manager=manager)
     pipe.load_components()
     pipe.set_progress_bar_config(disable=True)
     return pipe
-
-
-def inputs(seed=0):
-    pooled = torch.randn(B, POOLED_DIM, generator=torch.Generator().manual_seed(2))
-    prompt_embeds = embeds(1, batch=B)
-    return dict(
-        prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
-        negative_prompt_embeds=torch.zeros_like(prompt_embeds),
-        negative_pooled_prompt_embeds=torch.zeros_like(pooled),
-        num_inference_steps=N, height=HEIGHT, width=WIDTH, output_type="np",
-        generator=torch.Generator().manual_seed(seed),
-    )  # fmt: skip
 
 
 def walk(block):
@@ -108,7 +86,7 @@ def spied_call(pipe, monkeypatch, **kwargs):
                 return out
 
         monkeypatch.setattr(type(block), "__call__", spy)
-    images = pipe(**inputs(), **kwargs, output="images")
+    images = pipe(**sdxl_modular_inputs(), **kwargs, output="images")
     return images, calls, auto
 
 
@@ -149,7 +127,7 @@ def test_text_to_image_block_order(cfg_run):
 def test_state_keys_written_at_each_boundary(cfg_run):
     """With the prompt embeddings passed in, each block of SDXL's text-to-image call writes into the state only keys it declares (`set_block_state`, `modular_pipeline.py:619`): its `intermediate_outputs`, and the inputs whose value it replaced (SDXL's `prepare_add_cond` writes back `original_size` and `target_size`, which the call left at `None`). `set_timesteps` writes `timesteps`, `prepare_latents` writes `latents`, the loop writes `latents` back, `decode` writes `images`."""
     images, calls, _, _ = cfg_run
-    blocks = {type(b).__name__: b for b in walk(sdxl_blocks())}
+    blocks = {type(b).__name__: b for b in walk(sdxl_modular_blocks())}
     wrote = {}
     for name, before, after in calls:  # the state before and after each block, the first too
         if name in LOOP:  # the loop's sub-blocks work on the loop's own block state
@@ -187,7 +165,7 @@ def test_unet_runs_once_per_guider_batch(saved, cfg_run, monkeypatch):
     _, classic = saved
     classic_batches, handle = unet_batches(classic.unet, monkeypatch)
     try:
-        classic(**inputs(), guidance_scale=GUIDANCE)
+        classic(**sdxl_modular_inputs(), guidance_scale=GUIDANCE)
     finally:
         handle.remove()
     assert classic_batches == [2 * B] * N
@@ -208,13 +186,13 @@ def test_cfg_batches_at_scale_one_and_below(saved, monkeypatch, scale, per_step,
     pipe.update_components(guider=guider)
     batches, handle = unet_batches(pipe.unet, monkeypatch)
     try:
-        pipe(**inputs(), output="images")
+        pipe(**sdxl_modular_inputs(), output="images")
     finally:
         handle.remove()
     assert batches == [B] * (per_step * N)
     classic_batches, handle = unet_batches(classic.unet, monkeypatch)
     try:
-        classic(**inputs(), guidance_scale=scale)
+        classic(**sdxl_modular_inputs(), guidance_scale=scale)
     finally:
         handle.remove()
     assert classic_batches == [B] * N
@@ -224,7 +202,7 @@ def test_missing_required_input_is_an_error(saved):
     """A block's `get_block_state` raises on a missing required input: SDXL's modular call without `prompt_embeds` fails with "Required input 'prompt_embeds' is missing"."""
     folder, _ = saved
     pipe = modular(folder)
-    kwargs = inputs()
+    kwargs = sdxl_modular_inputs()
     del kwargs["prompt_embeds"]
     with pytest.raises(ValueError, match="Required input 'prompt_embeds' is missing"):
         pipe(**kwargs, output="images")
@@ -254,24 +232,29 @@ def test_modular_output_equals_classic(saved):
     pipe = modular(folder)
     assert isinstance(pipe.scheduler, EulerDiscreteScheduler)
     assert isinstance(classic.scheduler, EulerDiscreteScheduler)
-    default = pipe(**inputs(), output="images")  # the guider as init_pipeline built it
-    classic_default = classic(**inputs()).images
-    np.testing.assert_array_equal(classic_default, classic(**inputs(), guidance_scale=5.0).images)
+    default = pipe(**sdxl_modular_inputs(), output="images")  # the guider as init_pipeline built it
+    classic_default = classic(**sdxl_modular_inputs()).images
+    np.testing.assert_array_equal(
+        classic_default, classic(**sdxl_modular_inputs(), guidance_scale=5.0).images
+    )
     assert np.abs(default - classic_default).max() > 1e-3
-    np.testing.assert_allclose(default, classic(**inputs(), guidance_scale=7.5).images, atol=1e-5, rtol=0)  # fmt: skip
+    np.testing.assert_allclose(default, classic(**sdxl_modular_inputs(), guidance_scale=7.5).images, atol=1e-5, rtol=0)  # fmt: skip
     for scale in (1.5, GUIDANCE):
         pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=scale))
-        images = pipe(**inputs(), output="images")
-        reference = classic(**inputs(), guidance_scale=scale).images
+        images = pipe(**sdxl_modular_inputs(), output="images")
+        reference = classic(**sdxl_modular_inputs(), guidance_scale=scale).images
         assert images.shape == reference.shape
         np.testing.assert_allclose(images, reference, atol=1e-5, rtol=0)
     assert not np.array_equal(images, reference)
     pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=0.5))  # below 1: not equal
-    assert np.abs(pipe(**inputs(), output="images") - classic(**inputs(), guidance_scale=0.5).images).max() > 1e-3  # fmt: skip
+    assert np.abs(pipe(**sdxl_modular_inputs(), output="images") - classic(**sdxl_modular_inputs(), guidance_scale=0.5).images).max() > 1e-3  # fmt: skip
     # the cause: the tiny UNet's rows for one batch of 2 are not bit-identical to two of 1
     latents = torch.randn(1, 4, HEIGHT // 2, WIDTH // 2, generator=torch.Generator().manual_seed(0))
-    cond, uncond = inputs()["prompt_embeds"], inputs()["negative_prompt_embeds"]
-    pooled = inputs()["pooled_prompt_embeds"]
+    cond, uncond = (
+        sdxl_modular_inputs()["prompt_embeds"],
+        sdxl_modular_inputs()["negative_prompt_embeds"],
+    )
+    pooled = sdxl_modular_inputs()["pooled_prompt_embeds"]
     time_ids = torch.tensor([[HEIGHT, WIDTH, 0, 0, HEIGHT, WIDTH]], dtype=torch.float32)
     added = {"text_embeds": torch.cat([pooled, pooled]), "time_ids": torch.cat([time_ids] * 2)}
     with torch.no_grad():
@@ -279,7 +262,7 @@ def test_modular_output_equals_classic(saved):
         one = classic.unet(latents, 500, uncond, added_cond_kwargs={k: v[:1] for k, v in added.items()}).sample  # fmt: skip
     torch.testing.assert_close(both[:1], one, atol=1e-5, rtol=0)
     assert not torch.equal(both[:1], one)
-    other = classic(**inputs(), guidance_scale=1.0).images  # the check can fail
+    other = classic(**sdxl_modular_inputs(), guidance_scale=1.0).images  # the check can fail
     assert np.abs(other - reference).max() > 1e-3
     # a second-order scheduler: not equal up to rounding at the same guidance_scale
     heun = HeunDiscreteScheduler.from_config(classic.scheduler.config)
@@ -291,12 +274,12 @@ def test_modular_output_equals_classic(saved):
     )
     modular_batches, handle = unet_batches(pipe.unet, None)
     try:
-        heun_images = pipe(**inputs(), output="images")
+        heun_images = pipe(**sdxl_modular_inputs(), output="images")
     finally:
         handle.remove()
     classic_batches, handle = unet_batches(classic_heun.unet, None)
     try:
-        classic_heun_images = classic_heun(**inputs(), guidance_scale=GUIDANCE).images
+        classic_heun_images = classic_heun(**sdxl_modular_inputs(), guidance_scale=GUIDANCE).images
     finally:
         handle.remove()
     assert np.abs(heun_images - classic_heun_images).max() > 1e-4
@@ -314,8 +297,8 @@ def test_guidance_scale_belongs_to_the_guider(saved):
     assert type(pipe.guider).__name__ == "ClassifierFreeGuidance"
     assert pipe.guider.guidance_scale == 7.5
     with pytest.warns(UserWarning, match="Unexpected input"):
-        ignored = pipe(**inputs(), guidance_scale=1.0, output="images")
-    np.testing.assert_array_equal(ignored, pipe(**inputs(), output="images"))
+        ignored = pipe(**sdxl_modular_inputs(), guidance_scale=1.0, output="images")
+    np.testing.assert_array_equal(ignored, pipe(**sdxl_modular_inputs(), output="images"))
 
 
 def test_swapping_the_guider_changes_only_the_guider(saved, cfg_run, monkeypatch):
@@ -348,7 +331,9 @@ def test_auto_blocks_pick_a_branch_from_the_inputs(saved, cfg_run, monkeypatch):
     ran = {name for name, *_ in calls}
     assert {"StableDiffusionXLPrepareLatentsStep", "StableDiffusionXLDenoiseStep",
             "StableDiffusionXLDecodeStep"} <= ran  # fmt: skip
-    conditional = [b for b in walk(sdxl_blocks()) if isinstance(b, ConditionalPipelineBlocks)]
+    conditional = [
+        b for b in walk(sdxl_modular_blocks()) if isinstance(b, ConditionalPipelineBlocks)
+    ]
     leaf_calls = dict(auto)  # every conditional block the call reached, and the leaf blocks it ran
     skipped = [type(b).__name__ for b in conditional if b.default_block_name is None]
     assert "StableDiffusionXLAutoControlNetInputStep" in skipped
@@ -357,12 +342,14 @@ def test_auto_blocks_pick_a_branch_from_the_inputs(saved, cfg_run, monkeypatch):
         if name in leaf_calls:  # reached: no trigger present, so a default runs and none skips
             assert (leaf_calls[name] > 0) == (b.default_block_name is not None), name
     assert leaf_calls["StableDiffusionXLAutoControlNetInputStep"] == 0
-    resolved = sdxl_blocks().get_execution_blocks(prompt_embeds=True, image_latents=True)
+    resolved = sdxl_modular_blocks().get_execution_blocks(prompt_embeds=True, image_latents=True)
     names = [type(b).__name__ for b in resolved.sub_blocks.values()]
     assert "StableDiffusionXLImg2ImgPrepareLatentsStep" in names
     assert "StableDiffusionXLPrepareLatentsStep" not in names
     # the first present trigger wins: `mask` comes before `image_latents`
-    both = sdxl_blocks().get_execution_blocks(prompt_embeds=True, mask=True, image_latents=True)
+    both = sdxl_modular_blocks().get_execution_blocks(
+        prompt_embeds=True, mask=True, image_latents=True
+    )
     assert "StableDiffusionXLInpaintPrepareLatentsStep" in [type(b).__name__ for b in both.sub_blocks.values()]  # fmt: skip
     # and in a call: the branch `before_denoise` runs, stopped as it starts
     from diffusers.modular_pipelines.stable_diffusion_xl import (
@@ -384,7 +371,7 @@ def test_auto_blocks_pick_a_branch_from_the_inputs(saved, cfg_run, monkeypatch):
     image_latents = torch.zeros(B, 4, HEIGHT // 2, WIDTH // 2)
     for extra, picked in (({"mask": torch.ones(B, 1, HEIGHT, WIDTH)}, "Inpaint"), ({}, "Img2Img")):
         with pytest.raises(PickedError, match=f"StableDiffusionXL{picked}BeforeDenoiseStep"):
-            pipe(**inputs(), image_latents=image_latents, **extra, output="images")
+            pipe(**sdxl_modular_inputs(), image_latents=image_latents, **extra, output="images")
 
 
 def test_components_load_lazily(saved):
@@ -395,7 +382,7 @@ def test_components_load_lazily(saved):
 
     folder, _ = saved
     manager = ComponentsManager()
-    pipe = sdxl_blocks().init_pipeline(folder, components_manager=manager)
+    pipe = sdxl_modular_blocks().init_pipeline(folder, components_manager=manager)
     specs = {name: pipe.get_component_spec(name) for name in pipe.component_names}
     from_config = {n for n, spec in specs.items() if spec.default_creation_method == "from_config"}
     assert set(pipe.component_names) - set(pipe.null_component_names) == from_config
