@@ -1,4 +1,4 @@
-"""The ``<!-- infralens:NAME args -->`` directives a page may hold, one function each.
+r"""The ``<!-- infralens:NAME args -->`` directives a page may hold, one function each.
 
 A directive stands alone on its line and is replaced by Markdown at build time:
 
