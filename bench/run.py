@@ -203,7 +203,7 @@ def main() -> int:
         print("\npage weight (HTML + local CSS/JS/images it loads)")
         for lab in load_labs():
             pages = [lab.page.with_suffix("")] + [
-                s.path.with_suffix("") for s in lab.starters if s.runnable
+                s.path.with_suffix("") for s in lab.starters if s.page
             ]
             for rel in pages:
                 raw, gz, n = page_weight(site, site / rel)
