@@ -16,7 +16,7 @@ from labkit import (
 )
 from labkit.cli import LabArgumentParser, int_at_least, int_list, parse_args
 from labkit.data import GaussianMixture
-from labkit.denoiser import exact_prediction
+from labkit.denoiser import UNCOND, exact_prediction
 
 
 def test_linear_schedule_closed_form():
@@ -153,6 +153,20 @@ def test_per_row_class_labels_equal_separate_calls():
     np.testing.assert_allclose(batched[:4], denoiser(x[:4], 400))
     np.testing.assert_allclose(batched[4:], denoiser(x[4:], 400, class_labels=1))
     assert denoiser.rows == 16 and denoiser.calls == 3
+
+
+@pytest.mark.parametrize("label", [UNCOND, 0, 1])
+def test_one_label_for_all_rows_equals_the_per_row_split(label):
+    """One int label (the fast path, no row split) gives the bytes a per-row label array gives;
+    restrict() hands back the same conditional mixture each time it is asked."""
+    mixture = default_mixture()
+    denoiser = ExactDenoiser(mixture, alphas_cumprod(make_betas("linear")), "epsilon")
+    x = np.random.default_rng(5).standard_normal((16, 2))
+    one = denoiser(x, 300.5, class_labels=label)
+    per_row = denoiser(x, 300.5, class_labels=np.full(16, label))
+    assert one.dtype == np.float64 and np.array_equal(one, per_row)
+    if label != UNCOND:
+        assert mixture.restrict(label) is mixture.restrict(label)
 
 
 def test_flow_denoiser_predicts_the_velocity():

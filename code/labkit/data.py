@@ -23,7 +23,7 @@ variance-exploding one (alpha_t = 1) and flow matching (alpha_t = 1 - t, sigma_t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +36,9 @@ class GaussianMixture:
     stds: np.ndarray
     weights: np.ndarray
     classes: np.ndarray
+    #: restrict()'s results by class label: a conditional denoiser asks for the same class at
+    #: every step (the mixture is frozen; its arrays are not edited in place)
+    _restricted: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         K = self.means.shape[0]
@@ -69,11 +72,15 @@ class GaussianMixture:
 
     def restrict(self, class_label: int) -> GaussianMixture:
         """The conditional data distribution p(x0 | class), weights renormalised."""
+        if class_label in self._restricted:
+            return self._restricted[class_label]
         keep = self.classes == class_label
         if not keep.any():
             raise ValueError(f"no component has class {class_label}")
         w = self.weights[keep]
-        return GaussianMixture(self.means[keep], self.stds[keep], w / w.sum(), self.classes[keep])
+        part = GaussianMixture(self.means[keep], self.stds[keep], w / w.sum(), self.classes[keep])
+        self._restricted[class_label] = part
+        return part
 
     def _log_joint(self, x_t: np.ndarray, alpha_t: float, sigma_t: float):
         """log(w_k N(x_t; alpha_t mean_k, var_k I)) up to a constant, (N, K), and the

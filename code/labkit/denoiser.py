@@ -66,6 +66,9 @@ def _conditioned(
     """Apply ``predict(mixture_for_rows, rows)`` per condition group; (N, D) -> (N, D)."""
     if class_labels is None:
         return predict(mixture, sample)
+    if np.ndim(class_labels) == 0:  # one label for every row: no per-row split
+        label = int(class_labels)
+        return predict(mixture if label == UNCOND else mixture.restrict(label), sample)
     labels = np.broadcast_to(np.asarray(class_labels), (len(sample),))
     out = np.empty_like(sample, dtype=np.float64)
     for label in sorted(set(labels.tolist())):  # not np.unique: it imports numpy.ma (~12 ms)
