@@ -186,13 +186,13 @@ def test_passing_embeds_skips_the_text_encoder(tmp_path, record_calls):
 
 
 def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_calls):
-    """In `StableDiffusionPipeline`, with `prompt_embeds` alone and `guidance_scale > 1`, the text encoder still runs once, on the empty negative prompt `""` padded to the length of `prompt_embeds`: 77 tokens for CLIP-encoded embeddings, and longer embeddings make the text encoder raise `ValueError`.
+    """In `StableDiffusionPipeline`, with `prompt_embeds` alone and CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), the text encoder still runs once, on the empty negative prompt `""` padded to the length of `prompt_embeds`: 77 tokens for CLIP-encoded embeddings, and longer embeddings make the text encoder raise `ValueError`; with an LCM-distilled UNet (`time_cond_proj_dim` set) it does not run at `guidance_scale > 1`.
 
     ``encode_prompt`` tokenizes ``""`` with ``max_length = prompt_embeds.shape[1]``: the
     pipeline's own ``__call__`` at 77 and at 20 tokens, then at 78, one past CLIP's 77
-    positions.
+    positions; then at 77 with a tiny UNet with ``time_cond_proj_dim=8``.
     """
-    from tiny import tiny_text_encoder, tiny_tokenizer
+    from tiny import tiny_text_encoder, tiny_tokenizer, tiny_unet
 
     pipe = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
     encoder = record_calls(pipe.text_encoder)
@@ -216,6 +216,10 @@ def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_c
         torch.testing.assert_close(input_ids, expected.input_ids)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         call(78)
+    encoder.calls.clear()
+    pipe = sd_with(pipe, unet=tiny_unet(time_cond_proj_dim=8))  # LCM-distilled: no CFG
+    call(77)
+    assert encoder.calls == []
 
 
 def test_prepare_latents_multiplies_by_init_noise_sigma():
@@ -296,7 +300,7 @@ def test_call_not_encode_prompt_concatenates_the_condition():
 
 
 def test_text_encoder_runs_before_the_loop_twice_when_guiding(tmp_path):
-    """In `StableDiffusionPipeline`, the text encoder runs only before the loop, twice with guidance: prompt, then negative prompt; once without guidance.
+    """In `StableDiffusionPipeline`, the text encoder runs only before the loop, twice with CFG: prompt, then negative prompt; once without CFG.
 
     The tiny pipeline's own ``__call__`` with a tiny CLIP text encoder and tokenizer, prompts
     ``["a", "b"]`` (no embeddings passed), 3 steps: pre-hooks on the text encoder and the UNet
@@ -336,7 +340,7 @@ def test_text_encoder_runs_before_the_loop_twice_when_guiding(tmp_path):
 
 
 def test_numpy_to_pil_rounds_to_uint8():
-    """In `StableDiffusionPipeline`, `VaeImageProcessor.numpy_to_pil` makes 8-bit pixels as `(image * 255).round()`, the lab's last boundary."""
+    """`VaeImageProcessor.numpy_to_pil`, run here on `StableDiffusionPipeline`'s output, makes 8-bit pixels as `(image * 255).round()`, the lab's last boundary."""
     pipe = tiny_sd_pipeline()
     _, images = real_trace(pipe)
     pixels = np.stack([np.asarray(p) for p in pipe.image_processor.numpy_to_pil(images)])
@@ -370,7 +374,7 @@ def test_the_loop_takes_the_most_time_then_decode():
 
 
 def test_passed_prompt_embeds_are_cast_and_repeated_not_encoded(tmp_path, record_calls):
-    """In `StableDiffusionPipeline`, with `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` does not run the text encoder: it only casts them to `text_encoder.dtype`, or to `unet.dtype` in a pipeline without a text encoder, and repeats them `num_images_per_prompt` times (inference_trace.md); with `prompt_embeds` alone and guidance on, the text encoder still runs once, on the empty negative prompt."""
+    """In `StableDiffusionPipeline`, with `prompt_embeds` and `negative_prompt_embeds` passed, `encode_prompt` does not run the text encoder: it only casts them to `text_encoder.dtype`, or to `unet.dtype` in a pipeline without a text encoder, and repeats them `num_images_per_prompt` times (inference_trace.md); with `prompt_embeds` alone and CFG on, the text encoder still runs once, on the empty negative prompt."""
     from tiny import tiny_text_encoder, tiny_tokenizer
 
     encoder = tiny_text_encoder().to(torch.bfloat16)
@@ -475,7 +479,7 @@ def test_sd15_decode_against_the_loop_in_flops(sd15_flops, record_calls):
 
 
 def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch):
-    """In `StableDiffusionPipeline`, `scheduler.step` and the VAE only ever see `B`; `scheduler.scale_model_input` gets the `2B` rows of `cat([latents] * 2)` (inference_trace.md).
+    """In `StableDiffusionPipeline`, `scheduler.step` and the VAE only ever see `B`; with CFG, `scheduler.scale_model_input` gets the `2B` rows of `cat([latents] * 2)` (inference_trace.md).
 
     Spies on the three methods of the tiny pipeline's own ``__call__``, guided, ``B = 2``,
     with ``EulerDiscreteScheduler``, whose ``scale_model_input`` is not the identity.
@@ -500,7 +504,7 @@ def test_scheduler_step_and_the_vae_see_b_scale_model_input_sees_2b(monkeypatch)
 
 
 def test_latency_is_len_timesteps_unet_calls(record_calls):
-    """In `StableDiffusionPipeline`, below 1000 steps, latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ to 999, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call; at $n = 1000$ its `step` raises `IndexError` after the first UNet call.
+    """In `StableDiffusionPipeline`, below 1000 steps, latency is `len(timesteps)` UNet calls ($n$ with DDIM) on `2B` rows with CFG: with SD 1.5's shipped `PNDMScheduler` the timesteps are `(n + 1,)` from $n = 2$ to 999, $n$ distinct values with one repeated, and the UNet runs `n + 1` times, once per entry of `scheduler.timesteps`, not once per distinct timestep (inference_trace.md); at $n = 1$ PNDM has one timestep and makes one call; at $n = 1000$ its `step` raises `IndexError` after the first UNet call.
 
     The tiny pipeline's own guided ``__call__`` at 1, 2 and ``N`` steps, UNet calls counted by a
     hook, and at 1000 steps with PNDM.

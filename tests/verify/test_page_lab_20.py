@@ -289,7 +289,7 @@ def test_inpaint_4_channel_blends_after_every_step(inpaint4, record_calls, monke
 
 
 def test_inpaint_9_channel_unet_gets_latents_mask_and_masked_image(inpaint9, record_calls, monkeypatch):  # fmt: skip
-    """In `StableDiffusionInpaintPipeline`, with a 9-channel UNet (`in_channels=9`), every UNet call gets `torch.cat([latents, mask, masked_image_latents], dim=1)`: 4 + 1 + 4 channels, the mask resized to latent size by `prepare_mask_latents` (`interpolate` to `height // vae_scale_factor`) and no blending afterwards."""
+    """In `StableDiffusionInpaintPipeline`, with a 9-channel UNet (`in_channels=9`), every UNet call gets `torch.cat([latent_model_input, mask, masked_image_latents], dim=1)` (here, unguided with DDIM, `latent_model_input` is the `latents`): 4 + 1 + 4 channels, the mask resized to latent size by `prepare_mask_latents` (`interpolate` to `height // vae_scale_factor`) and no blending afterwards."""
     image, mask_image = pil_image_and_mask()
     steps = spy(monkeypatch, inpaint9.scheduler, "step", returns=True)
     noised = spy(monkeypatch, inpaint9.scheduler, "add_noise")

@@ -138,7 +138,7 @@ def test_text_encoding_and_decode_are_one_batched_call_per_request(sd_pipe, reco
 
 
 def test_split_decode_skips_the_safety_checker(sd_pipe):
-    """In `StableDiffusionPipeline`, decoding `output_type="latent"` output separately gives a full call's image only without a safety checker: with one (SD 1.5 ships one), a full call runs `run_safety_checker` and returns a flagged image black, while `vae.decode` and `postprocess` alone return it; the decode stage matches the full call when it runs `pipe.run_safety_checker` and passes its flags to `postprocess` as `do_denormalize`."""
+    """In `StableDiffusionPipeline`, decoding `output_type="latent"` output separately skips the safety checker: with one (SD 1.5 ships one), a full call runs `run_safety_checker` and returns a flagged image black, while `vae.decode` and `postprocess` alone return it (an image it does not flag is the same either way); the decode stage matches the full call when it runs `pipe.run_safety_checker` and passes its flags to `postprocess` as `do_denormalize`."""
     checker, processor = flagging_safety_checker()
     pipe = StableDiffusionPipeline(
         **{**sd_pipe.components, "safety_checker": checker, "feature_extractor": processor}
@@ -157,6 +157,13 @@ def test_split_decode_skips_the_safety_checker(sd_pipe):
         checked, output_type="np", do_denormalize=[not f for f in flags]
     )
     np.testing.assert_array_equal(staged, full.images)
+    with torch.no_grad():  # thresholds no score reaches: nothing flagged
+        checker.concept_embeds_weights.fill_(10.0)
+        checker.special_care_embeds_weights.fill_(10.0)
+    unflagged = pipe(prompt_embeds=PROMPT, negative_prompt_embeds=NEGATIVE, num_inference_steps=2,
+                     height=HEIGHT, width=WIDTH, latents=start_latents(), output_type="np")  # fmt: skip
+    assert unflagged.nsfw_content_detected == [False]
+    np.testing.assert_array_equal(unflagged.images, separate)
 
 
 def test_the_safety_checker_is_resident_where_the_decode_runs_it(sd_pipe, record_calls):
@@ -296,7 +303,7 @@ def test_an_lcm_unet_takes_the_guidance_scale_as_an_embedding(sd_pipe, record_ca
 
 
 def test_a_shared_call_takes_one_set_of_call_settings_for_every_row(sd_pipe):
-    """In `StableDiffusionPipeline`, text encoding can share a batch only among prompts encoded with the same call settings, and a step's UNet call only among requests with the same adapter settings: a UNet call's LoRA scale (`cross_attention_kwargs={"scale": s}`) applies to every row, so a row batched with a request at 0.5 gets the 0.5 output, not the output of its own call at 1.0; and likewise `encode_prompt`'s `lora_scale` applies to every prompt it encodes.
+    """Text encoding can share a batch only among prompts encoded with the same call settings, and a step's UNet call only among requests with the same adapter settings: a UNet call's LoRA scale (`cross_attention_kwargs={"scale": s}`) applies to every row, so a row batched with a request at 0.5 gets the 0.5 output, not the output of its own call at 1.0; and likewise `StableDiffusionPipeline.encode_prompt`'s `lora_scale` applies to every prompt it encodes.
 
     The tiny UNet with a random LoRA on ``to_q``, called as a step-level loop calls it, on two
     rows at different timesteps; the tiny CLIP text encoder with a random LoRA on ``q_proj``
@@ -485,7 +492,7 @@ def serving_diagram() -> dict[str, list[list]]:
 
 
 def test_the_text_stage_hands_the_loop_both_embeddings(sd_pipe):
-    """In `StableDiffusionPipeline`, the serving diagram's text stage passes on `prompt_embeds` and `negative_prompt_embeds`, and a loop stage built without tokenizer and text encoder runs a guided call on them; given `prompt_embeds` alone, `encode_prompt` encodes the empty negative prompt itself, and there it fails (`AttributeError`)."""
+    """The serving diagram's text stage passes on `prompt_embeds` and `negative_prompt_embeds`, and a `StableDiffusionPipeline` loop stage built without tokenizer and text encoder runs a guided call on them; given `prompt_embeds` alone, `encode_prompt` encodes the empty negative prompt itself, and there it fails (`AttributeError`)."""
     assert sd_pipe.text_encoder is None and sd_pipe.tokenizer is None
     handed = {"prompt_embeds": PROMPT, "negative_prompt_embeds": NEGATIVE}
     lines = " ".join(line for row in serving_diagram()["text queue"] for line in row[2])
@@ -574,7 +581,7 @@ def test_unet_accepts_a_per_sample_timestep_tensor(sd_pipe):
 
 
 def test_step_level_batching_across_requests(sd_pipe):
-    """In `StableDiffusionPipeline`, a step-level loop that keeps one `EulerDiscreteScheduler` per request and makes one UNet call per tick on the concatenated `(2B, 4, h, w)` rows of requests with different `num_inference_steps`, start times and `guidance_scale`, with a `(2B,)` timestep tensor, gives each request the same `latents`, up to float32 rounding, as its own pipeline call."""
+    """A service's own step-level loop on `StableDiffusionPipeline`'s UNet that keeps one `EulerDiscreteScheduler` per request and makes one UNet call per tick on the concatenated `(2B, 4, h, w)` rows of requests with different `num_inference_steps`, start times and `guidance_scale`, with a `(2B,)` timestep tensor, gives each request the same `latents`, up to float32 rounding, as its own `StableDiffusionPipeline` call."""
     pipe = sd_with(sd_pipe, scheduler=EulerDiscreteScheduler(**SD_EULER))
     requests = [  # (num_inference_steps, guidance_scale, start tick, prompt seed)
         dict(steps=3, scale=7.5, start=0, prompt=embeds(20), negative=embeds(21)),
@@ -848,7 +855,7 @@ def test_callback_preview_from_a_wrapped_step(sd_pipe, record_calls, monkeypatch
 
 
 def test_dpmsolver_model_outputs_hold_the_x0_prediction(sd_pipe, monkeypatch):
-    """In `StableDiffusionPipeline`, with its default `algorithm_type="dpmsolver++"`, `DPMSolverMultistepScheduler` stores the x0 prediction of the latest `step` in `scheduler.model_outputs[-1]`, so a callback can read a preview from `pipe.scheduler` without wrapping `step`.
+    """`DPMSolverMultistepScheduler`, with its default `algorithm_type="dpmsolver++"`, stores the x0 prediction of the latest `step` in `scheduler.model_outputs[-1]` (run here in `StableDiffusionPipeline`), so a callback can read a preview from `pipe.scheduler` without wrapping `step`.
 
     The tiny pipeline's own ``__call__``, guided, 4 steps: a ``callback_on_step_end`` reads
     ``pipe.scheduler.model_outputs[-1]`` after each step, and it equals
