@@ -241,7 +241,7 @@ def test_first_level_self_attention_has_one_token_per_latent_position(sd_pipe):
 
 
 def test_sd3_subtracts_shift_factor_before_scaling_and_adds_it_back():
-    """SD3 pipelines use `shift_factor` as well: `StableDiffusion3Img2ImgPipeline` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`, and `StableDiffusion3Pipeline` decodes `vae.decode(latents / scaling_factor + shift_factor)`."""
+    """`StableDiffusion3Img2ImgPipeline` and `StableDiffusion3Pipeline` use `shift_factor` as well: `StableDiffusion3Img2ImgPipeline.prepare_latents` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`, and `StableDiffusion3Pipeline` decodes `vae.decode(latents / scaling_factor + shift_factor)`."""
     from diffusers import StableDiffusion3Img2ImgPipeline, StableDiffusion3Pipeline
 
     parts = tiny_sd3_parts()

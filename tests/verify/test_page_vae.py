@@ -31,8 +31,22 @@ def record_decode(vae):
     return seen
 
 
+@pytest.fixture(scope="module")
+def published_vaes():
+    """``AutoencoderKL`` on the meta device from SD 1.5's, SDXL's, SD3's and Flux.1's published
+    VAE configs (``model_configs``), with each config; built once for the module."""
+    from diffusers import AutoencoderKL
+    from model_configs import FLUX_VAE, SD3_VAE, SD15_VAE, SDXL_VAE
+
+    built = []
+    for config in (SD15_VAE, SDXL_VAE, SD3_VAE, FLUX_VAE):
+        with torch.device("meta"):
+            built.append((config, AutoencoderKL(**config)))
+    return built
+
+
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
-def test_shape_contract(blocks):
+def test_shape_contract(blocks, published_vaes):
     """`AutoencoderKL` maps `(B, 3, H, W)` to latents `(B, latent_channels, H/f, W/f)` and back, with `f = 2 ** (len(block_out_channels) - 1)`: 8 for the four blocks of the SD 1.x, SDXL, SD3 and Flux.1 VAEs."""
     vae = narrow_vae((8, 16, 16, 16)[:blocks])
     f = 2 ** (blocks - 1)
@@ -40,6 +54,10 @@ def test_shape_contract(blocks):
         latents = vae.encode(images()).latent_dist.sample(torch.Generator().manual_seed(0))
         assert latents.shape == (2, 4, 32 // f, 32 // f)
         assert vae.decode(latents).sample.shape == (2, 3, 32, 32)
+    if blocks == 4:  # the published SD 1.x, SDXL, SD3 and Flux.1 VAE configs: f = 8
+        for _, real in published_vaes:
+            halving = [block.downsamplers is not None for block in real.encoder.down_blocks]
+            assert halving == [True, True, True, False]  # four blocks, all but the last halve
 
 
 def test_sixteen_channel_latents():
@@ -214,7 +232,7 @@ def test_sd_img2img_encodes_then_scales():
 
 
 def test_sd3_shift_then_scale():
-    """`StableDiffusion3Pipeline` never runs the VAE encoder for text-to-image: it samples 16-channel latents and decodes `vae.decode(latents / scaling_factor + shift_factor)`; `StableDiffusion3Img2ImgPipeline` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`."""
+    """`StableDiffusion3Pipeline` never runs the VAE encoder for text-to-image: it samples 16-channel latents and decodes `vae.decode(latents / scaling_factor + shift_factor)`; `StableDiffusion3Img2ImgPipeline.prepare_latents` encodes `(latent_dist.sample() - shift_factor) * scaling_factor`."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         StableDiffusion3Img2ImgPipeline,
@@ -255,6 +273,52 @@ def test_sd3_shift_then_scale():
         dist = vae.encode(image).latent_dist
     noise = torch.randn(dist.mean.shape, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(noised[0], (dist.mean + dist.std * noise - shift) * sf)
+
+
+def test_sd3_inpaint_decodes_without_adding_the_shift_back():
+    """`StableDiffusion3InpaintPipeline` decodes without adding `shift_factor` back: through `__call__` (same `generator`, `output_type="latent"` then `"pt"`) it hands `vae.decode` `latents / scaling_factor`, where `StableDiffusion3Img2ImgPipeline` and `FluxImg2ImgPipeline` hand it `latents / scaling_factor + shift_factor` (Flux.1's unpacked first)."""
+    from diffusers import (
+        FluxImg2ImgPipeline,
+        FluxPipeline,
+        StableDiffusion3Img2ImgPipeline,
+        StableDiffusion3InpaintPipeline,
+    )
+
+    image = images(1, HEIGHT) * 0.5 + 0.5  # in [0, 1], as the image processor expects
+    mask = torch.zeros(1, 1, HEIGHT, WIDTH)
+    mask[..., : HEIGHT // 2, :] = 1.0
+    g = torch.Generator().manual_seed(1)
+    sd3 = dict(prompt_embeds=torch.randn(1, 10, 32, generator=g), pooled_prompt_embeds=torch.randn(1, 16, generator=g))  # fmt: skip
+    flux = dict(prompt_embeds=torch.randn(1, 10, 32, generator=g), pooled_prompt_embeds=torch.randn(1, 24, generator=g))  # fmt: skip
+    runs = (
+        (StableDiffusion3InpaintPipeline, tiny_sd3_parts(), dict(**sd3, mask_image=mask)),
+        (StableDiffusion3Img2ImgPipeline, tiny_sd3_parts(), sd3),
+        (FluxImg2ImgPipeline, tiny_flux_parts(), flux),
+    )
+    undone = {}
+    for cls, parts, kwargs in runs:
+        pipe = cls(**parts)
+        pipe.set_progress_bar_config(disable=True)
+        seen = record_decode(pipe.vae)
+        run = dict(**kwargs, image=image, strength=0.6, guidance_scale=1.0, num_inference_steps=2,
+                   height=HEIGHT, width=WIDTH)  # fmt: skip
+        with torch.no_grad():
+            latents = pipe(**run, generator=torch.Generator().manual_seed(2), output_type="latent").images  # fmt: skip
+            pipe(**run, generator=torch.Generator().manual_seed(2), output_type="pt")
+        if latents.ndim == 3:  # Flux.1's packed tokens
+            latents = FluxPipeline._unpack_latents(latents, HEIGHT, WIDTH, pipe.vae_scale_factor)
+        config = pipe.vae.config
+        assert not torch.allclose(latents / config.scaling_factor, latents / config.scaling_factor + config.shift_factor)  # fmt: skip
+        if torch.allclose(seen[0], latents / config.scaling_factor + config.shift_factor):
+            undone[cls.__name__] = True
+        else:
+            torch.testing.assert_close(seen[0], latents / config.scaling_factor)
+            undone[cls.__name__] = False
+    assert undone == {
+        "StableDiffusion3InpaintPipeline": False,
+        "StableDiffusion3Img2ImgPipeline": True,
+        "FluxImg2ImgPipeline": True,
+    }
 
 
 def test_flux_uses_the_same_lines():
@@ -557,15 +621,13 @@ def test_flux2_pipeline_decodes_with_the_batchnorm_running_statistics():
     torch.testing.assert_close(seen[0], expected)
 
 
-def test_tiling_and_slicing_do_nothing_at_batch_1_up_to_the_vaes_sample_size(record_calls):
+def test_tiling_and_slicing_do_nothing_at_batch_1_up_to_the_vaes_sample_size(
+    record_calls, published_vaes
+):
     """`vae.enable_tiling()` tiles only latents with a side larger than `tile_latent_min_size` (`sample_size / f`): 64 latents (512 px) for SD 1.x's published VAE config and 128 (1024 px) for SDXL's, SD3's and Flux.1's, so at each family's default size it changes nothing. Through `StableDiffusionPipeline.__call__`, a tiled and sliced VAE decodes one image whose latents have exactly that side in one decoder call, and larger ones in several; `vae.enable_slicing()` leaves a batch of 1 as one call."""
-    from diffusers import AutoencoderKL
-    from model_configs import FLUX_VAE, SD3_VAE, SD15_VAE, SDXL_VAE
     from tiny import real_vae_tiling
 
-    for config, side in ((SD15_VAE, 64), (SDXL_VAE, 128), (SD3_VAE, 128), (FLUX_VAE, 128)):
-        with torch.device("meta"):
-            vae = AutoencoderKL(**config)
+    for (config, vae), side in zip(published_vaes, (64, 128, 128, 128), strict=True):
         assert vae.tile_latent_min_size == side == config["sample_size"] // 8
     # each family's default size (its denoiser's sample_size, or FluxPipeline's
     # default_sample_size, times 8) decoded on the meta device, then one latent more:
@@ -587,8 +649,10 @@ def test_tiling_and_slicing_do_nothing_at_batch_1_up_to_the_vaes_sample_size(rec
     assert calls[0] == 1 and calls[1] > 1
 
 
-def test_sdxl_upcast_casts_the_whole_vae_each_call_and_only_sdxl_reads_force_upcast(record_calls):
-    """An fp16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` casts the whole VAE to float32 before the decode and back to float16 after it, on every call, so the decoder's weights are float32 during the decode too (twice their float16 bytes). `StableDiffusionPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` do not read `force_upcast`: with the same default config, their float16 VAE decodes float16 latents with float16 weights."""
+def test_sdxl_upcast_casts_the_whole_vae_each_decode_and_sd_sd3_flux_ignore_force_upcast(
+    record_calls,
+):
+    """An fp16 `StableDiffusionXLPipeline` whose VAE has `force_upcast=True` casts the whole VAE to float32 before the decode and back to float16 after it, on every call that decodes, so the decoder's weights are float32 during the decode too (twice their float16 bytes). `StableDiffusionPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` do not read `force_upcast`: with the same default config, their float16 VAE decodes float16 latents with float16 weights."""
     from diffusers.utils import logging
     from tiny import FLUX_VAE_FACTORS, dit_embeds, tiny_flux_pipeline, tiny_sd3_pipeline_16ch
 
