@@ -581,7 +581,7 @@ def boundary_shapes(fam):
                     ("prompt_embeds", "(B, 77+256=333, 4096)"),
                     ("pooled_prompt_embeds", "(B, 768+1280=2048)")],
             "flux": [("input_ids x2", "(B, 77), (B, 512)"), ("prompt_embeds", "(B, 512, 4096)"),
-                     ("pooled_prompt_embeds", "(B, 768)"), ("guidance", "(B,)")]}[fam]  # fmt: skip
+                     ("pooled_prompt_embeds", "(B, 768)"), ("guidance (FLUX.1-dev)", "(B,)")]}[fam]  # fmt: skip
     rows = [("image size", f"{side} x {side}"), *text]
     rows.append(("latents", f"(B, {ch}, {lat_hw[0]}, {lat_hw[1]})"))
     noise_pred = rows[-1][1]  # the denoiser returns the shape it was given

@@ -205,8 +205,11 @@ def test_encode_prompt_pads_to_77_and_returns_the_last_hidden_state(sd_text_pipe
         torch.testing.assert_close(prompt_embeds, expected)
 
 
-def test_long_prompt_is_truncated_with_a_warning(sd_text_pipe):
-    """In `StableDiffusionPipeline`, a prompt longer than 77 tokens keeps its start token, its first 75 tokens and an end token; `encode_prompt` logs a warning that lists the removed text, and the removed words change nothing."""
+def test_long_prompt_is_truncated_with_a_warning(sd_text_pipe, sdxl_pipe):
+    """In `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, a prompt of more than 75 tokens (77 with the start and end tokens) keeps its start token, its first 75 tokens and an end token; `encode_prompt` logs a warning that lists the removed text (SDXL one per tokenizer), and the removed words change nothing; a prompt of 75 tokens is not cut.
+
+    With the tiny tokenizer each one-letter word is one token: 75, 76 and 80 words are tried.
+    """
     pipe = sd_text_pipe
     kept = " ".join(LONG_PROMPT.split()[:75])
     with diffusers_warnings() as messages:
@@ -216,13 +219,24 @@ def test_long_prompt_is_truncated_with_a_warning(sd_text_pipe):
     assert messages[0].endswith("['x y z a b']")  # words 76 to 80
     with diffusers_warnings() as messages:
         kept_embeds, _ = pipe.encode_prompt(kept, "cpu", 1, False)
-    assert messages == []
+    assert messages == []  # 75 tokens + start + end = 77: nothing cut
     torch.testing.assert_close(long_embeds, kept_embeds)
     assert ids(pipe.tokenizer, LONG_PROMPT)[0, -1] == pipe.tokenizer.eos_token_id
+    with diffusers_warnings() as messages:  # the edge: 76 tokens are one too many
+        pipe.encode_prompt(" ".join(LONG_PROMPT.split()[:76]), "cpu", 1, False)
+    assert len(messages) == 1 and messages[0].endswith("['x']")
+    with diffusers_warnings() as messages:
+        xl_long = sdxl_pipe.encode_prompt(
+            LONG_PROMPT, device="cpu", do_classifier_free_guidance=False
+        )
+    assert len(messages) == 2 and all(m.endswith("['x y z a b']") for m in messages)
+    xl_kept = sdxl_pipe.encode_prompt(kept, device="cpu", do_classifier_free_guidance=False)
+    torch.testing.assert_close(xl_long[0], xl_kept[0])  # prompt_embeds
+    torch.testing.assert_close(xl_long[2], xl_kept[2])  # pooled_prompt_embeds
 
 
 def test_clip_is_causal_and_padding_carries_the_prompt(sd_text_pipe, record_calls):
-    """In `StableDiffusionPipeline`, CLIP's text encoder is causal and `encode_prompt` passes it no attention mask: a token's vector does not depend on the words after it, and the padding positions after the end token (`CLIPTokenizer` pads with `<|endoftext|>` by default) differ from prompt to prompt."""
+    """CLIP's text encoder is causal and `StableDiffusionPipeline.encode_prompt` passes it no attention mask: a token's vector does not depend on the words after it, and the padding positions after the end token (`CLIPTokenizer` pads with `<|endoftext|>` by default) differ from prompt to prompt."""
     pipe = sd_text_pipe
     assert pipe.tokenizer.pad_token == pipe.tokenizer.eos_token == "<|endoftext|>"
     calls = record_calls(pipe.text_encoder).calls
@@ -350,8 +364,8 @@ def test_sdxl_pooled_embeds_come_from_text_encoder_2(sdxl_pipe):
     torch.testing.assert_close(pooled, second.text_embeds)
 
 
-def test_sdxl_clip_skip_counts_from_the_penultimate_layer(sdxl_pipe):
-    """In `StableDiffusionXLPipeline.encode_prompt`, `clip_skip=k` takes `hidden_states[-(k + 2)]` of both encoders, counting from the penultimate layer, and applies no final layer norm."""
+def test_sdxl_clip_skip_counts_from_the_penultimate_layer(sdxl_pipe, sd3_pipe):
+    """In `StableDiffusionXLPipeline.encode_prompt` and `StableDiffusion3Pipeline.encode_prompt`, `clip_skip=k` takes `hidden_states[-(k + 2)]` of both CLIP encoders, counting from the penultimate layer, and applies no final layer norm."""
     pipe = sdxl_pipe
     prompt_embeds = pipe.encode_prompt(
         "ab cd", device="cpu", do_classifier_free_guidance=False, clip_skip=1
@@ -359,10 +373,17 @@ def test_sdxl_clip_skip_counts_from_the_penultimate_layer(sdxl_pipe):
     first = hidden(pipe.text_encoder, ids(pipe.tokenizer, "ab cd")).hidden_states[-3]
     second = hidden(pipe.text_encoder_2, ids(pipe.tokenizer_2, "ab cd")).hidden_states[-3]
     torch.testing.assert_close(prompt_embeds, torch.cat([first, second], dim=-1))
+    sd3 = sd3_pipe
+    for k in (1, 2):
+        clip_part = sd3.encode_prompt("ab cd", None, None, device="cpu", clip_skip=k,
+                                      do_classifier_free_guidance=False, max_sequence_length=8)[0][:, :77]  # fmt: skip
+        first = hidden(sd3.text_encoder, ids(sd3.tokenizer, "ab cd")).hidden_states[-(k + 2)]
+        second = hidden(sd3.text_encoder_2, ids(sd3.tokenizer_2, "ab cd")).hidden_states[-(k + 2)]
+        torch.testing.assert_close(clip_part[..., : CLIP_L + CLIP_G], torch.cat([first, second], dim=-1))  # fmt: skip
 
 
 def test_sdxl_force_zeros_for_empty_prompt(tokenizers, sdxl_pipe, tmp_path):
-    """With `force_zeros_for_empty_prompt=True` (the default of `StableDiffusionXLPipeline`) and no `negative_prompt`, `negative_prompt_embeds` and `negative_pooled_prompt_embeds` are zeros; an explicit `negative_prompt=""`, or the flag set to `False`, encodes the empty string instead; `save_pretrained` writes the flag to `model_index.json`."""
+    """With `force_zeros_for_empty_prompt=True` (the default of `StableDiffusionXLPipeline`) and no `negative_prompt`, `negative_prompt_embeds` and `negative_pooled_prompt_embeds` are zeros; an explicit `negative_prompt=""`, or the flag set to `False`, encodes the empty string instead; `save_pretrained` writes the flag to `model_index.json`, and `StableDiffusionXLPipeline.from_pretrained` reads it back from there."""
     assert sdxl_pipe.config.force_zeros_for_empty_prompt is True  # built without the flag
     pipe = sdxl_pipe
     prompt_embeds, negative, pooled, negative_pooled = pipe.encode_prompt("ab", device="cpu")
@@ -380,6 +401,11 @@ def test_sdxl_force_zeros_for_empty_prompt(tokenizers, sdxl_pipe, tmp_path):
     off = unflagged.encode_prompt("ab", device="cpu")
     torch.testing.assert_close(off[1], empty[0])
     torch.testing.assert_close(off[3], empty[2])
+    loaded = StableDiffusionXLPipeline.from_pretrained(
+        tmp_path
+    )  # the flag as saved, not the default
+    assert loaded.config.force_zeros_for_empty_prompt is False
+    torch.testing.assert_close(loaded.encode_prompt("ab", device="cpu")[1], empty[0])
 
 
 def test_sdxl_add_time_ids_are_six_numbers(sdxl_pipe):
@@ -788,7 +814,7 @@ def test_sdxl_and_sd3_run_from_embeddings_without_text_encoders(tokenizers, reco
 
 
 def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkeypatch):
-    """In `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, with `enable_model_cpu_offload`, each component's accelerate hook is chained to the previous component of `model_cpu_offload_seq`, whose offload it triggers before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
+    """In `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, with `enable_model_cpu_offload`, each component's accelerate hook is chained to the previous loaded component of `model_cpu_offload_seq`, whose offload it triggers before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
 
     Real hooks with the CPU standing in for the GPU (``device="cpu"``). On the CPU,
     ``CpuOffload.pre_forward`` skips every move (the previous module is already on the CPU,
@@ -850,12 +876,14 @@ def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkey
 def test_model_offload_keeps_the_text_encoder_while_an_idle_image_encoder_sits_in_the_chain(
     tokenizers, monkeypatch
 ):
-    """In `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, model offload keeps an encoder resident until its chain's next component runs or the call ends: with an `image_encoder` loaded and no IP-Adapter image in the call, the denoiser's hook offloads the idle `image_encoder`, and the last text encoder stays on the device beside the denoiser for the whole loop, until the call ends.
+    """In `StableDiffusionPipeline`, `StableDiffusionXLPipeline` and `StableDiffusion3Pipeline`, model offload keeps an encoder resident until its chain's next component runs or the call ends: with an `image_encoder` loaded and no IP-Adapter image in the call, the denoiser's hook offloads the idle `image_encoder`, and the last text encoder stays on the device beside the denoiser for the whole loop, until the call ends.
 
     ``StableDiffusionPipeline.__call__`` runs under the real ``enable_model_cpu_offload``
     (``tiny.hooked_forwards``: each forward and the previous component its hook offloads),
     with and without a tiny ``image_encoder``, and ``StableDiffusionXLPipeline.__call__`` with
-    one (its ``text_encoder_2`` stays); the forwards are then replayed through
+    one (its ``text_encoder_2`` stays), and ``StableDiffusion3Pipeline.__call__`` with one (the
+    tiny CLIP vision model standing in for SD3's SigLIP; its ``text_encoder_3`` stays); the
+    forwards are then replayed through
     accelerate's real hooks with ``"meta"`` as the device (``tiny.replay_model_offload``:
     what is on the device after each forward).
     """
@@ -881,6 +909,15 @@ def test_model_offload_keeps_the_text_encoder_while_an_idle_image_encoder_sits_i
     _, resident = replay_model_offload(forwards, monkeypatch)
     assert [n for n, _ in forwards] == ["text_encoder", "text_encoder_2", "unet", "unet"]
     assert resident[2:] == [{"text_encoder_2", "unet"}] * 2
+    # SD3: text_encoder_3, the last of its chain, stays (CFG: each encoder twice, then the loop)
+    sd3 = sd3_pipeline(tokenizers)
+    sd3.register_modules(image_encoder=image_encoder)
+    forwards = hooked_forwards(sd3, monkeypatch, "ab", max_sequence_length=8, **common)
+    _, resident = replay_model_offload(forwards, monkeypatch)
+    encoders = ["text_encoder", "text_encoder_2", "text_encoder_3"] * 2
+    assert [n for n, _ in forwards] == encoders + ["transformer"] * 2  # image_encoder idle
+    assert [p for n, p in forwards if n == "transformer"] == ["image_encoder"] * 2
+    assert resident[6:] == [{"text_encoder_3", "transformer"}] * 2
 
 
 def test_t5_xxl_loaded_in_fp16_takes_about_2_gb_more(tmp_path):
@@ -924,7 +961,7 @@ def test_model_offload_order_puts_text_encoders_first():
 
 
 def test_t5_keeps_its_feed_forward_output_in_float32_when_loaded_in_float16(tmp_path):
-    """transformers keeps T5's feed-forward output projections (`wo`, `T5PreTrainedModel._keep_in_fp32_modules`) in float32 when a T5 encoder is loaded with `dtype=torch.float16`, and casts the activations to float32 before them; the other weights are float16, and a later `.to(torch.float16)` casts `wo` too (checked on a tiny gated-GELU `T5EncoderModel` saved and reloaded here)."""
+    """transformers keeps T5's feed-forward output projections (`wo`, `T5PreTrainedModel._keep_in_fp32_modules`) in float32 when a T5 encoder is loaded with `dtype=torch.float16`, and casts the activations to float32 before them; the other weights are float16, and a later `.to(torch.float16)`, on the model or on a `StableDiffusion3Pipeline` holding it as `text_encoder_3`, casts `wo` too (checked on a tiny gated-GELU `T5EncoderModel` saved and reloaded here)."""
     torch.manual_seed(0)
     config = T5Config(vocab_size=64, d_model=T5_WIDTH, d_kv=8, d_ff=2 * T5_WIDTH, num_layers=1,
                       num_heads=4, feed_forward_proj="gated-gelu")  # fmt: skip
@@ -940,3 +977,9 @@ def test_t5_keeps_its_feed_forward_output_in_float32_when_loaded_in_float16(tmp_
     assert seen == [torch.float32] and out.dtype == torch.float16
     model.to(torch.float16)
     assert ff.wo.weight.dtype == torch.float16
+    t5 = T5EncoderModel.from_pretrained(tmp_path, dtype=torch.float16)  # wo float32 again
+    wo = t5.encoder.block[0].layer[1].DenseReluDense.wo
+    pipe = tiny_sd3_pipeline(text_encoder_3=t5, tokenizer_3=t5_tokenizer())
+    assert wo.weight.dtype == torch.float32
+    pipe.to(torch.float16)
+    assert pipe.text_encoder_3 is t5 and wo.weight.dtype == torch.float16
