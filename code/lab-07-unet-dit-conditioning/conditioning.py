@@ -525,8 +525,8 @@ if args.figures is not None or in_notebook():  # PNG encoding costs time: only w
         alt="Heatmap of Stable Diffusion's 320-wide timestep embedding, one row per timestep "
         "from 0 at the top to 995 at the bottom, blue for -1 and red for +1. The left half is "
         "the cosine half, the right half the sine half; columns near each half's left edge "
-        "oscillate fast, columns further right change slowly, so nearby timesteps get nearly "
-        "identical rows.",
+        "oscillate fast, columns further right change slowly, so nearby timesteps get similar "
+        "rows.",
         caption="SD's timestep embedding (flip_sin_to_cos=True, downscale_freq_shift=0), "
         "t = 0 to 995.",
     )  # fmt: skip

@@ -240,6 +240,7 @@ def test_sdxl_pooled_text_and_time_ids_join_the_time_embedding():
     handles = [
         output_of(model.time_embedding, seen, "emb"),
         output_of(model.add_embedding, seen, "aug"),
+        model.add_embedding.register_forward_pre_hook(lambda m, a: seen.__setitem__("in", a[0])),
         model.down_blocks[0]
         .resnets[0]
         .register_forward_pre_hook(
@@ -250,7 +251,14 @@ def test_sdxl_pooled_text_and_time_ids_join_the_time_embedding():
         model(x, t, encoder_hidden_states=hidden, added_cond_kwargs=added_cond_kwargs)
     for h in handles:
         h.remove()
-    assert model.add_embedding.linear_1.in_features == 20 + 6 * 8
+    with torch.no_grad():  # time_ids through sinusoids (add_time_proj), after the pooled text
+        sinusoids = model.add_time_proj(added_cond_kwargs["time_ids"].flatten()).reshape(1, -1)
+    assert sinusoids.shape == (1, 6 * 8) and not torch.allclose(
+        sinusoids[:, :6], added_cond_kwargs["time_ids"]
+    )
+    torch.testing.assert_close(
+        seen["in"], torch.cat([added_cond_kwargs["text_embeds"], sinusoids], dim=-1)
+    )
     torch.testing.assert_close(temb[0], seen["emb"] + seen["aug"])
 
 
@@ -565,7 +573,7 @@ def test_text_sequence_lengths_of_sd3_and_flux():
 
 
 def test_flux_packs_2x2_patches_and_uses_rotary_positions():
-    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions by rotating every query and key with `FluxPosEmbed`'s output and adds no position table, while DiT's and SD3's `PatchEmbed` adds a 2D sin-cos table it builds to the projected patches in its forward (SD3: the table's centre crop; a buffer, and SD3's is saved in the state dict, so a checkpoint's values replace it)."""
+    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions by rotating every query and key with `FluxPosEmbed`'s output and adds no position table, while DiT's and SD3's `PatchEmbed` adds a 2D sin-cos table it builds to the projected patches in its forward (SD3: the table's centre crop; a buffer, not a parameter)."""
     from diffusers import DiTTransformer2DModel, FluxPipeline, FluxTransformer2DModel
     from diffusers.models.embeddings import get_2d_sincos_pos_embed
 
