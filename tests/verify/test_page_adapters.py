@@ -139,6 +139,25 @@ def n_params(module):
     return sum(p.numel() for p in module.parameters())
 
 
+def unscoped_paragraphs(*triggers):
+    """Paragraphs of this page and of the interview page that contain every word of one of
+    ``triggers`` (tuples of words) but do not name ``StableDiffusionPipeline``, the pipeline
+    the IP-Adapter tests run. Others differ in diffusers 0.42.1: ``FluxPipeline.__call__`` also
+    encodes a black image for a plain adapter (pipeline_flux.py), ``FluxIPAdapterAttnProcessor``
+    has no scale-0 skip, and ``StableDiffusionXLPipeline`` passes ``added_cond_kwargs`` as a dict,
+    so a call without image embeddings raises the UNet's ``ValueError``, not a ``TypeError``."""
+    from infralens_docs.registry import ROOT
+
+    found = []
+    for page in ("adapters.md", "interview.md"):
+        text = (ROOT / "docs" / "handbook" / page).read_text(encoding="utf-8")
+        for paragraph in text.splitlines():
+            if any(all(w in paragraph for w in words) for words in triggers):
+                if "StableDiffusionPipeline" not in paragraph:
+                    found.append(paragraph.strip()[:80])
+    return found
+
+
 # ---------------------------------------------------------------- LoRA
 
 
@@ -712,6 +731,8 @@ def test_ip_adapter_scale_zero_skips_only_the_image_attention():
             run(caller, steps=1)
     pipe.unload_ip_adapter()
     torch.testing.assert_close(run(pipe, steps=3), base, rtol=0, atol=1e-6)
+    # the page states the skip and the failure of this pipeline, not of every one
+    assert unscoped_paragraphs(("skips only",), ("TypeError", "image embeddings")) == []
 
 
 def test_load_ip_adapter_changes_only_the_cross_attention_processors():
@@ -841,6 +862,8 @@ def test_image_encoder_runs_once_per_call():
     with torch.no_grad():
         encoded = pipe.image_encoder(reference).image_embeds
     torch.testing.assert_close(image_embeds[1], encoded)
+    # the page states these counts of this pipeline, not of every one
+    assert unscoped_paragraphs(("once per", "encod"), ("unconditional embedding", "zeros")) == []
 
 
 def plus_ip_adapter(unet, embed_dim=16, hidden_dims=64, seed=0):
@@ -1153,7 +1176,7 @@ def test_hotswap_copies_same_or_smaller_ranks_in_place():
 
 
 def test_pipelines_sharing_a_unet_share_the_lora_and_ip_adapter_scale():
-    """In `StableDiffusionPipeline`, the active adapters and LoRA weights from `set_adapters`, the per-call `scale` (while the forward runs) and the IP-Adapter `scale` live on the UNet's own modules, so two pipelines that share one UNet (as `from_pipe` builds them) share them too: switching the LoRA, `set_adapters` or `set_ip_adapter_scale` on one changes the other's output, and one pipeline object per request does not isolate requests."""
+    """The active adapters and LoRA weights from `set_adapters`, the per-call `scale` (while the forward runs) and the IP-Adapter `scale` live on the UNet's own modules, so two `StableDiffusionPipeline` objects that share one UNet (as `from_pipe` builds them) share them too: switching the LoRA, `set_adapters` or `set_ip_adapter_scale` on one changes the other's output, and one pipeline object per request does not isolate requests."""
     from diffusers import StableDiffusionPipeline
 
     pipe = lora_pipe("style", "subject")

@@ -285,7 +285,7 @@ def test_bf16_fuse_unfuse_cycles_drift_the_base_weights(lab):
 
 
 def test_unfused_lora_adds_four_ops_per_adapted_layer(lab):
-    """Unfused, peft's `lora.Linear` adds four ops to every UNet call per adapted layer, the `lora_A` and `lora_B` matmuls, the multiply by `scaling` and the add (the starter's `EXTRA_OPS`), so 512 on SD 1.5's 128 attention projections; fused, the UNet dispatches exactly the base model's ops."""
+    """Unfused, peft's `lora.Linear` adds four ops to every UNet call per adapted layer, the `lora_A` and `lora_B` matmuls, the multiply by `scaling` and the add (the starter's `EXTRA_OPS`), so 512 on SD 1.5's 128 attention projections; fused, the UNet dispatches exactly the base model's ops, yet still holds every `lora_A` and `lora_B`, `r * (in_features + out_features)` parameters per layer."""
     from collections import Counter
 
     import model_configs
@@ -305,6 +305,11 @@ def test_unfused_lora_adds_four_ops_per_adapted_layer(lab):
     assert sum(extra.values()) - sum(views.values()) == lab["EXTRA_OPS"] * n
     unet.fuse_lora()
     assert ops(unet) == base
+    layers = [m for m in unet.modules() if isinstance(m, LoraLinear)]
+    assert len(layers) == n and all(  # merged, yet lora_A and lora_B stay, at rank 4
+        m.merged and sum(p.numel() for p in [*m.lora_A.parameters(), *m.lora_B.parameters()])
+        == 4 * (m.in_features + m.out_features) for m in layers
+    )  # fmt: skip
     with torch.device("meta"):
         sd15 = UNet2DConditionModel(**model_configs.SD15_UNET)
     sd15.add_adapter(lora_config(4, 4))
