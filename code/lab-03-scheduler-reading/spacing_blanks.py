@@ -8,7 +8,7 @@ Check it:  python3 code/lab-03-scheduler-reading/check_spacing.py
 The checker runs this function and the solution's on the same inputs (every spacing; 1,
 3, 7, 10, 16, 27, 50, 61 and 1000 steps; steps_offset 0 and 1; 7 steps of a 500-step
 training schedule) and names the first blank whose line gives another value, with a hint for the
-typical mistakes. Nothing but NumPy is needed.
+typical mistakes. Nothing but NumPy is needed. Run the checker, not this file.
 """
 
 import numpy as np  # noqa: F401  (your lines need it)

@@ -389,3 +389,50 @@ def test_a_helper_defined_outside_the_function_gets_its_reason(check):
     line = next(i for i, text in enumerate(source.splitlines(), 1) if "stride(T, n)).round()" in text)  # fmt: skip
     assert (code, out) == (2, "") and err.count("\n") == 1, err
     assert f"spacing_blanks.py line {line} (blank 1): NameError: name 'stride' is not defined: only your file's imports and its set_timesteps() run in the check, so define it inside set_timesteps()" in err, err  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "labs/lab-01-forward-noise-process.md",
+        "labs/lab-03-scheduler-reading.md",
+        "labs/lab-04-cfg-code-reading.md",
+    ],
+)
+def test_next_on_the_path_is_the_next_page_of_docs_paths(page):
+    """A guide's "Next on the path/track: [X](link)" links the page docs/paths.yml puts after it
+    (the footer's Next): Lab 03's track goes on to Lab 13, not the core path's few-step section."""
+    import posixpath
+
+    from infralens_docs import paths
+
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    (link,) = re.findall(r"Next on (?:the path|this track): [^\[]*\[[^\]]*\]\(([^)#]+)", text)
+    order = paths.load_paths().order
+    assert (
+        posixpath.normpath(posixpath.join(posixpath.dirname(page), link))
+        == order[order.index(page) + 1]
+    )
+
+
+def test_a_lab_with_an_exercise_counts_its_minutes():
+    """The home page's map counts a lab's exercise (a checker the reader runs) in its time label
+    and its track's total: Lab 03's spacing exercise has `exercise_minutes`."""
+    from infralens_docs import paths
+
+    page = "labs/lab-03-scheduler-reading.md"
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    assert "check_spacing.py" in text and "page: false" in text  # the checker the reader runs
+    assert paths.exercise_minutes(page) > 0
+
+
+@pytest.mark.parametrize("steps", ["61", "103"])
+def test_a_step_count_where_trailing_gives_one_more_runs(run_cli, steps):
+    """`--steps` takes 1 to 1000 (the Bad input tab): at 61 and 103, where diffusers' `trailing`
+    grid has one entry more (the last -1), the starter prints that grid and draws its figures,
+    no traceback."""
+    run = run_cli(STARTER, "--steps", steps)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    trailing = next(line for line in run.stdout.split("DDIM")[1:] if "trailing" in line)
+    entries = trailing.split("[", 1)[1].split("]", 1)[0].split()
+    assert len(entries) == int(steps) + 1 and entries[-1] == "-1"

@@ -1,5 +1,7 @@
 """Lab 04 CFG Code Reading: batch doubling, its cost, and the measured effects of the scale."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,19 @@ def test_a_scale_just_past_100_is_named_in_the_error(run_cli):
     """The one-line error names the offending scale exactly (not rounded to 100)."""
     run = run_cli(STARTER, "--guidance-scales", "100.0000000000001")
     assert run.returncode == 2 and "got 100.0000000000001" in run.stderr
+
+
+def test_labs_index_lists_every_lab_that_samples_the_shape_images():
+    """docs/labs/index.md names the labs whose exact denoiser is one of a finite set of shape
+    images (labkit's `FiniteSet`, Lab 04's image grid among them): exactly the labs whose
+    starters build a `FiniteSet`, read from code/, so a new lab on pictures fails here."""
+    from infralens_docs.registry import ROOT
+
+    builders = {
+        int(path.parent.name[4:6])
+        for path in (ROOT / "code").glob("lab-*/*.py")
+        if "FiniteSet(" in path.read_text(encoding="utf-8")
+    }
+    index = (ROOT / "docs/labs/index.md").read_text(encoding="utf-8")
+    listed = re.search(r"labs on pictures \(([^)]*)\)", " ".join(index.split())).group(1)
+    assert {int(n) for n in re.findall(r"\d+", listed)} == builders

@@ -116,7 +116,7 @@ def test_add_noise_reads_alphas_cumprod_in_ddpm_not_in_every_scheduler():
 
 
 def test_from_config_rebuilds_the_checkpoints_alphas_cumprod():
-    """A sampler swapped in with `DDIMScheduler.from_config(pipe.scheduler.config)` rebuilds the `alphas_cumprod` of the scheduler it replaces (SD 1.5's shipped `PNDMScheduler` config), while `DDIMScheduler()` from defaults does not."""
+    """A sampler swapped in with `DDIMScheduler.from_config(config)`, `config` SD 1.5's shipped `PNDMScheduler` config, rebuilds the `alphas_cumprod` of the scheduler it replaces, while `DDIMScheduler()` from defaults does not."""
     shipped = PNDMScheduler.from_config(SD15_SCHEDULER_FILE)
     swapped = DDIMScheduler.from_config(shipped.config)
     assert torch.equal(swapped.alphas_cumprod, shipped.alphas_cumprod)

@@ -7,6 +7,7 @@ spacing's grid, where `leading` starts, which classes scale the model input, Eul
 step index and warning, Karras end points, and the flow-matching double shift.
 """
 
+import inspect
 import itertools
 import json
 import logging
@@ -383,9 +384,11 @@ def test_notes_sd15_pndm_makes_51_calls_at_50_steps(sd_pipe, record_calls):
 
 
 def test_notes_one_unet_call_per_step_for_ddpm_ddim_and_euler_only(sd_pipe, record_calls):
-    """scheduler_notes.md: in SD's text-to-image loop (`StableDiffusionPipeline`), one UNet call per step for DDPM, DDIM and Euler.
+    """scheduler_notes.md: in SD's text-to-image loop (`StableDiffusionPipeline`) with SD's scheduler settings (`steps_offset=1`; each class's default spacing, `leading` for DDPM and DDIM, `linspace` for Euler), one UNet call per step for DDPM, DDIM and Euler.
 
     `StableDiffusionPipeline.__call__` at SD's settings, unguided, 3 steps: 3 UNet calls each.
+    Not at every setting: under `trailing` at 61 steps each makes 62 (the notes' exception,
+    test_page_scheduler.py::test_trailing_extra_timestep_wrecks_ddim_and_ddpm).
     Flow-matching Euler is not on that list: the same call with `FlowMatchEulerDiscreteScheduler`
     raises an `AttributeError` (no `init_noise_sigma`) before any UNet call."""
     from infralens_docs.registry import ROOT
@@ -539,3 +542,37 @@ def test_spacing_exercise_checks_against_ddim_set_timesteps():
     assert len(ddim.timesteps) == 62 and ddim.timesteps[-1].item() == -1
     ddim.set_timesteps(16)  # ties: 937.5 and 812.5 go to the even 938 and 812
     assert ddim.timesteps[[1, 3]].tolist() == [937, 811]
+
+
+def test_notes_step_reads_prediction_type_but_flow_matching_reads_a_velocity():
+    """scheduler_notes.md: inside `step`, DDPM, DDIM and Euler first convert the output to an x0 estimate according to `prediction_type` (their `pred_original_sample` changes with it); flow matching has no `prediction_type` and moves along the output as a velocity: `FlowMatchEulerDiscreteScheduler.step` returns only `prev_sample`, `sample + (sigma_next - sigma) * model_output`."""
+    g = torch.Generator().manual_seed(4)
+    sample, out = torch.randn(2, 4, 2, 2, generator=g), torch.randn(2, 4, 2, 2, generator=g)
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        x0 = {}
+        for prediction_type in ("epsilon", "v_prediction"):
+            scheduler = cls(prediction_type=prediction_type, beta_schedule="scaled_linear",
+                            beta_start=0.00085, beta_end=0.012)  # fmt: skip
+            scheduler.set_timesteps(10)
+            t = scheduler.timesteps[2]
+            scheduler.scale_model_input(sample, t)  # the call order a pipeline uses
+            result = scheduler.step(out, t, sample, generator=torch.Generator().manual_seed(0))
+            x0[prediction_type] = result.pred_original_sample
+        assert (x0["epsilon"] - x0["v_prediction"]).abs().max() > 0.1, cls.__name__
+    flow = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    assert "prediction_type" not in flow.config
+    flow.set_timesteps(10)
+    result = flow.step(out, flow.timesteps[2], sample)
+    assert list(result.keys()) == ["prev_sample"]
+    expected = sample + (flow.sigmas[3] - flow.sigmas[2]) * out
+    torch.testing.assert_close(result.prev_sample, expected)
+
+
+def test_notes_from_config_keeps_the_keys_it_does_not_read(tmp_path):
+    """scheduler_notes.md: `from_config` builds any class and ignores the keys it does not read, which stay in `.config`: `EulerDiscreteScheduler` loaded from SDXL's shipped file still carries PNDM's `skip_prk_steps`, and `DDIMScheduler.from_config` on that config builds without an error and carries Euler's `interpolation_type` too."""
+    euler = load_scheduler(EulerDiscreteScheduler, SDXL_SCHEDULER_FILE, tmp_path)
+    assert euler.config.skip_prk_steps is True
+    assert "skip_prk_steps" not in inspect.signature(EulerDiscreteScheduler).parameters
+    ddim = DDIMScheduler.from_config(euler.config)
+    assert ddim.config.skip_prk_steps is True and ddim.config.interpolation_type == "linear"
+    assert "interpolation_type" not in inspect.signature(DDIMScheduler).parameters

@@ -537,7 +537,7 @@ def test_deis_and_sa_solver_stop_short_of_sigma_zero_in_sd3():
 
 
 def test_vae_decodes_once_at_the_end(sd1_shaped_pipe, monkeypatch):
-    """`StableDiffusionPipeline` calls `vae.decode` once, after the last UNet call: every step before it maps `latents` to `latents`."""
+    """With `output_type="pt"`, `StableDiffusionPipeline` calls `vae.decode` once, after the last UNet call: every step before it maps `latents` to `latents`."""
     pipe = sd1_shaped_pipe
     events = []
     decode = pipe.vae.decode
