@@ -186,7 +186,7 @@ def test_passing_embeds_skips_the_text_encoder(tmp_path, record_calls):
 
 
 def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_calls):
-    """In `StableDiffusionPipeline`, with `prompt_embeds` alone and CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), the text encoder still runs once, on the empty negative prompt `""` padded to the length of `prompt_embeds`: 77 tokens for CLIP-encoded embeddings, and longer embeddings make the text encoder raise `ValueError`; with an LCM-distilled UNet (`time_cond_proj_dim` set) it does not run at `guidance_scale > 1`.
+    """In `StableDiffusionPipeline`, with `prompt_embeds` alone and CFG on (`guidance_scale > 1` and a UNet without `time_cond_proj_dim`), the text encoder still runs once, on the empty negative prompt `""` padded to the length of `prompt_embeds`: 77 tokens for CLIP-encoded embeddings, and longer embeddings make the text encoder raise `ValueError`; with a UNet whose config sets `time_cond_proj_dim` (an LCM UNet) it does not run at `guidance_scale > 1`.
 
     ``encode_prompt`` tokenizes ``""`` with ``max_length = prompt_embeds.shape[1]``: the
     pipeline's own ``__call__`` at 77 and at 20 tokens, then at 78, one past CLIP's 77
@@ -217,7 +217,7 @@ def test_prompt_embeds_alone_encode_the_empty_negative_prompt(tmp_path, record_c
     with pytest.raises(ValueError, match="max_position_embeddings"):
         call(78)
     encoder.calls.clear()
-    pipe = sd_with(pipe, unet=tiny_unet(time_cond_proj_dim=8))  # LCM-distilled: no CFG
+    pipe = sd_with(pipe, unet=tiny_unet(time_cond_proj_dim=8))  # an LCM UNet: no CFG
     call(77)
     assert encoder.calls == []
 
@@ -612,7 +612,7 @@ def test_one_thread_cpu_time_counts_all_the_work():
 
 
 def test_the_starters_guidance_rule_is_sd15s(record_calls):
-    """The starter's rule, `guidance_scale > 1` doubles the batch, is `StableDiffusionPipeline`'s for an SD 1.5-style UNet: `2B` rows at 7.5, `B` at 1.0; with an LCM-distilled UNet (`time_cond_proj_dim` set) it runs `B` rows at 7.5 too.
+    """The starter's rule, `guidance_scale > 1` doubles the batch, is `StableDiffusionPipeline`'s for an SD 1.5-style UNet: `2B` rows at 7.5, `B` at 1.0; with a UNet whose config sets `time_cond_proj_dim` (an LCM UNet) it runs `B` rows at 7.5 too.
 
     The tiny pipeline's own ``__call__`` through ``real_trace``, UNet rows counted by a hook.
     """

@@ -77,7 +77,7 @@ def rand(seed, shape=LATENT):
 
 
 def test_stages_split_at_prompt_embeds_and_latents(sd_pipe, record_calls, calls_of):
-    """`StableDiffusionPipeline` splits into three stages at its own arguments: given `prompt_embeds` and `negative_prompt_embeds` it never calls the text encoder, with `output_type="latent"` it never calls `vae.decode` and returns the final `latents` `(B, 4, h, w)`, and decoding those separately with `vae.decode(latents / scaling_factor)` and `image_processor.postprocess` gives the image of a full call."""
+    """`StableDiffusionPipeline` splits into three stages at its own arguments: given `prompt_embeds` and `negative_prompt_embeds` it never calls the text encoder, with `output_type="latent"` it never calls `vae.decode` and returns the final `latents` `(B, 4, h, w)`, and decoding those separately with `vae.decode(latents / scaling_factor)` and `image_processor.postprocess` gives the image of a full call without a safety checker (`safety_checker=None` here)."""
     pipe = sd_with(sd_pipe, text_encoder=tiny_text_encoder())
     encoder = record_calls(pipe.text_encoder).calls
     decodes = calls_of(pipe.vae, "decode")
@@ -447,7 +447,7 @@ def test_len_timesteps_unet_calls_below_1000_steps(sd_pipe, record_calls):
 
 
 def test_batched_rows_equal_separate_calls(sd_pipe):
-    """Two requests batched in one call, with one `torch.Generator` per request passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators, with every scheduler in `StableDiffusionPipeline`'s `compatibles` but `DPMSolverSDEScheduler`, even DDPM, which draws fresh noise in every step. `DPMSolverSDEScheduler` ignores the generators for its step noise: with its default `noise_sampler_seed=None`, two solo calls with the same generator differ.
+    """Two requests batched in one call, with one `torch.Generator` per request passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators, with every scheduler in `StableDiffusionPipeline`'s `compatibles` but `DPMSolverSDEScheduler`, even DDPM, which draws fresh noise in every step above t = 0. `DPMSolverSDEScheduler` ignores the generators for its step noise: with its default `noise_sampler_seed=None`, two solo calls with the same generator differ.
 
     The tiny pipeline's own guided ``__call__``, 2 steps, each compatible class built
     ``from_config`` with SD 1.5's values (PNDM with its shipped ``skip_prk_steps``), read from
@@ -475,6 +475,9 @@ def test_batched_rows_equal_separate_calls(sd_pipe):
             assert not torch.allclose(call(pipe, slice(1, 2), [11]), alone, atol=1e-3)
     assert DDPMScheduler in sd_pipe.scheduler.compatibles
     assert differ == ["DPMSolverSDEScheduler"], differ
+    ddpm = DDPMScheduler.from_config(SD_SCHEDULER)
+    ddpm.set_timesteps(2)
+    assert ddpm.timesteps.tolist() == [501, 1]  # both steps above t = 0: both draw noise
 
 
 # ---------------------------------------------------------------- cancellation

@@ -257,7 +257,7 @@ def test_latents_are_denormalised_per_channel_before_decode(pipe, calls_of):
 
 
 def test_wan_example_sets_flow_shift_by_resolution(calls_of):
-    """diffusers' Wan example rebuilds the checkpoint's scheduler (by diffusers' Wan docs, `UniPCMultistepScheduler` with flow sigmas and `flow_shift=3.0`) by `from_config(pipe.scheduler.config, flow_shift=5.0)` for 720p ("5.0 for 720P, 3.0 for 480P"); through `WanPipeline.__call__`, every step is then at an equal or higher noise level than at 3.0."""
+    """diffusers' Wan example rebuilds the checkpoint's scheduler with `UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=5.0)` for 720p ("5.0 for 720P, 3.0 for 480P"); through `WanPipeline.__call__`, a flow-sigma `UniPCMultistepScheduler` at 5.0 puts every step at an equal or higher noise level than at 3.0."""
     from diffusers import UniPCMultistepScheduler, WanPipeline
     from diffusers.pipelines.wan import pipeline_wan
 
@@ -268,10 +268,10 @@ def test_wan_example_sets_flow_shift_by_resolution(calls_of):
         in example
     )
     base = tiny_wan_pipeline()
-    shipped = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)  # fmt: skip
+    at_480p = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)  # fmt: skip
     sigmas = {}
     for shift in (3.0, 5.0):
-        scheduler = UniPCMultistepScheduler.from_config(shipped.config, flow_shift=shift)
+        scheduler = UniPCMultistepScheduler.from_config(at_480p.config, flow_shift=shift)
         pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=base.vae, scheduler=scheduler, transformer=base.transformer)  # fmt: skip
         pipe.set_progress_bar_config(disable=True)
         steps = calls_of(pipe.scheduler, "step")
