@@ -47,15 +47,17 @@ def published_vaes():
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4])
 def test_shape_contract(blocks, published_vaes):
-    """`AutoencoderKL` maps `(B, 3, H, W)` to latents `(B, latent_channels, H/f, W/f)` and back, with `f = 2 ** (len(block_out_channels) - 1)`: 8 for the four blocks of the SD 1.x, SDXL, SD3 and Flux.1 VAEs."""
+    """`AutoencoderKL` maps `(B, 3, H, W)` to latents `(B, latent_channels, H/f, W/f)` and back, with `f = 2 ** (len(block_out_channels) - 1)`, which `StableDiffusionPipeline` stores as `vae_scale_factor`: 8 for the four blocks, `block_out_channels=(128, 256, 512, 512)`, of the SD 1.x, SDXL, SD3 and Flux.1 VAEs."""
     vae = narrow_vae((8, 16, 16, 16)[:blocks])
     f = 2 ** (blocks - 1)
     with torch.no_grad():
         latents = vae.encode(images()).latent_dist.sample(torch.Generator().manual_seed(0))
         assert latents.shape == (2, 4, 32 // f, 32 // f)
         assert vae.decode(latents).sample.shape == (2, 3, 32, 32)
+    assert tiny_sd_pipeline(vae=vae).vae_scale_factor == f
     if blocks == 4:  # the published SD 1.x, SDXL, SD3 and Flux.1 VAE configs: f = 8
         for _, real in published_vaes:
+            assert list(real.config.block_out_channels) == [128, 256, 512, 512]
             halving = [block.downsamplers is not None for block in real.encoder.down_blocks]
             assert halving == [True, True, True, False]  # four blocks, all but the last halve
 
@@ -659,7 +661,7 @@ def test_sdxl_upcast_casts_the_whole_vae_each_decode_and_sd_sd3_flux_ignore_forc
     logging.set_verbosity_error()  # diffusers' notes about float16 on the CPU
     half = torch.float16
 
-    def decode_dtypes(pipe, **kwargs):
+    def decode_dtypes(pipe, output_type="pt", **kwargs):
         """(input dtype, weight dtype) of each decoder call, and the VAE's `.to` casts."""
         seen, casts, to = [], [], pipe.vae.to
         hook = pipe.vae.decoder.register_forward_pre_hook(
@@ -669,7 +671,7 @@ def test_sdxl_upcast_casts_the_whole_vae_each_decode_and_sd_sd3_flux_ignore_forc
         try:
             with torch.no_grad():
                 pipe(**kwargs, num_inference_steps=1, guidance_scale=1.0, height=HEIGHT,
-                     width=WIDTH, output_type="pt")  # fmt: skip
+                     width=WIDTH, output_type=output_type)  # fmt: skip
         finally:
             hook.remove()
             del pipe.vae.to
@@ -680,6 +682,7 @@ def test_sdxl_upcast_casts_the_whole_vae_each_decode_and_sd_sd3_flux_ignore_forc
     with pytest.warns(FutureWarning, match="upcast_vae"):
         seen, casts = decode_dtypes(sdxl, **embeds)
     assert seen == [(torch.float32, torch.float32)] and casts == [torch.float32, half]
+    assert decode_dtypes(sdxl, output_type="latent", **embeds) == ([], [])  # no decode, no cast
     (t3, p3) = dit_embeds(1)
     others = [
         (tiny_sd_pipeline(), dict(prompt_embeds=torch.randn(1, 77, 32).half())),
