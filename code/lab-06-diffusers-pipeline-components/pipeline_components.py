@@ -444,7 +444,7 @@ def check(components, shipped_scheduler):
         left = f"unet.cross_attention_dim {den['cross_attention_dim']}"
         results.append(("text width", left, f"text encoders' hidden_size {width}",
                         den["cross_attention_dim"] == width))  # fmt: skip
-    else:  # joint attention over T5 tokens; CLIP features are zero-padded to this width
+    else:  # joint attention over T5 tokens (SD3 zero-pads its CLIP features to this width)
         width = sum(e["d_model"] for e in encoders if arch(e) == "T5EncoderModel")
         left = f"transformer.joint_attention_dim {den['joint_attention_dim']}"
         results.append(("text width", left, f"T5 d_model {width}",

@@ -206,9 +206,10 @@ def test_encode_prompt_pads_to_77_and_returns_the_last_hidden_state(sd_text_pipe
 
 
 def test_long_prompt_is_truncated_with_a_warning(sd_text_pipe, sdxl_pipe):
-    """In `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, a prompt of more than 75 tokens (77 with the start and end tokens) keeps its start token, its first 75 tokens and an end token; `encode_prompt` logs a warning that lists the removed text (SDXL one per tokenizer), and the removed words change nothing; a prompt of 75 tokens is not cut.
+    """In `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, a prompt of more than 75 tokens (77 with the start and end tokens) keeps its start token, its first 75 tokens and an end token; `encode_prompt` logs a warning that lists the removed text (SDXL one per tokenizer that cuts), and the removed words change nothing; a prompt of 75 tokens is not cut. A `negative_prompt` of more than 75 tokens is cut the same way with no warning at all.
 
-    With the tiny tokenizer each one-letter word is one token: 75, 76 and 80 words are tried.
+    With the tiny tokenizer each one-letter word is one token: 75, 76 and 80 words are tried,
+    as the prompt of both pipelines and (80) as their negative prompt.
     """
     pipe = sd_text_pipe
     kept = " ".join(LONG_PROMPT.split()[:75])
@@ -230,9 +231,24 @@ def test_long_prompt_is_truncated_with_a_warning(sd_text_pipe, sdxl_pipe):
             LONG_PROMPT, device="cpu", do_classifier_free_guidance=False
         )
     assert len(messages) == 2 and all(m.endswith("['x y z a b']") for m in messages)
-    xl_kept = sdxl_pipe.encode_prompt(kept, device="cpu", do_classifier_free_guidance=False)
+    with diffusers_warnings() as messages:
+        xl_kept = sdxl_pipe.encode_prompt(kept, device="cpu", do_classifier_free_guidance=False)
+    assert messages == []  # SDXL's edge: 75 tokens pass both tokenizers uncut
     torch.testing.assert_close(xl_long[0], xl_kept[0])  # prompt_embeds
     torch.testing.assert_close(xl_long[2], xl_kept[2])  # pooled_prompt_embeds
+    for prompt_2, warned in ((None, 2), ("ab", 1)):  # 76 tokens; a short prompt_2 is not cut
+        with diffusers_warnings() as messages:
+            sdxl_pipe.encode_prompt(" ".join(LONG_PROMPT.split()[:76]), prompt_2=prompt_2,
+                                    device="cpu", do_classifier_free_guidance=False)  # fmt: skip
+        assert len(messages) == warned and all(m.endswith("['x']") for m in messages)
+    # the negative prompt: cut to the same 75 tokens, silently, in both pipelines
+    with diffusers_warnings() as messages:
+        negative = pipe.encode_prompt("ab", "cpu", 1, True, negative_prompt=LONG_PROMPT)[1]
+        xl_negative = sdxl_pipe.encode_prompt("ab", device="cpu", negative_prompt=LONG_PROMPT)
+    assert messages == []
+    torch.testing.assert_close(negative, kept_embeds)
+    torch.testing.assert_close(xl_negative[1], xl_kept[0])  # negative_prompt_embeds
+    torch.testing.assert_close(xl_negative[3], xl_kept[2])  # negative_pooled_prompt_embeds
 
 
 def test_clip_is_causal_and_padding_carries_the_prompt(sd_text_pipe, record_calls):
@@ -383,7 +399,7 @@ def test_sdxl_clip_skip_counts_from_the_penultimate_layer(sdxl_pipe, sd3_pipe):
 
 
 def test_sdxl_force_zeros_for_empty_prompt(tokenizers, sdxl_pipe, tmp_path):
-    """With `force_zeros_for_empty_prompt=True` (the default of `StableDiffusionXLPipeline`) and no `negative_prompt`, `negative_prompt_embeds` and `negative_pooled_prompt_embeds` are zeros; an explicit `negative_prompt=""`, or the flag set to `False`, encodes the empty string instead; `save_pretrained` writes the flag to `model_index.json`, and `StableDiffusionXLPipeline.from_pretrained` reads it back from there."""
+    """With `force_zeros_for_empty_prompt=True` (the default of `StableDiffusionXLPipeline`) and no `negative_prompt`, `negative_prompt_embeds` and `negative_pooled_prompt_embeds` are zeros; an explicit `negative_prompt=""`, or the flag set to `False`, encodes the empty string instead; `save_pretrained` writes the flag to `model_index.json`, and `StableDiffusionXLPipeline.from_pretrained` reads it back from there unless the flag is passed to it."""
     assert sdxl_pipe.config.force_zeros_for_empty_prompt is True  # built without the flag
     pipe = sdxl_pipe
     prompt_embeds, negative, pooled, negative_pooled = pipe.encode_prompt("ab", device="cpu")
@@ -401,11 +417,12 @@ def test_sdxl_force_zeros_for_empty_prompt(tokenizers, sdxl_pipe, tmp_path):
     off = unflagged.encode_prompt("ab", device="cpu")
     torch.testing.assert_close(off[1], empty[0])
     torch.testing.assert_close(off[3], empty[2])
-    loaded = StableDiffusionXLPipeline.from_pretrained(
-        tmp_path
-    )  # the flag as saved, not the default
+    loaded = StableDiffusionXLPipeline.from_pretrained(tmp_path)  # as saved, not the default
     assert loaded.config.force_zeros_for_empty_prompt is False
     torch.testing.assert_close(loaded.encode_prompt("ab", device="cpu")[1], empty[0])
+    passed = StableDiffusionXLPipeline.from_pretrained(tmp_path, force_zeros_for_empty_prompt=True)
+    assert passed.config.force_zeros_for_empty_prompt is True
+    assert not passed.encode_prompt("ab", device="cpu")[1].any()
 
 
 def test_sdxl_add_time_ids_are_six_numbers(sdxl_pipe):
@@ -814,7 +831,7 @@ def test_sdxl_and_sd3_run_from_embeddings_without_text_encoders(tokenizers, reco
 
 
 def test_model_offload_runs_each_encoder_before_the_loop_only(tokenizers, monkeypatch):
-    """In `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, with `enable_model_cpu_offload`, each component's accelerate hook is chained to the previous loaded component of `model_cpu_offload_seq`, whose offload it triggers before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
+    """In `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, with `enable_model_cpu_offload`, each component of `model_cpu_offload_seq` gets an accelerate hook chained to the previous loaded one, whose offload it triggers before its own forward, the text encoders run only before the loop whatever `num_inference_steps`, and the end of the call sends them back to the CPU: a round trip per call, not per step. With CFG and an encoded negative prompt, SDXL runs `text_encoder`, `text_encoder_2`, `text_encoder`, `text_encoder_2`, and SD3 its three encoders twice in that order, so `text_encoder` (and SD3's `text_encoder_2`) run again after the next encoder has pushed them out: two round trips.
 
     Real hooks with the CPU standing in for the GPU (``device="cpu"``). On the CPU,
     ``CpuOffload.pre_forward`` skips every move (the previous module is already on the CPU,
