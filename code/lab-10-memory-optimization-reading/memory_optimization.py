@@ -1,9 +1,10 @@
 """Lab 10: what does each memory switch of a diffusers pipeline save, and what does it cost?
 
-Five switches, each measured on small NumPy stand-ins and scaled to real models by
-arithmetic on shapes: attention slicing (``pipe.enable_attention_slicing``), VAE tiling
-(``pipe.vae.enable_tiling``), lower precision (``dtype=``), and CPU offload
-(``pipe.enable_model_cpu_offload`` / ``pipe.enable_sequential_cpu_offload``). Slicing and
+Five switches: attention slicing (``pipe.enable_attention_slicing``), VAE tiling
+(``pipe.vae.enable_tiling``) and lower precision (``dtype=``), measured on small NumPy
+stand-ins and scaled to real models by arithmetic on shapes, and CPU offload
+(``pipe.enable_model_cpu_offload`` / ``pipe.enable_sequential_cpu_offload``), counted in bytes
+from the real weight sizes, not measured. Slicing and
 tiling trade time for a smaller peak of one intermediate; precision halves weights and
 activations (not SDXL's VAE decode, run in float32, nor T5's wo under float16) and adds
 rounding error; offload trades GPU bytes for bytes over the PCIe bus on every call.

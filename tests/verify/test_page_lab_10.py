@@ -52,11 +52,12 @@ def call(pipe):
     ).images
 
 
-def test_default_processor_is_sdpa(monkeypatch):
-    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `StableDiffusionPipeline` call makes one such call per attention layer per UNet call, and one for the VAE decoder's attention."""
+def test_default_processor_is_sdpa(monkeypatch, tmp_path):
+    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `StableDiffusionPipeline` call on `prompt_embeds`, without a `safety_checker`, makes one such call per attention layer per UNet call, and one for the VAE decoder's attention; given a prompt, its CLIP text encoder (transformers' `sdpa` attention) adds one per encoder layer per encode."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
     pipe = tiny_sd_pipeline()
+    assert pipe.safety_checker is None
     assert {type(p) for p in pipe.unet.attn_processors.values()} == {AttnProcessor2_0}
     calls, unet_calls = [], []
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -68,6 +69,19 @@ def test_default_processor_is_sdpa(monkeypatch):
         4
     }  # 2 CFG x 2
     assert unet_calls and {type(p) for p in pipe.vae.attn_processors.values()} == {AttnProcessor2_0}  # fmt: skip
+    from tiny import tiny_text_encoder, tiny_tokenizer
+
+    texted = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
+    calls.clear()
+    unet_calls, encodes = [], []
+    texted.unet.register_forward_pre_hook(lambda *_: unet_calls.append(1))
+    texted.text_encoder.register_forward_pre_hook(lambda *_: encodes.append(1))
+    texted("a cat", num_inference_steps=2, height=HEIGHT, width=WIDTH, output_type="np")
+    decoder = len([k for k in texted.vae.attn_processors if k.startswith("decoder.")])
+    layers = texted.text_encoder.config.num_hidden_layers
+    assert encodes == [1, 1] and layers > 0  # the prompt, then "" for guidance
+    assert texted.text_encoder.config._attn_implementation == "sdpa"
+    assert len(calls) == len(unet_calls) * len(texted.unet.attn_processors) + decoder + 2 * layers
 
 
 def test_attention_slicing_installs_sliced_processor_and_keeps_output():
@@ -128,12 +142,14 @@ def test_vae_tiling_is_not_exact(record_calls):
     assert 0.1 < (tiled - whole).abs().max().item() < 2.0
 
 
-def test_real_vaes_tile_only_above_their_sample_size():
-    """`vae.enable_tiling()` leaves each family's default resolution whole: `AutoencoderKL.decode` on the published VAE configs (meta device) reaches `tiled_decode` only for a latent larger than the VAE's tile, `sample_size` pixels, 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1, which is the resolution each pipeline makes by default; it decodes `(1, C, H/8, W/8)` latents, `C` = 4 for SD 1.5 and SDXL and 16 for SD3 and Flux.1, to `(1, 3, H, W)`."""
-    from tiny import real_vae_tiling
+def test_real_vaes_tile_only_above_their_sample_size(tmp_path):
+    """`vae.enable_tiling()` leaves each family's default resolution whole: `AutoencoderKL.decode` on the published VAE configs (meta device) reaches `tiled_decode` only for a latent larger than the VAE's tile, `sample_size` pixels, 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1, which is the size `StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` pick in `__call__` without `height` and `width` (from the published denoiser `sample_size`, for `FluxPipeline` its own `default_sample_size`, and a VAE with the factor 8); it decodes `(1, C, H/8, W/8)` latents, `C` = 4 for SD 1.5 and SDXL and 16 for SD3 and Flux.1, to `(1, 3, H, W)`."""
+    from tiny import pipeline_default_sides, real_vae_tiling
 
     seen = real_vae_tiling()
     assert seen == {"SD 1.5": (4, 512, [65]), "SDXL": (4, 1024, [129]), "SD3": (16, 1024, [129]), "Flux.1": (16, 1024, [129])}  # fmt: skip
+    defaults = pipeline_default_sides(tmp_path)  # observed through each pipeline's __call__
+    assert defaults == {"SD 1.5": (512, 512), "SDXL": (1024, 1024), "SD3 Medium": (1024, 1024), "Flux.1-dev": (1024, 1024)}  # fmt: skip
 
 
 def test_vae_slicing_decodes_one_image_at_a_time(record_calls):
@@ -187,7 +203,7 @@ def test_offload_methods_and_sequence():
 
 
 def test_offload_counts_are_the_pipelines_forwards(starter, monkeypatch, built_pipelines):
-    """In `FluxPipeline`, `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, the starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps`, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings, the peak resident set and the set resident during each forward that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
+    """In `FluxPipeline`, `StableDiffusion3Pipeline`, `StableDiffusionPipeline` and `StableDiffusionXLPipeline`, the starter's `FORWARDS` is the order of the hooked forwards in one `pipe("a cat")` call at the default guidance (SD 1.5's `text_encoder` twice, for the prompt and for `""`; SD3's three text encoders twice each; SDXL's and Flux's once, SDXL's `""` becoming zeros; the denoiser once per entry of `scheduler.timesteps` below 1000 steps, which SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` makes `num_inference_steps + 1` long from 2 steps, 3 at the 2 steps run here), its `OFFLOAD_SEQ` is each class's `model_cpu_offload_seq`, and its `model_offload` gives the crossings, the peak resident set and the set resident during each forward that accelerate's real hooks give on that order: a component comes in when its forward starts unless it is still on the device, and goes out when the next component in `model_cpu_offload_seq` starts or at the end of the call, so SD3's `text_encoder` and `text_encoder_2` cross 4 times per call and T5 shares the device with CLIP-L, then CLIP-G. Of the VAE, every family's call runs the `decoder` only, never the `encoder` or `quant_conv`."""
     from diffusers import PNDMScheduler
 
     variants = {"SD3 Medium, no T5": starter["sd3_no_t5"]}
@@ -350,7 +366,7 @@ def test_denoiser_calls_are_the_shipped_schedulers_timesteps(starter):
 
 
 def test_sd15_pndm_counts_hold_to_999_steps_and_step_raises_at_1000(starter, run_cli):
-    """SD 1.5's `PNDMScheduler(skip_prk_steps=True)` gives `steps + 1` timesteps from 2 to 999 steps, and `step` over them runs; at 1000 steps its `step` raises `IndexError`, so the starter's `--steps` stops at 999 (one-line error at 1000), its `DENOISER_CALLS` matches the scheduler at 999, and the page's "once per entry" carries "below 1000 steps"."""
+    """SD 1.5's `PNDMScheduler(skip_prk_steps=True)` gives `steps + 1` timesteps from 2 to 999 steps, and `step` over them runs at 999; at 1000 steps its `step` raises `IndexError`, so the starter's `--steps` stops at 999 (one-line error at 1000), its `DENOISER_CALLS` matches the scheduler at 999, and each sentence of the page and of its tested-sentences list that says "once per entry" carries "below 1000 steps", and each that says `+ 1` carries "from 2"."""
     from diffusers import PNDMScheduler
 
     def run(n):
@@ -376,12 +392,13 @@ def test_sd15_pndm_counts_hold_to_999_steps_and_step_raises_at_1000(starter, run
     page = (ROOT / "docs" / "labs" / "lab-10-memory-optimization-reading.md").read_text(
         encoding="utf-8"
     )
-    counts = [
-        part
-        for part in re.split(r"(?<=[.!?])\s+", page)
-        if any(phrase in part for phrase in ("once per entry of `scheduler.timesteps`",))
-    ]
-    assert len(counts) == 1 and all("below 1000 steps" in c.lower() for c in counts), counts
+    # the page's prose, and the tested sentences it renders: this module's docstrings
+    shown = [f.__doc__.split("\n\n")[0] for n, f in globals().items() if n.startswith("test_")]
+    sentences = [part for text in [page, *shown] for part in re.split(r"(?<=[.!?])\s+", text)]
+    counts = [part for part in sentences if "once per entry of `scheduler.timesteps`" in part]
+    assert len(counts) == 2 and all("below 1000 steps" in c.lower() for c in counts), counts
+    plus_one = [part for part in sentences if "+ 1`" in part]
+    assert len(plus_one) >= 4 and all("from 2" in c for c in plus_one), plus_one
 
 
 def test_safety_checker_count_from_shapes(starter):

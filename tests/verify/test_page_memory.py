@@ -42,9 +42,14 @@ CPU = torch.device("cpu")
 
 
 def test_sdpa_is_the_default_attention(monkeypatch):
-    """Without any switch, every attention layer of `UNet2DConditionModel` uses `AttnProcessor2_0`, the processor that calls `F.scaled_dot_product_attention` on torch 2."""
+    """Without any switch, every attention layer of SD 1.5's `UNet2DConditionModel` (its published config on the meta device, and a tiny one of the same block types) uses `AttnProcessor2_0`, the processor that calls `F.scaled_dot_product_attention` on torch 2."""
+    from diffusers import UNet2DConditionModel
     from diffusers.models.attention_processor import AttnProcessor2_0
+    from model_configs import SD15_UNET
 
+    with torch.device("meta"):
+        sd15 = UNet2DConditionModel(**SD15_UNET)
+    assert {type(p) for p in sd15.attn_processors.values()} == {AttnProcessor2_0}
     unet = tiny_unet()
     assert {type(p) for p in unet.attn_processors.values()} == {AttnProcessor2_0}
     calls = []
@@ -198,12 +203,14 @@ def test_tiling_only_above_the_tile_size(monkeypatch):
     assert per_pixel.min().item() > 1e-3  # everywhere, seams and tile interiors alike
 
 
-def test_tiling_acts_only_above_the_vae_sample_size():
-    """`vae.enable_tiling()` tiles only a latent larger than the VAE's tile, its `sample_size`: 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1 (their published VAE configs, on the meta device), each family's default resolution, which therefore decodes whole, unchanged, while 8 px more is tiled; through a tiny `StableDiffusionPipeline` with `vae.enable_tiling()`, a call at its default height and width never reaches `tiled_decode`, and one 8 px larger does."""
-    from tiny import real_vae_tiling
+def test_tiling_acts_only_above_the_vae_sample_size(tmp_path):
+    """`vae.enable_tiling()` tiles only a latent larger than the VAE's tile, its `sample_size`: 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1 (their published VAE configs, on the meta device), each family's default resolution (the size `StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` pick in `__call__` without `height` and `width`, from the published denoiser `sample_size`, for `FluxPipeline` its own `default_sample_size`, and a VAE with the factor 8), which therefore decodes whole, unchanged, while 8 px more is tiled; through a tiny `StableDiffusionPipeline` with `vae.enable_tiling()`, a call at its default height and width never reaches `tiled_decode`, and one 8 px larger does."""
+    from tiny import pipeline_default_sides, real_vae_tiling
 
     tiled = {name: (side, calls) for name, (_, side, calls) in real_vae_tiling().items()}
     assert tiled == {"SD 1.5": (512, [65]), "SDXL": (1024, [129]), "SD3": (1024, [129]), "Flux.1": (1024, [129])}  # fmt: skip
+    defaults = pipeline_default_sides(tmp_path)  # observed through each pipeline's __call__
+    assert defaults == {"SD 1.5": (512, 512), "SDXL": (1024, 1024), "SD3 Medium": (1024, 1024), "Flux.1-dev": (1024, 1024)}  # fmt: skip
     pipe = tiny_sd_pipeline()
     pipe.vae.enable_tiling()
     calls, original = [], pipe.vae.tiled_decode
@@ -362,7 +369,7 @@ def watch_moves(pipe, monkeypatch):
 
 
 def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
-    """Under `enable_model_cpu_offload`, a call moves each component to the GPU when its forward starts, in `model_cpu_offload_seq` order (`"text_encoder->image_encoder->unet->vae"`), and each hook holds the previous component's as `prev_module_hook`, which accelerate offloads when the forward starts if that component is not on the CPU (a move this CPU-only test sees only as the chain); at the end of the call `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves every component back, and the `safety_checker` (`_exclude_from_cpu_offload`, no hook) is moved to the GPU again right after. In `StableDiffusionPipeline`'s order each component crosses the bus twice per call."""
+    """Under `enable_model_cpu_offload`, a call moves each component to the GPU when its forward starts, in `model_cpu_offload_seq` order (`"text_encoder->image_encoder->unet->vae"`), and each hook holds the previous component's as `prev_module_hook`, which accelerate offloads when the forward starts if that component is not on the CPU (a move this CPU-only test sees only as the chain); at the end of the call `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `pipe.to("cpu")` moves every component back, and the `safety_checker` (`_exclude_from_cpu_offload`, no hook) is moved to the GPU again right after. In `StableDiffusionPipeline`'s order each hooked component whose forward runs crosses the bus twice per call, and one whose forward never runs does not cross: with `output_type="latent"` the VAE stays off the GPU (the unhooked `safety_checker` still goes out and back in)."""
     from diffusers import StableDiffusionPipeline
 
     assert StableDiffusionPipeline.model_cpu_offload_seq == "text_encoder->image_encoder->unet->vae"
@@ -385,12 +392,19 @@ def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
             ("safety_checker", "out"), ("text_encoder", "out"), ("unet", "out"), ("vae", "out"),
             ("safety_checker", "in"),  # maybe_free_model_hooks: pipe.to("cpu"), then re-hooks
         ]  # fmt: skip
+    moves.clear()  # no decode: the VAE's forward never starts, so it never comes in
+    pipe("a cat", num_inference_steps=3, height=HEIGHT, width=WIDTH, latents=start_latents(), output_type="latent")  # fmt: skip
+    assert moves == [
+        ("text_encoder", "in"), ("unet", "in"),
+        ("safety_checker", "out"), ("text_encoder", "out"), ("unet", "out"),
+        ("safety_checker", "in"),
+    ]  # fmt: skip
 
 
 def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
     monkeypatch, tmp_path
 ):
-    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`) and its UNet once per entry of `scheduler.timesteps`, `num_inference_steps + 1` times with SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)`, and `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
+    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`) and its UNet once per entry of `scheduler.timesteps` below 1000 steps: with SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` `num_inference_steps + 1` times from 2 steps, once at 1 step, and at 1000 steps once before `step` raises `IndexError`; `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
     from diffusers import PNDMScheduler
 
     pipes = text_to_image_pipelines(tmp_path)
@@ -427,6 +441,18 @@ def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
         seen, resident = replay_model_offload(forwards, monkeypatch)
         assert seen == crossings
     assert {"text_encoder", "text_encoder_3"} in resident and {"text_encoder_2", "text_encoder_3"} in resident  # fmt: skip
+    # the edges of the PNDM count, through the same call: 1 step, 1000 steps
+    one = hooked_forwards(shipped, monkeypatch, "a cat", num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent", **sd15_kwargs)  # fmt: skip
+    assert [n for n, _ in one].count("unet") == 1 == len(shipped.scheduler.timesteps)
+    unet_calls = []
+    shipped.unet.register_forward_pre_hook(lambda *_: unet_calls.append(1))
+    with pytest.raises(IndexError):
+        hooked_forwards(shipped, monkeypatch, "a cat", num_inference_steps=1000, height=HEIGHT, width=WIDTH, output_type="latent", **sd15_kwargs)  # fmt: skip
+    assert unet_calls == [1] and len(shipped.scheduler.timesteps) == 1001
+    pndm = PNDMScheduler(**SD15_PNDM)  # the UNet's count between: one per entry, steps + 1
+    for steps in range(2, 1000):
+        pndm.set_timesteps(steps)
+        assert len(pndm.timesteps) == steps + 1
 
 
 def test_model_offload_keeps_a_component_outside_the_sequence_until_the_call_ends(monkeypatch):

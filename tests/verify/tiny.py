@@ -1418,6 +1418,40 @@ def real_vae_tiling() -> dict[str, tuple[int, int, list[int]]]:
     return seen
 
 
+def pipeline_default_sides(directory) -> dict[str, tuple[int, int]]:
+    """``{family: (height, width)}`` that each pipeline's own ``__call__`` picks when given
+    neither: ``text_to_image_pipelines``' SD 1.5, SDXL, SD3 and Flux pipelines rebuilt with the
+    published denoiser ``sample_size`` (Flux's ``default_sample_size`` is set in its
+    ``__init__``) and a four-block VAE (factor 8, as each family's), stopped at
+    ``prepare_latents``, which receives the pixel size."""
+    from model_configs import SD3_MEDIUM_TRANSFORMER, SD15_UNET, SDXL_UNET
+
+    class StopAtLatentsError(Exception):
+        pass
+
+    sample_sizes = {"SD 1.5": SD15_UNET["sample_size"], "SDXL": SDXL_UNET["sample_size"], "SD3 Medium": SD3_MEDIUM_TRANSFORMER["sample_size"], "Flux.1-dev": None}  # fmt: skip
+    seen = {}
+    for name, (pipe, kwargs) in text_to_image_pipelines(directory).items():
+        if name not in sample_sizes:
+            continue
+        parts = {**pipe.components, "vae": narrow_vae()}
+        denoiser = parts["unet"] if "unet" in parts else parts["transformer"]
+        if sample_sizes[name] is not None:  # __init__ reads it: set it before building
+            denoiser.register_to_config(sample_size=sample_sizes[name])
+        built = type(pipe)(**parts)
+
+        def stop(*args, name=name, **kw):
+            seen[name] = (args[2], args[3])  # (batch, channels, height, width, ...)
+            raise StopAtLatentsError
+
+        built.prepare_latents = stop
+        try:
+            built("a cat", **kwargs)
+        except StopAtLatentsError:
+            pass
+    return seen
+
+
 # ---------------------------------------------------------------- SDXL's modular pipeline
 # The handbook's modular-pipeline claims (pipeline, loop, interview pages): the tiny SDXL parts
 # saved as a classic pipeline and loaded into SDXL's own modular blocks, as a reader would from a
