@@ -151,3 +151,19 @@ def test_odd_input_gets_one_line_and_exit_2(starter, tmp_path):
     assert broken == [], (
         f"{len(broken)} of {len(cases)} odd inputs broke the promise:\n" + "\n".join(broken)
     )
+
+
+BLANKS = [s.path for lab in load_labs() for s in lab.starters if s.path.name.endswith("_blanks.py")]
+
+
+@pytest.mark.parametrize("blanks", BLANKS, ids=lambda p: p.name)
+def test_a_blanks_file_run_directly_names_its_checker(blanks):
+    """A reader who runs the file of blanks instead of its checker gets one line naming the
+    checker's command, and exit 2, not the traceback of a missing import or an unfilled blank."""
+    run = subprocess.run(
+        [sys.executable, str(blanks)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    checker = re.search(r"python3 (code/\S+/check_\w+\.py)", run.stderr)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    assert checker and (ROOT / checker.group(1)).is_file(), run.stderr
+    assert checker.group(1).split("/")[1] == blanks.parent.name

@@ -369,3 +369,12 @@ def test_home_page_says_what_the_footer_does(built_site):
         assert resolve(starter, footer_link(text, "prev")) == lab, starter
         after, link = following.get(lab), footer_link(text, "next")
         assert (link is None) if after is None else resolve(starter, link) == after, starter
+
+
+def test_every_lab_with_an_exercise_counts_its_minutes(labs):
+    """A lab whose reader writes code (a file of blanks and the checker that runs it) counts
+    that exercise in its time label and its track's total on the home page's map."""
+    with_blanks = [lab for lab in labs if any(s.path.name.endswith("_blanks.py") for s in lab.starters)]  # fmt: skip
+    assert len(with_blanks) >= 5
+    for lab in with_blanks:
+        assert paths.exercise_minutes(lab.page.as_posix()) > 0, lab.page

@@ -12,6 +12,13 @@ another value, with the key/value block it was folding in and, for a typical mis
 hint. Nothing but NumPy is needed.
 """
 
+import sys
+
+if __name__ == "__main__":  # the checker runs these blanks; this file only defines them
+    print("softmax_blanks.py: error: this file holds your blanks; check them with: "
+          "python3 code/lab-16-attention-kernels-and-offload/check_softmax.py", file=sys.stderr)  # fmt: skip
+    sys.exit(2)
+
 import numpy as np
 
 from labkit.blanks import blank
