@@ -132,8 +132,9 @@ noise_pred_base = unet_forward(latents)
 # `conv_out`, is `zero_module(...)`), one 1x1 conv per skip in
 # `controlnet_down_blocks` and `controlnet_mid_block`, all zero-initialised. Here the
 # 1x1 convs are `(D, D)` matrices. `forward` multiplies every residual by
-# `conditioning_scale`; with `guess_mode` it uses `logspace(-1, 0, len(down) + 1)`
-# times the scale instead, 0.1 for the first skip up to 1.0 for the mid block.
+# `conditioning_scale`; with `guess_mode` (and `global_pool_conditions` false) it uses
+# `logspace(-1, 0, len(down) + 1)` times the scale instead, 0.1 for the first skip up
+# to 1.0 for the mid block.
 
 
 # %%

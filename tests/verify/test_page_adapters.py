@@ -139,13 +139,14 @@ def n_params(module):
     return sum(p.numel() for p in module.parameters())
 
 
-def unscoped_paragraphs(*triggers):
-    """Paragraphs of this page and of the interview page that contain every word of one of
-    ``triggers`` (tuples of words) but do not name ``StableDiffusionPipeline``, the pipeline
-    the IP-Adapter tests run. Others differ in diffusers 0.42.1: ``FluxPipeline.__call__`` also
-    encodes a black image for a plain adapter (pipeline_flux.py), ``FluxIPAdapterAttnProcessor``
-    has no scale-0 skip, and ``StableDiffusionXLPipeline`` passes ``added_cond_kwargs`` as a dict,
-    so a call without image embeddings raises the UNet's ``ValueError``, not a ``TypeError``."""
+def unscoped_paragraphs(*triggers, names=("StableDiffusionPipeline",)):
+    """Paragraphs (one line each) of this page and of the interview page that contain every
+    word of one of ``triggers`` (tuples of words) but not every one of ``names``: by default
+    ``StableDiffusionPipeline``, the pipeline the IP-Adapter tests run. Others differ in
+    diffusers 0.42.1: ``FluxPipeline.__call__`` also encodes a black image for a plain adapter
+    (pipeline_flux.py), ``FluxIPAdapterAttnProcessor`` has no scale-0 skip, and
+    ``StableDiffusionXLPipeline`` passes ``added_cond_kwargs`` as a dict, so a call without
+    image embeddings raises the UNet's ``ValueError``, not a ``TypeError``."""
     from infralens_docs.registry import ROOT
 
     found = []
@@ -153,7 +154,7 @@ def unscoped_paragraphs(*triggers):
         text = (ROOT / "docs" / "handbook" / page).read_text(encoding="utf-8")
         for paragraph in text.splitlines():
             if any(all(w in paragraph for w in words) for words in triggers):
-                if "StableDiffusionPipeline" not in paragraph:
+                if not all(name in paragraph for name in names):
                     found.append(paragraph.strip()[:80])
     return found
 
@@ -835,7 +836,7 @@ def test_set_ip_adapter_scale_block_names_follow_the_unet_layout():
 
 
 def test_image_encoder_runs_once_per_call():
-    """In `StableDiffusionPipeline`, with `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; the image projection `unet.encoder_hid_proj` and each layer's `to_k_ip` and `to_v_ip` run again in every UNet call."""
+    """In `StableDiffusionPipeline`, with `ip_adapter_image`, a plain IP-Adapter's `image_encoder` (`CLIPVisionModelWithProjection`) runs once per pipeline call, whatever the number of steps, and the unconditional image embedding for CFG is zeros, not an encoded blank image; the image projection `unet.encoder_hid_proj` and each layer's `to_k_ip` and `to_v_ip` run again in every UNet call. With precomputed `ip_adapter_image_embeds` the encoder does not run, and under CFG the unconditional image embedding is the first half of what is passed."""
     pipe = tiny_sd_pipeline(image_encoder=tiny_image_encoder())
     pipe.load_ip_adapter(
         random_ip_adapter(pipe.unet), subfolder="", weight_name="", image_encoder_folder=None
@@ -862,8 +863,17 @@ def test_image_encoder_runs_once_per_call():
     with torch.no_grad():
         encoded = pipe.image_encoder(reference).image_embeds
     torch.testing.assert_close(image_embeds[1], encoded)
-    # the page states these counts of this pipeline, not of every one
+    encoder_calls.clear(), unet_calls.clear()
+    own = torch.cat([torch.ones_like(encoded), encoded])[:, None]  # [negative, positive] halves
+    run(pipe, steps=2, ip_adapter_image_embeds=[own])
+    assert encoder_calls == [] and len(unet_calls) == 2  # precomputed embeds: no encoder call
+    torch.testing.assert_close(unet_calls[0]["image_embeds"][0][0], torch.ones_like(encoded))
+    # the page states these counts of this pipeline, not of every one, and of calls given
+    # `ip_adapter_image`, not of calls given precomputed `ip_adapter_image_embeds`
     assert unscoped_paragraphs(("once per", "encod"), ("unconditional embedding", "zeros")) == []
+    ip_counts = ("once per", "encod", "IP-Adapter"), ("once per", "CLIP")
+    assert unscoped_paragraphs(*ip_counts, ("unconditional embedding", "zeros"),
+                               names=("StableDiffusionPipeline", "ip_adapter_image")) == []  # fmt: skip
 
 
 def plus_ip_adapter(unet, embed_dim=16, hidden_dims=64, seed=0):
