@@ -554,6 +554,38 @@ def test_euler_and_ddim_scale_the_state_differently():
     assert factors[0] == pytest.approx((top**2 + 1) ** 0.5, rel=1e-5) and factors[0] > 8.45 + 1
 
 
+def test_euler_starts_at_14_61_with_trailing_or_from_2_linspace_steps(sd_pipe, record_calls):
+    """`EulerDiscreteScheduler` with `trailing`, or `linspace` at 2 steps or more, starts `StableDiffusionPipeline`'s latents at `sigmas.max()`, 14.61 for SD's schedule; at one step `linspace`'s only timestep is 0, and the latents start at 0.029.
+
+    Observed through ``__call__``: the factor ``prepare_latents`` applies to the latents passed in,
+    and the timestep of the first UNet call.
+    """
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    passed, starts = start_latents() + 3.0, {}  # away from 0: out / passed is the factor
+
+    def spied(pipe, factors):
+        prepare_latents = pipe.prepare_latents
+        pipe.prepare_latents = lambda *a, **k: factors.append((out := prepare_latents(*a, **k)) / passed) or out  # fmt: skip
+        return pipe
+
+    for spacing, steps in [("linspace", 1), ("linspace", 2), ("trailing", 1), ("trailing", 2)]:
+        euler = EulerDiscreteScheduler(timestep_spacing=spacing, steps_offset=1, **SD_BETAS)
+        factors = []
+        pipe = spied(sd_with(sd_pipe, scheduler=euler), factors)
+        unet = record_calls(pipe.unet).calls
+        generate(pipe, steps=steps, guidance_scale=1.0, latents=passed)
+        torch.testing.assert_close(factors[0], torch.full_like(passed, float(euler.sigmas.max())))
+        starts[spacing, steps] = (int(unet[0][0][1]), round(float(euler.sigmas.max()), 3))
+    assert starts == {("linspace", 1): (0, 0.029), ("linspace", 2): (999, 14.615),
+                      ("trailing", 1): (999, 14.615), ("trailing", 2): (999, 14.615)}  # fmt: skip
+    page = (ROOT / "docs" / "handbook" / "interview.md").read_text(encoding="utf-8")
+    said = [s for s in re.split(r"(?<=[.!?])\s+", page) if "14.61 for SD's schedule" in s]
+    assert said and all("`linspace` at 2 steps or more" in s for s in said), said
+
+
 def test_decode_divides_by_the_vae_scaling_factor(sd_pipe, calls_of):
     """`StableDiffusionPipeline` hands `vae.decode` the final latents divided by `vae.config.scaling_factor`, whose `AutoencoderKL` default is 0.18215."""
     final = generate(sd_pipe, steps=2)
