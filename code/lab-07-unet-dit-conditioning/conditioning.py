@@ -220,8 +220,7 @@ print(f"  weights {weights.shape}, rows sum to 1: {np.allclose(weights.sum(-1), 
 # transformer block has `attn1` (self-attention, `(h*w) x (h*w)` per head) and
 # `attn2` (cross-attention, `(h*w) x 77`). Bytes are one fp16 score matrix, per head
 # and per image: a lower bound for a kernel that materialises it (PyTorch's unfused math
-# backend holds fp32 scores and their softmax by default, 4x); fused kernels never
-# store it.
+# backend holds fp32 scores and their softmax by default, 4x).
 
 
 # %%

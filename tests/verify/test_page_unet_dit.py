@@ -251,11 +251,13 @@ def test_sdxl_pooled_text_and_time_ids_join_the_time_embedding():
         model(x, t, encoder_hidden_states=hidden, added_cond_kwargs=added_cond_kwargs)
     for h in handles:
         h.remove()
-    with torch.no_grad():  # time_ids through sinusoids (add_time_proj), after the pooled text
-        sinusoids = model.add_time_proj(added_cond_kwargs["time_ids"].flatten()).reshape(1, -1)
-    assert sinusoids.shape == (1, 6 * 8) and not torch.allclose(
-        sinusoids[:, :6], added_cond_kwargs["time_ids"]
-    )
+    from diffusers.models.embeddings import get_timestep_embedding
+
+    sinusoids = get_timestep_embedding(  # time_ids through sinusoids, after the pooled text
+        added_cond_kwargs["time_ids"].flatten(), 8, flip_sin_to_cos=model.config.flip_sin_to_cos,
+        downscale_freq_shift=model.config.freq_shift,
+    ).reshape(1, -1)  # fmt: skip
+    assert sinusoids.shape == (1, 6 * 8)
     torch.testing.assert_close(
         seen["in"], torch.cat([added_cond_kwargs["text_embeds"], sinusoids], dim=-1)
     )
@@ -573,7 +575,7 @@ def test_text_sequence_lengths_of_sd3_and_flux():
 
 
 def test_flux_packs_2x2_patches_and_uses_rotary_positions():
-    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions by rotating every query and key with `FluxPosEmbed`'s output and adds no position table, while DiT's and SD3's `PatchEmbed` adds a 2D sin-cos table it builds to the projected patches in its forward (SD3: the table's centre crop; a buffer, not a parameter)."""
+    """Flux's transformer defaults to `patch_size=1` and `in_channels=64`, because `FluxPipeline._pack_latents` already turns `(B, 16, h, w)` latents into `(B, (h/2)*(w/2), 64)` tokens; it encodes positions by rotating every query and key with `FluxPosEmbed`'s output and adds no position table, while DiT's and SD3's `PatchEmbed` adds a 2D sin-cos table it builds to the projected patches in its forward (SD3: the table's centre crop; not a parameter)."""
     from diffusers import DiTTransformer2DModel, FluxPipeline, FluxTransformer2DModel
     from diffusers.models.embeddings import get_2d_sincos_pos_embed
 
@@ -589,8 +591,13 @@ def test_flux_packs_2x2_patches_and_uses_rotary_positions():
     from diffusers.models.transformers import transformer_flux
 
     rotated, rotate = [], transformer_flux.apply_rotary_emb
-    pos_out = []
+    pos_out, embedded, first_in = [], [], []
     flux.pos_embed.register_forward_hook(lambda m, a, o: pos_out.append(o))
+    flux.x_embedder.register_forward_hook(lambda m, a, o: embedded.append(a[0]))
+    flux.transformer_blocks[0].register_forward_pre_hook(
+        lambda m, a, k: first_in.append(k.get("hidden_states", a[0] if a else None)),
+        with_kwargs=True,
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(transformer_flux, "apply_rotary_emb",
                    lambda x, emb, **k: rotated.append(emb) or rotate(x, emb, **k))  # fmt: skip
@@ -598,7 +605,10 @@ def test_flux_packs_2x2_patches_and_uses_rotary_positions():
             run_tiny_flux(flux)
     assert len(pos_out) == 1 and len(rotated) == 4  # queries and keys, in both blocks
     assert all(emb[0] is pos_out[0][0] and emb[1] is pos_out[0][1] for emb in rotated)
-    assert "pos_embed" not in dict(flux.named_buffers())  # no position table is added
+    projected = torch.nn.functional.linear(
+        embedded[0], flux.x_embedder.weight, flux.x_embedder.bias
+    )
+    torch.testing.assert_close(first_in[0], projected)  # the Linear alone: no position table
     dit = DiTTransformer2DModel(
         num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1, sample_size=8,
         num_embeds_ada_norm=10,
@@ -814,13 +824,14 @@ def test_unfused_math_path_holds_fp32_scores_and_softmax():
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
 
 
-def test_fused_flash_kernel_never_stores_the_score_matrix():
-    """Fused kernels never store the `N x N` score matrix: PyTorch SDPA's flash backend, run on CPU for fp16, bf16 and fp32 inputs, dispatches one op that writes only the output `(B, H, N, d)` and a logsumexp `(B, H, N)`, while the math backend under the same spy writes `N x N` tensors; the other fused kernels are not run here."""
+def test_flash_backend_never_holds_the_score_matrix():
+    """PyTorch's flash backend never stores the `N x N` score matrix (measured on CPU for fp16, bf16 and fp32 inputs, N = 1024): SDPA's flash path dispatches one op that writes only the output `(B, H, N, d)` and a logsumexp `(B, H, N)`, and no allocation during the call, its scratch tiles included, is as large as one head's `N x N` in the input dtype, while the math backend allocates `N x N` scores; the other fused kernels (memory-efficient, cuDNN, xFormers) are not run here."""
     import torch.nn.functional as F  # noqa: N812
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity, profile
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    n = 64
+    n = 1024  # larger than the CPU kernel's tiles of queries and keys
 
     class Outputs(TorchDispatchMode):
         """Record (op, shapes of the tensors it writes) for every dispatched op."""
@@ -839,6 +850,14 @@ def test_fused_flash_kernel_never_stores_the_score_matrix():
     def square(seen):
         return [op for op, shapes in seen if any(sh[-2:] == (n, n) for sh in shapes)]
 
+    def largest_allocation(backend, query):
+        """Bytes of the largest allocation the call makes, inside kernels too (profiler)."""
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(query, query, query)
+        events = prof.profiler.kineto_results.events()
+        return max(e.nbytes() for e in events if e.name() == "[memory]")
+
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         query = torch.randn(1, 2, n, 8, dtype=dtype)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION), Outputs() as flash:
@@ -847,6 +866,9 @@ def test_fused_flash_kernel_never_stores_the_score_matrix():
             ("_scaled_dot_product_flash_attention_for_cpu", [(1, 2, n, 8), (1, 2, n)])
         ]
         assert square(flash.seen) == []
+        one_head = n * n * query.element_size()  # one head's N x N in the input dtype
+        assert largest_allocation(SDPBackend.FLASH_ATTENTION, query) < one_head
         with sdpa_kernel(SDPBackend.MATH), Outputs() as math:
             F.scaled_dot_product_attention(query, query, query)
         assert square(math.seen)  # the same spy sees the unfused path's scores
+        assert largest_allocation(SDPBackend.MATH, query) >= 2 * n * n * 4  # both heads, fp32
