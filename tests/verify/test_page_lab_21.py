@@ -228,7 +228,7 @@ def test_enable_tiling_is_spatial(record_calls):
 
 
 def test_real_decoder_caches_7_full_resolution_maps():
-    """The default (Wan 2.1) `AutoencoderKLWan` decoder, built on the meta device and run through `_decode`'s per-latent-frame loop on two latent frames of 720p, caches 7 tensors of 96 channels at full resolution (720 x 1280), 1 frame each after the first call (which returns 1 frame) and 2 after the second (which returns 4), and its own example loads the VAE in float32."""
+    """The default (Wan 2.1) `AutoencoderKLWan` decoder, built on the meta device and run through `_decode`'s per-latent-frame loop on two latent frames of 720p, caches 7 tensors of 96 channels at full resolution (720 x 1280), 1 frame each after the first call (which returns 1 frame) and 2 after the second (which returns 4), and `WanPipeline`'s example loads the VAE in float32."""
     from diffusers import AutoencoderKLWan
     from diffusers.pipelines.wan import pipeline_wan
 

@@ -87,6 +87,9 @@ def tiny_ti2v_pipeline():
 
 def test_wan22_ti2v_latents_are_48_channels_and_16x_in_space(record_calls):
     """`WanPipeline` takes the latents' channels from `transformer.config.in_channels` and the compression from `vae.config`, so (B, 16, ..., H/8, W/8) is Wan 2.1's (and Wan 2.2 A14B's) shape: with a VAE configured like Wan 2.2 TI2V-5B's (`z_dim=48`, `patch_size=2`, `scale_factor_spatial=16`) and a 48-channel transformer, 9 frames at 64 x 96 px are latents (1, 48, 3, 4, 6), and TI2V-5B's 121 frames at 704 x 1280 are (1, 48, 31, 44, 80): 27,280 tokens."""
+    from diffusers import WanPipeline
+    from tiny import tiny_wan_vae
+
     pipe = tiny_ti2v_pipeline()
     rec = record_calls(pipe.transformer)
     video = torch.rand(1, 3, 9, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1
@@ -97,15 +100,22 @@ def test_wan22_ti2v_latents_are_48_channels_and_16x_in_space(record_calls):
     assert {tuple(k["hidden_states"].shape) for _, k in rec.calls} == {(1, 48, 3, 4, 6)}
     big = meta_latents(pipe, 121, 704, 1280)
     assert tuple(big.shape) == (1, 48, 31, 44, 80) and tokens(pipe, big) == 27_280
+    # the channels are the transformer's: its 48 with Wan 2.1's 16-channel tiny VAE (latents only, no decode)
+    mixed = WanPipeline(tokenizer=None, text_encoder=None, vae=tiny_wan_vae(), scheduler=pipe.scheduler, transformer=pipe.transformer)  # fmt: skip
+    mixed.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        latents = mixed(**embeds(), num_frames=5, height=16, width=16, num_inference_steps=1, output_type="latent").frames  # fmt: skip
+    assert mixed.vae.config.z_dim == 16 and tuple(latents.shape) == (1, 48, 2, 2, 2)
 
 
 def test_ltx_video_vae_compresses_differently():
-    """Not every video VAE is 4x in time and 8x in space: `AutoencoderKLLTXVideo`'s defaults (LTX-Video) compress 8x in time and 32x in space, into 128 latent channels."""
+    """Not every video VAE is 4x in time and 8x in space: `AutoencoderKLLTXVideo`'s defaults (LTX-Video) compress 8x in time and 32x in space, into 128 latent channels. Run: `encode` of the default VAE on the meta device: 8k+1 frames at 64 x 64 px give k+1 latent frames of 2 x 2."""
     from diffusers import AutoencoderKLLTXVideo
 
-    with torch.device("meta"):
+    with torch.device("meta"), torch.no_grad():
         vae = AutoencoderKLLTXVideo()
-    assert (vae.temporal_compression_ratio, vae.spatial_compression_ratio, vae.config.latent_channels) == (8, 32, 128)  # fmt: skip
+        shapes = {f: tuple(vae.encode(torch.randn(1, 3, f, 64, 64)).latent_dist.mode().shape) for f in (1, 9, 17)}  # fmt: skip
+    assert shapes == {1: (1, 128, 1, 2, 2), 9: (1, 128, 2, 2, 2), 17: (1, 128, 3, 2, 2)}
 
 
 def test_81_frames_at_16_fps_is_the_documented_clip():
@@ -217,7 +227,7 @@ def test_cfg_two_calls_per_step(pipe, record_calls, calls_of):
 
 
 def test_wan22_boundary_switches_transformers(calls_of):
-    """With `boundary_ratio` set, `WanPipeline` runs `transformer` on steps whose timestep is at or above `boundary_ratio * num_train_timesteps` and `transformer_2` on the later steps, which use `guidance_scale_2` (by default `guidance_scale`)."""
+    """With `boundary_ratio` set, `WanPipeline` runs `transformer` on steps whose timestep is at or above `boundary_ratio * num_train_timesteps` and `transformer_2` on the later steps, which use `guidance_scale_2` (by default `guidance_scale`) when `guidance_scale` is above 1; at `guidance_scale=1.0` every step makes one call and `guidance_scale_2` is ignored."""
     from diffusers import WanPipeline
     from tiny import tiny_wan_transformer
 
@@ -234,6 +244,16 @@ def test_wan22_boundary_switches_transformers(calls_of):
             assert model is (pipe.transformer if is_high else pipe.transformer_2)
             scale = 5.0 if is_high else low_scale
             assert torch.equal(model_output, uncond + scale * (cond - uncond))
+    # guidance_scale 1.0: no uncond call on either expert, whatever guidance_scale_2
+    calls = []
+    hooks = [m.register_forward_pre_hook(lambda m, a: calls.append(m)) for m in (pipe.transformer, pipe.transformer_2)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            pipe(**embeds(), num_frames=5, height=16, width=16, num_inference_steps=4, output_type="latent", guidance_scale=1.0, guidance_scale_2=4.0)  # fmt: skip
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls == [pipe.transformer if h else pipe.transformer_2 for h in high]
 
 
 def test_latents_are_denormalised_per_channel_before_decode(pipe, calls_of):
