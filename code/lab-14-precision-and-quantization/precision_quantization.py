@@ -104,7 +104,8 @@ def rel_rms(approx, exact):
 # With bias `2**(e-1) - 1`, normal numbers are `1.f * 2**E` for `E` from `1 - bias` up;
 # the step between neighbours near 1 (the ulp at 1, `eps`) is `2**-m`, and below the
 # smallest normal the step stays `2**(1 - bias - m)` (subnormals). Rounding is to the
-# nearest representable value, ties to the even one: what `x.to(torch.bfloat16)` does.
+# nearest representable value, ties to the even one: what torch's CPU cast of a float32
+# `x` does (`x.to(torch.bfloat16)`; the verify tests compare them bit for bit).
 # `FORMATS`, `format_limits` and `round_to` live in `labkit/precision.py`, the one
 # emulation every lab that stores a tensor in a narrower format imports; read it there.
 

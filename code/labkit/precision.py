@@ -8,8 +8,9 @@ A float format is a sign bit, ``e`` exponent bits and ``m`` mantissa bits. With 
 ``2**(e-1) - 1``, normal numbers are ``1.f * 2**E`` for ``E`` from ``1 - bias`` up; the step
 between neighbours near 1 (the ulp at 1) is ``2**-m``, and below the smallest normal the
 step stays ``2**(1 - bias - m)`` (subnormals). Rounding is to the nearest representable
-value, ties to the even one: what ``x.to(torch.bfloat16)`` does on CPU and GPU. The verify
-tests compare :func:`round_to` with torch's casts bit for bit (fp16, bf16, both fp8s).
+value, ties to the even one: what ``x.to(torch.bfloat16)`` does to a float32 ``x`` on the CPU.
+The verify tests compare :func:`round_to` with torch's casts of float32 values bit for bit
+(fp16, bf16, both fp8s).
 
 NumPy is the only dependency.
 """

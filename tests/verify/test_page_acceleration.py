@@ -339,9 +339,9 @@ def test_block_modules_takes_the_mid_block_out_of_the_unmatched_group():
         assert group(block).modules == [block]
 
 
-def test_quant_backend_constructs_only_where_both_libraries_configs_match():
-    """`PipelineQuantizationConfig(quant_backend=...)` accepts only a backend whose diffusers and transformers config classes take the same arguments: of diffusers 0.42.1's registry, with transformers 5.23.0, `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round`; `torchao`, `quanto` and `gguf` raise `ValueError` (their signatures differ, `pipe_quant_config.py` L88-L109), as does a backend transformers lacks; the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
-    from diffusers import BitsAndBytesConfig, PipelineQuantizationConfig
+def test_quant_backend_constructs_only_where_both_libraries_configs_match(tmp_path):
+    """`PipelineQuantizationConfig(quant_backend=...)` accepts only a backend whose diffusers and transformers config classes take the same arguments: of diffusers 0.42.1's registry, with transformers 5.23.0, `bitsandbytes_4bit`, `bitsandbytes_8bit` and `auto-round`; `torchao`, `quanto` and `gguf` raise `ValueError` (their signatures differ, `pipe_quant_config.py` L88-L109), as does a backend transformers lacks; `auto-round` then loads only pre-quantized checkpoints: `DiffusionPipeline.from_pretrained` of a saved, unquantized tiny `FluxPipeline` with `quant_backend="auto-round"` raises `ValueError`; the bitsandbytes quantizers raise "No GPU found" without an accelerator: they are not run here."""
+    from diffusers import BitsAndBytesConfig, DiffusionPipeline, PipelineQuantizationConfig
     from diffusers.quantizers.auto import AUTO_QUANTIZATION_CONFIG_MAPPING
     from diffusers.quantizers.bitsandbytes import BnB4BitDiffusersQuantizer
 
@@ -360,6 +360,12 @@ def test_quant_backend_constructs_only_where_both_libraries_configs_match():
     assert {"torchao", "quanto", "gguf"} <= mismatched
     with pytest.raises(ValueError, match="signatures"):  # a real torchao config changes nothing
         PipelineQuantizationConfig(quant_backend="torchao", quant_kwargs={"quant_type": Int8DynamicActivationInt8WeightConfig()})  # fmt: skip
+    # auto-round constructs, but quantizes nothing as it loads: an unquantized checkpoint raises
+    tiny_flux_pipeline().save_pretrained(tmp_path)
+    absent = {f"{kind}{s}": None for kind in ("text_encoder", "tokenizer") for s in ("", "_2")}  # fmt: skip
+    auto_round = PipelineQuantizationConfig(quant_backend="auto-round", quant_kwargs={"bits": 4}, components_to_quantize=["transformer"])  # fmt: skip
+    with pytest.raises(ValueError, match="pre-quantized"):
+        DiffusionPipeline.from_pretrained(str(tmp_path), quantization_config=auto_round, **absent)
     assert not torch.cuda.is_available()
     with pytest.raises(RuntimeError, match="No GPU found"):
         BnB4BitDiffusersQuantizer(BitsAndBytesConfig()).validate_environment()

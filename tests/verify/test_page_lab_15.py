@@ -131,7 +131,7 @@ def test_cache_context_is_required():
 
 
 def test_enable_twice_raises_and_disable_restores():
-    """`enable_cache` on a model that already has a cache raises `ValueError`; after `disable_cache()` the model's outputs over a loop equal the uncached ones exactly."""
+    """`enable_cache` on a model that already has a cache raises `ValueError`; after `disable_cache()` a model that ran with FirstBlockCache returns, over a loop, exactly the uncached outputs."""
     from diffusers import FirstBlockCacheConfig
 
     model = three_block_flux_transformer()
