@@ -479,11 +479,31 @@ def test_add_noise_is_the_closed_form_forward_process():
 
 
 def test_prediction_type_belongs_to_the_scheduler(sd_pipe):
-    """`prediction_type` is a field of the scheduler's config (`epsilon` by default for `DDIMScheduler`), and `UNet2DConditionModel` takes no such argument, so `DDIMScheduler` reads an `epsilon` output as `v_prediction`, or the reverse, without an error: `StableDiffusionPipeline` runs one UNet under `epsilon`, `v_prediction` and `sample` to different finite latents.
+    """`prediction_type` is a field of `DDIMScheduler`'s config (`epsilon` by default), and `UNet2DConditionModel` takes no such argument, so `DDIMScheduler` reads an `epsilon` output as `v_prediction`, or the reverse, without an error: `StableDiffusionPipeline` runs one UNet under `epsilon`, `v_prediction` and `sample` to different finite latents.
 
-    Not every scheduler is silent: SD 1.x's `PNDMScheduler` raises in `step` on `sample`.
+    Not every scheduler is silent: SD 1.x's `PNDMScheduler` raises in `step` on `sample`. Not every
+    scheduler has the field: among diffusers' exports, `FlowMatchEulerDiscreteScheduler` (SD3's and
+    Flux's) has none, so the page names `DDIMScheduler`'s config, not "the scheduler's".
     """
+    import re
+
+    import diffusers
+
+    from infralens_docs.registry import ROOT
+
     assert DDIMScheduler().config.prediction_type == "epsilon"
+    without = set()
+    for name in [n for n in dir(diffusers) if n.endswith("Scheduler")]:
+        try:
+            config = getattr(diffusers, name)().config
+        except TypeError:  # needs constructor arguments
+            continue
+        if "prediction_type" not in config:
+            without.add(name)
+    assert {"FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler"} <= without
+    page = (ROOT / "docs" / "handbook" / "interview.md").read_text(encoding="utf-8")
+    said = [s for s in re.split(r"(?<=[.!?])\s+", page) if "`prediction_type` is a field of" in s]
+    assert said and all("`DDIMScheduler`'s config" in s for s in said), said
     with pytest.raises(TypeError, match="prediction_type"):  # raised before any weight is built
         UNet2DConditionModel(prediction_type="v_prediction")
     config = sd_pipe.scheduler.config
@@ -555,7 +575,7 @@ def test_euler_and_ddim_scale_the_state_differently():
 
 
 def test_euler_starts_at_14_61_with_trailing_or_from_2_linspace_steps(sd_pipe, record_calls):
-    """`EulerDiscreteScheduler` with `trailing`, or `linspace` at 2 steps or more, starts `StableDiffusionPipeline`'s latents at `sigmas.max()`, 14.61 for SD's schedule; at one step `linspace`'s only timestep is 0, and the latents start at 0.029.
+    """`EulerDiscreteScheduler` with `linspace` or `trailing` starts `StableDiffusionPipeline`'s latents at `sigmas.max()`: 14.61 for SD's schedule with `trailing`, or `linspace` at 2 steps or more; at one step `linspace`'s only timestep is 0, and its `sigmas.max()` is 0.029.
 
     Observed through ``__call__``: the factor ``prepare_latents`` applies to the latents passed in,
     and the timestep of the first UNet call.
@@ -729,7 +749,7 @@ def test_flux_guidance_is_an_input_and_true_cfg_is_opt_in(record_calls):
 
 
 def test_few_step_weights_stay_and_dropping_cfg_halves_the_activations():
-    """A distilled model is about its teacher's size (a full LCM UNet's `time_cond_proj_dim` adds one small projection, LCM-LoRA a small adapter), and dropping CFG halves the denoiser's activations: on a tiny `StableDiffusionPipeline`, `guidance_scale=0.0` gives every UNet submodule half the output elements of `guidance_scale=7.5` (un-doubled batch), and `load_lora_weights` keeps every base weight and adds adapter parameters.
+    """A step-distilled model such as an LCM is about its teacher's size (a full LCM UNet's `time_cond_proj_dim` adds one small projection, LCM-LoRA a small adapter), and dropping CFG halves the denoiser's activations: on a tiny `StableDiffusionPipeline`, `guidance_scale=0.0` gives every UNet submodule half the output elements of `guidance_scale=7.5` (un-doubled batch), and `load_lora_weights` keeps every base weight and adds adapter parameters.
 
     SD 1.5's UNet built on the meta device with ``time_cond_proj_dim=256`` has exactly one
     parameter more, ``time_embedding.cond_proj.weight`` (256 x 320 = 81,920 weights), under
@@ -750,17 +770,20 @@ def test_few_step_weights_stay_and_dropping_cfg_halves_the_activations():
 
     pipe = tiny_sd_pipeline()
     per_call = []
-    hooks = [m.register_forward_hook(lambda m, a, out: per_call.append(out.numel()))
-             for m in pipe.unet.modules() if not list(m.children())]  # fmt: skip
+    hooks = [m.register_forward_hook(lambda m, a, out, n=n: per_call.append((n, out.numel())))
+             for n, m in pipe.unet.named_modules() if not list(m.children())]  # fmt: skip
     sizes = {}
     for scale in (7.5, 0.0):
         per_call.clear()
         with torch.no_grad():
             generate(pipe, steps=2, guidance_scale=scale)
-        sizes[scale] = sum(per_call)
+        sizes[scale] = list(per_call)
     for h in hooks:
         h.remove()
-    assert sizes[7.5] == 2 * sizes[0.0]
+    guided, unguided = sizes[7.5], sizes[0.0]
+    assert len(guided) == len(unguided) > len(hooks)  # every call of every submodule, both steps
+    assert [n for n, _ in guided] == [n for n, _ in unguided]
+    assert all(g == 2 * u for (_, g), (_, u) in zip(guided, unguided, strict=True))
     base = {n: p.clone() for n, p in pipe.unet.named_parameters()}
     g = torch.Generator().manual_seed(0)
     state = {}
