@@ -53,7 +53,7 @@ def call(pipe):
 
 
 def test_default_processor_is_sdpa(monkeypatch, tmp_path):
-    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `StableDiffusionPipeline` call on `prompt_embeds`, without a `safety_checker`, makes one such call per attention layer per UNet call, and one for the VAE decoder's attention; given a prompt, its CLIP text encoder (transformers' `sdpa` attention) adds one per encoder layer per encode."""
+    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `StableDiffusionPipeline` call on `prompt_embeds`, without a `safety_checker`, makes one such call per attention layer per UNet call, and one for the VAE decoder's attention when it decodes (`output_type="np"` here); given a prompt, its CLIP text encoder (transformers' `sdpa` attention) adds one per encoder layer per encode."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
     pipe = tiny_sd_pipeline()
@@ -69,6 +69,10 @@ def test_default_processor_is_sdpa(monkeypatch, tmp_path):
         4
     }  # 2 CFG x 2
     assert unet_calls and {type(p) for p in pipe.vae.attn_processors.values()} == {AttnProcessor2_0}  # fmt: skip
+    calls.clear()
+    unet_calls.clear()
+    pipe(prompt_embeds=embeds(0), negative_prompt_embeds=embeds(1), num_inference_steps=2, output_type="latent")  # fmt: skip
+    assert len(calls) == len(unet_calls) * len(pipe.unet.attn_processors)  # no decode: no VAE call
     from tiny import tiny_text_encoder, tiny_tokenizer
 
     texted = tiny_sd_pipeline(text_encoder=tiny_text_encoder(), tokenizer=tiny_tokenizer(tmp_path))
@@ -143,7 +147,7 @@ def test_vae_tiling_is_not_exact(record_calls):
 
 
 def test_real_vaes_tile_only_above_their_sample_size(tmp_path):
-    """`vae.enable_tiling()` leaves each family's default resolution whole: `AutoencoderKL.decode` on the published VAE configs (meta device) reaches `tiled_decode` only for a latent larger than the VAE's tile, `sample_size` pixels, 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1, which is the size `StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` pick in `__call__` without `height` and `width` (from the published denoiser `sample_size`, for `FluxPipeline` its own `default_sample_size`, and a VAE with the factor 8); it decodes `(1, C, H/8, W/8)` latents, `C` = 4 for SD 1.5 and SDXL and 16 for SD3 and Flux.1, to `(1, 3, H, W)`."""
+    """`vae.enable_tiling()` leaves the default resolution of SD 1.5, SDXL, SD3 and Flux.1 whole: `AutoencoderKL.decode` on their published VAE configs (meta device) reaches `tiled_decode` only for a latent larger than the VAE's tile, `sample_size` pixels, 512 px for SD 1.5 and 1024 px for SDXL, SD3 and Flux.1, which is the size `StableDiffusionPipeline`, `StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` and `FluxPipeline` pick in `__call__` without `height` and `width` (from the published denoiser `sample_size`, for `FluxPipeline` its own `default_sample_size`, and a VAE with the factor 8); it decodes `(1, C, H/8, W/8)` latents, `C` = 4 for SD 1.5 and SDXL and 16 for SD3 and Flux.1, to `(1, 3, H, W)`."""
     from tiny import pipeline_default_sides, real_vae_tiling
 
     seen = real_vae_tiling()

@@ -242,13 +242,15 @@ def test_vae_methods_not_pipeline_methods():
 
 
 def test_dtype_is_the_loading_argument(tmp_path):
-    """`DiffusionPipeline.from_pretrained(..., dtype=torch.float16)` loads every component's weights in float16; the older `torch_dtype=` still works but raises a `FutureWarning` that it is deprecated."""
+    """`DiffusionPipeline.from_pretrained(..., dtype=torch.float16)` loads a tiny `StableDiffusionPipeline`'s UNet and VAE with every weight in float16 (not every component: SD3's T5 keeps its `wo` layers in float32, below); the older `torch_dtype=` still works but raises a `FutureWarning` that it is deprecated."""
     from diffusers import DiffusionPipeline
 
     tiny_sd_pipeline().save_pretrained(tmp_path)
     none = dict(text_encoder=None, tokenizer=None)  # the tiny pipeline runs on prompt_embeds
     pipe = DiffusionPipeline.from_pretrained(tmp_path, dtype=torch.float16, **none)
-    assert pipe.unet.dtype == pipe.vae.dtype == torch.float16
+    loaded = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    assert loaded.keys() == {"unet", "vae"}  # the components the sentence names
+    assert {p.dtype for m in loaded.values() for p in m.parameters()} == {torch.float16}
     with pytest.warns(FutureWarning, match="torch_dtype"):
         old = DiffusionPipeline.from_pretrained(tmp_path, torch_dtype=torch.float16, **none)
     assert old.unet.dtype == torch.float16
@@ -404,7 +406,7 @@ def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
 def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
     monkeypatch, tmp_path
 ):
-    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`) and its UNet once per entry of `scheduler.timesteps` below 1000 steps: with SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` `num_inference_steps + 1` times from 2 steps, once at 1 step, and at 1000 steps once before `step` raises `IndexError`; `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
+    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`) and its UNet once per entry of `scheduler.timesteps` below 1000 steps: with SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` `num_inference_steps + 1` times from 2 steps, once at 1 step, and at 1000 steps once before `step` raises `IndexError`; with guidance `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
     from diffusers import PNDMScheduler
 
     pipes = text_to_image_pipelines(tmp_path)
