@@ -124,6 +124,15 @@ def _rank_main(rank, out_path):
         return (model(**_flux_inputs())[0] - reference).abs().max().item()
 
     no_accelerator_count = mock.patch("torch.accelerator.device_count", return_value=1)
+    real_all_to_all = dispatch.funcol.all_to_all_single
+
+    def counting_all_to_all(calls):
+        def all_to_all(x, *a, **kw):
+            calls.append(list(x.shape))
+            return real_all_to_all(x, *a, **kw)
+
+        return mock.patch.object(dispatch.funcol, "all_to_all_single", all_to_all)
+
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with mock.patch.object(transformer_flux, "dispatch_attention_fn", spy):
@@ -148,7 +157,10 @@ def _rank_main(rank, out_path):
                 ),
                 with_kwargs=True,
             )
-            res["ulysses"] = diff(model)
+            ulysses_calls = []
+            with counting_all_to_all(ulysses_calls):
+                res["ulysses"] = diff(model)
+            res["ulysses_all_to_alls"] = len(ulysses_calls)
             res["block_inputs"] = seen[0]
 
             # 3. ring on the native backend. The ring issues its K/V all-gather before the
@@ -275,13 +287,27 @@ def _rank_main(rank, out_path):
             # through the attention_backend() context manager, then through set_attention_backend
             from diffusers.models.attention_dispatch import attention_backend
 
+            # (the math op spied in the registry, as the context manager looks it up per call)
             model = tiny_flux_transformer()
             model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+            math = dispatch.AttentionBackendName._NATIVE_MATH
+            real_math = dispatch._AttentionBackendRegistry._backends[math]
+            math_q, math_calls = [], []
+
+            def math_spy(query, *a, **kw):
+                math_q.append(list(query.shape))  # (B, tokens this rank attends, heads, D)
+                return real_math(query, *a, **kw)
+
             try:
-                with attention_backend("_native_math"):
+                with (
+                    attention_backend("_native_math"),
+                    mock.patch.dict(dispatch._AttentionBackendRegistry._backends, {math: math_spy}),
+                    counting_all_to_all(math_calls),
+                ):
                     res["ulysses_under_native_math"] = diff(model)
             except Exception as e:
                 res["ulysses_under_native_math"] = _error(e)
+            res["native_math_all_to_alls"], res["native_math_op_q"] = len(math_calls), math_q
             try:
                 model.set_attention_backend("_native_math")
                 res["set_native_math_after"] = "accepted"
@@ -862,7 +888,7 @@ def test_anything_modes_run_uneven_tokens_with_an_nccl_style_gather(five_ranks):
 
 
 def test_the_attention_backend_context_manager_skips_the_check(ranks):
-    """The context-parallel backend check runs in `enable_parallelism` and in the model's `set_attention_backend` once parallelism is enabled, not in the `attention_backend()` context manager: on two gloo processes a Ulysses model run under `attention_backend("_native_math")` raises nothing and differs from the single-process model by more than 0.01, while `set_attention_backend("_native_math")` on the same model raises ValueError; on a model without parallelism `set_attention_backend("_native_math")` is accepted."""
+    """The context-parallel backend check runs in `enable_parallelism` and in the model's `set_attention_backend` once parallelism is enabled, not in the `attention_backend()` context manager: on two gloo processes a Ulysses model run under `attention_backend("_native_math")` raises nothing, runs no all-to-all (8 under the default backend: Q, K, V and the output in each of 2 layers) and attends only each rank's own 12 of the 24 tokens, both heads, so it differs from the single-process model by more than 0.01, while `set_attention_backend("_native_math")` on the same model raises ValueError; on a model without parallelism `set_attention_backend("_native_math")` is accepted."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
     from tiny import tiny_flux_transformer
 
@@ -873,6 +899,8 @@ def test_the_attention_backend_context_manager_skips_the_check(ranks):
         _AttentionBackendRegistry.set_active_backend(active)
     for r in ranks:
         assert isinstance(r["ulysses_under_native_math"], float)
+        assert r["ulysses_all_to_alls"] == 8 and r["native_math_all_to_alls"] == 0
+        assert r["native_math_op_q"] == [[1, 12, 2, 16]] * 2  # 8 image + 4 text tokens, 2 layers
         assert r["ulysses_under_native_math"] > 0.01
         kind, message = r["set_native_math_after"]
         assert kind == "ValueError" and "'_native_math' does not support context" in message

@@ -95,14 +95,22 @@ def test_parallel_config_is_context_or_tensor_parallel():
 
 
 def test_context_parallel_config_degrees():
-    """`ContextParallelConfig` takes `ring_degree` and `ulysses_degree` (both default to 1, and one must be above 1), and its mesh is (ring, ulysses)."""
+    """`ContextParallelConfig` takes `ring_degree` and `ulysses_degree` (both default to 1, and one must be above 1), and `enable_parallelism` builds a (ring, ulysses) device mesh from them: 2 x 2 for `ring_degree=2, ulysses_degree=2` on torch's fake process group of 4."""
     from diffusers import ContextParallelConfig
+    from tiny import tiny_flux_transformer
 
     config = ContextParallelConfig(ulysses_degree=4)
     assert (config.ring_degree, config.ulysses_degree) == (1, 4)
-    assert config.mesh_shape == (1, 4) and config.mesh_dim_names == ("ring", "ulysses")
     with pytest.raises(ValueError, match="must be greater than 1"):
         ContextParallelConfig(ring_degree=1, ulysses_degree=1)
+
+    def run():
+        model = tiny_flux_transformer()
+        model.enable_parallelism(config=ContextParallelConfig(ring_degree=2, ulysses_degree=2))
+        mesh = model._parallel_config.context_parallel_config._mesh  # the mesh it built
+        return tuple(mesh.shape), mesh.mesh_dim_names
+
+    assert _on_a_fake_group(4, run) == ((2, 2), ("ring", "ulysses"))
 
 
 def test_flux_1024px_is_4096_image_and_512_text_tokens(tmp_path):
