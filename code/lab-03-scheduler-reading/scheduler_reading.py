@@ -223,14 +223,13 @@ figures.save(
     alt=f"Line chart of DDIM timesteps against step index for {args.steps} steps: "
     + ", ".join(f"{label} runs from {ts[0]} to {ts[-1]}" for label, (_, ts) in grids.items())
     + "; all three fall in near-equal strides.",
-    caption=f"Which training timesteps each timestep_spacing visits ({args.steps} steps).",
+    caption=f"The timesteps each timestep_spacing gives DDIM ({args.steps} steps).",
 )  # fmt: skip
 figures.save(
     args.figures, "sigmas", sigma_chart,
     alt=f"Line chart, log scale, of Euler sigmas against step index for {args.steps} steps: "
-    "both grids start at sigma_max and end at the same smallest sigma; the Karras grid stays "
-    "higher for the first steps, then falls below the linspace grid and spends more of its "
-    "steps at low noise.",
+    + "; ".join(f"{label} runs from {s[0]:.3f} to {s[-1]:.3f}, {int(np.sum(s < 0.5))} steps below 0.5"
+                for label, (_, s) in sigma_grids.items()) + ".",
     caption="Noise levels visited by EulerDiscreteScheduler, linspace against Karras sigmas.",
 )  # fmt: skip
 
@@ -258,16 +257,16 @@ sigma_grid_chart = figures.line_chart(
 figures.save(
     args.figures, "sigma-grids", sigma_grid_chart,
     alt=f"Line chart with dots: the sigma each grid visits on a log x axis, step index on the "
-    f"y axis, for {args.steps} Euler steps on the {args.beta_schedule} schedule. Trailing and "
-    f"linspace start at sigma_max = {sigma_max:.2f}; leading with steps_offset=1 starts lower, "
-    f"at {lead[0]:.2f} (so its init_noise_sigma is {(lead[0] ** 2 + 1) ** 0.5:.2f}), and so "
-    "does the Karras grid, which shares leading's end points. At the "
+    f"y axis, for {args.steps} Euler steps on the {args.beta_schedule} schedule "
+    f"(sigma_max = {sigma_max:.2f}). Trailing starts at {trail[0]:.2f}, linspace at {lin[0]:.2f}; "
+    f"leading with steps_offset=1 starts at {lead[0]:.2f} (so its init_noise_sigma is "
+    f"{(lead[0] ** 2 + 1) ** 0.5:.2f}), and so does the Karras grid, which shares leading's end points. At the "
     f"low end linspace reaches {lin[-1]:.3f}, leading and Karras {lead[-1]:.3f}, while trailing "
     f"stops at {trail[-1]:.3f}. Below sigma = 0.5 leading takes {low[0]} steps, trailing "
     f"{low[1]}, linspace {low[2]} and Karras {low[3]}.",
     caption=f"The noise levels each EulerDiscreteScheduler grid visits ({args.steps} steps, "
-    f"{args.beta_schedule}): only trailing and linspace start at sigma_max; Karras sigmas keep "
-    "the end points of the configured spacing and move steps toward low noise.",
+    f"{args.beta_schedule}): Karras sigmas keep the end points of the configured spacing and "
+    "move steps toward low noise.",
 )  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display

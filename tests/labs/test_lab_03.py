@@ -78,7 +78,7 @@ def test_sigma_grids_figure_shows_where_each_grid_starts_and_where_it_crowds(
     figure = json.loads((tmp_path / "figures.json").read_text())["sigma-grids"]
     assert (tmp_path / figure["file"]).is_file()
     assert f"sigma_max = {g['sigma_max']:.2f}" in figure["alt"]
-    assert f"starts lower, at {lead[0]:.2f}" in figure["alt"]
+    assert f"steps_offset=1 starts at {lead[0]:.2f}" in figure["alt"]
     assert f"Karras {low[3]}." in figure["alt"]
 
 
@@ -417,13 +417,18 @@ def test_next_on_the_path_is_the_next_page_of_docs_paths(page):
 
 def test_a_lab_with_an_exercise_counts_its_minutes():
     """The home page's map counts a lab's exercise (a checker the reader runs) in its time label
-    and its track's total: Lab 03's spacing exercise has `exercise_minutes`."""
+    and its track's total: every lab whose starters list a runnable checker served as a file
+    (`page: false`), Lab 03's spacing exercise among them, has `exercise_minutes`."""
     from infralens_docs import paths
+    from infralens_docs.registry import load_labs
 
-    page = "labs/lab-03-scheduler-reading.md"
-    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
-    assert "check_spacing.py" in text and "page: false" in text  # the checker the reader runs
-    assert paths.exercise_minutes(page) > 0
+    with_checker = [
+        lab for lab in load_labs()
+        if any(s.runnable and not s.page for s in lab.starters)
+    ]  # fmt: skip
+    assert "labs/lab-03-scheduler-reading.md" in [lab.page.as_posix() for lab in with_checker]
+    missing = [lab.page.as_posix() for lab in with_checker if not paths.exercise_minutes(lab.page.as_posix())]  # fmt: skip
+    assert missing == []
 
 
 @pytest.mark.parametrize("steps", ["61", "103"])
@@ -436,3 +441,21 @@ def test_a_step_count_where_trailing_gives_one_more_runs(run_cli, steps):
     trailing = next(line for line in run.stdout.split("DDIM")[1:] if "trailing" in line)
     entries = trailing.split("[", 1)[1].split("]", 1)[0].split()
     assert len(entries) == int(steps) + 1 and entries[-1] == "-1"
+
+
+@pytest.mark.parametrize("steps", ["1", "500", "1000"])
+def test_figure_texts_hold_at_the_edge_step_counts(run_cli, tmp_path, steps):
+    """The figures' alt texts and captions hold at every `--steps`: at 1 step `linspace`'s only
+    timestep is 0 (sigma 0.029, not sigma_max), and at 500 and 1000 `leading` with
+    steps_offset=1 starts at sigma_max too, so no text says which grids start at sigma_max;
+    each alt states the start values the run's grids have."""
+    run = run_cli(STARTER, "--steps", steps, "--num-samples", "100", "--figures", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    for figure in figures.values():
+        text = figure["alt"] + " " + figure["caption"]
+        assert "start at sigma_max" not in text and "starts lower" not in text, text
+        assert "training timesteps" not in text, text
+    sigmas = [line for line in run.stdout.splitlines() if line.startswith("Euler karras=False")]
+    first = float(sigmas[0].split("[", 1)[1].split()[0].rstrip("]"))
+    assert f"Euler, linspace runs from {first:.3f}" in figures["sigmas"]["alt"]

@@ -7,10 +7,10 @@ spacing's grid, where `leading` starts, which classes scale the model input, Eul
 step index and warning, Karras end points, and the flow-matching double shift.
 """
 
-import inspect
 import itertools
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -569,10 +569,62 @@ def test_notes_step_reads_prediction_type_but_flow_matching_reads_a_velocity():
 
 
 def test_notes_from_config_keeps_the_keys_it_does_not_read(tmp_path):
-    """scheduler_notes.md: `from_config` builds any class and ignores the keys it does not read, which stay in `.config`: `EulerDiscreteScheduler` loaded from SDXL's shipped file still carries PNDM's `skip_prk_steps`, and `DDIMScheduler.from_config` on that config builds without an error and carries Euler's `interpolation_type` too."""
+    """scheduler_notes.md: keys a class does not read stay in its `.config`: `EulerDiscreteScheduler` loaded from SDXL's shipped file still carries PNDM's `skip_prk_steps`, and gives the same timesteps, sigmas and `step` as the file without it.
+
+    Not "from_config builds any class and checks nothing" (round 10): on that file, of every
+    scheduler class diffusers exports, `UnCLIPScheduler` raises `ValueError` (cosine only) and
+    classes with required arguments raise `TypeError`; neither the notes nor the page says so.
+    """
+    import diffusers
+    from diffusers import SchedulerMixin
+
+    from infralens_docs.registry import ROOT
+
     euler = load_scheduler(EulerDiscreteScheduler, SDXL_SCHEDULER_FILE, tmp_path)
     assert euler.config.skip_prk_steps is True
-    assert "skip_prk_steps" not in inspect.signature(EulerDiscreteScheduler).parameters
-    ddim = DDIMScheduler.from_config(euler.config)
-    assert ddim.config.skip_prk_steps is True and ddim.config.interpolation_type == "linear"
-    assert "interpolation_type" not in inspect.signature(DDIMScheduler).parameters
+    plain = {k: v for k, v in SDXL_SCHEDULER_FILE.items() if k != "skip_prk_steps"}
+    other = EulerDiscreteScheduler.from_config(plain)
+    sample, out = torch.ones(1, 4, 2, 2), torch.full((1, 4, 2, 2), 0.5)
+    for scheduler in (euler, other):
+        scheduler.set_timesteps(10)
+    assert torch.equal(euler.timesteps, other.timesteps) and torch.equal(euler.sigmas, other.sigmas)
+    t = euler.timesteps[0]
+    torch.testing.assert_close(euler.step(out, t, sample).prev_sample, other.step(out, t, sample).prev_sample)  # fmt: skip
+    raising = set()
+    for name in [n for n in dir(diffusers) if n.endswith("Scheduler")]:  # a new class joins the set
+        cls = getattr(diffusers, name)
+        if isinstance(cls, type) and issubclass(cls, SchedulerMixin):
+            try:
+                cls.from_config(SDXL_SCHEDULER_FILE)
+            except (TypeError, ValueError):
+                raising.add(name)
+    assert "UnCLIPScheduler" in raising
+    notes = (ROOT / "code/lab-03-scheduler-reading/scheduler_notes.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs/labs/lab-03-scheduler-reading.md").read_text(encoding="utf-8")
+    for text in (" ".join(notes.split()), page):
+        assert "builds any class" not in text and "checks nothing" not in text
+
+
+def test_euler_starts_at_sigma_max_under_linspace_and_trailing_from_two_steps():
+    """At 10 steps `linspace` and `trailing` start `EulerDiscreteScheduler` at the training `sigma_max` (14.61 on SD's betas), as its `init_noise_sigma`.
+
+    Not at 1 step: `linspace`'s only timestep is then 0 (sigma 0.029, `init_noise_sigma`
+    0.029), so the page's sentences carry "at 10 steps" (round 10).
+    """
+    from infralens_docs.registry import ROOT
+
+    betas = {k: SD_SCHEDULER[k] for k in ("beta_schedule", "beta_start", "beta_end")}
+    for n in (2, 10):
+        for spacing in ("linspace", "trailing"):
+            euler = EulerDiscreteScheduler(timestep_spacing=spacing, **betas)
+            euler.set_timesteps(n)
+            assert (
+                euler.timesteps[0].item() == 999
+                and round(float(euler.init_noise_sigma), 2) == 14.61
+            )
+    euler = EulerDiscreteScheduler(timestep_spacing="linspace", **betas)
+    euler.set_timesteps(1)
+    assert euler.timesteps.tolist() == [0.0] and round(float(euler.init_noise_sigma), 3) == 0.029
+    page = (ROOT / "docs/labs/lab-03-scheduler-reading.md").read_text(encoding="utf-8")
+    said = [s for s in re.split(r"(?<=[.:;])\s+", page) if re.search(r"start(s)? at (the training \$\\sigma_\{\\max\}\$|sigma_max)", s)]  # fmt: skip
+    assert len(said) == 2 and all("at 10 steps" in s.lower() for s in said), said
