@@ -415,22 +415,6 @@ def test_next_on_the_path_is_the_next_page_of_docs_paths(page):
     )
 
 
-def test_a_lab_with_an_exercise_counts_its_minutes():
-    """The home page's map counts a lab's exercise (a checker the reader runs) in its time label
-    and its track's total: every lab whose starters list a runnable checker served as a file
-    (`page: false`), Lab 03's spacing exercise among them, has `exercise_minutes`."""
-    from infralens_docs import paths
-    from infralens_docs.registry import load_labs
-
-    with_checker = [
-        lab for lab in load_labs()
-        if any(s.runnable and not s.page for s in lab.starters)
-    ]  # fmt: skip
-    assert "labs/lab-03-scheduler-reading.md" in [lab.page.as_posix() for lab in with_checker]
-    missing = [lab.page.as_posix() for lab in with_checker if not paths.exercise_minutes(lab.page.as_posix())]  # fmt: skip
-    assert missing == []
-
-
 @pytest.mark.parametrize("steps", ["61", "103"])
 def test_a_step_count_where_trailing_gives_one_more_runs(run_cli, steps):
     """`--steps` takes 1 to 1000 (the Bad input tab): at 61 and 103, where diffusers' `trailing`
