@@ -277,8 +277,7 @@ for pair in (("sd15", "sdxl"), ("sd3", "flux")):
 # `__init__` accepts, and every other key is ignored. Keys that the original
 # file never set are listed in `_use_default_values` and are not carried: the
 # new class's own defaults apply. `_compatibles` is a hint, not a check: the
-# DDPM-family classes share one list of names, the flow-matching scheduler has none,
-# and `from_config` builds any class from any config.
+# DDPM-family classes share one list of names, the flow-matching scheduler has none.
 # Below: the `__init__` defaults of four schedulers in diffusers 0.42.1.
 
 # %%

@@ -1791,7 +1791,7 @@ def test_compatibles_is_one_shared_list():
 SD15_SCHEDULER_CONFIG_JSON = {**SD15_SCHEDULER_FILE, "_diffusers_version": "0.6.0"}
 
 
-def test_from_config_builds_any_class(tmp_path):
+def test_from_config_builds_edm_euler_from_sd15s_config(tmp_path):
     """`from_config` checks no compatibility: given SD 1.5's `scheduler_config.json` loaded by `PNDMScheduler.from_pretrained`, `EDMEulerScheduler.from_config(config)` builds without an error, ignores the betas without naming them in any logged warning, and starts at its own `sigma_max` of 80 instead of SD's 14.61."""
     (tmp_path / "scheduler_config.json").write_text(json.dumps(SD15_SCHEDULER_CONFIG_JSON))
     config = PNDMScheduler.from_pretrained(tmp_path).config
