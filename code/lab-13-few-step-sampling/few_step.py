@@ -202,7 +202,7 @@ class DPMSolverMultistepScheduler:
 #
 # `LCMScheduler.step`: x0_hat from the output, the boundary condition
 # `denoised = c_out * x0_hat + c_skip * x_t` (c_skip = 0.25 / ((10 t)^2 + 0.25), so x0_hat
-# almost exactly for t >= 1), then `prev_sample = sqrt(alpha_bar_prev) denoised +
+# almost exactly on the grid, t >= 19), then `prev_sample = sqrt(alpha_bar_prev) denoised +
 # sqrt(1 - alpha_bar_prev) z` with fresh z; the last step returns `denoised`. The
 # timesteps come from a 50-step distillation grid (999, 979, ..., 19), n evenly spaced
 # indices into it. A consistency model outputs the end point of the sampling ODE from x_t;
@@ -277,8 +277,8 @@ def ode_endpoint_eps(sample, timestep, substeps=10):
 #
 # The loop is a pipeline's: `set_timesteps`, `latents = noise * init_noise_sigma`, then per
 # timestep `scale_model_input`, one `unet` call, `step(...).prev_sample`. DDIM, Euler and
-# DPM-Solver++ use `timestep_spacing="trailing"`, as the SDXL-Turbo, SDXL-Lightning and
-# Hyper-SD cards set them; DDIM keeps SD's `set_alpha_to_one=False`. `sample_quality` scores
+# DPM-Solver++ use `timestep_spacing="trailing"`, the spacing the SDXL-Turbo, SDXL-Lightning
+# and Hyper-SD cards set; DDIM keeps SD's `set_alpha_to_one=False`. `sample_quality` scores
 # each batch: `on_mode` (the share within 3 std of their nearest mode), `spread` (the RMS
 # distance of on-mode samples to their mode, over the data's; inf when no sample is on a
 # mode, since only on-mode samples count) and `weight_error`.

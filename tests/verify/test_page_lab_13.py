@@ -191,7 +191,7 @@ def test_lcm_boundary_scalings():
 
 
 def test_tcd_step_rule():
-    """`TCDScheduler.step` takes `eta` (the paper's gamma; called alone it defaults to 0.3): it moves the x0 and noise predictions to `s = floor((1 - eta) * prev_t)` and, for `eta > 0`, re-noises from s to `prev_t` with fresh noise; `eta=0` is a deterministic DDIM-like jump to `prev_t`, and `eta=1` moves to s = 0 and re-noises all the way, as LCM does."""
+    """`TCDScheduler.step` takes `eta` (the paper's gamma; called alone it defaults to 0.3): it moves the x0 and noise predictions to `s = floor((1 - eta) * prev_t)` and, for `eta > 0`, re-noises from s to `prev_t` with fresh noise before the last step; `eta=0` is a deterministic DDIM-like jump to `prev_t`, and `eta=1` moves to s = 0 and re-noises all the way. The last step never re-noises: it returns the moved prediction."""
     scheduler = TCDScheduler(**SD_BETAS)
     scheduler.set_timesteps(4)
     t, prev_t = [int(x) for x in scheduler.timesteps[:2]]
@@ -208,7 +208,7 @@ def test_tcd_step_rule():
         scheduler.set_timesteps(4)
         defaults.append(scheduler.step(eps.float(), t, sample.float(), generator=torch.Generator().manual_seed(3), **kwargs).prev_sample)  # fmt: skip
     torch.testing.assert_close(defaults[0], defaults[1], rtol=0, atol=0)
-    for eta in (0.5, 1.0):  # eta = 1: s = 0, x0_hat re-noised all the way, as LCM does
+    for eta in (0.5, 1.0):  # eta = 1: s = 0, x0_hat re-noised all the way
         scheduler = TCDScheduler(**SD_BETAS)
         scheduler.set_timesteps(4)
         out = scheduler.step(eps.float(), t, sample.float(), eta=eta, generator=torch.Generator().manual_seed(3))  # fmt: skip
@@ -217,6 +217,16 @@ def test_tcd_step_rule():
         z = torch.randn(8, 2, generator=torch.Generator().manual_seed(3))
         renoised = (ab[prev_t] / ab[s]).sqrt() * out.pred_noised_sample.double() + (1 - ab[prev_t] / ab[s]).sqrt() * z.double()  # fmt: skip
         torch.testing.assert_close(out.prev_sample.double(), renoised, atol=1e-5, rtol=1e-5)
+    for eta in (0.3, 1.0):  # the last of 4 steps: no fresh noise, whatever the generator
+        last = []
+        for seed in (3, 4):
+            scheduler = TCDScheduler(**SD_BETAS)
+            scheduler.set_timesteps(4)
+            for step_t in scheduler.timesteps:
+                out = scheduler.step(eps.float(), step_t, sample.float(), eta=eta, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+            torch.testing.assert_close(out.prev_sample, out.pred_noised_sample, rtol=0, atol=0)
+            last.append(out.prev_sample)
+        torch.testing.assert_close(last[0], last[1], rtol=0, atol=0)
 
 
 def test_tcd_eta_through_stable_diffusion_pipeline(monkeypatch):
@@ -241,7 +251,7 @@ def test_tcd_eta_through_stable_diffusion_pipeline(monkeypatch):
 
 
 def test_leading_and_trailing_grids():
-    """At 4 steps `leading` with `steps_offset=1` gives DDIM 751, 501, 251, 1 and DPM-Solver++ 801, 601, 401, 201, and at 1 step DDIM's only timestep is 1; `trailing` gives 999, 749, 499, 249 for both and 999 at 1 step: only `trailing` starts at the noisiest training timestep."""
+    """At 4 steps `leading` with `steps_offset=1` gives DDIM 751, 501, 251, 1 and DPM-Solver++ 801, 601, 401, 201, and at 1 step DDIM's only timestep is 1; `trailing` gives 999, 749, 499, 249 for both and 999 at 1 step."""
     assert timestep_grid(DDIMScheduler, "leading", 4) == [751, 501, 251, 1]
     assert timestep_grid(DPMSolverMultistepScheduler, "leading", 4) == [801, 601, 401, 201]
     assert timestep_grid(DDIMScheduler, "leading", 1) == [1]
