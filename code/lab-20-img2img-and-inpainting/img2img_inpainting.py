@@ -108,7 +108,7 @@ B = args.num_samples
 # %%
 # --8<-- [start:timesteps]
 def get_timesteps(scheduler, num_inference_steps, strength):
-    """diffusers' get_timesteps: (timesteps to run, n - t_start)."""
+    """StableDiffusionImg2ImgPipeline.get_timesteps: (timesteps to run, n - t_start)."""
     init_timestep = min(int(num_inference_steps * strength), num_inference_steps)
     t_start = max(num_inference_steps - init_timestep, 0)
     timesteps = scheduler.timesteps[t_start * scheduler.order :]
@@ -149,9 +149,10 @@ def img2img(init_latents, strength, num_inference_steps, seed, denoiser=unet):
     scheduler.set_timesteps(num_inference_steps)
     timesteps, _ = get_timesteps(scheduler, num_inference_steps, strength)
     noise = np.random.default_rng(seed).standard_normal((B, *init_latents.shape[1:]))
-    if len(timesteps) == 0:  # nothing runs: the toy returns the input (diffusers, one image:
-        # an empty batch with output_type="latent", else a RuntimeError from vae.decode; a
-        # batch of 2+: a RuntimeError from add_noise whatever the output_type)
+    if len(timesteps) == 0:  # nothing runs: the toy returns the input
+        # (StableDiffusionImg2ImgPipeline, one image: an empty batch with output_type="latent",
+        # else a RuntimeError from vae.decode; a batch of 2+: a RuntimeError from add_noise
+        # whatever the output_type)
         return np.repeat(init_latents, B, axis=0)
     latents = scheduler.add_noise(init_latents, noise, timesteps[:1])  # (B, 4, 4, 4)
     for t in timesteps:
@@ -202,7 +203,7 @@ print(f"strength 1.0 starts at t={t_first}: sqrt(alpha_bar) = {leak:.3f}"
 # - **Blending** (`StableDiffusionInpaintPipeline` with a 4-channel UNet): after every
 #   `scheduler.step`, `latents = (1 - mask) * add_noise(image_latents, noise, t_next) +
 #   mask * latents`, and at the last step the un-noised `image_latents`.
-# - **Conditioned** (a 9-channel inpainting UNet gets `cat([latents, mask,
+# - **Conditioned** (a 9-channel inpainting UNet gets `cat([latent_model_input, mask,
 #   masked_image_latents], dim=1)` and is trained to use them): the toy's stand-in is the
 #   exact denoiser of the posterior given the known region, i.e. over the training images
 #   whose known half matches the input's. A trained 9-channel UNet approximates this; no

@@ -37,7 +37,8 @@ def test_get_timesteps_keeps_the_last_int_n_strength(lab):
             assert count == len(timesteps) == int(n * s)
             assert list(timesteps) == list(scheduler.timesteps[n - int(n * s) :])
     assert lab["calls"][0.35, 10] == 3 and lab["calls"][0.5, 50] == 25
-    # diffusers' get_timesteps also calls set_begin_index on a scheduler that has it: DDIM has none
+    # StableDiffusionImg2ImgPipeline.get_timesteps also calls set_begin_index on a scheduler that
+    # has it: DDIM has none
     assert not hasattr(scheduler, "set_begin_index")
 
 

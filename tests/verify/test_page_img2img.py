@@ -566,3 +566,35 @@ def test_qwen_image_edit_reference_also_lengthens_prompt_embeds(qwen_edit_run, t
         assert length == text["input_ids"].shape[1] - pipe.prompt_template_encode_start_idx
         counts.append((image_tokens, text["image_grid_thw"].tolist()))
     assert counts == [(1250, [[1, 50, 100]]), (1326, [[1, 52, 102]])]
+
+
+def test_sdxl_inpaint_default_is_not_a_pure_noise_start(monkeypatch):
+    """`StableDiffusionXLInpaintPipeline` at its default `strength` (0.9999) does not start from pure noise: `prepare_latents` calls `scheduler.add_noise` on the encoded image's latents, as only `strength=1.0` skips it. So the handbook's pure-noise starts name `StableDiffusionInpaintPipeline` (default 1.0) and Flux's img2img (sigma 1), not "the inpaint pipeline" or "flow-matching img2img"."""
+    import diffusers
+    from tiny import POOLED_DIM, embeds, pil_image_and_mask, tiny_sdxl_pipeline
+
+    from infralens_docs.registry import ROOT
+
+    class StopError(Exception):  # the start latents are known: no UNet call needed
+        pass
+
+    pipe = diffusers.StableDiffusionXLInpaintPipeline(**tiny_sdxl_pipeline().components)
+    pipe.set_progress_bar_config(disable=True)
+    noised = []
+
+    def stop(original_samples, noise, timesteps):
+        noised.append(original_samples.clone())
+        raise StopError
+
+    monkeypatch.setattr(pipe.scheduler, "add_noise", stop)
+    image, mask_image = pil_image_and_mask()
+    pooled = torch.randn(1, POOLED_DIM, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(StopError), torch.no_grad():
+        pipe(prompt_embeds=embeds(0), pooled_prompt_embeds=pooled, guidance_scale=1.0, image=image,
+             mask_image=mask_image, num_inference_steps=10, output_type="latent")  # fmt: skip
+    assert len(noised) == 1 and noised[0].abs().mean() > 0.1  # the image's latents, noised
+    page = " ".join((ROOT / "docs/handbook/img2img.md").read_text(encoding="utf-8").split())
+    assert "`StableDiffusionInpaintPipeline` at 1.0, its default (pure noise), Flux's img2img (sigma 1)" in page  # fmt: skip
+    assert (
+        "the inpaint pipeline at 1.0" not in page and "flow-matching img2img (sigma 1)" not in page
+    )

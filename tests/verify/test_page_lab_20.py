@@ -2,12 +2,14 @@
 random-config pipelines (diffusers 0.42.1, CPU): the real ``StableDiffusionImg2ImgPipeline``,
 ``StableDiffusionInpaintPipeline`` (4- and 9-channel UNets) and ``FluxKontextPipeline``
 run end to end with spies on the UNet / transformer, the VAE's decoder, ``encode_prompt``,
-``scheduler.add_noise``, ``scheduler.scale_noise`` and ``scheduler.step``."""
+``scheduler.add_noise``, ``scheduler.scale_noise`` and ``scheduler.step``; a tiny
+``FluxImg2ImgPipeline`` shows where the starter's SD-only sentences differ."""
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -536,3 +538,47 @@ def test_blank_3s_comment_names_the_scheduler_whose_layout_it_gives():
 
     hint = load_constant(folder / "strength_solution.txt", "MISTAKES")["no-order"][3]
     assert "a second-order scheduler holds" not in hint and "on Heun's grid that is two entries for each step skipped" in hint  # fmt: skip
+
+
+def test_round_hint_names_the_pipeline_whose_get_timesteps_floors(img2img, record_calls):
+    """The "int vs round" hint `check_strength.py` prints names `StableDiffusionImg2ImgPipeline` as the one that cuts `num_inference_steps * strength` with `int()` (0.35 of 10 steps: 3 UNet calls through its `__call__`, not 4), not diffusers as a whole: `FluxImg2ImgPipeline.get_timesteps` floors only `num_inference_steps - num_inference_steps * strength` and keeps 4."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+
+    from infralens_docs.registry import ROOT
+    from labkit.blanks import load_constant
+
+    hint = load_constant(ROOT / "code/lab-20-img2img-and-inpainting/strength_solution.txt", "MISTAKES")["round"][3]  # fmt: skip
+    assert "diffusers cuts" not in hint and "0.35 of 10 steps runs 3, not 4" in hint
+    assert f"{type(img2img).__name__} cuts n * strength with int()" in hint
+    calls = record_calls(img2img.unet)
+    run(img2img, image=pil_image_and_mask()[0], strength=0.35, output_type="latent")
+    assert len(calls.calls) == 3
+    flux = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler())
+    flux.scheduler.set_timesteps(10)
+    assert len(FluxImg2ImgPipeline.get_timesteps(flux, 10, 0.35, "cpu")[0]) == 4
+
+
+def test_starter_names_the_pipeline_whose_empty_run_it_describes():
+    """The starter's `get_timesteps` and its comment on a run with no step to run name `StableDiffusionImg2ImgPipeline`, whose behaviour they give (its `get_timesteps`; an empty batch or a `RuntimeError`, as `test_strength_too_small_runs_nothing` runs), not diffusers as a whole: a tiny `FluxImg2ImgPipeline` with no step to run (strength 0.0) raises a `ValueError` ("After adjusting") instead."""
+    import PIL.Image
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+
+    from infralens_docs.registry import ROOT
+
+    source = (ROOT / "code/lab-20-img2img-and-inpainting/img2img_inpainting.py").read_text(encoding="utf-8")  # fmt: skip
+    text = " ".join(source.replace("#", " ").split())
+    assert "diffusers' get_timesteps" not in text and "(diffusers, one image" not in text
+    assert '"""StableDiffusionImg2ImgPipeline.get_timesteps:' in text
+    assert "(StableDiffusionImg2ImgPipeline, one image: an empty batch" in text
+    pipe = FluxImg2ImgPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="After adjusting"), torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+             image=PIL.Image.new("RGB", (HEIGHT, HEIGHT), (200, 30, 30)), strength=0.0,
+             height=HEIGHT, width=HEIGHT, num_inference_steps=4, output_type="latent")  # fmt: skip
