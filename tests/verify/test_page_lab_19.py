@@ -294,9 +294,10 @@ def _rank_main(rank, out_path):
             real_math = dispatch._AttentionBackendRegistry._backends[math]
             math_q, math_calls = [], []
 
-            def math_spy(query, *a, **kw):
-                math_q.append(list(query.shape))  # (B, tokens this rank attends, heads, D)
-                return real_math(query, *a, **kw)
+            def math_spy(query, key, *a, **kw):
+                # (B, tokens, heads, D) of the query and of the key this rank attends to
+                math_q.append([list(query.shape), list(key.shape)])
+                return real_math(query, key, *a, **kw)
 
             try:
                 with (
@@ -307,12 +308,27 @@ def _rank_main(rank, out_path):
                     res["ulysses_under_native_math"] = diff(model)
             except Exception as e:
                 res["ulysses_under_native_math"] = _error(e)
-            res["native_math_all_to_alls"], res["native_math_op_q"] = len(math_calls), math_q
+            res["native_math_all_to_alls"], res["native_math_op_q"] = len(math_calls), math_q[:]
             try:
                 model.set_attention_backend("_native_math")
                 res["set_native_math_after"] = "accepted"
             except Exception as e:
                 res["set_native_math_after"] = _error(e)
+
+            # the same context manager on a model given a backend by set_attention_backend first
+            # (`native` is the default: the process-wide backend it also sets stays as it was)
+            model = tiny_flux_transformer()
+            model.set_attention_backend("native")
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+            math_q.clear()
+            preset_calls = []
+            with (
+                attention_backend("_native_math"),
+                mock.patch.dict(dispatch._AttentionBackendRegistry._backends, {math: math_spy}),
+                counting_all_to_all(preset_calls),
+            ):
+                res["preset_under_native_math"] = diff(model)
+            res["preset_all_to_alls"], res["preset_math_op_calls"] = len(preset_calls), len(math_q)
 
         # 9. by hand on the real first attention's q, k, v (B, S, H, D), token shard per rank
         query, key, value, out = attention_calls[0]
@@ -888,7 +904,7 @@ def test_anything_modes_run_uneven_tokens_with_an_nccl_style_gather(five_ranks):
 
 
 def test_the_attention_backend_context_manager_skips_the_check(ranks):
-    """The context-parallel backend check runs in `enable_parallelism` and in the model's `set_attention_backend` once parallelism is enabled, not in the `attention_backend()` context manager: on two gloo processes a Ulysses model run under `attention_backend("_native_math")` raises nothing, runs no all-to-all (8 under the default backend: Q, K, V and the output in each of 2 layers) and attends only each rank's own 12 of the 24 tokens, both heads, so it differs from the single-process model by more than 0.01, while `set_attention_backend("_native_math")` on the same model raises ValueError; on a model without parallelism `set_attention_backend("_native_math")` is accepted."""
+    """The context-parallel backend check runs in `enable_parallelism` and in the model's `set_attention_backend` once parallelism is enabled, not in the `attention_backend()` context manager: on two gloo processes a Ulysses model run under `attention_backend("_native_math")` raises nothing, runs no all-to-all (8 under the default backend: Q, K, V and the output in each of 2 layers) and attends each rank's own 12 of the 24 tokens (query and key), both heads, so it differs from the single-process model by more than 0.01, while `set_attention_backend("_native_math")` on the same model raises ValueError; on a model without parallelism `set_attention_backend("_native_math")` is accepted. A model given a backend by `set_attention_backend` (here `native`) before `enable_parallelism` ignores the context manager: 8 all-to-alls, the math op never called, the output equal to the single-process model's to within 1e-5."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
     from tiny import tiny_flux_transformer
 
@@ -900,10 +916,14 @@ def test_the_attention_backend_context_manager_skips_the_check(ranks):
     for r in ranks:
         assert isinstance(r["ulysses_under_native_math"], float)
         assert r["ulysses_all_to_alls"] == 8 and r["native_math_all_to_alls"] == 0
-        assert r["native_math_op_q"] == [[1, 12, 2, 16]] * 2  # 8 image + 4 text tokens, 2 layers
+        # query and key: 8 image + 4 text tokens, both heads, in each of 2 layers
+        assert r["native_math_op_q"] == [[[1, 12, 2, 16], [1, 12, 2, 16]]] * 2
         assert r["ulysses_under_native_math"] > 0.01
         kind, message = r["set_native_math_after"]
         assert kind == "ValueError" and "'_native_math' does not support context" in message
+        # a backend set on the model's processors wins over the context manager's
+        assert r["preset_all_to_alls"] == 8 and r["preset_math_op_calls"] == 0
+        assert r["preset_under_native_math"] < 1e-5
 
 
 def test_cudnn_and_flash_ops_return_the_lse():

@@ -73,8 +73,10 @@ def test_flux_true_cfg_and_wan_make_two_batch_one_calls_a_step():
     )
 
     text = torch.randn(2, WAN_TEXT_TOKENS, WAN_TEXT, generator=torch.Generator().manual_seed(0))
-    wan = _calls(tiny_wan_pipeline(), text[1:], text[:1], prompt_embeds=text[1:],
+    wan_pipe = tiny_wan_pipeline()
+    wan = _calls(wan_pipe, text[1:], text[:1], prompt_embeds=text[1:],
                  negative_prompt_embeds=text[:1], num_frames=5)  # fmt: skip
+    assert wan_pipe.guidance_scale == 5.0  # the default the call used
     text, pooled = flux_prompt_embeds()
     flux = _calls(tiny_flux_pipeline(), text[1:], text[:1], true_cfg_scale=4.0,
                   prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:],
@@ -101,6 +103,7 @@ def test_context_parallel_config_degrees():
 
     config = ContextParallelConfig(ulysses_degree=4)
     assert (config.ring_degree, config.ulysses_degree) == (1, 4)
+    assert ContextParallelConfig(ring_degree=2).ulysses_degree == 1
     with pytest.raises(ValueError, match="must be greater than 1"):
         ContextParallelConfig(ring_degree=1, ulysses_degree=1)
 
