@@ -69,9 +69,10 @@ def test_every_term_links_a_handbook_section_that_exists():
 
 
 def test_a_term_no_section_teaches_links_where_it_is_named_and_says_so():
-    """Without a build: Heun, KDPM2 and UniPC, which no section teaches (the scheduler page
-    only names them: Heun's call count, which schedulers rescale or keep state, which take
-    flow sigmas), are the glossary page's ``named_only`` terms, so their entries say "Named
+    """Without a build: Heun, KDPM2 and UniPC (the scheduler page only names them: Heun's
+    call count, which schedulers rescale or keep state, which take flow sigmas) and APG and
+    PAG (named by the pipeline page's modular section; Lab 22 teaches them), which no handbook
+    section teaches, are the glossary page's ``named_only`` terms, so their entries say "Named
     in", every other entry "Taught in", and a ``named_only`` name that is no term fails. The
     page's description says so too, and promises a section's statement of the behaviour
     only where a section teaches the term."""
@@ -86,6 +87,100 @@ def test_a_term_no_section_teaches_links_where_it_is_named_and_says_so():
     assert said == {t.anchor: "Named" if t.name in named_only else "Taught" for t in TERMS}
     with pytest.raises(glossary.GlossaryError, match="named_only"):
         glossary.glossary_markdown(TERMS, meta["taught_in"], DOCS, str, ["KDPM3"])
+
+
+#: a diffusers class a definition names: what it says of one is library behaviour
+DIFFUSERS_CLASS = re.compile(r"\b[A-Z]\w*(?:Pipeline|Scheduler)\b")
+
+
+def test_the_glossary_page_does_not_say_its_definitions_state_no_behaviour():
+    """Without a build: some definitions state what a diffusers class does (``s_churn``'s
+    StableDiffusionPipeline, ``prediction_type``'s FlowMatchEulerDiscreteScheduler), and not
+    always on the section they link (``latents``' single decode is on the pipeline page), so
+    the page does not say a definition gives a term's meaning only."""
+    stating = [t.name for t in TERMS if DIFFUSERS_CLASS.search(t.definition)]
+    assert {"s_churn", "prediction_type"} <= set(stating)
+    body = (DOCS / "glossary.md").read_text(encoding="utf-8").split("\n---\n", 1)[1]
+    assert "meaning only" not in body
+
+
+#: clauses of hover definitions cut for stating library behaviour no test takes: (term, words)
+UNTESTED_CLAUSES = [("Heun", "last step"), ("PNDM", "skip_prk_steps")]
+
+
+def test_hovers_state_no_untested_step_rule():
+    """Without a build: the Heun and PNDM hovers, shown on every page, name their schedulers
+    and no step rule of them (HeunDiscreteScheduler's last step, PNDMScheduler's pseudo
+    Runge-Kutta steps unless ``skip_prk_steps``), which no verify test takes."""
+    definitions = {t.name: t.definition for t in TERMS}
+    for name, words_ in UNTESTED_CLAUSES:
+        assert words_ not in definitions[name], name
+        assert re.search(rf"\b{name}\w*Scheduler in diffusers", definitions[name]), name
+
+
+# --------------------------------------------------------------------------- the README
+
+README = ROOT / "README.md"
+
+
+def readme_section(title: str) -> str:
+    """One ``## title`` section of the README, whitespace folded."""
+    text = README.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.DOTALL | re.MULTILINE)
+    assert match, title
+    return " ".join(match.group(1).split())
+
+
+def help_text(path: Path) -> str:
+    """What ``python3 PATH --help`` prints, run in this process (``runpy``, as ``__main__``):
+    the starter's own parser, without an interpreter and NumPy import per starter."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    out, argv, syspath = io.StringIO(), sys.argv, list(sys.path)
+    sys.argv = [str(path), "--help"]
+    try:
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+            runpy.run_path(str(path), run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = argv, syspath
+    assert stop.value.code in (0, None), path
+    return out.getvalue()
+
+
+def test_readme_names_the_starters_without_a_figures_flag():
+    """README's "Run a lab from the terminal": every runnable starter's ``--help`` lists
+    ``--figures`` but an exercise's checker's (``check_*.py``, ``page: false``), and the README
+    says so rather than that each starter takes it."""
+    from infralens_docs.registry import load_labs
+
+    starters = [s for lab in load_labs() for s in lab.starters if s.runnable]
+    without = [s for s in starters if "--figures" not in help_text(ROOT / s.path)]
+    assert without, "every starter takes --figures now: say so"
+    assert all(not s.page and s.path.name.startswith("check_") for s in without), without
+    assert len(without) < len(starters)
+    section = readme_section("Run a lab from the terminal")
+    assert "an exercise's checker, which takes no `--figures`" in section
+
+
+def test_readme_names_the_pages_without_a_verify_module():
+    """README's "How the site stays honest" does not say every claim about diffusers has a
+    test: it names each docs page with no verify module (the glossary, whose hovers state
+    some behaviour, the labs list and References), as References' "How facts are checked" does."""
+    from infralens_docs.registry import load_labs
+
+    with_module = {"index.md", *(f"handbook/{p.name}" for p in (DOCS / "handbook").glob("*.md"))}
+    with_module |= {lab.page.as_posix() for lab in load_labs()}
+    without = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")} - with_module
+    named = {"glossary.md": "the glossary", "labs/index.md": "the labs list", "references.md": "References"}  # fmt: skip
+    assert without == set(named)
+    section = readme_section("How the site stays honest")
+    assert "Every claim about diffusers has a test" not in section
+    bullet = section.split("**Claims about diffusers have tests**", 1)[1].split("- **", 1)[0]
+    for page, words_ in named.items():
+        assert words_ in bullet, page
 
 
 # --------------------------------------------------------------------------- the built site
@@ -253,8 +348,8 @@ def test_the_glossary_page_says_where_the_hovers_are(built_site):
 
 @pytest.mark.build
 def test_the_built_glossary_says_named_in_for_the_terms_no_section_teaches(built_site):
-    """On the built glossary page, the entries of the ``named_only`` terms (Heun, KDPM2,
-    UniPC) link their section under "Named in" and every other entry under "Taught in":
+    """On the built glossary page, the entries of the ``named_only`` terms (APG, Heun,
+    KDPM2, PAG, UniPC) link their section under "Named in" and every other entry under "Taught in":
     the directive reads the page's own front matter."""
     named_only = set(read_front_matter(DOCS / "glossary.md").get("named_only") or [])
     page = (built_site / "glossary" / "index.html").read_text(encoding="utf-8")
