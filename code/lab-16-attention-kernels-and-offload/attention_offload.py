@@ -6,8 +6,8 @@ accumulator), so the ``(B, heads, N, N)`` scores never exist, and ring attention
 parallelism) merges per-device ``(out, lse)`` pairs into the same result. Offloading walks
 the denoiser's weights one group at a time: group offloading (``enable_group_offload``)
 lowers the peak on the device, but every byte of the model then crosses the bus on every
-denoiser call, and without streams crosses back. The trap: neither is an approximation,
-and neither is free.
+denoiser call, and without streams or a disk path crosses back. The trap: neither is an
+approximation, and neither is free.
 
 Run it:  python3 code/lab-16-attention-kernels-and-offload/attention_offload.py --block-sizes 512,128,32
 """
@@ -177,12 +177,12 @@ for name, tokens, heads, head_dim in [("Flux.1-dev 1024 px", 4096 + 512, 24, 128
     batch = 1 if name.startswith("Flux") else 2  # Flux.1-dev: guidance is an input; others: CFG
     full = batch * heads * tokens**2 * 2  # (B, heads, N, N) bf16 scores, per attention call
     state = batch * heads * tokens * (head_dim + 2) * 4  # acc (d) + m + l per query row, fp32
-    tile = 128 * 128 * 4  # one 128 x 128 fp32 score tile, in on-chip memory in a real kernel
+    tile = 128 * 128 * 4  # a 128 x 128 fp32 score tile, for scale (kernels pick theirs per GPU)
     real_rows.append([name, tokens, f"{batch} x {heads} x {head_dim}", fmt(full), fmt(state), fmt(tile)])  # fmt: skip
 # --8<-- [end:real-shapes]
 table(
     "Real shapes: what one attention call would store naively, and what the online softmax keeps",
-    ["", "tokens N", "B x heads x d", "naive scores", "online state", "one tile"],
+    ["", "tokens N", "B x heads x d", "naive scores", "online state", "a 128x128 tile"],
     real_rows,
 )
 
@@ -278,11 +278,12 @@ table(
 # ## 5. Offload as a schedule: peak device bytes against bytes moved per step
 #
 # Per denoiser call (one step; Flux.1-dev and SDXL's batched CFG both make one call; Flux's
-# true CFG, `true_cfg_scale > 1` with a negative prompt, makes two and doubles the group
-# rows' bytes), in each direction: host-to-device (onto the GPU) and device-to-host (back).
+# true CFG, `true_cfg_scale > 1` with a negative prompt, makes two and doubles every
+# row's bytes but model offload's), in each direction: host-to-device (onto the GPU) and
+# device-to-host (back).
 # - `enable_model_cpu_offload`: the whole denoiser stays on the device for the loop; it
-#   goes on before the first step and the end of `__call__` (`maybe_free_model_hooks`)
-#   moves it back: one round trip per image, `1 / steps` of it each way per step.
+#   goes on at the first step and back after the last (the VAE's hook offloads it before
+#   the decode): one round trip per image, `1 / steps` of it each way per step.
 # - `enable_sequential_cpu_offload` (accelerate's `cpu_offload`): every module with its
 #   own parameters is loaded for its own forward, so the whole model crosses every step;
 #   afterwards the hook drops it to the meta device and keeps its CPU copy, so nothing

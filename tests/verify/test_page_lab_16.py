@@ -21,6 +21,7 @@ import pytest
 import torch
 from model_configs import COMPONENTS, build, installed_versions
 from tiny import (
+    FLUX_VAE_FACTORS,
     HEIGHT,
     WIDTH,
     count_transfers,
@@ -166,7 +167,7 @@ def test_cpu_backends_agree_on_a_tiny_flux_transformer(default_backend):
 
 
 def test_cpu_refuses_the_gpu_kernels(default_backend):
-    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `sage`, `xformers` and every `*_hub` backend are refused on entry because their package (`flash-attn`, `sageattention`, `xformers`, `kernels`) is not installed: none of them is run here. Each `*_hub` backend has a Hub kernel registered to download."""
+    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `_flash_3`, `sage`, `xformers` and every `*_hub` backend are refused on entry because their package (`flash-attn`, FlashAttention-3, `sageattention`, `xformers`, `kernels`) is not installed: none of them is run here. Each `*_hub` backend has a Hub kernel registered to download."""
     from diffusers.models.attention_dispatch import attention_backend, dispatch_attention_fn
 
     q = torch.randn(1, 8, 2, 16)  # (B, N, heads, head_dim), as dispatch_attention_fn takes it
@@ -179,14 +180,14 @@ def test_cpu_refuses_the_gpu_kernels(default_backend):
         b.value for b in AttentionBackendName if b.value.endswith("_hub")
     ]  # as installed: a new one joins
     assert "flash_hub" in hub
-    for name, package in [("flash", "flash-attn"), ("sage", "sageattention"), ("xformers", "xformers")] + [(h, "`kernels`") for h in hub]:  # fmt: skip
+    for name, package in [("flash", "flash-attn"), ("_flash_3", "FA3"), ("sage", "sageattention"), ("xformers", "xformers")] + [(h, "`kernels`") for h in hub]:  # fmt: skip
         with pytest.raises(RuntimeError, match=package), attention_backend(name):
             pass
     assert all(AttentionBackendName(h) in _HUB_KERNELS_REGISTRY for h in hub)
 
 
 def test_backend_table_matches_the_registry(starter, default_backend):
-    """The lab's backend table matches diffusers' registry: each backend's registered checks (`fp16/bf16` only, CUDA only), its context-parallel support, and the package versions `_check_attention_backend_requirements` asks for (flash-attn 2.6.3, sageattention 2.1.1, xformers 0.0.29, torch 2.5 for flex); `flash_hub` fetches `kernels-community/flash-attn2`; and the registered checks run only when `DIFFUSERS_ATTN_CHECKS` is set: off by default, a float32 query reaches `_native_flash`, on, its dtype check refuses it."""
+    """The lab's backend table matches diffusers' registry: each backend's registered checks (`fp16/bf16` only, CUDA only), its context-parallel support, and the package versions `_check_attention_backend_requirements` asks for in the error it raises when the package is missing or too old (flash-attn 2.6.3, sageattention 2.1.1, xformers 0.0.29, torch 2.5 for flex, `kernels` 0.12 for every `*_hub` backend); `flash_hub` fetches `kernels-community/flash-attn2`; and the registered checks run only when `DIFFUSERS_ATTN_CHECKS` is set: off by default, a float32 query reaches `_native_flash`, on, its dtype check refuses it."""
     from diffusers.models import attention_dispatch as ad
 
     reg = ad._AttentionBackendRegistry
@@ -196,11 +197,27 @@ def test_backend_table_matches_the_registry(starter, default_backend):
         assert ("_check_qkv_dtype_bf16_or_fp16" in checks) == (dtypes == "fp16/bf16"), name
         assert ("_check_device_cuda" in checks) == (device == "CUDA"), name
         assert reg._is_context_parallel_available(backend) == cp, name
-    assert (ad._REQUIRED_FLASH_VERSION, ad._REQUIRED_SAGE_VERSION, ad._REQUIRED_XFORMERS_VERSION, ad._REQUIRED_FLEX_VERSION) == ("2.6.3", "2.1.1", "0.0.29", "2.5.0")  # fmt: skip
-    for name in ["flash", "sage", "xformers"]:
-        assert (
-            f">= {getattr(ad, f'_REQUIRED_{name.upper()}_VERSION')}" in starter["BACKENDS"][name][0]
-        )
+    # what _check_attention_backend_requirements asks for, read from its own error with the
+    # package made missing (flash-attn, sageattention, xformers are not installed here; flex's
+    # torch is, so its flag is turned off) or, for the Hub backends, `kernels` made too old
+    import re
+
+    def asked(name, **patches):
+        with pytest.MonkeyPatch.context() as mp:
+            for attr, value in patches.items():
+                mp.setattr(ad, attr, value)
+            with pytest.raises(RuntimeError) as error:
+                ad._check_attention_backend_requirements(ad.AttentionBackendName(name))
+        return str(error.value)
+
+    for name, package, version in [("flash", "flash-attn", "2.6.3"), ("sage", "sageattention", "2.1.1"), ("xformers", "xformers", "0.0.29"), ("flex", "torch", "2.5.0")]:  # fmt: skip
+        assert f"`{package}>={version}`" in asked(name, _CAN_USE_FLEX_ATTN=False), name
+        needs = re.search(r">= ([\d.]+)", starter["BACKENDS"][name][0]).group(1)
+        assert version.removesuffix(".0") == needs.removesuffix(".0"), name
+    hub = [b.value for b in ad.AttentionBackendName if b.value.endswith("_hub")]
+    for name in hub:  # as installed: a new one joins
+        said = asked(name, is_kernels_available=lambda: True, is_kernels_version=lambda op, v: False)  # fmt: skip
+        assert "`kernels` version of at least 0.12" in said, name
     assert "kernels >= 0.12" in starter["BACKENDS"]["flash_hub"][0]
     assert reg._checks_enabled is (os.environ.get("DIFFUSERS_ATTN_CHECKS", "0").upper() in {"1", "ON", "YES", "TRUE"})  # fmt: skip
     assert ad._HUB_KERNELS_REGISTRY[ad.AttentionBackendName.FLASH_HUB].repo_id == "kernels-community/flash-attn2"  # fmt: skip
@@ -385,6 +402,45 @@ def test_use_stream_still_copies_the_unmatched_group_back(starter, monkeypatch, 
     assert rows["block_level, use_stream"][2:4] == (weights // 2, unmatched_bytes // 2)
 
 
+def test_use_stream_prefetches_the_next_group(starter, monkeypatch, default_backend):
+    """With `use_stream=True`, while one block group runs the next one in execution order is already onloaded (prefetched), so the device holds the unmatched group plus two adjacent block groups at most: on a tiny `UNet2DConditionModel` (the stream path simulated on the CPU) the last down block and the first up block are on the device together, and the most weight bytes on the device at once are the lab's `use_stream` peak rule (unmatched + the largest adjacent pair) applied to the tiny UNet's own groups."""
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    model = tiny_unet()
+    unmatched, blocks = simulated_stream_offload(model, monkeypatch)
+    order = [*model.down_blocks, *model.up_blocks]  # execution order (the mid_block is unmatched)
+    index = {id(g): order.index(g.modules[0]) for g in blocks}
+    nbytes = {id(g): sum(p.numel() * p.element_size() for m in g.modules for p in m.parameters()) for g in blocks}  # fmt: skip
+    nbytes[id(unmatched)] = sum(p.numel() * p.element_size() for p in model.parameters()) - sum(nbytes.values())  # fmt: skip
+    on, seen, most = set(), [], [0]
+    onload, offload = ModuleGroup.onload_, ModuleGroup.offload_
+
+    def spy_onload(self):
+        on.add(id(self))  # a set: the CPU stand-in onloads a prefetched group a second time
+        seen.append(sorted(index[g] for g in on if g in index))
+        most[0] = max(most[0], sum(nbytes[g] for g in on))
+        return onload(self)
+
+    def spy_offload(self):
+        on.discard(id(self))
+        return offload(self)
+
+    latents, prompt_embeds = start_latents(1), embeds(0, 1)
+    with torch.no_grad():
+        model(latents, 10, encoder_hidden_states=prompt_embeds)  # records the order
+        monkeypatch.setattr(ModuleGroup, "onload_", spy_onload)
+        monkeypatch.setattr(ModuleGroup, "offload_", spy_offload)
+        model(latents, 10, encoder_hidden_states=prompt_embeds)
+    monkeypatch.undo()
+    assert max(len(s) for s in seen) == 2  # two block groups at most
+    assert all(s[-1] - s[0] == 1 for s in seen if len(s) == 2)  # and adjacent ones
+    last_down = len(model.down_blocks) - 1
+    assert [last_down, last_down + 1] in seen  # down_blocks[-1] with up_blocks[0]
+    # the lab's rule on the tiny UNet's groups (its bf16 rows: 2 bytes per float32 parameter's 4)
+    rows = {r[0]: r for r in starter["schedules"](count_groups(tiny_unet()), 1, [1])}
+    assert rows["block_level, use_stream"][1] * 2 == most[0]
+
+
 def test_disk_offload_copies_nothing_back(tmp_path, monkeypatch, default_backend):
     """With `offload_to_disk_path`, group offloading copies nothing back: `enable_group_offload` writes each group's weights to a safetensors file when it installs the hooks, before any call (all 5 files exist right after it returns); after that, `_offload_to_disk` only swaps in empty CPU tensors ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L291-L314)) and every onload reads the group from disk: on the tiny Flux transformer (`block_level`, one block per group) the second call reads all 5 groups' files and its offloads move 0 bytes, against all the weight bytes without the path, and the output stays within 1e-6 of the model without offloading."""
     import safetensors.torch
@@ -412,7 +468,7 @@ def test_disk_offload_copies_nothing_back(tmp_path, monkeypatch, default_backend
 
 
 def test_disk_offload_reads_existing_files_as_is(tmp_path, default_backend):
-    """`enable_group_offload` writes a group's file only where it is missing ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L304)), named from the module names, not the weights: a path that already holds another model's files is read as is, and that model's weights run. A second tiny Flux transformer (its weights times 1.5) offloaded to the first one's `offload_to_disk_path` rewrites none of the 5 files and returns the first model's output, not its own."""
+    """`enable_group_offload` writes a group's file only where it is missing ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L304)), named from the module names, not the weights: a path that already holds the files of another model of the same class is read as is, and that model's weights run. A second tiny Flux transformer (its weights times 1.5) offloaded to the first one's `offload_to_disk_path` rewrites none of the 5 files and returns the first model's output, not its own."""
     cpu = torch.device("cpu")
     kwargs = dict(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1, offload_to_disk_path=tmp_path)  # fmt: skip
     first_out = run_four_block_flux(four_block_flux_transformer())
@@ -431,42 +487,50 @@ def test_disk_offload_reads_existing_files_as_is(tmp_path, default_backend):
 
 
 def test_model_offload_is_one_round_trip_per_image(starter, monkeypatch):
-    """`enable_model_cpu_offload` moves the transformer to the execution device before its first step and back to the CPU at the end of every `__call__`: `maybe_free_model_hooks` re-runs `enable_model_cpu_offload`, whose `self.to("cpu")` copies it back (`pipeline_utils.py` L1291, L1231; on a GPU the later steps find it resident, accelerate's `CpuOffload.pre_forward`). One round trip per image, so the lab's model-offload row moves `1 / steps` of it each way per step (two 3-step calls of a tiny `FluxPipeline`, CPU as the device)."""
+    """`enable_model_cpu_offload` moves `FluxPipeline`'s transformer onto the execution device at its first step and back to the CPU once per call, after its last step: with a decode (the default `output_type="pil"`) the VAE's accelerate hook offloads it before `vae.decode` (`CpuOffload.pre_forward`), with `output_type="latent"` `maybe_free_model_hooks` does (its `self.to("cpu")`, `pipeline_utils.py` L1231). One round trip per image, so the lab's model-offload row moves `1 / steps` of it each way per step (3-step calls of a tiny `FluxPipeline`; the CPU stands in for the GPU, with accelerate's `torch.device("cpu")` made another device so its hooks act as on a GPU)."""
+    import types
+
+    import accelerate.hooks
     from accelerate.hooks import CpuOffload
     from diffusers import DiffusionPipeline
 
-    pipe = tiny_flux_pipeline()
-    pipe.enable_model_cpu_offload(device="cpu")
+    pipe = tiny_flux_pipeline(vae_config=FLUX_VAE_FACTORS)
+    pipe.enable_model_cpu_offload(device="cpu")  # the execution device is "cpu:0"
     text, pooled = flux_prompt_embeds()
-    moves, phase, original = [], [None], torch.nn.Module.to
+    # where the transformer would be on a GPU ("cpu:0" = the device), the moves that change it
+    where, moves, phase, original = ["cpu"], [], [None], torch.nn.Module.to
 
     def to(self, *args, **kwargs):
-        if self is pipe.transformer and phase[0]:
-            moves.append((phase[0], torch.device(args[0]).type))
+        target = str(args[0]) if args else str(kwargs.get("device"))
+        if self is pipe.transformer and target != where[0]:
+            where[0] = target
+            moves.append((phase[0], target))
         return original(self, *args, **kwargs)
 
-    def during(label, method):
+    def during(method, label=None):
         def wrapped(*args, **kwargs):
-            phase[0] = label
+            previous, phase[0] = phase[0], label or type(args[1]).__name__
             try:
                 return method(*args, **kwargs)
             finally:
-                phase[0] = None
+                phase[0] = previous
 
         return wrapped
 
+    # accelerate skips offloading a model it finds on the CPU, which every model is here: the
+    # "cpu" it compares against is made another device, so the hooks act as on a GPU
+    stand_in = types.SimpleNamespace(device=lambda *a, **k: torch.device("meta") if a == ("cpu",) else torch.device(*a, **k))  # fmt: skip
+    monkeypatch.setattr(accelerate.hooks, "torch", types.SimpleNamespace(**{**vars(torch), "device": stand_in.device}))  # fmt: skip
     monkeypatch.setattr(torch.nn.Module, "to", to)
-    monkeypatch.setattr(CpuOffload, "pre_forward", during("step", CpuOffload.pre_forward))
-    monkeypatch.setattr(DiffusionPipeline, "maybe_free_model_hooks", during("end", DiffusionPipeline.maybe_free_model_hooks))  # fmt: skip
-    for _ in range(2):
+    monkeypatch.setattr(CpuOffload, "pre_forward", during(CpuOffload.pre_forward))
+    monkeypatch.setattr(DiffusionPipeline, "maybe_free_model_hooks", during(DiffusionPipeline.maybe_free_model_hooks, "maybe_free_model_hooks"))  # fmt: skip
+    for output_type, back in [("pil", "AutoencoderKL"), ("latent", "maybe_free_model_hooks"), ("pil", "AutoencoderKL")]:  # fmt: skip
         moves.clear()
         with torch.no_grad():
             pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=3,
-                 height=16, width=16, output_type="latent")  # fmt: skip
-        # each step asks for the execution device (a copy only the first time on a GPU); the
-        # end of the call sends it back to the CPU
-        assert [p for p, _ in moves].count("step") == 3 and ("end", "cpu") in moves
-        assert moves.index(("end", "cpu")) > max(i for i, (p, _) in enumerate(moves) if p == "step")  # fmt: skip
+                 height=16, width=16, output_type=output_type)  # fmt: skip
+        # on at the transformer's first step, back once: before the decode, or at the end
+        assert moves == [("FluxTransformer2DModel", "cpu:0"), (back, "cpu")], output_type
     monkeypatch.undo()
     rows = {r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 3, [1])}  # fmt: skip
     assert rows["model offload"][2] == rows["model offload"][3] == rows["all on the device"][1] / 3
