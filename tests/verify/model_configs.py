@@ -1266,7 +1266,7 @@ ATLAS: list[Family] = [
             f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py get_args(): the text encoder's default",
         ),
         shift=(
-            "FlowMatchEulerDiscreteScheduler, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, shift_terminal=0.1",
+            "FlowMatchEulerDiscreteScheduler, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024, shift_terminal=0.1",
             f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py main(): the scheduler of a checkpoint that is not distilled",
         ),
     ),
@@ -1283,7 +1283,7 @@ ATLAS: list[Family] = [
             f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
         ),
         shift=(
-            "UniPCMultistepScheduler, flow_shift=3.0",
+            "UniPCMultistepScheduler, prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=3.0",
             f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
         ),
     ),
@@ -1307,7 +1307,7 @@ ATLAS: list[Family] = [
             f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
         ),
         shift=(
-            "UniPCMultistepScheduler, flow_shift=3.0",
+            "UniPCMultistepScheduler, prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=3.0",
             f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
         ),
     ),
@@ -1336,7 +1336,7 @@ ATLAS: list[Family] = [
             f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
         ),
         shift=(
-            "UniPCMultistepScheduler, flow_shift=5.0",
+            "UniPCMultistepScheduler, prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=5.0",
             f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
         ),
     ),

@@ -337,12 +337,12 @@ def sd15_flops() -> dict[str, int]:
         )
 
 
-def _blocks(config: dict) -> dict[str, int]:
-    """The denoiser's block counts as its config names them (``num_layers``, ``n_layers``...);
-    a UNet's: its down and up blocks and its transformer layers per down block."""
-    if "down_block_types" in config:
-        return {"down_blocks": len(config["down_block_types"]), "up_blocks": len(config["up_block_types"])}  # fmt: skip
-    return {k: v for k, v in config.items() if k.endswith("layers") and isinstance(v, int)}
+def _blocks(denoiser) -> dict[str, int]:
+    """The built denoiser's block lists, counted: each ``nn.ModuleList`` child by its attribute
+    name (``transformer_blocks``, a UNet's ``down_blocks`` and ``up_blocks``, Z-Image's refiners)."""
+    import torch
+
+    return {n: len(m) for n, m in denoiser.named_children() if isinstance(m, torch.nn.ModuleList)}
 
 
 def _patch(config: dict) -> tuple[int, int, int]:
@@ -384,9 +384,10 @@ def _kind(folder: str) -> str:
 
 
 #: the ``__call__`` arguments the atlas shows as guidance settings: the scale of CFG
-#: (``guidance_scale``, Wan 2.2's ``guidance_scale_2``, FLUX.1's and Qwen-Image's ``true_cfg_scale``)
-#: and of LTX-2's spatio-temporal and modality guidance, with their ``audio_`` twins
-GUIDANCE_ARGS = re.compile(r"^(audio_)?(guidance|true_cfg|stg|modality)_scale(_2)?$")
+#: (``guidance_scale``, FLUX.1's and Qwen-Image's ``true_cfg_scale``) and of LTX-2's
+#: spatio-temporal and modality guidance, with their ``audio_`` twins (not Wan's
+#: ``guidance_scale_2``: its default None runs ``transformer_2`` at ``guidance_scale``)
+GUIDANCE_ARGS = re.compile(r"^(audio_)?(guidance|true_cfg|stg|modality)_scale$")
 
 
 def _guidance(pipeline: str, kind: str, config: dict) -> dict:
@@ -514,7 +515,7 @@ def atlas_record() -> list[dict]:
                 "denoisers": fam.denoisers,
                 "denoiser_params": params,
                 "denoiser_source": fam.denoiser.source,
-                "blocks": _blocks(config),
+                "blocks": _blocks(denoiser),
                 "vae": fam.vae.cls,
                 "vae_source": fam.vae.source,
                 "latent_channels": lat[1],

@@ -90,13 +90,13 @@ def _video_pipelines() -> dict:
 
 
 def test_guidance_arguments_and_defaults(atlas):
-    """Guidance: `__call__`'s `guidance_scale`, `true_cfg_scale`, `stg_scale` and `modality_scale` arguments (and their `_2` and `audio_` forms) with their defaults; the defaults `LTX2Pipeline.__call__` sets when none is passed turn on its classifier-free, spatio-temporal and modality guidance."""
+    """Guidance: `__call__`'s `guidance_scale`, `true_cfg_scale`, `stg_scale` and `modality_scale` arguments (and their `audio_` forms) with their defaults; the defaults `LTX2Pipeline.__call__` sets when none is passed turn on its classifier-free, spatio-temporal and modality guidance."""
     import inspect
     import re
 
     import diffusers
 
-    name = re.compile(r"^(audio_)?(guidance|true_cfg|stg|modality)_scale(_2)?$")
+    name = re.compile(r"^(audio_)?(guidance|true_cfg|stg|modality)_scale$")
     for r in atlas.values():
         if r["kind"] == "modular only":
             continue
@@ -155,7 +155,7 @@ def test_sixteen_checkpoints():
 
 
 def test_image_dits_see_4096_tokens_at_1024(atlas):
-    """Counted so, every image DiT here has 4,096 image tokens at 1024 × 1024: at 1024 px the own `prepare_latents` of `StableDiffusion3Pipeline`, `FluxPipeline`, `Flux2Pipeline`, `Flux2KleinPipeline`, `ZImagePipeline`, `QwenImagePipeline` and `QwenImage21Pipeline` makes 4,096 packed tokens, or a latent grid that the denoiser's patch cuts into 4,096 (FLUX.3's modular blocks: counted only)."""
+    """Counted so, every image DiT here has 4,096 image tokens at 1024 × 1024: at 1024 px the own `prepare_latents` of `StableDiffusion3Pipeline`, `FluxPipeline`, `Flux2Pipeline`, `Flux2KleinPipeline`, `ZImagePipeline`, `QwenImagePipeline` and `QwenImage21Pipeline` makes 4,096 packed tokens, or a latent grid that the denoiser's patch cuts into 4,096 (FLUX.3's modular blocks: counted only); the FLUX pipelines and `QwenImagePipeline` pack 2 × 2 latent pixels into one token."""
     import inspect
 
     import diffusers
@@ -173,6 +173,7 @@ def test_image_dits_see_4096_tokens_at_1024(atlas):
     given = dict(images=None, batch_size=1, height=1024, width=1024, dtype=torch.float32, device=torch.device("meta"), generator=None)  # fmt: skip
     modular = [r["family"] for r in images if r["kind"] == "modular only"]
     assert modular == ["FLUX.3"]  # its blocks: counted by the arithmetic above only
+    packed = set()  # the pipelines whose prepare_latents packs 2 x 2 latent pixels into a token
     for r in images:
         if r["kind"] == "modular only":
             continue
@@ -185,10 +186,13 @@ def test_image_dits_see_4096_tokens_at_1024(atlas):
         latents = out[0] if isinstance(out, tuple) else out
         if latents.dim() == 3:  # packed: (batch, tokens, channels)
             tokens = latents.shape[1]
+            if latents.shape[2] == 4 * r["latent_channels"]:
+                packed.add(r["pipeline"])
         else:  # (batch, channels, h, w): the denoiser's patch cuts it
             _, ph, pw = r["patch"]
             tokens = (latents.shape[-2] // ph) * (latents.shape[-1] // pw)
         assert tokens == 4096, r["family"]
+    assert packed == {"FluxPipeline", "Flux2Pipeline", "Flux2KleinPipeline", "QwenImagePipeline"}
 
 
 def test_schedulers_the_pipelines_annotate(atlas):
@@ -206,7 +210,7 @@ def test_schedulers_the_pipelines_annotate(atlas):
 
 
 def test_flux3_blocks_create_their_scheduler(atlas):
-    """The table shows the settings FLUX.3's blocks create its scheduler with, in both its pipelines, and the scheduler a public script ships with a checkpoint; other rows name the class only."""
+    """The table shows the settings FLUX.3's blocks create its scheduler with, in both its pipelines, and the scheduler a public script ships with a checkpoint; other rows name the class only. The guider `Flux3ModularPipeline`'s blocks create has the row's `guidance_scale`."""
     import diffusers
 
     # the Scheduler cell of each row, as the page renders it (the last column)
@@ -232,6 +236,11 @@ def test_flux3_blocks_create_their_scheduler(atlas):
         pipe.load_components(names=["scheduler"])  # created from the blocks' config, no hub
         assert type(pipe.scheduler).__name__ == cls
         assert {k: pipe.scheduler.config[k] for k in expected} == expected, name
+        # its guider, created the same way (the distilled one has none)
+        if name == flux3["pipeline"]:
+            pipe.load_components(names=["guider"])
+            assert type(pipe.guider).__name__ == flux3["guidance"]["guider"]
+            assert pipe.guider.guidance_scale == flux3["guidance"]["guidance_scale"] == 3.5
 
 
 def test_latent_channels_and_compression(atlas):
@@ -285,7 +294,7 @@ def test_published_totals_agree(atlas):
 
 
 def test_wan22_a14b_runs_two_denoisers_of_one_config():
-    """Wan 2.2 A14B runs two denoisers of one config, `transformer` and `transformer_2`: `WanPipeline` with the conversion script's `boundary_ratio` (0.875) calls the first at high noise, the second after."""
+    """Wan 2.2 A14B runs two denoisers of one config, `transformer` and `transformer_2`: `WanPipeline` with the conversion script's `boundary_ratio` (0.875) calls the first at high noise, the second after, both at the row's `guidance_scale` when no other scale is passed."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from model_configs import ATLAS
@@ -308,6 +317,10 @@ def test_wan22_a14b_runs_two_denoisers_of_one_config():
     assert (
         seen == [0, 0] + [1] * 6
     )  # high-noise steps on `transformer`, the rest on `transformer_2`
+    # the scale each denoiser ran at, as __call__ set it (guidance_scale_2=None: guidance_scale)
+    row = {r["family"]: r for r in model_sizes.atlas()}["Wan 2.2 T2V A14B"]["guidance"]
+    assert pipe._guidance_scale == pipe._guidance_scale_2 == row["guidance_scale"]
+    assert "guidance_scale_2" not in row  # no cell shows the None that __call__ replaces
 
 
 def test_embedded_guidance_is_a_denoiser_input():
@@ -458,19 +471,73 @@ def test_text_encoders_counted_or_named(atlas):
                 assert "scripts/convert_" in row["text_encoder_source"]
 
 
+#: the scheduler each source builds, transcribed (huggingface/diffusers@58eb52c0803e scripts/...;
+#: Tongyi-MAI/Z-Image@c7ec13578cc2 src/utils/loader.py with src/config/model.py's defaults)
+_WAN = dict(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000)
+SOURCE_SCHEDULERS = {
+    # convert_wan_to_diffusers.py __main__: flow_shift 5.0 for TI2V, else 3.0
+    "Wan 2.1 T2V 14B": ("UniPCMultistepScheduler", dict(_WAN, flow_shift=3.0)),
+    "Wan 2.2 T2V A14B": ("UniPCMultistepScheduler", dict(_WAN, flow_shift=3.0)),
+    "Wan 2.2 TI2V 5B": ("UniPCMultistepScheduler", dict(_WAN, flow_shift=5.0)),
+    # convert_ltx2_to_diffusers.py main(), a checkpoint that is not distilled
+    "LTX-2": (
+        "FlowMatchEulerDiscreteScheduler",
+        dict(
+            use_dynamic_shifting=True,
+            base_shift=0.95,
+            max_shift=2.05,
+            base_image_seq_len=1024,
+            max_image_seq_len=4096,
+            shift_terminal=0.1,
+        ),
+    ),
+    # convert_hunyuan_video1_5_to_diffusers.py SCHEDULER_CONFIGS['720p_t2v']
+    "HunyuanVideo 1.5 720p": ("FlowMatchEulerDiscreteScheduler", dict(shift=9.0)),
+    "Z-Image": (
+        "FlowMatchEulerDiscreteScheduler",
+        dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False),
+    ),
+}
+
+
 def test_wan_ships_unipc(atlas):
-    """Wan's conversion script ships `UniPCMultistepScheduler`, not the annotated class."""
-    from diffusers import UniPCMultistepScheduler
+    """Wan's conversion script ships `UniPCMultistepScheduler`, not the annotated class; every Scheduler cell with settings (Wan, LTX-2, HunyuanVideo 1.5, Z-Image) names every setting its source changes from the class defaults: the scheduler built from the cell has the source's config."""
+    import ast
+
+    import diffusers
 
     wan = [r for f, r in atlas.items() if f.startswith("Wan")]
     assert len(wan) == 3
     for r in wan:
         assert r["scheduler"] == "FlowMatchEulerDiscreteScheduler"
-        assert r["shipped_scheduler"].startswith("UniPCMultistepScheduler, flow_shift=")
-        shift = float(r["shipped_scheduler"].rsplit("=", 1)[1])
-        s = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=shift)  # fmt: skip
-        assert s.config.flow_shift == shift and s.config.use_flow_sigmas
-    assert {f for f, r in atlas.items() if r["shipped_scheduler"]} == {"Wan 2.1 T2V 14B", "Wan 2.2 T2V A14B", "Wan 2.2 TI2V 5B", "HunyuanVideo 1.5 720p", "LTX-2", "Z-Image", "FLUX.3"}  # fmt: skip
+        assert r["shipped_scheduler"].startswith("UniPCMultistepScheduler, ")
+    shipped = {f for f, r in atlas.items() if r["shipped_scheduler"]}
+    assert shipped == {
+        *SOURCE_SCHEDULERS,
+        "FLUX.3",
+    }  # FLUX.3: test_flux3_blocks_create_their_scheduler
+    # the Scheduler cell as the page renders it: `Class` (key=value, ...)
+    table = model_sizes.atlas_table().splitlines()
+    cells = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[-1] for line in table if line.startswith("| ") and not line.startswith("| Family")}  # fmt: skip
+    for family, (cls, source) in SOURCE_SCHEDULERS.items():
+        name, _, settings = cells[family].partition(" (")
+        assert name == f"`{cls}`", family
+        kwargs = {k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in settings.rstrip(")").split(", "))}  # fmt: skip
+        built, expected = (getattr(diffusers, cls)(**kw).config for kw in (kwargs, source))
+        assert {k: v for k, v in built.items() if not k.startswith("_")} == {k: v for k, v in expected.items() if not k.startswith("_")}, family  # fmt: skip
+
+
+def test_blocks_are_the_built_block_lists(atlas):
+    """Parameters and Blocks: the denoiser built from its config, its parameters and block lists counted: Z-Image's `ZImageTransformer2DModel` has 30 `layers` and two refiner stacks of 2 (`noise_refiner`, `context_refiner`)."""
+    import torch
+    from model_configs import ATLAS, build
+
+    (z,) = [f for f in ATLAS if f.name == "Z-Image"]
+    model = build(z.denoiser)  # on the meta device
+    lists = {n: len(m) for n, m in model.named_children() if isinstance(m, torch.nn.ModuleList)}
+    assert atlas["Z-Image"]["blocks"] == lists == {"noise_refiner": 2, "context_refiner": 2, "layers": 30}  # fmt: skip
+    assert atlas["Z-Image"]["denoiser_params"] == sum(p.numel() for p in model.parameters())
+    assert atlas["SD 1.5"]["blocks"] == {"down_blocks": 4, "up_blocks": 4}
 
 
 def test_video_rows_count_the_default_frames(atlas):
