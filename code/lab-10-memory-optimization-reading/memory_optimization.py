@@ -42,7 +42,7 @@ from labkit.cli import (
 )
 from labkit.memory import peak_bytes  # tracemalloc peak of one call
 from labkit.metrics import sample_quality
-from labkit.precision import round_to  # round-to-nearest-even, bit-equal to torch's casts
+from labkit.precision import round_to  # nearest-even, as torch's CPU casts of float32
 from labkit.schedulers import DDIMScheduler
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -336,8 +336,8 @@ print(f"the (1, 32, 2S, 2S) float64 activation: whole {fmt(32 * (2 * args.latent
 # ## 4. Precision: the same DDIM loop with latents and noise_pred stored in each dtype
 #
 # Every format goes through `labkit.precision.round_to`, the site's one emulation: round
-# to the nearest value of the format, ties to even, as `x.to(torch.bfloat16)` does (the
-# verify tests compare it with torch's casts bit for bit). The scheduler arithmetic runs
+# to the nearest value of the format, ties to even (the verify tests compare it with
+# torch's CPU casts of float32 values bit for bit). The scheduler arithmetic runs
 # in float64; only the stored tensors are rounded.
 
 

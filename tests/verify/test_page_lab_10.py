@@ -53,7 +53,7 @@ def call(pipe):
 
 
 def test_default_processor_is_sdpa(monkeypatch, tmp_path):
-    """On torch 2 every attention layer of the UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `StableDiffusionPipeline` call on `prompt_embeds`, without a `safety_checker`, makes one such call per attention layer per UNet call, and one for the VAE decoder's attention when it decodes (`output_type="np"` here); given a prompt, its CLIP text encoder (transformers' `sdpa` attention) adds one per encoder layer per encode."""
+    """On torch 2 every attention layer of SD's UNet defaults to `AttnProcessor2_0`, which calls `F.scaled_dot_product_attention` on a 4-D `(B, heads, N, head_dim)` query: a `StableDiffusionPipeline` call on `prompt_embeds`, without a `safety_checker`, makes one such call per attention layer per UNet call, and one for the VAE decoder's attention when it decodes (`output_type="np"` here); given a prompt, its CLIP text encoder (transformers' `sdpa` attention) adds one per encoder layer per encode."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
     pipe = tiny_sd_pipeline()
@@ -89,7 +89,7 @@ def test_default_processor_is_sdpa(monkeypatch, tmp_path):
 
 
 def test_attention_slicing_installs_sliced_processor_and_keeps_output():
-    """`pipe.enable_attention_slicing()` ("auto") installs `SlicedAttnProcessor` with `slice_size = heads // 2` on every UNet attention layer, and changes the tiny `StableDiffusionPipeline`'s images by at most 1e-5 (measured about 1e-6, float32 rounding)."""
+    """`pipe.enable_attention_slicing()` ("auto") installs `SlicedAttnProcessor` with `slice_size = heads // 2` on every UNet attention layer, and changes the tiny `StableDiffusionPipeline`'s images by at most 1e-5 (measured about 2e-6, float32 rounding)."""
     from diffusers.models.attention_processor import AttnProcessor2_0, SlicedAttnProcessor
 
     pipe = tiny_sd_pipeline()
@@ -115,11 +115,12 @@ def test_sliced_processor_loops_over_batch_times_heads():
     with torch.no_grad():
         whole = attn(x)
         attn.set_processor(SlicedAttnProcessor(1))
-        shapes = []
+        shapes, scores = [], []
         original = attn.get_attention_scores
-        attn.get_attention_scores = lambda q, k, m=None: shapes.append(q.shape) or original(q, k, m)
+        attn.get_attention_scores = lambda q, k, m=None: shapes.append(q.shape) or scores.append(original(q, k, m)) or scores[-1]  # fmt: skip
         sliced = attn(x)
-    assert shapes == [torch.Size([1, 10, 4])] * 8
+    assert shapes == [torch.Size([1, 10, 4])] * 8  # (1, N, d) queries
+    assert [s.shape for s in scores] == [torch.Size([1, 10, 10])] * 8  # (1, N, N) scores
     torch.testing.assert_close(sliced, whole, atol=1e-5, rtol=0)
 
 
@@ -403,6 +404,27 @@ def test_sd15_pndm_counts_hold_to_999_steps_and_step_raises_at_1000(starter, run
     assert len(counts) == 2 and all("below 1000 steps" in c.lower() for c in counts), counts
     plus_one = [part for part in sentences if "+ 1`" in part]
     assert len(plus_one) >= 4 and all("from 2" in c for c in plus_one), plus_one
+
+
+def test_to_dtype_matches_torch_casts_of_float32_values(starter):
+    """The starter's `to_dtype` (`labkit.precision.round_to`) gives what torch 2.13.0's CPU casts to `torch.float16` and `torch.bfloat16` give for float32 values, bit for bit, but not always for the float64 values the lab stores: torch casts a float64 tensor through float32, rounding twice (`1 + 2**-8 + 2**-30` becomes 1.0 in `torch.bfloat16`, 1.0078125 in `to_dtype`)."""
+    import re
+
+    from infralens_docs.registry import ROOT
+
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 100.0
+    near_tie = torch.tensor([1 + 2**-8 + 2**-30], dtype=torch.float64)
+    for name, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        expected = x.to(dtype).double().numpy()
+        np.testing.assert_array_equal(starter["to_dtype"](x.double().numpy(), name), expected)
+    assert near_tie.to(torch.bfloat16).item() == 1.0
+    assert starter["to_dtype"](near_tie.numpy(), "bfloat16")[0] == 1.0078125
+    # so every sentence of the page and the starter that compares it with torch's casts
+    # names float32 values (the lab's own values are float64)
+    texts = [(ROOT / "docs/labs/lab-10-memory-optimization-reading.md").read_text(encoding="utf-8"), (ROOT / LAB10).read_text(encoding="utf-8")]  # fmt: skip
+    sentences = [p for t in texts for p in re.split(r"(?<=[.!?])\s+", t.replace("\n# ", " "))]
+    casts = [p for p in sentences if "torch's" in p and "casts" in p]
+    assert casts and all("float32" in p for p in casts), casts
 
 
 def test_safety_checker_count_from_shapes(starter):

@@ -283,7 +283,7 @@ def test_t5_keeps_wo_in_float32_under_float16(tmp_path):
 
 
 def test_sdxl_decodes_an_fp16_vae_in_float32():
-    """`StableDiffusionXLPipeline.__call__` decodes a float16 `AutoencoderKL` whose `force_upcast` is true (the class default) in float32: `vae.decode` receives float32 `latents` while the decoder's weights are float32, and the VAE is cast back to float16 after the decode (through the deprecated `upcast_vae()`, which raises a `FutureWarning`)."""
+    """`StableDiffusionXLPipeline.__call__` decodes a float16 `AutoencoderKL` whose `force_upcast` is true (the class default) in float32: `vae.decode` receives float32 `latents` while the decoder's weights are float32 (cast by the deprecated `upcast_vae()`, which raises a `FutureWarning`), and the VAE is cast back to float16 after the decode."""
     pipe = tiny_sdxl_pipeline()
     pipe.to(torch.float16)
     assert pipe.vae.config.force_upcast is True and pipe.vae.dtype == torch.float16
@@ -406,7 +406,7 @@ def test_model_offload_moves_each_component_in_and_out(monkeypatch, tmp_path):
 def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
     monkeypatch, tmp_path
 ):
-    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with guidance, `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`) and its UNet once per entry of `scheduler.timesteps` below 1000 steps: with SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` `num_inference_steps + 1` times from 2 steps, once at 1 step, and at 1000 steps once before `step` raises `IndexError`; with guidance `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
+    """Under `enable_model_cpu_offload`, accelerate's hook copies a component in when its forward starts unless it is still on the device, and sends out only the previous component of `model_cpu_offload_seq`: with classifier-free guidance (not an LCM UNet's `time_cond_proj_dim` guidance, which encodes once at `guidance_scale=7.5`), `StableDiffusionPipeline` runs `text_encoder` twice (prompt, then `""`) and its UNet once per entry of `scheduler.timesteps` below 1000 steps: with SD 1.5's shipped `PNDMScheduler(skip_prk_steps=True)` `num_inference_steps + 1` times from 2 steps, once at 1 step, and at 1000 steps once before `step` raises `IndexError`; with guidance `StableDiffusion3Pipeline` runs its three text encoders twice each, so its two CLIP encoders cross 4 times per call and T5 shares the device with CLIP-L, then with CLIP-G."""
     from diffusers import PNDMScheduler
 
     pipes = text_to_image_pipelines(tmp_path)
@@ -443,6 +443,17 @@ def test_model_offload_sends_a_component_out_when_the_next_in_the_chain_starts(
         seen, resident = replay_model_offload(forwards, monkeypatch)
         assert seen == crossings
     assert {"text_encoder", "text_encoder_3"} in resident and {"text_encoder_2", "text_encoder_3"} in resident  # fmt: skip
+    # classifier-free guidance, not guidance_scale alone: a UNet with time_cond_proj_dim (LCM)
+    # embeds the guidance, so the same class encodes the prompt once, with no "" pass
+    from diffusers import UNet2DConditionModel
+
+    config = {k: v for k, v in sd15.unet.config.items() if not k.startswith("_")}
+    lcm_unet = UNet2DConditionModel.from_config({**config, "time_cond_proj_dim": 8})
+    assert lcm_unet.config.time_cond_proj_dim == 8
+    lcm = type(sd15)(**{**sd15.components, "unet": lcm_unet})
+    lcm.set_progress_bar_config(disable=True)
+    once = hooked_forwards(lcm, monkeypatch, "a cat", num_inference_steps=1, guidance_scale=7.5, height=HEIGHT, width=WIDTH, output_type="latent", **sd15_kwargs)  # fmt: skip
+    assert [n for n, _ in once].count("text_encoder") == 1 and not lcm.do_classifier_free_guidance
     # the edges of the PNDM count, through the same call: 1 step, 1000 steps
     one = hooked_forwards(shipped, monkeypatch, "a cat", num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent", **sd15_kwargs)  # fmt: skip
     assert [n for n, _ in one].count("unet") == 1 == len(shipped.scheduler.timesteps)
