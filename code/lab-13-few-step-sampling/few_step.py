@@ -56,10 +56,10 @@ parser.add_argument("--seed", type=int, default=0)
 add_figures_argument(parser)
 args = parse_args(parser)
 
-for flag, values in (("--steps", args.steps), ("--spacing-steps", args.spacing_steps)):
+for flag, values, why in (("--steps", args.steps, " (LCM's original_inference_steps is 50)"), ("--spacing-steps", args.spacing_steps, "")):  # fmt: skip
     for n in values:
         if not 1 <= n <= 50:
-            parser.error(f"{flag}: {n} is not in 1..50 (LCM's original_inference_steps is 50)")
+            parser.error(f"{flag}: {n} is not in 1..50{why}")
 samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
 unknown = [s for s in samplers if s not in SAMPLERS]
 if not samplers:
@@ -157,7 +157,7 @@ class DPMSolverMultistepScheduler:
             timesteps, n = np.asarray(timesteps, dtype=np.int64), len(timesteps)
         elif self.timestep_spacing == "linspace":  # n + 1 points on [0, T-1], the last dropped
             timesteps = np.linspace(0, T - 1, n + 1).round()[::-1][:-1].astype(np.int64)
-        elif self.timestep_spacing == "leading":  # stride T // (n + 1) from 0: never near T-1
+        elif self.timestep_spacing == "leading":  # stride T // (n + 1) from 0: starts below T-1
             timesteps = (np.arange(0, n + 1) * (T // (n + 1))).round()[::-1][:-1].astype(np.int64)
             timesteps = timesteps + self.steps_offset
         else:  # "trailing": count down from T-1 in strides of T / n

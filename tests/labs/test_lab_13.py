@@ -307,6 +307,8 @@ def test_bad_arguments(run_cli, argv, message):
     run = run_cli(STARTER, *argv)
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
     assert run.stderr.startswith("few_step.py: error: " + message)
+    if argv[0] == "--spacing-steps":  # the spacing runs (DDIM, DPM-Solver++) use no LCM grid
+        assert "LCM" not in run.stderr
 
 
 # --------------------------------------------------------------------------- your turn

@@ -191,7 +191,7 @@ def test_lcm_boundary_scalings():
 
 
 def test_tcd_step_rule():
-    """`TCDScheduler.step` takes `eta` (the paper's gamma; called alone it defaults to 0.3): it moves the x0 and noise predictions to `s = floor((1 - eta) * prev_t)` and, for `eta > 0`, re-noises from s to `prev_t` with fresh noise before the last step; `eta=0` is a deterministic DDIM-like jump to `prev_t`, and `eta=1` moves to s = 0 and re-noises all the way. The last step never re-noises: it returns the moved prediction."""
+    """`TCDScheduler.step` takes `eta` (the paper's gamma; called alone it defaults to 0.3): it moves the x0 and noise predictions to `s = floor((1 - eta) * prev_t)` and, for `eta > 0`, re-noises from s to `prev_t` with fresh noise before the last step; `eta=0` is a deterministic DDIM-like jump to `prev_t`, and `eta=1` moves to s = 0 and re-noises all the way. The last step, of 4 or of a 1-step run, never re-noises: it returns the moved prediction."""
     scheduler = TCDScheduler(**SD_BETAS)
     scheduler.set_timesteps(4)
     t, prev_t = [int(x) for x in scheduler.timesteps[:2]]
@@ -217,11 +217,11 @@ def test_tcd_step_rule():
         z = torch.randn(8, 2, generator=torch.Generator().manual_seed(3))
         renoised = (ab[prev_t] / ab[s]).sqrt() * out.pred_noised_sample.double() + (1 - ab[prev_t] / ab[s]).sqrt() * z.double()  # fmt: skip
         torch.testing.assert_close(out.prev_sample.double(), renoised, atol=1e-5, rtol=1e-5)
-    for eta in (0.3, 1.0):  # the last of 4 steps: no fresh noise, whatever the generator
+    for eta, n in [(0.3, 4), (1.0, 4), (0.3, 1), (1.0, 1)]:  # the last step: no fresh noise
         last = []
         for seed in (3, 4):
             scheduler = TCDScheduler(**SD_BETAS)
-            scheduler.set_timesteps(4)
+            scheduler.set_timesteps(n)
             for step_t in scheduler.timesteps:
                 out = scheduler.step(eps.float(), step_t, sample.float(), eta=eta, generator=torch.Generator().manual_seed(seed))  # fmt: skip
             torch.testing.assert_close(out.prev_sample, out.pred_noised_sample, rtol=0, atol=0)
