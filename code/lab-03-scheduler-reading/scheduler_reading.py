@@ -265,8 +265,8 @@ figures.save(
     f"stops at {trail[-1]:.3f}. Below sigma = 0.5 leading takes {low[0]} steps, trailing "
     f"{low[1]}, linspace {low[2]} and Karras {low[3]}.",
     caption=f"The noise levels each EulerDiscreteScheduler grid visits ({args.steps} steps, "
-    f"{args.beta_schedule}): Karras sigmas keep the end points of the configured spacing and "
-    "move steps toward low noise.",
+    f"{args.beta_schedule}): Karras sigmas keep the end points of the configured spacing"
+    + (" and move steps toward low noise." if low[3] > low[0] else "."),
 )  # fmt: skip
 if in_notebook():
     from IPython.display import SVG, display

@@ -31,6 +31,19 @@ def test_scale_model_input_brings_euler_back_to_unit_variance(run_lab):
     np.testing.assert_array_equal(ddim.scale_model_input(latents, ddim.timesteps[0]), latents)
 
 
+def test_linear_schedule_tab_says_how_much_larger_sigma_max_gets(run_lab):
+    """The `--beta-schedule linear` tab: the timestep grids are unchanged and Euler's sigma_max and
+    `init_noise_sigma` are about eleven times larger (157.407 against 14.615: 10.8, not ten)."""
+    runs = {b: run_lab(STARTER, "--beta-schedule", b, "--num-samples", "100") for b in ("scaled_linear", "linear")}  # fmt: skip
+    ratio = (
+        runs["linear"]["euler"].init_noise_sigma / runs["scaled_linear"]["euler"].init_noise_sigma
+    )
+    np.testing.assert_array_equal(runs["linear"]["ddim"].timesteps, runs["scaled_linear"]["ddim"].timesteps)  # fmt: skip
+    page = (ROOT / "docs/labs/lab-03-scheduler-reading.md").read_text(encoding="utf-8")
+    tab = page.split('=== "`--beta-schedule linear`"', 1)[1].split("<!--", 1)[0]
+    assert round(ratio) == 11 and "about eleven times larger" in tab, (ratio, tab)
+
+
 def test_three_prediction_types_give_one_update(run_lab):
     g = run_lab(STARTER)
     assert g["spread"] < 1e-10
@@ -427,12 +440,14 @@ def test_a_step_count_where_trailing_gives_one_more_runs(run_cli, steps):
     assert len(entries) == int(steps) + 1 and entries[-1] == "-1"
 
 
-@pytest.mark.parametrize("steps", ["1", "500", "1000"])
+@pytest.mark.parametrize("steps", ["1", "2", "10", "500", "1000"])
 def test_figure_texts_hold_at_the_edge_step_counts(run_cli, tmp_path, steps):
-    """The figures' alt texts and captions hold at every `--steps`: at 1 step `linspace`'s only
+    """The figures' alt texts and captions hold at the edge step counts: at 1 step `linspace`'s only
     timestep is 0 (sigma 0.029, not sigma_max), and at 500 and 1000 `leading` with
     steps_offset=1 starts at sigma_max too, so no text says which grids start at sigma_max;
-    each alt states the start values the run's grids have."""
+    each alt states the start values the run's grids have. The sigma-grids caption says Karras
+    moves steps toward low noise only when its grid has more steps below 0.5 than leading's:
+    at 1 and 2 steps the two grids are the same (round 11)."""
     run = run_cli(STARTER, "--steps", steps, "--num-samples", "100", "--figures", str(tmp_path))
     assert run.returncode == 0, run.stderr
     figures = json.loads((tmp_path / "figures.json").read_text())
@@ -443,3 +458,8 @@ def test_figure_texts_hold_at_the_edge_step_counts(run_cli, tmp_path, steps):
     sigmas = [line for line in run.stdout.splitlines() if line.startswith("Euler karras=False")]
     first = float(sigmas[0].split("[", 1)[1].split()[0].rstrip("]"))
     assert f"Euler, linspace runs from {first:.3f}" in figures["sigmas"]["alt"]
+    grids = figures["sigma-grids"]
+    below = re.search(r"leading takes (\d+) steps.* Karras (\d+)\.$", grids["alt"])
+    moved = int(below[2]) > int(below[1])
+    assert moved == ("toward low noise" in grids["caption"]), grids
+    assert moved == (steps == "10" or int(steps) >= 500), (steps, below.groups())

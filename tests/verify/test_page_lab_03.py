@@ -169,7 +169,7 @@ def flow_loop(scheduler, z, mean=0.5, std=0.3, steps=25):
 
 
 def test_flow_matching_is_a_path_and_a_target():
-    """`FlowMatchEulerDiscreteScheduler` has no `prediction_type`; `DPMSolverMultistepScheduler` runs a flow model's loop as accurately only with both `use_flow_sigmas=True` and `prediction_type="flow_prediction"`: with either one alone it runs without an error and ends far from the data."""
+    """`FlowMatchEulerDiscreteScheduler` has no `prediction_type`; `DPMSolverMultistepScheduler` runs a flow model's loop at least as accurately as `FlowMatchEulerDiscreteScheduler` only with both `use_flow_sigmas=True` and `prediction_type="flow_prediction"`: with either one alone it runs without an error and ends far from the data."""
     assert "prediction_type" not in FlowMatchEulerDiscreteScheduler().config
     z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     euler = flow_loop(FlowMatchEulerDiscreteScheduler(shift=3.0), z)
@@ -569,7 +569,7 @@ def test_notes_step_reads_prediction_type_but_flow_matching_reads_a_velocity():
 
 
 def test_notes_from_config_keeps_the_keys_it_does_not_read(tmp_path):
-    """scheduler_notes.md: keys a class does not read stay in its `.config`: `EulerDiscreteScheduler` loaded from SDXL's shipped file still carries PNDM's `skip_prk_steps`, and gives the same timesteps, sigmas and `step` as the file without it.
+    """scheduler_notes.md: keys a class does not read stay in its `.config`: `EulerDiscreteScheduler` loaded from SDXL's shipped file still carries PNDM's `skip_prk_steps`, and gives the same timesteps, sigmas and `step` as the file without it; every exported scheduler class that builds from that file keeps each of its keys (only `_class_name` becomes the new class's).
 
     Not "from_config builds any class and checks nothing" (round 10): on that file, of every
     scheduler class diffusers exports, `UnCLIPScheduler` raises `ValueError` (cosine only) and
@@ -595,9 +595,13 @@ def test_notes_from_config_keeps_the_keys_it_does_not_read(tmp_path):
         cls = getattr(diffusers, name)
         if isinstance(cls, type) and issubclass(cls, SchedulerMixin):
             try:
-                cls.from_config(SDXL_SCHEDULER_FILE)
+                built = cls.from_config(SDXL_SCHEDULER_FILE)
             except (TypeError, ValueError):
                 raising.add(name)
+                continue
+            for key, value in SDXL_SCHEDULER_FILE.items():  # read or not, every key stays
+                if key != "_class_name":  # the one key rewritten: the new class's name
+                    assert key in built.config and built.config[key] == value, (name, key)
     assert "UnCLIPScheduler" in raising
     notes = (ROOT / "code/lab-03-scheduler-reading/scheduler_notes.md").read_text(encoding="utf-8")
     page = (ROOT / "docs/labs/lab-03-scheduler-reading.md").read_text(encoding="utf-8")
@@ -628,3 +632,32 @@ def test_euler_starts_at_sigma_max_under_linspace_and_trailing_from_two_steps():
     page = (ROOT / "docs/labs/lab-03-scheduler-reading.md").read_text(encoding="utf-8")
     said = [s for s in re.split(r"(?<=[.:;])\s+", page) if re.search(r"start(s)? at (the training \$\\sigma_\{\\max\}\$|sigma_max)", s)]  # fmt: skip
     assert len(said) == 2 and all("at 10 steps" in s.lower() for s in said), said
+
+
+def test_eulers_init_noise_sigma_per_spacing():
+    """Euler's `init_noise_sigma` is the grid's largest sigma for `linspace` and `trailing`, and `sqrt(sigma**2 + 1)` of that sigma for `leading`, in diffusers and here.
+
+    `EulerDiscreteScheduler` and labkit's mirror at 10 steps on SD's betas, SDXL's
+    `steps_offset=1`. Not every class with `sigmas`: `DPMSolverMultistepScheduler` keeps the
+    variance-preserving state, `init_noise_sigma` 1.0 under every spacing (round 11), so the
+    page's sentence names Euler.
+    """
+    from infralens_docs.registry import ROOT
+    from labkit.schedulers import EulerDiscreteScheduler as MirrorEuler
+
+    betas = {k: SD_SCHEDULER[k] for k in ("beta_schedule", "beta_start", "beta_end")}
+    for spacing in ("linspace", "trailing", "leading"):
+        config = dict(timestep_spacing=spacing, steps_offset=1, **betas)
+        for euler in (EulerDiscreteScheduler(**config), MirrorEuler(**config)):
+            euler.set_timesteps(10)
+            top = float(max(euler.sigmas))
+            expected = top if spacing != "leading" else (top**2 + 1) ** 0.5
+            assert float(euler.init_noise_sigma) == pytest.approx(expected, rel=1e-5), spacing
+        dpm = DPMSolverMultistepScheduler(**config)
+        dpm.set_timesteps(10)
+        assert float(dpm.sigmas.max()) > 8 and dpm.init_noise_sigma == 1.0, spacing
+    page = (ROOT / "docs/labs/lab-03-scheduler-reading.md").read_text(encoding="utf-8")
+    said = [
+        line for line in page.splitlines() if "`init_noise_sigma` is the grid's largest" in line
+    ]
+    assert len(said) == 1 and "Euler's `init_noise_sigma` is" in said[0], said

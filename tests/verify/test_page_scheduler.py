@@ -1792,12 +1792,21 @@ SD15_SCHEDULER_CONFIG_JSON = {**SD15_SCHEDULER_FILE, "_diffusers_version": "0.6.
 
 
 def test_from_config_builds_edm_euler_from_sd15s_config(tmp_path):
-    """`from_config` checks no compatibility: given SD 1.5's `scheduler_config.json` loaded by `PNDMScheduler.from_pretrained`, `EDMEulerScheduler.from_config(config)` builds without an error, ignores the betas without naming them in any logged warning, and starts at its own `sigma_max` of 80 instead of SD's 14.61."""
+    """`EDMEulerScheduler.from_config` builds from SD 1.5's config without an error, ignoring the betas it does not read: given SD 1.5's `scheduler_config.json` loaded by `PNDMScheduler.from_pretrained`, it builds, names no beta in any logged warning, and starts at its own `sigma_max` of 80 instead of SD's 14.61.
+
+    Not "`from_config` checks no compatibility" (round 11): the same call logs that `clip_sample`
+    "will be ignored. Please verify your scheduler_config.json", and `UnCLIPScheduler.from_config`
+    raises `ValueError` on this config."""
     (tmp_path / "scheduler_config.json").write_text(json.dumps(SD15_SCHEDULER_CONFIG_JSON))
     config = PNDMScheduler.from_pretrained(tmp_path).config
     with logged_messages("diffusers.configuration_utils") as messages:
         edm = EDMEulerScheduler.from_config(config)
     assert not any("beta" in m for m in messages), messages
+    assert any("clip_sample" in m and "will be ignored" in m for m in messages), messages
+    with pytest.raises(ValueError, match="squaredcos_cap_v2"):
+        diffusers.UnCLIPScheduler.from_config(config)
+    page = (ROOT / "docs/handbook/scheduler.md").read_text(encoding="utf-8")
+    assert "checks no compatibility" not in page
     assert not hasattr(edm, "alphas_cumprod")  # the betas reach no __init__ argument
     edm.set_timesteps(10)
     assert edm.sigmas[0].item() == pytest.approx(80.0)
