@@ -34,7 +34,7 @@ from labkit.vae import PatchPCAAutoencoder
 # The toy world of labs 05 and 12: 256 training images `(K, 3, 32, 32)` in [-1, 1], a
 # patch-PCA `vae` (one latent position per 8 x 8 pixels, so latents are `(B, 4, 4, 4)`),
 # the exact denoiser of the scaled training latents as the `unet` (it memorises: its
-# samples are training images), and DDIM with SD 1.5's scheduler config. The input image
+# samples are training images), and DDIM with SD 1.5's scheduler settings. The input image
 # of img2img is *not* a training image (drawn with another seed); the inpainting input is.
 #
 # The shares below are counted over samples, so they need many: a share of 16 samples is
@@ -100,9 +100,10 @@ B = args.num_samples
 #
 # `StableDiffusionImg2ImgPipeline.get_timesteps`, line for line but for its
 # `set_begin_index` call, made only on schedulers that have one (DDIM has none): of the `n`
-# timesteps `set_timesteps(n)` makes, the first `n - int(n * strength)` are skipped. `int`
-# floors, so strength 0.35 of 10 steps runs 3. The count of denoiser calls is the count of
-# timesteps run (with CFG each call carries the doubled batch `2B`).
+# timesteps DDIM's `set_timesteps(n)` makes, the first `n - int(n * strength)` are skipped.
+# `int` floors, so with DDIM strength 0.35 of 10 steps runs 3 (SD 1.5's PNDM, whose grid has
+# one entry more, runs 4). The count of denoiser calls is the count of timesteps run (with
+# CFG each call carries the doubled batch `2B`).
 
 
 # %%

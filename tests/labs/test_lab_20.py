@@ -66,6 +66,7 @@ def test_strength_trades_faithfulness(lab):
     assert lab["B"] == 256 and f"{50 / np.sqrt(lab['B']):.1f}" == "3.1"
     share = {s: round(100 * lab["results"][s][1]) for s in lab["strengths"]}
     assert share == {0.2: 100, 0.4: 89, 0.6: 65, 0.8: 18, 1.0: 2}
+    assert lab["results"][0.2][1] == 1.0  # "all samples", not 99.6% rounded up
 
 
 def test_strength_one_leaks_the_image_in_the_toy(lab):

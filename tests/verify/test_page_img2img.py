@@ -5,8 +5,8 @@ padding_mask_crop, Kontext's sequence) are run in Lab 20's module,
 ``test_page_lab_20.py``. These tests spy on the ``strength`` each pipeline's ``__call__``
 passes to ``get_timesteps``, call SD's and Flux's ``get_timesteps`` on real schedulers, and
 run tiny ``StableDiffusionImg2ImgPipeline`` (DDIM, PNDM, zero-terminal-SNR DDIM),
-``FluxImg2ImgPipeline``, ``FluxFillPipeline`` and ``QwenImageEditPipeline`` calls (built
-offline: no hub, no weights).
+``StableDiffusionXLInpaintPipeline``, ``FluxImg2ImgPipeline``, ``FluxFillPipeline`` and
+``QwenImageEditPipeline`` calls (built offline: no hub, no weights).
 """
 
 from __future__ import annotations
@@ -569,7 +569,7 @@ def test_qwen_image_edit_reference_also_lengthens_prompt_embeds(qwen_edit_run, t
 
 
 def test_sdxl_inpaint_default_is_not_a_pure_noise_start(monkeypatch):
-    """`StableDiffusionXLInpaintPipeline` at its default `strength` (0.9999) does not start from pure noise: `prepare_latents` calls `scheduler.add_noise` on the encoded image's latents, as only `strength=1.0` skips it. So the handbook's pure-noise starts name `StableDiffusionInpaintPipeline` (default 1.0) and Flux's img2img (sigma 1), not "the inpaint pipeline" or "flow-matching img2img"."""
+    """`StableDiffusionXLInpaintPipeline` at its default `strength` (0.9999) does not start from pure noise: `prepare_latents` calls `scheduler.add_noise` on the encoded image's latents."""
     import diffusers
     from tiny import POOLED_DIM, embeds, pil_image_and_mask, tiny_sdxl_pipeline
 
@@ -598,3 +598,25 @@ def test_sdxl_inpaint_default_is_not_a_pure_noise_start(monkeypatch):
     assert (
         "the inpaint pipeline at 1.0" not in page and "flow-matching img2img (sigma 1)" not in page
     )
+
+
+def test_interview_answer_gives_sds_get_timesteps_rule():
+    """SD's `get_timesteps` (`StableDiffusionImg2ImgPipeline.get_timesteps`) skips the first `steps - int(steps * strength)` steps of the grid (DDIM, 0.35 of 10: 7), so the interview answer names SD's: `FluxImg2ImgPipeline.get_timesteps` skips `int(steps - steps * strength)`, 6."""
+    from diffusers import (
+        DDIMScheduler,
+        FlowMatchEulerDiscreteScheduler,
+        FluxImg2ImgPipeline,
+        StableDiffusionImg2ImgPipeline,
+    )
+    from tiny import SD_SCHEDULER
+
+    from infralens_docs.registry import ROOT
+
+    skipped = []
+    for cls, scheduler in ((StableDiffusionImg2ImgPipeline, DDIMScheduler(**SD_SCHEDULER)), (FluxImg2ImgPipeline, FlowMatchEulerDiscreteScheduler())):  # fmt: skip
+        scheduler.set_timesteps(10)
+        kept, _ = cls.get_timesteps(SimpleNamespace(scheduler=scheduler), 10, 0.35, "cpu")
+        skipped.append(10 - len(kept))
+    assert skipped == [10 - int(10 * 0.35), int(10 - 10 * 0.35)] == [7, 6]
+    page = " ".join((ROOT / "docs/handbook/img2img.md").read_text(encoding="utf-8").split())
+    assert "starts from: SD's `get_timesteps` skips the first `steps - int(steps * strength)` steps" in page  # fmt: skip

@@ -541,18 +541,29 @@ def test_blank_3s_comment_names_the_scheduler_whose_layout_it_gives():
 
 
 def test_round_hint_names_the_pipeline_whose_get_timesteps_floors(img2img, record_calls):
-    """The "int vs round" hint `check_strength.py` prints names `StableDiffusionImg2ImgPipeline` as the one that cuts `num_inference_steps * strength` with `int()` (0.35 of 10 steps: 3 UNet calls through its `__call__`, not 4), not diffusers as a whole: `FluxImg2ImgPipeline.get_timesteps` floors only `num_inference_steps - num_inference_steps * strength` and keeps 4."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+    """The "int vs round" hint `check_strength.py` prints names `StableDiffusionImg2ImgPipeline` as the one that cuts `num_inference_steps * strength` with `int()`, and gives its count with DDIM (0.35 of 10 steps: 3 UNet calls through its `__call__`, not 4; with SD 1.5's shipped `PNDMScheduler`, whose grid has one entry more, the same call makes 4, as the starter's comment says), not diffusers as a whole: `FluxImg2ImgPipeline.get_timesteps` floors only `num_inference_steps - num_inference_steps * strength` and keeps 4."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline, PNDMScheduler
+    from tiny import SD15_PNDM
 
     from infralens_docs.registry import ROOT
     from labkit.blanks import load_constant
 
-    hint = load_constant(ROOT / "code/lab-20-img2img-and-inpainting/strength_solution.txt", "MISTAKES")["round"][3]  # fmt: skip
-    assert "diffusers cuts" not in hint and "0.35 of 10 steps runs 3, not 4" in hint
+    folder = ROOT / "code/lab-20-img2img-and-inpainting"
+    hint = load_constant(folder / "strength_solution.txt", "MISTAKES")["round"][3]
+    assert "diffusers cuts" not in hint and "with DDIM, 0.35 of 10 steps runs 3, not 4" in hint
     assert f"{type(img2img).__name__} cuts n * strength with int()" in hint
-    calls = record_calls(img2img.unet)
-    run(img2img, image=pil_image_and_mask()[0], strength=0.35, output_type="latent")
-    assert len(calls.calls) == 3
+    source = (folder / "img2img_inpainting.py").read_text(encoding="utf-8")
+    comment = " ".join(source.replace("#", " ").split())
+    assert "so with DDIM strength 0.35 of 10 steps runs 3 (SD 1.5's PNDM, whose grid has one entry more, runs 4)" in comment  # fmt: skip
+    pndm = type(img2img)(**{**img2img.components, "scheduler": PNDMScheduler(**SD15_PNDM)})
+    pndm.set_progress_bar_config(disable=True)
+    counts = []
+    for pipe in (img2img, pndm):  # DDIM, then SD 1.5's shipped PNDM: one UNet, shared
+        calls = record_calls(pipe.unet)
+        run(pipe, image=pil_image_and_mask()[0], strength=0.35, output_type="latent")
+        counts.append(len(calls.calls))
+        calls.remove()
+    assert counts == [3, 4]
     flux = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler())
     flux.scheduler.set_timesteps(10)
     assert len(FluxImg2ImgPipeline.get_timesteps(flux, 10, 0.35, "cpu")[0]) == 4
@@ -582,3 +593,54 @@ def test_starter_names_the_pipeline_whose_empty_run_it_describes():
              pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
              image=PIL.Image.new("RGB", (HEIGHT, HEIGHT), (200, 30, 30)), strength=0.0,
              height=HEIGHT, width=HEIGHT, num_inference_steps=4, output_type="latent")  # fmt: skip
+
+
+def test_flux_img2img_at_strength_one_starts_at_sigma_one():
+    """`FluxImg2ImgPipeline` at `strength=1.0` starts at sigma 1, pure noise: its `scheduler.scale_noise(image_latents, timestep, noise)` returns the noise itself. The lab says this of Flux's img2img, the one pipeline run here, not of flow-matching img2img as a whole."""
+    import PIL.Image
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+
+    from infralens_docs.registry import ROOT
+
+    pipe = FluxImg2ImgPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    seen, original = [], pipe.scheduler.scale_noise
+
+    def spy_scale(sample, timestep, noise=None):
+        out = original(sample, timestep, noise)
+        seen.append((sample.clone(), noise.clone(), out.clone()))
+        return out
+
+    pipe.scheduler.scale_noise = spy_scale
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+             image=PIL.Image.new("RGB", (HEIGHT, HEIGHT), (200, 30, 30)), strength=1.0,
+             height=HEIGHT, width=HEIGHT, num_inference_steps=2, output_type="latent")  # fmt: skip
+    ((image_latents, noise, latents),) = seen
+    assert image_latents.abs().mean() > 0.1 and torch.equal(latents, noise)
+    assert float(pipe.scheduler.sigmas[0]) == 1.0
+    page = " ".join((ROOT / "docs/labs/lab-20-img2img-and-inpainting.md").read_text(encoding="utf-8").split())  # fmt: skip
+    assert "Flux's img2img at 1.0 starts at sigma 1, pure noise" in page
+    assert "flow-matching img2img (Flux)" not in page
+
+
+def test_out_loud_gives_sd_get_timesteps_rule_not_fluxs(img2img):
+    """`StableDiffusionImg2ImgPipeline`'s `get_timesteps` skips the first `num_inference_steps - int(num_inference_steps * strength)` steps of the grid (DDIM, 0.35 of 10: 7), so "How to say it out loud" names it: `FluxImg2ImgPipeline.get_timesteps` skips `int(num_inference_steps - num_inference_steps * strength)`, 6 of 10."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+
+    from infralens_docs.registry import ROOT
+
+    img2img.scheduler.set_timesteps(10)
+    sd_kept, _ = img2img.get_timesteps(10, 0.35, "cpu")
+    flux = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler())
+    flux.scheduler.set_timesteps(10)
+    flux_kept, _ = FluxImg2ImgPipeline.get_timesteps(flux, 10, 0.35, "cpu")
+    assert (10 - len(sd_kept), 10 - len(flux_kept)) == (10 - int(10 * 0.35), int(10 - 10 * 0.35)) == (7, 6)  # fmt: skip
+    page = " ".join((ROOT / "docs/labs/lab-20-img2img-and-inpainting.md").read_text(encoding="utf-8").split())  # fmt: skip
+    assert "part-way. `StableDiffusionImg2ImgPipeline`'s `get_timesteps` skips the first `num_inference_steps - int(num_inference_steps * strength)` steps" in page  # fmt: skip
