@@ -11,6 +11,7 @@ changes the combine line can change the cost too, one denoiser call per predicti
 Run it:  python3 code/lab-22-guidance-beyond-cfg/guiders.py --guidance-scales 3,7.5
 """
 
+import math
 import sys
 from pathlib import Path
 
@@ -167,7 +168,7 @@ def PerturbedAttentionGuidance(pred_cond, pred_uncond, pred_cond_skip, guidance_
 # SDXL's modular denoise step calls the UNet once per prediction the guider asks for
 # (`pred_cond`, `pred_uncond`, `pred_cond_skip`), not one doubled batch. PAG's and SLG's
 # perturbed branch runs only inside its window: from `perturbed_guidance_start` to
-# `perturbed_guidance_stop` of the steps (defaults 0.01 and 0.2), with the first bound
+# `perturbed_guidance_stop` of the steps (defaults 0.01 and 0.2), with both bounds
 # exclusive, as diffusers' guider checks it (`int(start * n) < step < int(stop * n)`); at 30
 # steps that is steps 1 to 5.
 
@@ -184,7 +185,9 @@ def sample(rule, guidance_scale):
     latents, calls, n = noise * scheduler.init_noise_sigma, 0, len(scheduler.timesteps)
     for i, t in enumerate(scheduler.timesteps):
         x = scheduler.scale_model_input(latents, t)
-        cfg_on = guidance_scale != 1.0  # use_original_formulation=False: no pred_uncond at scale 1
+        # the guiders' check, use_original_formulation=False: no pred_uncond at (or within
+        # math.isclose of) scale 1
+        cfg_on = not math.isclose(guidance_scale, 1.0)
         skip_on = rule == "PAG/SLG" and perturbed_window(i, n)
         pred_cond = unet(x, t, class_labels=target_class)
         pred_uncond = unet(x, t, class_labels=UNCOND) if cfg_on else None

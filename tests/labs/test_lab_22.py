@@ -138,3 +138,25 @@ def test_pag_at_scale_1_takes_the_unconditional_branch(run_lab):
     # step 1's extra call is on the negative prompt (class_labels=UNCOND), full denoiser
     assert at_one.count(("unet", module["UNCOND"])) == 1
     assert ("weak", module["target_class"]) in above
+
+
+def test_scale_within_isclose_of_one_is_off_as_in_the_guiders(run_lab):
+    """The starter switches `pred_uncond` off as diffusers' guiders do, with `math.isclose`: at
+    `guidance_scale=1 + 1e-10` every two-prediction rule makes one call per step, as at 1."""
+    g = run_lab(STARTER, "--guidance-scales", "2", "--num-samples", "100", "--steps", "10")
+    for rule in ("CFG", "APG, eta=0", "tangential CFG"):
+        near, calls = g["sample"](rule, 1 + 1e-10)
+        assert calls == 1.0, rule
+        np.testing.assert_array_equal(near, g["sample"](rule, 1.0)[0])
+
+
+@pytest.mark.parametrize(("prediction_type", "stays"), [("epsilon", False), ("flow", True)])
+def test_a_zero_prediction_moves_under_ddim_not_under_flow_euler(run_lab, prediction_type, stays):
+    """Under the toy's DDIM a zero noise prediction still moves the latents; under the flow run's
+    flow-matching Euler a zero velocity leaves them where they are (CFG-Zero*'s zeroed step)."""
+    g = run_lab(STARTER, "--guidance-scales", "2", "--num-samples", "100", "--steps", "30", "--prediction-type", prediction_type)  # fmt: skip
+    scheduler, latents = g["scheduler"], g["noise"] * g["scheduler"].init_noise_sigma
+    scheduler.set_timesteps(30)
+    t = scheduler.timesteps[0]
+    prev = scheduler.step(np.zeros_like(latents), t, latents).prev_sample
+    assert np.array_equal(prev, latents) is stays

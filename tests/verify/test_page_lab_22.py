@@ -166,6 +166,28 @@ def test_zero_star_zeroes_the_first_step_at_any_scale(starter):
         assert n == 1 and np.array_equal(pred, np_(c)), cls.__name__
 
 
+def test_the_starter_counts_the_predictions_each_guider_asks_for(starter):
+    """The starter's `sample` counts, per step, as many denoiser calls as `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance`, `ClassifierFreeZeroStarGuidance` and `TangentialClassifierFreeGuidance` ask for predictions: one at `guidance_scale=1` and at `1 + 1e-10` (the guiders test the scale with `math.isclose`), two at 1.5."""
+    from diffusers.guiders import (
+        AdaptiveProjectedGuidance,
+        ClassifierFreeGuidance,
+        ClassifierFreeZeroStarGuidance,
+        TangentialClassifierFreeGuidance,
+    )
+
+    rules = {
+        ClassifierFreeGuidance: "CFG",
+        AdaptiveProjectedGuidance: "APG, eta=0",
+        ClassifierFreeZeroStarGuidance: "CFG-Zero*",
+        TangentialClassifierFreeGuidance: "tangential CFG",
+    }
+    for cls, rule in rules.items():
+        for scale, want in ((1.0, 1), (1 + 1e-10, 1), (1.5, 2)):
+            asked = [guide(cls(guidance_scale=scale), predictions()[:want], step=i, steps=2)[1] for i in range(2)]  # fmt: skip
+            assert asked == [want, want], (rule, scale)
+            assert starter["sample"](rule, scale)[1] == want, (rule, scale)
+
+
 def test_defaults_the_page_states():
     """The defaults the page states, read from each class's config (`PerturbedAttentionGuidance` needs its layers): `guidance_scale=7.5` for `ClassifierFreeGuidance`, `AdaptiveProjectedGuidance`, `ClassifierFreeZeroStarGuidance`, `TangentialClassifierFreeGuidance` and `PerturbedAttentionGuidance`; `AdaptiveProjectedGuidance`: `eta=1.0`, `adaptive_projected_guidance_rescale=15.0`, `adaptive_projected_guidance_momentum=None`; `PerturbedAttentionGuidance`: `perturbed_guidance_scale=2.8`, window 0.01 to 0.2."""
     from diffusers.guiders import (
