@@ -6,6 +6,7 @@ exist, and every runnable starter runs cleanly and deterministically.
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -182,8 +183,12 @@ def test_starter_needs_numpy_alone(starter):
     """Starters import numpy and labkit only, plus sys and pathlib to put code/ on the path
     (IPython only inside the notebook branch). test_run_commands.py runs them with NumPy
     alone; this keeps the imports a reader meets first to those."""
-    source = (ROOT / starter).read_text(encoding="utf-8")
-    top_level = re.findall(r"^(?:import|from) (\w+)", source, re.MULTILINE)
+    tree = ast.parse((ROOT / starter).read_text(encoding="utf-8"))
+    top_level = [
+        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+        for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]  # fmt: skip
     assert set(top_level) <= {"numpy", "labkit", "__future__", "sys", "pathlib"}, top_level
 
 

@@ -11,7 +11,6 @@ changes the combine line can change the cost too, one denoiser call per predicti
 Run it:  python3 code/lab-22-guidance-beyond-cfg/guiders.py --guidance-scales 3,7.5
 """
 
-import math
 import sys
 from pathlib import Path
 
@@ -186,8 +185,8 @@ def sample(rule, guidance_scale):
     for i, t in enumerate(scheduler.timesteps):
         x = scheduler.scale_model_input(latents, t)
         # the guiders' check, use_original_formulation=False: no pred_uncond at (or within
-        # math.isclose of) scale 1
-        cfg_on = not math.isclose(guidance_scale, 1.0)
+        # math.isclose's 1e-9 of) scale 1
+        cfg_on = not np.isclose(guidance_scale, 1.0, rtol=1e-9, atol=0.0)
         skip_on = rule == "PAG/SLG" and perturbed_window(i, n)
         pred_cond = unet(x, t, class_labels=target_class)
         pred_uncond = unet(x, t, class_labels=UNCOND) if cfg_on else None
