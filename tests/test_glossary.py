@@ -74,8 +74,7 @@ def test_a_term_no_section_teaches_links_where_it_is_named_and_says_so():
     PAG (named by the pipeline page's modular section; Lab 22 teaches them), which no handbook
     section teaches, are the glossary page's ``named_only`` terms, so their entries say "Named
     in", every other entry "Taught in", and a ``named_only`` name that is no term fails. The
-    page's description says so too, and promises a section's statement of the behaviour
-    only where a section teaches the term."""
+    page's description says so too."""
     meta = read_front_matter(DOCS / "glossary.md")
     named_only = meta.get("named_only") or []
     assert {"Heun", "KDPM2", "UniPC"} <= set(named_only)
@@ -106,6 +105,21 @@ def test_the_glossary_page_does_not_say_its_definitions_state_no_behaviour():
 
 #: clauses of hover definitions cut for stating library behaviour no test takes: (term, words)
 UNTESTED_CLAUSES = [("Heun", "last step"), ("PNDM", "skip_prk_steps")]
+
+
+def test_code_definitions_say_only_what_a_verify_test_shows():
+    """Without a build: ``PipelineState`` is the state a modular pipeline's call returns, with
+    what its blocks write (test_page_pipeline.py's SDXL modular call), not "the one state" its
+    blocks read and write (the loop's sub-blocks are handed a ``BlockState``: the loop page);
+    ``init_noise_sigma``'s sigma_max is ``EulerDiscreteScheduler``'s
+    (test_page_scheduler.py::test_init_noise_sigma_per_class_and_spacing), not every Euler
+    class's (``FlowMatchEulerDiscreteScheduler`` has none)."""
+    definitions = {t.name: t.definition for t in TERMS}
+    state = definitions["PipelineState"]
+    assert "one state" not in state and "read and write" not in state
+    assert state.startswith("The state a modular pipeline's call returns")
+    assert "Euler's" not in definitions["init_noise_sigma"]
+    assert "EulerDiscreteScheduler's sigma_max" in definitions["init_noise_sigma"]
 
 
 def test_hovers_state_no_untested_step_rule():
@@ -150,19 +164,78 @@ def help_text(path: Path) -> str:
     return out.getvalue()
 
 
+def script_output(path: Path, *argv: str) -> tuple[str, int | str | None]:
+    """(stdout and stderr, exit code) of ``python3 PATH ARGV...``, run in this process as
+    :func:`help_text` does; the code is None for a script that ends without ``sys.exit``."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    out, argv_, syspath, code = io.StringIO(), sys.argv, list(sys.path), None
+    sys.argv = [str(path), *argv]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code
+    finally:
+        sys.argv, sys.path[:] = argv_, syspath
+    return out.getvalue(), code
+
+
 def test_readme_names_the_starters_without_a_figures_flag():
-    """README's "Run a lab from the terminal": every runnable starter's ``--help`` lists
-    ``--figures`` but an exercise's checker's (``check_*.py``, ``page: false``), and the README
-    says so rather than that each starter takes it."""
+    """README's "Run a lab from the terminal" and "Adding a lab": every runnable starter's
+    ``--help`` lists ``--figures`` but an exercise's checker's (``check_*.py``, ``page:
+    false``), and both sections say so. The run section speaks of the runnable starters
+    (``runnable: true``) only: a blanks file answers ``--figures`` and ``--help`` with its
+    one-line error, and lab 17's ``rebuild_diffusers.py`` (torch and diffusers) takes no flag
+    at all, a bad one included."""
     from infralens_docs.registry import load_labs
 
-    starters = [s for lab in load_labs() for s in lab.starters if s.runnable]
-    without = [s for s in starters if "--figures" not in help_text(ROOT / s.path)]
+    starters = [s for lab in load_labs() for s in lab.starters]
+    runnable = [s for s in starters if s.runnable]
+    without = [s for s in runnable if "--figures" not in help_text(ROOT / s.path)]
     assert without, "every starter takes --figures now: say so"
     assert all(not s.page and s.path.name.startswith("check_") for s in without), without
-    assert len(without) < len(starters)
+    assert len(without) < len(runnable)
+    others = [s for s in starters if not s.runnable and s.path.suffix == ".py"]
+    assert {s.path.name for s in others} >= {"spacing_blanks.py", "rebuild_diffusers.py"}
+    for s in others:
+        said, code = script_output(ROOT / s.path, "--figures", "/nonexistent", "--bogus")
+        assert "--figures" not in said and code in (2, None), (s.path, code)
     section = readme_section("Run a lab from the terminal")
+    assert "Each runnable starter (`runnable: true` in the registry) needs NumPy alone" in section
+    assert "holds every runnable starter to that" in section
     assert "an exercise's checker, which takes no `--figures`" in section
+    adding = readme_section("Adding a lab")
+    assert "(including `add_figures_argument`)" not in adding
+    assert "all but an exercise's checker also take `--figures` (`add_figures_argument`)" in adding
+
+
+#: labkit's exact denoisers: a starter that samples with one knows its denoiser exactly
+EXACT = re.compile(r"\b(?:ExactDenoiser|FlowMatchDenoiser|FiniteSet|exact_prediction)\b")
+
+
+def test_readme_says_only_the_sampling_labs_have_an_exact_denoiser():
+    """README's opening: the labs that sample do it on toy data whose exact denoiser is known,
+    not every lab: each runnable starter that calls a scheduler's ``step`` uses one of labkit's
+    exact denoisers, while some labs (attention on random arrays, launch costs from a real
+    model's shapes) use none."""
+    from infralens_docs.registry import load_labs
+
+    sources = {}
+    for lab in load_labs():
+        for s in lab.starters:
+            if s.runnable and not s.path.name.startswith("check_"):
+                sources.setdefault(lab.number, []).append((ROOT / s.path).read_text(encoding="utf-8"))  # fmt: skip
+    sampling = [n for n, texts in sources.items() if any(".step(" in t for t in texts)]
+    assert sampling and all(any(EXACT.search(t) for t in sources[n]) for n in sampling)
+    assert [n for n, texts in sources.items() if not any(EXACT.search(t) for t in texts)]
+    opening = " ".join(README.read_text(encoding="utf-8").split("## ", 1)[0].split())
+    assert "Every lab runs real numerics with NumPy alone, offline, on toy data" not in opening
+    assert "the labs that sample do it on toy data whose exact denoiser is known" in opening
+    assert "Every claim the labs make" not in opening  # the honest bullet says what is held
 
 
 def test_readme_names_the_pages_without_a_verify_module():
