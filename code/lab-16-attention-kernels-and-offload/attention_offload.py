@@ -298,7 +298,7 @@ table(
 #   runs (two groups at a time) and offloads a block group by pointing its weights back at
 #   a pinned CPU copy; the unmatched group gets no stream, so it is still onloaded
 #   synchronously and copied back every call. With `offload_to_disk_path` nothing is
-#   copied back either way: each onload reads the group from disk instead.
+#   copied back: each onload reads the group from disk instead.
 #   `block_modules=["mid_block"]` (diffusers 0.42.1) cuts a named child into groups of
 #   its own ModuleLists' blocks, so it no longer sits in the unmatched group.
 # - `offload_type="leaf_level"`: one group per Linear / Conv / Embedding layer, plus one

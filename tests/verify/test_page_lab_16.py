@@ -166,15 +166,50 @@ def test_cpu_backends_agree_on_a_tiny_flux_transformer(default_backend):
     assert not torch.equal(outputs["_native_math"], outputs["native"])
 
 
+def hub_kernels_fetched(names) -> dict:
+    """Enter `attention_backend(name)` for each name with `kernels` present: a stand-in
+    `kernels` module records the repo ids `get_kernel` is asked for (HF_HUB_OFFLINE on, so no
+    publisher lookup; each registry entry is a copy, so no fetched function stays).
+    name -> [repo ids]."""
+    import dataclasses
+    import sys
+    import types
+
+    from diffusers.models import attention_dispatch as ad
+
+    class Anything:  # any attribute of the stand-in kernel module, callable
+        def __getattr__(self, name):
+            return Anything()
+
+        def __call__(self, *args, **kwargs):
+            return None
+
+    kernels, fetched = types.ModuleType("kernels"), {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "kernels", kernels)
+        mp.setattr(ad, "is_kernels_available", lambda: True)
+        mp.setattr(ad, "is_kernels_version", lambda op, v: True)
+        mp.setattr(ad, "HF_HUB_OFFLINE", True)
+        for name in names:
+            backend = ad.AttentionBackendName(name)
+            if backend in ad._HUB_KERNELS_REGISTRY:
+                mp.setitem(ad._HUB_KERNELS_REGISTRY, backend, dataclasses.replace(ad._HUB_KERNELS_REGISTRY[backend]))  # fmt: skip
+            seen = fetched.setdefault(name, [])
+            kernels.get_kernel = lambda repo_id, seen=seen, **kw: seen.append(repo_id) or Anything()
+            with ad.attention_backend(name):
+                pass
+    return fetched
+
+
 def test_cpu_refuses_the_gpu_kernels(default_backend):
-    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `_flash_3`, `sage`, `xformers` and every `*_hub` backend are refused on entry because their package (`flash-attn`, FlashAttention-3, `sageattention`, `xformers`, `kernels`) is not installed: none of them is run here. Each `*_hub` backend has a Hub kernel registered to download."""
+    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `_flash_3`, `sage`, `xformers` and every `*_hub` backend are refused on entry because their package (`flash-attn`, FlashAttention-3, `sageattention`, `xformers`, `kernels`) is not installed: none of them is run here. With `kernels` present (a stand-in), entering each `*_hub` backend fetches one Hub kernel with `kernels.get_kernel`."""
     from diffusers.models.attention_dispatch import attention_backend, dispatch_attention_fn
 
     q = torch.randn(1, 8, 2, 16)  # (B, N, heads, head_dim), as dispatch_attention_fn takes it
     for name in ["_native_efficient", "_native_cudnn"]:
         with attention_backend(name), pytest.raises(RuntimeError, match="No viable backend"):
             dispatch_attention_fn(q, q, q)
-    from diffusers.models.attention_dispatch import _HUB_KERNELS_REGISTRY, AttentionBackendName
+    from diffusers.models.attention_dispatch import AttentionBackendName
 
     hub = [
         b.value for b in AttentionBackendName if b.value.endswith("_hub")
@@ -183,11 +218,12 @@ def test_cpu_refuses_the_gpu_kernels(default_backend):
     for name, package in [("flash", "flash-attn"), ("_flash_3", "FA3"), ("sage", "sageattention"), ("xformers", "xformers")] + [(h, "`kernels`") for h in hub]:  # fmt: skip
         with pytest.raises(RuntimeError, match=package), attention_backend(name):
             pass
-    assert all(AttentionBackendName(h) in _HUB_KERNELS_REGISTRY for h in hub)
+    fetched = hub_kernels_fetched(hub)
+    assert all(len(fetched[h]) == 1 for h in hub), fetched  # one kernel each, on entry
 
 
 def test_backend_table_matches_the_registry(starter, default_backend):
-    """The lab's backend table matches diffusers' registry: each backend's registered checks (`fp16/bf16` only, CUDA only), its context-parallel support, and the package versions `_check_attention_backend_requirements` asks for in the error it raises when the package is missing or too old (flash-attn 2.6.3, sageattention 2.1.1, xformers 0.0.29, torch 2.5 for flex, `kernels` 0.12 for every `*_hub` backend); `flash_hub` fetches `kernels-community/flash-attn2`; and the registered checks run only when `DIFFUSERS_ATTN_CHECKS` is set: off by default, a float32 query reaches `_native_flash`, on, its dtype check refuses it."""
+    """The lab's backend table matches diffusers' registry: each backend's registered checks (`fp16/bf16` only, CUDA only), its context-parallel support, and the package versions `_check_attention_backend_requirements` asks for in the error it raises when the package is missing or too old (flash-attn 2.6.3, sageattention 2.1.1, xformers 0.0.29, torch 2.5 for flex, `kernels` 0.12 for `flash_hub`: refused at 0.11.9, accepted at 0.12.0); entering `attention_backend("flash_hub")` with `kernels` present fetches `kernels-community/flash-attn2` (`kernels.get_kernel`, a stand-in here); and the registered checks run only when `DIFFUSERS_ATTN_CHECKS` is set: off by default, a float32 query reaches `_native_flash`, on, its dtype check refuses it."""
     from diffusers.models import attention_dispatch as ad
 
     reg = ad._AttentionBackendRegistry
@@ -214,13 +250,21 @@ def test_backend_table_matches_the_registry(starter, default_backend):
         assert f"`{package}>={version}`" in asked(name, _CAN_USE_FLEX_ATTN=False), name
         needs = re.search(r">= ([\d.]+)", starter["BACKENDS"][name][0]).group(1)
         assert version.removesuffix(".0") == needs.removesuffix(".0"), name
-    hub = [b.value for b in ad.AttentionBackendName if b.value.endswith("_hub")]
-    for name in hub:  # as installed: a new one joins
-        said = asked(name, is_kernels_available=lambda: True, is_kernels_version=lambda op, v: False)  # fmt: skip
-        assert "`kernels` version of at least 0.12" in said, name
+    # flash_hub with `kernels` installed at a given version (its version check answered for it)
+    from packaging.version import Version
+
+    def kernels_at(installed):
+        ops = {">=": Version.__ge__, ">": Version.__gt__, "<": Version.__lt__, "<=": Version.__le__, "==": Version.__eq__}  # fmt: skip
+        return dict(is_kernels_available=lambda: True, is_kernels_version=lambda op, v: ops[op](Version(installed), Version(v)))  # fmt: skip
+
+    assert "`kernels` version of at least 0.12" in asked("flash_hub", **kernels_at("0.11.9"))
+    with pytest.MonkeyPatch.context() as mp:
+        for attr, value in kernels_at("0.12.0").items():
+            mp.setattr(ad, attr, value)
+        ad._check_attention_backend_requirements(ad.AttentionBackendName.FLASH_HUB)  # accepted
     assert "kernels >= 0.12" in starter["BACKENDS"]["flash_hub"][0]
     assert reg._checks_enabled is (os.environ.get("DIFFUSERS_ATTN_CHECKS", "0").upper() in {"1", "ON", "YES", "TRUE"})  # fmt: skip
-    assert ad._HUB_KERNELS_REGISTRY[ad.AttentionBackendName.FLASH_HUB].repo_id == "kernels-community/flash-attn2"  # fmt: skip
+    assert hub_kernels_fetched(["flash_hub"])["flash_hub"] == ["kernels-community/flash-attn2"]
     # with checks off a float32 query reaches _native_flash (the CPU kernel takes it);
     # with DIFFUSERS_ATTN_CHECKS on, its registered dtype check refuses it first
     q = torch.randn(1, 8, 2, 16)
@@ -403,7 +447,7 @@ def test_use_stream_still_copies_the_unmatched_group_back(starter, monkeypatch, 
 
 
 def test_use_stream_prefetches_the_next_group(starter, monkeypatch, default_backend):
-    """With `use_stream=True`, while one block group runs the next one in execution order is already onloaded (prefetched), so the device holds the unmatched group plus two adjacent block groups at most: on a tiny `UNet2DConditionModel` (the stream path simulated on the CPU) the last down block and the first up block are on the device together, and the most weight bytes on the device at once are the lab's `use_stream` peak rule (unmatched + the largest adjacent pair) applied to the tiny UNet's own groups."""
+    """With `use_stream=True`, from the second call on, while one block group runs the next one in execution order is already onloaded (prefetched; the first call records that order and holds one block group at a time), so the device holds the unmatched group plus two adjacent block groups at most: on a tiny `UNet2DConditionModel` (the stream path simulated on the CPU) the last down block and the first up block are on the device together, and the most weight bytes on the device at once are the lab's `use_stream` peak rule (unmatched + the largest adjacent pair) applied to the tiny UNet's own groups."""
     from diffusers.hooks.group_offloading import ModuleGroup
 
     model = tiny_unet()
@@ -426,12 +470,15 @@ def test_use_stream_prefetches_the_next_group(starter, monkeypatch, default_back
         return offload(self)
 
     latents, prompt_embeds = start_latents(1), embeds(0, 1)
+    monkeypatch.setattr(ModuleGroup, "onload_", spy_onload)
+    monkeypatch.setattr(ModuleGroup, "offload_", spy_offload)
     with torch.no_grad():
         model(latents, 10, encoder_hidden_states=prompt_embeds)  # records the order
-        monkeypatch.setattr(ModuleGroup, "onload_", spy_onload)
-        monkeypatch.setattr(ModuleGroup, "offload_", spy_offload)
+        first, most[0] = seen[:], 0
+        seen.clear()
         model(latents, 10, encoder_hidden_states=prompt_embeds)
     monkeypatch.undo()
+    assert max(len(s) for s in first) == 1  # the first call: no prefetch yet
     assert max(len(s) for s in seen) == 2  # two block groups at most
     assert all(s[-1] - s[0] == 1 for s in seen if len(s) == 2)  # and adjacent ones
     last_down = len(model.down_blocks) - 1
@@ -598,19 +645,22 @@ def test_streams_need_an_accelerator():
 
 
 def test_real_attention_shapes(starter, tmp_path):
-    """The real shapes the lab sizes: the Flux.1-dev transformer has 24 heads of 128 and `FluxPipeline` encodes `max_sequence_length=512` T5 tokens by default; `StableDiffusion3Pipeline` defaults to 256 T5 tokens after CLIP's 77 (a `pipe("a cat")` call that does not set `max_sequence_length` hands the tiny Flux transformer 512 text tokens and the tiny SD3 one 77 + 256), with 24 heads of 64 in SD3 Medium; the SDXL UNet's first level (128 × 128 latents at 1024 px) has no attention, and its 64 × 64 level has 10 heads of 64."""
+    """The real shapes the lab sizes: the Flux.1-dev transformer has 24 heads of 128 and `FluxPipeline` encodes `max_sequence_length=512` T5 tokens by default; `StableDiffusion3Pipeline` defaults to 256 T5 tokens after CLIP's 77 (a `pipe("a cat")` call that does not set `max_sequence_length` hands the tiny Flux transformer 512 text tokens and the tiny SD3 one 77 + 256), with 24 heads of 64 in SD3 Medium; the SDXL UNet's first level (128 × 128 latents at 1024 px) has no attention, and its 64 × 64 level has 10 heads of 64. At each pipeline's default guidance the denoiser sees the lab's batch: 1 image for `FluxPipeline` (no CFG batch), 2 for `StableDiffusion3Pipeline` and `StableDiffusionXLPipeline` (CFG)."""
 
     comps = {(c.pipeline, c.component): c for c in COMPONENTS}
     flux = build(comps["Flux.1-dev", "transformer"])
     attn = flux.transformer_blocks[0].attn
     assert (attn.heads, attn.inner_dim // attn.heads) == (24, 128)
     pipes = text_to_image_pipelines(tmp_path)
-    for family, tokens in [("Flux.1-dev", 512), ("SD3 Medium", 77 + 256)]:
-        pipe, text_tokens = pipes[family][0], []
-        pipe.transformer.register_forward_pre_hook(lambda m, a, kw, seen=text_tokens: seen.append(kw["encoder_hidden_states"].shape[1]), with_kwargs=True)  # fmt: skip
-        with torch.no_grad():  # no max_sequence_length: the pipeline's own default
-            pipe("a cat", guidance_scale=1.0, num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
-        assert text_tokens == [tokens], family
+    for family, tokens, batch in [("Flux.1-dev", 512, 1), ("SD3 Medium", 77 + 256, 2), ("SDXL", None, 2)]:  # fmt: skip
+        pipe, seen = pipes[family][0], []
+        denoiser = pipe.unet if family == "SDXL" else pipe.transformer
+        denoiser.register_forward_pre_hook(lambda m, a, kw, seen=seen: seen.append(((a or [kw.get("hidden_states", kw.get("sample"))])[0].shape[0], kw["encoder_hidden_states"].shape[1])), with_kwargs=True)  # fmt: skip
+        with torch.no_grad():  # no max_sequence_length nor guidance_scale: the pipeline's own
+            pipe("a cat", num_inference_steps=1, height=HEIGHT, width=WIDTH, output_type="latent")  # fmt: skip
+        assert [b for b, _ in seen] == [batch], family
+        if tokens:
+            assert [n for _, n in seen] == [tokens], family
     unet = build(comps["SDXL", "unet"])
     assert not hasattr(unet.down_blocks[0], "attentions")
     attn1 = unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1
