@@ -1320,10 +1320,11 @@ def test_sdxl_modular_cfg_costs_two_unet_calls_of_b_rows(modular_sdxl):
 
 
 def test_sdxl_modular_and_stable_diffusion_xl_pipeline_agree_up_to_rounding(modular_sdxl):
-    """On tiny random SDXL components with Euler, both at `guidance_scale=7.5`, the modular pipeline and `StableDiffusionXLPipeline` agree up to float rounding."""
+    """On tiny random SDXL components with Euler and one prompt, both at `guidance_scale=7.5`, the modular pipeline and `StableDiffusionXLPipeline` agree up to float rounding."""
     import numpy as np
 
     pipe, classic = modular_sdxl
+    assert MODULAR_B == 1  # one prompt: at two, with num_images_per_prompt=2, they differ (Lab 23)
     assert pipe.guider.guidance_scale == 7.5  # its default guider: CFG at 7.5
     euler = "EulerDiscreteScheduler"
     assert type(pipe.scheduler).__name__ == type(classic.scheduler).__name__ == euler

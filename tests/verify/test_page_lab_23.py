@@ -16,7 +16,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny import HEIGHT, WIDTH, sdxl_modular_blocks, sdxl_modular_inputs, tiny_sdxl_pipeline
+from tiny import (
+    HEIGHT,
+    POOLED_DIM,
+    WIDTH,
+    embeds,
+    sdxl_modular_blocks,
+    sdxl_modular_inputs,
+    tiny_sdxl_pipeline,
+)
 
 B, N, GUIDANCE = 1, 3, 5.0
 #: the SDXL blocks a text-to-image call runs, in order, the loop's three per step
@@ -225,7 +233,7 @@ def test_flux3_ships_only_as_modular_pipelines():
 
 
 def test_modular_output_equals_classic(saved):
-    """Built from the same tiny components with Euler, with the same seed and the same `guidance_scale` above 1 (tested at 1.5 and 5), the modular SDXL pipeline's images equal `StableDiffusionXLPipeline`'s up to float rounding, not bit for bit: the two batch the UNet differently. With Heun they differ beyond rounding. Left at their defaults they differ: the classic call's `guidance_scale` is 5, the guider's 7.5."""
+    """Built from the same tiny components with Euler, for one prompt, with the same seed and the same `guidance_scale` above 1 (tested at 1.5 and 5), the modular SDXL pipeline's images equal `StableDiffusionXLPipeline`'s up to float rounding, not bit for bit: the two batch the UNet differently. With Heun they differ beyond rounding, and so they do for two prompts at `num_images_per_prompt=2`: the modular input step repeats `pooled_prompt_embeds` in another order. Left at their defaults they differ: the classic call's `guidance_scale` is 5, the guider's 7.5."""
     from diffusers import ClassifierFreeGuidance, EulerDiscreteScheduler, HeunDiscreteScheduler
 
     folder, classic = saved
@@ -246,6 +254,15 @@ def test_modular_output_equals_classic(saved):
         assert images.shape == reference.shape
         np.testing.assert_allclose(images, reference, atol=1e-5, rtol=0)
     assert not np.array_equal(images, reference)
+    # two prompts, two images each (scale 5): beyond rounding, the pooled rows come in another order
+    prompts, pooled = embeds(3, batch=2), torch.randn(2, POOLED_DIM, generator=torch.Generator().manual_seed(4))  # fmt: skip
+    two = {**sdxl_modular_inputs(), "prompt_embeds": prompts, "pooled_prompt_embeds": pooled,
+           "negative_prompt_embeds": torch.zeros_like(prompts), "negative_pooled_prompt_embeds": torch.zeros_like(pooled),
+           "num_images_per_prompt": 2}  # fmt: skip
+    two_images = pipe(**two, output="images")
+    two_reference = classic(**{**two, "generator": torch.Generator().manual_seed(0)}, guidance_scale=GUIDANCE).images  # fmt: skip
+    assert two_images.shape == two_reference.shape == (4, HEIGHT, WIDTH, 3)
+    assert np.abs(two_images - two_reference).max() > 1e-3
     pipe.update_components(guider=ClassifierFreeGuidance(guidance_scale=0.5))  # below 1: not equal
     assert np.abs(pipe(**sdxl_modular_inputs(), output="images") - classic(**sdxl_modular_inputs(), guidance_scale=0.5).images).max() > 1e-3  # fmt: skip
     # the cause: the tiny UNet's rows for one batch of 2 are not bit-identical to two of 1

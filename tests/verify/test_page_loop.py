@@ -1678,7 +1678,7 @@ def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
 
 
 def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl):
-    """With Euler, both at `guidance_scale=5.0`, the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ.
+    """With Euler and one prompt, both at `guidance_scale=5.0`, the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ, as they do for two prompts at `num_images_per_prompt=2`, whose `pooled_prompt_embeds` the modular input step repeats in another order.
 
     SDXL's modular pipeline with ``ClassifierFreeGuidance(guidance_scale=5.0)`` against
     ``StableDiffusionXLPipeline`` at 5.0, both with ``EulerDiscreteScheduler``: at every step,
@@ -1686,6 +1686,9 @@ def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl
     (unconditional first) in ``latents``, ``encoder_hidden_states``, ``text_embeds`` and
     ``time_ids``. Then both at their defaults. Euler is a condition: with
     ``HeunDiscreteScheduler`` at 5.0 the outputs differ by more than rounding (about 3e-4).
+    One prompt is a condition too: with two prompts and ``num_images_per_prompt=2`` the
+    ``encoder_hidden_states`` rows still match, but the modular ``text_embeds`` come in the order
+    (q0, q1, q0, q1) where the classic call's are (q0, q0, q1, q1), and the images differ.
     """
     from diffusers import ClassifierFreeGuidance
 
@@ -1725,3 +1728,24 @@ def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl
         heun = pipe(**sdxl_modular_inputs(), output="images")
         heun_reference = classic(**sdxl_modular_inputs(), guidance_scale=5.0).images
     assert np.abs(heun - heun_reference).max() > 1e-4
+    # two prompts, two images each: the pooled vectors are paired with other prompts' rows
+    prompts = embeds(3, batch=2)
+    pooled = torch.randn(2, classic.unet.config.projection_class_embeddings_input_dim - 6 * classic.unet.config.addition_time_embed_dim, generator=torch.Generator().manual_seed(4))  # fmt: skip
+    two = dict(prompt_embeds=prompts, pooled_prompt_embeds=pooled, negative_prompt_embeds=torch.zeros_like(prompts),
+               negative_pooled_prompt_embeds=torch.zeros_like(pooled), num_images_per_prompt=2)  # fmt: skip
+    rows = {"modular": [], "classic": []}
+    handles = [record("modular", pipe.unet), record("classic", classic.unet)]
+    try:
+        with guider_swapped(pipe, ClassifierFreeGuidance(guidance_scale=5.0)):
+            images = pipe(**{**sdxl_modular_inputs(), **two}, output="images")
+        reference = classic(**{**sdxl_modular_inputs(), **two}, guidance_scale=5.0).images
+    finally:
+        for handle in handles:
+            handle.remove()
+    cond, classic_cond = rows["modular"][0], rows["classic"][0][4:]  # step 0, the conditional rows
+    width = cond.shape[1] - pooled.shape[1] - 6  # latents, encoder_hidden_states; then the rest
+    torch.testing.assert_close(cond[:, :width], classic_cond[:, :width], rtol=0, atol=0)
+    text = slice(width, width + pooled.shape[1])
+    torch.testing.assert_close(cond[:, text], pooled[[0, 1, 0, 1]], rtol=0, atol=0)
+    torch.testing.assert_close(classic_cond[:, text], pooled[[0, 0, 1, 1]], rtol=0, atol=0)
+    assert np.abs(images - reference).max() > 1e-3
