@@ -45,7 +45,8 @@ def test_leading_timesteps_start_at_n_minus_1_strides_plus_offset(run_lab, n):
 
 
 def test_no_guidance_no_doubling(run_lab):
-    """guidance_scale <= 1 runs the conditional branch alone, as diffusers does."""
+    """guidance_scale <= 1 runs the conditional branch alone, as StableDiffusionPipeline does
+    with an SD 1.5-style UNet (no time_cond_proj_dim)."""
     g = run_lab(STARTER, "--guidance-scale", "1", "--steps", "2", "--num-samples", "3")
     loop = [row for row in g["trace"] if row["stage"] == "loop"]
     assert all(row["shape"][0] == 3 for row in loop)

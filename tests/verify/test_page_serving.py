@@ -288,8 +288,21 @@ def test_guidance_scale_at_or_below_one_runs_without_guidance(sd_pipe, record_ca
 
 
 def test_an_lcm_unet_takes_the_guidance_scale_as_an_embedding(sd_pipe, record_calls):
-    """`StableDiffusionPipeline` runs CFG only when `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`: with an LCM-distilled UNet (`time_cond_proj_dim` set) it makes one-row UNet calls at any scale and passes `guidance_scale - 1` to the UNet as a `timestep_cond` embedding, so there `guidance_scale` 0.5 and 1.0 give different `latents`."""
+    """`StableDiffusionPipeline` runs CFG only when `guidance_scale > 1 and unet.config.time_cond_proj_dim is None`: with a UNet whose config sets `time_cond_proj_dim` it makes one-row UNet calls at any scale and passes `guidance_scale - 1` to the UNet as a `timestep_cond` embedding, so there `guidance_scale` 0.5 and 1.0 give different `latents`.
+
+    The config decides, not the distillation: a UNet carrying a LoRA adapter (the form in
+    which LCM-LoRA loads) keeps ``time_cond_proj_dim`` unset, and at ``guidance_scale=1.5``
+    the pipeline calls it on CFG's two rows.
+    """
+    from peft import LoraConfig
     from tiny import tiny_unet
+
+    lora = tiny_unet()
+    lora.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q"], init_lora_weights=False))  # fmt: skip
+    rows = record_calls(lora).calls
+    run(sd_with(sd_pipe, unet=lora), steps=1, guidance_scale=1.5)
+    assert lora.config.time_cond_proj_dim is None
+    assert [args[0].shape[0] for args, _ in rows] == [2]  # guided: an LCM-LoRA is not an LCM UNet
 
     pipe = sd_with(sd_pipe, unet=tiny_unet(time_cond_proj_dim=8))
     calls = record_calls(pipe.unet).calls
@@ -447,7 +460,7 @@ def test_len_timesteps_unet_calls_below_1000_steps(sd_pipe, record_calls):
 
 
 def test_batched_rows_equal_separate_calls(sd_pipe):
-    """Two requests batched in one call, with one `torch.Generator` per request passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators, with every scheduler in `StableDiffusionPipeline`'s `compatibles` but `DPMSolverSDEScheduler`, even DDPM, which draws fresh noise in every step above t = 0. `DPMSolverSDEScheduler` ignores the generators for its step noise: with its default `noise_sampler_seed=None`, two solo calls with the same generator differ.
+    """Two requests batched in one call, with one `torch.Generator` per image passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators, with every scheduler in `StableDiffusionPipeline`'s `compatibles` but `DPMSolverSDEScheduler`, even DDPM, which draws fresh noise in every step above t = 0. `DPMSolverSDEScheduler` ignores the generators for its step noise: with its default `noise_sampler_seed=None`, two solo calls with the same generator differ.
 
     The tiny pipeline's own guided ``__call__``, 2 steps, each compatible class built
     ``from_config`` with SD 1.5's values (PNDM with its shipped ``skip_prk_steps``), read from
@@ -478,6 +491,25 @@ def test_batched_rows_equal_separate_calls(sd_pipe):
     ddpm = DDPMScheduler.from_config(SD_SCHEDULER)
     ddpm.set_timesteps(2)
     assert ddpm.timesteps.tolist() == [501, 1]  # both steps above t = 0: both draw noise
+
+
+def test_the_generator_list_has_one_generator_per_image(sd_pipe):
+    """`StableDiffusionPipeline` takes one `torch.Generator` per image, not per request: at `num_images_per_prompt=2`, a list of one generator per prompt raises a `ValueError`, and with one per image the second request's two images in a batch of two requests equal its own call's, with `EulerAncestralDiscreteScheduler`, whose `step` draws noise from them.
+
+    The tiny pipeline's own guided ``__call__``, 2 steps, SD 1.5's scheduler values.
+    """
+    pipe = sd_with(sd_pipe, scheduler=EulerAncestralDiscreteScheduler.from_config(SD_SCHEDULER))
+    prompts, negatives = embeds(5, batch=2), embeds(6, batch=2)
+
+    def call(rows, seeds):
+        return run(pipe, steps=2, prompt=prompts[rows], negative=negatives[rows], latents=None,
+                   num_images_per_prompt=2,
+                   generator=[torch.Generator().manual_seed(s) for s in seeds])  # fmt: skip
+
+    with pytest.raises(ValueError, match="list of generators of length 2"):
+        call(slice(0, 2), [10, 11])  # one per request
+    together = call(slice(0, 2), [10, 11, 12, 13])
+    torch.testing.assert_close(together[2:], call(slice(1, 2), [12, 13]), rtol=1e-3, atol=1e-4)
 
 
 # ---------------------------------------------------------------- cancellation
