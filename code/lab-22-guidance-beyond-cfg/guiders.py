@@ -175,7 +175,7 @@ def PerturbedAttentionGuidance(pred_cond, pred_uncond, pred_cond_skip, guidance_
 # %%
 # --8<-- [start:loop]
 def perturbed_window(step, n, start=0.01, stop=0.2):
-    return int(start * n) < step < int(stop * n)  # _is_slg_enabled: strict at the start
+    return int(start * n) < step < int(stop * n)  # _is_slg_enabled: strict at both ends
 
 
 def sample(rule, guidance_scale):
