@@ -31,10 +31,10 @@ from labkit.schedulers import DDIMScheduler
 # ## The cases and the check
 #
 # `get_timesteps` reads two things of the scheduler: `timesteps` and `order`. The cases
-# use DDIM with SD 1.5's config (order 1, one entry per step) and a second-order grid
-# laid out as `HeunDiscreteScheduler` lays out its own (order 2: the first timestep once,
-# each later one twice, 2n - 1 entries), at strengths that run every step, a few, one or
-# none. `check_function` (labkit.blanks) runs your function and the solution's on each
+# use DDIM with SD 1.5's scheduler settings (order 1, one entry per step) and a
+# second-order grid laid out as `HeunDiscreteScheduler` lays out its own (order 2: the
+# first timestep once, each later one twice, 2n - 1 entries), at strengths that run every
+# step, a few, one or none. `check_function` (labkit.blanks) runs your function and the solution's on each
 # case and compares the variable each blank assigns.
 
 # %%

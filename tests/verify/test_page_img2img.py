@@ -3,7 +3,7 @@
 The pipeline call paths (timesteps run, add_noise, blending, the 9-channel UNet's input,
 padding_mask_crop, Kontext's sequence) are run in Lab 20's module,
 ``test_page_lab_20.py``. These tests spy on the ``strength`` each pipeline's ``__call__``
-passes to ``get_timesteps``, call SD's and Flux's ``get_timesteps`` on real schedulers, and
+passes to ``get_timesteps``, call SD 1.5's, SD3's and Flux's ``get_timesteps`` on real schedulers, and
 run tiny ``StableDiffusionImg2ImgPipeline`` (DDIM, PNDM, zero-terminal-SNR DDIM),
 ``StableDiffusionXLInpaintPipeline``, ``FluxImg2ImgPipeline``, ``FluxFillPipeline`` and
 ``QwenImageEditPipeline`` calls (built offline: no hub, no weights).
@@ -553,7 +553,7 @@ def test_qwen_image_edit_resizes_its_reference_to_1_mp_and_gives_it_frame_1(qwen
 
 
 def test_qwen_image_edit_reference_also_lengthens_prompt_embeds(qwen_edit_run, tmp_path_factory):
-    """`QwenImageEditPipeline` also gives the reference to its text encoder (Qwen2.5-VL) as image tokens, one per 2x2 merge of the processor's 14 px patch grid, which stay in `prompt_embeds` after the template's first `prompt_template_encode_start_idx` tokens are dropped: 1,250 for the 1440x736 reference at the image processor's default `max_pixels` (28 * 28 * 1280, which scales it to 1400x700 px), 1,326 with `max_pixels` above the reference's area (1428x728 px); a checkpoint's processor config sets `max_pixels`."""
+    """`QwenImageEditPipeline` also gives the reference to its text encoder (Qwen2.5-VL) as image tokens, one per 2x2 merge of the processor's 14 px patch grid, which stay in `prompt_embeds` after the template's first `prompt_template_encode_start_idx` tokens are dropped: 1,250 for the 1440x736 reference at the image processor's default `max_pixels` (28 * 28 * 1280, which scales it to 1400x700 px), 1,326 with `max_pixels` above the reference's area (1428x728 px)."""
     from transformers import Qwen2VLImageProcessorPil
 
     assert Qwen2VLImageProcessorPil().size["longest_edge"] == 28 * 28 * 1280
@@ -600,12 +600,13 @@ def test_sdxl_inpaint_default_is_not_a_pure_noise_start(monkeypatch):
     )
 
 
-def test_interview_answer_gives_sds_get_timesteps_rule():
-    """SD's `get_timesteps` (`StableDiffusionImg2ImgPipeline.get_timesteps`) skips the first `steps - int(steps * strength)` steps of the grid (DDIM, 0.35 of 10: 7), so the interview answer names SD's: `FluxImg2ImgPipeline.get_timesteps` skips `int(steps - steps * strength)`, 6."""
+def test_sd15s_get_timesteps_rule_is_not_sd3s():
+    """`StableDiffusionImg2ImgPipeline.get_timesteps` (SD 1.5's) skips the first `steps - int(steps * strength)` steps of the grid (DDIM, 0.35 of 10: 7); `StableDiffusion3Img2ImgPipeline.get_timesteps` and `FluxImg2ImgPipeline.get_timesteps` skip `int(steps - steps * strength)`, 6."""
     from diffusers import (
         DDIMScheduler,
         FlowMatchEulerDiscreteScheduler,
         FluxImg2ImgPipeline,
+        StableDiffusion3Img2ImgPipeline,
         StableDiffusionImg2ImgPipeline,
     )
     from tiny import SD_SCHEDULER
@@ -613,10 +614,14 @@ def test_interview_answer_gives_sds_get_timesteps_rule():
     from infralens_docs.registry import ROOT
 
     skipped = []
-    for cls, scheduler in ((StableDiffusionImg2ImgPipeline, DDIMScheduler(**SD_SCHEDULER)), (FluxImg2ImgPipeline, FlowMatchEulerDiscreteScheduler())):  # fmt: skip
+    for cls, scheduler in ((StableDiffusionImg2ImgPipeline, DDIMScheduler(**SD_SCHEDULER)), (StableDiffusion3Img2ImgPipeline, FlowMatchEulerDiscreteScheduler(shift=3.0)), (FluxImg2ImgPipeline, FlowMatchEulerDiscreteScheduler())):  # fmt: skip
         scheduler.set_timesteps(10)
         kept, _ = cls.get_timesteps(SimpleNamespace(scheduler=scheduler), 10, 0.35, "cpu")
         skipped.append(10 - len(kept))
-    assert skipped == [10 - int(10 * 0.35), int(10 - 10 * 0.35)] == [7, 6]
+    assert skipped == [10 - int(10 * 0.35), int(10 - 10 * 0.35), int(10 - 10 * 0.35)] == [7, 6, 6]
+    # so the pages name SD 1.5's rule, default and grid, not "SD's" (SD3's img2img differs)
+    for name in ("docs/handbook/img2img.md", "docs/labs/lab-20-img2img-and-inpainting.md"):
+        page = " ".join((ROOT / name).read_text(encoding="utf-8").split())
+        assert "SD's" not in page, name
     page = " ".join((ROOT / "docs/handbook/img2img.md").read_text(encoding="utf-8").split())
-    assert "starts from: SD's `get_timesteps` skips the first `steps - int(steps * strength)` steps" in page  # fmt: skip
+    assert "starts from: SD 1.5's `get_timesteps` skips the first `steps - int(steps * strength)` steps" in page  # fmt: skip

@@ -476,7 +476,7 @@ def strength_checker_cases():
 
 
 def test_strength_exercise_checks_against_img2img_get_timesteps(img2img):
-    """The solution `check_strength.py` checks your `get_timesteps` against returns what `StableDiffusionImg2ImgPipeline.get_timesteps` does, the timesteps and their step count, on `DDIMScheduler` and on the second-order `HeunDiscreteScheduler`, at every strength and step count the checker tries (strength 1.0; 0.1 of 10 steps, one step; 0.05 of 10 and 0.5 of 1, none); `HeunDiscreteScheduler` has `order` 2 and lays out its grid as the checker's second-order one: the first timestep once, each later one twice, 2n - 1 entries."""
+    """The solution `check_strength.py` checks your `get_timesteps` against returns what `StableDiffusionImg2ImgPipeline.get_timesteps` does, the timesteps and their step count, on `DDIMScheduler` and on the second-order `HeunDiscreteScheduler`, at every strength and step count the checker tries (among them strength 1.0; 0.1 of 10 steps, one step; 0.05 of 10 and 0.5 of 1, none); `HeunDiscreteScheduler` has `order` 2 and lays out its grid as the checker's second-order one: the first timestep once, each later one twice, 2n - 1 entries."""
     from diffusers import DDIMScheduler, HeunDiscreteScheduler
     from tiny import SD_BETAS
 
@@ -541,7 +541,7 @@ def test_blank_3s_comment_names_the_scheduler_whose_layout_it_gives():
 
 
 def test_round_hint_names_the_pipeline_whose_get_timesteps_floors(img2img, record_calls):
-    """The "int vs round" hint `check_strength.py` prints names `StableDiffusionImg2ImgPipeline` as the one that cuts `num_inference_steps * strength` with `int()`, and gives its count with DDIM (0.35 of 10 steps: 3 UNet calls through its `__call__`, not 4; with SD 1.5's shipped `PNDMScheduler`, whose grid has one entry more, the same call makes 4, as the starter's comment says), not diffusers as a whole: `FluxImg2ImgPipeline.get_timesteps` floors only `num_inference_steps - num_inference_steps * strength` and keeps 4."""
+    """The "int vs round" hint `check_strength.py` prints names `StableDiffusionImg2ImgPipeline` as the one that cuts `num_inference_steps * strength` with `int()`, and gives its count with DDIM (0.35 of 10 steps: 3 UNet calls through its `__call__`, not 4; with SD 1.5's shipped `PNDMScheduler`, whose grid has one entry more, the same call makes 4), not diffusers as a whole: `FluxImg2ImgPipeline.get_timesteps` floors only `num_inference_steps - num_inference_steps * strength` and keeps 4."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline, PNDMScheduler
     from tiny import SD15_PNDM
 
@@ -596,7 +596,7 @@ def test_starter_names_the_pipeline_whose_empty_run_it_describes():
 
 
 def test_flux_img2img_at_strength_one_starts_at_sigma_one():
-    """`FluxImg2ImgPipeline` at `strength=1.0` starts at sigma 1, pure noise: its `scheduler.scale_noise(image_latents, timestep, noise)` returns the noise itself. The lab says this of Flux's img2img, the one pipeline run here, not of flow-matching img2img as a whole."""
+    """`FluxImg2ImgPipeline` at `strength=1.0` starts at sigma 1, pure noise: its `scheduler.scale_noise(image_latents, timestep, noise)` returns the noise itself."""
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
 
@@ -631,7 +631,7 @@ def test_flux_img2img_at_strength_one_starts_at_sigma_one():
 
 
 def test_out_loud_gives_sd_get_timesteps_rule_not_fluxs(img2img):
-    """`StableDiffusionImg2ImgPipeline`'s `get_timesteps` skips the first `num_inference_steps - int(num_inference_steps * strength)` steps of the grid (DDIM, 0.35 of 10: 7), so "How to say it out loud" names it: `FluxImg2ImgPipeline.get_timesteps` skips `int(num_inference_steps - num_inference_steps * strength)`, 6 of 10."""
+    """`StableDiffusionImg2ImgPipeline`'s `get_timesteps` skips the first `num_inference_steps - int(num_inference_steps * strength)` steps of the grid (DDIM, 0.35 of 10: 7); `FluxImg2ImgPipeline.get_timesteps` skips `int(num_inference_steps - num_inference_steps * strength)`, 6 of 10."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
 
     from infralens_docs.registry import ROOT
