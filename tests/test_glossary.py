@@ -107,19 +107,42 @@ def test_the_glossary_page_does_not_say_its_definitions_state_no_behaviour():
 UNTESTED_CLAUSES = [("Heun", "last step"), ("PNDM", "skip_prk_steps")]
 
 
+def first_sentence_of(module: str, test: str) -> str:
+    """The first paragraph of a verify test's docstring (the sentence it checks), whitespace
+    folded, read with ``ast`` from ``tests/verify/<module>``."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "verify" / module).read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == test)
+    return " ".join(ast.get_docstring(node).split("\n\n")[0].split())
+
+
 def test_code_definitions_say_only_what_a_verify_test_shows():
-    """Without a build: ``PipelineState`` is the state a modular pipeline's call returns, with
-    what its blocks write (test_page_pipeline.py's SDXL modular call), not "the one state" its
-    blocks read and write (the loop's sub-blocks are handed a ``BlockState``: the loop page);
-    ``init_noise_sigma``'s sigma_max is ``EulerDiscreteScheduler``'s
-    (test_page_scheduler.py::test_init_noise_sigma_per_class_and_spacing), not every Euler
-    class's (``FlowMatchEulerDiscreteScheduler`` has none)."""
+    """Without a build: ``PipelineState``'s definition says what
+    test_page_pipeline.py::test_sdxl_modular_blocks_write_only_declared_state_keys shows (in
+    SDXL's text-to-image call each block handed the state writes only keys it declares), not
+    that a call returns it (only at ``output=None``) or that it holds what the blocks write
+    (the loop's ``noise_pred``, SDXL's ``time_ids`` and ``extra_step_kwargs`` are written to a
+    ``BlockState`` and not kept); ``init_noise_sigma``'s Euler value is its set grid's
+    ``sigmas.max()``, as test_page_scheduler.py::test_init_noise_sigma_per_class_and_spacing
+    has it, not "sigma_max" (under leading spacing with steps_offset 1, SDXL's config, 50
+    steps give 13.16, not the sqrt(14.61^2 + 1) a schedule's sigma_max gives), and
+    ``EulerDiscreteScheduler``'s only (``FlowMatchEulerDiscreteScheduler`` has none)."""
     definitions = {t.name: t.definition for t in TERMS}
     state = definitions["PipelineState"]
-    assert "one state" not in state and "read and write" not in state
-    assert state.startswith("The state a modular pipeline's call returns")
-    assert "Euler's" not in definitions["init_noise_sigma"]
-    assert "EulerDiscreteScheduler's sigma_max" in definitions["init_noise_sigma"]
+    for untested in ("one state", "read and write", "call returns", "values its blocks write"):
+        assert untested not in state, untested
+    tested = first_sentence_of("test_page_pipeline.py", "test_sdxl_modular_blocks_write_only_declared_state_keys")  # fmt: skip
+    assert "in SDXL's text-to-image call, each block writes only state keys it declares as inputs or outputs" in tested  # fmt: skip
+    assert state.endswith("in SDXL's text-to-image call, each block handed it writes only keys it declares as inputs or outputs.")  # fmt: skip
+    sigma = definitions["init_noise_sigma"]
+    assert "sigma_max" not in sigma and "Euler's" not in sigma
+    assert "for EulerDiscreteScheduler its grid's sigmas.max(), or sqrt(sigmas.max()^2 + 1) under leading spacing" in sigma  # fmt: skip
+    tested = first_sentence_of(
+        "test_page_scheduler.py", "test_init_noise_sigma_per_class_and_spacing"
+    )
+    assert "`EulerDiscreteScheduler` it is `sigmas.max()`" in tested
+    assert "`(sigmas.max()**2 + 1) ** 0.5` under `leading`" in tested
 
 
 def test_hovers_state_no_untested_step_rule():
@@ -190,7 +213,7 @@ def test_readme_names_the_starters_without_a_figures_flag():
     false``), and both sections say so. The run section speaks of the runnable starters
     (``runnable: true``) only: a blanks file answers ``--figures`` and ``--help`` with its
     one-line error, and lab 17's ``rebuild_diffusers.py`` (torch and diffusers) takes no flag
-    at all, a bad one included."""
+    at all, a bad one included; the Layout table names test_odd_input.py's set the same way."""
     from infralens_docs.registry import load_labs
 
     starters = [s for lab in load_labs() for s in lab.starters]
@@ -208,6 +231,7 @@ def test_readme_names_the_starters_without_a_figures_flag():
     assert "Each runnable starter (`runnable: true` in the registry) needs NumPy alone" in section
     assert "holds every runnable starter to that" in section
     assert "an exercise's checker, which takes no `--figures`" in section
+    assert "`test_odd_input.py` (every runnable starter's flags on odd values)" in readme_section("Layout")  # fmt: skip
     adding = readme_section("Adding a lab")
     assert "(including `add_figures_argument`)" not in adding
     assert "all but an exercise's checker also take `--figures` (`add_figures_argument`)" in adding
