@@ -98,9 +98,9 @@ class EulerDiscreteScheduler:
 
     @property
     def init_noise_sigma(self) -> float:
-        """Std of the starting latents: sigma_max for "linspace" / "trailing" and
-        sqrt(sigma_max^2 + 1) for "leading", exactly as diffusers (a variance-preserving
-        start at the first, non-maximal, "leading" timestep)."""
+        """Std of the starting latents: the grid's sigmas.max() for "linspace" / "trailing"
+        and sqrt(sigmas.max()^2 + 1) for "leading", exactly as diffusers (a
+        variance-preserving start at the first, non-maximal, "leading" timestep)."""
         max_sigma = float(self.sigmas.max())
         if self.config.timestep_spacing in ("linspace", "trailing"):
             return max_sigma
