@@ -1209,7 +1209,7 @@ def modular_sdxl(tmp_path_factory):
 
 
 def test_sdxl_modular_pipeline_is_blocks_over_one_state(modular_sdxl, monkeypatch):
-    """A modular pipeline builds its call from blocks that read and write one `PipelineState`. In SDXL's (`StableDiffusionXLAutoBlocks`), every block declares its inputs (`InputParam`) and `intermediate_outputs` (`OutputParam`), a `SequentialPipelineBlocks` runs its sub-blocks in order, the denoise loop, a `LoopSequentialPipelineBlocks`, runs its three sub-blocks once per timestep, and an `AutoPipelineBlocks` picks a branch from the inputs present (`image_latents` without `mask`: img2img; neither: text-to-image)."""
+    """A modular pipeline builds its call from blocks. In SDXL's (`StableDiffusionXLAutoBlocks`), every block declares its inputs (`InputParam`) and `intermediate_outputs` (`OutputParam`), a `SequentialPipelineBlocks` runs its sub-blocks in order, the denoise loop, a `LoopSequentialPipelineBlocks`, runs its three sub-blocks once per timestep, and an `AutoPipelineBlocks` picks a branch from the inputs present (`image_latents` without `mask`: img2img; neither: text-to-image)."""
     from diffusers import StableDiffusionXLAutoBlocks
     from diffusers.modular_pipelines import (
         AutoPipelineBlocks,

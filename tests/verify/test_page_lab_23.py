@@ -233,7 +233,7 @@ def test_flux3_ships_only_as_modular_pipelines():
 
 
 def test_modular_output_equals_classic(saved):
-    """Built from the same tiny components with Euler, for one prompt, with the same seed and the same `guidance_scale` above 1 (tested at 1.5 and 5), the modular SDXL pipeline's images equal `StableDiffusionXLPipeline`'s up to float rounding, not bit for bit: the two batch the UNet differently. With Heun they differ beyond rounding, and so they do for two prompts at `num_images_per_prompt=2`: the modular input step repeats `pooled_prompt_embeds` in another order. Left at their defaults they differ: the classic call's `guidance_scale` is 5, the guider's 7.5."""
+    """Built from the same tiny components with Euler, for one prompt, with the same seed and the same `guidance_scale` above 1 (tested at 1.5 and 5), the modular SDXL pipeline's images equal `StableDiffusionXLPipeline`'s up to float rounding, not bit for bit: the two batch the UNet differently. With Heun they differ beyond rounding, and so they do for two different prompts at `num_images_per_prompt=2`: the modular input step repeats `pooled_prompt_embeds` in another order. Left at their defaults they differ: the classic call's `guidance_scale` is 5, the guider's 7.5."""
     from diffusers import ClassifierFreeGuidance, EulerDiscreteScheduler, HeunDiscreteScheduler
 
     folder, classic = saved
@@ -259,6 +259,8 @@ def test_modular_output_equals_classic(saved):
     two = {**sdxl_modular_inputs(), "prompt_embeds": prompts, "pooled_prompt_embeds": pooled,
            "negative_prompt_embeds": torch.zeros_like(prompts), "negative_pooled_prompt_embeds": torch.zeros_like(pooled),
            "num_images_per_prompt": 2}  # fmt: skip
+    assert not torch.equal(prompts[0], prompts[1])  # two different prompts
+    assert not torch.equal(pooled[0], pooled[1])
     two_images = pipe(**two, output="images")
     two_reference = classic(**{**two, "generator": torch.Generator().manual_seed(0)}, guidance_scale=GUIDANCE).images  # fmt: skip
     assert two_images.shape == two_reference.shape == (4, HEIGHT, WIDTH, 3)

@@ -1678,15 +1678,15 @@ def test_sdxl_modular_denoiser_calls_the_unet_once_per_guider_batch(
 
 
 def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl):
-    """With Euler and one prompt, both at `guidance_scale=5.0`, the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ, as they do for two prompts at `num_images_per_prompt=2`, whose `pooled_prompt_embeds` the modular input step repeats in another order.
+    """With Euler and one prompt, both at `guidance_scale=5.0`, the rows are the same and the outputs agree with `StableDiffusionXLPipeline`'s up to float rounding; at their defaults (the guider's `7.5`, the pipeline's `5.0`) they differ, as they do for two different prompts at `num_images_per_prompt=2`, whose `pooled_prompt_embeds` the modular input step repeats in another order.
 
     SDXL's modular pipeline with ``ClassifierFreeGuidance(guidance_scale=5.0)`` against
     ``StableDiffusionXLPipeline`` at 5.0, both with ``EulerDiscreteScheduler``: at every step,
     the guider's two batches (conditional first) are the classic call's two halves
     (unconditional first) in ``latents``, ``encoder_hidden_states``, ``text_embeds`` and
-    ``time_ids``. Then both at their defaults. Euler is a condition: with
+    ``time_ids``. Then both at their defaults. Euler is the scheduler tested; with the order-2
     ``HeunDiscreteScheduler`` at 5.0 the outputs differ by more than rounding (about 3e-4).
-    One prompt is a condition too: with two prompts and ``num_images_per_prompt=2`` the
+    One prompt is a condition too: with two different prompts and ``num_images_per_prompt=2`` the
     ``encoder_hidden_states`` rows still match, but the modular ``text_embeds`` come in the order
     (q0, q1, q0, q1) where the classic call's are (q0, q0, q1, q1), and the images differ.
     """
@@ -1733,6 +1733,8 @@ def test_sdxl_modular_loop_agrees_with_stable_diffusion_xl_pipeline(modular_sdxl
     pooled = torch.randn(2, classic.unet.config.projection_class_embeddings_input_dim - 6 * classic.unet.config.addition_time_embed_dim, generator=torch.Generator().manual_seed(4))  # fmt: skip
     two = dict(prompt_embeds=prompts, pooled_prompt_embeds=pooled, negative_prompt_embeds=torch.zeros_like(prompts),
                negative_pooled_prompt_embeds=torch.zeros_like(pooled), num_images_per_prompt=2)  # fmt: skip
+    assert not torch.equal(prompts[0], prompts[1])  # two different prompts
+    assert not torch.equal(pooled[0], pooled[1])
     rows = {"modular": [], "classic": []}
     handles = [record("modular", pipe.unet), record("classic", classic.unet)]
     try:

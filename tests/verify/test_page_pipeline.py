@@ -559,7 +559,7 @@ def modular_sdxl(tmp_path_factory):
 
 
 def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkeypatch):
-    """A modular pipeline (`diffusers.modular_pipelines`) runs the same stages as blocks over one `PipelineState`; in SDXL's text-to-image call, each block writes only state keys it declares as inputs or outputs.
+    """A modular pipeline (`diffusers.modular_pipelines`) runs the same stages as blocks; with the prompt embeddings passed in, each block of SDXL's text-to-image call (the denoise loop counted as one) writes only `PipelineState` keys it declares as inputs or outputs.
 
     The call takes prompt embeddings (``sdxl_modular_blocks`` drops the text-encoder,
     IP-Adapter and VAE-encoder blocks); its branch is text-to-image (the loop block is
@@ -571,7 +571,7 @@ def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkey
     from diffusers.modular_pipelines import PipelineState
 
     pipe, _ = modular_sdxl
-    seen = []
+    seen, in_loop = [], set()
 
     def tree(block):
         for sub in block.sub_blocks.values():
@@ -581,6 +581,7 @@ def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkey
     def spied(original):
         def spy(self, components, state, *args, **kwargs):
             if not isinstance(state, PipelineState):  # a loop sub-block: it gets the block state
+                in_loop.add(type(self).__name__)
                 return original(self, components, state, *args, **kwargs)
             before = dict(state.values)
             out = original(self, components, state, *args, **kwargs)
@@ -601,6 +602,12 @@ def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkey
     assert leaves <= {name for name, changed, _ in seen if changed}  # text-to-image, each wrote
     for name, changed, declared in seen:
         assert changed <= declared, (name, changed - declared)
+    # the prompt embeddings are passed in: no text-encoder block runs
+    assert not any("TextEncoder" in type(b).__name__ for b in tree(pipe.blocks))
+    # the denoise loop counts as one block: its sub-blocks get a block state, and what the
+    # denoiser sub-block computes (`noise_pred`) never reaches the PipelineState
+    assert {"StableDiffusionXLLoopBeforeDenoiser", "StableDiffusionXLLoopDenoiser", "StableDiffusionXLLoopAfterDenoiser"} <= in_loop  # fmt: skip
+    assert "noise_pred" not in state.values
 
 
 def test_flux3_ships_only_as_a_modular_pipeline():
