@@ -283,7 +283,8 @@ table(
 # device-to-host (back).
 # - `enable_model_cpu_offload`: the whole denoiser stays on the device for the loop; it
 #   goes on at the first step and back after the last (the VAE's hook offloads it before
-#   the decode): one round trip per image, `1 / steps` of it each way per step.
+#   the decode): one round trip per `pipe(...)` call, whatever `num_images_per_prompt`,
+#   `1 / steps` of it each way per step.
 # - `enable_sequential_cpu_offload` (accelerate's `cpu_offload`): every module with its
 #   own parameters is loaded for its own forward, so the whole model crosses every step;
 #   afterwards the hook drops it to the meta device and keeps its CPU copy, so nothing
@@ -294,10 +295,10 @@ table(
 #   `mid_block`, the embeddings) forms one "unmatched" group that stays on the device for
 #   the whole forward. Peak: unmatched + the largest group. Offloading a group calls
 #   `module.to(offload_device)`: every byte is copied back, so the whole model crosses
-#   twice per call. `use_stream=True` forces n = 1, prefetches the next group while one
-#   runs (two groups at a time) and offloads a block group by pointing its weights back at
-#   a pinned CPU copy; the unmatched group gets no stream, so it is still onloaded
-#   synchronously and copied back every call. With `offload_to_disk_path` nothing is
+#   twice per call. `use_stream=True` forces n = 1, from the second call on prefetches the
+#   next group while one runs (two groups at a time), and offloads a block group by pointing
+#   its weights back at a CPU copy it holds; the unmatched group gets no stream, so it is
+#   still onloaded synchronously and copied back every call. With `offload_to_disk_path` nothing is
 #   copied back: each onload reads the group from disk instead.
 #   `block_modules=["mid_block"]` (diffusers 0.42.1) cuts a named child into groups of
 #   its own ModuleLists' blocks, so it no longer sits in the unmatched group.
@@ -358,7 +359,7 @@ for name, rows in offload.items():
     cells = []
     for s, peak, on, back, n in rows:
         seconds = (on + back) / (pcie_gbps * 1e9)  # without streams the copies are serialized
-        cells.append([s, f"{peak / 1e9:.2f} GB", f"{on / 1e9:.2f} GB", f"{back / 1e9:.2f} GB", f"{seconds:.2f}", f"{n:g}" if n == 0 or n >= 1 else "1 per image"])  # fmt: skip
+        cells.append([s, f"{peak / 1e9:.2f} GB", f"{on / 1e9:.2f} GB", f"{back / 1e9:.2f} GB", f"{seconds:.2f}", f"{n:g}" if n == 0 or n >= 1 else "1 per pipe call"])  # fmt: skip
     table(title, header, cells)
 sdxl = {c["name"]: c for c in offload_groups.model("SDXL", "unet")["children"]}
 print(

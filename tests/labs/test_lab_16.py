@@ -90,7 +90,7 @@ def test_offload_schedules_from_the_real_groups(lab):
     assert 0 < unmatched < total
     steps = lab["args"].steps
     assert rows["all on the device"][1:4] == (total, 0, 0)
-    # model offload: on before the first step, back after the last: one round trip per image
+    # model offload: on before the first step, back after the last: one round trip per pipe(...) call
     assert rows["model offload"][2:4] == (total / steps, total / steps)
     for name, row in rows.items():
         if name.startswith(("block_level", "leaf_level", "sequential")):
@@ -121,6 +121,8 @@ def test_printed_transfer_time_adds_both_directions(run_cli):
     assert lines["block_level, use_stream"][4:9:2] == ["23.80", "0.13", "0.96"]
     assert lines["sequential offload"][4:9:2] == ["23.80", "0.00", "0.95"]
     assert lines["model offload"][4:9:2] == ["0.85", "0.85", "0.07"]
+    # once per pipe(...) call, however many images it makes (not "per image")
+    assert lines["model offload"][-4:] == ["1", "per", "pipe", "call"]
 
 
 def test_default_output(run_cli):

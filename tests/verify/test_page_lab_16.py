@@ -167,7 +167,7 @@ def test_cpu_backends_agree_on_a_tiny_flux_transformer(default_backend):
 
 
 def hub_kernels_fetched(names) -> dict:
-    """Enter `attention_backend(name)` for each name with `kernels` present: a stand-in
+    """Enter `attention_backend(name)` twice for each name with `kernels` present: a stand-in
     `kernels` module records the repo ids `get_kernel` is asked for (HF_HUB_OFFLINE on, so no
     publisher lookup; each registry entry is a copy, so no fetched function stays).
     name -> [repo ids]."""
@@ -196,13 +196,14 @@ def hub_kernels_fetched(names) -> dict:
                 mp.setitem(ad._HUB_KERNELS_REGISTRY, backend, dataclasses.replace(ad._HUB_KERNELS_REGISTRY[backend]))  # fmt: skip
             seen = fetched.setdefault(name, [])
             kernels.get_kernel = lambda repo_id, seen=seen, **kw: seen.append(repo_id) or Anything()
-            with ad.attention_backend(name):
-                pass
+            for _ in range(2):  # the second entry finds the kernel cached
+                with ad.attention_backend(name):
+                    pass
     return fetched
 
 
 def test_cpu_refuses_the_gpu_kernels(default_backend):
-    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `_flash_3`, `sage`, `xformers` and every `*_hub` backend are refused on entry because their package (`flash-attn`, FlashAttention-3, `sageattention`, `xformers`, `kernels`) is not installed: none of them is run here. With `kernels` present (a stand-in), entering each `*_hub` backend fetches one Hub kernel with `kernels.get_kernel`."""
+    """On this CPU build, `_native_efficient` and `_native_cudnn` are accepted by `attention_backend(...)` but fail at the first call ("No viable backend for scaled_dot_product_attention"), and `flash`, `_flash_3`, `sage`, `xformers` and every `*_hub` backend are refused on entry because their package (`flash-attn`, FlashAttention-3, `sageattention`, `xformers`, `kernels`) is not installed: none of them is run here. With `kernels` present (a stand-in), the first entry into each `*_hub` backend fetches one Hub kernel with `kernels.get_kernel`, a second entry none. `set_attention_backend("flash")` on a tiny `FluxTransformer2DModel` is refused for the package too."""
     from diffusers.models.attention_dispatch import attention_backend, dispatch_attention_fn
 
     q = torch.randn(1, 8, 2, 16)  # (B, N, heads, head_dim), as dispatch_attention_fn takes it
@@ -219,11 +220,13 @@ def test_cpu_refuses_the_gpu_kernels(default_backend):
         with pytest.raises(RuntimeError, match=package), attention_backend(name):
             pass
     fetched = hub_kernels_fetched(hub)
-    assert all(len(fetched[h]) == 1 for h in hub), fetched  # one kernel each, on entry
+    assert all(len(fetched[h]) == 1 for h in hub), fetched  # one kernel each, on the first entry
+    with pytest.raises(RuntimeError, match="flash-attn"):
+        four_block_flux_transformer().set_attention_backend("flash")
 
 
 def test_backend_table_matches_the_registry(starter, default_backend):
-    """The lab's backend table matches diffusers' registry: each backend's registered checks (`fp16/bf16` only, CUDA only), its context-parallel support, and the package versions `_check_attention_backend_requirements` asks for in the error it raises when the package is missing or too old (flash-attn 2.6.3, sageattention 2.1.1, xformers 0.0.29, torch 2.5 for flex, `kernels` 0.12 for `flash_hub`: refused at 0.11.9, accepted at 0.12.0); entering `attention_backend("flash_hub")` with `kernels` present fetches `kernels-community/flash-attn2` (`kernels.get_kernel`, a stand-in here); and the registered checks run only when `DIFFUSERS_ATTN_CHECKS` is set: off by default, a float32 query reaches `_native_flash`, on, its dtype check refuses it."""
+    """The lab's backend table matches diffusers' registry: each backend's registered checks (`fp16/bf16` only, CUDA only), its context-parallel support, and the package versions `_check_attention_backend_requirements` asks for in the error it raises when the package is missing or too old (flash-attn 2.6.3, sageattention 2.1.1, xformers 0.0.29, torch 2.5 for flex, `kernels` 0.12 for `flash_hub`: refused at 0.11.9, accepted at 0.12.0); the first entry into `attention_backend("flash_hub")` with `kernels` present fetches `kernels-community/flash-attn2` (`kernels.get_kernel`, a stand-in here); and the registered checks run only when `DIFFUSERS_ATTN_CHECKS` is set: off by default, a float32 query reaches `_native_flash`, on, its dtype check refuses it."""
     from diffusers.models import attention_dispatch as ad
 
     reg = ad._AttentionBackendRegistry
@@ -425,7 +428,7 @@ def test_offload_traffic_counts_both_directions(kwargs, starter, monkeypatch, de
 
 
 def test_use_stream_still_copies_the_unmatched_group_back(starter, monkeypatch, default_backend):
-    """With `use_stream=True` only the block groups are offloaded by pointing their weights back at the pinned CPU copy; the unmatched group (embeddings, norms, projections outside the `ModuleList`s) is built with `stream=None` ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L797-L815)), so every call onloads it synchronously and copies it back with `module.to(offload_device)`: on the tiny Flux transformer (the stream path simulated on the CPU: a stand-in stream, `pin_memory` as identity) a call moves all weight bytes to the device and exactly the unmatched group's bytes back, with a bit-identical output; the lab's `use_stream` rows count those bytes back."""
+    """With `use_stream=True` only the block groups are offloaded by pointing their weights back at the CPU copy the group holds; the unmatched group (embeddings, norms, projections outside the `ModuleList`s) is built with `stream=None` ([`group_offloading.py`](https://github.com/huggingface/diffusers/blob/v0.42.1/src/diffusers/hooks/group_offloading.py#L797-L815)), so every call onloads it synchronously and copies it back with `module.to(offload_device)`: on the tiny Flux transformer (the stream path simulated on the CPU: a stand-in stream, `pin_memory` as identity) a call moves all weight bytes to the device and exactly the unmatched group's bytes back, with a bit-identical output; the lab's `use_stream` rows count those bytes back."""
     from diffusers.hooks.group_offloading import ModuleGroup
 
     reference = run_four_block_flux(four_block_flux_transformer())
@@ -533,8 +536,8 @@ def test_disk_offload_reads_existing_files_as_is(tmp_path, default_backend):
     assert (out - second_out).abs().max() > 0.1
 
 
-def test_model_offload_is_one_round_trip_per_image(starter, monkeypatch):
-    """`enable_model_cpu_offload` moves `FluxPipeline`'s transformer onto the execution device at its first step and back to the CPU once per call, after its last step: with a decode (the default `output_type="pil"`) the VAE's accelerate hook offloads it before `vae.decode` (`CpuOffload.pre_forward`), with `output_type="latent"` `maybe_free_model_hooks` does (its `self.to("cpu")`, `pipeline_utils.py` L1231). One round trip per image, so the lab's model-offload row moves `1 / steps` of it each way per step (3-step calls of a tiny `FluxPipeline`; the CPU stands in for the GPU, with accelerate's `torch.device("cpu")` made another device so its hooks act as on a GPU)."""
+def test_model_offload_is_one_round_trip_per_call(starter, monkeypatch):
+    """`enable_model_cpu_offload` moves `FluxPipeline`'s transformer onto the execution device at its first step and back to the CPU once per call, after its last step: with a decode (the default `output_type="pil"`) the VAE's accelerate hook offloads it before `vae.decode` (`CpuOffload.pre_forward`), with `output_type="latent"` `maybe_free_model_hooks` does (its `self.to("cpu")`, `pipeline_utils.py` L1231). One round trip per call, also for `num_images_per_prompt=2`, so the lab's model-offload row moves `1 / steps` of it each way per step (3-step calls of a tiny `FluxPipeline`; the CPU stands in for the GPU, with accelerate's `torch.device("cpu")` made another device so its hooks act as on a GPU)."""
     import types
 
     import accelerate.hooks
@@ -571,13 +574,14 @@ def test_model_offload_is_one_round_trip_per_image(starter, monkeypatch):
     monkeypatch.setattr(torch.nn.Module, "to", to)
     monkeypatch.setattr(CpuOffload, "pre_forward", during(CpuOffload.pre_forward))
     monkeypatch.setattr(DiffusionPipeline, "maybe_free_model_hooks", during(DiffusionPipeline.maybe_free_model_hooks, "maybe_free_model_hooks"))  # fmt: skip
-    for output_type, back in [("pil", "AutoencoderKL"), ("latent", "maybe_free_model_hooks"), ("pil", "AutoencoderKL")]:  # fmt: skip
+    for output_type, back, images in [("pil", "AutoencoderKL", 1), ("latent", "maybe_free_model_hooks", 1), ("pil", "AutoencoderKL", 2)]:  # fmt: skip
         moves.clear()
         with torch.no_grad():
             pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=3,
-                 height=16, width=16, output_type=output_type)  # fmt: skip
-        # on at the transformer's first step, back once: before the decode, or at the end
-        assert moves == [("FluxTransformer2DModel", "cpu:0"), (back, "cpu")], output_type
+                 height=16, width=16, output_type=output_type, num_images_per_prompt=images)  # fmt: skip
+        # on at the transformer's first step, back once: before the decode, or at the end;
+        # once per call, however many images it makes
+        assert moves == [("FluxTransformer2DModel", "cpu:0"), (back, "cpu")], (output_type, images)
     monkeypatch.undo()
     rows = {r[0]: r for r in starter["schedules"](count_groups(four_block_flux_transformer()), 3, [1])}  # fmt: skip
     assert rows["model offload"][2] == rows["model offload"][3] == rows["all on the device"][1] / 3
