@@ -144,3 +144,18 @@ def test_image_strip_x0_hat_settles_on_a_training_image_before_x_t_does(run_lab)
     assert err[4] < 0.01 < noisy[4]  # halfway: x0_hat has arrived, x_t has not
     assert np.all(np.diff(noisy) < 0) and noisy[0] > 1.0
     assert np.sqrt(np.mean((output - target) ** 2)) < 0.05
+
+
+def test_euler_starts_from_its_grids_largest_sigma(run_lab):
+    """`euler` uses its default `linspace` grid and starts from `init_noise_sigma`, its grid's largest sigma: sigma_max (14.61) from 2 steps, but at 1 step (`--steps 1,3,7`) the grid is t = 0 alone and `init_noise_sigma` is that level's sigma, 0.029."""
+    g = run_lab(STARTER, "--steps", "2", "--schedulers", "ddim", "--num-samples", "100")
+    for steps, (first_t, sigma) in {1: (0.0, 0.029), 2: (999.0, 14.61), 5: (999.0, 14.61)}.items():
+        scheduler = g["make"]("euler")[0]
+        scheduler.set_timesteps(steps)
+        assert float(scheduler.timesteps[0]) == first_t, steps
+        assert scheduler.init_noise_sigma == float(scheduler.sigmas.max()), steps
+        assert round(scheduler.init_noise_sigma, 3 if sigma < 1 else 2) == sigma, steps
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs/labs/lab-11-scheduler-loop-reading.md").read_text(encoding="utf-8")
+    assert "`init_noise_sigma` = $\\sigma_{\\max}$" not in page  # false at 1 step

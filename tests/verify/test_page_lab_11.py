@@ -17,6 +17,7 @@ from diffusers import (
     DDPMScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    HeunDiscreteScheduler,
     PNDMScheduler,
 )
 from tiny import (
@@ -194,6 +195,28 @@ def test_the_pipeline_calls_the_unet_once_per_timestep(record_calls, steps):
         hook = [line for line in page.splitlines() if line.startswith("- **Interview hook.**")]
         assert len(hook) == 1 and "below 1000 steps" in hook[0], hook
         assert "one decode, then SD 1.5's safety checker, after it" in hook[0], hook
+
+
+def test_pndm_and_heun_make_more_unet_calls_than_steps(record_calls):
+    """SD 1.5's default PNDM (51 calls at 50 steps) and Heun (19 at 10) make more calls too: `StableDiffusionPipeline.__call__` calls the UNet once per entry of `scheduler.timesteps`, 51 times with SD 1.5's `PNDMScheduler` at `num_inference_steps=50` and 19 times with `HeunDiscreteScheduler` at 10; at 1 step each makes one call."""
+    pipe = tiny_sd_pipeline(scheduler=PNDMScheduler.from_config(SD15))
+    unet = record_calls(pipe.unet)
+    for scheduler, steps, calls in [
+        (PNDMScheduler.from_config(SD15), 50, 51),
+        (HeunDiscreteScheduler.from_config(SD15), 10, 19),
+        (PNDMScheduler.from_config(SD15), 1, 1),
+        (HeunDiscreteScheduler.from_config(SD15), 1, 1),
+    ]:
+        pipe.scheduler = scheduler
+        unet.calls.clear()
+        with torch.no_grad():
+            pipe(prompt_embeds=embeds(1), num_inference_steps=steps, guidance_scale=1.0,
+                 height=HEIGHT, width=WIDTH, latents=start_latents(), output_type="latent")  # fmt: skip
+        assert len(unet.calls) == calls == len(scheduler.timesteps), (type(scheduler), steps)
+    from infralens_docs.registry import ROOT
+
+    page = (ROOT / "docs/labs/lab-11-scheduler-loop-reading.md").read_text(encoding="utf-8")
+    assert "`order == 2`" not in page  # at 1 step every order-2 export gives 1 timestep
 
 
 def test_denoiser_passes_are_one_or_more_per_timesteps_entry_run(record_calls):

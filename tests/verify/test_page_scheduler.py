@@ -722,7 +722,7 @@ def test_only_init_checks_the_scheduler_config(sd_pipe, record_calls):
 
 
 def test_init_noise_sigma_per_class_and_spacing():
-    """`init_noise_sigma` is 1.0 for `DDPMScheduler` and `DDIMScheduler`; for `EulerDiscreteScheduler` it is `sigmas.max()` under `linspace` and `trailing` and `(sigmas.max()**2 + 1) ** 0.5` under `leading`; `FlowMatchEulerDiscreteScheduler` has no `init_noise_sigma`."""
+    """`init_noise_sigma` is 1.0 for `DDPMScheduler` and `DDIMScheduler`; for `EulerDiscreteScheduler` it is `sigmas.max()` under `linspace` and `trailing` and `(sigmas.max()**2 + 1) ** 0.5` under `leading`; `FlowMatchEulerDiscreteScheduler` has no `init_noise_sigma`. Under `leading` it is not about the grid's largest sigma at few steps: at 1 step with `steps_offset=1` (SDXL's Euler config) it is over 20 times it."""
     for cls in (DDPMScheduler, DDIMScheduler):
         scheduler = cls(**SD_BETAS)
         scheduler.set_timesteps(10)
@@ -733,6 +733,15 @@ def test_init_noise_sigma_per_class_and_spacing():
         sigma_max = scheduler.sigmas.max()
         expected = sigma_max if spacing != "leading" else (sigma_max**2 + 1) ** 0.5
         assert float(scheduler.init_noise_sigma) == pytest.approx(float(expected)), spacing
+    # the table's Euler cell states no "about sigma_max": at 1 `leading` step the grid is t = 1
+    leading = EulerDiscreteScheduler(timestep_spacing="leading", steps_offset=1, **SD_BETAS)
+    leading.set_timesteps(1)
+    assert leading.timesteps.tolist() == [1.0]
+    assert float(leading.init_noise_sigma) > 20 * float(leading.sigmas.max())
+    row = next(
+        line for line in SCHEDULER_PAGE.splitlines() if line.startswith("| `init_noise_sigma`")
+    )
+    assert "largest" not in row, row
     assert not hasattr(FlowMatchEulerDiscreteScheduler(), "init_noise_sigma")
 
 
@@ -1065,6 +1074,47 @@ def test_prediction_type_values_and_default():
     assert "prediction_type" not in FlowMatchEulerDiscreteScheduler().config
 
 
+def test_each_step_reads_prediction_type_in_ddpm_ddim_euler():
+    r"""In DDPM, DDIM and Euler, each step reads the output through `prediction_type` as $\hat x_0$ (`pred_original_sample`), then moves the state to a lower noise level: given the exact $x_0$ as a `sample` output, `DDIMScheduler.step` and `EulerDiscreteScheduler.step` return `add_noise(x0, noise)` at the next level and `DDPMScheduler.step` shrinks the noise; not every scheduler has a `prediction_type`: `FlowMatchEulerDiscreteScheduler` and others of the installed diffusers' scheduler exports have none."""
+    x0, noise = randn(1, (2, 4, 4, 4)).float(), randn(2, (2, 4, 4, 4)).float()
+    for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
+        scheduler = cls(prediction_type="sample", **SD_BETAS)
+        if "clip_sample" in scheduler.config:
+            scheduler.register_to_config(clip_sample=False)
+        scheduler.set_timesteps(10)
+        t, t_next = scheduler.timesteps[2], scheduler.timesteps[3]
+        x_t = scheduler.add_noise(x0, noise, t.reshape(1))
+        generator = torch.Generator().manual_seed(0)
+        out = scheduler.step(x0, t, x_t, generator=generator)
+        torch.testing.assert_close(out.pred_original_sample, x0), cls.__name__
+        if cls is DDPMScheduler:
+            assert (out.prev_sample - x0).norm() < (x_t - x0).norm()
+        else:
+            expected = cls(prediction_type="sample", **SD_BETAS)
+            expected.set_timesteps(10)
+            target = expected.add_noise(x0, noise, t_next.reshape(1))
+            torch.testing.assert_close(out.prev_sample, target, rtol=1e-4, atol=1e-4), cls.__name__
+    without = set()
+    for name in dir(diffusers):
+        if not name.endswith("Scheduler"):
+            continue
+        cls = getattr(diffusers, name)
+        if not (inspect.isclass(cls) and issubclass(cls, SchedulerMixin)):
+            continue
+        try:
+            scheduler = cls()
+        except TypeError:  # needs arguments (e.g. VQDiffusionScheduler)
+            continue
+        if "prediction_type" not in scheduler.config:
+            without.add(name)
+    assert "FlowMatchEulerDiscreteScheduler" in without and len(without) > 1, without
+    assert not without & {"DDPMScheduler", "DDIMScheduler", "EulerDiscreteScheduler"}
+    lines = [
+        line for line in SCHEDULER_PAGE.splitlines() if "step reads the output through" in line
+    ]
+    assert len(lines) == 2 and all("In DDPM, DDIM and Euler" in line for line in lines), lines
+
+
 def test_wrong_prediction_type_raises_no_error():
     """In `DDIMScheduler` a mismatched `prediction_type` raises no error: at `epsilon` it reads a `v_prediction` output as noise and, on SD's schedule, returns finite `latents`; in DDPM, DDIM and Euler a name the class does not accept (`"noise"`) raises in `step`, not at construction.
 
@@ -1109,7 +1159,7 @@ def test_wrong_prediction_type_raises_no_error():
 
 
 def test_a_mismatch_raises_nothing(sd_pipe):
-    """In `step` a mismatch raises nothing, returning wrong `latents`: through `StableDiffusionPipeline.__call__`, `DDIMScheduler`, `DDPMScheduler` and `EulerDiscreteScheduler` read as `epsilon` or `v_prediction` finish without an error, with different `latents`, on SD's schedule, and DDIM also on a zero-terminal-SNR `trailing` one.
+    """In `step`, `epsilon` and `v_prediction` swapped raise nothing, returning wrong `latents`: through `StableDiffusionPipeline.__call__`, `DDIMScheduler`, `DDPMScheduler` and `EulerDiscreteScheduler` read as `epsilon` or `v_prediction` finish without an error, with different `latents`, on SD's schedule, and DDIM also on a zero-terminal-SNR `trailing` one.
 
     The page states no rule for when those `latents` are finite. At 5 steps, eta = 0: finite on
     SD's schedule; with `rescale_betas_zero_snr=True` and `trailing` the `epsilon` reading ends
@@ -1184,9 +1234,7 @@ def test_a_mismatch_raises_nothing(sd_pipe):
     finally:
         sd_pipe.scheduler = original
     assert eta1 == {"sample": False, "epsilon, clipped": False}
-    sentence = next(
-        line for line in SCHEDULER_PAGE.splitlines() if "a mismatch raises nothing" in line
-    )
+    sentence = next(line for line in SCHEDULER_PAGE.splitlines() if "swapped raise nothing" in line)
     assert "finite" not in sentence, sentence  # no finiteness rule: eta = 1 breaks any such list
 
 

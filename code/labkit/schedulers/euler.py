@@ -16,7 +16,7 @@ largest sigma to 0:
 
 The model was trained on the variance-preserving x_t, so its input is scaled back first:
 ``scale_model_input`` returns ``x / sqrt(sigma^2 + 1)`` = sqrt(alpha_bar_t) x = x_t. The loop
-starts from ``noise * init_noise_sigma`` (std sigma_max, not 1).
+starts from ``noise * init_noise_sigma`` (not 1: set by the grid, see ``init_noise_sigma``).
 
 Arrays are float64 NumPy; diffusers keeps its schedule in float32 torch tensors, so the two
 agree to about 1e-5 (``tests/verify/test_schedulers_vs_diffusers.py``).
