@@ -86,13 +86,15 @@ def test_encoder_sees_frame_0_alone_then_groups_of_4(vae, record_calls):
 
 
 def test_encoding_is_causal(vae):
-    """Changing frames 5-8 of a 9-frame clip leaves latent frames 0 and 1 unchanged and changes latent frame 2; changing frame 0 changes every latent frame."""
+    """Changing frames 1-4 of a 9-frame clip leaves latent frame 0 unchanged (it is frame 0's alone) and changes latent frame 1; changing frames 5-8 leaves latent frames 0 and 1 unchanged and changes latent frame 2; changing frame 0 changes every latent frame."""
     video = clip(9)
     z = encode(vae, video)
-    late, early = video.clone(), video.clone()
+    mid, late, early = video.clone(), video.clone(), video.clone()
+    mid[:, :, 1:5] = clip(4, seed=1)[:, :, :4]
     late[:, :, 5:] = clip(4, seed=1)[:, :, :4]
     early[:, :, 0] = -early[:, :, 0]
-    z_late, z_early = encode(vae, late), encode(vae, early)
+    z_mid, z_late, z_early = encode(vae, mid), encode(vae, late), encode(vae, early)
+    assert torch.equal(z_mid[:, :, 0], z[:, :, 0]) and not torch.allclose(z_mid[:, :, 1], z[:, :, 1])  # fmt: skip
     assert torch.equal(z_late[:, :, :2], z[:, :, :2]) and not torch.allclose(z_late[:, :, 2], z[:, :, 2])  # fmt: skip
     assert all(not torch.allclose(z_early[:, :, i], z[:, :, i]) for i in range(3))
 

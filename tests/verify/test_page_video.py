@@ -86,7 +86,7 @@ def tiny_ti2v_pipeline():
 
 
 def test_wan22_ti2v_latents_are_48_channels_and_16x_in_space(record_calls):
-    """`WanPipeline` takes the latents' channels from `transformer.config.in_channels` and the compression from `vae.config`, so (B, 16, ..., H/8, W/8) is Wan 2.1's (and Wan 2.2 A14B's) shape: with a VAE configured like Wan 2.2 TI2V-5B's (`z_dim=48`, `patch_size=2`, `scale_factor_spatial=16`) and a 48-channel transformer, 9 frames at 64 x 96 px are latents (1, 48, 3, 4, 6), and TI2V-5B's 121 frames at 704 x 1280 are (1, 48, 31, 44, 80): 27,280 tokens."""
+    """`WanPipeline` takes the latents' channels from `transformer.config.in_channels` and the compression from `vae.config`, so (B, 16, ..., H/8, W/8) is Wan 2.1's shape: with a VAE configured like Wan 2.2 TI2V-5B's (`z_dim=48`, `patch_size=2`, `scale_factor_spatial=16`) and a 48-channel transformer, 9 frames at 64 x 96 px are latents (1, 48, 3, 4, 6), and TI2V-5B's 121 frames at 704 x 1280 are (1, 48, 31, 44, 80): 27,280 tokens."""
     from diffusers import WanPipeline
     from tiny import tiny_wan_vae
 
