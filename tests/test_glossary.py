@@ -119,8 +119,9 @@ def first_sentence_of(module: str, test: str) -> str:
 
 def test_code_definitions_say_only_what_a_verify_test_shows():
     """Without a build: ``PipelineState``'s definition says what
-    test_page_pipeline.py::test_sdxl_modular_blocks_write_only_declared_state_keys shows (in
-    SDXL's text-to-image call each block handed the state writes only keys it declares), not
+    test_page_pipeline.py::test_sdxl_modular_blocks_write_only_declared_state_keys shows (with
+    the prompt embeddings passed in, each top-level block of SDXL's text-to-image call writes
+    only keys it declares), not
     that a call returns it (only at ``output=None``) or that it holds what the blocks write
     (the loop's ``noise_pred``, SDXL's ``time_ids`` and ``extra_step_kwargs`` are written to a
     ``BlockState`` and not kept); ``init_noise_sigma``'s Euler value is its set grid's
@@ -133,8 +134,8 @@ def test_code_definitions_say_only_what_a_verify_test_shows():
     for untested in ("one state", "read and write", "call returns", "values its blocks write"):
         assert untested not in state, untested
     tested = first_sentence_of("test_page_pipeline.py", "test_sdxl_modular_blocks_write_only_declared_state_keys")  # fmt: skip
-    assert "in SDXL's text-to-image call, each block writes only state keys it declares as inputs or outputs" in tested  # fmt: skip
-    assert state.endswith("in SDXL's text-to-image call, each block handed it writes only keys it declares as inputs or outputs.")  # fmt: skip
+    assert "with the prompt embeddings passed in, each block of SDXL's text-to-image call (the denoise loop counted as one) writes only `PipelineState` keys it declares" in tested  # fmt: skip
+    assert state.endswith("with the prompt embeddings passed in, each top-level block of SDXL's text-to-image call writes only keys it declares.")  # fmt: skip
     sigma = definitions["init_noise_sigma"]
     assert "sigma_max" not in sigma and "Euler's" not in sigma
     assert "for EulerDiscreteScheduler its grid's sigmas.max(), or sqrt(sigmas.max()^2 + 1) under leading spacing" in sigma  # fmt: skip
