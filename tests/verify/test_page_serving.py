@@ -346,6 +346,28 @@ def test_a_shared_call_takes_one_set_of_call_settings_for_every_row(sd_pipe):
     assert not torch.allclose(encoded[0.5][1:], alone, atol=1e-3)  # the batch's scale, not its own
 
 
+def test_prompt_embeddings_are_cached_per_prompt_and_call_settings(sd_pipe):
+    """Prompt embeddings can also be cached, but not by prompt alone: the call's LoRA scale (`StableDiffusionPipeline.encode_prompt`'s `lora_scale`) changes them, the empty negative prompt's too.
+
+    ``encode_prompt`` with CFG on and no negative prompt, on the tiny CLIP text encoder with a
+    random LoRA on ``q_proj``: the empty negative prompt's rows are the same beside any prompt
+    at one scale, and ``lora_scale=0.5`` gives other rows.
+    """
+    from peft import LoraConfig
+    from tiny import tiny_tokenizer
+
+    encoder = tiny_text_encoder()
+    encoder.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))  # fmt: skip
+    pipe = sd_with(sd_pipe, text_encoder=encoder, tokenizer=tiny_tokenizer())
+
+    def negative(prompts, **settings):
+        return pipe.encode_prompt(prompts, "cpu", 1, True, **settings)[1]
+
+    default = negative(["a red disc", "a blue bar"])
+    torch.testing.assert_close(negative("a cat"), default[:1])  # any prompt, one scale
+    assert not torch.allclose(negative("a cat", lora_scale=0.5), default[:1], atol=1e-3)
+
+
 def test_a_loop_stage_without_text_encoder_rejects_a_call_lora_scale(sd_pipe):
     """A `StableDiffusionPipeline` built with `text_encoder=None` for a loop stage fails on a call with `cross_attention_kwargs={"scale": s}`, `s != 1` (an `AttributeError`: `encode_prompt` calls `scale_lora_layers` on the missing text encoder), while `set_adapters(..., adapter_weights=s)` scales the UNet's LoRA there."""
     from peft import LoraConfig
@@ -460,7 +482,7 @@ def test_len_timesteps_unet_calls_below_1000_steps(sd_pipe, record_calls):
 
 
 def test_batched_rows_equal_separate_calls(sd_pipe):
-    """Two requests batched in one call, with one `torch.Generator` per image passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators, with every scheduler in `StableDiffusionPipeline`'s `compatibles` but `DPMSolverSDEScheduler`, even DDPM, which draws fresh noise in every step above t = 0. `DPMSolverSDEScheduler` ignores the generators for its step noise: with its default `noise_sampler_seed=None`, two solo calls with the same generator differ.
+    """Two requests batched in one call, with one `torch.Generator` per image passed as a list, get the same `latents`, up to float32 rounding, as two separate calls with those generators, with every scheduler in `StableDiffusionPipeline`'s `compatibles` but `DPMSolverSDEScheduler`, even DDPM, which draws fresh noise in every step above t = 0. `DPMSolverSDEScheduler` ignores the generators for its step noise: with its default `noise_sampler_seed=None`, two solo calls with the same generator differ at 2 steps, though not at 1.
 
     The tiny pipeline's own guided ``__call__``, 2 steps, each compatible class built
     ``from_config`` with SD 1.5's values (PNDM with its shipped ``skip_prk_steps``), read from
@@ -471,9 +493,9 @@ def test_batched_rows_equal_separate_calls(sd_pipe):
 
     prompts, negatives = embeds(5, batch=2), embeds(6, batch=2)
 
-    def call(pipe, rows, seeds):
+    def call(pipe, rows, seeds, steps=2):
         generator = [torch.Generator().manual_seed(s) for s in seeds]
-        return run(pipe, steps=2, prompt=prompts[rows], negative=negatives[rows], latents=None,
+        return run(pipe, steps=steps, prompt=prompts[rows], negative=negatives[rows], latents=None,
                    generator=generator if len(seeds) > 1 else generator[0])  # fmt: skip
 
     differ = []
@@ -486,6 +508,8 @@ def test_batched_rows_equal_separate_calls(sd_pipe):
             differ.append(cls.__name__)
             assert pipe.scheduler.config.noise_sampler_seed is None  # its default
             assert not torch.allclose(call(pipe, slice(1, 2), [11]), alone, atol=1e-3)
+            one_step = [call(pipe, slice(1, 2), [11], steps=1) for _ in range(2)]
+            torch.testing.assert_close(one_step[0], one_step[1], rtol=0, atol=0)  # not at 1 step
     assert DDPMScheduler in sd_pipe.scheduler.compatibles
     assert differ == ["DPMSolverSDEScheduler"], differ
     ddpm = DDPMScheduler.from_config(SD_SCHEDULER)
