@@ -90,7 +90,7 @@ def _video_pipelines() -> dict:
 
 
 def test_guidance_arguments_and_defaults(atlas):
-    """Guidance: `__call__`'s `guidance_scale`, `true_cfg_scale`, `stg_scale` and `modality_scale` arguments (and their `audio_` forms) with their defaults; the defaults `LTX2Pipeline.__call__` sets when none is passed turn on its classifier-free, spatio-temporal and modality guidance."""
+    """Guidance: `__call__`'s `guidance_scale`, `true_cfg_scale`, `stg_scale` and `modality_scale` arguments (and their `audio_` forms) with their defaults, and the pipeline's `guider` component where it has one (FLUX.3's blocks, HunyuanVideo 1.5); the defaults `LTX2Pipeline.__call__` sets when none is passed turn on its classifier-free, spatio-temporal and modality guidance."""
     import inspect
     import re
 
@@ -103,6 +103,8 @@ def test_guidance_arguments_and_defaults(atlas):
         call = inspect.signature(getattr(diffusers, r["pipeline"]).__call__).parameters
         shown = {k: v for k, v in r["guidance"].items() if k not in ("guider", "is_distilled", "guidance_embeds")}  # fmt: skip
         assert shown == {k: p.default for k, p in call.items() if name.match(k)}, r["family"]
+    # the pipeline's `guider` component where it has one: FLUX.3's blocks and HunyuanVideo 1.5 only
+    assert [f for f, r in atlas.items() if "guider" in r["guidance"]] == ["FLUX.3", "HunyuanVideo 1.5 720p"]  # fmt: skip
     # LTX-2's, as its __call__ sets them when none is passed: CFG, STG and modality guidance
     ltx2, kwargs = _video_pipelines()["LTX2Pipeline"]
     _call_until_prepare_latents(ltx2, **kwargs)
@@ -155,7 +157,7 @@ def test_sixteen_checkpoints():
 
 
 def test_image_dits_see_4096_tokens_at_1024(atlas):
-    """Counted so, every image DiT here has 4,096 image tokens at 1024 × 1024: at 1024 px the own `prepare_latents` of `StableDiffusion3Pipeline`, `FluxPipeline`, `Flux2Pipeline`, `Flux2KleinPipeline`, `ZImagePipeline`, `QwenImagePipeline` and `QwenImage21Pipeline` makes 4,096 packed tokens, or a latent grid that the denoiser's patch cuts into 4,096 (FLUX.3's modular blocks: counted only); the FLUX pipelines and `QwenImagePipeline` pack 2 × 2 latent pixels into one token."""
+    """Counted so, every image DiT here has 4,096 image tokens at 1024 × 1024: at 1024 px the own `prepare_latents` of `StableDiffusion3Pipeline`, `FluxPipeline`, `Flux2Pipeline`, `Flux2KleinPipeline`, `ZImagePipeline`, `QwenImagePipeline` and `QwenImage21Pipeline`, and the `Flux3PrepareLatentsStep` of `Flux3ModularPipeline`'s and `Flux3DistilledModularPipeline`'s default blocks, make 4,096 packed tokens, or a latent grid that the denoiser's patch cuts into 4,096; the FLUX pipelines (FLUX.3's blocks too) and `QwenImagePipeline` pack 2 × 2 latent pixels into one token."""
     import inspect
 
     import diffusers
@@ -192,7 +194,26 @@ def test_image_dits_see_4096_tokens_at_1024(atlas):
             _, ph, pw = r["patch"]
             tokens = (latents.shape[-2] // ph) * (latents.shape[-1] // pw)
         assert tokens == 4096, r["family"]
-    assert packed == {"FluxPipeline", "Flux2Pipeline", "Flux2KleinPipeline", "QwenImagePipeline"}
+    # FLUX.3: the latents step of each modular pipeline's default blocks, run at 1024 px
+    from diffusers.modular_pipelines import PipelineState
+
+    def walk(block):
+        yield block
+        for sub in getattr(block, "sub_blocks", {}).values():
+            yield from walk(sub)
+
+    (flux3,) = [r for r in images if r["kind"] == "modular only"]
+    for name in (flux3["pipeline"], *flux3["variants"]):
+        blocks = getattr(diffusers, getattr(diffusers, name).default_blocks_name)()
+        steps = {type(b).__name__: b for b in walk(blocks) if type(b).__name__ == "Flux3PrepareLatentsStep"}  # fmt: skip
+        pipe, state = blocks.init_pipeline(), PipelineState()
+        for k, v in dict(height=1024, width=1024, batch_size=1, num_images_per_prompt=1, dtype=torch.float32, generator=None, latents=None).items():  # fmt: skip
+            state.set(k, v)
+        _, state = steps["Flux3PrepareLatentsStep"](pipe, state)
+        latents = state.get("latents")  # packed: (batch, tokens, channels)
+        assert latents.shape == (1, 4096, 4 * flux3["latent_channels"]), name
+        packed.add(name)
+    assert packed == {"FluxPipeline", "Flux2Pipeline", "Flux2KleinPipeline", "QwenImagePipeline", "Flux3ModularPipeline", "Flux3DistilledModularPipeline"}  # fmt: skip
 
 
 def test_schedulers_the_pipelines_annotate(atlas):
@@ -210,7 +231,7 @@ def test_schedulers_the_pipelines_annotate(atlas):
 
 
 def test_flux3_blocks_create_their_scheduler(atlas):
-    """The table shows the settings FLUX.3's blocks create its scheduler with, in both its pipelines, and the scheduler a public script ships with a checkpoint; other rows name the class only. The guider `Flux3ModularPipeline`'s blocks create has the row's `guidance_scale`."""
+    """The table shows the settings FLUX.3's blocks create its scheduler with, in both its pipelines, and the scheduler a public script or repository ships with a checkpoint; other rows name the class only. The guider `Flux3ModularPipeline`'s blocks create has the row's `guidance_scale`."""
     import diffusers
 
     # the Scheduler cell of each row, as the page renders it (the last column)
@@ -528,16 +549,27 @@ def test_wan_ships_unipc(atlas):
 
 
 def test_blocks_are_the_built_block_lists(atlas):
-    """Parameters and Blocks: the denoiser built from its config, its parameters and block lists counted: Z-Image's `ZImageTransformer2DModel` has 30 `layers` and two refiner stacks of 2 (`noise_refiner`, `context_refiner`)."""
+    """Parameters and Blocks: the denoiser built from its config, its parameters and its block lists (each `nn.ModuleList` attribute of the denoiser itself, by name; HunyuanVideo 1.5's 2-block token refiner sits inside `context_embedder` and is not counted): Z-Image's `ZImageTransformer2DModel` has 30 `layers` and two refiner stacks of 2 (`noise_refiner`, `context_refiner`)."""
     import torch
     from model_configs import ATLAS, build
 
-    (z,) = [f for f in ATLAS if f.name == "Z-Image"]
-    model = build(z.denoiser)  # on the meta device
-    lists = {n: len(m) for n, m in model.named_children() if isinstance(m, torch.nn.ModuleList)}
+    def block_lists(model) -> tuple[dict[str, int], dict[str, int]]:
+        """(the denoiser's own ModuleList attributes, the outermost ModuleLists inside its submodules)"""
+        lists = {n: len(m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)}  # fmt: skip
+        outer = {n: k for n, k in lists.items() if not any(n.startswith(p + ".") for p in lists)}
+        return {n: k for n, k in outer.items() if "." not in n}, {n: k for n, k in outer.items() if "." in n}  # fmt: skip
+
+    fams = {f.name: f for f in ATLAS}
+    model = build(fams["Z-Image"].denoiser)  # on the meta device
+    lists, nested = block_lists(model)
     assert atlas["Z-Image"]["blocks"] == lists == {"noise_refiner": 2, "context_refiner": 2, "layers": 30}  # fmt: skip
+    assert not nested
     assert atlas["Z-Image"]["denoiser_params"] == sum(p.numel() for p in model.parameters())
     assert atlas["SD 1.5"]["blocks"] == {"down_blocks": 4, "up_blocks": 4}
+    # HunyuanVideo 1.5's token refiner: a block list inside `context_embedder`, not in the cell
+    lists, nested = block_lists(build(fams["HunyuanVideo 1.5 720p"].denoiser))
+    assert atlas["HunyuanVideo 1.5 720p"]["blocks"] == lists == {"transformer_blocks": 54}
+    assert nested == {"context_embedder.token_refiner.refiner_blocks": 2}
 
 
 def test_video_rows_count_the_default_frames(atlas):
