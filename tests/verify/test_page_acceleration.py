@@ -27,9 +27,11 @@ from tiny import (
     flux_prompt_embeds,
     four_block_flux_inputs,
     four_block_flux_transformer,
+    hooked_forwards,
     logged_messages,
     overflowing_vae,
     quiet,
+    replay_model_offload,
     run_four_block_flux,
     sdpa_kernels_seen,
     sdxl_call,
@@ -833,6 +835,57 @@ def test_pyramid_attention_broadcast_shares_cond_and_uncond_in_flux_pipeline():
     assert not all(torch.equal(c[0], u[0]) for c, u in zip(cond, uncond, strict=True))
 
 
+def test_pab_and_faster_cache_compare_the_timestep_tensor_every_call(monkeypatch):
+    """Pyramid Attention Broadcast and FasterCache call `.item()` never, but each hooked attention compares `current_timestep_callback()` with its timestep range on every call: with `lambda: pipe.current_timestep`, the pipeline's timestep tensor, that is a `bool()` of a 0-d tensor in every transformer call of a 4-step `FluxPipeline.__call__` of a tiny pipeline (a host sync where the tensor is on a GPU), while the uncached calls take none."""
+    from diffusers import FasterCacheConfig, PyramidAttentionBroadcastConfig
+
+    def syncs(make_config):
+        pipe, seen, per_call = tiny_flux_pipeline(), [], []
+        if make_config:
+            pipe.transformer.enable_cache(make_config(lambda: pipe.current_timestep))
+        pipe.transformer.register_forward_pre_hook(lambda *a: seen.clear())
+        pipe.transformer.register_forward_hook(lambda *a: per_call.append(tuple(seen)) and None)
+        to_bool, item = torch.Tensor.__bool__, torch.Tensor.item
+        monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: seen.append(("bool", t.dim())) or to_bool(t))  # fmt: skip
+        monkeypatch.setattr(torch.Tensor, "item", lambda t: seen.append(("item", t.dim())) or item(t))  # fmt: skip
+        text, pooled = flux_prompt_embeds()
+        with torch.no_grad():
+            pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=4, height=16, width=16, output_type="latent")  # fmt: skip
+        monkeypatch.undo()
+        return per_call
+
+    assert syncs(None) == [()] * 4
+
+    def pab(timestep):
+        return PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2, current_timestep_callback=timestep)  # fmt: skip
+
+    def faster(timestep):
+        return FasterCacheConfig(is_guidance_distilled=True, current_timestep_callback=timestep)  # fmt: skip
+
+    for make_config in (pab, faster):
+        per_call = syncs(make_config)
+        assert len(per_call) == 4
+        assert all(call and set(call) == {("bool", 0)} for call in per_call), per_call
+
+
+def test_seacache_syncs_in_each_call_whose_step_it_may_skip(monkeypatch):
+    """SeaCache moves its gate's distance to the host (`float(... .cpu())`, `sea_cache.py` L226) in each call whose step it may skip, the cond and the uncond call alike: in an 8-step `WanPipeline.__call__` of a tiny pipeline with CFG (its default `guidance_scale`) and `SeaCacheConfig(threshold=10.0)`, steps 1, 2, 4 and 5 make one `.cpu()` in each of their two calls, and the steps it must compute (the first, each after two cached steps, the last) none."""
+    from diffusers import SeaCacheConfig
+
+    pipe, seen, per_call = tiny_wan_pipeline(), [], []
+    pipe.transformer.enable_cache(SeaCacheConfig(threshold=10.0))
+    pipe.transformer.register_forward_pre_hook(lambda *a: seen.clear())
+    pipe.transformer.register_forward_hook(lambda *a: per_call.append(len(seen)) and None)
+    to_cpu = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: seen.append(1) or to_cpu(t, *a, **k))  # fmt: skip
+    text = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        pipe(num_inference_steps=8, height=16, width=16, num_frames=5, output_type="latent", prompt_embeds=text[1:], negative_prompt_embeds=text[:1])  # fmt: skip
+    monkeypatch.undo()
+    per_step = [per_call[i : i + 2] for i in range(0, len(per_call), 2)]  # cond, uncond
+    assert per_step == [[0, 0], [1, 1], [1, 1], [0, 0], [1, 1], [1, 1], [0, 0], [0, 0]]
+
+
 def test_each_cache_cuts_real_attention_calls(cache_runs):
     """On a 10-step Euler loop of a tiny Flux transformer (2 double- and 2 single-stream blocks; a forward pre-hook on each block's `attn.to_q` counts the attention calls that really run): uncached, every block runs 10 times; `FirstBlockCacheConfig(threshold=0.3)` runs the first block every step and the other three on 4 steps; `MagCacheConfig` with flat `mag_ratios` skips all four blocks, the first included, on 6 steps (`retention_ratio=0.2` protects the first 2, `max_skip_steps=3` forces a compute after 3 skips); `TaylorSeerCacheConfig()` computes each attention on steps 0, 1, 2, 4 and 9 (5 of 10) and `PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2)` on every other step (5 of 10), whatever the input."""
     assert cache_runs["none"].calls == [10, 10, 10, 10]
@@ -1087,6 +1140,32 @@ def test_flux_pipeline_calls_its_transformer_28_times_by_default():
         calls.clear()
         pipe(**run, negative_prompt_embeds=text[:1], negative_pooled_prompt_embeds=pooled[:1], true_cfg_scale=2.0)  # fmt: skip
     assert calls == [1] * 56
+
+
+def test_true_cfg_doubles_group_offload_traffic_not_model_offloads(monkeypatch):
+    """The group-offload figures per step assume one transformer call per step; `FluxPipeline`'s true CFG (`true_cfg_scale > 1` with a negative prompt) makes two, doubling the bytes they move, while model offload still moves the transformer once per image: in a 2-step call of a tiny `FluxPipeline`, block-level group offload (one block per group) onloads twice as many groups with true CFG as without, and under `enable_model_cpu_offload` the transformer's hook, replayed with the meta device as the accelerator, moves it to the device and back once either way (2 or 4 transformer calls)."""
+    from diffusers.hooks.group_offloading import ModuleGroup
+
+    text, pooled = flux_prompt_embeds()
+    plain = dict(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=2, height=16, width=16, output_type="latent")  # fmt: skip
+    cfg = dict(plain, negative_prompt_embeds=text[:1], negative_pooled_prompt_embeds=pooled[:1], true_cfg_scale=2.0)  # fmt: skip
+    onloads, onload = [], ModuleGroup.onload_
+    monkeypatch.setattr(ModuleGroup, "onload_", lambda group: onloads.append(group) or onload(group))  # fmt: skip
+    counts, cpu = [], torch.device("cpu")
+    for run in (plain, cfg):
+        pipe = tiny_flux_pipeline()
+        pipe.transformer.enable_group_offload(onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1)  # fmt: skip
+        onloads.clear()
+        with torch.no_grad():
+            pipe(**run)
+        counts.append(len(onloads))
+    monkeypatch.undo()
+    assert counts[0] > 0 and counts[1] == 2 * counts[0]
+    for run, calls in ((plain, 2), (cfg, 4)):
+        forwards = hooked_forwards(tiny_flux_pipeline(), monkeypatch, **run)
+        assert [name for name, _ in forwards].count("transformer") == calls
+        crossings, _ = replay_model_offload(forwards, monkeypatch)
+        assert crossings["transformer"] == 2  # to the device once, back once
 
 
 def test_offload_schedules_in_the_source(monkeypatch):
