@@ -1075,7 +1075,7 @@ def test_prediction_type_values_and_default():
 
 
 def test_each_step_reads_prediction_type_in_ddpm_ddim_euler():
-    r"""In DDPM, DDIM and Euler, each step reads the output through `prediction_type` as $\hat x_0$ (`pred_original_sample`) and computes `prev_sample` from it: given the exact $x_0$ as a `sample` output, `DDIMScheduler.step` and `EulerDiscreteScheduler.step` return `add_noise(x0, noise)` at the next level and `DDPMScheduler.step` shrinks the noise. Not every step lowers the noise level: `DDIMScheduler` with `set_alpha_to_one=False` on a `linspace` grid ends at $t = 0$ and returns its `sample` unchanged; not every scheduler has a `prediction_type`: `FlowMatchEulerDiscreteScheduler` and others of the installed diffusers' scheduler exports have none."""
+    r"""In DDPM, DDIM and Euler, each step reads the output through `prediction_type` as $\hat x_0$ (`pred_original_sample`) and computes `prev_sample` from it: given the exact $x_0$ as a `sample` output, `DDIMScheduler.step` and `EulerDiscreteScheduler.step` return `add_noise(x0, noise)` at the next level and `DDPMScheduler.step` shrinks the noise. Not every step lowers the noise level: `DDIMScheduler` with `set_alpha_to_one=False` and `clip_sample=False` on a `linspace` grid ends at $t = 0$ and returns its `sample` unchanged; not every scheduler has a `prediction_type`: `FlowMatchEulerDiscreteScheduler` and others of the installed diffusers' scheduler exports have none."""
     x0, noise = randn(1, (2, 4, 4, 4)).float(), randn(2, (2, 4, 4, 4)).float()
     for cls in (DDPMScheduler, DDIMScheduler, EulerDiscreteScheduler):
         scheduler = cls(prediction_type="sample", **SD_BETAS)
@@ -1116,6 +1116,14 @@ def test_each_step_reads_prediction_type_in_ddpm_ddim_euler():
     ddim.set_timesteps(10)
     assert int(ddim.timesteps[-1]) == 0
     torch.testing.assert_close(ddim.step(noise, ddim.timesteps[-1], x0).prev_sample, x0)
+    # ... only with clip_sample=False: the class default clamps x0_hat and changes the sample
+    clipped = DDIMScheduler(set_alpha_to_one=False, timestep_spacing="linspace", **SD_BETAS)
+    clipped.set_timesteps(10)
+    assert clipped.config.clip_sample
+    changed = clipped.step(noise, clipped.timesteps[-1], x0).prev_sample
+    assert (changed - x0).abs().max() > 1e-2
+    doc = " ".join(test_each_step_reads_prediction_type_in_ddpm_ddim_euler.__doc__.split())
+    assert "`set_alpha_to_one=False` and `clip_sample=False` on a `linspace` grid" in doc, doc
     lines = [
         line for line in SCHEDULER_PAGE.splitlines() if "step reads the output through" in line
     ]
