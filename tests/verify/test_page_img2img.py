@@ -260,32 +260,11 @@ def test_pndm_img2img_drops_the_repeat_plms_expects(monkeypatch, record_calls, s
         assert told[3:] == produced[2:-1]  # later steps follow on from 461
 
 
-def test_flux_img2img_at_strength_one_is_pure_noise(monkeypatch):
+def test_flux_img2img_at_strength_one_is_pure_noise():
     """`FluxImg2ImgPipeline` noises the image with the flow-matching `scheduler.scale_noise(image_latents, timestep, noise)`, `sigma * noise + (1 - sigma) * image_latents`; at `strength=1.0` the first sigma is 1.0, so the starting latents are the noise and the image is ignored."""
-    import PIL.Image
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
-    from tiny import DIT_TEXT, DIT_TOKENS, FLUX_VAE_FACTORS, tiny_dit_vae, tiny_flux_transformer
+    from tiny import flux_img2img_scale_noise_calls
 
-    pipe = FluxImg2ImgPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    seen, original = [], pipe.scheduler.scale_noise
-
-    def spy(sample, timestep, noise=None):
-        out = original(sample, timestep, noise)
-        seen.append((sample.clone(), noise.clone(), out.clone()))
-        return out
-
-    monkeypatch.setattr(pipe.scheduler, "scale_noise", spy)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
-             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
-             image=PIL.Image.new("RGB", (16, 16), (200, 30, 30)), strength=1.0, height=16,
-             width=16, num_inference_steps=2, output_type="latent")  # fmt: skip
+    pipe, seen = flux_img2img_scale_noise_calls(strength=1.0)
     ((image_latents, noise, latents),) = seen
     assert not torch.allclose(image_latents, torch.zeros_like(image_latents))
     assert torch.equal(latents, noise)

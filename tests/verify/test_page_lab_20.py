@@ -597,31 +597,11 @@ def test_starter_names_the_pipeline_whose_empty_run_it_describes():
 
 def test_flux_img2img_at_strength_one_starts_at_sigma_one():
     """`FluxImg2ImgPipeline` at `strength=1.0` starts at sigma 1, pure noise: its `scheduler.scale_noise(image_latents, timestep, noise)` returns the noise itself."""
-    import PIL.Image
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+    from tiny import flux_img2img_scale_noise_calls
 
     from infralens_docs.registry import ROOT
 
-    pipe = FluxImg2ImgPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    seen, original = [], pipe.scheduler.scale_noise
-
-    def spy_scale(sample, timestep, noise=None):
-        out = original(sample, timestep, noise)
-        seen.append((sample.clone(), noise.clone(), out.clone()))
-        return out
-
-    pipe.scheduler.scale_noise = spy_scale
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
-             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
-             image=PIL.Image.new("RGB", (HEIGHT, HEIGHT), (200, 30, 30)), strength=1.0,
-             height=HEIGHT, width=HEIGHT, num_inference_steps=2, output_type="latent")  # fmt: skip
+    pipe, seen = flux_img2img_scale_noise_calls(strength=1.0, side=HEIGHT)
     ((image_latents, noise, latents),) = seen
     assert image_latents.abs().mean() > 0.1 and torch.equal(latents, noise)
     assert float(pipe.scheduler.sigmas[0]) == 1.0

@@ -1559,3 +1559,35 @@ def leaf_block_calls(pipe, **kwargs):
             patch.setattr(type(block), "__call__", spy)
         out = pipe(**kwargs)
     return names, out
+
+
+def flux_img2img_scale_noise_calls(strength=1.0, num_inference_steps=2, side=16):
+    """A tiny ``FluxImg2ImgPipeline`` (dynamic shifting, no text encoders) run once on a
+    red ``side`` x ``side`` image with random prompt embeddings; returns the pipeline and,
+    for each ``scheduler.scale_noise(sample, timestep, noise)`` call its ``__call__`` made,
+    ``(sample, noise, output)`` (the image latents, the noise, the starting latents)."""
+    import PIL.Image
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+
+    pipe = FluxImg2ImgPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    seen, original = [], pipe.scheduler.scale_noise
+
+    def spy(sample, timestep, noise=None):
+        out = original(sample, timestep, noise)
+        seen.append((sample.clone(), noise.clone(), out.clone()))
+        return out
+
+    pipe.scheduler.scale_noise = spy
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
+             pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g),
+             image=PIL.Image.new("RGB", (side, side), (200, 30, 30)), strength=strength,
+             height=side, width=side, num_inference_steps=num_inference_steps, output_type="latent")  # fmt: skip
+    return pipe, seen
