@@ -123,19 +123,16 @@ def test_floating_point_strength_floors_below_the_whole_number(record_calls):
     import PIL.Image
     from diffusers import (
         DDIMScheduler,
-        FlowMatchEulerDiscreteScheduler,
         FluxImg2ImgPipeline,
         PNDMScheduler,
     )
     from tiny import (
         DIT_TEXT,
         DIT_TOKENS,
-        FLUX_VAE_FACTORS,
         SD15_PNDM,
         embeds,
         pil_image_and_mask,
-        tiny_dit_vae,
-        tiny_flux_transformer,
+        tiny_flux_family,
         tiny_sd_variant,
     )
 
@@ -151,12 +148,7 @@ def test_floating_point_strength_floors_below_the_whole_number(record_calls):
                  image=pil_image_and_mask()[0], output_type="latent")  # fmt: skip
         sd_counts.append(len(unet_calls.calls))
         unet_calls.calls.clear()
-    flux = FluxImg2ImgPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )  # fmt: skip
-    flux.set_progress_bar_config(disable=True)
+    flux = tiny_flux_family(FluxImg2ImgPipeline)
     flux_calls = record_calls(flux.transformer)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -171,14 +163,9 @@ def test_flux_strength_counts_steps_not_noise_at_1024px(monkeypatch, record_call
     """Run through `FluxImg2ImgPipeline.__call__` with 4,096 image tokens (FLUX.1 at 1024 px; here a tiny VAE at 256 px gives the same token grid) and FLUX.1-dev's resolution-shifted scheduler (`use_dynamic_shifting=True`): `mu` is 1.15, the shifted grid's first sigma run at strength 0.6 of 10 steps is 0.83, not 0.6, and 6 transformer calls run. An unshifted scheduler (`use_dynamic_shifting=False`, `shift=1.0`, as FLUX.1-schnell samples) ignores `mu` and starts at 0.6."""
     import PIL.Image
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
-    from tiny import DIT_TEXT, DIT_TOKENS, FLUX_VAE_FACTORS, tiny_dit_vae, tiny_flux_transformer
+    from tiny import DIT_TEXT, DIT_TOKENS, tiny_flux_family
 
-    pipe = FluxImg2ImgPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_flux_family(FluxImg2ImgPipeline)
     mus, starts = [], []
     set_timesteps, scale_noise = pipe.scheduler.set_timesteps, pipe.scheduler.scale_noise
 

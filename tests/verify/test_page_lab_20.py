@@ -22,6 +22,7 @@ from tiny import (
     embeds,
     pil_image_and_mask,
     tiny_dit_vae,
+    tiny_flux_family,
     tiny_flux_transformer,
     tiny_sd_variant,
     tiny_unet,
@@ -424,15 +425,10 @@ def test_kontext_resizes_the_reference_to_a_preferred_resolution(record_calls, m
 
 def test_kontext_resizes_the_output_to_max_area(record_calls, monkeypatch):
     """`FluxKontextPipeline` rescales the requested `height` and `width` to `max_area` pixels (default `1024**2`) at their aspect ratio, rounded down to a multiple of `vae_scale_factor * 2`, with a logged warning: a 16 px request with `max_area=32 * 32` generates 32 px, 64 image tokens instead of 16. A call that sets neither `max_area` nor `max_sequence_length` asks `prepare_latents` for 1024 x 1024 px and passes `max_sequence_length=512` (text tokens) to `encode_prompt`."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline
+    from diffusers import FluxKontextPipeline
     from tiny import logged_messages
 
-    pipe = FluxKontextPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_flux_family(FluxKontextPipeline)
     g = torch.Generator().manual_seed(0)
     text = dict(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),
                 pooled_prompt_embeds=torch.randn(1, DIT_TEXT, generator=g))  # fmt: skip
@@ -572,7 +568,7 @@ def test_round_hint_names_the_pipeline_whose_get_timesteps_floors(img2img, recor
 def test_starter_names_the_pipeline_whose_empty_run_it_describes():
     """The starter's `get_timesteps` and its comment on a run with no step to run name `StableDiffusionImg2ImgPipeline`, whose behaviour they give (its `get_timesteps`; an empty batch or a `RuntimeError`, as `test_strength_too_small_runs_nothing` runs), not diffusers as a whole: a tiny `FluxImg2ImgPipeline` with no step to run (strength 0.0) raises a `ValueError` ("After adjusting") instead."""
     import PIL.Image
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+    from diffusers import FluxImg2ImgPipeline
 
     from infralens_docs.registry import ROOT
 
@@ -581,12 +577,7 @@ def test_starter_names_the_pipeline_whose_empty_run_it_describes():
     assert "diffusers' get_timesteps" not in text and "(diffusers, one image" not in text
     assert '"""StableDiffusionImg2ImgPipeline.get_timesteps:' in text
     assert "(StableDiffusionImg2ImgPipeline, one image: an empty batch" in text
-    pipe = FluxImg2ImgPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_flux_family(FluxImg2ImgPipeline)
     g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="After adjusting"), torch.no_grad():
         pipe(prompt_embeds=torch.randn(1, DIT_TOKENS, DIT_TEXT, generator=g),

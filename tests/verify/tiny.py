@@ -1568,14 +1568,9 @@ def flux_img2img_scale_noise_calls(strength=1.0, num_inference_steps=2, side=16)
     ``(sample, noise, output)`` (the image latents, the noise, the starting latents)."""
     import PIL.Image
     import torch
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxImg2ImgPipeline
+    from diffusers import FluxImg2ImgPipeline
 
-    pipe = FluxImg2ImgPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
-        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
+    pipe = tiny_flux_family(FluxImg2ImgPipeline)
     seen, original = [], pipe.scheduler.scale_noise
 
     def spy(sample, timestep, noise=None):
@@ -1591,3 +1586,19 @@ def flux_img2img_scale_noise_calls(strength=1.0, num_inference_steps=2, side=16)
              image=PIL.Image.new("RGB", (side, side), (200, 30, 30)), strength=strength,
              height=side, width=side, num_inference_steps=num_inference_steps, output_type="latent")  # fmt: skip
     return pipe, seen
+
+
+def tiny_flux_family(pipeline_class):
+    """A tiny pipeline of the FLUX.1 family (``FluxPipeline``, ``FluxImg2ImgPipeline``,
+    ``FluxKontextPipeline``...): a dynamically shifted ``FlowMatchEulerDiscreteScheduler``,
+    the tiny DiT VAE with FLUX.1's scaling and shift factors, the tiny Flux transformer and
+    no text encoders (calls pass ``prompt_embeds`` and ``pooled_prompt_embeds``)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = pipeline_class(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+        vae=tiny_dit_vae(**FLUX_VAE_FACTORS), transformer=tiny_flux_transformer(),
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
