@@ -1116,6 +1116,9 @@ def test_each_step_reads_prediction_type_in_ddpm_ddim_euler():
     ddim.set_timesteps(10)
     assert int(ddim.timesteps[-1]) == 0
     torch.testing.assert_close(ddim.step(noise, ddim.timesteps[-1], x0).prev_sample, x0)
+    # at any eta: sigma_t is 0 there, since the previous level is the current one
+    with_eta = ddim.step(noise, ddim.timesteps[-1], x0, eta=1.0, generator=torch.Generator())
+    torch.testing.assert_close(with_eta.prev_sample, x0)
     # ... only with clip_sample=False: the class default clamps x0_hat and changes the sample
     clipped = DDIMScheduler(set_alpha_to_one=False, timestep_spacing="linspace", **SD_BETAS)
     clipped.set_timesteps(10)
@@ -1459,6 +1462,32 @@ def test_ddpm_step_formula():
     ]
     assert int(scheduler.timesteps[-1]) == 0
     assert torch.equal(last[0].prev_sample, last[1].prev_sample)
+
+
+def test_ddpm_adds_fresh_noise_at_every_step_but_the_last():
+    """`DDPMScheduler` samples the posterior with fresh noise at every step but the last: on SD 1.x's `leading` grid (`steps_offset=1`, last $t = 1$), on `trailing` (last $t = 99$) and on `linspace` (last $t = 0$) at 10 steps, two generators give different `prev_sample` at every step before the last and the same one (within 1e-8) at the last, whatever its $t$: the previous level there is alpha-bar 1, so the default `fixed_small` variance is 0 (clamped to 1e-20)."""
+    sample, model_output = tensors(18)
+    for spacing, offset, last_t in (("leading", 1, 1), ("trailing", 0, 99), ("linspace", 0, 0)):
+        scheduler = DDPMScheduler(
+            clip_sample=False, timestep_spacing=spacing, steps_offset=offset, **SD_BETAS
+        )
+        scheduler.set_timesteps(10)
+        assert int(scheduler.timesteps[-1]) == last_t
+        for i, t in enumerate(scheduler.timesteps):
+            a, b = (
+                scheduler.step(
+                    model_output, t, sample, generator=torch.Generator().manual_seed(s)
+                ).prev_sample
+                for s in (0, 1)
+            )
+            diff = float((a - b).abs().max())
+            if i < len(scheduler.timesteps) - 1:
+                assert diff > 1e-3, (spacing, int(t), diff)
+            else:
+                assert diff < 1e-8, (spacing, int(t), diff)
+    # the interview line does not tie DDPM's noise to t > 0 (SD's last step, t = 1, adds none)
+    line = next(x for x in SCHEDULER_PAGE.splitlines() if x.startswith('"The scheduler is'))
+    assert "DDPM adding fresh noise" in line and "above t = 0" not in line, line
 
 
 # --- Euler -----------------------------------------------------------------------------------
