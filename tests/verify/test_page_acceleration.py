@@ -1143,7 +1143,7 @@ def test_flux_pipeline_calls_its_transformer_28_times_by_default():
 
 
 def test_true_cfg_doubles_group_offload_traffic_not_model_offloads(monkeypatch):
-    """The group-offload figures per step assume one transformer call per step; `FluxPipeline`'s true CFG (`true_cfg_scale > 1` with a negative prompt) makes two, doubling the bytes they move, while model offload still moves the transformer once per image: in a 2-step call of a tiny `FluxPipeline`, block-level group offload (one block per group) onloads twice as many groups with true CFG as without, and under `enable_model_cpu_offload` the transformer's hook, replayed with the meta device as the accelerator, moves it to the device and back once either way (2 or 4 transformer calls)."""
+    """The group-offload figures per step assume one transformer call per step; `FluxPipeline`'s true CFG (`true_cfg_scale > 1` with a negative prompt) makes two, doubling the bytes they move, while model offload still moves the transformer once per `pipe(...)` call: in a 2-step call of a tiny `FluxPipeline`, block-level group offload (one block per group) onloads twice as many groups with true CFG as without, and under `enable_model_cpu_offload` the transformer's hook, replayed with the meta device as the accelerator, moves it to the device and back once either way (2 or 4 transformer calls), also with `num_images_per_prompt=2`."""
     from diffusers.hooks.group_offloading import ModuleGroup
 
     text, pooled = flux_prompt_embeds()
@@ -1161,7 +1161,7 @@ def test_true_cfg_doubles_group_offload_traffic_not_model_offloads(monkeypatch):
         counts.append(len(onloads))
     monkeypatch.undo()
     assert counts[0] > 0 and counts[1] == 2 * counts[0]
-    for run, calls in ((plain, 2), (cfg, 4)):
+    for run, calls in ((plain, 2), (cfg, 4), (dict(plain, num_images_per_prompt=2), 2)):
         forwards = hooked_forwards(tiny_flux_pipeline(), monkeypatch, **run)
         assert [name for name, _ in forwards].count("transformer") == calls
         crossings, _ = replay_model_offload(forwards, monkeypatch)
