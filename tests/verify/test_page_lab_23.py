@@ -121,7 +121,7 @@ def cfg_run(saved):
 
 
 def test_text_to_image_block_order(cfg_run):
-    """With the prompt embeddings passed in, SDXL's blocks run in this order: `input`, `set_timesteps`, `prepare_latents`, `prepare_add_cond`, then the denoise loop, whose `before_denoiser`, `denoiser` and `after_denoiser` run once per Euler step, then `decode`."""
+    """With the text-encoder block removed and the prompt embeddings passed in, SDXL's blocks run in this order: `input`, `set_timesteps`, `prepare_latents`, `prepare_add_cond`, then the denoise loop, whose `before_denoiser`, `denoiser` and `after_denoiser` run once per Euler step, then `decode`."""
     _, calls, _, _ = cfg_run
     names = [name for name, *_ in calls]
     loop_ends = [k for k, name in enumerate(names) if name == "StableDiffusionXLDenoiseStep"]
@@ -133,7 +133,7 @@ def test_text_to_image_block_order(cfg_run):
 
 
 def test_state_keys_written_at_each_boundary(cfg_run):
-    """With the prompt embeddings passed in, each block of SDXL's text-to-image call writes into the state only keys it declares (`set_block_state`, `modular_pipeline.py:619`): its `intermediate_outputs`, and the inputs whose value it replaced (SDXL's `prepare_add_cond` writes back `original_size` and `target_size`, which the call left at `None`). `set_timesteps` writes `timesteps`, `prepare_latents` writes `latents`, the loop writes `latents` back, `decode` writes `images`."""
+    """With the text-encoder block removed and the prompt embeddings passed in, each block of SDXL's text-to-image call writes into the state only keys it declares (`set_block_state`, `modular_pipeline.py:619`): its `intermediate_outputs`, and the inputs whose value it replaced (SDXL's `prepare_add_cond` writes back `original_size` and `target_size`, which the call left at `None`). `set_timesteps` writes `timesteps`, `prepare_latents` writes `latents`, the loop writes `latents` back, `decode` writes `images`."""
     images, calls, _, _ = cfg_run
     blocks = {type(b).__name__: b for b in walk(sdxl_modular_blocks())}
     wrote = {}
@@ -207,7 +207,7 @@ def test_cfg_batches_at_scale_one_and_below(saved, monkeypatch, scale, per_step,
 
 
 def test_missing_required_input_is_an_error(saved):
-    """A block's `get_block_state` raises on a missing required input: SDXL's modular call without `prompt_embeds` fails with "Required input 'prompt_embeds' is missing"."""
+    """A block's `get_block_state` raises on a missing required input: SDXL's blocks without their text-encoder block, called without `prompt_embeds`, fail with "Required input 'prompt_embeds' is missing"."""
     folder, _ = saved
     pipe = modular(folder)
     kwargs = sdxl_modular_inputs()

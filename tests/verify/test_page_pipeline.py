@@ -559,7 +559,7 @@ def modular_sdxl(tmp_path_factory):
 
 
 def test_sdxl_modular_blocks_write_only_declared_state_keys(modular_sdxl, monkeypatch):
-    """A modular pipeline (`diffusers.modular_pipelines`) runs the same stages as blocks; with the prompt embeddings passed in, each block of SDXL's text-to-image call (the denoise loop counted as one) writes only `PipelineState` keys it declares as inputs or outputs.
+    """A modular pipeline (`diffusers.modular_pipelines`) runs the same stages as blocks; with the text-encoder block removed and with the prompt embeddings passed in, each block of SDXL's text-to-image call (the denoise loop counted as one) writes only `PipelineState` keys it declares as inputs or outputs.
 
     The call takes prompt embeddings (``sdxl_modular_blocks`` drops the text-encoder,
     IP-Adapter and VAE-encoder blocks); its branch is text-to-image (the loop block is
