@@ -295,11 +295,12 @@ table(
 #   `mid_block`, the embeddings) forms one "unmatched" group that stays on the device for
 #   the whole forward. Peak: unmatched + the largest group. Offloading a group calls
 #   `module.to(offload_device)`: every byte is copied back, so the whole model crosses
-#   twice per call. `use_stream=True` forces n = 1, from the second call on prefetches the
-#   next group while one runs (two groups at a time), and offloads a block group by pointing
-#   its weights back at a CPU copy it holds; the unmatched group gets no stream, so it is
-#   still onloaded synchronously and copied back every call. With `offload_to_disk_path` nothing is
-#   copied back: each onload reads the group from disk instead.
+#   twice per call. `use_stream=True` forces n = 1, from the model's second forward on
+#   prefetches the next group while one runs (two block groups besides the unmatched one),
+#   and offloads a block group by pointing its weights back at a CPU copy it holds; the
+#   unmatched group gets no stream, so it is still onloaded synchronously and copied back
+#   every call. With `offload_to_disk_path` nothing is copied back: each onload reads the
+#   group from disk instead.
 #   `block_modules=["mid_block"]` (diffusers 0.42.1) cuts a named child into groups of
 #   its own ModuleLists' blocks, so it no longer sits in the unmatched group.
 # - `offload_type="leaf_level"`: one group per Linear / Conv / Embedding layer, plus one
