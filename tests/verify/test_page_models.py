@@ -5,6 +5,7 @@ and holds equal to ``labkit/model_sizes.json`` (``atlas_record``)."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -90,7 +91,7 @@ def _video_pipelines() -> dict:
 
 
 def test_guidance_arguments_and_defaults(atlas):
-    """Guidance: `__call__`'s `guidance_scale`, `true_cfg_scale`, `stg_scale` and `modality_scale` arguments (and their `audio_` forms) with their defaults, and the pipeline's `guider` component where it has one (FLUX.3's blocks, HunyuanVideo 1.5); the defaults `LTX2Pipeline.__call__` sets when none is passed turn on its classifier-free, spatio-temporal and modality guidance."""
+    """Guidance: `__call__`'s `guidance_scale`, `true_cfg_scale`, `stg_scale` and `modality_scale` arguments (and their `audio_` forms) with their signature's defaults, and the pipeline's `guider` component where it has one (FLUX.3's blocks, HunyuanVideo 1.5); the defaults `LTX2Pipeline.__call__` sets when none is passed turn on its classifier-free, spatio-temporal and modality guidance."""
     import inspect
     import re
 
@@ -103,6 +104,9 @@ def test_guidance_arguments_and_defaults(atlas):
         call = inspect.signature(getattr(diffusers, r["pipeline"]).__call__).parameters
         shown = {k: v for k, v in r["guidance"].items() if k not in ("guider", "is_distilled", "guidance_embeds")}  # fmt: skip
         assert shown == {k: p.default for k, p in call.items() if name.match(k)}, r["family"]
+    # read from the signature (LTX-2's observed below): the page's Guidance bullet says so
+    page = (Path(__file__).parents[2] / "docs/handbook/models.md").read_text()
+    assert "(and their `audio_` forms) with their signature's defaults" in page
     # the pipeline's `guider` component where it has one: FLUX.3's blocks and HunyuanVideo 1.5 only
     assert [f for f, r in atlas.items() if "guider" in r["guidance"]] == ["FLUX.3", "HunyuanVideo 1.5 720p"]  # fmt: skip
     # LTX-2's, as its __call__ sets them when none is passed: CFG, STG and modality guidance
@@ -549,7 +553,7 @@ def test_wan_ships_unipc(atlas):
 
 
 def test_blocks_are_the_built_block_lists(atlas):
-    """Parameters and Blocks: the denoiser built from its config, its parameters and its block lists (each `nn.ModuleList` attribute of the denoiser itself, by name; HunyuanVideo 1.5's 2-block token refiner sits inside `context_embedder` and is not counted): Z-Image's `ZImageTransformer2DModel` has 30 `layers` and two refiner stacks of 2 (`noise_refiner`, `context_refiner`)."""
+    """Parameters and Blocks: the denoiser built from its config, its parameters and its block lists (each `nn.ModuleList` attribute of the denoiser itself, by name; lists inside other submodules are not counted: FLUX.3's `mode_blocks`, 5 `image` and 5 `image_cond` blocks, and HunyuanVideo 1.5's 2-block token refiner in `context_embedder`): Z-Image's `ZImageTransformer2DModel` has 30 `layers` and two refiner stacks of 2 (`noise_refiner`, `context_refiner`)."""
     import torch
     from model_configs import ATLAS, build
 
@@ -566,10 +570,19 @@ def test_blocks_are_the_built_block_lists(atlas):
     assert not nested
     assert atlas["Z-Image"]["denoiser_params"] == sum(p.numel() for p in model.parameters())
     assert atlas["SD 1.5"]["blocks"] == {"down_blocks": 4, "up_blocks": 4}
+    # the page's Blocks bullet names each block list the cells leave out
+    page = (Path(__file__).parents[2] / "docs/handbook/models.md").read_text()
+    (bullet,) = [line for line in page.splitlines() if line.startswith("- **Parameters** and **Blocks**")]  # fmt: skip
     # HunyuanVideo 1.5's token refiner: a block list inside `context_embedder`, not in the cell
     lists, nested = block_lists(build(fams["HunyuanVideo 1.5 720p"].denoiser))
     assert atlas["HunyuanVideo 1.5 720p"]["blocks"] == lists == {"transformer_blocks": 54}
     assert nested == {"context_embedder.token_refiner.refiner_blocks": 2}
+    assert "`context_embedder`" in bullet
+    # FLUX.3's per-mode blocks: ModuleLists inside the `mode_blocks` ModuleDict, not in the cell
+    lists, nested = block_lists(build(fams["FLUX.3"].denoiser))
+    assert atlas["FLUX.3"]["blocks"] == lists == {"txt_mode_blocks": 5, "single_transformer_blocks": 28}  # fmt: skip
+    assert nested == {"mode_blocks.image": 5, "mode_blocks.image_cond": 5}
+    assert "`mode_blocks`, 5 `image` and 5 `image_cond` blocks" in bullet
 
 
 def test_video_rows_count_the_default_frames(atlas):
