@@ -88,6 +88,8 @@ if args.tokens > 512 or args.heads > 16 or args.latent_size > 128:
     )
 if not 0 <= args.overlap < args.tile:
     parser.error(f"--overlap must be in 0..{args.tile - 1}: a tile must be larger than its overlap")
+if int(args.tile * (1 - args.overlap / args.tile)) < 1:  # float rounding: --tile 10 --overlap 9 too
+    parser.error(f"--tile {args.tile} --overlap {args.overlap}: tiles would start every int(tile * (1 - overlap / tile)) = 0 positions")  # fmt: skip
 if args.tile > args.latent_size:
     parser.error(f"--tile {args.tile} is larger than --latent-size {args.latent_size}")
 dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]

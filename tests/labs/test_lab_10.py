@@ -226,6 +226,7 @@ def test_figures_are_small(run_cli, tmp_path):
     [
         ["--tile", "4", "--overlap", "4"],
         ["--tile", "4", "--overlap", "6"],
+        ["--tile", "10", "--overlap", "9"],  # int(10 * (1 - 0.9)) = 0: a zero stride
         ["--dtypes", "float8"],
         ["--dtypes", "float64"],  # the reference: with nothing to compare, no chart
         ["--tokens", "2"],  # query chunks of tokens // 4 = 0 rows

@@ -413,6 +413,9 @@ def test_to_dtype_matches_torch_casts_of_float32_values(starter):
     from infralens_docs.registry import ROOT
 
     x = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 100.0
+    bits = torch.randint(-(2**31), 2**31 - 1, (100_000,), generator=torch.Generator().manual_seed(1), dtype=torch.int64)  # fmt: skip
+    edges = torch.tensor([65504.0, 65519.0, 65520.0, 3e-8, 1e-40, 3.4e38, float("inf"), -0.0])
+    x = torch.cat([x, bits.to(torch.int32).view(torch.float32), edges])  # any float32 bit pattern
     near_tie = torch.tensor([1 + 2**-8 + 2**-30], dtype=torch.float64)
     for name, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
         expected = x.to(dtype).double().numpy()
