@@ -316,18 +316,22 @@ def _rank_main(rank, out_path):
                 res["set_native_math_after"] = _error(e)
 
             # the same context manager on a model given a backend by set_attention_backend first
-            # (`native` is the default: the process-wide backend it also sets stays as it was)
-            model = tiny_flux_transformer()
-            model.set_attention_backend("native")
-            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
-            math_q.clear()
-            preset_calls = []
-            with (
-                attention_backend("_native_math"),
-                mock.patch.dict(dispatch._AttentionBackendRegistry._backends, {math: math_spy}),
-                counting_all_to_all(preset_calls),
-            ):
-                res["preset_under_native_math"] = diff(model)
+            # (which also sets the process-wide active backend: restored, as rank 0 is pytest)
+            active = dispatch._AttentionBackendRegistry.get_active_backend()[0]
+            try:
+                model = tiny_flux_transformer()
+                model.set_attention_backend("native")
+                model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+                math_q.clear()
+                preset_calls = []
+                with (
+                    attention_backend("_native_math"),
+                    mock.patch.dict(dispatch._AttentionBackendRegistry._backends, {math: math_spy}),
+                    counting_all_to_all(preset_calls),
+                ):
+                    res["preset_under_native_math"] = diff(model)
+            finally:
+                dispatch._AttentionBackendRegistry.set_active_backend(active)
             res["preset_all_to_alls"], res["preset_math_op_calls"] = len(preset_calls), len(math_q)
 
         # 9. by hand on the real first attention's q, k, v (B, S, H, D), token shard per rank
