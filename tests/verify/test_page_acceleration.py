@@ -840,21 +840,26 @@ def test_pab_and_faster_cache_compare_the_timestep_tensor_every_call(monkeypatch
     from diffusers import FasterCacheConfig, PyramidAttentionBroadcastConfig
 
     def syncs(make_config):
-        pipe, seen, per_call = tiny_flux_pipeline(), [], []
+        pipe, seen, per_call, owner = tiny_flux_pipeline(), [], [], [None]
         if make_config:
             pipe.transformer.enable_cache(make_config(lambda: pipe.current_timestep))
         pipe.transformer.register_forward_pre_hook(lambda *a: seen.clear())
         pipe.transformer.register_forward_hook(lambda *a: per_call.append(tuple(seen)) and None)
+        hooked = [n for n, m in pipe.transformer.named_modules() if n.endswith(".attn") and getattr(getattr(m, "_diffusers_hook", None), "hooks", None)]  # fmt: skip
+        for name in hooked:  # which hooked attention is running when a bool() happens
+            module = pipe.transformer.get_submodule(name)
+            module.register_forward_pre_hook(lambda *a, name=name: owner.__setitem__(0, name))
+            module.register_forward_hook(lambda *a: owner.__setitem__(0, None))
         to_bool, item = torch.Tensor.__bool__, torch.Tensor.item
-        monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: seen.append(("bool", t.dim())) or to_bool(t))  # fmt: skip
-        monkeypatch.setattr(torch.Tensor, "item", lambda t: seen.append(("item", t.dim())) or item(t))  # fmt: skip
+        monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: seen.append(("bool", t.dim(), owner[0])) or to_bool(t))  # fmt: skip
+        monkeypatch.setattr(torch.Tensor, "item", lambda t: seen.append(("item", t.dim(), owner[0])) or item(t))  # fmt: skip
         text, pooled = flux_prompt_embeds()
         with torch.no_grad():
             pipe(prompt_embeds=text[1:], pooled_prompt_embeds=pooled[1:], num_inference_steps=4, height=16, width=16, output_type="latent")  # fmt: skip
         monkeypatch.undo()
-        return per_call
+        return hooked, per_call
 
-    assert syncs(None) == [()] * 4
+    assert syncs(None) == ([], [()] * 4)
 
     def pab(timestep):
         return PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2, current_timestep_callback=timestep)  # fmt: skip
@@ -863,27 +868,34 @@ def test_pab_and_faster_cache_compare_the_timestep_tensor_every_call(monkeypatch
         return FasterCacheConfig(is_guidance_distilled=True, current_timestep_callback=timestep)  # fmt: skip
 
     for make_config in (pab, faster):
-        per_call = syncs(make_config)
-        assert len(per_call) == 4
-        assert all(call and set(call) == {("bool", 0)} for call in per_call), per_call
+        hooked, per_call = syncs(make_config)
+        assert hooked and len(per_call) == 4
+        assert all({kind for kind, *_ in call} == {"bool"} and {dim for _, dim, _ in call} == {0} for call in per_call), per_call  # fmt: skip
+        # every hooked attention makes a bool() in every call
+        assert all(set(hooked) <= {name for *_, name in call} for call in per_call), per_call
 
 
 def test_seacache_syncs_in_each_call_whose_step_it_may_skip(monkeypatch):
-    """SeaCache moves its gate's distance to the host (`float(... .cpu())`, `sea_cache.py` L226) in each call whose step it may skip, the cond and the uncond call alike: in an 8-step `WanPipeline.__call__` of a tiny pipeline with CFG (its default `guidance_scale`) and `SeaCacheConfig(threshold=10.0)`, steps 1, 2, 4 and 5 make one `.cpu()` in each of their two calls, and the steps it must compute (the first, each after two cached steps, the last) none."""
+    """SeaCache moves its gate's distance to the host (`float(... .cpu())`, `sea_cache.py` L226) in each call whose step it may skip, the cond and the uncond call alike, one per video in the batch: in an 8-step `WanPipeline.__call__` of a tiny pipeline with CFG (its default `guidance_scale`) and `SeaCacheConfig(threshold=10.0)`, steps 1, 2, 4 and 5 make one `.cpu()` in each of their two calls (two with `num_videos_per_prompt=2`), and the steps it must compute (the first, each after two cached steps, the last) none."""
     from diffusers import SeaCacheConfig
 
-    pipe, seen, per_call = tiny_wan_pipeline(), [], []
-    pipe.transformer.enable_cache(SeaCacheConfig(threshold=10.0))
-    pipe.transformer.register_forward_pre_hook(lambda *a: seen.clear())
-    pipe.transformer.register_forward_hook(lambda *a: per_call.append(len(seen)) and None)
-    to_cpu = torch.Tensor.cpu
-    monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: seen.append(1) or to_cpu(t, *a, **k))  # fmt: skip
     text = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        pipe(num_inference_steps=8, height=16, width=16, num_frames=5, output_type="latent", prompt_embeds=text[1:], negative_prompt_embeds=text[:1])  # fmt: skip
-    monkeypatch.undo()
-    per_step = [per_call[i : i + 2] for i in range(0, len(per_call), 2)]  # cond, uncond
-    assert per_step == [[0, 0], [1, 1], [1, 1], [0, 0], [1, 1], [1, 1], [0, 0], [0, 0]]
+    to_cpu = torch.Tensor.cpu
+
+    def syncs_per_step(videos):
+        pipe, seen, per_call = tiny_wan_pipeline(), [], []
+        pipe.transformer.enable_cache(SeaCacheConfig(threshold=10.0))
+        pipe.transformer.register_forward_pre_hook(lambda *a: seen.clear())
+        pipe.transformer.register_forward_hook(lambda *a: per_call.append(len(seen)) and None)
+        monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: seen.append(1) or to_cpu(t, *a, **k))  # fmt: skip
+        with torch.no_grad():
+            pipe(num_inference_steps=8, height=16, width=16, num_frames=5, output_type="latent", prompt_embeds=text[1:], negative_prompt_embeds=text[:1], num_videos_per_prompt=videos)  # fmt: skip
+        monkeypatch.undo()
+        return [per_call[i : i + 2] for i in range(0, len(per_call), 2)]  # cond, uncond
+
+    for v in (1, 2):  # Wan's indicator is one tensor per video in the batch
+        may_skip = [0, v, v, 0, v, v, 0, 0]  # per step; forced: first, after two cached, last
+        assert syncs_per_step(v) == [[n, n] for n in may_skip], v
 
 
 def test_each_cache_cuts_real_attention_calls(cache_runs):
