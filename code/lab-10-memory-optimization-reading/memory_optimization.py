@@ -88,8 +88,10 @@ if args.tokens > 512 or args.heads > 16 or args.latent_size > 128:
     )
 if not 0 <= args.overlap < args.tile:
     parser.error(f"--overlap must be in 0..{args.tile - 1}: a tile must be larger than its overlap")
-if int(args.tile * (1 - args.overlap / args.tile)) < 1:  # float rounding: --tile 10 --overlap 9 too
-    parser.error(f"--tile {args.tile} --overlap {args.overlap}: tiles would start every int(tile * (1 - overlap / tile)) = 0 positions")  # fmt: skip
+stride = int(args.tile * (1 - args.overlap / args.tile))  # as tiled_decode computes them, float
+row_limit = 2 * args.tile - int(2 * args.tile * (args.overlap / args.tile))  # rounding included
+if row_limit != 2 * stride:  # e.g. --tile 10 --overlap 9 (stride 0), --tile 12 --overlap 5
+    parser.error(f"--tile {args.tile} --overlap {args.overlap}: int() rounding gives tiles every {stride} latent rows but keeps {row_limit} image rows of each, not {2 * stride}: the tiles would not fit the image")  # fmt: skip
 if args.tile > args.latent_size:
     parser.error(f"--tile {args.tile} is larger than --latent-size {args.latent_size}")
 dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]

@@ -227,6 +227,8 @@ def test_figures_are_small(run_cli, tmp_path):
         ["--tile", "4", "--overlap", "4"],
         ["--tile", "4", "--overlap", "6"],
         ["--tile", "10", "--overlap", "9"],  # int(10 * (1 - 0.9)) = 0: a zero stride
+        ["--tile", "12", "--overlap", "5"],  # stride 6, row_limit 14: the tiles overrun the image
+        ["--tile", "10", "--overlap", "8"],  # stride 1, row_limit 4 (a traceback before round 13)
         ["--dtypes", "float8"],
         ["--dtypes", "float64"],  # the reference: with nothing to compare, no chart
         ["--tokens", "2"],  # query chunks of tokens // 4 = 0 rows
