@@ -83,20 +83,30 @@ class GaussianMixture:
         return part
 
     def _log_joint(self, x_t: np.ndarray, alpha_t: float, sigma_t: float):
-        """log(w_k N(x_t; alpha_t mean_k, var_k I)) up to a constant, (N, K), and the
-        residuals x_t - alpha_t mean_k, (N, K, D), which the posterior mean reuses."""
+        """log(w_k N(x_t; alpha_t mean_k, var_k I)) up to a constant, (K, N), and the
+        residuals x_t - alpha_t mean_k, (K, D, N), which the posterior mean reuses.
+
+        Component-major, N last, so that every operation runs along the long axis: laid out
+        (N, K, D), each ran along K or D (1 to 4 long), and NumPy's per-loop overhead made the
+        posterior mean about twice as slow. The bits are the same: elementwise operations do
+        not depend on the layout, and each sum over K or D adds in index order as before (from
+        zero where ``np.einsum`` did): tests/test_labkit_posterior_bits.py holds the old formulas.
+        """
         var = alpha_t**2 * self.stds**2 + sigma_t**2  # (K,) marginal variance per component
-        resid = x_t[:, None, :] - alpha_t * self.means[None]  # (N, K, D)
-        sq = np.einsum("nkd,nkd->nk", resid, resid)  # (N, K) squared distances
-        log_p = np.log(self.weights) - 0.5 * self.dim * np.log(var) - 0.5 * sq / var
+        x = np.ascontiguousarray(x_t.T)  # (D, N)
+        resid = x[None] - (alpha_t * self.means)[:, :, None]  # (K, D, N)
+        sq = sum(resid[:, d] * resid[:, d] for d in range(self.dim))  # (K, N) squared distances
+        const = np.log(self.weights) - 0.5 * self.dim * np.log(var)  # (K,)
+        log_p = const[:, None] - 0.5 * sq / var[:, None]
         return log_p, resid
 
     def responsibilities(self, x_t: np.ndarray, alpha_t: float, sigma_t: float) -> np.ndarray:
         """p(component k | x_t), shape (N, K). Computed in log space for stability."""
-        log_p, _ = self._log_joint(x_t, alpha_t, sigma_t)
-        log_p -= log_p.max(axis=1, keepdims=True)
+        log_p, _ = self._log_joint(x_t, alpha_t, sigma_t)  # (K, N)
+        log_p -= log_p.max(axis=0)
         p = np.exp(log_p)
-        return p / p.sum(axis=1, keepdims=True)
+        p /= p.sum(axis=0)
+        return np.ascontiguousarray(p.T)  # (N, K), C order as callers index it
 
     def posterior_mean(self, x_t: np.ndarray, alpha_t: float, sigma_t: float) -> np.ndarray:
         """E[x0 | x_t] for x_t = alpha_t x0 + sigma_t eps; ``x_t`` (N, D) -> (N, D).
@@ -104,12 +114,15 @@ class GaussianMixture:
         sum_k r_k (mean_k + gain_k (x_t - alpha_t mean_k)), with
         gain_k = alpha_t std_k^2 / (alpha_t^2 std_k^2 + sigma_t^2).
         """
-        log_p, resid = self._log_joint(x_t, alpha_t, sigma_t)
-        log_p -= log_p.max(axis=1, keepdims=True)
+        log_p, resid = self._log_joint(x_t, alpha_t, sigma_t)  # (K, N), (K, D, N)
+        log_p -= log_p.max(axis=0)
         r = np.exp(log_p)
-        r /= r.sum(axis=1, keepdims=True)  # (N, K) responsibilities
+        r /= r.sum(axis=0)  # (K, N) responsibilities
         gain = alpha_t * self.stds**2 / (alpha_t**2 * self.stds**2 + sigma_t**2)  # (K,)
-        return r @ self.means + np.einsum("nk,nkd->nd", r * gain, resid)
+        x0 = np.ascontiguousarray(r.T) @ self.means  # (N, K) @ (K, D): sum_k r_k mean_k
+        # + sum_k r_k gain_k resid_k, summed over K in index order from zero: (D, N) -> (N, D)
+        x0 += ((r * gain[:, None])[:, None, :] * resid).sum(axis=0, initial=0.0).T
+        return x0
 
 
 def default_mixture() -> GaussianMixture:
