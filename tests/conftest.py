@@ -79,7 +79,7 @@ def strict_build(site: Path, **env_vars: str) -> Path:
         timeout=900,
     )
     log = proc.stdout + proc.stderr
-    # any WARNING fails, the notebook kernels' included (they run over IPC, see infralens_docs/notebooks.py)
+    # any WARNING fails, the notebook pages' executor's included (infralens_docs/notebooks.py)
     warnings = [line for line in log.splitlines() if "WARNING" in line]
     if proc.returncode != 0 or warnings:
         pytest.fail(f"mkdocs build --strict failed (exit {proc.returncode}):\n{log[-6000:]}")

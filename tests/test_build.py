@@ -881,8 +881,8 @@ def test_a_build_without_a_repository_has_no_edit_links(offline_site):
 def test_two_clean_builds_are_identical_and_machine_free(built_site, tmp_path):
     """A second build with empty caches gives the same files, byte for byte (the sitemap's
     date aside): cached and fresh runs agree, and nothing depends on timing or randomness.
-    The second build renders every notebook page in the build process itself, so the
-    prebuild workers (infralens_docs.notebooks) are checked to render the same pages.
+    The second build executes every notebook page in its render, so the runs ahead
+    (``notebooks.prebuild``) are checked to give the same pages.
     No page holds an absolute path of the build machine or a kernel's stderr output."""
     site = strict_build(
         tmp_path / "site",
@@ -1505,3 +1505,38 @@ def test_the_notebook_pages_cache_folder_folds_in_python_numpy_and_the_converter
     monkeypatch.setattr(serving, "_version", real)
     monkeypatch.setattr(sys, "version", sys.version + " (another build)")
     assert hooks.notebook_cache_key() != base, "a new Python keeps the notebook pages"
+
+
+def test_notebook_export_matches_nbconverts(tmp_path, monkeypatch):
+    """The notebook pages' export (``notebooks._export_with_a_small_soup``: the ``<pre>``
+    blocks held out of BeautifulSoup's parse) gives the page nbconvert's own
+    ``HTMLExporter.from_notebook_node`` gives, byte for byte: for a starter (quotes and
+    entities in its highlighted code, figures in its outputs) and for text outputs with
+    ANSI colours, markup characters and quotes."""
+    from mkdocs_jupyter import convert
+    from nbconvert.exporters.html import HTMLExporter
+
+    from infralens_docs import notebooks
+    from infralens_docs.runner import close_zygotes
+
+    notebooks.configure()
+    ours = HTMLExporter.from_notebook_node
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "# %%\nprint('\\x1b[31mred & <b>\\x1b[0m \\'q\\' \"dq\" &amp;')\n'<i>' + \"&\"\n",
+        encoding="utf-8",
+    )
+    options = dict(
+        execute=True, kernel_name="python3", theme="light", allow_errors=False,
+        show_input=True, no_input=False, no_prompt=True, remove_tag_config={},
+        highlight_extra_classes="highlight", include_requirejs=False, custom_mathjax_url="",
+    )  # fmt: skip
+    starter = ROOT / "code" / "lab-01-forward-noise-process" / "forward_noise.py"
+    try:
+        for path in (starter, probe):
+            page = convert.nb2html(str(path), **options)
+            monkeypatch.setattr(HTMLExporter, "from_notebook_node", ours.nbconvert)
+            assert convert.nb2html(str(path), **options) == page, path.name
+            monkeypatch.setattr(HTMLExporter, "from_notebook_node", ours)
+    finally:
+        close_zygotes()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -67,3 +68,115 @@ def test_a_run_that_hangs_times_out_and_takes_its_zygote_down(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run(script, [], timeout=1)
     assert zygote.proc.poll() is not None  # the zygote (and its child's group) is gone
+
+
+#: A notebook's cells as a starter page holds them: prints to both streams, rich displays
+#: (an SVG, a PNG), a cell's last value, one silenced with ";", and what a starter asks.
+NOTEBOOK_CELLS = [
+    "import sys\nprint('a')\nprint('c & <d>')",
+    "print('b', file=sys.stderr)",  # (a kernel orders the two streams by its flushes)
+    "from IPython.display import SVG, Image, display\n"
+    'display(SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="2" height="2">'
+    '<rect width="1" height="1"/></svg>\'))\n'
+    "print('between')\n"
+    "display(Image(data=PNG))\n"
+    "1 + 1",
+    "x = 3\nx;",
+    "import labkit.cli\nprint(labkit.cli.in_notebook(), __name__, '__file__' in globals())\n"
+    "print(sys.argv[1:] == [] or sys.argv[1:][0] == '-f')",
+    "",
+    "[x, 'y']",
+]
+
+
+def _png() -> bytes:
+    """A 1 x 1 PNG, built here (no image library)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(
+        b"IDAT", zlib.compress(b"\x00\x7f")
+    ) + chunk(b"IEND", b"")  # fmt: skip
+
+
+def _notebook(cells: list[str]):
+    import nbformat
+
+    png = f"PNG = {_png()!r}\n"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(png)] + [nbformat.v4.new_code_cell(c) for c in cells]
+    return nb
+
+
+def _outputs(nb) -> list:
+    """Each code cell's execution count and outputs, stream outputs merged as the pages do."""
+    from infralens_docs.notebooks import merge_adjacent_streams
+
+    return [
+        (cell.execution_count, merge_adjacent_streams([dict(o) for o in cell.outputs]))
+        for cell in nb.cells
+    ]
+
+
+def test_notebook_cells_run_as_in_a_jupyter_kernel(tmp_path):
+    """The notebook pages' executor (``runner.execute_cells`` then ``notebooks.fill``) gives
+    a notebook the outputs a real Jupyter kernel gives it through nbclient: streams, both
+    kinds of display, a cell's last value (not after ";"), blank cells skipped, and what
+    ``labkit.cli.in_notebook`` and a starter's ``__name__`` see."""
+    from nbclient import NotebookClient
+
+    from infralens_docs import notebooks
+    from infralens_docs.runner import close_zygotes, execute_cells
+    from infralens_docs.runner import starter_env as env
+
+    kernel_nb, ours = _notebook(NOTEBOOK_CELLS), _notebook(NOTEBOOK_CELLS)
+    import os
+
+    old = dict(os.environ)
+    os.environ.update(env())  # the kernel gets the starters' environment too
+    try:
+        NotebookClient(
+            kernel_nb, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        ).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    try:
+        result = execute_cells(notebooks.code_cells(ours), str(tmp_path))
+    finally:
+        close_zygotes()
+    assert result.returncode == 0, result.stderr
+    import json
+
+    notebooks.fill(ours, json.loads(result.stdout))
+    assert _outputs(ours) == _outputs(kernel_nb)
+    assert ours.metadata["language_info"] == kernel_nb.metadata["language_info"]
+
+
+def test_a_notebook_cell_that_raises_stops_the_notebook(tmp_path):
+    """A cell that raises stops the run there, as nbclient does with ``allow_errors``
+    off: ``notebooks.fill`` raises nbclient's ``CellExecutionError`` naming the cell and
+    the exception, and no later cell ran."""
+    import json
+
+    from nbclient.exceptions import CellExecutionError
+
+    from infralens_docs import notebooks
+    from infralens_docs.runner import close_zygotes, execute_cells
+
+    nb = _notebook(["print('before')", "raise ValueError('boom')", "print('after')"])
+    try:
+        result = execute_cells(notebooks.code_cells(nb), str(tmp_path))
+    finally:
+        close_zygotes()
+    with pytest.raises(CellExecutionError) as error:
+        notebooks.fill(nb, json.loads(result.stdout))
+    message = re.sub(r"\x1b\[[0-9;]*m", "", str(error.value))  # IPython colours its traceback
+    assert "raise ValueError('boom')" in message and "ValueError: boom" in message
+    assert [o["text"] for o in nb.cells[1].outputs] == ["before\n"]
+    assert nb.cells[3].outputs == [] and nb.cells[3].execution_count is None

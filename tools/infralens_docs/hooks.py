@@ -11,7 +11,8 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
   mkdocs-jupyter renders the notebook pages among them, and starts the work the
   pages will need on other cores: the starter runs (``runner.prefetch``) and the
   notebook pages (``notebooks.prebuild``).
-- ``on_pre_page``: a notebook page waits for its prebuild worker before rendering.
+- ``on_pre_page``: a notebook page waits for its cells' run ahead (``notebooks.prebuild``)
+  before rendering.
 - ``on_page_markdown``: expands ``<!-- infralens:... -->`` directives, one
   function each in ``infralens_docs.directives`` (``run``, ``lab-card``,
   ``labs-table``, ``labs-for``, ``sections-table``, ``verified-claims``,
@@ -24,7 +25,7 @@ Wired in ``mkdocs.yml`` through ``hooks/infralens.py``. What each event does:
 - ``on_post_page``: names Material's search dialog and defers its bundle
   (accessibility and render-blocking fixes, without copying a template).
 - ``on_post_build``: copies the figure files the pages reference into the site, and
-  stops the build's kernel, workers and zygotes.
+  stops the build's notebook runs and zygotes.
 - ``on_startup`` / ``on_serve`` / ``on_shutdown``: under ``mkdocs serve`` a failing starter
   shows its error on its own pages instead of failing the build, and requests are answered
   from the last good build while the next one runs (``infralens_docs.serving``).
@@ -83,7 +84,6 @@ from infralens_docs.directives import (
 from infralens_docs.mathml import MathError
 from infralens_docs.registry import ROOT, Lab, RegistryError, load_labs
 from infralens_docs.runner import (
-    BLAS_ENV,
     CACHE_DIR,
     CACHE_ROOT,
     begin_build,
@@ -148,12 +148,6 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         # writes the index as a script.)
         config.use_directory_urls = False
 
-    # Notebook kernels start as "python" from PATH: make that this interpreter,
-    # whichever way mkdocs was launched, so labkit is importable in the kernel.
-    bindir = os.path.dirname(sys.executable)
-    if not os.environ.get("PATH", "").startswith(bindir + os.pathsep):
-        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-
     paths.clear_caches()  # `mkdocs serve` rebuilds in this process: reread the files
     try:
         reading = paths.load_paths()
@@ -189,7 +183,6 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 
     jupyter = config.plugins.get("mkdocs-jupyter")
     if jupyter is not None:
-        os.environ.update(BLAS_ENV)  # the kernels inherit it: same digits as run_starter
         notebooks.configure()
         # the registry decides which starters are notebook pages (mkdocs.yml leaves it empty)
         jupyter.config["include"] = [
@@ -373,9 +366,9 @@ def _runs_the_pages_need(files: Files) -> list[tuple[str, list[str], bool]]:
 @event_priority(-100)  # after mkdocs-jupyter has given the notebook pages their render
 def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
     """A Markdown page's render is reused while nothing it depends on changed
-    (``serving.render_cached``). A notebook page being rendered by a prebuild worker waits
-    for it first, then renders through mkdocs-jupyter (which finds the worker's entry in
-    its cache)."""
+    (``serving.render_cached``). A notebook page waits for its cells' run ahead
+    (``notebooks.prebuild``), then renders through mkdocs-jupyter, whose execution picks
+    up that run's outputs."""
     render = page.render
     if not page.file.src_uri.startswith("code/"):
         # a Markdown page: its HTML is reused when nothing it depends on changed
@@ -391,7 +384,7 @@ def on_pre_page(page: Page, config: MkDocsConfig, files: Files) -> Page:
     def render_when_prebuilt(config: MkDocsConfig, files: Files) -> None:
         failed = notebooks.wait_for(page.file.abs_src_path)
         if serving.SERVING and failed is not None:
-            # its worker could not render it; rendering here would fail the same way
+            # its executor failed; rendering here would fail the same way
             _notebook_failed(page, failed)
             return
         try:
@@ -423,7 +416,7 @@ def _notebook_failed(page: Page, error: BaseException) -> None:
     run = run_starter(starter, [])  # its terminal run names the file and the line
     if run.returncode != 0:
         failure = serving.describe(run.command, run.stderr, run.returncode)
-    else:  # fails as a notebook only: the kernel's traceback
+    else:  # fails as a notebook only: the cell's traceback
         failure = serving.describe(f"the notebook of {starter}", str(error))
     serving.report(starter, [failure])
     serving.FAILED_PAGES.add(starter)
@@ -773,19 +766,17 @@ def _inline_scripts() -> str:
 def on_build_error(error: Exception) -> None:
     finish_prefetch()
     notebooks.finish()
-    notebooks.shutdown_kernel()
     close_zygotes()
 
 
 @event_priority(-100)  # after the search plugin has written its index
 def on_post_build(config: MkDocsConfig) -> None:
     """Copy the figure files the pages reference (see the ``figure`` directive); stop the
-    build's notebook kernel, workers and starter zygotes; give the search index's teaching
+    build's notebook runs and starter zygotes; give the search index's teaching
     sections their words (``search_terms``); for the offline build, write the search index
     as a script."""
     finish_prefetch()
     notebooks.finish()
-    notebooks.shutdown_kernel()
     close_zygotes()
     search_cache.evict_unused()
     later_cache.evict_unused()

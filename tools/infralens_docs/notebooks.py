@@ -1,36 +1,39 @@
-"""Notebook pages: how mkdocs-jupyter runs the starters, and running them ahead of time.
+"""Notebook pages: how a starter becomes its executed notebook page, executed ahead of time.
 
-mkdocs-jupyter renders each starter page (a jupytext percent-format ``.py``) by executing
-it in a Jupyter kernel and exporting the result with nbconvert, one page after another,
-on the build's main thread. :func:`configure` sets how that happens (IPC kernels, one
-kernel per build, stable cell ids, merged stream outputs).
+mkdocs-jupyter renders each starter page (a jupytext percent-format ``.py``) with
+nbconvert: its ExecutePreprocessor executes the notebook, its HTML exporter renders it.
+Out of the box that was most of a cold build: a Jupyter kernel, talking to nbclient over
+ZMQ, computed every starter once more in its own interpreter, and each page's exporter
+compiled its Jinja templates afresh (~0.2 s a page).
 
-That render was most of a cold build: the kernel computes while the main thread waits,
-then the main thread spends ~0.4 s in nbconvert's HTML export per page. Yet mkdocs
-renders the notebook pages last (the starters are added after ``docs/``), so
-:func:`prebuild` hands them to worker processes (``python -m infralens_docs.notebooks``,
-each with its own kernel) as soon as the build knows its files. A worker does exactly
-what mkdocs-jupyter's render does on a cache miss (``convert.nb2html`` and the TOC, with
-the plugin's own options) and writes mkdocs-jupyter's own cache entry; while the Markdown
-pages render, the notebooks execute and export on the other cores. When the build
-reaches a notebook page, :func:`wait_for` blocks until its worker is done, and
-mkdocs-jupyter's render finds the entry in its cache. If a worker fails, the page
-renders in the build as before, so a broken starter fails the build with the real error.
+:func:`configure` swaps the kernel for the build's own executor. A page's code cells run
+in order in one IPython shell (IPython's ``run_cell``, the call ipykernel makes for each
+cell), in a child forked from a notebook zygote (``infralens_docs.zygote --notebook``:
+NumPy, labkit and IPython imported once per build, the starters' environment), and come
+back as the outputs nbclient would have written: streams, ``display(...)`` data, a
+cell's last value, the error that stops the notebook. The exporter's templates are
+compiled once per build process (a shared Jinja bytecode cache).
+
+:func:`prebuild` executes the notebook pages missing from mkdocs-jupyter's cache on
+background threads (each with its notebook zygote) as soon as the build knows its files.
+mkdocs-jupyter renders the notebook pages last (the starters are added after ``docs/``);
+when it reaches one, the ExecutePreprocessor picks up the finished outputs (keyed on the
+cells' sources, so an edit in between runs again) and the exporter renders the page. A
+cell that raises fails the build with the cell and its traceback (under ``mkdocs serve``
+the page shows the error instead: ``hooks.on_pre_page``).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import html
 import json
 import os
-import queue
-import select
-import signal
-import subprocess
+import re
 import sys
-import tempfile
-import threading
 import types
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import jupytext
@@ -39,23 +42,9 @@ from mkdocs.exceptions import PluginError
 from infralens_docs.registry import ROOT
 
 
-def _socket_folder() -> Path:
-    """This user's folder for the kernels' sockets, in the system's temporary folder (a
-    socket's path may not pass about 100 bytes: 107 on Linux, 103 on macOS, which one under
-    a deep checkout or a test's temporary folder does). Readable by this user alone; if the
-    name is taken by another user or a link, a fresh private folder instead."""
-    folder = Path(tempfile.gettempdir()) / f"infralens-kernel-ipc-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if folder.is_symlink() or folder.stat().st_uid != os.getuid():
-        return Path(tempfile.mkdtemp(prefix="infralens-ipc-"))
-    return folder
-
-
 def _key_on_the_files_beside() -> None:
     """Wrap ``mkdocs_jupyter.plugin._compute_cache_key`` (the plugin and :func:`prebuild`
     look it up at each call) to hash the files beside the notebook's starter too."""
-    import hashlib
-
     from mkdocs_jupyter import plugin
 
     from infralens_docs.runner import beside
@@ -69,117 +58,207 @@ def _key_on_the_files_beside() -> None:
     plugin._compute_cache_key = key
 
 
+class _TemplateBytecode:
+    """Jinja's compiled templates, shared by every exporter of this process: mkdocs-jupyter
+    builds a new exporter (a new Jinja environment) for each page, and compiling nbconvert's
+    templates again was ~40% of a page's export. Jinja checks each entry against the
+    template's source checksum, so an edited template compiles again."""
+
+    def __init__(self) -> None:
+        import jinja2
+
+        class Cache(jinja2.BytecodeCache):
+            def __init__(self) -> None:
+                self.store: dict[str, bytes] = {}
+
+            def load_bytecode(self, bucket) -> None:
+                if bucket.key in self.store:
+                    bucket.bytecode_from_string(self.store[bucket.key])
+
+            def dump_bytecode(self, bucket) -> None:
+                self.store[bucket.key] = bucket.bytecode_to_string()
+
+        self.cache = Cache()
+
+
+#: What ipykernel reports of this Python (``IPythonKernel.language_info``); nbclient
+#: writes it into the executed notebook's metadata.
+LANGUAGE_INFO = {
+    "name": "python",
+    "version": sys.version.split()[0],
+    "mimetype": "text/x-python",
+    "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
+    "pygments_lexer": "ipython3",
+    "nbconvert_exporter": "python",
+    "file_extension": ".py",
+}
+
+
 def configure() -> None:
-    """Four settings for mkdocs-jupyter's notebook runs, applied once.
+    """mkdocs-jupyter's notebook runs and exports, set up once per process.
 
-    - Kernels over IPC (Unix sockets in a private folder of the system's temporary folder,
-      ``_socket_folder``) instead of TCP: nbclient starts each kernel with the exporter's
-      traitlets config, so ``KernelManager.transport = "ipc"`` there keeps the build off the
-      network and silences ipykernel's "running over TCP without encryption" warning.
-      mkdocs-jupyter builds that config in ``get_nbconvert_app``; wrap it.
-    - Adjacent stream outputs merged and stable cell ids, so that two clean builds of the
-      same sources give byte-identical pages.
-    - One kernel for all the starter pages of a build, reset before each (``%reset -f``,
-      the notebook's folder as cwd, the execution count back to 1): starting a kernel
-      took most of a notebook page's build time. :func:`shutdown_kernel` stops
-      it when the build ends, so the next build (``mkdocs serve``) imports edited labkit
-      sources afresh. The tests compare every notebook page with a fresh run of its script.
-
+    - Execution through the build's executor (:func:`executed`) instead of a kernel, with
+      the outputs nbclient would write; a cell that raises raises nbclient's
+      ``CellExecutionError`` (the cell and its traceback), as with a kernel.
+    - The exporters share one Jinja bytecode cache (:class:`_TemplateBytecode`).
+    - Stable cell ids (:func:`read_starter`), so two clean builds give byte-identical pages.
     - A page's cache key folds in the files beside its starter that a run may read
       (``runner.beside``): mkdocs-jupyter keys on the notebook file alone, so an edit to a
       file beside a starter that its run reads left its page as it was
       (``_key_on_the_files_beside``).
-
-    Each process that renders notebooks (the build, and each prebuild worker) calls it.
     """
     from mkdocs_jupyter import nbconvert2
+    from nbconvert.exporters.templateexporter import TemplateExporter
     from nbconvert.preprocessors import ExecutePreprocessor
 
-    if getattr(nbconvert2.get_nbconvert_app, "infralens_ipc", False):
+    if getattr(ExecutePreprocessor.preprocess, "infralens", False):
         return
     _key_on_the_files_beside()
-    original = nbconvert2.get_nbconvert_app
-    sockets = _socket_folder()
+    bytecode = _TemplateBytecode().cache
+    create_environment = TemplateExporter._create_environment
 
-    def get_nbconvert_app(*args, **kwargs):
-        app = original(*args, **kwargs)
-        # one socket prefix per process: two workers must not pick the same socket names
-        ip = str(sockets / f"k{os.getpid()}")
-        app.config.update({"KernelManager": {"transport": "ipc", "ip": ip}})
-        return app
+    def _create_environment(self):
+        environment = create_environment(self)
+        environment.bytecode_cache = bytecode
+        return environment
 
-    # How the kernel happened to flush stdout (one message or two, depending on load) must
-    # not change the page. nbclient's ``coalesce_streams`` is not a configurable trait, and
-    # it would also move text printed after a figure to before it; merge only neighbours.
-    execute_cell = ExecutePreprocessor.preprocess_cell
-
-    def preprocess_cell(self, cell, resources, index):
-        cell, resources = execute_cell(self, cell, resources, index)
-        if "outputs" in cell:
-            cell["outputs"] = merge_adjacent_streams(cell["outputs"])
-        return cell, resources
-
-    ExecutePreprocessor.preprocess_cell = preprocess_cell
-    run_notebook = ExecutePreprocessor.preprocess
+    TemplateExporter._create_environment = _create_environment
+    _export_with_a_small_soup()
 
     def preprocess(self, nb, resources=None, km=None):
-        if km is not None:  # a caller with its own kernel: leave it alone
-            return run_notebook(self, nb, resources, km)
         path = ((resources or {}).get("metadata") or {}).get("path") or str(ROOT)
-        km = _notebook_kernel(self, path)
-        try:
-            return run_notebook(self, nb, resources, km)
-        finally:
-            if self.kc is not None:  # nbclient leaves the client of a kernel it does not own
-                self.kc.stop_channels()
-                self.kc = None
+        fill(nb, executed(code_cells(nb), path))
+        return nb, resources
 
+    preprocess.infralens = True  # type: ignore[attr-defined]
     ExecutePreprocessor.preprocess = preprocess
-    get_nbconvert_app.infralens_ipc = True  # type: ignore[attr-defined]
-    nbconvert2.get_nbconvert_app = get_nbconvert_app
     # mkdocs-jupyter reads the .py starters with jupytext; read them with stable cell ids.
     nbconvert2.jupytext = types.SimpleNamespace(read=read_starter, writes=jupytext.writes)
 
 
-_KERNEL: dict = {}  # "km": the build's running notebook kernel
+#: A ``<pre>`` of the rendered page (code cells, text outputs) and its content; the tags
+#: inside one that :func:`_as_soup_prints` reproduces (Pygments' and the ANSI filter's spans).
+_PRE_RE = re.compile(r"(<pre\b[^>]*>)(.*?)(</pre>)", re.DOTALL)
+_TAG_RE = re.compile(r"(<[^>]*>)")
+_SPAN_RE = re.compile(r'</span>|<span(?: class="[\w -]*")?>')
 
 
-def _notebook_kernel(client, path: str):
-    """The build's kernel (started on first use), reset for a notebook in ``path``."""
-    from jupyter_core.utils import run_sync
+def _as_soup_prints(fragment: str) -> str | None:
+    """``fragment`` as BeautifulSoup (html.parser, minimal formatter) prints it again: each
+    text's entities decoded and ``&``, ``<``, ``>`` escaped; None if it holds a tag other
+    than a plain ``span``, whose printing this does not reproduce."""
+    parts = _TAG_RE.split(fragment)
+    for index, part in enumerate(parts):
+        if index % 2:
+            if not _SPAN_RE.fullmatch(part):
+                return None
+        elif part:
+            parts[index] = html.escape(html.unescape(part), quote=False)
+    return "".join(parts)
 
-    km = _KERNEL.get("km")
-    if km is None or not run_sync(km.is_alive)():
-        km = client.kernel_manager_class(kernel_name=client.kernel_name, config=client.config)
-        run_sync(km.start_kernel)(extra_arguments=client.extra_arguments, cwd=path)
-        _KERNEL["km"] = km
-    kc = km.blocking_client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
-        code = (
-            "%reset -f\n"
-            f"import os as _os; _os.chdir({path!r}); del _os\n"
-            "get_ipython().history_manager.reset(new_session=True)\n"
-            "get_ipython().execution_count = 1\n"
+
+def _export_with_a_small_soup() -> None:
+    """nbconvert's ``HTMLExporter.from_notebook_node`` renders a page, then parses and
+    prints it whole with BeautifulSoup to add alt texts and ``tabindex`` attributes; a
+    starter's ~9,000 highlighted tokens made that parse most of the export. Here the
+    ``<pre>`` blocks (code and text, where the tokens are) are held out of the parse and
+    put back as BeautifulSoup would have printed them (:func:`_as_soup_prints`): the same
+    page, byte for byte (tests/test_build.py::test_notebook_export_matches_nbconverts).
+    The rest is nbconvert 7's method as it stands."""
+    from bs4 import BeautifulSoup
+    from nbconvert.exporters.html import HTMLExporter
+    from nbconvert.exporters.templateexporter import TemplateExporter
+    from nbconvert.filters.highlight import Highlight2HTML
+    from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
+
+    def from_notebook_node(self, nb, resources=None, **kw):
+        langinfo = nb.metadata.get("language_info", {})
+        lexer = langinfo.get("pygments_lexer", langinfo.get("name", None))
+        highlight_code = self.filters.get(
+            "highlight_code", Highlight2HTML(pygments_lexer=lexer, parent=self)
         )
-        reply = kc.execute_interactive(
-            code, store_history=False, timeout=60, output_hook=lambda msg: None
+        resources = self._init_resources(resources)
+        filter_data_type = WidgetsDataTypeFilter(
+            notebook_metadata=self._nb_metadata, parent=self, resources=resources
         )
-        if reply["content"]["status"] != "ok":
-            raise PluginError(f"could not reset the notebook kernel: {reply['content']}")
-    finally:
-        kc.stop_channels()
-    return km
+        self.register_filter("highlight_code", highlight_code)
+        self.register_filter("filter_data_type", filter_data_type)
+        page, resources = TemplateExporter.from_notebook_node(self, nb, resources, **kw)
+        held: list[str] = []
+
+        def hold(match: re.Match) -> str:
+            printed = _as_soup_prints(match.group(2))
+            if printed is None:
+                return match.group(0)
+            held.append(printed)
+            return f"{match.group(1)}{_HELD}{len(held) - 1}{_HELD}{match.group(3)}"
+
+        soup = BeautifulSoup(_PRE_RE.sub(hold, page), features="html.parser")
+        missing_alt = 0
+        for elem in soup.select("img:not([alt])"):
+            elem.attrs["alt"] = "No description has been provided for this image"
+            missing_alt += 1
+        if missing_alt:
+            self.log.warning("Alternative text is missing on %s image(s).", missing_alt)
+        for elem in soup.select(".jp-Notebook div.jp-Cell-inputWrapper"):
+            elem.attrs["tabindex"] = "0"
+        for elem in soup.select(".jp-Notebook div.jp-OutputArea-output"):
+            elem.attrs["tabindex"] = "0"
+        page = _HELD_RE.sub(lambda m: held[int(m.group(1))], str(soup))
+        return page, resources
+
+    from_notebook_node.nbconvert = HTMLExporter.from_notebook_node  # type: ignore[attr-defined]
+    HTMLExporter.from_notebook_node = from_notebook_node
 
 
-def shutdown_kernel() -> None:
-    """Stop the build's notebook kernel, if one runs."""
-    from jupyter_core.utils import run_sync
+_HELD = "\ue000"  # a private-use character: no page holds one
+_HELD_RE = re.compile(f"{_HELD}(\\d+){_HELD}")
 
-    km = _KERNEL.pop("km", None)
-    if km is not None and run_sync(km.is_alive)():
-        run_sync(km.shutdown_kernel)(now=True)
+
+def code_cells(nb) -> list[str]:
+    """The sources of the cells a kernel executes: code cells that are not blank (nbclient
+    skips those)."""
+    return [c.source for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+
+
+def execute(cells: list[str], cwd: str) -> dict:
+    """Run ``cells`` through the notebook executor (``runner.execute_cells``): each cell's
+    outputs, the execution counts, and the index of the cell that raised (or None)."""
+    from infralens_docs.runner import execute_cells
+
+    proc = execute_cells(cells, cwd)
+    if proc.returncode != 0:
+        raise PluginError(f"the notebook executor failed ({proc.returncode}): {proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def executed(cells: list[str], cwd: str) -> dict:
+    """The outputs of ``cells``: from :func:`prebuild`'s run of the same sources, or run now."""
+    future = _jobs.get(_job_key(cells, cwd))
+    if future is not None and not future.cancelled():
+        return future.result()
+    return execute(cells, cwd)
+
+
+def fill(nb, result: dict) -> None:
+    """Write ``result`` (:func:`execute`) into ``nb`` as nbclient does: each executed cell's
+    outputs and execution count, the kernel's language info; raise nbclient's
+    ``CellExecutionError`` for the cell that raised."""
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    nb.metadata["language_info"] = dict(LANGUAGE_INFO)
+    cells = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    for cell, outputs, count in zip(cells, result["outputs"], result["counts"], strict=False):
+        cell.execution_count = count
+        cell.outputs = [nbformat.from_dict(o) for o in merge_adjacent_streams(outputs)]
+    if result["error"] is not None:
+        cell = cells[result["error"]]
+        error = next(o for o in cell.outputs if o.output_type == "error")
+        raise CellExecutionError.from_cell_and_msg(cell, error)
 
 
 def merge_adjacent_streams(outputs: list) -> list:
@@ -203,43 +282,51 @@ def merge_adjacent_streams(outputs: list) -> list:
 def read_starter(path):
     """``jupytext.read`` with stable cell ids. jupytext gives each cell a random id, which
     lands in the page's HTML and the .ipynb download, so two builds of the same starter
-    differed; ``cell-<index>`` keeps them byte-identical."""
-    notebook = jupytext.read(path)
-    for index, cell in enumerate(notebook.cells):
-        cell["id"] = f"cell-{index}"
-    return notebook
+    differed; ``cell-<index>`` keeps them byte-identical.
+
+    A build reads each starter four times (its run ahead, mkdocs-jupyter's page and table
+    of contents, the .ipynb download) and jupytext's parse is slow: each caller gets its
+    own copy of one parse, parsed again when the file's size, time or inode changed."""
+    stat = os.stat(path)
+    key = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    cached = _READ.get(os.fspath(path))
+    if cached is None or cached[0] != key:
+        notebook = jupytext.read(path)
+        for index, cell in enumerate(notebook.cells):
+            cell["id"] = f"cell-{index}"
+        cached = _READ[os.fspath(path)] = (key, notebook)
+    return copy.deepcopy(cached[1])
+
+
+_READ: dict = {}  # path -> (size, time, inode), its parse: the last one only
 
 
 # --------------------------------------------------------------------------- prebuild
 
-#: Options of mkdocs-jupyter's ``convert.nb2html`` a worker passes on from the plugin config.
-NB2HTML_OPTIONS = [
-    "kernel_name", "theme", "allow_errors", "show_input", "no_input", "no_prompt",
-    "remove_tag_config", "highlight_extra_classes", "include_requirejs", "custom_mathjax_url",
-]  # fmt: skip
-#: A worker that sends no reply for this long is stopped (a notebook runs in seconds).
-JOB_TIMEOUT_S = 300
+_jobs: dict[tuple[str, str], Future] = {}  # (cells digest, cwd) -> the executor's result
+_pool: list[ThreadPoolExecutor] = []
+_paths: dict[str, tuple[str, str]] = {}  # starter -> its job's key
 
-_jobs: dict[str, Future] = {}  # abs_src_path -> done when the cache entry is written
-_queue: queue.Queue = queue.Queue()
-_threads: list[threading.Thread] = []
+
+def _job_key(cells: list[str], cwd: str) -> tuple[str, str]:
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest(), cwd
 
 
 def prebuild(plugin, files, serving: bool = False) -> None:
-    """Start rendering, on worker processes, each notebook page ``plugin`` (mkdocs-jupyter)
-    will render whose result is not in its cache yet.
+    """Start executing, on background threads, each notebook page ``plugin``
+    (mkdocs-jupyter) will render whose result is not in its cache yet.
 
-    ``serving`` (``mkdocs serve``): a starter that does not compile gets no worker (nor a
-    kernel): its page shows the error (``hooks.on_pre_page``)."""
+    ``serving`` (``mkdocs serve``): a starter that does not compile is not run: its page
+    shows the error (``hooks.on_pre_page``)."""
     from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path
 
     config = plugin.config
-    if not config["cache"] or config["execute_ignore"]:
+    if not config["cache"] or config["execute_ignore"] or not config["execute"]:
         return  # (both would need mkdocs-jupyter's per-page decisions; not used here)
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     cores = len(cores) if cores else os.cpu_count() or 1
-    # INFRALENS_NOTEBOOK_WORKERS=0 renders every notebook page in the build itself (the
-    # reproducibility test compares that with a build that used the workers)
+    # INFRALENS_NOTEBOOK_WORKERS=0 executes every notebook page in its render (the
+    # reproducibility test compares that with a build that executed them ahead)
     workers = int(os.environ.get("INFRALENS_NOTEBOOK_WORKERS", cores))
     if workers <= 0:
         return
@@ -250,132 +337,39 @@ def prebuild(plugin, files, serving: bool = False) -> None:
         cache_path = _get_cache_path(
             config["cache_dir"], _compute_cache_key(path, config, config["execute"])
         )
-        if cache_path.exists() or path in _jobs:
+        if cache_path.exists():
             continue
         if serving:
             try:
                 compile(Path(path).read_bytes(), path, "exec")
-            except (SyntaxError, ValueError) as exc:
-                _jobs[path] = future = Future()
-                future.set_exception(exc)
+            except (SyntaxError, ValueError):
                 continue
-        job = {
-            "path": path,
-            "cache_path": str(cache_path),
-            "execute": config["execute"],
-            "toc_depth": config["toc_depth"],
-            **{name: config[name] for name in NB2HTML_OPTIONS},
-        }
-        _jobs[path] = future = Future()
-        _queue.put((job, future))
-    for _ in range(min(len(_jobs), workers) - len(_threads)):
-        thread = threading.Thread(target=_drive_worker, name="infralens-notebooks", daemon=True)
-        thread.start()
-        _threads.append(thread)
+        cells, cwd = code_cells(read_starter(path)), str(ROOT)  # (mkdocs-jupyter passes no path)
+        key = _paths[path] = _job_key(cells, cwd)
+        if key in _jobs:
+            continue
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(workers, thread_name_prefix="infralens-notebooks"))
+        _jobs[key] = _pool[0].submit(execute, cells, cwd)
 
 
 def wait_for(path: str) -> BaseException | None:
-    """Block until the worker rendering ``path`` is done (nothing if none is); return what
-    went wrong in the worker, if anything. A failure is not raised here: the build renders
-    the page itself and reports the real error (under ``mkdocs serve``, the page shows it)."""
-    future = _jobs.get(path)
+    """Block until the notebook of ``path`` has run ahead (nothing if it did not); return
+    what went wrong in the executor itself, if anything. A failure is not raised here: the
+    page's render reports the real error (under ``mkdocs serve``, the page shows it)."""
+    future = _jobs.get(_paths.get(path, ("", "")))
     if future is not None and not future.cancelled():
         return future.exception()
     return None
 
 
 def finish() -> None:
-    """Stop the workers (end of a build). Jobs no page waited for (a build that failed
-    before its notebook pages) are dropped rather than run."""
-    while True:
-        try:
-            item = _queue.get_nowait()
-        except queue.Empty:
-            break
-        if item is not None:
-            item[1].cancel()
-    for _ in _threads:
-        _queue.put(None)
-    for thread in _threads:
-        thread.join()
-    _threads.clear()
+    """End of a build: runs no page waited for (a build that failed before its notebook
+    pages) are dropped, the rest awaited; the executors' zygotes stop with the starters'
+    (``runner.close_zygotes``)."""
+    for future in _jobs.values():
+        future.cancel()
+    while _pool:
+        _pool.pop().shutdown(wait=True)
     _jobs.clear()
-
-
-def _drive_worker() -> None:
-    """Feed queued jobs to one worker process, starting it on first use."""
-    proc = None
-    try:
-        while (item := _queue.get()) is not None:
-            job, future = item
-            try:
-                if proc is None or proc.poll() is not None:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "infralens_docs.notebooks"],
-                        cwd=ROOT, text=True, encoding="utf-8",
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # stderr: the build's
-                        start_new_session=True,  # a timeout stops its kernel too
-                    )  # fmt: skip
-                proc.stdin.write(json.dumps(job) + "\n")
-                proc.stdin.flush()
-                if not select.select([proc.stdout], [], [], JOB_TIMEOUT_S)[0]:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    raise TimeoutError(f"{job['path']}: no reply in {JOB_TIMEOUT_S} s")
-                line = proc.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"the notebook worker exited ({proc.wait()})")
-                reply = json.loads(line)
-                if not reply["ok"]:
-                    raise RuntimeError(reply["error"])
-                future.set_result(None)
-            except Exception as exc:  # the page renders itself and reports it
-                future.set_exception(exc)
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.stdin.close()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-def _serve() -> None:
-    """The worker: one job per stdin line, one reply per stdout line, until stdin closes.
-
-    It renders as mkdocs-jupyter's ``new_render`` does on a cache miss and writes the same
-    cache entry (content, TOC tokens, title)."""
-    from mkdocs_jupyter import convert
-    from mkdocs_jupyter.plugin import _get_nb_toc_tokens
-
-    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # anything else printed goes to the build's stderr, not into the protocol
-    configure()
-    try:
-        for line in sys.stdin:
-            job = json.loads(line)
-            try:
-                content = convert.nb2html(
-                    job["path"],
-                    execute=job["execute"],
-                    **{name: job[name] for name in NB2HTML_OPTIONS},
-                )
-                toc_tokens, title = _get_nb_toc_tokens(job["path"], job["toc_depth"])
-                entry = {"content": content, "toc_tokens": toc_tokens, "title": title}
-                cache_path = Path(job["cache_path"])
-                cache_path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(entry), encoding="utf-8")
-                tmp.replace(cache_path)
-                reply = {"ok": True}
-            except Exception as exc:
-                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            replies.write(json.dumps(reply) + "\n")
-            replies.flush()
-    finally:
-        shutdown_kernel()
-
-
-if __name__ == "__main__":
-    _serve()
+    _paths.clear()

@@ -203,35 +203,50 @@ class StarterError(RuntimeError):
 class Zygote:
     """A client of one ``infralens_docs.zygote`` process (see that module): the same
     run as :func:`_execute`, without the interpreter start-up. One run at a time per
-    zygote; a thread that wants parallel runs uses a zygote of its own."""
+    zygote; a thread that wants parallel runs uses a zygote of its own. A notebook zygote
+    (``notebook=True``) runs notebook pages' cells (:meth:`run_cells`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, notebook: bool = False) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infralens_docs.zygote"],
+            [sys.executable, "-m", "infralens_docs.zygote", *(["--notebook"] if notebook else [])],
             cwd=ROOT, env=starter_env(), text=True, encoding="utf-8",
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             start_new_session=True,  # its own process group: a timeout stops its children too
         )  # fmt: skip
 
-    def run(
-        self, source: Path, args: list[str] | tuple[str, ...], timeout: float = 120
-    ) -> subprocess.CompletedProcess:
+    def _request(self, request: dict, command: list[str], timeout: float) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"source": str(source), "args": list(args)}) + "\n")
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         # one reply line per request, so nothing is left in the reader's buffer between runs
         if not select.select([self.proc.stdout], [], [], timeout)[0]:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise subprocess.TimeoutExpired([sys.executable, str(source), *args], timeout)
+            raise subprocess.TimeoutExpired(command, timeout)
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the starter zygote exited ({self.proc.wait()})")
-        reply = json.loads(line)
+        return json.loads(line)
+
+    def run(
+        self, source: Path, args: list[str] | tuple[str, ...], timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(source), *args]
+        reply = self._request({"source": str(source), "args": list(args)}, command, timeout)
         return subprocess.CompletedProcess(
-            [sys.executable, str(source), *args],
-            reply["returncode"], reply["stdout"], reply["stderr"],
-        )  # fmt: skip
+            command, reply["returncode"], reply["stdout"], reply["stderr"]
+        )
+
+    def run_cells(
+        self, cells: list[str], cwd: str, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        """Run a notebook's code ``cells`` (see ``zygote._notebook_child``); the result's
+        stdout is the outputs as JSON."""
+        command = [sys.executable, "-m", "infralens_docs.zygote", "--notebook-once"]
+        reply = self._request({"cells": cells, "cwd": cwd}, command, timeout)
+        return subprocess.CompletedProcess(
+            command, reply["returncode"], reply["stdout"], reply["stderr"]
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -257,6 +272,27 @@ def _execute_for_build(source: Path, args: list[str] | tuple[str, ...]):
         # the zygote died before it could run anything: labkit itself fails to import (a
         # reader's edit under `mkdocs serve`); a fresh interpreter reports that error
         return _execute(source, args)
+
+
+def execute_cells(cells: list[str], cwd: str | Path) -> subprocess.CompletedProcess:
+    """Run a notebook page's code ``cells`` through this thread's notebook zygote (started
+    on first use; where the OS cannot fork, in a fresh interpreter), with the starters'
+    environment (``starter_env``). The result's stdout is the outputs as JSON."""
+    request = {"cells": cells, "cwd": str(cwd)}
+    once = [sys.executable, "-m", "infralens_docs.zygote", "--notebook-once"]
+    if hasattr(os, "fork"):
+        zygote = getattr(_zygotes, "notebook", None)
+        if zygote is None or zygote.proc.poll() is not None:
+            zygote = _zygotes.notebook = Zygote(notebook=True)
+            _ALL_ZYGOTES.append(zygote)
+        try:
+            return zygote.run_cells(cells, str(cwd))
+        except (RuntimeError, OSError):
+            pass  # the zygote died (labkit fails to import): a fresh interpreter says why
+    return subprocess.run(
+        once, input=json.dumps(request) + "\n", cwd=ROOT, env=starter_env(),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 _ALL_ZYGOTES: list[Zygote] = []
@@ -285,13 +321,17 @@ def run_starter(
     proc = _execute_for_build(source, args) if cache else _execute(source, args)
     run = Run(command, proc.stdout, proc.stderr, proc.returncode)
     if cache:
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        # written whole, then renamed: a build or test reading the cache at the same time
-        # (`make test` runs on several workers) sees the old file or the new one
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(run.__dict__), encoding="utf-8")
-        tmp.replace(cached)
+        _write_run(cached, run)
     return run
+
+
+def _write_run(cached: Path, run: Run) -> None:
+    """Written whole, then renamed: a build or test reading the cache at the same time
+    (`make test` runs on several workers) sees the old file or the new one."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(run.__dict__), encoding="utf-8")
+    tmp.replace(cached)
 
 
 def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ()) -> Path:
@@ -320,6 +360,12 @@ def starter_figures(starter: str | Path, args: list[str] | tuple[str, ...] = ())
             proc.returncode,
             proc.stderr,
         )
+    # What it printed is what `python3 <starter> <args>` prints: --figures changes only what
+    # a starter writes to DIR (tests/test_build.py compares every run shown on a page with
+    # a fresh terminal run), so the plain run's cache entry comes with it, one run for two.
+    plain = CACHE_DIR / f"{_key(command, source)}.json"
+    if not plain.is_file():
+        _write_run(plain, Run(command, proc.stdout, proc.stderr, proc.returncode))
     if directory.exists() and not (directory / "figures.json").is_file():
         shutil.rmtree(directory, ignore_errors=True)  # a folder left without its manifest
     try:
@@ -361,7 +407,10 @@ def prefetch(jobs: list[tuple[str, list[str], bool]], workers: int = 0) -> None:
         cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         workers = len(cores) if cores else os.cpu_count() or 1
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="infralens-run")
-    seen = set()
+    seen: dict[Path, Future] = {}
+    # a plain run with a figures run of the same arguments comes with it (starter_figures)
+    twins = {(starter, tuple(args)) for starter, args, figures in jobs if figures}
+    jobs = sorted(jobs, key=lambda job: not job[2])  # the figures runs first
     for starter, args, figures in jobs:
         try:
             rel, source = _source(starter)
@@ -378,9 +427,16 @@ def prefetch(jobs: list[tuple[str, list[str], bool]], workers: int = 0) -> None:
             call = functools.partial(run_starter, rel, args)
         if done or target in seen:
             continue
-        seen.add(target)
+        twin = CACHE_DIR / f"{_key(command, source, 'figures')}-figures"
+        if not figures and (starter, tuple(args)) in twins and twin in seen:
+            # done when the figures run is (it raises if that run failed: this one then
+            # runs by itself when a page asks for it)
+            seen[target] = future = Future()
+            seen[twin].add_done_callback(lambda _, future=future: future.set_result(None))
+        else:
+            seen[target] = future = pool.submit(_prefetched, call)
         with _PREFETCH_LOCK:
-            _PREFETCH[target] = pool.submit(_prefetched, call)
+            _PREFETCH[target] = future
     pool.shutdown(wait=False)
 
 

@@ -15,16 +15,25 @@ outputs are compared against a reader's real terminal run.
 
 Protocol (one JSON object per line): the parent sends ``{"source", "args"}`` on the
 zygote's stdin and reads ``{"stdout", "stderr", "returncode"}`` from its stdout.
+
+A notebook zygote (``--notebook``, for the notebook pages: ``infralens_docs.notebooks``)
+imports IPython too and takes ``{"cells", "cwd"}``: its child runs the code cells one
+after another in one IPython shell, as ipykernel runs a notebook's cells (``run_cell``:
+the value of a cell's last expression is displayed, ``display(...)`` publishes rich
+output, an exception stops the notebook), and replies with each cell's outputs in
+nbformat's shape as the reply's ``stdout`` (JSON: ``outputs``, ``counts``, ``error``).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import runpy
 import sys
 import tempfile
 import traceback
+import types
 
 
 def _child(source: str, args: list[str], out: int, err: int) -> None:
@@ -55,11 +64,144 @@ def _child(source: str, args: list[str], out: int, err: int) -> None:
         os._exit(code)
 
 
-def serve() -> None:
+class _CellStream:
+    """``sys.stdout`` / ``sys.stderr`` of a notebook run: what a cell writes becomes its
+    ``stream`` outputs, consecutive writes to one stream joined (as nbclient merges the
+    kernel's flushes; ``notebooks.merge_adjacent_streams``). Before the first cell, to the
+    zygote's own stream (as a kernel's start-up messages reach its terminal, not a cell)."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def __init__(self, name: str, cells: list[list[dict]], fallback) -> None:
+        self.name, self.cells, self.fallback = name, cells, fallback
+
+    def write(self, text: str) -> int:
+        if not self.cells:
+            return self.fallback.write(text)
+        outputs = self.cells[-1]
+        if outputs and outputs[-1]["output_type"] == "stream" and outputs[-1]["name"] == self.name:
+            outputs[-1]["text"] += text
+        elif text:
+            outputs.append({"output_type": "stream", "name": self.name, "text": text})
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.fallback.fileno()
+
+
+def _jsonable(data: dict) -> dict:
+    """A display's data as a kernel sends it: bytes (a PNG) base64-encoded."""
+    return {
+        mime: base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
+        for mime, value in data.items()
+    }
+
+
+def _notebook_shell(cells: list[list[dict]]):
+    """An IPython shell whose rich output lands in ``cells[-1]`` as nbformat outputs, as
+    ipykernel's shell sends it to nbclient: ``display(...)`` as ``display_data``, a cell's
+    last value as ``execute_result``, an exception as ``error``."""
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets import Type
+    from traitlets.config import Config
+
+    class Publisher(DisplayPublisher):
+        def publish(self, data, metadata=None, *args, **kwargs) -> None:
+            cells[-1].append(
+                {"output_type": "display_data", "data": _jsonable(data), "metadata": metadata or {}}
+            )
+
+        def clear_output(self, wait: bool = False) -> None:
+            cells[-1].clear()
+
+    class Hook(DisplayHook):
+        def write_output_prompt(self) -> None:
+            pass
+
+        def write_format_data(self, format_dict, md_dict=None) -> None:
+            cells[-1].append({
+                "output_type": "execute_result", "execution_count": self.prompt_count,
+                "data": _jsonable(format_dict), "metadata": md_dict or {},
+            })  # fmt: skip
+
+        def finish_displayhook(self) -> None:
+            self._is_active = False
+
+    class Shell(InteractiveShell):
+        displayhook_class = Type(Hook)
+        display_pub_class = Type(Publisher)
+
+        def _showtraceback(self, etype, evalue, stb) -> None:
+            cells[-1].append({
+                "output_type": "error", "ename": etype.__name__, "evalue": str(evalue),
+                "traceback": stb,
+            })  # fmt: skip
+
+    config = Config()
+    config.HistoryManager.enabled = False  # no history database, no saving thread
+    return Shell.instance(config=config)
+
+
+def _notebook_child(cells: list[str], cwd: str, out: int, err: int) -> None:
+    """In the forked child: run ``cells`` as a notebook's kernel would, from ``cwd``, write
+    the outputs as JSON to ``out`` and exit. ``labkit.cli.in_notebook`` asks whether a
+    Jupyter kernel runs the code: this child stands in for one (``ipykernel`` is named in
+    ``sys.modules``, not imported), so a starter reads no command line and displays its
+    figures, as on a reader's Jupyter."""
+    os.dup2(err, 1)  # anything written below Python's streams: the reply's stderr
+    os.dup2(err, 2)
+    sys.stdin = open(os.devnull, encoding="utf-8")
+    os.chdir(cwd)
+    sys.argv = [""]
+    sys.path[0] = ""  # as in a kernel: the working folder first
+    sys.modules.setdefault("ipykernel", types.ModuleType("ipykernel"))
+    outputs: list[list[dict]] = []
+    sys.stdout = _CellStream("stdout", outputs, sys.__stdout__)
+    sys.stderr = _CellStream("stderr", outputs, sys.__stderr__)
+    counts: list[int | None] = []
+    error = None
+    try:
+        shell = _notebook_shell(outputs)
+        for index, source in enumerate(cells):
+            outputs.append([])
+            result = shell.run_cell(source, store_history=True)
+            counts.append(result.execution_count)
+            if not result.success:
+                error = index
+                break
+        payload = {"outputs": outputs, "counts": counts, "error": error}
+        os.write(out, json.dumps(payload).encode("utf-8"))
+        code = 0
+    except BaseException:  # the executor itself failed: the reply's stderr says why
+        traceback.print_exc(file=sys.__stderr__)
+        code = 1
+    finally:
+        sys.__stderr__.flush()
+    os._exit(code)
+
+
+def serve(notebook: bool = False) -> None:
     """The zygote's loop: one request line in, one fork, one reply line out."""
     import numpy  # noqa: F401 - imported once here, inherited by every child
 
     import labkit  # noqa: F401
+
+    if notebook:  # what every notebook run imports: the shell, and IPython.display
+        import IPython.core.interactiveshell
+        import IPython.display  # noqa: F401
 
     requests, replies = sys.stdin, sys.stdout
     root = os.getcwd()
@@ -70,6 +212,8 @@ def serve() -> None:
             pid = os.fork()
             if pid == 0:
                 os.chdir(root)
+                if "cells" in request:
+                    _notebook_child(request["cells"], request["cwd"], out.fileno(), err.fileno())
                 _child(request["source"], request["args"], out.fileno(), err.fileno())
             _, status = os.waitpid(pid, 0)
             out.seek(0)
@@ -84,4 +228,7 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    if "--notebook-once" in sys.argv[1:]:  # where the OS cannot fork: one notebook, here
+        request = json.loads(sys.stdin.readline())
+        _notebook_child(request["cells"], request["cwd"], os.dup(1), os.dup(2))
+    serve(notebook="--notebook" in sys.argv[1:])
