@@ -36,6 +36,7 @@ import types
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import jinja2
 import jupytext
 from mkdocs.exceptions import PluginError
 
@@ -58,27 +59,21 @@ def _key_on_the_files_beside() -> None:
     plugin._compute_cache_key = key
 
 
-class _TemplateBytecode:
+class _TemplateBytecode(jinja2.BytecodeCache):
     """Jinja's compiled templates, shared by every exporter of this process: mkdocs-jupyter
     builds a new exporter (a new Jinja environment) for each page, and compiling nbconvert's
     templates again was ~40% of a page's export. Jinja checks each entry against the
     template's source checksum, so an edited template compiles again."""
 
     def __init__(self) -> None:
-        import jinja2
+        self.store: dict[str, bytes] = {}
 
-        class Cache(jinja2.BytecodeCache):
-            def __init__(self) -> None:
-                self.store: dict[str, bytes] = {}
+    def load_bytecode(self, bucket) -> None:
+        if bucket.key in self.store:
+            bucket.bytecode_from_string(self.store[bucket.key])
 
-            def load_bytecode(self, bucket) -> None:
-                if bucket.key in self.store:
-                    bucket.bytecode_from_string(self.store[bucket.key])
-
-            def dump_bytecode(self, bucket) -> None:
-                self.store[bucket.key] = bucket.bytecode_to_string()
-
-        self.cache = Cache()
+    def dump_bytecode(self, bucket) -> None:
+        self.store[bucket.key] = bucket.bytecode_to_string()
 
 
 #: What ipykernel reports of this Python (``IPythonKernel.language_info``); nbclient
@@ -114,7 +109,7 @@ def configure() -> None:
     if getattr(ExecutePreprocessor.preprocess, "infralens", False):
         return
     _key_on_the_files_beside()
-    bytecode = _TemplateBytecode().cache
+    bytecode = _TemplateBytecode()
     create_environment = TemplateExporter._create_environment
 
     def _create_environment(self):
