@@ -495,48 +495,6 @@ def _first_screen(markdown: str, page: Page, ctx: Context) -> str:
 
 # --------------------------------------------------------------------------- html
 
-NOTEBOOK_STRIP = [
-    # ~600 kB of JupyterLab CSS inlined per page; site.css styles the cells instead.
-    re.compile(r"<style[^>]*>.*?</style>", re.DOTALL),
-    # Every script nbconvert emits: MathJax and Mermaid loaders (from a CDN) and the
-    # copy widget's custom element (instant navigation would define it twice).
-    # The pages run no notebook JavaScript; Material gives code cells its copy button.
-    re.compile(r"<script\b[^>]*>.*?</script>", re.DOTALL),
-    # and the comments those templates leave behind ("Load mathjax", ...)
-    re.compile(r"<!--.*?-->", re.DOTALL),
-]
-# The starters' snippet-section markers are for the lab pages, not for readers of the notebook.
-SNIPPET_MARKER_RE = re.compile(
-    r'(?:<span class="c1">)?# --8&lt;-- \[(?:start|end):[\w-]+\](?:</span>)?\n?'
-)
-# nbconvert's copy widget and the hidden copy of each cell's source it reads from.
-COPY_WIDGET_RE = re.compile(
-    r'<div class="zeroclipboard-container">.*?</clipboard-copy>\s*</div>'
-    r'|<div (?:id="cell-\d+" class="clipboard-copy-txt"|class="clipboard-copy-txt" id="cell-\d+")>'
-    r".*?</div>",
-    re.DOTALL,
-)
-CELL_PRE_RE = re.compile(r'(<div class="highlight-ipynb[^"]*"><pre>)(.*?)(</pre>)', re.DOTALL)
-NO_ALT = 'alt="No description has been provided for this image"'
-# nbconvert's pilcrow after every heading of a Markdown cell; the page's table of contents
-# already links each heading, and the marks only clutter the notebook.
-ANCHOR_LINK_RE = re.compile(r'<a class="anchor-link" href="#[^"]*">¶</a>')
-
-
-def clean_notebook_html(html: str, title: str) -> str:
-    """Make an nbconvert page a good citizen of the site: no inline CSS, no CDN script.
-
-    Code cells become ``pre > code`` blocks inside ``.highlight``, so Material styles
-    them and gives them its own copy button, like every other code block on the site.
-    """
-    html = COPY_WIDGET_RE.sub("", html)
-    for pattern in NOTEBOOK_STRIP:
-        html = pattern.sub("", html)
-    html = SNIPPET_MARKER_RE.sub("", html)
-    html = ANCHOR_LINK_RE.sub("", html)
-    html = CELL_PRE_RE.sub(r"\1<code>\2</code>\3", html)
-    return html.replace(NO_ALT, f'alt="Figure drawn by the cell above ({title})"')
-
 
 def _starter_header(page: Page, files: Files) -> str:
     """Above a starter page: back to its lab guide, and the file to download (.py, and
@@ -644,7 +602,7 @@ def externalize_notebook_figures(html: str, page: Page) -> str:
     - PNG images as files beside the other figures, sized and lazy.
 
     Each gets the alt text its starter saved for it (``figures.json``) when it is one of
-    the starter's saved figures, else the generic one ``clean_notebook_html`` set."""
+    the starter's saved figures, else the generic one ``notebooks.clean_html`` set."""
     starter = page.file.src_uri
     alts = _figure_alts(starter)
     generic = (f"Figure drawn by the cell above ({starter})", Path(starter).stem)
@@ -681,7 +639,7 @@ def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -
     search_terms.leave_out_starter(page)  # a starter's notebook page: not in search
     if page.file.src_uri.startswith("code/"):
         if page.file.src_uri.endswith(".py") and page.file.src_uri not in serving.FAILED_PAGES:
-            html = clean_notebook_html(html, page.file.src_uri)
+            # (nbconvert's page was cleaned when it was exported: notebooks.clean_html)
             html = externalize_notebook_figures(html, page)
             align_toc_with_headings(html, page)
         html = _starter_header(page, files) + html

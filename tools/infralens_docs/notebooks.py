@@ -95,14 +95,16 @@ def configure() -> None:
     - Execution through the build's executor (:func:`executed`) instead of a kernel, with
       the outputs nbclient would write; a cell that raises raises nbclient's
       ``CellExecutionError`` (the cell and its traceback), as with a kernel.
-    - The exporters share one Jinja bytecode cache (:class:`_TemplateBytecode`).
+    - The exporters share one Jinja bytecode cache (:class:`_TemplateBytecode`), and the
+      exported page is cleaned for the site (:func:`clean_html`) before mkdocs-jupyter
+      caches it.
     - Stable cell ids (:func:`read_starter`), so two clean builds give byte-identical pages.
     - A page's cache key folds in the files beside its starter that a run may read
       (``runner.beside``): mkdocs-jupyter keys on the notebook file alone, so an edit to a
       file beside a starter that its run reads left its page as it was
       (``_key_on_the_files_beside``).
     """
-    from mkdocs_jupyter import nbconvert2
+    from mkdocs_jupyter import convert, nbconvert2
     from nbconvert.exporters.templateexporter import TemplateExporter
     from nbconvert.preprocessors import ExecutePreprocessor
 
@@ -127,6 +129,14 @@ def configure() -> None:
 
     preprocess.infralens = True  # type: ignore[attr-defined]
     ExecutePreprocessor.preprocess = preprocess
+    export = convert.nb2html  # the plugin calls it through its module, at each page
+
+    def nb2html(nb_path, *args, **kwargs):
+        path = Path(nb_path).resolve()
+        starter = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        return clean_html(export(nb_path, *args, **kwargs), starter)
+
+    convert.nb2html = nb2html
     # mkdocs-jupyter reads the .py starters with jupytext; read them with stable cell ids.
     nbconvert2.jupytext = types.SimpleNamespace(read=read_starter, writes=jupytext.writes)
 
@@ -208,6 +218,53 @@ def _export_with_a_small_soup() -> None:
 
 _HELD = "\ue000"  # a private-use character: no page holds one
 _HELD_RE = re.compile(f"{_HELD}(\\d+){_HELD}")
+
+
+# --------------------------------------------------------------------------- clean
+
+NOTEBOOK_STRIP = [
+    # ~600 kB of JupyterLab CSS inlined per page; site.css styles the cells instead.
+    re.compile(r"<style[^>]*>.*?</style>", re.DOTALL),
+    # Every script nbconvert emits: MathJax and Mermaid loaders (from a CDN) and the
+    # copy widget's custom element (instant navigation would define it twice).
+    # The pages run no notebook JavaScript; Material gives code cells its copy button.
+    re.compile(r"<script\b[^>]*>.*?</script>", re.DOTALL),
+    # and the comments those templates leave behind ("Load mathjax", ...)
+    re.compile(r"<!--.*?-->", re.DOTALL),
+]
+# The starters' snippet-section markers are for the lab pages, not for readers of the notebook.
+SNIPPET_MARKER_RE = re.compile(
+    r'(?:<span class="c1">)?# --8&lt;-- \[(?:start|end):[\w-]+\](?:</span>)?\n?'
+)
+# nbconvert's copy widget and the hidden copy of each cell's source it reads from.
+COPY_WIDGET_RE = re.compile(
+    r'<div class="zeroclipboard-container">.*?</clipboard-copy>\s*</div>'
+    r'|<div (?:id="cell-\d+" class="clipboard-copy-txt"|class="clipboard-copy-txt" id="cell-\d+")>'
+    r".*?</div>",
+    re.DOTALL,
+)
+CELL_PRE_RE = re.compile(r'(<div class="highlight-ipynb[^"]*"><pre>)(.*?)(</pre>)', re.DOTALL)
+NO_ALT = 'alt="No description has been provided for this image"'
+# nbconvert's pilcrow after every heading of a Markdown cell; the page's table of contents
+# already links each heading, and the marks only clutter the notebook.
+ANCHOR_LINK_RE = re.compile(r'<a class="anchor-link" href="#[^"]*">¶</a>')
+
+
+def clean_html(html: str, title: str) -> str:
+    """Make an nbconvert page a good citizen of the site: no inline CSS, no CDN script.
+    Done once, when the page is exported (:func:`configure`), so mkdocs-jupyter's cache
+    holds the clean page and a warm build does not clean it again.
+
+    Code cells become ``pre > code`` blocks inside ``.highlight``, so Material styles
+    them and gives them its own copy button, like every other code block on the site.
+    """
+    html = COPY_WIDGET_RE.sub("", html)
+    for pattern in NOTEBOOK_STRIP:
+        html = pattern.sub("", html)
+    html = SNIPPET_MARKER_RE.sub("", html)
+    html = ANCHOR_LINK_RE.sub("", html)
+    html = CELL_PRE_RE.sub(r"\1<code>\2</code>\3", html)
+    return html.replace(NO_ALT, f'alt="Figure drawn by the cell above ({title})"')
 
 
 def code_cells(nb) -> list[str]:
