@@ -179,10 +179,18 @@ def _tokens_cell(row: dict[str, Any]) -> str:
 
 
 def _encoders_cell(row: dict[str, Any]) -> str:
+    """Each text encoder the pipeline annotates, with its count where one is recorded (and the
+    class counted, where the annotation names another or several), then the checkpoint named."""
     counted = row.get("text_encoder_params") or {}
+    built = row.get("text_encoder_classes") or {}
     cells = []
     for name, cls in row["text_encoders"].items():
-        cells.append(f"`{cls}` ({format_params(counted[name])})" if name in counted else f"`{cls}`")
+        if name not in counted:
+            cells.append(f"`{cls}`")
+        elif built.get(name, cls) != cls:
+            cells.append(f"`{cls}` (as `{built[name]}`, {format_params(counted[name])})")
+        else:
+            cells.append(f"`{cls}` ({format_params(counted[name])})")
     text = ", ".join(cells)
     if row.get("text_encoder_named"):
         text += f": {row['text_encoder_named']}"
@@ -235,6 +243,8 @@ def atlas_table(sources: bool = False) -> str:
                 if r.get("text_encoder_named")
                 else ""
             )
+            for name, source in (r.get("text_encoder_sources") or {}).items():
+                named += f" `{name}` ({r['text_encoder_classes'][name]}): {source}."
             shipped = (
                 f" Scheduler shipped: {r['shipped_scheduler']} ({r['shipped_scheduler_source']})."
                 if r.get("shipped_scheduler")

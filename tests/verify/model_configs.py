@@ -691,7 +691,7 @@ COMPONENTS: list[Component] = [
         f"Qwen/Qwen-Image transformer/config.json as quoted in {MUSUBI_QWEN_IMAGE} "
         f"create_model (60 double-stream blocks, 24 heads x 128, text width 3584, packed "
         f"64-channel tokens); equal to {DIFFUSERS} QwenImageTransformer2DModel's defaults",
-        note="Not in this table or its total: its text encoder (the Qwen2.5-VL language model) and its VAE.",
+        note="Not in this table or its total: its text encoder (Qwen2.5-VL-7B with its vision tower, counted in the model atlas) and its VAE.",
     ),
     Component(
         "Wan 2.1 T2V 14B",
@@ -1021,6 +1021,360 @@ WAN22_VAE = {
     "patch_size": 2,
 }
 
+# --- Text encoders of the atlas families (beyond the size table's) ---------------------------
+# Each is the config a public repository builds the family's text encoder from, transcribed as
+# it stands there (JSON as Python); the hub's config.json files are not reachable from the tests.
+
+MUSUBI = "kohya-ss/musubi-tuner@30c658c4f4b0"
+WAN22 = "Wan-Video/Wan2.2@42bf4cfaa384"
+LTX2_REPO = "Lightricks/LTX-2@4f8905737aac"
+GEMMA_REPO = "google-deepmind/gemma@7691fd4e7f26"
+BYT5_REPO = "google-research/byt5@7d4efdddf704"
+HUNYUAN_VIDEO_15_REPO = "Tencent-Hunyuan/HunyuanVideo-1.5@60783e704160"
+
+#: Wan-Video/Wan2.1 (and Wan2.2, the same file) wan/modules/t5.py umt5_xxl(): the encoder that
+#: T5EncoderModel builds with encoder_only=True (its per-layer position buckets: shared_pos=False)
+UMT5_XXL_ORIGINAL = {
+    "vocab_size": 256384,
+    "dim": 4096,
+    "dim_attn": 4096,
+    "dim_ffn": 10240,
+    "num_heads": 64,
+    "encoder_layers": 24,
+    "decoder_layers": 24,
+    "num_buckets": 32,
+    "shared_pos": False,
+    "dropout": 0.1,
+}
+#: the same encoder as transformers' UMT5EncoderModel (the class WanPipeline annotates): d_kv is
+#: dim_attn / num_heads; Wan's T5FeedForward is a GELU-gated feed-forward (gated-gelu)
+UMT5_XXL = {
+    "vocab_size": 256384,
+    "d_model": 4096,
+    "d_kv": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "num_heads": 64,
+    "relative_attention_num_buckets": 32,
+    "feed_forward_proj": "gated-gelu",
+}
+
+#: Lightricks/LTX-2 packages/ltx-core/src/ltx_core/text_encoders/gemma/config.py
+#: GEMMA3_CONFIG_FOR_LTX (Gemma3ConfigData().to_dict()), which encoders/encoder_configurator.py
+#: builds as Gemma3ForConditionalGeneration on the meta device
+GEMMA3_12B_FOR_LTX = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "initializer_range": 0.02,
+    "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": None,
+        "cache_implementation": "hybrid",
+        "final_logit_softcapping": None,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 3840,
+        "initializer_range": 0.02,
+        "intermediate_size": 15360,
+        "max_position_embeddings": 131072,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06,
+        "rope_local_base_freq": 10000,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "rope_theta": 1000000,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vocab_size": 262208,
+    },
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "vision_config": {
+        "attention_dropout": 0.0,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "layer_norm_eps": 1e-06,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "torch_dtype": "float32",
+        "vision_use_head": False,
+    },
+}
+#: google-deepmind/gemma gemma/gm/nn/_gemma.py Gemma3_12B's TransformerConfig and its vision
+#: encoder, gm/nn/vision/_vision.py SigLiPFromPatches and _vision_utils.py ViTModel defaults
+#: (its num_embed, 262144, is not compared: the Hugging Face layout LTX-2 loads has 262208 rows)
+GEMMA3_12B_ORIGINAL = {
+    "embed_dim": 30 * 128,
+    "hidden_dim": 8 * 30 * 128 // 2,
+    "num_heads": 16,
+    "head_dim": 256,
+    "num_kv_heads": 8,
+    "num_layers": 48,
+    "sliding_window_size": 1024,
+    "local_base_frequency": 10_000,
+    "global_base_frequency": 1_000_000,
+    "global_scale_factor": 8.0,
+    "vision": {"patch_size": 14, "width": 1152, "depth": 27, "mlp_dim": 4304, "num_heads": 16},
+    "image_height": 896,
+    "num_mm_tokens_per_image": 256,
+}
+
+#: MUSUBI src/musubi_tuner/flux_2/flux2_utils.py Mistral3Embedder's M3_CONFIG_JSON: the config
+#: it loads FLUX.2 [dev]'s text encoder files into (load_state_dict strict=True, with the
+#: checkpoint's `language_model.lm_head` renamed to `lm_head`)
+MISTRAL3_FLUX2_QUOTED = {
+    "architectures": ["Mistral3ForConditionalGeneration"],
+    "dtype": "bfloat16",
+    "image_token_index": 10,
+    "model_type": "mistral3",
+    "multimodal_projector_bias": False,
+    "projector_hidden_act": "gelu",
+    "spatial_merge_size": 2,
+    "text_config": {
+        "attention_dropout": 0.0,
+        "dtype": "bfloat16",
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "intermediate_size": 32768,
+        "max_position_embeddings": 131072,
+        "model_type": "mistral",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
+        "use_cache": True,
+        "vocab_size": 131072,
+    },
+    "transformers_version": "4.57.1",
+    "vision_config": {
+        "attention_dropout": 0.0,
+        "dtype": "bfloat16",
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 1024,
+        "image_size": 1540,
+        "initializer_range": 0.02,
+        "intermediate_size": 4096,
+        "model_type": "pixtral",
+        "num_attention_heads": 16,
+        "num_channels": 3,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "rope_theta": 10000.0,
+    },
+    "vision_feature_layer": -1,
+}
+#: counted with its own lm_head: the quoted JSON names no top-level tie_word_embeddings, which
+#: the installed Mistral3Config defaults to True (one shared matrix), but the checkpoint stores
+#: an lm_head, and from_pretrained leaves two stored, different matrices untied
+#: (test_model_sizes loads a tiny one so)
+MISTRAL3_FLUX2 = {**MISTRAL3_FLUX2_QUOTED, "tie_word_embeddings": False}
+
+#: MUSUBI src/musubi_tuner/zimage/zimage_utils.py load_qwen3's QWEN3_4B_CONFIG_JSON (Z-Image's
+#: text encoder, and FLUX.2 [klein] 4B's: flux2_utils.py FLUX2_MODEL_INFO qwen_variant "4B")
+QWEN3_4B_QUOTED = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+#: the same function's QWEN3_8B_CONFIG_JSON (FLUX.2 [klein] 9B's: qwen_variant "8B"): the 4B
+#: config with these three keys changed
+QWEN3_8B_QUOTED = {
+    **QWEN3_4B_QUOTED,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "tie_word_embeddings": False,
+}
+
+#: MUSUBI src/musubi_tuner/qwen_image/qwen_image_utils.py load_qwen2_5_vl's QWEN2_5_VL_CONFIG_JSON:
+#: Qwen2.5-VL-7B, which it loads Qwen-Image's and HunyuanVideo 1.5's text encoder into
+#: (hv_1_5_cache_text_encoder_outputs.py); its text_config's layer_types are 28 "full_attention"
+QWEN2_5_VL_7B_QUOTED = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "image_token_id": 151655,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 128000,
+    "max_window_layers": 28,
+    "model_type": "qwen2_5_vl",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "text_config": {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "hidden_act": "silu",
+        "hidden_size": 3584,
+        "image_token_id": None,
+        "initializer_range": 0.02,
+        "intermediate_size": 18944,
+        "layer_types": ["full_attention"] * 28,
+        "max_position_embeddings": 128000,
+        "max_window_layers": 28,
+        "model_type": "qwen2_5_vl_text",
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"},
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "video_token_id": None,
+        "vision_end_token_id": 151653,
+        "vision_start_token_id": 151652,
+        "vision_token_id": 151654,
+        "vocab_size": 152064,
+    },
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.53.1",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "video_token_id": 151656,
+    "vision_config": {
+        "depth": 32,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "in_channels": 3,
+        "in_chans": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 3420,
+        "model_type": "qwen2_5_vl",
+        "num_heads": 16,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "spatial_patch_size": 14,
+        "temporal_patch_size": 2,
+        "tokens_per_second": 2,
+        "torch_dtype": "float32",
+        "window_size": 112,
+    },
+    "vision_end_token_id": 151653,
+    "vision_start_token_id": 151652,
+    "vision_token_id": 151654,
+    "vocab_size": 152064,
+}
+
+#: MUSUBI src/musubi_tuner/hunyuan_video_1_5/hunyuan_video_1_5_text_encoder.py load_byt5's
+#: BYT5_CONFIG_JSON (google/byt5-small; its `_name_or_path`, a local path, left out)
+BYT5_SMALL_QUOTED = {
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_ff": 3584,
+    "d_kv": 64,
+    "d_model": 1472,
+    "decoder_start_token_id": 0,
+    "dropout_rate": 0.1,
+    "eos_token_id": 1,
+    "feed_forward_proj": "gated-gelu",
+    "gradient_checkpointing": False,
+    "initializer_factor": 1.0,
+    "is_encoder_decoder": True,
+    "layer_norm_epsilon": 1e-06,
+    "model_type": "t5",
+    "num_decoder_layers": 4,
+    "num_heads": 6,
+    "num_layers": 12,
+    "pad_token_id": 0,
+    "relative_attention_num_buckets": 32,
+    "tie_word_embeddings": False,
+    "tokenizer_class": "ByT5Tokenizer",
+    "transformers_version": "4.7.0.dev0",
+    "use_cache": True,
+    "vocab_size": 384,
+}
+#: google-research/byt5 byt5/gin/models/byt5.small.gin (the rest from t5.1.1.small.gin)
+BYT5_SMALL_GIN = {"d_model": 1472, "d_ff": 3584, "encoder_layers": 12, "decoder_layers": 4}
+#: the tokens Glyph-SDXL-v2 adds to byt5-small's 384 before its weights load (add_special_token,
+#: as HunyuanVideo-1.5 hyvideo/models/text_encoders/byT5/__init__.py and diffusers'
+#: convert_hunyuan_video1_5_to_diffusers.py load_byt5 call it, then resize_token_embeddings):
+#: one `<color-i>` per entry of assets/color_idx.json, one `<xx-font-i>` per entry of
+#: assets/multilingual_10-lang_idx.json, counted in the copies MUSUBI's
+#: hunyuan_video_1_5_text_encoder.py keeps (COLOR_IDX_JSON, MULTILINGUAL_10_LANG_IDX_JSON:
+#: 988 entries, 988 distinct tokens)
+GLYPH_SDXL_V2_ADDED_TOKENS = {"color": 138, "font": 988}
+#: ByT5 as HunyuanVideo 1.5 runs it: byt5-small with the added tokens' embedding rows
+BYT5_GLYPH_SDXL_V2 = {
+    **BYT5_SMALL_QUOTED,
+    "vocab_size": BYT5_SMALL_QUOTED["vocab_size"] + sum(GLYPH_SDXL_V2_ADDED_TOKENS.values()),
+}
+
+_MUSUBI_FLUX2 = f"{MUSUBI} src/musubi_tuner/flux_2/flux2_utils.py"
+_MUSUBI_QWEN3 = f"{MUSUBI} src/musubi_tuner/zimage/zimage_utils.py load_qwen3"
+_MUSUBI_QWEN25VL = f"{MUSUBI} src/musubi_tuner/qwen_image/qwen_image_utils.py load_qwen2_5_vl QWEN2_5_VL_CONFIG_JSON"
+_UMT5_SOURCE = (
+    f"{WAN} wan/modules/t5.py umt5_xxl (dim 4096, dim_attn 4096, dim_ffn 10240, 64 heads, "
+    f"24 encoder layers, 32 buckets per layer, vocab 256384), the encoder its T5EncoderModel "
+    f"builds; the same file and t5_model 'umt5_xxl' in {WAN22}"
+)
+
+
+def _encoder(family, component, cls, config, source):
+    return Component(family, component, cls, "transformers", config, source)
+
+
+#: one UMT5-XXL encoder for the three Wan rows (counted once per run)
+_UMT5_XXL_ENCODER = _encoder("Wan", "text_encoder", "UMT5EncoderModel", UMT5_XXL, _UMT5_SOURCE)
+_QWEN3_4B_NOTE = "tie_word_embeddings True: its lm_head is the embedding matrix, counted once"
+
 
 @dataclass(frozen=True)
 class Family:
@@ -1038,6 +1392,9 @@ class Family:
     encoders_of: str | None = None
     #: the text encoder checkpoint(s) a public source names, and that source
     encoder_named: tuple[str, str] | None = None
+    #: its text encoders built from a config a public repository states (transformers classes,
+    #: `component` the pipeline's attribute), for a family whose encoders the size table lacks
+    encoders: tuple[Component, ...] = ()
     #: the scheduler a public source ships with the checkpoint (class and shift), and that source
     shift: tuple[str, str] | None = None
     #: the family's other pipelines of the same folder (FLUX.3's step-distilled one)
@@ -1115,6 +1472,17 @@ ATLAS: list[Family] = [
             "mistralai/Mistral-Small-3.2-24B-Instruct-2506",
             f"{_FLUX2_SCRIPT} main(): text_encoder_id",
         ),
+        encoders=(
+            _encoder(
+                "FLUX.2 dev",
+                "text_encoder",
+                "Mistral3ForConditionalGeneration",
+                MISTRAL3_FLUX2,
+                f"{_MUSUBI_FLUX2} Mistral3Embedder M3_CONFIG_JSON, into which it loads FLUX.2 [dev]'s "
+                "text encoder strictly (docs/flux_2.md: the split files of black-forest-labs/FLUX.2-dev), "
+                "lm_head included; counted with tie_word_embeddings False, the stored lm_head untied",
+            ),
+        ),
         published=Published(
             "32B",
             32_000_000_000,
@@ -1136,6 +1504,21 @@ ATLAS: list[Family] = [
         ),
         _FLUX2_VAE,
         pack=2,
+        encoder_named=(
+            "Qwen3-4B",
+            f"{_MUSUBI_FLUX2} FLUX2_MODEL_INFO['klein-4b'] qwen_variant '4B', and docs/flux_2.md "
+            "('Qwen3 4B Text Encoder' from black-forest-labs/FLUX.2-klein-4B)",
+        ),
+        encoders=(
+            _encoder(
+                "FLUX.2 klein 4B",
+                "text_encoder",
+                "Qwen3ForCausalLM",
+                QWEN3_4B_QUOTED,
+                f"{_MUSUBI_QWEN3} QWEN3_4B_CONFIG_JSON, which flux2_utils.py load_text_embedder "
+                f"uses for qwen_variant '4B' ({_QWEN3_4B_NOTE})",
+            ),
+        ),
     ),
     Family(
         "FLUX.2 klein 9B",
@@ -1150,6 +1533,21 @@ ATLAS: list[Family] = [
         ),
         _FLUX2_VAE,
         pack=2,
+        encoder_named=(
+            "Qwen3-8B",
+            f"{_MUSUBI_FLUX2} FLUX2_MODEL_INFO['klein-9b'] qwen_variant '8B', and docs/flux_2.md "
+            "('Qwen3 8B Text Encoder' from black-forest-labs/FLUX.2-klein-9B)",
+        ),
+        encoders=(
+            _encoder(
+                "FLUX.2 klein 9B",
+                "text_encoder",
+                "Qwen3ForCausalLM",
+                QWEN3_8B_QUOTED,
+                f"{_MUSUBI_QWEN3} QWEN3_8B_CONFIG_JSON, which flux2_utils.py load_text_embedder "
+                "uses for qwen_variant '8B' (tie_word_embeddings False: its own lm_head counted)",
+            ),
+        ),
     ),
     Family(
         "FLUX.3",
@@ -1186,6 +1584,22 @@ ATLAS: list[Family] = [
             FLUX_VAE,
             f"Flux.1-dev's config, assumed: {ZIMAGE_REPO} src/zimage/autoencoder.py is 'Modified from' black-forest-labs/flux's autoencoder and its transformer takes 16 channels; the hub's vae/config.json is not reachable",
         ),
+        encoder_named=(
+            "Qwen3-4B",
+            f"{_MUSUBI_QWEN3} ('Load Qwen3-4B/8B model', called for Z-Image with is_8b False) and "
+            "docs/zimage.md ('Text Encoder (Qwen3)')",
+        ),
+        encoders=(
+            _encoder(
+                "Z-Image",
+                "text_encoder",
+                "Qwen3Model",
+                QWEN3_4B_QUOTED,
+                f"{_MUSUBI_QWEN3} QWEN3_4B_CONFIG_JSON; built as Qwen3Model, the class "
+                f"{ZIMAGE_REPO} src/utils/loader.py's AutoModel.from_pretrained makes of a qwen3 "
+                f"config; Qwen3ForCausalLM counts the same ({_QWEN3_4B_NOTE})",
+            ),
+        ),
         published=Published(
             "6B",
             6_000_000_000,
@@ -1204,6 +1618,19 @@ ATLAS: list[Family] = [
         "QwenImagePipeline",
         _existing("Qwen-Image", "transformer"),
         _c("Qwen-Image", "vae", "AutoencoderKLQwenImage", {}, CLASS_DEFAULTS),
+        encoder_named=(
+            "Qwen2.5-VL-7B",
+            f"{MUSUBI} docs/qwen_image.md ('Text Encoder (Qwen2.5-VL)': qwen_2.5_vl_7b.safetensors)",
+        ),
+        encoders=(
+            _encoder(
+                "Qwen-Image",
+                "text_encoder",
+                "Qwen2_5_VLForConditionalGeneration",
+                QWEN2_5_VL_7B_QUOTED,
+                f"{_MUSUBI_QWEN25VL}, into which it loads Qwen-Image's text encoder strictly",
+            ),
+        ),
     ),
     Family(
         "Qwen-Image 2.1",
@@ -1236,6 +1663,28 @@ ATLAS: list[Family] = [
             "Qwen/Qwen2.5-VL-7B-Instruct, ByT5 Glyph-SDXL-v2",
             f"{_DIFFUSERS_SCRIPTS}/convert_hunyuan_video1_5_to_diffusers.py load_mllm() and --byt5_path",
         ),
+        encoders=(
+            _encoder(
+                "HunyuanVideo 1.5 720p",
+                "text_encoder",
+                "Qwen2_5_VLTextModel",
+                QWEN2_5_VL_7B_QUOTED["text_config"],
+                f"{_MUSUBI_QWEN25VL} text_config (its hv_1_5_cache_text_encoder_outputs.py loads "
+                "HunyuanVideo 1.5's Qwen2.5-VL through it): the language model alone, as "
+                f"{_DIFFUSERS_SCRIPTS}/convert_hunyuan_video1_5_to_diffusers.py load_mllm() keeps it",
+            ),
+            _encoder(
+                "HunyuanVideo 1.5 720p",
+                "text_encoder_2",
+                "T5EncoderModel",
+                BYT5_GLYPH_SDXL_V2,
+                f"{MUSUBI} src/musubi_tuner/hunyuan_video_1_5/hunyuan_video_1_5_text_encoder.py "
+                "load_byt5 BYT5_CONFIG_JSON (byt5-small: d_model 1472, d_ff 3584, 12 encoder layers, as "
+                f"{BYT5_REPO} byt5/gin/models/byt5.small.gin), its 384-token vocabulary grown by "
+                "Glyph-SDXL-v2's 138 color and 988 font tokens to 1510 (add_special_token, before "
+                f"the weights load; {HUNYUAN_VIDEO_15_REPO} hyvideo/models/text_encoders/byT5/__init__.py)",
+            ),
+        ),
         shift=(
             "FlowMatchEulerDiscreteScheduler, shift=9.0",
             f"{_DIFFUSERS_SCRIPTS}/convert_hunyuan_video1_5_to_diffusers.py SCHEDULER_CONFIGS['720p_t2v']",
@@ -1265,6 +1714,18 @@ ATLAS: list[Family] = [
             "google/gemma-3-12b-it-qat-q4_0-unquantized",
             f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py get_args(): the text encoder's default",
         ),
+        encoders=(
+            _encoder(
+                "LTX-2",
+                "text_encoder",
+                "Gemma3ForConditionalGeneration",
+                GEMMA3_12B_FOR_LTX,
+                f"{LTX2_REPO} packages/ltx-core/src/ltx_core/text_encoders/gemma/config.py "
+                "GEMMA3_CONFIG_FOR_LTX, which encoders/encoder_configurator.py builds as "
+                f"Gemma3ForConditionalGeneration; the shape of {GEMMA_REPO} gemma/gm/nn/_gemma.py "
+                "Gemma3_12B with its SigLIP vision encoder",
+            ),
+        ),
         shift=(
             "FlowMatchEulerDiscreteScheduler, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024, shift_terminal=0.1",
             f"{_DIFFUSERS_SCRIPTS}/convert_ltx2_to_diffusers.py main(): the scheduler of a checkpoint that is not distilled",
@@ -1282,6 +1743,7 @@ ATLAS: list[Family] = [
             "google/umt5-xxl",
             f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
         ),
+        encoders=(_UMT5_XXL_ENCODER,),
         shift=(
             "UniPCMultistepScheduler, prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=3.0",
             f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
@@ -1306,6 +1768,7 @@ ATLAS: list[Family] = [
             "google/umt5-xxl",
             f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
         ),
+        encoders=(_UMT5_XXL_ENCODER,),
         shift=(
             "UniPCMultistepScheduler, prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=3.0",
             f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",
@@ -1335,6 +1798,7 @@ ATLAS: list[Family] = [
             "google/umt5-xxl",
             f"{_WAN22_SCRIPT} __main__: UMT5EncoderModel.from_pretrained",
         ),
+        encoders=(_UMT5_XXL_ENCODER,),
         shift=(
             "UniPCMultistepScheduler, prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=5.0",
             f"{_WAN22_SCRIPT} __main__: UniPCMultistepScheduler(prediction_type='flow_prediction', use_flow_sigmas=True, flow_shift=...)",

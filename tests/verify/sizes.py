@@ -435,7 +435,8 @@ def _blocks_scheduler(pipeline: str) -> tuple[str | None, dict]:
 def atlas_record() -> list[dict]:
     """One record per ``model_configs.ATLAS`` family, from the installed library on the meta
     device: the pipeline's kind (its folder under ``diffusers/pipelines`` and/or
-    ``diffusers/modular_pipelines``), its text encoder and scheduler classes, the denoiser's
+    ``diffusers/modular_pipelines``), its text encoder and scheduler classes, the text encoders'
+    parameters (the size table's, or built from ``Family.encoders``' public configs), the denoiser's
     parameters and blocks, the VAE's latent channels and compression observed by encoding a
     meta tensor of the counted size, and the tokens the denoiser sees at that size."""
     import dataclasses
@@ -488,6 +489,9 @@ def atlas_record() -> list[dict]:
             ann = inspect.signature(cls.__init__).parameters["scheduler"].annotation
             scheduler = getattr(ann, "__name__", str(ann))
         params = sum(p.numel() for p in denoiser.parameters())
+        # its text encoders: the size table's (``encoders_of``), else those built from a public config
+        encoders = [c for c in COMPONENTS if c.pipeline == fam.encoders_of and c.component.startswith("text_encoder")]  # fmt: skip
+        encoders += fam.encoders
         # the denoiser's published size: the family's own, else the size table's for that component
         published = fam.published or PUBLISHED.get((fam.denoiser.pipeline, fam.denoiser.component))
         if published is not None and published.covers != (fam.denoiser.component,):
@@ -499,11 +503,9 @@ def atlas_record() -> list[dict]:
                 "kind": kind,
                 "folder": fam.folder,
                 "text_encoders": _text_encoders(fam_k),
-                "text_encoder_params": {
-                    c.component: count_params(c)
-                    for c in COMPONENTS
-                    if c.pipeline == fam.encoders_of and c.component.startswith("text_encoder")
-                },
+                "text_encoder_params": {c.component: count_params(c) for c in encoders},
+                "text_encoder_classes": {c.component: c.cls for c in encoders},
+                "text_encoder_sources": {c.component: c.source for c in fam.encoders},
                 "text_encoder_named": fam.encoder_named[0] if fam.encoder_named else None,
                 "text_encoder_source": fam.encoder_named[1] if fam.encoder_named else None,
                 "guidance": _guidance(fam.pipeline, kind, config),

@@ -262,6 +262,108 @@ def test_text_encoder_configs_follow_open_clip_and_sd3():
     assert T5_XXL["d_kv"] * T5_XXL["num_heads"] == T5_XXL["d_model"]
 
 
+def test_atlas_text_encoder_configs_follow_their_sources():
+    """The atlas's text-encoder configs follow their originals: UMT5-XXL's is Wan's umt5_xxl mapped to `UMT5Config` (a position-bucket table in every layer, as Wan's shared_pos=False builds it, and the parameter count Wan's T5Encoder layout gives); LTX-2's Gemma 3 config has Google DeepMind's Gemma3_12B shape and its SigLIP encoder; ByT5's is byt5-small as Google's gin file states it, its vocabulary the tokenizer's 384 plus the 1,126 tokens Glyph-SDXL-v2 adds; FLUX.2 [klein] 9B's Qwen3-8B differs from the 4B config in width and its untied head only."""
+    import torch
+    from model_configs import (
+        BYT5_GLYPH_SDXL_V2,
+        BYT5_SMALL_GIN,
+        BYT5_SMALL_QUOTED,
+        GEMMA3_12B_FOR_LTX,
+        GEMMA3_12B_ORIGINAL,
+        GLYPH_SDXL_V2_ADDED_TOKENS,
+        QWEN3_4B_QUOTED,
+        QWEN3_8B_QUOTED,
+        UMT5_XXL,
+        UMT5_XXL_ORIGINAL,
+    )
+    from transformers import ByT5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    w = UMT5_XXL_ORIGINAL
+    assert (UMT5_XXL["vocab_size"], UMT5_XXL["d_model"], UMT5_XXL["d_ff"], UMT5_XXL["num_heads"]) == (w["vocab_size"], w["dim"], w["dim_ffn"], w["num_heads"])  # fmt: skip
+    assert UMT5_XXL["d_kv"] * UMT5_XXL["num_heads"] == w["dim_attn"]
+    assert (UMT5_XXL["num_layers"], UMT5_XXL["relative_attention_num_buckets"]) == (w["encoder_layers"], w["num_buckets"])  # fmt: skip
+    assert w["shared_pos"] is False and UMT5_XXL["feed_forward_proj"] == "gated-gelu"
+    with torch.device("meta"):
+        umt5 = UMT5EncoderModel(UMT5Config(**UMT5_XXL))
+    assert all(block.layer[0].SelfAttention.has_relative_attention_bias for block in umt5.encoder.block)  # fmt: skip
+    # Wan's T5Encoder: token embedding; per block 2 norms, q k v o, gate fc1 fc2, a bucket table; a final norm
+    d, a, f, L = w["dim"], w["dim_attn"], w["dim_ffn"], w["encoder_layers"]
+    wan = w["vocab_size"] * d + L * (2 * d + 4 * d * a + 3 * d * f + w["num_buckets"] * w["num_heads"]) + d  # fmt: skip
+    assert sum(p.numel() for p in umt5.parameters()) == wan
+
+    text, vision, g = GEMMA3_12B_FOR_LTX["text_config"], GEMMA3_12B_FOR_LTX["vision_config"], GEMMA3_12B_ORIGINAL  # fmt: skip
+    assert (text["hidden_size"], text["intermediate_size"], text["num_attention_heads"], text["head_dim"], text["num_key_value_heads"], text["num_hidden_layers"]) == (g["embed_dim"], g["hidden_dim"], g["num_heads"], g["head_dim"], g["num_kv_heads"], g["num_layers"])  # fmt: skip
+    assert (text["sliding_window"], text["rope_local_base_freq"], text["rope_theta"], text["rope_scaling"]["factor"]) == (g["sliding_window_size"], g["local_base_frequency"], g["global_base_frequency"], g["global_scale_factor"])  # fmt: skip
+    v = g["vision"]
+    assert (vision["patch_size"], vision["hidden_size"], vision["num_hidden_layers"], vision["intermediate_size"], vision["num_attention_heads"], vision["image_size"]) == (v["patch_size"], v["width"], v["depth"], v["mlp_dim"], v["num_heads"], g["image_height"])  # fmt: skip
+    assert GEMMA3_12B_FOR_LTX["mm_tokens_per_image"] == g["num_mm_tokens_per_image"]
+
+    b = BYT5_SMALL_QUOTED
+    assert (b["d_model"], b["d_ff"], b["num_layers"], b["num_decoder_layers"]) == (BYT5_SMALL_GIN["d_model"], BYT5_SMALL_GIN["d_ff"], BYT5_SMALL_GIN["encoder_layers"], BYT5_SMALL_GIN["decoder_layers"])  # fmt: skip
+    assert (
+        len(ByT5Tokenizer()) == b["vocab_size"] == 384
+    )  # 256 bytes, 3 special tokens, 125 extra ids
+    added = sum(GLYPH_SDXL_V2_ADDED_TOKENS.values())
+    assert added == 1126 and BYT5_GLYPH_SDXL_V2 == {**b, "vocab_size": 384 + added}
+
+    changed = {k for k in QWEN3_4B_QUOTED if QWEN3_4B_QUOTED[k] != QWEN3_8B_QUOTED[k]}
+    assert QWEN3_8B_QUOTED.keys() == QWEN3_4B_QUOTED.keys()
+    assert changed == {"hidden_size", "intermediate_size", "tie_word_embeddings"}
+
+
+def test_flux2_text_encoder_counted_with_its_stored_lm_head(tmp_path):
+    """A Mistral3 checkpoint that stores its own `lm_head` loads untied although its config names no top-level `tie_word_embeddings` (the installed `Mistral3Config` defaults it to True): a tiny `Mistral3ForConditionalGeneration` saved with two different matrices and reloaded by `from_pretrained` keeps both, while the same config built directly shares one. So FLUX.2 [dev]'s text encoder is counted with `tie_word_embeddings` False: its quoted config plus that one key."""
+    import json
+
+    import torch
+    from model_configs import MISTRAL3_FLUX2, MISTRAL3_FLUX2_QUOTED
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    assert "tie_word_embeddings" not in MISTRAL3_FLUX2_QUOTED
+    assert MISTRAL3_FLUX2 == {**MISTRAL3_FLUX2_QUOTED, "tie_word_embeddings": False}
+    assert Mistral3Config().tie_word_embeddings is True
+    tiny = dict(
+        text_config=dict(
+            model_type="mistral",
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        ),
+        vision_config=dict(
+            model_type="pixtral",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            head_dim=8,
+            image_size=28,
+            patch_size=14,
+        ),
+    )
+    torch.manual_seed(0)
+    model = Mistral3ForConditionalGeneration(Mistral3Config(**tiny, tie_word_embeddings=False))
+    embed = model.model.language_model.embed_tokens.weight
+    assert model.lm_head.weight is not embed and not torch.equal(model.lm_head.weight, embed)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.pop("tie_word_embeddings")  # as the quoted config: no top-level key
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = Mistral3ForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.config.tie_word_embeddings is True  # the class default, read from the file
+    assert loaded.lm_head.weight is not loaded.model.language_model.embed_tokens.weight
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+    with torch.device("meta"):
+        built = Mistral3ForConditionalGeneration(Mistral3Config(**tiny))
+    assert built.lm_head.weight is built.model.language_model.embed_tokens.weight
+    counts = [sum(p.numel() for p in m.parameters()) for m in (loaded, built)]
+    assert counts[0] - counts[1] == embed.numel()
+
+
 def test_flux_fp8_layerwise_casting_keeps_the_modulation_in_bf16(fresh, recorded):
     """diffusers' own `enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn)` on the real Flux.1-dev transformer (meta device) skips every module whose name contains `norm`, which includes the AdaLN modulation Linears (`norm1.linear`, `norm1_context.linear`, `norm.linear`): 3.25 B parameters stay bf16, and the weights are about 15.1 GB, not half of bf16's 23.8 GB."""
     lc = fresh["layerwise_casting"]["Flux.1-dev/transformer"]

@@ -5,6 +5,7 @@ and holds equal to ``labkit/model_sizes.json`` (``atlas_record``)."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from pathlib import Path
 
 import pytest
@@ -476,24 +477,137 @@ def test_flux2_klein_is_distilled_runs_no_cfg():
     assert [f for f, r in rows.items() if "is_distilled" in r["guidance"]] == ["FLUX.2 klein 4B", "FLUX.2 klein 9B"]  # fmt: skip
 
 
-def test_text_encoders_counted_or_named(atlas):
-    """Text encoder: the classes the pipeline's `__init__` annotates (FLUX.3: its default blocks' `expected_components`), counted where the size table counts them, else named where a public conversion script loads one."""
-    sizes = {(r["pipeline"], r["component"]): r for r in model_sizes.rows()}
-    from model_configs import ATLAS
+def test_text_encoders_counted_from_public_configs(atlas):
+    """Text encoder: the classes the pipeline's `__init__` annotates (FLUX.3: its default blocks' `expected_components`), counted on the meta device wherever a public repository states their config: the size table's for SD 1.5 to FLUX.1-dev, LTX-2's and Wan's own code for theirs, and for FLUX.2, Z-Image, Qwen-Image and HunyuanVideo 1.5 the configs into which musubi-tuner, a third-party trainer, loads their text encoders' weights. No row uses class defaults: FLUX.3 and Qwen-Image 2.1, whose Qwen3-VL checkpoints no public repository we could read names, show the class only: every other row counts each annotated text encoder, built as that class (or, where it annotates a union or a base class, as one class it admits) from a config whose source names a repository at a commit."""
+    import re
+    import typing
 
+    import diffusers
+    import transformers
+    from model_configs import ATLAS, CLASS_DEFAULTS, MUSUBI
+
+    sizes = {(r["pipeline"], r["component"]): r for r in model_sizes.rows()}
+    by_source = {"size table": [], "own code": [], "musubi-tuner": []}
     for fam in ATLAS:
         row = atlas[fam.name]
-        assert row["text_encoders"]
+        assert row["text_encoders"] and not (fam.encoders_of and fam.encoders), fam.name
+        if fam.name in ("FLUX.3", "Qwen-Image 2.1"):  # named by no public source: class only
+            assert not row["text_encoder_params"] and not row["text_encoder_named"]
+            assert set(row["text_encoders"].values()) == {"Qwen3VLForConditionalGeneration"}
+            continue
+        # every annotated text encoder counted, and nothing else
+        assert set(row["text_encoder_params"]) == set(row["text_encoders"]), fam.name
         if fam.encoders_of:
-            assert set(row["text_encoder_params"]) == set(row["text_encoders"])
+            by_source["size table"].append(fam.name)
             for name, params in row["text_encoder_params"].items():
                 assert sizes[fam.encoders_of, name]["params"] == params
                 assert sizes[fam.encoders_of, name]["class"] == row["text_encoders"][name]
-        else:
-            assert not row["text_encoder_params"]
-            assert (row["text_encoder_named"] is None) == (row["text_encoder_source"] is None)
-            if row["text_encoder_named"]:
-                assert "scripts/convert_" in row["text_encoder_source"]
+            continue
+        sources = row["text_encoder_sources"]
+        assert set(sources) == set(row["text_encoders"]), fam.name
+        assert all(re.match(r"[\w.-]+/[\w.-]+@[0-9a-f]{12} \S+", s) for s in sources.values())
+        assert not any(CLASS_DEFAULTS in s for s in sources.values())
+        kind = "musubi-tuner" if all(s.startswith(MUSUBI) for s in sources.values()) else "own code"
+        if kind == "own code":  # the family's own repository
+            owner = {"LTX-2": "Lightricks/LTX-2@", "Wan": "Wan-Video/Wan2.1@"}
+            assert all(s.startswith(owner["Wan" if fam.name.startswith("Wan") else fam.name]) for s in sources.values())  # fmt: skip
+        by_source[kind].append(fam.name)
+        # the recorded count is the class built from that config: test_model_sizes recounts it
+        for c in fam.encoders:
+            assert row["text_encoder_classes"][c.component] == c.cls
+            assert row["text_encoder_sources"][c.component] == c.source
+            # the annotated class, or one the annotation admits (a union's member, a subclass)
+            cls = getattr(diffusers, fam.pipeline)
+            hint = inspect.signature(cls.__init__).parameters[c.component].annotation
+            allowed = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
+            assert any(issubclass(getattr(transformers, c.cls), a) for a in allowed), fam.name
+    # the page's Text encoder cells show each count, its Sources fold each config's source
+    table = model_sizes.atlas_table().splitlines()
+    sources = model_sizes.atlas_table(sources=True).splitlines()
+    for family, row in atlas.items():
+        (line,) = [line for line in table if line.startswith(f"| {family} |")]
+        cell = line.strip("|").split(" | ")[2]
+        assert cell.count(" B)") + cell.count(" M)") == len(row["text_encoder_params"]), family
+        assert all(f"{model_sizes.format_params(n)})" in cell for n in row["text_encoder_params"].values())  # fmt: skip
+        (listed,) = [s for s in sources if s.startswith(f"- {family}: ")]
+        assert all(s in listed for s in row["text_encoder_sources"].values()), family
+    assert by_source["size table"] == ["SD 1.5", "SDXL", "SD3.5 Large", "FLUX.1-dev"]
+    assert by_source["own code"] == ["LTX-2", "Wan 2.1 T2V 14B", "Wan 2.2 T2V A14B", "Wan 2.2 TI2V 5B"]  # fmt: skip
+    assert by_source["musubi-tuner"] == ["FLUX.2 dev", "FLUX.2 klein 4B", "FLUX.2 klein 9B", "Z-Image", "Qwen-Image", "HunyuanVideo 1.5 720p"]  # fmt: skip
+
+
+def test_zimage_encoder_counted_as_automodel_builds_it(atlas):
+    """Z-Image's annotation is `PreTrainedModel`, any transformers model; it is counted as `Qwen3Model`, the class its repository's `AutoModel` loads: `AutoModel` builds a `Qwen3Model` from the counted config (on the meta device), and `Qwen3ForCausalLM`, whose head shares the embedding in that config, counts the same."""
+    import torch
+    import transformers
+    from model_configs import ATLAS, QWEN3_4B_QUOTED
+
+    assert atlas["Z-Image"]["text_encoders"] == {"text_encoder": "PreTrainedModel"}
+    (encoder,) = {f.name: f for f in ATLAS}["Z-Image"].encoders
+    assert encoder.config == QWEN3_4B_QUOTED and "AutoModel.from_pretrained" in encoder.source
+    config = transformers.Qwen3Config(**QWEN3_4B_QUOTED)
+    with torch.device("meta"):
+        auto = transformers.AutoModel.from_config(config)
+        causal = transformers.Qwen3ForCausalLM(config)
+    assert type(auto) is transformers.Qwen3Model and atlas["Z-Image"]["text_encoder_classes"] == {"text_encoder": "Qwen3Model"}  # fmt: skip
+    counts = [sum(p.numel() for p in m.parameters()) for m in (auto, causal)]
+    assert counts[0] == counts[1] == atlas["Z-Image"]["text_encoder_params"]["text_encoder"]
+
+
+def _text_width(component) -> int:
+    """The width of the hidden states a counted text encoder hands on (its text model's)."""
+    import transformers
+
+    config = getattr(transformers, component.cls).config_class(**component.config)
+    text = config.get_text_config()
+    return getattr(text, "hidden_size", None) or text.d_model
+
+
+def test_encoder_widths_match_the_denoisers(atlas):
+    """Each encoder counted from those repositories gives the text width its denoiser's config takes (FLUX.2: three stacked hidden states): the hidden size of each counted text model, times the hidden states the pipeline's `__call__` stacks by default (`text_encoder_out_layers`, FLUX.2), is the width the denoiser's config (its class defaults completed by the row's config) names for that encoder's input."""
+    import diffusers
+    from model_configs import ATLAS
+
+    #: the denoiser config key that takes each text encoder's output
+    takes = {
+        "Flux2Transformer2DModel": {"text_encoder": "joint_attention_dim"},
+        "ZImageTransformer2DModel": {"text_encoder": "cap_feat_dim"},
+        "QwenImageTransformer2DModel": {"text_encoder": "joint_attention_dim"},
+        "HunyuanVideo15Transformer3DModel": {
+            "text_encoder": "text_embed_dim",
+            "text_encoder_2": "text_embed_2_dim",
+        },
+        "LTX2VideoTransformer3DModel": {"text_encoder": "caption_channels"},
+        "WanTransformer3DModel": {"text_encoder": "text_dim"},
+    }
+    checked = []
+    for fam in (f for f in ATLAS if f.encoders):
+        cls = getattr(diffusers, fam.denoiser.cls)
+        defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
+        config = {**defaults, **fam.denoiser.config}
+        call = inspect.signature(getattr(diffusers, fam.pipeline).__call__).parameters
+        stacked = len(call["text_encoder_out_layers"].default) if "text_encoder_out_layers" in call else 1  # fmt: skip
+        assert stacked == (3 if fam.pipeline.startswith("Flux2") else 1), fam.name
+        for c in fam.encoders:
+            assert config[takes[fam.denoiser.cls][c.component]] == stacked * _text_width(c), (fam.name, c.component)  # fmt: skip
+            checked.append((fam.name, c.component))
+    assert len(checked) == sum(len(r["text_encoder_sources"]) for r in atlas.values())
+
+
+def test_text_encoder_larger_than_denoiser_in_two_rows(atlas):
+    """Nor is the denoiser always the largest part: in two rows the counted text encoder is larger, FLUX.2 klein 4B's (4.02 B against 3.88 B) and Wan 2.2 TI2V 5B's (5.68 B against 5.00 B)."""
+    larger = {}
+    for family, r in atlas.items():
+        encoders = sum(r["text_encoder_params"].values())
+        if encoders > r["denoisers"] * r["denoiser_params"]:
+            larger[family] = (model_sizes.format_params(encoders), model_sizes.format_params(r["denoiser_params"]))  # fmt: skip
+    assert larger == {"FLUX.2 klein 4B": ("4.02 B", "3.88 B"), "Wan 2.2 TI2V 5B": ("5.68 B", "5.00 B")}  # fmt: skip
+    # the Text encoder and Parameters cells show those numbers
+    table = model_sizes.atlas_table().splitlines()
+    for family, (encoder, denoiser) in larger.items():
+        (line,) = [line for line in table if line.startswith(f"| {family} |")]
+        cells = line.strip("|").split(" | ")
+        assert f"({encoder})" in cells[2] and cells[4].strip() == denoiser
 
 
 #: the scheduler each source builds, transcribed (huggingface/diffusers@58eb52c0803e scripts/...;
