@@ -374,17 +374,23 @@ series = {
 }
 chart = figures.line_chart(series, xlabel="share of remaining-block calls skipped", ylabel="RMS deviation from uncached (log)", logy=True, markers=True)  # fmt: skip
 figures.save(args.figures, "calls-vs-error", chart, alt="Line chart, log scale, of the final samples' RMS deviation from the uncached run against the share of remaining-block calls skipped, for FirstBlockCache thresholds at the default and the few-step count and for TaylorSeer cache intervals at orders 0 and 1.", caption="Calls saved against error, one point per threshold or cache_interval (same noise, same model).")  # fmt: skip
-steps_chart = figures.line_chart(
-    {f"{n} steps": (np.arange(2, len(d) + 2) / n, d + 1e-6) for n, d in change.items() if len(d)},
-    xlabel="sampling progress (step / num_inference_steps)",
-    ylabel="relative change of the head residual (log)",
-    logy=True,
-    markers=True,
-)
-figures.save(args.figures, "residual-change", steps_chart, alt="Line chart, log scale, of the relative mean absolute change of the first block's residual from one step to the next over the sampling run, for the default step count and for a few-step run, whose changes are far larger.", caption="The FirstBlockCache signal, step to step, with no skipping.")  # fmt: skip
+steps_series = {f"{n} steps": (np.arange(2, len(d) + 2) / n, d + 1e-6) for n, d in change.items() if len(d)}  # fmt: skip
+steps_chart = None  # both runs of 1 step: no step-to-step change to draw
+if steps_series:
+    steps_chart = figures.line_chart(
+        steps_series,
+        xlabel="sampling progress (step / num_inference_steps)",
+        ylabel="relative change of the head residual (log)",
+        logy=True,
+        markers=True,
+    )
+    figures.save(args.figures, "residual-change", steps_chart, alt="Line chart, log scale, of the relative mean absolute change of the first block's residual from one step to the next over the sampling run, for the default step count and for a few-step run, whose changes are far larger.", caption="The FirstBlockCache signal, step to step, with no skipping.")  # fmt: skip
+elif args.figures is not None:
+    print("\nNo residual-change figure: both runs have 1 step, so no step-to-step change.")
 if in_notebook():
     from IPython.display import SVG, display
 
     display(SVG(chart))
-    display(SVG(steps_chart))
+    if steps_chart is not None:
+        display(SVG(steps_chart))
 # --8<-- [end:figures]

@@ -121,6 +121,28 @@ def test_figures_are_small(run_cli, tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [
+        ["--steps", "1", "--few-steps", "1"],
+        ["--steps", "1", "--few-steps", "1", "--thresholds", "0", "--cache-intervals", "1"],
+        ["--steps", "2", "--few-steps", "1", "--warmup", "1"],
+        ["--steps", "1", "--few-steps", "2", "--num-samples", "1"],
+    ],
+    ids=" ".join,
+)
+def test_one_step_runs_are_valid(run_cli, tmp_path, argv):
+    """A 1-step run is a real run (a distilled model's), with no second step to reuse: it
+    prints its tables, and with both runs at 1 step there is no step-to-step change to draw,
+    so --figures writes calls-vs-error alone (line_chart of no series raised a ValueError)."""
+    run = run_cli(STARTER, *argv, "--figures", str(tmp_path))
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    assert "1 step: no second step, nothing to compare or reuse" in run.stdout
+    manifest = json.loads((tmp_path / "figures.json").read_text())
+    drawn = {"calls-vs-error"} | ({"residual-change"} if "2" in (argv[1], argv[3]) else set())
+    assert set(manifest) == drawn
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
         ["--steps", "0"],
         ["--few-steps", "0"],
         ["--thresholds", "-0.1"],
