@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import html as html_lib
 import json
 import platform
@@ -1540,3 +1541,42 @@ def test_notebook_export_matches_nbconverts(tmp_path, monkeypatch):
             monkeypatch.setattr(HTMLExporter, "from_notebook_node", ours)
     finally:
         close_zygotes()
+
+
+def test_a_starter_that_saves_no_figures_is_run_once(monkeypatch):
+    """``runner.starter_figures`` for a starter that exits 0 and saves no figures (lab 17's,
+    before its blanks are filled) caches an empty manifest: a later build asks again and
+    nothing runs (each warm build ran it again before)."""
+    from infralens_docs import runner
+
+    starter = "code/lab-17-rebuild-the-pipeline/rebuild_pipeline.py"
+    directory = runner.starter_figures(starter)
+    assert json.loads((directory / "figures.json").read_text(encoding="utf-8")) == {}
+
+    def no_run(*_):
+        raise AssertionError("ran again")
+
+    monkeypatch.setattr(runner, "_execute_for_build", no_run)
+    assert runner.starter_figures(starter) == directory
+    runner.close_zygotes()
+
+
+def test_svg_keys_are_kept_between_builds(tmp_path, monkeypatch):
+    """``hooks._svg_key`` gives minidom's key, from the kept file when it holds the SVG's
+    text, and ``_save_svg_keys`` writes the keys a build used."""
+    from xml.dom import minidom
+
+    from infralens_docs import hooks
+
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="2"><rect width="1"/></svg>'
+    node = minidom.parseString(svg).getElementsByTagName("svg")[0]
+    expected = hashlib.sha256(node.toxml().encode("utf-8")).hexdigest()
+    monkeypatch.setattr(hooks, "SVG_KEYS_FILE", tmp_path / "svg-keys.json")
+    monkeypatch.setattr(hooks, "_SVG_KEYS", {"loaded": {}, "used": {}})
+    assert hooks._svg_key(svg) == expected
+    hooks._save_svg_keys()
+    kept = json.loads((tmp_path / "svg-keys.json").read_text(encoding="utf-8"))
+    assert list(kept.values()) == [expected]
+    (text,) = kept
+    (tmp_path / "svg-keys.json").write_text(json.dumps({text: "kept"}), encoding="utf-8")
+    assert hooks._svg_key(svg) == "kept"  # read from the file, not parsed again
