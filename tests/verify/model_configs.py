@@ -1545,7 +1545,8 @@ ATLAS: list[Family] = [
                 "Qwen3ForCausalLM",
                 QWEN3_8B_QUOTED,
                 f"{_MUSUBI_QWEN3} QWEN3_8B_CONFIG_JSON, which flux2_utils.py load_text_embedder "
-                "uses for qwen_variant '8B' (tie_word_embeddings False: its own lm_head counted)",
+                "uses for qwen_variant '8B' (tie_word_embeddings False: the class builds a separate lm_head, "
+                "counted, which load_qwen3 fills from the embedding)",
             ),
         ),
     ),

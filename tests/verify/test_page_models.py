@@ -564,9 +564,13 @@ def _text_width(component) -> int:
 
 
 def test_encoder_widths_match_the_denoisers(atlas):
-    """Each encoder counted from those repositories gives the text width its denoiser's config takes (FLUX.2: three stacked hidden states): the hidden size of each counted text model, times the hidden states the pipeline's `__call__` stacks by default (`text_encoder_out_layers`, FLUX.2), is the width the denoiser's config (its class defaults completed by the row's config) names for that encoder's input."""
+    """The counted encoders fit their denoisers' configs: each config's text-input width is its encoder's hidden size, three times over for FLUX.2's `joint_attention_dim`. For LTX-2 that width (`caption_channels`, 3840) is not what the encoder stage hands on: `LTX2Pipeline._get_gemma_prompt_embeds` stacks all of Gemma 3's hidden states (49 × 3840 for the 12B), shown here on a tiny Gemma 3."""
+    import types
+
     import diffusers
-    from model_configs import ATLAS
+    import torch
+    import transformers
+    from model_configs import ATLAS, GEMMA3_12B_FOR_LTX
 
     #: the denoiser config key that takes each text encoder's output
     takes = {
@@ -585,13 +589,54 @@ def test_encoder_widths_match_the_denoisers(atlas):
         cls = getattr(diffusers, fam.denoiser.cls)
         defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
         config = {**defaults, **fam.denoiser.config}
-        call = inspect.signature(getattr(diffusers, fam.pipeline).__call__).parameters
-        stacked = len(call["text_encoder_out_layers"].default) if "text_encoder_out_layers" in call else 1  # fmt: skip
-        assert stacked == (3 if fam.pipeline.startswith("Flux2") else 1), fam.name
+        times = 3 if fam.denoiser.cls == "Flux2Transformer2DModel" else 1
         for c in fam.encoders:
-            assert config[takes[fam.denoiser.cls][c.component]] == stacked * _text_width(c), (fam.name, c.component)  # fmt: skip
+            assert config[takes[fam.denoiser.cls][c.component]] == times * _text_width(c), (fam.name, c.component)  # fmt: skip
             checked.append((fam.name, c.component))
     assert len(checked) == sum(len(r["text_encoder_sources"]) for r in atlas.values())
+
+    # LTX-2's encoder stage: the pipeline's own function on a tiny Gemma 3 with 2 layers
+    gemma = transformers.Gemma3Config(
+        text_config=dict(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=4,
+        ),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
+        mm_tokens_per_image=4,
+    )
+    torch.manual_seed(0)
+    encoder = transformers.Gemma3ForConditionalGeneration(gemma).eval()
+
+    class Tokenizer:  # a stand-in: max_length token ids per prompt, none padded
+        padding_side, pad_token, eos_token = "left", 0, 1
+
+        def __call__(self, prompt, max_length, **kwargs):
+            ids = torch.arange(2, 2 + max_length).repeat(len(prompt), 1)
+            return types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+    pipe = types.SimpleNamespace(tokenizer=Tokenizer(), text_encoder=encoder, _execution_device=torch.device("cpu"))  # fmt: skip
+    with torch.no_grad():
+        prompt_embeds, _ = diffusers.LTX2Pipeline._get_gemma_prompt_embeds(pipe, "a cat", max_sequence_length=4)  # fmt: skip
+    assert prompt_embeds.shape == (1, 4, (2 + 1) * 16)  # every layer's output and the embedding
+    text = GEMMA3_12B_FOR_LTX["text_config"]
+    (ltx2,) = [f for f in ATLAS if f.name == "LTX-2"]
+    ltx2_config = {**{k: p.default for k, p in inspect.signature(diffusers.LTX2VideoTransformer3DModel.__init__).parameters.items()}, **ltx2.denoiser.config}  # fmt: skip
+    assert ltx2_config["caption_channels"] == text["hidden_size"] == 3840
+    assert text["num_hidden_layers"] + 1 == 49  # Gemma 3 12B's hidden states, stacked
+    assert 49 * text["hidden_size"] != ltx2_config["caption_channels"]
 
 
 def test_text_encoder_larger_than_denoiser_in_two_rows(atlas):
