@@ -536,6 +536,20 @@ def test_text_encoders_counted_from_public_configs(atlas):
     assert by_source["musubi-tuner"] == ["FLUX.2 dev", "FLUX.2 klein 4B", "FLUX.2 klein 9B", "Z-Image", "Qwen-Image", "HunyuanVideo 1.5 720p"]  # fmt: skip
 
 
+def test_cells_resting_on_the_third_party_trainer(atlas):
+    """The cells that rest on musubi-tuner, a third-party trainer, name it: the text encoders of FLUX.2, Z-Image, Qwen-Image and HunyuanVideo 1.5, and Qwen-Image's denoiser: every source a row records (denoiser, VAE, text encoders, shipped scheduler, published size) is searched for the trainer's repository."""
+    on = set()
+    for family, r in atlas.items():
+        for field in ("denoiser_source", "vae_source", "shipped_scheduler_source", "published_source", "text_encoder_source"):  # fmt: skip
+            if "kohya-ss/musubi-tuner" in (r[field] or ""):
+                on.add((family, "text encoder" if field.startswith("text_encoder") else field.split("_")[0]))  # fmt: skip
+        on.update((family, "text encoder") for s in r["text_encoder_sources"].values() if "kohya-ss/musubi-tuner" in s)  # fmt: skip
+    assert {f for f, _ in on if _ == "text encoder"} == {"FLUX.2 dev", "FLUX.2 klein 4B", "FLUX.2 klein 9B", "Z-Image", "Qwen-Image", "HunyuanVideo 1.5 720p"}  # fmt: skip
+    assert {(f, c) for f, c in on if c != "text encoder"} == {("Qwen-Image", "denoiser")}
+    # the keys searched are every source field of a row
+    assert {k for r in atlas.values() for k in r if k.endswith("_source")} == {"denoiser_source", "vae_source", "shipped_scheduler_source", "published_source", "text_encoder_source"}  # fmt: skip
+
+
 def test_zimage_encoder_counted_as_automodel_builds_it(atlas):
     """Z-Image's annotation is `PreTrainedModel`, any transformers model; it is counted as `Qwen3Model`, the class its repository's `AutoModel` loads: `AutoModel` builds a `Qwen3Model` from the counted config (on the meta device), and `Qwen3ForCausalLM`, whose head shares the embedding in that config, counts the same."""
     import torch
@@ -564,16 +578,29 @@ def _text_width(component) -> int:
 
 
 def test_encoder_widths_match_the_denoisers(atlas):
-    """The counted encoders fit their denoisers' configs: each config's text-input width is its encoder's hidden size, three times over for FLUX.2's `joint_attention_dim`. For LTX-2 that width (`caption_channels`, 3840) is not what the encoder stage hands on: `LTX2Pipeline._get_gemma_prompt_embeds` stacks all of Gemma 3's hidden states (49 × 3840 for the 12B), shown here on a tiny Gemma 3."""
+    """The encoders counted from musubi-tuner's, LTX-2's and Wan's configs fit their denoisers' configs: each config's text-input width is its encoder's hidden size, three times over for FLUX.2's `joint_attention_dim`. For LTX-2 that width (`caption_channels`, 3840) is not what the encoder stage hands on: `LTX2Pipeline._get_gemma_prompt_embeds` stacks all of Gemma 3's hidden states (49 × 3840 for the 12B), shown here on a tiny Gemma 3."""
     import types
 
     import diffusers
     import torch
     import transformers
-    from model_configs import ATLAS, GEMMA3_12B_FOR_LTX
+    from model_configs import ATLAS, COMPONENTS, GEMMA3_12B_FOR_LTX
 
     #: the denoiser config key that takes each text encoder's output
     takes = {
+        "UNet2DConditionModel": {
+            "text_encoder": "cross_attention_dim",
+            "text_encoder_2": "cross_attention_dim",
+        },
+        "SD3Transformer2DModel": {
+            "text_encoder": "pooled_projection_dim",
+            "text_encoder_2": "pooled_projection_dim",
+            "text_encoder_3": "joint_attention_dim",
+        },
+        "FluxTransformer2DModel": {
+            "text_encoder": "pooled_projection_dim",
+            "text_encoder_2": "joint_attention_dim",
+        },
         "Flux2Transformer2DModel": {"text_encoder": "joint_attention_dim"},
         "ZImageTransformer2DModel": {"text_encoder": "cap_feat_dim"},
         "QwenImageTransformer2DModel": {"text_encoder": "joint_attention_dim"},
@@ -584,16 +611,22 @@ def test_encoder_widths_match_the_denoisers(atlas):
         "LTX2VideoTransformer3DModel": {"text_encoder": "caption_channels"},
         "WanTransformer3DModel": {"text_encoder": "text_dim"},
     }
-    checked = []
-    for fam in (f for f in ATLAS if f.encoders):
+    checked, fit = [], {}
+    for fam in ATLAS:  # every row with counted encoders, the size table's too
+        encoders = fam.encoders or [c for c in COMPONENTS if (c.pipeline, c.library) == (fam.encoders_of, "transformers")]  # fmt: skip
+        if not encoders:
+            continue
         cls = getattr(diffusers, fam.denoiser.cls)
         defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
         config = {**defaults, **fam.denoiser.config}
         times = 3 if fam.denoiser.cls == "Flux2Transformer2DModel" else 1
-        for c in fam.encoders:
-            assert config[takes[fam.denoiser.cls][c.component]] == times * _text_width(c), (fam.name, c.component)  # fmt: skip
-            checked.append((fam.name, c.component))
+        fit[fam.name] = all(config[takes[fam.denoiser.cls][c.component]] == times * _text_width(c) for c in encoders)  # fmt: skip
+        checked += [(fam.name, c.component) for c in fam.encoders]
     assert len(checked) == sum(len(r["text_encoder_sources"]) for r in atlas.values())
+    # the sentence holds for every row counted from those configs; of the size table's rows, SDXL's
+    # and SD3.5 Large's configs take their two CLIP encoders' widths summed (768 + 1280 = 2048)
+    assert {f for f, ok in fit.items() if not ok} == {"SDXL", "SD3.5 Large"}
+    assert all(fit[f.name] for f in ATLAS if f.encoders)
 
     # LTX-2's encoder stage: the pipeline's own function on a tiny Gemma 3 with 2 layers
     gemma = transformers.Gemma3Config(
