@@ -26,7 +26,7 @@ class LabArgumentParser(argparse.ArgumentParser):
 
 
 def in_notebook() -> bool:
-    """True inside a Jupyter kernel (the build executes starters there)."""
+    """True inside a Jupyter kernel, or in the build's notebook executor, which stands in for one."""
     return "ipykernel" in sys.modules
 
 

@@ -3,7 +3,7 @@
 NumPy reports its array buffers to ``tracemalloc``, so the traced peak during a call is
 the largest amount of array memory alive at once inside it (inputs, allocated before,
 are not counted). ``tracemalloc`` traces every thread, though: inside a Jupyter kernel
-(how the site executes the starters) the kernel's own threads can add from a hundred
+(a reader's notebook) the kernel's own threads can add from a hundred
 bytes to a few KB to one call, mostly while they send output printed just before it.
 So the output streams are flushed first, and ``repeats=2`` keeps the least of two
 calls, for a peak that sits close to the rounding of the printed value. That makes a

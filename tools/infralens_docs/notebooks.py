@@ -168,7 +168,8 @@ def _export_with_a_small_soup() -> None:
     starter's ~9,000 highlighted tokens made that parse most of the export. Here the
     ``<pre>`` blocks (code and text, where the tokens are) are held out of the parse and
     put back as BeautifulSoup would have printed them (:func:`_as_soup_prints`): the same
-    page, byte for byte (tests/test_build.py::test_notebook_export_matches_nbconverts).
+    page, byte for byte, for what tests/test_build.py::test_notebook_export_matches_nbconverts
+    exports (lab 01's starter, and text outputs with ANSI colours, markup and quotes).
     The rest is nbconvert 7's method as it stands."""
     from bs4 import BeautifulSoup
     from nbconvert.exporters.html import HTMLExporter

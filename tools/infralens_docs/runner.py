@@ -108,8 +108,7 @@ def _labkit_digest(files: tuple[tuple[Path, int, int, int], ...]) -> str:
 # the default pool. The kernel OpenBLAS and NumPy pick still depends on the CPU, so the
 # last digits of rounding-level results do too: prose quotes none that moves under the
 # other kernels tests/test_build.py::test_numbers_in_lab_prose_hold_on_other_cpu_kernels
-# tries. Notebook kernels inherit
-# these through the build's environment (hooks.on_config).
+# tries. The notebook pages' zygote gets them too (``starter_env``).
 BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

@@ -1,13 +1,13 @@
 """Run starters for the build without paying for a new interpreter each time.
 
-A build runs every starter several times (once per ``infralens:run`` block, once for
-its figures). Most of each run was interpreter start-up and ``import numpy``. A
-zygote is one interpreter started exactly like a reader's run (``starter_env``:
-same hash seed, one BLAS thread, labkit importable) that imports numpy and labkit
-once and then forks one child per run. The child resets what a fresh interpreter
-would have (argv, cwd, stdout and stderr as pipes to files) and runs the starter
-as ``__main__``; the zygote itself never runs a starter, so no run sees another's
-state.
+A build runs every starter several times (once per ``infralens:run`` block or figures
+run; a figures run also serves the plain run of its arguments). Most of each run was
+interpreter start-up and ``import numpy``. A zygote is one interpreter started exactly
+like a reader's run (``starter_env``: same hash seed, one BLAS thread, labkit
+importable) that imports numpy and labkit once and then forks one child per run. The
+child resets what a fresh interpreter would have (argv, cwd, stdout and stderr as pipes
+to files) and runs the starter as ``__main__``; the zygote itself never runs a starter,
+so no run sees another's state.
 
 Only the build uses it. ``run_starter(..., cache=False)``, which the tests use to
 check what the pages show, still starts a fresh interpreter per run, so the pages'
@@ -20,8 +20,9 @@ A notebook zygote (``--notebook``, for the notebook pages: ``infralens_docs.note
 imports IPython too and takes ``{"cells", "cwd"}``: its child runs the code cells one
 after another in one IPython shell, as ipykernel runs a notebook's cells (``run_cell``:
 the value of a cell's last expression is displayed, ``display(...)`` publishes rich
-output, an exception stops the notebook), and replies with each cell's outputs in
-nbformat's shape as the reply's ``stdout`` (JSON: ``outputs``, ``counts``, ``error``).
+output), stops at a cell that raises, as nbclient does, and replies with each cell's
+outputs in nbformat's shape as the reply's ``stdout`` (JSON: ``outputs``, ``counts``,
+``error``).
 """
 
 from __future__ import annotations
