@@ -262,6 +262,9 @@ def test_flux3_blocks_create_their_scheduler(atlas):
         pipe.load_components(names=["scheduler"])  # created from the blocks' config, no hub
         assert type(pipe.scheduler).__name__ == cls
         assert {k: pipe.scheduler.config[k] for k in expected} == expected, name
+        # and no setting the cell leaves out: the whole config is the one built from the cell
+        built = getattr(diffusers, cls)(**expected).config
+        assert {k: v for k, v in pipe.scheduler.config.items() if not k.startswith("_")} == {k: v for k, v in built.items() if not k.startswith("_")}, name  # fmt: skip
         # its guider, created the same way (the distilled one has none)
         if name == flux3["pipeline"]:
             pipe.load_components(names=["guider"])
@@ -537,17 +540,31 @@ def test_text_encoders_counted_from_public_configs(atlas):
 
 
 def test_cells_resting_on_the_third_party_trainer(atlas):
-    """The cells that rest on musubi-tuner, a third-party trainer, name it: the text encoders of FLUX.2, Z-Image, Qwen-Image and HunyuanVideo 1.5, and Qwen-Image's denoiser: every source a row records (denoiser, VAE, text encoders, shipped scheduler, published size) is searched for the trainer's repository."""
+    """No table cell names musubi-tuner, a third-party trainer; the Sources entries name it where a cell rests on it: the text encoders of FLUX.2, Z-Image, Qwen-Image and HunyuanVideo 1.5, and Qwen-Image's denoiser config: every source a row records (denoiser, VAE, text encoders, shipped scheduler, published size) is searched for the trainer's repository, and so is each row's rendered table line and Sources entry."""
+    trainer = "kohya-ss/musubi-tuner"
     on = set()
     for family, r in atlas.items():
         for field in ("denoiser_source", "vae_source", "shipped_scheduler_source", "published_source", "text_encoder_source"):  # fmt: skip
-            if "kohya-ss/musubi-tuner" in (r[field] or ""):
+            if trainer in (r[field] or ""):
                 on.add((family, "text encoder" if field.startswith("text_encoder") else field.split("_")[0]))  # fmt: skip
-        on.update((family, "text encoder") for s in r["text_encoder_sources"].values() if "kohya-ss/musubi-tuner" in s)  # fmt: skip
+        on.update((family, "text encoder") for s in r["text_encoder_sources"].values() if trainer in s)  # fmt: skip
     assert {f for f, _ in on if _ == "text encoder"} == {"FLUX.2 dev", "FLUX.2 klein 4B", "FLUX.2 klein 9B", "Z-Image", "Qwen-Image", "HunyuanVideo 1.5 720p"}  # fmt: skip
     assert {(f, c) for f, c in on if c != "text encoder"} == {("Qwen-Image", "denoiser")}
     # the keys searched are every source field of a row
     assert {k for r in atlas.values() for k in r if k.endswith("_source")} == {"denoiser_source", "vae_source", "shipped_scheduler_source", "published_source", "text_encoder_source"}  # fmt: skip
+    # as the page renders them: no table cell names the trainer, the Sources entries of those rows do
+    table = model_sizes.atlas_table().lower()
+    assert "musubi" not in table and "kohya" not in table
+    sources = model_sizes.atlas_table(sources=True).splitlines()
+    for family, r in atlas.items():
+        (listed,) = [s for s in sources if s.startswith(f"- {family}: ")]
+        assert (trainer in listed) == (family in {f for f, _ in on}), family
+        for field in ("denoiser_source", "text_encoder_source"):
+            if trainer in (r[field] or ""):
+                assert r[field] in listed, (family, field)
+    # the page's Sources fold says so, in these words
+    page = " ".join((Path(__file__).parents[2] / "docs/handbook/models.md").read_text().split())
+    assert test_cells_resting_on_the_third_party_trainer.__doc__.split(": every source")[0] in page
 
 
 def test_zimage_encoder_counted_as_automodel_builds_it(atlas):
@@ -745,7 +762,7 @@ def test_wan_ships_unipc(atlas):
 
 
 def test_blocks_are_the_built_block_lists(atlas):
-    """Parameters and Blocks: the denoiser built from its config, its parameters and its block lists (each `nn.ModuleList` attribute of the denoiser itself, by name; lists inside other submodules are not counted: FLUX.3's `mode_blocks`, 5 `image` and 5 `image_cond` blocks, and HunyuanVideo 1.5's 2-block token refiner in `context_embedder`): Z-Image's `ZImageTransformer2DModel` has 30 `layers` and two refiner stacks of 2 (`noise_refiner`, `context_refiner`)."""
+    """Parameters and Blocks: the denoiser built from its config, its parameters and its block lists (each `nn.ModuleList` attribute of the denoiser itself, by name; lists inside other submodules are not counted: SD 1.5's and SDXL's `mid_block` (2 resnets, 1 attention), FLUX.3's `mode_blocks`, 5 `image` and 5 `image_cond` blocks, and HunyuanVideo 1.5's 2-block token refiner in `context_embedder`): Z-Image's `ZImageTransformer2DModel` has 30 `layers` and two refiner stacks of 2 (`noise_refiner`, `context_refiner`)."""
     import torch
     from model_configs import ATLAS, build
 
@@ -775,6 +792,12 @@ def test_blocks_are_the_built_block_lists(atlas):
     assert atlas["FLUX.3"]["blocks"] == lists == {"txt_mode_blocks": 5, "single_transformer_blocks": 28}  # fmt: skip
     assert nested == {"mode_blocks.image": 5, "mode_blocks.image_cond": 5}
     assert "`mode_blocks`, 5 `image` and 5 `image_cond` blocks" in bullet
+    # every row's denoiser: the lists inside submodules are exactly the ones the bullet names
+    unet_mid = {"mid_block.attentions": 1, "mid_block.resnets": 2}
+    named = {"SD 1.5": unet_mid, "SDXL": unet_mid, "FLUX.3": nested, "HunyuanVideo 1.5 720p": {"context_embedder.token_refiner.refiner_blocks": 2}}  # fmt: skip
+    for fam in ATLAS:
+        assert block_lists(build(fam.denoiser))[1] == named.get(fam.name, {}), fam.name
+    assert "SD 1.5's and SDXL's `mid_block` (2 resnets, 1 attention)" in bullet
 
 
 def test_video_rows_count_the_default_frames(atlas):
