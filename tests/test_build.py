@@ -1580,3 +1580,26 @@ def test_svg_keys_are_kept_between_builds(tmp_path, monkeypatch):
     (text,) = kept
     (tmp_path / "svg-keys.json").write_text(json.dumps({text: "kept"}), encoding="utf-8")
     assert hooks._svg_key(svg) == "kept"  # read from the file, not parsed again
+
+
+def test_the_notebook_pages_cache_folder_folds_in_the_executor_and_the_export(
+    tmp_path, monkeypatch
+):
+    """An edit to the build's code that runs or exports a notebook page (the events, the
+    export, the executor's zygote, the runs' environment) runs and converts the notebooks
+    again: each file is part of ``hooks.notebook_cache_key``."""
+    from infralens_docs import hooks
+
+    names = {p.name for p in hooks.NOTEBOOK_SOURCES}
+    assert {"hooks.py", "notebooks.py", "zygote.py", "runner.py"} <= names
+    copies = []
+    for source in hooks.NOTEBOOK_SOURCES:
+        copy = tmp_path / source.name
+        copy.write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+        copies.append(copy)
+    monkeypatch.setattr(hooks, "NOTEBOOK_SOURCES", tuple(copies))
+    key = hooks.notebook_cache_key()
+    for copy in copies:
+        copy.write_text(copy.read_text(encoding="utf-8") + "# an edit\n", encoding="utf-8")
+        assert hooks.notebook_cache_key() != key, f"an edit to {copy.name} keeps the pages"
+        key = hooks.notebook_cache_key()

@@ -311,7 +311,7 @@ table(
     [[f"cache_interval={i}, max_order={o}", *cells(r)] for (i, o), r in taylor.items()],
 )
 # --8<-- [start:real-taylorseer]
-# The toy's TaylorSeer predicts its whole remaining stack, so a predicted step costs nothing.
+# The toy's TaylorSeer predicts its whole block stack, so a predicted step skips every block.
 # On Flux diffusers' default hooks only the attention modules; the real model's figures, counted on
 # the meta device (labkit.model_sizes): FLOPs of one Flux.1-dev call at 1024 px, and bytes.
 flux = model_sizes.flux_1024px()

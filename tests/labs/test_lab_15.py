@@ -70,6 +70,30 @@ def test_taylorseer_schedule_and_extrapolation(lab):
     assert ts.taylor_factors[1][0, 0] == pytest.approx(0.5)
 
 
+def test_a_taylorseer_prediction_skips_every_block(lab):
+    """The toy's TaylorSeer predicts its whole block stack, so a predicted step skips every
+    block: neither head_block nor remaining_blocks runs on it; a computed step runs both."""
+    spied = lab["transformer"].__globals__  # the functions' own globals, where it looks them up
+    real = {name: spied[name] for name in ("head_block", "remaining_blocks")}
+    ran = []
+
+    def spy(name):
+        return lambda *a: (ran.append(name), real[name](*a))[1]
+
+    spied.update({name: spy(name) for name in real})
+    try:
+        cache = lab["TaylorSeer"](cache_interval=2, disable_cache_before_step=1, max_order=1)
+        per_step = []
+        for t in (900.0, 800.0, 700.0):  # computed, predicted, computed
+            ran.clear()
+            lab["transformer"](lab["noise"][:8], t, cache)
+            per_step.append(list(ran))
+    finally:
+        spied.update(real)
+    both = ["head_block", "remaining_blocks"]
+    assert per_step == [both, [], both]
+
+
 def test_taylorseer_order_one_beats_reuse(lab):
     taylor = lab["taylor"]
     for interval in lab["args"].cache_intervals:

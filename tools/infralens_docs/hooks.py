@@ -202,15 +202,23 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
 #: What turns a starter into its notebook page besides the build's own code: NumPy (the
 #: starters' numbers) and the converters (jupytext, nbconvert with mistune and Pygments,
 #: mkdocs-jupyter).
-NOTEBOOK_PACKAGES = ("numpy", "jupytext", "nbconvert", "mistune", "pygments", "mkdocs-jupyter")
+NOTEBOOK_PACKAGES = (
+    "numpy", "jupytext", "nbconvert", "mistune", "pygments", "mkdocs-jupyter", "ipython",
+)  # fmt: skip
+#: The build's files that decide how a notebook page runs and is exported: these events,
+#: the export (``notebooks``), the executor (``zygote``) and the runs' environment (``runner``).
+NOTEBOOK_SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("hooks.py", "notebooks.py", "zygote.py", "runner.py")
+)
 
 
 def notebook_cache_key() -> str:
     """The folder of mkdocs-jupyter's cache. mkdocs-jupyter keys its cache on the notebook
     file and its options alone; the starters import labkit and run on this Python, the
-    packages of :data:`NOTEBOOK_PACKAGES` make the page, and these files configure how
-    notebooks run, so fold them into the cache location too (as runner's run keys do)."""
-    sources = [Path(__file__), Path(notebooks.__file__)]
+    packages of :data:`NOTEBOOK_PACKAGES` make the page, and :data:`NOTEBOOK_SOURCES` run
+    and export it, so fold them into the cache location too (as runner's run keys do)."""
+    sources = NOTEBOOK_SOURCES
     versions = "".join(f"{name} {serving._version(name)}\0" for name in NOTEBOOK_PACKAGES)
     key = labkit_digest() + f"{sys.version}\0" + versions
     key += "".join(p.read_text() for p in sources)

@@ -8,8 +8,9 @@ compiled its Jinja templates afresh (~0.2 s a page).
 
 :func:`configure` swaps the kernel for the build's own executor. A page's code cells run
 in order in one IPython shell (IPython's ``run_cell``, the call ipykernel makes for each
-cell), in a child forked from a notebook zygote (``infralens_docs.zygote --notebook``:
-NumPy, labkit and IPython imported once per build, the starters' environment), and come
+cell), in a child forked from a notebook zygote (``infralens_docs.zygote --notebook``, one
+per thread that runs notebooks: NumPy, labkit and IPython imported once in each, not once
+per page; the starters' environment), and come
 back as the outputs nbclient would have written: streams, ``display(...)`` data, a
 cell's last value, the error that stops the notebook. The exporter's templates are
 compiled once per build process (a shared Jinja bytecode cache).

@@ -5,8 +5,8 @@ run; a figures run also serves the plain run of its arguments). Most of each run
 interpreter start-up and ``import numpy``. A zygote is one interpreter started exactly
 like a reader's run (``starter_env``: same hash seed, one BLAS thread, labkit
 importable) that imports numpy and labkit once and then forks one child per run. The
-child resets what a fresh interpreter would have (argv, cwd, stdout and stderr as pipes
-to files) and runs the starter as ``__main__``; the zygote itself never runs a starter,
+child resets what a fresh interpreter would have (argv, cwd, stdout and stderr to
+temporary files) and runs the starter as ``__main__``; the zygote itself never runs a starter,
 so no run sees another's state.
 
 Only the build uses it. ``run_starter(..., cache=False)``, which the tests use to
