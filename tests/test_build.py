@@ -1487,22 +1487,29 @@ def test_a_starters_cache_keys_fold_in_the_files_beside_it(tmp_path):
 
 def test_the_notebook_pages_cache_folder_folds_in_python_numpy_and_the_converters(monkeypatch):
     """The notebook pages are cached under a folder keyed on the Python version and the
-    versions of NumPy and of the packages that convert a starter into its page (jupytext,
-    nbconvert, mistune, Pygments, mkdocs-jupyter): an upgrade of any of them runs and
-    converts the notebooks again (``hooks.notebook_cache_key``, the folder ``on_config``
-    gives mkdocs-jupyter)."""
+    versions of NumPy, IPython and the packages that turn a starter into its page (jupytext,
+    nbformat, nbconvert, mistune, Pygments, Jinja2, BeautifulSoup, mkdocs-jupyter; README's
+    "Warm builds" names exactly these): an upgrade of any of them runs and converts the
+    notebooks again (``hooks.notebook_cache_key``, the folder ``on_config`` gives
+    mkdocs-jupyter)."""
     import sys
 
     from infralens_docs import hooks, serving
 
     base = hooks.notebook_cache_key()
     assert hooks.notebook_cache_key() == base  # the same inputs, the same folder
-    converters = {"numpy", "jupytext", "nbconvert", "mistune", "pygments", "mkdocs-jupyter"}
-    assert converters <= set(hooks.NOTEBOOK_PACKAGES)
+    exporters = {"jupytext", "nbformat", "nbconvert", "mistune", "pygments", "jinja2"}
+    assert exporters | {"numpy", "ipython", "beautifulsoup4"} <= set(hooks.NOTEBOOK_PACKAGES)
     real = serving._version
     for name in hooks.NOTEBOOK_PACKAGES:
         monkeypatch.setattr(serving, "_version", lambda n, name=name: "0" if n == name else real(n))  # fmt: skip
         assert hooks.notebook_cache_key() != base, f"a new {name} keeps the notebook pages"
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"the versions of NumPy, ([^)]*)\)", readme)
+    assert said, "README's Warm builds bullet names the notebook pages' packages"
+    named = {n.strip().lower() for n in re.split(r",| and ", said.group(1)) if n.strip()}
+    aliases = {"beautifulsoup": "beautifulsoup4"}
+    assert {aliases.get(n, n) for n in named} | {"numpy"} == set(hooks.NOTEBOOK_PACKAGES)
     monkeypatch.setattr(serving, "_version", real)
     monkeypatch.setattr(sys, "version", sys.version + " (another build)")
     assert hooks.notebook_cache_key() != base, "a new Python keeps the notebook pages"

@@ -180,3 +180,67 @@ def test_a_notebook_cell_that_raises_stops_the_notebook(tmp_path):
     assert "raise ValueError('boom')" in message and "ValueError: boom" in message
     assert [o["text"] for o in nb.cells[1].outputs] == ["before\n"]
     assert nb.cells[3].outputs == [] and nb.cells[3].execution_count is None
+
+
+def test_a_build_runs_most_starters_several_times_not_every_one():
+    """A build runs most starters several times (once per ``infralens:run`` block or
+    figures run; a figures run also serves the plain run of its arguments): counted on the
+    jobs a build hands ``runner.prefetch`` (every page's run and figure directives, and each
+    notebook page's default figures run). Not every starter: an exercise's checker and
+    blanks file (``page: false``) run in no build, or once."""
+    from mkdocs.structure.files import File, Files
+
+    from infralens_docs import hooks
+    from infralens_docs.registry import ROOT, load_labs
+
+    docs = ROOT / "docs"
+    pages = Files(
+        [
+            File(p.relative_to(docs).as_posix(), str(docs), "/tmp/site", True)
+            for p in sorted(docs.rglob("*.md"))
+        ]
+    )
+    labs = load_labs()
+    jobs = hooks._runs_the_pages_need(pages)
+    jobs += [(s.path.as_posix(), [], True) for lab in labs for s in lab.starters if s.runnable and s.notebook]  # fmt: skip
+    runs: dict[str, set] = {}
+    for starter, args, figures in jobs:
+        runs.setdefault(starter, set()).add((tuple(args), figures))
+    counts = {}
+    for lab in labs:
+        for s in lab.starters:
+            if s.path.suffix == ".py":
+                done = runs.get(s.path.as_posix(), set())
+                figures = {args for args, f in done if f}
+                counts[s.path.as_posix()] = len(figures | {a for a, f in done if not f})
+    several = [name for name, n in counts.items() if n >= 2]
+    assert len(several) > len(counts) / 2
+    once_or_never = {name for name, n in counts.items() if n < 2}
+    assert once_or_never and all(
+        "check_" in name or "blanks" in name or "rebuild_diffusers" in name
+        for name in once_or_never
+    ), once_or_never
+
+
+def test_a_run_cache_key_folds_in_the_code_that_runs_it(tmp_path, monkeypatch):
+    """A cached run's key (``runner._key``) changes when the code that runs a starter
+    changes: ``runner.py`` (the environment, ``starter_env``) or ``zygote.py`` (the
+    process a build's run gets)."""
+    from pathlib import Path
+
+    from infralens_docs import runner
+
+    starter = Path(runner.ROOT) / "code" / "lab-01-forward-noise-process" / "forward_noise.py"
+    for name in ("runner.py", "zygote.py"):
+        (tmp_path / name).write_bytes(Path(runner.__file__).with_name(name).read_bytes())
+    monkeypatch.setattr(runner, "__file__", str(tmp_path / "runner.py"))
+    keys = []
+    for name in ("runner.py", "zygote.py"):
+        runner._runner_digest.cache_clear()
+        keys.append(runner._key("c", starter))
+        with (tmp_path / name).open("a", encoding="utf-8") as f:
+            f.write("# an edit\n")
+    runner._runner_digest.cache_clear()
+    keys.append(runner._key("c", starter))
+    runner._runner_digest.cache_clear()
+    assert len(set(keys)) == 3, keys

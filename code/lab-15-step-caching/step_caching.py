@@ -290,23 +290,28 @@ def table(title, header, rows):
         print("  ".join([row[0].ljust(widths[0]), *(c.rjust(n) for c, n in zip(row[1:], widths[1:], strict=True))]))  # fmt: skip
 
 
+def n_steps(n):
+    """A step count as the labels print it: '1 step', '50 steps'."""
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def cells(r):
     return [f"{r['calls']}", f"{r['saved']:.0%}", f"{r['on_mode']:.1%}", f"{r['weight_error']:.3f}", f"{r['rms']:.4f}"]  # fmt: skip
 
 
 q_ref = sample_quality(mixture, reference)
 print(
-    f"{args.num_samples} samples, FlowMatchEuler shift 3.0, {args.steps} steps uncached:"
+    f"{args.num_samples} samples, FlowMatchEuler shift 3.0, {n_steps(args.steps)} uncached:"
     f" on_mode {q_ref.on_mode:.1%}, weight_error {q_ref.weight_error:.3f}"
 )
 header = ["", "rest calls", "saved", "on_mode", "weight_error", "RMS dev"]
 table(
-    f"FirstBlockCache, {args.steps} steps (RMS dev: final latents vs the uncached run)",
+    f"FirstBlockCache, {n_steps(args.steps)} (RMS dev: final latents vs the uncached run)",
     header,
     [[f"threshold={tau:g}", *cells(r)] for tau, r in fbc.items()],
 )
 table(
-    f"TaylorSeer, {args.steps} steps, disable_cache_before_step={args.warmup}",
+    f"TaylorSeer, {n_steps(args.steps)}, disable_cache_before_step={args.warmup}",
     header,
     [[f"cache_interval={i}, max_order={o}", *cells(r)] for (i, o), r in taylor.items()],
 )
@@ -349,7 +354,7 @@ for n, d in change.items():
     else:
         print(f"\n{n} step: no second step, nothing to compare or reuse")
 table(
-    f"FirstBlockCache, {args.few_steps} steps (RMS dev vs the uncached {args.few_steps}-step run)",
+    f"FirstBlockCache, {n_steps(args.few_steps)} (RMS dev vs the uncached {args.few_steps}-step run)",
     header,
     [[f"threshold={tau:g}", *cells(r)] for tau, r in few.items()],
 )

@@ -154,13 +154,15 @@ def test_figures_are_small(run_cli, tmp_path):
 )
 def test_one_step_runs_are_valid(run_cli, tmp_path, argv):
     """A 1-step run (a distilled model's step count; here the exact, undistilled model) is
-    valid, with no second step to reuse: it prints its tables, and with both runs at 1 step
-    there is no step-to-step change to draw, so --figures writes calls-vs-error alone
-    (line_chart of no series raised a ValueError). It prints the same with and without
-    --figures: the build serves a plain run from the figures run of the same arguments."""
+    valid, with no second step to reuse: it prints its tables (labelled "1 step"), and
+    with both runs at 1 step there is no step-to-step change to draw, so --figures writes
+    calls-vs-error alone (line_chart of no series raised a ValueError). It prints the same
+    with and without --figures: the build serves a plain run from the figures run of the
+    same arguments."""
     run = run_cli(STARTER, *argv, "--figures", str(tmp_path))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
     assert "1 step: no second step, nothing to compare or reuse" in run.stdout
+    assert "1 steps" not in run.stdout  # its labels say "1 step"
     manifest = json.loads((tmp_path / "figures.json").read_text())
     drawn = {"calls-vs-error"} | ({"residual-change"} if "2" in (argv[1], argv[3]) else set())
     assert set(manifest) == drawn

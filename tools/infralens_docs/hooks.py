@@ -199,11 +199,12 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     return config
 
 
-#: What turns a starter into its notebook page besides the build's own code: NumPy (the
-#: starters' numbers) and the converters (jupytext, nbconvert with mistune and Pygments,
-#: mkdocs-jupyter).
+#: The packages whose versions key the notebook pages: NumPy (the starters' numbers),
+#: IPython (runs the cells) and what turns a starter into its page: jupytext, nbformat,
+#: nbconvert with mistune, Pygments, Jinja2 and BeautifulSoup, mkdocs-jupyter.
 NOTEBOOK_PACKAGES = (
-    "numpy", "jupytext", "nbconvert", "mistune", "pygments", "mkdocs-jupyter", "ipython",
+    "numpy", "ipython", "jupytext", "nbformat", "nbconvert", "mistune", "pygments",
+    "jinja2", "beautifulsoup4", "mkdocs-jupyter",
 )  # fmt: skip
 #: The build's files that decide how a notebook page runs and is exported: these events,
 #: the export (``notebooks``), the executor (``zygote``) and the runs' environment (``runner``).

@@ -2,9 +2,10 @@
 
 ``run_starter`` executes ``python <starter> <args>`` from the repository root
 and returns what the terminal would show. Results are cached under
-``.cache/infralens-run/`` keyed on everything that can change the output (the
-starter, the labkit sources, the arguments, the Python and NumPy versions), so
-a warm rebuild does not rerun anything and an edit always does.
+``.cache/infralens-run/`` keyed on the starter and the files beside it that it may
+read, the labkit sources, the arguments, the code that runs it (this module and
+``zygote.py``) and the Python and NumPy versions, so a warm rebuild does not rerun
+anything and an edit to any of them does.
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def starter_env() -> dict[str, str]:
     return env
 
 
-#: What a starter's run may read beside it: the lab's other starters, lab 17's
-#: ``solution.py``, an exercise's blanks file and its ``*_solution.txt`` (labs 03 and 20).
+#: What a starter's run may read beside it: the lab's other starters, an exercise's blanks
+#: file and its ``*_solution.txt`` (lab 17's ``rebuild_pipeline.py --solution`` reads one).
 BESIDE_SUFFIXES = (".py", ".txt")
 
 
@@ -139,9 +140,17 @@ def beside(source: Path) -> list[str]:
 
 def _key(command: str, source: Path, extra: str = "") -> str:
     """Everything that can change a starter's output, hashed: its own source, the files
-    beside it that it may read (``beside``), labkit's."""
-    parts = [command, _own_sources(source), labkit_digest(), sys.version]
+    beside it that it may read (``beside``), labkit's, the code that runs it."""
+    parts = [command, _own_sources(source), labkit_digest(), _runner_digest(), sys.version]
     return hashlib.sha256(json.dumps([*parts, _numpy_version(), extra]).encode()).hexdigest()
+
+
+@functools.cache
+def _runner_digest() -> str:
+    """This module and the zygote (the environment and the process a run gets), hashed
+    once per process: an edit to either reruns every starter."""
+    zygote = Path(__file__).with_name("zygote.py")
+    return hashlib.sha256(Path(__file__).read_bytes() + zygote.read_bytes()).hexdigest()
 
 
 def _own_sources(source: Path) -> str:

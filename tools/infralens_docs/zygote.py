@@ -1,6 +1,6 @@
 """Run starters for the build without paying for a new interpreter each time.
 
-A build runs every starter several times (once per ``infralens:run`` block or figures
+A build runs most starters several times (once per ``infralens:run`` block or figures
 run; a figures run also serves the plain run of its arguments). Most of each run was
 interpreter start-up and ``import numpy``. A zygote is one interpreter started exactly
 like a reader's run (``starter_env``: same hash seed, one BLAS thread, labkit
