@@ -8,7 +8,10 @@ Prints:
 - lab 11's loop table (steps vs sample quality vs denoiser calls);
 - each page's prose shown by default and collapsed (words), against its budget
   (``infralens_docs.anatomy.BUDGETS``), and whether a lab guide follows the anatomy;
-- lab 12's real diffusers trace, where the verify extra is installed.
+- lab 12's real diffusers trace, where the verify extra is installed;
+- the first search on the home page in headless Chromium (issue 32 item 9): the search
+  index's size, and the time from the reader's intent (a hover, or a tap on a phone) and
+  typing "strength" to the search worker's index built and to the first result.
 
 Budgets: each starter <= 0.5 s, warm rebuild <= 3 s, cold build <= 20 s, one starter's
 change rebuilt <= 10 s (issue 32), lab 12's real trace <= 5 s including imports. The
@@ -19,7 +22,9 @@ included): on a machine shared with other work, wall time measures the other wor
 
 from __future__ import annotations
 
+import functools
 import gzip
+import http.server
 import os
 import re
 import resource
@@ -28,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +147,97 @@ def page_weight(site: Path, page_dir: Path) -> tuple[int, int, int]:
     return raw, gz, len(files) - 1
 
 
+#: Measures one first search on a fresh page (run before the page's own scripts): the
+#: reader's first intent, the search worker's READY message (its lunr index built from the
+#: downloaded index) and the first result shown.
+FIRST_SEARCH_PROBE = """
+(() => {
+  const t = window.__search = {};
+  const now = () => performance.now();
+  ['pointerover', 'keydown', 'touchstart'].forEach(type =>
+    addEventListener(type, () => { t.intent = t.intent ?? now(); }, true));
+  const Native = window.Worker;
+  window.Worker = function (url, options) {
+    const worker = new Native(url, options);
+    worker.addEventListener('message', e => {
+      if (e.data && e.data.type === 1) t.ready = t.ready ?? now();
+    });
+    return worker;
+  };
+  new MutationObserver(() => {
+    if (t.shown == null && document.querySelector('.md-search-result__item')) t.shown = now();
+  }).observe(document, {childList: true, subtree: true});
+})();
+"""
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # no request log in the bench's output
+        pass
+
+
+def first_search(site: Path, repeats: int = 3) -> None:
+    """The first search on the home page as a reader makes it, the bundle not started yet
+    (median of ``repeats`` fresh pages per case): from the first intent to the worker's
+    index built, and to the first result shown. The phone is a 390 px page with DevTools'
+    CPU throttling at 4x, which slows the page's main thread but not the search worker (a
+    phone's worker would take about 4x as long to build the index as here)."""
+    raw = (site / "search" / "search_index.json").read_bytes()
+    print(f"\nfirst search (home page, 'strength' typed at once, median of {repeats})")
+    print(f"  search index {len(raw) / 1e6:.2f} MB, {len(gzip.compress(raw, 6)) / 1e6:.2f} MB gzip")
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("  skipped: Playwright is not installed")
+        return
+    if not Path(chromium).exists():
+        print(f"  skipped: no Chromium at {chromium}")
+        return
+    handler = functools.partial(QuietHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    cases = [
+        ("desktop 1280 px, hover and click", 1280, 1),
+        ("phone 390 px (CPU 4x slower), tap", 390, 4),
+    ]
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--headless"])
+            for name, width, slowdown in cases:
+                runs = [_first_search(browser, url, width, slowdown) for _ in range(repeats)]
+                ready = statistics.median(r[0] for r in runs)
+                shown = statistics.median(r[1] for r in runs)
+                print(f"  {name:36s} index built {ready:5.0f} ms, first result {shown:5.0f} ms")
+            browser.close()
+    finally:
+        httpd.shutdown()
+
+
+def _first_search(browser, url: str, width: int, slowdown: float) -> tuple[float, float]:
+    """(ms to the search worker's READY, ms to the first result), from the reader's intent."""
+    phone = width < 600
+    context = browser.new_context(viewport={"width": width, "height": 844 if phone else 900},
+                                  is_mobile=phone, has_touch=phone)  # fmt: skip
+    page = context.new_page()
+    page.add_init_script(FIRST_SEARCH_PROBE)
+    page.goto(url)  # (nothing more loads before the reader acts)
+    if slowdown != 1:
+        context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": slowdown})
+    box = page.locator("input.md-search__input")
+    if phone:
+        page.locator("label.md-header__button[for=__search]").tap()
+    else:
+        box.hover()
+        box.click()
+    box.press_sequentially("strength")
+    page.wait_for_function("() => window.__search.shown != null", timeout=120_000)
+    t = page.evaluate("window.__search")
+    context.close()
+    return t["ready"] - t["intent"], t["shown"] - t["intent"]
+
+
 def prose_words() -> bool:
     """Words each page on a path shows by default and keeps collapsed, with its budget."""
     ok = True
@@ -210,6 +307,7 @@ def main() -> int:
                 print(
                     f"  {rel.as_posix():58s} {raw / 1024:7.1f} KiB raw {gz / 1024:7.1f} KiB gzip ({n} assets)"
                 )
+        first_search(site)
     trace = real_trace_time()
     if trace is not None:
         wall, cpu = trace

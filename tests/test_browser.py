@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import gzip
 import http.server
+import json
 import os
 import re
 import shutil
@@ -703,6 +704,43 @@ def test_search_index_waits_for_the_reader(server, browser):
     page.context.close()
 
 
+#: Notes, on the page, when the search worker has built its index (Material's READY message)
+SEARCH_READY_PROBE = """
+const NativeWorker = window.Worker;
+window.Worker = function (url, options) {
+  const worker = new NativeWorker(url, options);
+  worker.addEventListener('message', e => { if (e.data && e.data.type === 1) window.__searchReady = true; });
+  return worker;
+};
+"""
+
+
+def test_search_index_builds_while_the_bundle_loads(server, browser):
+    """Reaching for search starts the search worker, which fetches the index and builds its
+    lunr index without waiting for Material's bundle (still loading and starting then on a
+    reader's first interaction, a second on a phone); the bundle, once started, searches
+    with that worker and shows results, and the index is downloaded once."""
+    context = browser.new_context()
+    held = []  # the bundle's request, held until the index is built
+    context.route("**/assets/javascripts/bundle.*.min.js", lambda route: held.append(route))
+    page = context.new_page()
+    page.add_init_script(SEARCH_READY_PROBE)
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(urlparse(r.url).path))
+    page.goto(server + "/", wait_until="networkidle")
+    box = page.locator("input.md-search__input")
+    box.hover()  # starts the bundle (held) and, reaching for search, the search worker
+    page.wait_for_function("() => window.__searchReady === true", timeout=60_000)
+    assert len(held) == 1 and page.evaluate("() => !window.component$")
+    held[0].continue_()
+    box.click()
+    box.press_sequentially("strength", delay=20)
+    shown = page.wait_for_function(FIRST_RESULT_FOR, arg="strength", timeout=60_000)
+    assert shown.json_value() == SEARCH_FIRST["strength"]
+    assert sum(u.endswith("/search/search_index.json") for u in requested) == 1, requested
+    context.close()
+
+
 def test_search_finds_a_lab(server, browser):
     page, problems = visit(browser, server + "/")
     page.locator("input.md-search__input").click()
@@ -756,6 +794,48 @@ def test_search_lists_the_teaching_section_first(server, browser):
     page.context.close()
     assert first == SEARCH_FIRST
     assert listed and not [path for path in listed if path.startswith("/code/")], listed
+
+
+def test_search_finds_words_only_code_or_claims_had(server, browser, built_site):
+    """The search index's text holds no code blocks or verified-claims lists (the browser
+    indexes every word of it before the first results: infralens_docs.search_slim); a word
+    only they had is in the section's ``keywords``, which Material's worker searches too:
+    searching it lists that section."""
+    from infralens_docs.search_slim import FIELD
+
+    index = json.loads((built_site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    shown = " ".join(e["title"] + " " + e["text"] for e in index["docs"]).lower()
+    sections: dict[str, list[str]] = {}  # keyword -> the sections that have it
+    for entry in index["docs"]:
+        for word in entry.get(FIELD, "").split():
+            sections.setdefault(word, []).append(entry["location"])
+    # identifiers a reader might search, each in one section's keywords and no shown text
+    chosen = [
+        (word, places[0])
+        for word, places in sections.items()
+        if len(places) == 1 and re.fullmatch(r"[a-z][a-z0-9]*_[a-z0-9_]{3,}", word)
+        and word not in shown
+    ][:3]  # fmt: skip
+    assert len(chosen) == 3, chosen
+    page = browser.new_context().new_page()
+    page.goto(server + "/", wait_until="networkidle")
+    box = page.locator("input.md-search__input")
+    box.click()
+    listed = {}
+    for word, _ in chosen:
+        box.fill(word)
+        box.press("End")  # Material searches on a key's keyup
+        page.wait_for_function(FIRST_RESULT_FOR, arg=word, timeout=60_000)
+        links = page.locator(".md-search-result__item a").evaluate_all("e => e.map(a => a.href)")
+        listed[word] = {index_location(link) for link in links}
+    page.context.close()
+    assert all(location in listed[word] for word, location in chosen), (chosen, listed)
+
+
+def index_location(href: str) -> str:
+    """A search result's address as the search index's ``location`` ("labs/x/#anchor")."""
+    url = urlparse(href)
+    return url.path.lstrip("/") + (f"#{url.fragment}" if url.fragment else "")
 
 
 @pytest.mark.parametrize("key", ["/", "s"])

@@ -223,9 +223,12 @@ def test_search_index_tags_each_teaching_section(built_site):
     assert sum(len(words) for words in terms.values()) == sum(len(t) for t in tags.values())
 
 
-def test_search_terms_fail_on_a_section_the_site_lacks(tmp_path):
+def test_search_terms_fail_on_a_section_the_site_lacks(tmp_path, monkeypatch):
     """A term whose section is gone (a renamed heading) fails the build, by name."""
+    from infralens_docs import search_slim
     from infralens_docs.search_terms import SearchTermError, _location, tag_sections
+
+    monkeypatch.setattr(search_slim, "CACHE", tmp_path / "slim.json")
 
     pages = ("index.md", "labs/index.md#a", "handbook/memory.md#offload")
     assert [_location(t) for t in pages] == ["", "labs/#a", "handbook/memory/#offload"]
@@ -238,6 +241,76 @@ def test_search_terms_fail_on_a_section_the_site_lacks(tmp_path):
     (tmp_path / "search" / "search_index.json").write_text('{"docs": [{"location": ""}]}')
     with pytest.raises(SearchTermError, match="handbook/memory/#offload"):
         tag_sections(tmp_path)
+
+
+#: the search index's byte budget (issue 32 item 9): the browser's first search downloads it
+#: and builds its lunr index from it, which takes time in proportion (1.96 MB before
+#: infralens_docs.search_slim, 1.17 MB after)
+SEARCH_INDEX_BUDGET = 1_400_000
+
+
+def test_search_index_holds_no_code_blocks_or_claims_lists(built_site):
+    """The search index's text has no code blocks and no verified-claims lists (the
+    browser's first search indexes every word of it), and stays under its byte budget; the
+    words only those blocks had are still searchable, in ``keywords``."""
+    from infralens_docs.search_slim import CLAIMS_LEAD, FIELD
+
+    path = built_site / "search" / "search_index.json"
+    index = json.loads(path.read_text(encoding="utf-8"))
+    assert path.stat().st_size <= SEARCH_INDEX_BUDGET, path.stat().st_size
+    assert index["config"]["fields"][FIELD] == {"boost": 1.0}
+    texts = {entry["location"]: entry["text"] for entry in index["docs"]}
+    assert [loc for loc, text in texts.items() if "<pre>" in text] == []
+    leads = [loc for loc, text in texts.items() if f"<p>{CLAIMS_LEAD}" in text]
+    assert len(leads) > 10  # the claims' lead paragraph is kept ...
+    assert [loc for loc in leads if re.search(f"<p>{CLAIMS_LEAD}.*?</p> ?<ul>", texts[loc])] == []
+    keywords = " ".join(entry.get(FIELD, "") for entry in index["docs"]).split()
+    assert len(keywords) > 1000  # ... and the words only the lists or code blocks had
+
+
+def test_search_slim_keeps_every_word_a_query_reaches(tmp_path, monkeypatch):
+    """search_slim takes code blocks and claims lists out of a section's text, and keeps
+    in its ``keywords`` each of their words that the page has nowhere else (as a query's
+    prefix), without stop words or punctuation. A build whose index is the last one's
+    reads the result back."""
+    from infralens_docs import search_slim
+    from infralens_docs.search_slim import slim_cached, slim_index
+
+    lead = "<p>Each line is one test in <code>tests/verify/test_page_x.py</code>.</p>"
+    claims = "<ul> <li><code>cpu_offload_with_hook</code> moves the unet.</li> </ul>"
+    code = "<pre><code>@torch.compile\nPipe(guidance_scale=7.5) # prose\npipe(guidance_scale=7.5)</code></pre>"
+    data = {
+        "config": {"separator": r"[\s\-]+", "fields": {"title": {"boost": 1000.0}}},
+        "docs": [
+            {"location": "p/", "title": "P", "text": "<p>Intro on torch.compile.</p>"},
+            {
+                "location": "p/#a",
+                "title": "Guidance",
+                "text": f"<p>Prose.</p> {code} <p>After.</p>",
+            },
+            {"location": "p/#t", "title": "What the tests check", "text": f"{lead} {claims}"},
+            {"location": "q/", "title": "Q", "text": "<p>cpu_offload_with_hook elsewhere.</p>"},
+        ],
+    }
+    original = json.loads(json.dumps(data))
+    docs = {entry["location"]: entry for entry in slim_index(data)["docs"]}
+    assert docs["p/#a"]["text"] == "<p>Prose.</p> <p>After.</p>"
+    assert docs["p/#t"]["text"] == lead
+    # the intro's "torch.compile." is reached by any query "@torch.compile" reached, and the
+    # text keeps "prose"
+    assert docs["p/#a"]["keywords"] == "pipe(guidance_scale=7.5"
+    # another page's mention does not count: this page's claim is found on this page
+    assert docs["p/#t"]["keywords"] == "cpu_offload_with_hook moves unet"
+    assert "keywords" not in docs["p/"] and "keywords" not in docs["q/"]
+    assert data["config"]["fields"]["keywords"] == {"boost": 1.0}
+
+    monkeypatch.setattr(search_slim, "CACHE", tmp_path / "slim.json")
+    text = json.dumps(original)
+    assert slim_cached(text) == data  # slimmed, and kept
+    monkeypatch.setattr(search_slim, "slim_index", None)  # not called again ...
+    assert slim_cached(text) == data
+    with pytest.raises(TypeError):  # ... unless the index changed
+        slim_cached(text.replace("Prose", "Text"))
 
 
 def test_pages_have_descriptions(built_site):

@@ -11,7 +11,8 @@ are search keywords, given to the one section that teaches each term:
 - a page's own ``search_terms`` front matter (word -> ``#anchor`` on that page), for a
   topic's word that has no glossary entry (``offload`` on the memory page).
 
-:func:`tag_sections` runs after the search plugin has written ``search_index.json``.
+:func:`tag_sections` runs after the search plugin has written ``search_index.json``, and
+first takes code blocks and verified-claims lists out of its text (``search_slim``).
 
 The starters' notebook pages (``code/``: starters, exercises, checkers, lab 17's solution) are
 left out of the index (:func:`leave_out_starter` sets Material's ``search: exclude`` page
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from infralens_docs import search_slim
 from infralens_docs.registry import ROOT, read_front_matter
 
 DOCS = ROOT / "docs"
@@ -69,12 +71,14 @@ def section_terms(docs: Path = DOCS, directory_urls: bool = True) -> dict[str, l
 
 
 def tag_sections(site: Path, docs: Path = DOCS, directory_urls: bool = True) -> None:
-    """Give each teaching section its words as tags in ``site/search/search_index.json``;
-    fail on a term whose section is not in the index (a renamed heading)."""
+    """Give each teaching section its words as tags in ``site/search/search_index.json``
+    (slimmed first: :func:`infralens_docs.search_slim.slim_index`); fail on a term whose
+    section is not in the index (a renamed heading)."""
     index = site / "search" / "search_index.json"
     if not index.is_file():
         return
-    data = json.loads(index.read_text(encoding="utf-8"))
+    # first, code blocks and verified-claims lists out of the sections' text (search_slim)
+    data = search_slim.slim_cached(index.read_text(encoding="utf-8"))
     entries = {entry["location"]: entry for entry in data["docs"]}
     missing = []
     for location, words in section_terms(docs, directory_urls).items():
