@@ -1683,3 +1683,26 @@ def test_the_notebook_pages_cache_folder_folds_in_the_executor_and_the_export(
         copy.write_text(copy.read_text(encoding="utf-8") + "# an edit\n", encoding="utf-8")
         assert hooks.notebook_cache_key() != key, f"an edit to {copy.name} keeps the pages"
         key = hooks.notebook_cache_key()
+
+
+def test_a_notebook_pages_key_folds_in_its_starters_path(tmp_path):
+    """A notebook page names its starter's path (its figures' alt texts, ``clean_html``),
+    so its cache key (mkdocs-jupyter's, as ``notebooks`` wraps it) holds the path: a
+    byte-identical copy of a lab in a renamed folder gets another key."""
+    import collections
+    import shutil
+
+    from mkdocs_jupyter import plugin
+
+    from infralens_docs import notebooks
+
+    notebooks.configure()
+    assert "(code/lab-99-x/x.py)" in notebooks.clean_html(notebooks.NO_ALT, "code/lab-99-x/x.py")
+    lab = ROOT / "code" / "lab-05-vae-latent-space"
+    shutil.copytree(lab, tmp_path / "lab-99-renamed", ignore=shutil.ignore_patterns("__pycache__"))
+    options = collections.defaultdict(str)  # mkdocs-jupyter's options: the same for both
+    keys = {
+        plugin._compute_cache_key(str(folder / "vae_latents.py"), options, True)
+        for folder in (lab, tmp_path / "lab-99-renamed")
+    }
+    assert len(keys) == 2

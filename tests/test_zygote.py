@@ -187,7 +187,8 @@ def test_a_build_runs_most_starters_several_times_not_every_one():
     figures run; a figures run also serves the plain run of its arguments): counted on the
     jobs a build hands ``runner.prefetch`` (every page's run and figure directives, and each
     notebook page's default figures run). Not every starter: an exercise's checker and
-    blanks file (``page: false``) run in no build, or once."""
+    blanks file (``page: false``) run in no build, or once, and lab 17's
+    ``rebuild_diffusers.py`` (not runnable: its notebook page alone executes it) in none."""
     from mkdocs.structure.files import File, Files
 
     from infralens_docs import hooks
@@ -223,24 +224,30 @@ def test_a_build_runs_most_starters_several_times_not_every_one():
 
 
 def test_a_run_cache_key_folds_in_the_code_that_runs_it(tmp_path, monkeypatch):
-    """A cached run's key (``runner._key``) changes when the code that runs a starter
-    changes: ``runner.py`` (the environment, ``starter_env``) or ``zygote.py`` (the
-    process a build's run gets)."""
+    """A cached run's key (``runner._key``) changes with the code that runs a starter: an
+    edit to ``zygote.py`` (the process a build's run gets) from the next build on (within a
+    build its digest is taken once, as labkit's), and the ``runner`` module this process
+    loaded (the environment, ``starter_env``)."""
     from pathlib import Path
 
     from infralens_docs import runner
 
     starter = Path(runner.ROOT) / "code" / "lab-01-forward-noise-process" / "forward_noise.py"
-    for name in ("runner.py", "zygote.py"):
-        (tmp_path / name).write_bytes(Path(runner.__file__).with_name(name).read_bytes())
+    (tmp_path / "zygote.py").write_bytes(Path(runner.__file__).with_name("zygote.py").read_bytes())
     monkeypatch.setattr(runner, "__file__", str(tmp_path / "runner.py"))
-    keys = []
-    for name in ("runner.py", "zygote.py"):
-        runner._runner_digest.cache_clear()
-        keys.append(runner._key("c", starter))
-        with (tmp_path / name).open("a", encoding="utf-8") as f:
+    runner.begin_build()
+    try:
+        before = runner._key("c", starter)
+        with (tmp_path / "zygote.py").open("a", encoding="utf-8") as f:
             f.write("# an edit\n")
-    runner._runner_digest.cache_clear()
-    keys.append(runner._key("c", starter))
-    runner._runner_digest.cache_clear()
-    assert len(set(keys)) == 3, keys
+        assert runner._key("c", starter) == before  # the same build: the digest it took
+    finally:
+        runner.close_zygotes()
+    runner.begin_build()
+    try:
+        after = runner._key("c", starter)  # the next build
+    finally:
+        runner.close_zygotes()
+    assert after != before
+    monkeypatch.setattr(runner, "_THIS_MODULE", "another runner")
+    assert runner._key("c", starter) not in (before, after)

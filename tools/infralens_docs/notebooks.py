@@ -46,7 +46,7 @@ from infralens_docs.registry import ROOT
 
 def _key_on_the_files_beside() -> None:
     """Wrap ``mkdocs_jupyter.plugin._compute_cache_key`` (the plugin and :func:`prebuild`
-    look it up at each call) to hash the files beside the notebook's starter too."""
+    look it up at each call) to hash the starter's path and the files beside it too."""
     from mkdocs_jupyter import plugin
 
     from infralens_docs.runner import beside
@@ -54,7 +54,10 @@ def _key_on_the_files_beside() -> None:
     original = plugin._compute_cache_key
 
     def key(nb_path, config, exec_nb):
-        parts = [original(nb_path, config, exec_nb), *beside(Path(nb_path))]
+        path = Path(nb_path).resolve()
+        # the page names its starter's path (its figures' alt texts): a moved starter too
+        where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+        parts = [original(nb_path, config, exec_nb), where, *beside(path)]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     plugin._compute_cache_key = key

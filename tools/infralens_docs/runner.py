@@ -5,7 +5,9 @@ and returns what the terminal would show. Results are cached under
 ``.cache/infralens-run/`` keyed on the starter and the files beside it that it may
 read, the labkit sources, the arguments, the code that runs it (this module and
 ``zygote.py``) and the Python and NumPy versions, so a warm rebuild does not rerun
-anything and an edit to any of them does.
+anything and an edit to any of them does (to ``zygote.py`` from the next build on; to
+this module, from the next process on, as ``mkdocs serve`` keeps running the module it
+loaded).
 """
 
 from __future__ import annotations
@@ -145,12 +147,22 @@ def _key(command: str, source: Path, extra: str = "") -> str:
     return hashlib.sha256(json.dumps([*parts, _numpy_version(), extra]).encode()).hexdigest()
 
 
-@functools.cache
 def _runner_digest() -> str:
-    """This module and the zygote (the environment and the process a run gets), hashed
-    once per process: an edit to either reruns every starter."""
-    zygote = Path(__file__).with_name("zygote.py")
-    return hashlib.sha256(Path(__file__).read_bytes() + zygote.read_bytes()).hexdigest()
+    """The code a run goes through, hashed: the zygote's file (each build starts its zygotes
+    afresh from it: taken once per build, as labkit's digest) and this module's (the
+    environment; the one loaded in this process, so taken once per process)."""
+    if _IN_BUILD:
+        if "zygote" not in _BUILD_DIGEST:
+            _BUILD_DIGEST["zygote"] = _zygote_digest()
+        return _BUILD_DIGEST["zygote"] + _THIS_MODULE
+    return _zygote_digest() + _THIS_MODULE
+
+
+def _zygote_digest() -> str:
+    return hashlib.sha256(Path(__file__).with_name("zygote.py").read_bytes()).hexdigest()
+
+
+_THIS_MODULE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def _own_sources(source: Path) -> str:
