@@ -1564,7 +1564,8 @@ def test_the_notebook_pages_cache_folder_folds_in_python_numpy_and_the_converter
     nbformat, nbconvert, mistune, Pygments, Jinja2, BeautifulSoup, mkdocs-jupyter; README's
     "Warm builds" names exactly these): an upgrade of any of them runs and converts the
     notebooks again (``hooks.notebook_cache_key``, the folder ``on_config`` gives
-    mkdocs-jupyter)."""
+    mkdocs-jupyter), with the new versions in a new build process (``mkdocs serve`` keeps
+    the modules it imported)."""
     import sys
 
     from infralens_docs import hooks, serving
@@ -1688,7 +1689,8 @@ def test_the_notebook_pages_cache_folder_folds_in_the_executor_and_the_export(
 def test_a_notebook_pages_key_folds_in_its_starters_path(tmp_path):
     """A notebook page names its starter's path (its figures' alt texts, ``clean_html``),
     so its cache key (mkdocs-jupyter's, as ``notebooks`` wraps it) holds the path: a
-    byte-identical copy of a lab in a renamed folder gets another key."""
+    byte-identical copy of a lab in a renamed folder (here outside the repository, so its
+    absolute path) gets another key."""
     import collections
     import shutil
 

@@ -218,7 +218,9 @@ def notebook_cache_key() -> str:
     """The folder of mkdocs-jupyter's cache. mkdocs-jupyter keys its cache on the notebook
     file and its options alone; the starters import labkit and run on this Python, the
     packages of :data:`NOTEBOOK_PACKAGES` make the page, and :data:`NOTEBOOK_SOURCES` run
-    and export it, so fold them into the cache location too (as runner's run keys do)."""
+    and export it, so fold them into the cache location too: their files and installed
+    versions as read now, at each build, while ``mkdocs serve`` exports with the modules it
+    imported (README: restart it with ``.cache/`` cleared after changing one)."""
     sources = NOTEBOOK_SOURCES
     versions = "".join(f"{name} {serving._version(name)}\0" for name in NOTEBOOK_PACKAGES)
     key = labkit_digest() + f"{sys.version}\0" + versions

@@ -103,10 +103,10 @@ def configure() -> None:
       exported page is cleaned for the site (:func:`clean_html`) before mkdocs-jupyter
       caches it.
     - Stable cell ids (:func:`read_starter`), so two clean builds give byte-identical pages.
-    - A page's cache key folds in the files beside its starter that a run may read
-      (``runner.beside``): mkdocs-jupyter keys on the notebook file alone, so an edit to a
-      file beside a starter that its run reads left its page as it was
-      (``_key_on_the_files_beside``).
+    - A page's cache key folds in its starter's path and the files beside it that a run may
+      read (``runner.beside``): mkdocs-jupyter keys on the notebook's bytes and its options
+      alone, so a moved starter, or an edit to a file beside it that its run reads, left its
+      page as it was (``_key_on_the_files_beside``).
     """
     from mkdocs_jupyter import convert, nbconvert2
     from nbconvert.exporters.templateexporter import TemplateExporter

@@ -6,8 +6,8 @@ and returns what the terminal would show. Results are cached under
 read, the labkit sources, the arguments, the code that runs it (this module and
 ``zygote.py``) and the Python and NumPy versions, so a warm rebuild does not rerun
 anything and an edit to any of them does (to ``zygote.py`` from the next build on; to
-this module, from the next process on, as ``mkdocs serve`` keeps running the module it
-loaded).
+this module and NumPy's version, from the next process on: ``mkdocs serve`` keeps the
+module it loaded and the version it read, ``_numpy_version``).
 """
 
 from __future__ import annotations
