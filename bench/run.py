@@ -200,7 +200,7 @@ def first_search(site: Path, repeats: int = 3) -> None:
     url = f"http://127.0.0.1:{httpd.server_address[1]}/"
     cases = [
         ("desktop 1280 px, hover and click", 1280, 1),
-        ("phone 390 px (CPU 4x slower), tap", 390, 4),
+        ("390 px, main thread 4x slower, tap", 390, 4),
     ]
     try:
         with sync_playwright() as p:

@@ -717,8 +717,8 @@ window.Worker = function (url, options) {
 
 def test_search_index_builds_while_the_bundle_loads(server, browser):
     """Reaching for search starts the search worker, which fetches the index and builds its
-    lunr index without waiting for Material's bundle (still loading and starting then on a
-    reader's first interaction, a second on a phone); the bundle, once started, searches
+    lunr index without waiting for Material's bundle (still loading and starting then, on a
+    reader's first interaction); the bundle, once started, searches
     with that worker and shows results, and the index is downloaded once."""
     context = browser.new_context()
     held = []  # the bundle's request, held until the index is built

@@ -251,8 +251,8 @@ SEARCH_INDEX_BUDGET = 1_400_000
 
 def test_search_index_holds_no_code_blocks_or_claims_lists(built_site):
     """The search index's text has no code blocks and no verified-claims lists (the
-    browser's first search indexes every word of it), and stays under its byte budget; the
-    words only those blocks had are still searchable, in ``keywords``."""
+    browser's first search indexes every word of it), and stays under its byte budget; of
+    the words only those blocks had, those with a letter a-z are kept, in ``keywords``."""
     from infralens_docs.search_slim import CLAIMS_LEAD, FIELD
 
     path = built_site / "search" / "search_index.json"
@@ -268,17 +268,21 @@ def test_search_index_holds_no_code_blocks_or_claims_lists(built_site):
     assert len(keywords) > 1000  # ... and the words only the lists or code blocks had
 
 
-def test_search_slim_keeps_every_word_a_query_reaches(tmp_path, monkeypatch):
+def test_search_slim_keeps_each_lettered_word_the_page_lacks(tmp_path, monkeypatch):
     """search_slim takes code blocks and claims lists out of a section's text, and keeps
-    in its ``keywords`` each of their words that the page has nowhere else (as a query's
-    prefix), without stop words or punctuation. A build whose index is the last one's
-    reads the result back."""
+    in its ``keywords`` each of their words with a letter a-z that begins no word of the
+    rest of the page, without stop words or the punctuation at a word's ends; a number
+    only a code block had is not kept. A build whose index is the last one's reads the
+    result back."""
     from infralens_docs import search_slim
     from infralens_docs.search_slim import slim_cached, slim_index
 
     lead = "<p>Each line is one test in <code>tests/verify/test_page_x.py</code>.</p>"
     claims = "<ul> <li><code>cpu_offload_with_hook</code> moves the unet.</li> </ul>"
-    code = "<pre><code>@torch.compile\nPipe(guidance_scale=7.5) # prose\npipe(guidance_scale=7.5)</code></pre>"
+    code = (
+        "<pre><code>@torch.compile\nPipe(guidance_scale=7.5) # prose\n"
+        "pipe(guidance_scale=7.5) * 0.18215</code></pre>"
+    )
     data = {
         "config": {"separator": r"[\s\-]+", "fields": {"title": {"boost": 1000.0}}},
         "docs": [
@@ -296,8 +300,8 @@ def test_search_slim_keeps_every_word_a_query_reaches(tmp_path, monkeypatch):
     docs = {entry["location"]: entry for entry in slim_index(data)["docs"]}
     assert docs["p/#a"]["text"] == "<p>Prose.</p> <p>After.</p>"
     assert docs["p/#t"]["text"] == lead
-    # the intro's "torch.compile." is reached by any query "@torch.compile" reached, and the
-    # text keeps "prose"
+    # "torch.compile" begins the intro's "torch.compile." (an unquoted query is a prefix), the
+    # text keeps "prose", and "0.18215" has no letter: none of them is kept
     assert docs["p/#a"]["keywords"] == "pipe(guidance_scale=7.5"
     # another page's mention does not count: this page's claim is found on this page
     assert docs["p/#t"]["keywords"] == "cpu_offload_with_hook moves unet"

@@ -8,7 +8,7 @@
 //
 // At that intent it also starts them itself, without waiting for the bundle, which may
 // still be loading and starting (bundle_on_interaction.js starts it on the same first
-// interaction; on a phone that holds the main thread for a second): it starts the search
+// interaction, and holds the main thread while it starts): it starts the search
 // worker, which fetches the index and builds its lunr index (most of the time to the
 // first results) meanwhile. The worker the bundle then asks for is that one, and the
 // bundle's own request for the index is answered with the index's configuration alone

@@ -1,25 +1,30 @@
 """The search index without the text no reader searches for, so the first search is sooner.
 
-Material's search worker builds its lunr index in the reader's browser on the first search,
-and that build was most of the time to the first results: 1.0-1.4 s of the 1.5-1.8 s from
-reaching for search to the first result on a desktop in headless Chromium (issue 32 item
-9), and about four times as long on a phone's CPU. Its cost follows the number of words
-indexed (1.96 MB of index, 246,000 tokens). Two kinds of block held over a third of them
-and are not what a reader's search is for:
+Material's search worker builds its lunr index in the reader's browser before the first
+results, and that build was most of the time to them (headless Chromium on a shared, loaded
+2-core machine: the time to the worker's READY was 2.2-2.4 s of the 2.3-2.6 s to the first
+result, at load 3-4; issue 32 item 9). Its cost follows the number of words indexed (1.97
+MB of index, 246,000 tokens). Two kinds of block held 46% of them and are not what a
+reader's search is for:
 
 - code blocks and program output (``<pre>``): the starters' code, its argument parsing,
   local variables and printed tables (21% of the words);
-- the verified-claims lists under "What the tests check" (``directives.verified_claims``):
-  the page's claims once more, one line per test (15%).
+- the verified-claims lists (``directives.verified_claims``, under "What the tests check"
+  and in the lab guides' "The code, explained"): the page's claims once more, one line per
+  test (25%).
 
-:func:`slim_index` takes both out of the sections' ``text`` (what a result shows) and keeps
-every word of theirs that the rest of the page does not already have (an API name only a
-claim or a code block mentions, ``cpu_offload_with_hook``) in a field of the same section,
-``keywords``, searched like the text and never shown. A search that found a page before
-still finds it; a word the page's prose also has now lists the prose first, and a
-result's teaser is prose rather than a code block. Words a query cannot reach are not kept:
-stop words (Material's pipeline drops them) and tokens without a letter. The index is then
-1.17 MB (0.35 MB gzip, from 0.54), 145,000 tokens, and the worker's build ~30% shorter.
+:func:`slim_index` takes both out of the sections' ``text`` (what a result shows) and keeps,
+in a field of the same section, ``keywords`` (searched like the text, never shown), each of
+their words that has a letter a-z, is not a stop word (Material's pipeline drops those) and
+begins no word of the rest of the page's titles and text (an API name only a claim or a
+code block mentions, ``cpu_offload_with_hook``). Material searches an unquoted term as a
+prefix, so such a query that found a page before still finds it (unless the only
+word it begins there is a stop word, which is not indexed). Not kept, so no longer
+found on that page: a number or other token without a letter a-z (``0.18215`` only a code
+block had), a quoted (exact) term that only a longer word of the page begins with, and a
+query that keeps a block's punctuation at its ends. A word the page's prose also has now
+lists the prose first, and a result's teaser is prose rather than a code block. The index
+is then 1.17 MB (0.35 MB gzip, from 0.54) and 145,000 tokens.
 
 :func:`infralens_docs.search_terms.tag_sections` applies :func:`slim_index` when it rewrites
 ``site/search/search_index.json`` after Material's search plugin has written it
@@ -76,7 +81,7 @@ def _word_char(char: str) -> bool:
 
 def _covered(token: str, kept: list[str]) -> bool:
     """Whether a query that finds ``token`` finds one of the (sorted) ``kept`` tokens too:
-    Material searches every query term as a prefix."""
+    Material searches every unquoted query term as a prefix (a quoted one exactly)."""
     i = bisect.bisect_left(kept, token)
     return i < len(kept) and kept[i].startswith(token)
 
