@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -128,24 +130,28 @@ def test_notebook_cells_run_as_in_a_jupyter_kernel(tmp_path):
     a notebook the outputs a real Jupyter kernel gives it through nbclient: streams, both
     kinds of display, a cell's last value (not after ";"), blank cells skipped, and what
     ``labkit.cli.in_notebook`` and a starter's ``__name__`` see."""
-    from nbclient import NotebookClient
+    import nbformat
 
     from infralens_docs import notebooks
     from infralens_docs.runner import close_zygotes, execute_cells
     from infralens_docs.runner import starter_env as env
 
     kernel_nb, ours = _notebook(NOTEBOOK_CELLS), _notebook(NOTEBOOK_CELLS)
-    import os
-
-    old = dict(os.environ)
-    os.environ.update(env())  # the kernel gets the starters' environment too
-    try:
-        NotebookClient(
-            kernel_nb, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-        ).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    # the kernel in a process of its own, with the starters' environment: looking up
+    # Jupyter's kernel imports ipykernel, and a test process that has it thinks every
+    # starter it runs later is inside a notebook (labkit.cli.in_notebook)
+    script = (
+        "import sys, nbformat; from nbclient import NotebookClient\n"
+        "nb = nbformat.reads(sys.stdin.read(), as_version=4)\n"
+        f"NotebookClient(nb, kernel_name='python3', resources={{'metadata': {{'path': {str(tmp_path)!r}}}}}).execute()\n"
+        "sys.stdout.write(nbformat.writes(nb))\n"
+    )
+    kernel = subprocess.run(
+        [sys.executable, "-c", script], input=nbformat.writes(kernel_nb), env=env(),
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert kernel.returncode == 0, kernel.stderr
+    kernel_nb = nbformat.reads(kernel.stdout, as_version=4)
     try:
         result = execute_cells(notebooks.code_cells(ours), str(tmp_path))
     finally:
