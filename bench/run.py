@@ -180,8 +180,7 @@ def first_search(site: Path, repeats: int = 3) -> None:
     """The first search on the home page as a reader makes it, the bundle not started yet
     (median of ``repeats`` fresh pages per case): from the first intent to the worker's
     index built, and to the first result shown. The phone is a 390 px page with DevTools'
-    CPU throttling at 4x, which slows the page's main thread but not the search worker (a
-    phone's worker would take about 4x as long to build the index as here)."""
+    CPU throttling at 4x, which slows the page's main thread but not the search worker."""
     raw = (site / "search" / "search_index.json").read_bytes()
     print(f"\nfirst search (home page, 'strength' typed at once, median of {repeats})")
     print(f"  search index {len(raw) / 1e6:.2f} MB, {len(gzip.compress(raw, 6)) / 1e6:.2f} MB gzip")

@@ -799,8 +799,9 @@ def test_search_lists_the_teaching_section_first(server, browser):
 def test_search_finds_words_only_code_or_claims_had(server, browser, built_site):
     """The search index's text holds no code blocks or verified-claims lists (the browser
     indexes every word of it before the first results: infralens_docs.search_slim); a word
-    only they had is in the section's ``keywords``, which Material's worker searches too:
-    searching it lists that section."""
+    with a letter a-z that only they had and that begins no word of the page's shown text is
+    in the section's ``keywords``, which Material's worker searches too: searching it lists
+    that section."""
     from infralens_docs.search_slim import FIELD
 
     index = json.loads((built_site / "search" / "search_index.json").read_text(encoding="utf-8"))

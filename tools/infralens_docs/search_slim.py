@@ -2,16 +2,16 @@
 
 Material's search worker builds its lunr index in the reader's browser before the first
 results, and that build was most of the time to them (headless Chromium on a shared, loaded
-2-core machine: the time to the worker's READY was 2.2-2.4 s of the 2.3-2.6 s to the first
-result, at load 3-4; issue 32 item 9). Its cost follows the number of words indexed (1.97
-MB of index, 246,000 tokens). Two kinds of block held 46% of them and are not what a
-reader's search is for:
+2-core machine: the time to the worker's READY, index fetched and built, was 2.2-2.4 s of
+the 2.3-2.6 s to the first result, at load 3.4-4.2; issue 32 item 9). Its cost follows the
+number of words indexed (1.97 MB of index, 248,000 tokens). Two kinds of block held 46%
+of them and are not what a reader's search is for:
 
 - code blocks and program output (``<pre>``): the starters' code, its argument parsing,
   local variables and printed tables (21% of the words);
-- the verified-claims lists (``directives.verified_claims``, under "What the tests check"
-  and in the lab guides' "The code, explained"): the page's claims once more, one line per
-  test (25%).
+- the verified-claims lists (``directives.verified_claims``, most under "What the tests
+  check" and in the lab guides' "The code, explained"): the page's claims once more, one
+  line per test (25%).
 
 :func:`slim_index` takes both out of the sections' ``text`` (what a result shows) and keeps,
 in a field of the same section, ``keywords`` (searched like the text, never shown), each of
