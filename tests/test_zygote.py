@@ -257,3 +257,26 @@ def test_a_run_cache_key_folds_in_the_code_that_runs_it(tmp_path, monkeypatch):
     assert after != before
     monkeypatch.setattr(runner, "_THIS_MODULE", "another runner")
     assert runner._key("c", starter) not in (before, after)
+
+
+def test_a_notebook_runs_the_same_without_fork(tmp_path):
+    """Where the OS cannot fork, ``python -m infralens_docs.zygote --notebook-once`` runs
+    one notebook in its own interpreter: the same outputs as a notebook zygote's child."""
+    import json
+
+    from infralens_docs.runner import Zygote, starter_env
+
+    cells = ["import labkit.cli\nprint(labkit.cli.in_notebook())", "x = 2\nx * 3", "print('é')"]
+    zygote = Zygote(notebook=True)
+    try:
+        forked = json.loads(zygote.run_cells(cells, str(tmp_path)).stdout)
+    finally:
+        zygote.close()
+    once = subprocess.run(
+        [sys.executable, "-m", "infralens_docs.zygote", "--notebook-once"],
+        input=json.dumps({"cells": cells, "cwd": str(tmp_path)}) + "\n",
+        env=starter_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert once.returncode == 0, once.stderr
+    assert json.loads(once.stdout) == forked
+    assert forked["outputs"][0] == [{"output_type": "stream", "name": "stdout", "text": "True\n"}]
