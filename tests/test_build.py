@@ -1596,9 +1596,9 @@ def test_the_notebook_pages_cache_folder_folds_in_python_numpy_and_the_converter
 def test_notebook_export_matches_nbconverts(tmp_path, monkeypatch):
     """The notebook pages' export (``notebooks._export_with_a_small_soup``: the ``<pre>``
     blocks held out of BeautifulSoup's parse) gives the page nbconvert's own
-    ``HTMLExporter.from_notebook_node`` gives, byte for byte: for a starter (quotes and
-    entities in its highlighted code, figures in its outputs) and for text outputs with
-    ANSI colours, markup characters and quotes."""
+    ``HTMLExporter.from_notebook_node`` gives, byte for byte (as ``clean_html`` leaves
+    both): for a starter (quotes and entities in its highlighted code, figures in its
+    outputs) and for text outputs with ANSI colours, markup characters and quotes."""
     from mkdocs_jupyter import convert
     from nbconvert.exporters.html import HTMLExporter
 

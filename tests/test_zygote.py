@@ -259,24 +259,72 @@ def test_a_run_cache_key_folds_in_the_code_that_runs_it(tmp_path, monkeypatch):
     assert runner._key("c", starter) not in (before, after)
 
 
-def test_a_notebook_runs_the_same_without_fork(tmp_path):
+def test_a_notebook_runs_the_same_without_fork(tmp_path, monkeypatch):
     """Where the OS cannot fork, ``python -m infralens_docs.zygote --notebook-once`` runs
     one notebook in its own interpreter: the same outputs as a notebook zygote's child."""
     import json
+    import os
 
-    from infralens_docs.runner import Zygote, starter_env
+    from infralens_docs import runner
 
     cells = ["import labkit.cli\nprint(labkit.cli.in_notebook())", "x = 2\nx * 3", "print('é')"]
-    zygote = Zygote(notebook=True)
+    zygote = runner.Zygote(notebook=True)
     try:
         forked = json.loads(zygote.run_cells(cells, str(tmp_path)).stdout)
     finally:
         zygote.close()
-    once = subprocess.run(
-        [sys.executable, "-m", "infralens_docs.zygote", "--notebook-once"],
-        input=json.dumps({"cells": cells, "cwd": str(tmp_path)}) + "\n",
-        env=starter_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    commands, run = [], subprocess.run
+
+    def spy(command, *args, **kwargs):
+        commands.append(command)
+        return run(command, *args, **kwargs)
+
+    monkeypatch.delattr(os, "fork")  # the build's path on an OS without fork
+    monkeypatch.setattr(runner.subprocess, "run", spy)
+    once = runner.execute_cells(cells, tmp_path)
+    assert commands == [[sys.executable, "-m", "infralens_docs.zygote", "--notebook-once"]]
     assert once.returncode == 0, once.stderr
     assert json.loads(once.stdout) == forked
     assert forked["outputs"][0] == [{"output_type": "stream", "name": "stdout", "text": "True\n"}]
+
+
+def test_a_runs_key_follows_numpy_from_the_next_process_on(tmp_path, monkeypatch):
+    """The starter outputs are cached on the NumPy version too, from the next process on:
+    a run's key (``runner._key``) in a process that finds another NumPy installed differs,
+    while one process (``mkdocs serve``, a build after another) keeps the version it read."""
+    import os
+    from pathlib import Path
+
+    from infralens_docs import runner
+
+    starter = Path(runner.ROOT) / "code" / "lab-01-forward-noise-process" / "forward_noise.py"
+    fake = tmp_path / "numpy-99.0.dist-info"  # what an upgrade leaves: another version's metadata
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 99.0\n")
+    script = (
+        "from pathlib import Path; from infralens_docs import runner\n"
+        f"print(runner._key('c', Path({str(starter)!r})))\n"
+    )
+
+    def key_in_a_new_process(*first: str) -> str:
+        path = os.pathsep.join([*first, *filter(None, [os.environ.get("PYTHONPATH")])])
+        env = {**os.environ, "PYTHONPATH": path}
+        proc = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    runner.begin_build()
+    try:
+        before = runner._key("c", starter)
+    finally:
+        runner.close_zygotes()
+    monkeypatch.syspath_prepend(str(tmp_path))  # the upgrade, seen by importlib.metadata
+    runner.begin_build()
+    try:
+        assert runner._key("c", starter) == before  # the next build of this process
+    finally:
+        runner.close_zygotes()
+    assert key_in_a_new_process() == before
+    assert key_in_a_new_process(str(tmp_path)) != before

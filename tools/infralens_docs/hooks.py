@@ -583,7 +583,7 @@ def _svg_key(svg: str) -> str:
     """The same SVG as IPython's ``SVG`` display object re-serialises it (minidom). Parsing
     each figure twice a build was ~0.25 s of a warm one: the keys are kept from one build
     to the next (``.cache/svg-keys.json``, keyed on the SVG's text, rewritten with the ones
-    a build used)."""
+    a build used; under ``mkdocs serve``, added to the kept ones)."""
     from xml.dom import minidom
 
     if not _SVG_KEYS["loaded"]:
