@@ -797,11 +797,10 @@ def test_search_lists_the_teaching_section_first(server, browser):
 
 
 def test_search_finds_words_only_code_or_claims_had(server, browser, built_site):
-    """The search index's text holds no code blocks or verified-claims lists (the browser
-    indexes every word of it before the first results: infralens_docs.search_slim); a word
-    with a letter a-z that only they had and that begins no word of the page's shown text is
-    in the section's ``keywords``, which Material's worker searches too: searching it lists
-    that section."""
+    """With code blocks and verified-claims lists out of the search index's text
+    (infralens_docs.search_slim; test_build checks that), a word with a letter a-z that only
+    they had and that begins no word of the page's shown text is in the section's
+    ``keywords``, which Material's worker searches too: searching it lists that section."""
     from infralens_docs.search_slim import FIELD
 
     index = json.loads((built_site / "search" / "search_index.json").read_text(encoding="utf-8"))

@@ -1,7 +1,7 @@
 // Search on demand (and search from the file system). Inlined by hooks.on_post_page.
 //
 // Material's bundle starts its search worker and downloads search/search_index.json
-// (the whole site's text) on every page load, before anyone searches. This script
+// (the site's searchable text) on every page load, before anyone searches. This script
 // holds both back until the reader shows intent to search: focus on the search field,
 // a pointer over or a tap on the search button, or a search shortcut key. Material's
 // own search UI, suggestions, highlighting and section anchors are untouched.
