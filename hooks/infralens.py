@@ -3,6 +3,7 @@
 from infralens_docs.hooks import (
     on_build_error,
     on_config,
+    on_env,
     on_files,
     on_nav,
     on_page_content,
@@ -18,6 +19,7 @@ from infralens_docs.hooks import (
 __all__ = [
     "on_build_error",
     "on_config",
+    "on_env",
     "on_files",
     "on_nav",
     "on_page_content",
