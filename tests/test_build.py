@@ -1712,3 +1712,35 @@ def test_a_notebook_pages_key_folds_in_its_starters_path(tmp_path):
         for folder in (lab, tmp_path / "lab-99-renamed")
     }
     assert len(keys) == 2
+
+
+def test_pages_that_sum_up_every_run_render_last_and_are_written_in_order():
+    """The pages whose directives sum up every page's runs (hooks.SUMMARY_DIRECTIVES: the
+    home page's reading paths) render after the others (hooks._render_summaries_last, at
+    the end of on_nav), and on_env, which MkDocs calls once every page has rendered, puts
+    the files back in their order, in which MkDocs writes the pages, lists them in the
+    sitemap and Material indexes them for search."""
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import get_files
+
+    from infralens_docs import hooks
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    files = get_files(config)
+    before = list(files)
+    pages = [f.src_uri for f in files.documentation_pages()]
+    hooks._render_summaries_last(files)
+    rendered = [f.src_uri for f in files.documentation_pages()]
+    summing = []
+    for uri in pages:
+        source = ROOT / "docs" / uri
+        if uri.endswith(".md") and source.is_file():
+            names = {
+                m.group("name") for m in hooks.DIRECTIVE_RE.finditer(source.read_text("utf-8"))
+            }
+            if names & set(hooks.SUMMARY_DIRECTIVES):
+                summing.append(uri)
+    assert "index.md" in summing
+    assert rendered == [uri for uri in pages if uri not in summing] + summing
+    assert hooks.on_env("env", config, files) == "env"
+    assert list(files) == before
