@@ -328,3 +328,30 @@ def test_a_runs_key_follows_numpy_from_the_next_process_on(tmp_path, monkeypatch
         runner.close_zygotes()
     assert key_in_a_new_process() == before
     assert key_in_a_new_process(str(tmp_path)) != before
+
+
+def test_a_labkit_module_that_fails_to_import_fails_only_the_run_that_imports_it(
+    tmp_path, monkeypatch
+):
+    """The zygote imports every labkit module before it serves (zygote._preload); one that
+    fails to import there (a reader's broken edit) is left out, so the run that imports it
+    fails as a fresh interpreter's does, and the runs that do not import it still run."""
+    package = tmp_path / "lib" / "labkit"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "good.py").write_text("VALUE = 1\n", encoding="utf-8")
+    (package / "broken.py").write_text("def f(:\n", encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "lib"))  # before the installed labkit
+    uses_broken, uses_good = tmp_path / "broken_user.py", tmp_path / "good_user.py"
+    uses_broken.write_text("import labkit.broken\n", encoding="utf-8")
+    uses_good.write_text("import labkit, labkit.good\nprint(labkit.__file__)\n", encoding="utf-8")
+    z = Zygote()
+    try:
+        good, broken = z.run(uses_good, []), z.run(uses_broken, [])
+    finally:
+        z.close()
+    assert (good.returncode, good.stdout) == (0, f"{package / '__init__.py'}\n")
+    fresh = _execute(uses_broken, [])
+    assert broken.returncode == fresh.returncode == 1
+    assert broken.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1]
+    assert "SyntaxError" in fresh.stderr.splitlines()[-1]
