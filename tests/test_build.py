@@ -1266,9 +1266,10 @@ def test_every_in_page_anchor_has_its_target(built_site):
 
 
 def test_search_parse_cache_gives_materials_sections(tmp_path, monkeypatch):
-    """Material's search sections for a page are the same whether its parser runs or the
-    parse comes back from the cache (infralens_docs.search_cache), and a changed page is
-    parsed again rather than served stale."""
+    """Material's search sections for a page are the same whether its parser runs (on the
+    page with its code blocks' token spans taken out, as a build feeds it) or the parse
+    comes back from the cache (infralens_docs.search_cache), and a changed page is parsed
+    again rather than served stale."""
     from material.plugins.search import plugin
 
     from infralens_docs import search_cache
@@ -1277,7 +1278,8 @@ def test_search_parse_cache_gives_materials_sections(tmp_path, monkeypatch):
     monkeypatch.setattr(search_cache, "CACHE", tmp_path)
     html = (
         '<h1 id="a">Title <code>x</code></h1><p>Some <em>text</em>.</p>'
-        '<h2 id="b">Next</h2><div class="highlight"><pre><span>code</span></pre></div>'
+        '<h2 id="b">Next</h2><div class="highlight"><pre><span>code</span>\n<span>  </span>'
+        '<span class="k">more</span></pre></div>'
         '<h2 id="c" data-search-exclude>Hidden</h2><p>gone</p>'
     )
 
@@ -1291,15 +1293,58 @@ def test_search_parse_cache_gives_materials_sections(tmp_path, monkeypatch):
         search_cache.install()
         cached = plugin.Parser
         assert cached is not original and cached.__mro__[1] is original
-        expected = sections(original, html)
+        expected = sections(original, search_cache._without_token_spans(html))
         assert sections(cached, html) == expected  # parsed, then stored
         assert len(list(tmp_path.glob("*.pickle"))) == 1
         assert sections(cached, html) == expected  # loaded
         changed = html.replace("Next", "Later")
-        assert sections(cached, changed) == sections(original, changed)
+        assert sections(cached, changed) == sections(
+            original, search_cache._without_token_spans(changed)
+        )
         assert len(list(tmp_path.glob("*.pickle"))) == 2
     finally:
         plugin.Parser = original
+
+
+def test_search_parse_without_token_spans_gives_the_same_index(built_site):
+    """Material's parser fed a page with the token spans inside its ``<pre>`` blocks taken
+    out (search_cache._without_token_spans, what a build feeds it) gives the sections'
+    titles and their text outside ``<pre>`` as on the page as built, and, once
+    search_slim has taken the ``<pre>`` blocks out, the same index entries: checked on
+    the six built pages with the most token spans."""
+    from material.plugins.search.plugin import Parser
+
+    from infralens_docs.search_cache import _without_token_spans
+    from infralens_docs.search_slim import PRE_RE, slim_index
+
+    config = json.loads((built_site / "search" / "search_index.json").read_text("utf-8"))["config"]
+    articles = {}
+    for page in built_site.rglob("index.html"):
+        if page.relative_to(built_site).parts[0] == "code":
+            continue  # the starters' notebook pages are not indexed
+        text = page.read_text(encoding="utf-8")
+        start = text.find('<article class="md-content__inner md-typeset">')
+        end = text.rfind("</article>")
+        if start >= 0 < end:
+            articles[page.parent.name] = text[text.index(">", start) + 1 : end]
+    largest = sorted(articles, key=lambda name: -articles[name].count("<span"))[:6]
+    assert all(articles[name].count("<span") > 1000 for name in largest), largest
+
+    def index(html: str) -> dict:
+        parser = Parser()
+        parser.feed(html)
+        parser.close()
+        docs = [
+            {"location": f"page/#{s.id}", "title": "".join(s.title), "text": "".join(s.text)}
+            for s in parser.data
+        ]
+        return {"config": json.loads(json.dumps(config)), "docs": docs}
+
+    for name in largest:
+        spans, quiet = index(articles[name]), index(_without_token_spans(articles[name]))
+        outside = [(d["title"], PRE_RE.sub("", d["text"])) for d in spans["docs"]]
+        assert [(d["title"], PRE_RE.sub("", d["text"])) for d in quiet["docs"]] == outside
+        assert slim_index(quiet) == slim_index(spans), name
 
 
 def test_highlight_cache_gives_pygments_html(tmp_path, monkeypatch):

@@ -6,17 +6,19 @@ was ~40% of a warm rebuild: the notebook pages are large (every highlighted toke
 ``<span>``), and a rebuild parsed all 52 pages again although their HTML had not changed.
 
 :func:`install` swaps that class for :class:`CachedParser`, which keeps the parsed
-sections of each distinct HTML string in ``.cache/search/`` (pickled, keyed on the HTML
-and Material's version) and parses only what it has not seen. What the index holds is
-unchanged: the sections are Material's own objects, built by Material's own parser, and
-Material still turns them into entries (titles, anchors, tags, boosts) on every build.
-``evict_unused`` drops the entries no page of the last build used.
+sections of each distinct HTML string in ``.cache/search/`` (pickled, keyed on the HTML,
+Material's version and this module's code) and parses only what it has not seen, with the
+token spans inside its code blocks taken out first (:func:`_without_token_spans`). What
+the index holds is unchanged: the sections are Material's own objects, built by
+Material's own parser, and Material still turns them into entries (titles, anchors, tags,
+boosts) on every build. ``evict_unused`` drops the entries no page of the last build used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 from importlib.metadata import version
 from pathlib import Path
 
@@ -27,8 +29,30 @@ _used: set[Path] = set()
 
 
 def _path(html: str) -> Path:
-    key = hashlib.sha256(f"{version('mkdocs-material')}\0{html}".encode()).hexdigest()
+    # this module's code too: it changes what the parser is fed (_without_token_spans)
+    own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    key = hashlib.sha256(f"{version('mkdocs-material')}\0{own}\0{html}".encode()).hexdigest()
     return CACHE / f"{key[:32]}.pickle"
+
+
+#: a ``<pre>`` (its start tag, content, end tag), and a ``<span>`` tag
+PRE_RE = re.compile(r"(<pre\b[^>]*>)(.*?)(</pre>)", re.S | re.I)
+SPAN_TAG_RE = re.compile(r"</?span\b[^>]*>", re.I)
+
+
+def _without_token_spans(html: str) -> str:
+    """``html`` with the ``<span>`` tags inside each ``<pre>`` taken out, their text kept.
+
+    Highlighted code is mostly token spans (a lab page's code blocks hold thousands), each
+    two parser callbacks that Material's parser drops (it keeps no ``<span>``): taken out
+    first, a page parses in about a third of the time. Inside a ``<pre>`` the parser keeps
+    text as it comes, white space included, so the sections' text differs only in how a
+    block's text is cut into pieces, and in white space between tokens that the parser
+    would have dropped as a second white-space piece in a row. Neither survives into the
+    index: ``search_slim`` takes every ``<pre>`` out of the text and keeps its words
+    (``tests/test_build.py`` compares the built index with the one Material's parser gives
+    on the spans)."""
+    return PRE_RE.sub(lambda m: m.group(1) + SPAN_TAG_RE.sub("", m.group(2)) + m.group(3), html)
 
 
 def install() -> None:
@@ -60,7 +84,7 @@ def install() -> None:
                 return
             except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
                 pass  # not seen yet (or written by another Material): parse it
-            super().feed(html)
+            super().feed(_without_token_spans(html))
             super().close()
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
