@@ -101,7 +101,8 @@ class _Blocks(HTMLParser):
         # <pre> start tag offset -> (its text, its runs), for the <pre>s fed as a comment
         self.pres = pres or {}
         # getpos() counts lines at "\n" only (not at every character splitlines() splits at)
-        self.starts = [0] + [i + 1 for i, c in enumerate(html) if c == "\n"]
+        lines = html.split("\n")[:-1]  # each line's start, from its length and a "\n"
+        self.starts = [0, *itertools.accumulate(len(line) + 1 for line in lines)]
         self.stack: list[_Element] = []
         self.px = [0.0, 0.0]  # the height so far: in any window, in a narrow one
         self.blocks: list[tuple[int, list[float], bool]] = []  # (offset, px, marked already)
