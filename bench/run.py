@@ -16,8 +16,11 @@ Prints:
 Budgets: each starter <= 0.5 s, warm rebuild <= 3 s, cold build <= 20 s, one starter's
 change rebuilt <= 10 s (issue 32), lab 12's real trace <= 5 s including imports. The
 builds use a cache folder of their own (``INFRALENS_CACHE_DIR``), empty for the cold one,
-and are held to their budgets in CPU time (user + sys, the build's own processes
-included): on a machine shared with other work, wall time measures the other work too.
+and are held to their budgets in wall time, as issue 32 measured them (``make bench`` on
+this 2-core machine, a build's processes on both cores). The CPU time of each build (user
++ sys, the build's own processes included) is printed beside it, with the load average
+before the builds: on a machine shared with other work, the wall time measures that work
+too, and the CPU time does not.
 """
 
 from __future__ import annotations
@@ -55,15 +58,15 @@ ASSET_RE = re.compile(r"""<(?:script|link|img)\b[^>]*\b(?:src|href)=["']([^"'#?]
 
 @dataclass
 class Timing:
-    """One build: wall seconds, and the CPU seconds (user + sys) of mkdocs and every
-    process it waited for (starters, notebook kernels and workers). On a shared machine
-    the CPU time is the measure; the wall time depends on what else runs."""
+    """One build: wall seconds (the measure), and the CPU seconds (user + sys) of mkdocs
+    and every process it waited for (the starters' zygotes and their runs), which do not
+    depend on what else the machine runs."""
 
     wall: float
     cpu: float
 
     def __str__(self) -> str:
-        return f"cpu {self.cpu:6.2f} s (wall {self.wall:6.2f} s)"
+        return f"wall {self.wall:6.2f} s (cpu {self.cpu:6.2f} s)"
 
 
 def build(site_dir: Path, cache_dir: Path) -> Timing:
@@ -261,7 +264,11 @@ def main() -> int:
     ok = prose_words()
     with tempfile.TemporaryDirectory() as tmp:
         site, cache = Path(tmp) / "site", Path(tmp) / "cache"  # cold: no cache at all
-        print(f"\nbuilds at {len(load_labs())} labs: CPU time (user + sys, the measure) and wall")
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(
+            f"\nbuilds at {len(load_labs())} labs: wall time (the measure) and CPU time (user +"
+            f" sys); load average before them {load:.2f} on {os.cpu_count()} cores"
+        )
         cold = build(site, cache)
         # a rebuild's time swings on a shared 2-core machine: take the median of 3
         warm = median([build(site, cache) for _ in range(3)])
@@ -283,9 +290,9 @@ def main() -> int:
                 ONE_STARTER_BUDGET_S,
             ),
         ]:
-            flag = "ok" if timing.cpu <= budget else "OVER BUDGET"
+            flag = "ok" if timing.wall <= budget else "OVER BUDGET"
             print(f"  {name:72s} {timing}  budget {budget:4.1f} s  {flag}")
-            ok &= timing.cpu <= budget
+            ok &= timing.wall <= budget
 
         print("\nstarter wall time (median of 5, subprocess incl. interpreter start)")
         for lab in load_labs():
