@@ -330,28 +330,41 @@ def test_a_runs_key_follows_numpy_from_the_next_process_on(tmp_path, monkeypatch
     assert key_in_a_new_process(str(tmp_path)) != before
 
 
-def test_a_labkit_module_that_fails_to_import_fails_only_the_run_that_imports_it(
-    tmp_path, monkeypatch
-):
-    """The zygote imports every labkit module before it serves (zygote._preload); one that
-    fails to import there (a reader's broken edit) is left out, so the run that imports it
-    fails as a fresh interpreter's does, and the runs that do not import it still run."""
+def test_labkit_modules_that_fail_or_print_on_import_are_left_to_the_runs(tmp_path, monkeypatch):
+    """The zygote imports labkit's modules before it serves (zygote._preload), but not one
+    whose import fails or writes anything (a reader's edit), nor one that imports such a
+    module: a run that imports it fails, or prints what the import prints, as a fresh
+    interpreter's does, and every run still gets its own reply."""
     package = tmp_path / "lib" / "labkit"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("", encoding="utf-8")
     (package / "good.py").write_text("VALUE = 1\n", encoding="utf-8")
     (package / "broken.py").write_text("def f(:\n", encoding="utf-8")
+    (package / "noisy.py").write_text("print('imported noisy')\n", encoding="utf-8")
+    (package / "uses_noisy.py").write_text("from labkit import noisy\n", encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "lib"))  # before the installed labkit
-    uses_broken, uses_good = tmp_path / "broken_user.py", tmp_path / "good_user.py"
-    uses_broken.write_text("import labkit.broken\n", encoding="utf-8")
-    uses_good.write_text("import labkit, labkit.good\nprint(labkit.__file__)\n", encoding="utf-8")
+    scripts = {
+        "preloaded": "import sys\nprint(sorted(m for m in sys.modules if m.startswith('labkit')))\n",
+        "broken": "import labkit.broken\n",
+        "noisy": "import labkit.uses_noisy\nprint('after')\n",
+        "good": "import labkit.good\nprint(labkit.good.VALUE)\n",
+    }
+    for name, text in scripts.items():
+        (tmp_path / f"{name}.py").write_text(text, encoding="utf-8")
     z = Zygote()
     try:
-        good, broken = z.run(uses_good, []), z.run(uses_broken, [])
+        forked = {name: z.run(tmp_path / f"{name}.py", []) for name in scripts}
     finally:
         z.close()
-    assert (good.returncode, good.stdout) == (0, f"{package / '__init__.py'}\n")
-    fresh = _execute(uses_broken, [])
-    assert broken.returncode == fresh.returncode == 1
-    assert broken.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1]
-    assert "SyntaxError" in fresh.stderr.splitlines()[-1]
+    fresh = {name: _execute(tmp_path / f"{name}.py", []) for name in scripts}
+    # the silent modules were imported before the run began; a fresh interpreter has none
+    assert forked["preloaded"].stdout == "['labkit', 'labkit.good']\n"
+    assert fresh["preloaded"].stdout == "[]\n"
+    for name in ("noisy", "good"):
+        assert (forked[name].returncode, forked[name].stdout, forked[name].stderr) == (
+            fresh[name].returncode, fresh[name].stdout, fresh[name].stderr
+        ), name  # fmt: skip
+    assert forked["noisy"].stdout == "imported noisy\nafter\n"
+    assert forked["broken"].returncode == fresh["broken"].returncode == 1
+    assert forked["broken"].stderr.splitlines()[-1] == fresh["broken"].stderr.splitlines()[-1]
+    assert "SyntaxError" in fresh["broken"].stderr.splitlines()[-1]

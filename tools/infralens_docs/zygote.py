@@ -4,7 +4,8 @@ A build runs most starters several times (once per ``infralens:run`` block or fi
 run; a figures run also serves the plain run of its arguments). Most of each run was
 interpreter start-up and ``import numpy``. A zygote is one interpreter started exactly
 like a reader's run (``starter_env``: same hash seed, one BLAS thread, labkit
-importable) that imports numpy and labkit once and then forks one child per run. The
+importable) that imports numpy, labkit and the other modules the starters import once
+(``_preload``) and then forks one child per run. The
 child resets what a fresh interpreter would have (argv, cwd, stdout and stderr to
 temporary files) and runs the starter as ``__main__``; the zygote itself never runs a starter,
 so no run sees another's state.
@@ -196,47 +197,98 @@ def _notebook_child(cells: list[str], cwd: str, out: int, err: int) -> None:
 
 #: Modules starters import beyond NumPy's and labkit's top level (``python -X importtime``
 #: on every starter: ~20 ms of a run, numpy.random the most): imported once in the zygote,
-#: not once in each child. labkit's own modules are added by :func:`_preload`.
+#: not once in each child. None of them is a reader's to edit; labkit's modules, which are,
+#: are added by :func:`_preload` with a check.
 PRELOAD = ("numpy.random", "numpy.ma", "shutil", "locale", "pkgutil", "tempfile",
            "importlib.readers")  # fmt: skip
-#: and what a notebook child imports beyond IPython's shell: the modules the shell's
-#: set-up imports, and the SVG parser behind ``IPython.display.SVG`` (~13 ms a page)
-NOTEBOOK_PRELOAD = ("IPython.core.completer", "IPython.core.completerlib",
+#: and in a notebook zygote, IPython's shell and ``IPython.display``, with what a notebook
+#: child imports beyond them: the modules the shell's set-up imports, and the SVG parser
+#: behind ``IPython.display.SVG`` (~13 ms a page)
+NOTEBOOK_PRELOAD = ("IPython.core.interactiveshell", "IPython.display",
+                    "IPython.core.completer", "IPython.core.completerlib",
                     "IPython.core.oinspect", "IPython.core.application",
                     "IPython.core.magics", "IPython.core.logger", "bdb", "xml.dom.minidom",
                     "xml.dom.expatbuilder")  # fmt: skip
 
 
-def _preload(notebook: bool) -> None:
-    """Import ``PRELOAD`` (and ``NOTEBOOK_PRELOAD`` in a notebook zygote) and every labkit
-    module. One that fails to import (a reader's edit under ``mkdocs serve``) is left out:
-    the run that imports it fails there, with the error a fresh interpreter prints."""
+def _labkit_modules() -> list[str]:
+    """labkit and every module in its folder, found without importing any of them."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("labkit")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = Path(next(iter(spec.submodule_search_locations)))
+    names = ["labkit"]
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if parts and all(part.isidentifier() for part in parts):
+            names.append(".".join(("labkit", *parts)))
+    return names
+
+
+def _silent_prefix(names: list[str]) -> int:
+    """How many of ``names``, imported one after another on top of what this process has
+    imported, import without failing or writing anything to stdout or stderr before the
+    first that does: tried in a forked child, so this process imports nothing that fails or
+    prints. The count comes back as the child's exit status (labkit has far fewer than 256
+    modules)."""
     import importlib
-    import pkgutil
 
-    import labkit
+    with tempfile.TemporaryFile() as sink:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            count = 0
+            try:
+                for name in names[:255]:
+                    importlib.import_module(name)
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    if os.fstat(sink.fileno()).st_size:
+                        break
+                    count += 1
+            finally:
+                os._exit(count)
+        _, status = os.waitpid(pid, 0)
+        return max(os.waitstatus_to_exitcode(status), 0)
 
-    modules = pkgutil.walk_packages(labkit.__path__, "labkit.", onerror=lambda name: None)
-    extra = NOTEBOOK_PRELOAD if notebook else ()
-    for name in [*PRELOAD, *extra, *(module.name for module in modules)]:
-        try:
+
+def _preload(notebook: bool) -> None:
+    """Import ``PRELOAD`` (and ``NOTEBOOK_PRELOAD`` in a notebook zygote), then labkit and
+    each of its modules that imports without failing or writing anything (a reader's edit
+    under ``mkdocs serve`` can do either). What is left out, each child imports itself, so
+    a run that imports it fails, or prints what the import prints, as in a fresh
+    interpreter; a module that imports it is left out too (its own check imports it). One
+    forked check when every module is silent, one more per module left out."""
+    import importlib
+
+    for name in [*PRELOAD, *(NOTEBOOK_PRELOAD if notebook else ())]:
+        importlib.import_module(name)
+    names = _labkit_modules()
+    while names:
+        silent = _silent_prefix(names)
+        for name in names[:silent]:
             importlib.import_module(name)
-        except Exception:  # see the docstring
-            pass
+        names = names[silent + 1 :]  # the one after them failed or printed: left to the runs
 
 
 def serve(notebook: bool = False) -> None:
-    """The zygote's loop: one request line in, one fork, one reply line out."""
+    """The zygote's loop: one request line in, one fork, one reply line out. The replies
+    go out on a copy of the zygote's stdout; its stdout itself is its stderr, so nothing
+    the zygote prints can reach a reply."""
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+
     import numpy  # noqa: F401 - imported once here, inherited by every child
 
-    import labkit  # noqa: F401
-
-    if notebook:  # what every notebook run imports: the shell, and IPython.display
-        import IPython.core.interactiveshell
-        import IPython.display  # noqa: F401
     _preload(notebook)
 
-    requests, replies = sys.stdin, sys.stdout
+    requests = sys.stdin
     root = os.getcwd()
     for line in requests:
         request = json.loads(line)
