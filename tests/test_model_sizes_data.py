@@ -169,3 +169,29 @@ def test_atlas_table_renders_every_family(data):
     for line, row in zip(sources, data["atlas"], strict=True):
         assert row["denoiser_source"] in line and row["vae_source"] in line
     assert model_sizes.render([]) == model_sizes.markdown_table(None, totals=True)
+
+
+def test_atlas_sources_render_as_written():
+    """The atlas's Sources fold, rendered by Python-Markdown (emphasis as on the site),
+    shows every source a row records as written, but for the Markdown the source means (its
+    code spans' backticks, a quote's bold): a dunder name (``__main__``, ``__init__``) is
+    not taken for emphasis (model_sizes._literal_markdown)."""
+    import html
+
+    import markdown
+
+    rendered = markdown.markdown(
+        model_sizes.atlas_table(sources=True), extensions=["attr_list", "md_in_html"]
+    )  # fmt: skip
+    text = html.unescape(re.sub(r"<[^>]+>", "", rendered))
+    recorded = [
+        source
+        for row in model_sizes.load()["atlas"]
+        for key, value in row.items()
+        if key.endswith("_source") or key == "text_encoder_sources"
+        for source in (value.values() if isinstance(value, dict) else [value])
+        if isinstance(source, str) and source
+    ]
+    assert any("__main__" in source for source in recorded)
+    meant = [re.sub(r"`|\*\*", "", source) for source in recorded]  # code spans, bold
+    assert [source for source in meant if source not in text] == []

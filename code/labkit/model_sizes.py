@@ -227,6 +227,16 @@ def _guidance_text(guidance: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _literal_markdown(text: str) -> str:
+    """``text`` with each ``__`` outside its code spans escaped, so that Markdown shows a
+    dunder name as written (``__main__`` and ``__init__`` rendered as a bold "main" and
+    "init", and garbled the rest of their line)."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # the even parts lie outside code spans
+        parts[i] = parts[i].replace("__", "\\_\\_")
+    return "`".join(parts)
+
+
 def atlas_table(sources: bool = False) -> str:
     """The atlas as a Markdown table; ``sources=True``: the list of each row's sources instead."""
     data = load()
@@ -250,7 +260,8 @@ def atlas_table(sources: bool = False) -> str:
                 if r.get("shipped_scheduler")
                 else ""
             )
-            lines.append(f"- {r['family']}: denoiser {r['denoiser_source']}; VAE {r['vae_source']}.{published}{named}{shipped}")  # fmt: skip
+            line = f"- {r['family']}: denoiser {r['denoiser_source']}; VAE {r['vae_source']}.{published}{named}{shipped}"  # fmt: skip
+            lines.append(_literal_markdown(line))
         return "\n".join(lines) + "\n"
     v = data["versions"]
     lines = [
