@@ -1759,12 +1759,14 @@ def test_a_notebook_pages_key_folds_in_its_starters_path(tmp_path):
     assert len(keys) == 2
 
 
-def test_pages_that_sum_up_every_run_render_last_and_are_written_in_order():
+def test_pages_that_sum_up_every_run_render_last_and_are_written_in_order(built_site):
     """The pages whose directives sum up every page's runs (hooks.SUMMARY_DIRECTIVES: the
     home page's reading paths) render after the others (hooks._render_summaries_last, at
     the end of on_nav), and on_env, which MkDocs calls once every page has rendered, puts
     the files back in their order, in which MkDocs writes the pages, lists them in the
-    sitemap and Material indexes them for search."""
+    sitemap and Material indexes them for search: in the built site the home page is the
+    sitemap's first address and the search index's first entry, as it is the files'
+    first page."""
     from mkdocs.config import load_config
     from mkdocs.structure.files import get_files
 
@@ -1789,3 +1791,8 @@ def test_pages_that_sum_up_every_run_render_last_and_are_written_in_order():
     assert rendered == [uri for uri in pages if uri not in summing] + summing
     assert hooks.on_env("env", config, files) == "env"
     assert list(files) == before
+    assert pages[0] == "index.md"
+    sitemap = (built_site / "sitemap.xml").read_text(encoding="utf-8")
+    assert re.findall(r"<loc>([^<]*)</loc>", sitemap)[0] == config.site_url
+    index = json.loads((built_site / "search" / "search_index.json").read_text("utf-8"))
+    assert index["docs"][0]["location"] == ""

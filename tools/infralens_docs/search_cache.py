@@ -7,7 +7,7 @@ was ~40% of a warm rebuild: the notebook pages are large (every highlighted toke
 
 :func:`install` swaps that class for :class:`CachedParser`, which keeps the parsed
 sections of each distinct HTML string in ``.cache/search/`` (pickled, keyed on the HTML,
-Material's version and this module's code) and parses only what it has not seen, with the
+Material's and Python's versions and this module's code) and parses only what it has not seen, with the
 token spans inside its code blocks taken out first (:func:`_without_token_spans`). What
 the index holds is unchanged: the sections are Material's own objects, built by
 Material's own parser, and Material still turns them into entries (titles, anchors, tags,
@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import re
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -29,9 +30,11 @@ _used: set[Path] = set()
 
 
 def _path(html: str) -> Path:
-    # this module's code too: it changes what the parser is fed (_without_token_spans)
+    # this module's code too: it changes what the parser is fed (_without_token_spans); and
+    # Python's version: the parser is a subclass of its html.parser
     own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-    key = hashlib.sha256(f"{version('mkdocs-material')}\0{own}\0{html}".encode()).hexdigest()
+    key = f"{version('mkdocs-material')}\0{sys.version}\0{own}\0{html}"
+    key = hashlib.sha256(key.encode()).hexdigest()
     return CACHE / f"{key[:32]}.pickle"
 
 
@@ -46,12 +49,10 @@ def _without_token_spans(html: str) -> str:
     Highlighted code is mostly token spans (a lab page's code blocks hold thousands), each
     two parser callbacks that Material's parser drops (it keeps no ``<span>``): taken out
     first, a page parses in about a third of the time. Inside a ``<pre>`` the parser keeps
-    text as it comes, white space included, so the sections' text differs only in how a
-    block's text is cut into pieces, and in white space between tokens that the parser
-    would have dropped as a second white-space piece in a row. Neither survives into the
-    index: ``search_slim`` takes every ``<pre>`` out of the text and keeps its words
-    (``tests/test_build.py`` compares the built index with the one Material's parser gives
-    on the spans)."""
+    text as it comes, white space included, so a section's text is cut into fewer pieces
+    and, joined, is the same (every built page when this was written;
+    ``tests/test_build.py`` re-parses the six pages with the most spans both ways and
+    compares their index entries)."""
     return PRE_RE.sub(lambda m: m.group(1) + SPAN_TAG_RE.sub("", m.group(2)) + m.group(3), html)
 
 
