@@ -16,11 +16,11 @@ Prints:
 Budgets: each starter <= 0.5 s, warm rebuild <= 3 s, cold build <= 20 s, one starter's
 change rebuilt <= 10 s (issue 32), lab 12's real trace <= 5 s including imports. The
 builds use a cache folder of their own (``INFRALENS_CACHE_DIR``), empty for the cold one,
-and are held to their budgets in wall time, as ``make bench`` measured them when issue 32
-set them (on this 2-core machine, a build's processes on both cores). The CPU time of each build (user
+and are held to their budgets in wall time, as ``make bench`` measured the cold and warm
+builds when issue 32 set them (on this 2-core machine, a build's processes on both cores). The CPU time of each build (user
 + sys, the build's own processes included) is printed beside it, with the load average
 before the builds: on a machine shared with other work, the wall time measures that work
-too, and the CPU time does not.
+too, and the CPU time far less.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ ASSET_RE = re.compile(r"""<(?:script|link|img)\b[^>]*\b(?:src|href)=["']([^"'#?]
 @dataclass
 class Timing:
     """One build: wall seconds (the measure), and the CPU seconds (user + sys) of mkdocs
-    and every process it waited for (the starters' zygotes and their runs), which do not
-    depend on what else the machine runs."""
+    and every process it waited for (the starters' zygotes and their runs), which depend
+    much less on what else the machine runs."""
 
     wall: float
     cpu: float

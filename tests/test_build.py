@@ -1759,16 +1759,18 @@ def test_a_notebook_pages_key_folds_in_its_starters_path(tmp_path):
     assert len(keys) == 2
 
 
-def test_pages_that_sum_up_every_run_render_last_and_are_written_in_order(built_site):
+def test_pages_that_sum_up_every_run_render_last_and_are_written_in_order(built_site, monkeypatch):
     """The pages whose directives sum up every page's runs (hooks.SUMMARY_DIRECTIVES: the
-    home page's reading paths) render after the others (hooks._render_summaries_last, at
-    the end of on_nav), and on_env, which MkDocs calls once every page has rendered, puts
-    the files back in their order, in which MkDocs writes the pages, lists them in the
-    sitemap and Material indexes them for search: in the built site the home page is the
-    sitemap's first address and the search index's first entry, as it is the files'
-    first page."""
+    home page's reading paths) render after the others: the hooks' on_nav, which MkDocs
+    calls right before it renders the pages in the files' order, moves them last
+    (hooks._render_summaries_last); and on_env, which MkDocs calls once every page has
+    rendered, puts the files back in their order, in which MkDocs writes the pages, lists
+    them in the sitemap and Material indexes them for search: in the built site the home
+    page is the sitemap's first address and the search index's first entry, as it is the
+    files' first page."""
     from mkdocs.config import load_config
     from mkdocs.structure.files import get_files
+    from mkdocs.structure.nav import get_navigation
 
     from infralens_docs import hooks
 
@@ -1776,7 +1778,9 @@ def test_pages_that_sum_up_every_run_render_last_and_are_written_in_order(built_
     files = get_files(config)
     before = list(files)
     pages = [f.src_uri for f in files.documentation_pages()]
-    hooks._render_summaries_last(files)
+    monkeypatch.setattr(hooks, "_labs", load_labs())
+    config.nav = None  # every page in the nav (on_config fills the site's from the paths)
+    hooks.on_nav(get_navigation(files, config), config, files)
     rendered = [f.src_uri for f in files.documentation_pages()]
     summing = []
     for uri in pages:

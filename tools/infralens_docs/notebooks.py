@@ -17,8 +17,9 @@ compiled once per build process (a shared Jinja bytecode cache).
 
 :func:`prebuild` executes the notebook pages missing from mkdocs-jupyter's cache on
 background threads (each with its notebook zygote) as soon as the build knows its files.
-mkdocs-jupyter renders the notebook pages last (the starters are added after ``docs/``);
-when it reaches one, the ExecutePreprocessor picks up the finished outputs (keyed on the
+mkdocs-jupyter renders the notebook pages after ``docs/``'s pages (the starters are added
+after them; only the home page comes later: ``hooks._render_summaries_last``); when it
+reaches one, the ExecutePreprocessor picks up the finished outputs (keyed on the
 cells' sources, so an edit in between runs again) and the exporter renders the page. A
 cell that raises fails the build with the cell and its traceback (under ``mkdocs serve``
 the page shows the error instead: ``hooks.on_pre_page``).

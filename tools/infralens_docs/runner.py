@@ -289,8 +289,9 @@ def _execute_for_build(source: Path, args: list[str] | tuple[str, ...]):
     try:
         return zygote.run(source, args)
     except (RuntimeError, OSError):
-        # the zygote died before it could run anything: labkit itself fails to import (a
-        # reader's edit under `mkdocs serve`); a fresh interpreter reports that error
+        # the zygote died (it could not import NumPy or a module of zygote.PRELOAD, or was
+        # killed; a labkit that fails to import is left to the runs): a fresh interpreter
+        # runs it and reports what goes wrong
         return _execute(source, args)
 
 
@@ -308,7 +309,7 @@ def execute_cells(cells: list[str], cwd: str | Path) -> subprocess.CompletedProc
         try:
             return zygote.run_cells(cells, str(cwd))
         except (RuntimeError, OSError):
-            pass  # the zygote died (labkit fails to import): a fresh interpreter says why
+            pass  # the zygote died (as in _execute_for_build): a fresh interpreter says why
     return subprocess.run(
         once, input=json.dumps(request) + "\n", cwd=ROOT, env=starter_env(),
         capture_output=True, text=True, timeout=300,

@@ -48,7 +48,8 @@ def _without_token_spans(html: str) -> str:
 
     Highlighted code is mostly token spans (a lab page's code blocks hold thousands), each
     two parser callbacks that Material's parser drops (it keeps no ``<span>``): taken out
-    first, a page parses in about a third of the time. Inside a ``<pre>`` the parser keeps
+    first, the lab pages richest in code parse in a fifth to a third of the time, the site
+    in about half. Inside a ``<pre>`` the parser keeps
     text as it comes, white space included, so a section's text is cut into fewer pieces
     and, joined, is the same (every built page when this was written;
     ``tests/test_build.py`` re-parses the six pages with the most spans both ways and
