@@ -1303,14 +1303,16 @@ def ddim_reference(scheduler, model_output, sample, t, prev_t, eta=0.0, noise=No
 
 
 def test_ddim_step_formula_with_eta(sd_pipe):
-    """`DDIMScheduler.step` returns `sqrt(abar_prev) * x0_hat + sqrt(1 - abar_prev - sigma_t**2) * eps_hat + sigma_t * z` with `sigma_t = eta * sqrt((1 - abar_prev) / (1 - abar_t)) * sqrt(1 - abar_t / abar_prev)`; `eta` is an argument of `step`, default 0.0, which is deterministic. At `eta=1` and `abar_t = 0` (zero terminal SNR) the argument of `sqrt(1 - abar_prev - sigma_t**2)` is 0 and can round below it: `prev_sample` is then NaN, and `StableDiffusionPipeline.__call__(..., eta=1.0)` at 50 `trailing` steps on that schedule (`v_prediction`) ends with non-finite `latents`.
+    """`DDIMScheduler.step` returns `sqrt(abar_prev) * x0_hat + sqrt(1 - abar_prev - sigma_t**2) * eps_hat + sigma_t * z` with `sigma_t = eta * sqrt((1 - abar_prev) / (1 - abar_t)) * sqrt(1 - abar_t / abar_prev)`; `eta` is an argument of `step`, default 0.0, which is deterministic. At `eta=1` and `abar_t = 0` (zero terminal SNR) the argument of `sqrt(1 - abar_prev - sigma_t**2)` is 0 up to rounding, and at some step counts it rounds below 0 (which ones varies from one machine to another: 50 `trailing` steps on one, 10 on another): `prev_sample` is then NaN, and `StableDiffusionPipeline.__call__(..., eta=1.0)` on that schedule (`v_prediction`) ends with non-finite `latents`.
 
     The page no longer says `eta=1` "gives DDPM's posterior variance": through
     `StableDiffusionPipeline.__call__(..., eta=1.0)` on Lin et al.'s setting
-    (`rescale_betas_zero_snr=True`, `v_prediction`, `trailing`) at the default 50 steps, DDIM's
-    first step, from t = 999, returns NaN `latents`, while `DDPMScheduler`, stepping between
-    the same two levels (999 to 979), stays finite (a stand-in UNet forward keeps the run cheap);
-    at 10 steps the argument rounds to 0 and DDIM stays finite.
+    (`rescale_betas_zero_snr=True`, `v_prediction`, `trailing`), at a step count where the
+    first step's argument (from t = 999, as `step` computes it from `_get_variance`) rounds
+    below 0, DDIM returns non-finite `latents`, while `DDPMScheduler`, stepping between the
+    same two levels, stays finite; at a step count where it rounds to 0 or above, DDIM stays
+    finite (a stand-in UNet forward keeps the runs cheap). The counts are searched for, among
+    those that divide 1000, on the machine that runs the test.
     """
     sample, model_output, z = tensors(11, 3)
     scheduler = DDIMScheduler(clip_sample=False, **SD_BETAS)
@@ -1341,29 +1343,47 @@ def test_ddim_step_formula_with_eta(sd_pipe):
         seen.append(int(t))
         return (torch.full_like(sample, 0.1),)
 
+    def first_argument(steps: int) -> float:
+        """1 - abar_prev - sigma_t**2 at the first step, as DDIMScheduler.step computes it."""
+        ddim = DDIMScheduler(**zero_snr)
+        ddim.set_timesteps(steps)
+        t = int(ddim.timesteps[0])
+        prev = t - ddim.config.num_train_timesteps // steps
+        std_dev_t = 1.0 * ddim._get_variance(t, prev) ** 0.5  # eta = 1
+        return float(1 - ddim.alphas_cumprod[prev] - std_dev_t**2)
+
+    # step counts that divide 1000: the trailing grid's next entry is DDIM's target too
+    arguments = {steps: first_argument(steps) for steps in range(2, 201) if 1000 % steps == 0}
+    assert max(abs(a) for a in arguments.values()) < 1e-6  # 0 up to rounding
+    below = next(steps for steps, a in arguments.items() if a < 0)
+    not_below = next(steps for steps, a in arguments.items() if a >= 0)
     original = sd_pipe.scheduler
     sd_pipe.unet.forward = stand_in_unet
     finite = {}
     try:
-        for name, cls, eta in (("ddim", DDIMScheduler, 1.0), ("ddpm", DDPMScheduler, 0.0)):
+        for name, cls, eta, steps in (
+            ("ddim below 0", DDIMScheduler, 1.0, below),
+            ("ddpm", DDPMScheduler, 0.0, below),
+            ("ddim at 0 or above", DDIMScheduler, 1.0, not_below),
+        ):
             sd_pipe.scheduler = cls(**zero_snr)
             assert sd_pipe.scheduler.alphas_cumprod[999].item() == 0.0
             seen.clear()
-            latents = run_sd(sd_pipe, 50, eta=eta, generator=torch.Generator().manual_seed(0))
-            assert seen[0] == 999 and len(seen) == 50, name
+            latents = run_sd(sd_pipe, steps, eta=eta, generator=torch.Generator().manual_seed(0))
+            assert seen[0] == 999 and len(seen) == steps, name
             finite[name] = torch.isfinite(latents).all().item()
     finally:
         del sd_pipe.unet.forward
         sd_pipe.scheduler = original
-    assert finite == {"ddim": False, "ddpm": True}
+    assert finite == {"ddim below 0": False, "ddpm": True, "ddim at 0 or above": True}
     ddpm = DDPMScheduler(**zero_snr)
-    ddpm.set_timesteps(50)
-    assert int(ddpm.previous_timestep(999)) == 999 - 1000 // 50  # DDIM's target too
+    ddpm.set_timesteps(below)
+    assert int(ddpm.previous_timestep(999)) == 999 - 1000 // below  # DDIM's target too
     ddim = DDIMScheduler(**zero_snr)
-    ddim.set_timesteps(50)
+    ddim.set_timesteps(below)
     out = ddim.step(model_output, 999, sample, eta=1.0, variance_noise=z).prev_sample
     assert torch.isnan(out).all()  # sqrt of a negative rounding error, times every element
-    ddim.set_timesteps(10)  # the argument rounds to 0 here: finite
+    ddim.set_timesteps(not_below)
     assert torch.isfinite(ddim.step(model_output, 999, sample, eta=1.0, variance_noise=z)[0]).all()
     assert (
         "posterior variance"
