@@ -41,8 +41,8 @@ from labkit.vae import PatchPCAAutoencoder
 # uncertain by up to 12.5 points (one standard error), of 256 by 3.1. `FiniteSet32`
 # computes the same exact posterior mean as labkit's float64 `FiniteSet`, in float32 (as a
 # UNet's forward would run) with one softmax pass, its logits clipped at -80, short of
-# where float32's exponentials turn subnormal (see below): the same samples in about a
-# third of the float64 denoiser's CPU time (unclipped, float32 was no faster).
+# where float32's exp turns subnormal or zero, and slow (see below): the same samples in
+# about a third of the float64 denoiser's CPU time (unclipped, float32 was no faster).
 
 
 # %%
@@ -63,8 +63,9 @@ class FiniteSet32(FiniteSet):
         logits -= np.float32(alpha_t**2 / two_var) * self.norms32
         logits -= logits.max(axis=1, keepdims=True)
         # a weight under exp(-80) ~ 2e-35 is lost beside the largest, exp(0) = 1, in float32
-        # (eps 1.2e-7); clipped there, none is subnormal (exp of less than -87.3): those
-        # made a call ~9x slower at sigma_t = 0.5, where most entries fell below
+        # (eps 1.2e-7); clipped there, no logit is left below -87.3, where float32's exp
+        # turns subnormal (below -103.3, zero): such logits, most entries at sigma_t = 0.5,
+        # made a call ~9x slower
         np.maximum(logits, np.float32(-80), out=logits)
         weights = np.exp(logits, out=logits)
         weights /= weights.sum(axis=1, keepdims=True)

@@ -274,8 +274,7 @@ def _render_summaries_last(files: Files) -> None:
     there, the build's main thread waited 3.5 to 4.8 s of a cold build for the starters'
     runs while it could have rendered the pages they were running for (on this 2-core
     machine at load ~1.3; the runs kept both cores busy meanwhile, so rendering it last
-    saved 1 to 1.5 s of the build's wall time there, not the whole wait; more on a loaded
-    machine). So those pages go last for the
+    saved 1 to 1.5 s of the build's wall time there, not the whole wait). So those pages go last for the
     rendering alone; :func:`on_env`, which MkDocs calls once every page has rendered,
     puts ``files`` back in order, so the pages are written, listed in the sitemap and
     indexed for search in the order they were."""
