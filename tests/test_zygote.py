@@ -368,3 +368,29 @@ def test_labkit_modules_that_fail_or_print_on_import_are_left_to_the_runs(tmp_pa
     assert forked["broken"].returncode == fresh["broken"].returncode == 1
     assert forked["broken"].stderr.splitlines()[-1] == fresh["broken"].stderr.splitlines()[-1]
     assert "SyntaxError" in fresh["broken"].stderr.splitlines()[-1]
+
+
+def test_a_labkit_import_that_hangs_does_not_hold_the_zygote(tmp_path, monkeypatch):
+    """When the check of labkit's modules outlasts zygote.CHECK_TIMEOUT_S (a reader's edit
+    made an import hang), the zygote preloads no more of them and serves: a run that does
+    not import the hanging module prints what a fresh interpreter prints, at once."""
+    import time
+
+    package = tmp_path / "lib" / "labkit"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "good.py").write_text("VALUE = 1\n", encoding="utf-8")
+    (package / "hangs.py").write_text("import time\ntime.sleep(60)\n", encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "lib"))
+    monkeypatch.setenv("INFRALENS_PRELOAD_CHECK_TIMEOUT", "0.5")
+    script = tmp_path / "good_user.py"
+    script.write_text("import labkit.good\nprint(labkit.good.VALUE)\n", encoding="utf-8")
+    start = time.monotonic()
+    z = Zygote()
+    try:
+        forked = z.run(script, [], timeout=10)
+    finally:
+        z.close()
+    assert time.monotonic() - start < 10
+    fresh = _execute(script, [])
+    assert (forked.returncode, forked.stdout, forked.stderr) == (0, "1\n", fresh.stderr)

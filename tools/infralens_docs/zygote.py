@@ -229,13 +229,21 @@ def _labkit_modules() -> list[str]:
     return names
 
 
+#: how long the check of labkit's modules may take before the zygote preloads no more of
+#: them (a reader's edit can make an import hang; a run that imports it then times out
+#: alone, as in a fresh interpreter, instead of every run waiting on the zygote's start)
+CHECK_TIMEOUT_S = float(os.environ.get("INFRALENS_PRELOAD_CHECK_TIMEOUT", "20"))
+
+
 def _silent_prefix(names: list[str]) -> int:
     """How many of ``names``, imported one after another on top of what this process has
     imported, import without failing or writing anything to stdout or stderr before the
     first that does: tried in a forked child, so this process imports nothing that fails or
     prints. The count comes back as the child's exit status (labkit has far fewer than 256
-    modules)."""
+    modules); -1 when the check takes longer than ``CHECK_TIMEOUT_S``."""
     import importlib
+    import signal
+    import time
 
     with tempfile.TemporaryFile() as sink:
         pid = os.fork()
@@ -253,8 +261,16 @@ def _silent_prefix(names: list[str]) -> int:
                     count += 1
             finally:
                 os._exit(count)
-        _, status = os.waitpid(pid, 0)
-        return max(os.waitstatus_to_exitcode(status), 0)
+        deadline = time.monotonic() + CHECK_TIMEOUT_S
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return max(os.waitstatus_to_exitcode(status), 0)
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return -1
+            time.sleep(0.002)
 
 
 def _preload(notebook: bool) -> None:
@@ -263,7 +279,8 @@ def _preload(notebook: bool) -> None:
     under ``mkdocs serve`` can do either). What is left out, each child imports itself, so
     a run that imports it fails, or prints what the import prints, as in a fresh
     interpreter; a module that imports it is left out too (its own check imports it). One
-    forked check when every module is silent, one more per module left out."""
+    forked check when every module is silent, one more per module left out; none of the
+    rest once a check outlasts ``CHECK_TIMEOUT_S`` (an import that hangs)."""
     import importlib
 
     for name in [*PRELOAD, *(NOTEBOOK_PRELOAD if notebook else ())]:
@@ -271,6 +288,8 @@ def _preload(notebook: bool) -> None:
     names = _labkit_modules()
     while names:
         silent = _silent_prefix(names)
+        if silent < 0:  # an import hangs: the rest is left to the runs
+            return
         for name in names[:silent]:
             importlib.import_module(name)
         names = names[silent + 1 :]  # the one after them failed or printed: left to the runs
